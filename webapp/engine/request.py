@@ -1,0 +1,80 @@
+"""The one request object that flows from an HTTP handler through the scheduler and back.
+
+A handler builds a `Request` (prompt token ids plus `SamplingParams`), submits it to the engine and
+reads `Request.outputs`: the model thread puts generated token ids (ints) there, then exactly one
+`Finished` marker, or an exception instance if the engine failed this request. The engine never sees
+text: stop strings are matched on the handler side, which then calls `engine.abort(request)`.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import queue
+import time
+from dataclasses import dataclass, field
+
+_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k cut
+    seed: int | None = None
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The last item a request's output queue ever carries."""
+
+    reason: str  # "stop" | "length" | "cancelled" | "error"
+
+
+@dataclass(eq=False)
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    id: str = field(default_factory=lambda: f"req-{next(_ids)}")
+    outputs: queue.Queue = field(default_factory=queue.Queue)
+
+    # Owned by the model thread once submitted; handlers only read them after Finished.
+    status: Status = Status.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    cached_tokens: int = 0  # prompt tokens served from the KV cache instead of prefilled
+    prefilled_tokens: int = 0
+    slot: int | None = None
+    rng: object = None  # the request's own sampling generator, made at admission from params.seed
+    finish_reason: str | None = None
+    # Set by any thread; the model thread retires the request at its next step.
+    cancel_reason: str | None = None
+
+    submitted_at: float = field(default_factory=time.monotonic)
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Ask the engine to retire this request; safe from any thread, idempotent."""
+        if self.cancel_reason is None:
+            self.cancel_reason = reason

@@ -1,0 +1,81 @@
+"""Turns scheduler work into model calls and model logits into sampled token ids.
+
+`ModelRunner` is the only engine piece besides model.py that touches tinygrad. Decode batches are
+padded up to a few fixed widths so each width compiles once (at warm-up) and is replayed after.
+Sampling runs in NumPy on the logits rows, with a generator per request, so a seeded request gives
+the same tokens whatever else shares its batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from .request import Request, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """One token id from a (vocab,) row: greedy at temperature 0, else temperature / top-k / top-p."""
+    if params.temperature <= 0:
+        return int(np.argmax(logits))
+    x = logits.astype(np.float64) / params.temperature
+    ids = np.arange(x.shape[0])
+    if 0 < params.top_k < x.shape[0]:
+        ids = np.argpartition(-x, params.top_k)[: params.top_k]
+        x = x[ids]
+    if params.top_p < 1.0:
+        order = np.argsort(-x, kind="stable")
+        x, ids = x[order], ids[order]
+        probs = np.exp(x - x[0])
+        probs /= probs.sum()
+        # keep the smallest head whose mass reaches top_p (always at least one token)
+        keep = int(np.searchsorted(np.cumsum(probs), params.top_p)) + 1
+        x, ids = x[:keep], ids[:keep]
+    probs = np.exp(x - x.max())
+    probs /= probs.sum()
+    return int(ids[rng.choice(len(ids), p=probs)])
+
+
+def decode_widths(max_batch: int) -> list[int]:
+    widths, w = [], 1
+    while w < max_batch:
+        widths.append(w)
+        w *= 2
+    return widths + [max_batch]
+
+
+class ModelRunner:
+    def __init__(self, model, prefill_chunk: int):
+        self.model = model
+        self.prefill_chunk = prefill_chunk
+        self.widths = decode_widths(model.slots)
+
+    def prefill(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
+        """Run one chunk of `request`'s prompt; logits (vocab,) of its last token."""
+        return self.model.prefill(tokens, request.slot, start, self.prefill_chunk).numpy()[0]
+
+    def decode(self, batch: list[Request], positions: list[int]) -> np.ndarray:
+        """Feed each request's last output token at its position; logits (len(batch), vocab)."""
+        width = next(w for w in self.widths if w >= len(batch))
+        tokens = [r.output_ids[-1] for r in batch]
+        logits = self.model.decode(tokens, [r.slot for r in batch], positions, width)
+        return logits.numpy()[: len(batch)]
+
+    def warm_up(self, progress=log.info) -> float:
+        """Compile every kernel the server will run, on the scratch slot, before any user arrives."""
+        started = time.monotonic()
+        scratch = self.model.slots
+        # TinyJit runs a function eagerly once, captures it the second time, replays from the third.
+        for i in range(3):
+            self.model.prefill([0] * self.prefill_chunk, scratch, 0, self.prefill_chunk).numpy()
+            self.model.prefill([0], scratch, self.prefill_chunk, self.prefill_chunk).numpy()
+            progress(f"warm-up: prefill pass {i + 1}/3 ({time.monotonic() - started:.1f} s)")
+        for width in self.widths:
+            for _ in range(3):
+                self.model.decode([0], [scratch], [0], width).numpy()
+            progress(f"warm-up: decode width {width} ready ({time.monotonic() - started:.1f} s)")
+        return time.monotonic() - started

@@ -1,0 +1,85 @@
+"""Continuous-batching policy: who waits, who runs, and what the next engine step computes.
+
+Pure bookkeeping on the model thread, no tensors: the engine asks `next_prefill()` for at most one
+prompt chunk and `decoding()` for the batch to advance by one token, runs them, and reports back with
+`prefilled()` and `finish()`. One prefill chunk per step, interleaved with the batched decode step,
+keeps a long new prompt from freezing the streams already running.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from .kv_cache import SlotTable
+from .request import Request, Status
+
+
+class Scheduler:
+    def __init__(self, slots: SlotTable, prefill_chunk: int):
+        self.slots = slots
+        self.prefill_chunk = prefill_chunk
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # admission order; prefilling ones first come first served
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def cancelled(self) -> list[Request]:
+        """Requests someone asked to stop, waiting or running."""
+        return [r for r in (*self.waiting, *self.running) if r.cancel_reason is not None]
+
+    def admit(self) -> list[Request]:
+        """Move waiting requests FCFS into free slots; each reuses what its slot already caches."""
+        admitted = []
+        while self.waiting and self.slots.free:
+            request = self.waiting.popleft()
+            slot, reused = self.slots.acquire(request, request.prompt_ids)
+            request.slot, request.cached_tokens = slot.index, reused
+            request.status, request.admitted_at = Status.PREFILL, time.monotonic()
+            self.running.append(request)
+            admitted.append(request)
+        return admitted
+
+    def next_prefill(self) -> tuple[Request, list[int], int] | None:
+        """The oldest admitted request still prefilling, with its next chunk of tokens and their start position."""
+        for request in self.running:
+            if request.status is Status.PREFILL:
+                start = len(self.slots.slots[request.slot].tokens)
+                return request, request.prompt_ids[start : start + self.prefill_chunk], start
+        return None
+
+    def prefilled(self, request: Request, tokens: list[int]) -> bool:
+        """Record a prefilled chunk; True when the whole prompt is in the cache."""
+        slot = self.slots.slots[request.slot]
+        slot.tokens.extend(tokens)
+        request.prefilled_tokens += len(tokens)
+        if len(slot.tokens) == request.prompt_len:
+            request.status = Status.DECODE
+            return True
+        return False
+
+    def decoding(self) -> list[Request]:
+        return [r for r in self.running if r.status is Status.DECODE]
+
+    def decoded(self, request: Request) -> None:
+        """The request's last output token has just been written to its slot's cache."""
+        self.slots.slots[request.slot].tokens.append(request.output_ids[-1])
+
+    def finish(self, request: Request, reason: str) -> None:
+        """Retire a request; its slot keeps the cached tokens for prefix reuse."""
+        request.status, request.finish_reason, request.finished_at = Status.FINISHED, reason, time.monotonic()
+        if request in self.running:
+            self.running.remove(request)
+            self.slots.release(self.slots.slots[request.slot])
+        elif request in self.waiting:
+            self.waiting.remove(request)
+
+    def forget_slot(self, request: Request) -> None:
+        """After a failed step the slot's cache contents are unknown: reuse none of it."""
+        if request.slot is not None:
+            self.slots.slots[request.slot].tokens.clear()
