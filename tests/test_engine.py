@@ -1,0 +1,155 @@
+"""The engine on a tiny random GGUF: batching, prefix reuse, seeds, abort and fault isolation."""
+
+import threading
+
+import pytest
+
+from tiny_models import write_tiny_gguf
+from webapp.engine.engine import Engine, QueueFull, load_gguf_model
+from webapp.engine.request import Finished, Request, SamplingParams
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
+PROMPTS = [
+    [1, 504, 3458, 282, 4649, 314, 253],
+    [1, 300, 400],
+    [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21],
+    [1, 999, 888, 777, 666],
+    [1, 42],
+]
+
+
+def collect(request: Request, timeout: float = 60) -> tuple[list[int], str]:
+    tokens = []
+    while True:
+        item = request.outputs.get(timeout=timeout)
+        if isinstance(item, Finished):
+            return tokens, item.reason
+        if isinstance(item, Exception):
+            raise item
+        tokens.append(item)
+
+
+def run(engine: Engine, prompt: list[int], params: SamplingParams = GREEDY) -> Request:
+    request = Request(list(prompt), params)
+    engine.submit(request)
+    return request
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    path = write_tiny_gguf(str(tmp_path_factory.mktemp("m") / "llama.gguf"), "llama")
+    eng = Engine(lambda: load_gguf_model(path, slots=4, max_context=128, prefill_chunk=8), slots=4, queue_limit=6, prefill_chunk=8)
+    eng.start()
+    for _ in range(600):
+        if eng.state != "loading":
+            break
+        threading.Event().wait(0.1)
+    assert eng.state == "ok", eng.error
+    yield eng
+    eng.stop(5)
+
+
+def test_batched_equals_alone_token_for_token(engine):
+    alone = [collect(run(engine, p))[0] for p in PROMPTS]
+    # now all together, joining at different times while others decode
+    requests = []
+    for prompt in PROMPTS:
+        requests.append(run(engine, prompt))
+        threading.Event().wait(0.02)
+    together = [collect(r)[0] for r in requests]
+    assert together == alone
+    assert all(len(t) == 12 for t in alone)
+
+
+def test_follow_up_reuses_the_cached_prefix_and_matches_a_fresh_run(engine):
+    first = run(engine, PROMPTS[2])
+    reply, _ = collect(first)
+    follow_up = PROMPTS[2] + reply + [5, 6, 7]
+    reused = run(engine, follow_up)
+    reused_tokens, _ = collect(reused)
+    assert reused.cached_tokens >= len(PROMPTS[2]) + len(reply) - 1
+    assert reused.prefilled_tokens == len(follow_up) - reused.cached_tokens
+
+    # evict that slot's contents by filling every slot with other prompts, then run fresh
+    for r in [run(engine, [1, 77 + i, 3, 4]) for i in range(4)]:
+        collect(r)
+    fresh = run(engine, follow_up)
+    fresh_tokens, _ = collect(fresh)
+    assert fresh.cached_tokens <= 1  # only the shared BOS token
+    assert fresh_tokens == reused_tokens
+
+
+def test_seeded_sampling_is_repeatable_and_varies_by_seed(engine):
+    def sampled(seed):
+        return collect(run(engine, PROMPTS[0], SamplingParams(max_tokens=10, temperature=1.0, top_p=0.9, top_k=50, seed=seed)))[0]
+
+    assert sampled(7) == sampled(7)
+    assert sampled(7) != sampled(8)
+
+
+def test_stop_token_ends_the_request_without_emitting_it(engine):
+    tokens, _ = collect(run(engine, PROMPTS[0]))
+    stop_at = tokens[3]
+    params = SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=frozenset({stop_at}))
+    got, reason = collect(run(engine, PROMPTS[0], params))
+    assert reason == "stop"
+    assert got == tokens[: tokens.index(stop_at)]
+
+
+def test_abort_frees_the_slot_within_a_step(engine):
+    request = run(engine, PROMPTS[1], SamplingParams(max_tokens=100, temperature=0.0))
+    assert isinstance(request.outputs.get(timeout=30), int)
+    engine.abort(request)
+    _, reason = collect(request)
+    assert reason == "cancelled"
+    assert all(s.owner is None for s in engine.scheduler.slots.slots)
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+
+
+def test_queue_limit_rejects_at_once(engine):
+    gate = threading.Event()
+    original = engine.loaded.runner.decode
+
+    def slow_decode(batch, positions):
+        gate.wait(30)
+        return original(batch, positions)
+
+    engine.loaded.runner.decode = slow_decode
+    try:
+        params = SamplingParams(max_tokens=2, temperature=0.0)
+        held = [run(engine, [1, 5 + i, 9], params) for i in range(4)]  # one per slot, stuck in decode
+        for _ in range(300):
+            if all(r.admitted_at for r in held):
+                break
+            threading.Event().wait(0.02)
+        held += [run(engine, [1, 50 + i, 9], params) for i in range(6)]  # fills the queue
+        with pytest.raises(QueueFull) as excinfo:
+            run(engine, [1, 2, 3])
+        assert excinfo.value.retry_after >= 1
+    finally:
+        gate.set()
+        engine.loaded.runner.decode = original
+    for r in held:
+        assert collect(r)[1] == "length"
+
+
+def test_a_failing_step_fails_only_its_requests(engine):
+    original = engine.loaded.runner.prefill
+
+    def broken_prefill(request, tokens, start):
+        if request.prompt_ids[1] == 666:
+            raise RuntimeError("injected fault")
+        return original(request, tokens, start)
+
+    engine.loaded.runner.prefill = broken_prefill
+    try:
+        bad = run(engine, [1, 666, 2])
+        good = run(engine, PROMPTS[0])
+        with pytest.raises(RuntimeError, match="injected fault"):
+            collect(bad)
+        assert bad.finish_reason == "error"
+        assert len(collect(good)[0]) == 12
+    finally:
+        engine.loaded.runner.prefill = original
+    assert engine.health()["status"] == "ok"
+    assert len(collect(run(engine, PROMPTS[1]))[0]) == 12

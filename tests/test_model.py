@@ -1,0 +1,58 @@
+"""The tinygrad transformer against a float64 NumPy reference, on tiny random GGUFs of each architecture."""
+
+import numpy as np
+import pytest
+
+from tiny_models import Reference, write_tiny_gguf
+from webapp.engine.model import ModelLoadError, load_model
+
+PROMPT = [1, 504, 3458, 282, 4649, 314, 253, 77, 88, 99, 1234, 5]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+def tiny(request, tmp_path_factory):
+    path = write_tiny_gguf(str(tmp_path_factory.mktemp("m") / f"{request.param}.gguf"), request.param)
+    model, _ = load_model(path, slots=3, context=64)
+    return model, Reference(path)
+
+
+def test_prefill_and_decode_match_float64_reference(tiny):
+    model, ref = tiny
+    expected = ref.logits(PROMPT + [42, 7])
+    got = model.prefill(PROMPT, slot=0, start=0, chunk=16).numpy()[0]
+    np.testing.assert_allclose(got, expected[len(PROMPT) - 1], atol=1e-3, rtol=1e-3)
+    got = model.decode([42], slots=[0], positions=[len(PROMPT)], width=1).numpy()[0]
+    np.testing.assert_allclose(got, expected[len(PROMPT)], atol=1e-3, rtol=1e-3)
+    got = model.decode([7], slots=[0], positions=[len(PROMPT) + 1], width=2).numpy()[0]
+    np.testing.assert_allclose(got, expected[len(PROMPT) + 1], atol=1e-3, rtol=1e-3)
+
+
+def test_chunked_prefill_equals_single_chunk(tiny):
+    model, _ = tiny
+    whole = model.prefill(PROMPT, slot=1, start=0, chunk=16).numpy()[0]
+    for start in range(0, len(PROMPT), 5):
+        chunked = model.prefill(PROMPT[start : start + 5], slot=2, start=start, chunk=16).numpy()[0]
+    np.testing.assert_allclose(chunked, whole, atol=1e-4, rtol=1e-4)
+
+
+def test_lanes_at_different_positions_and_slots_match_their_own_sequences(tiny):
+    model, ref = tiny
+    prompts = [PROMPT[:3], PROMPT[:9]]
+    for slot, prompt in enumerate(prompts):
+        model.prefill(prompt, slot=slot, start=0, chunk=16).realize()
+    got = model.decode([11, 12], slots=[0, 1], positions=[3, 9], width=4).numpy()
+    for row, prompt, token in zip(got, prompts, [11, 12]):
+        np.testing.assert_allclose(row, ref.logits(prompt + [token])[-1], atol=1e-3, rtol=1e-3)
+
+
+def test_unsupported_architecture_fails_with_a_clear_message(tmp_path):
+    path = write_tiny_gguf(str(tmp_path / "phi.gguf"), "phi3")
+    with pytest.raises(ModelLoadError, match="unsupported GGUF architecture 'phi3'"):
+        load_model(path, slots=1, context=32)
+
+
+def test_garbage_file_fails_with_a_clear_message(tmp_path):
+    path = tmp_path / "junk.gguf"
+    path.write_bytes(b"definitely not a gguf file" * 10)
+    with pytest.raises(ModelLoadError, match="cannot parse"):
+        load_model(str(path), slots=1, context=32)
