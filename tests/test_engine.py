@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from tiny_models import write_tiny_gguf
+from tiny_models import use_tinygrad_from_this_thread, write_tiny_gguf
 from webapp.engine.engine import Engine, QueueFull, load_gguf_model
 from webapp.engine.request import Finished, Request, SamplingParams
 
@@ -38,6 +38,7 @@ def run(engine: Engine, prompt: list[int], params: SamplingParams = GREEDY) -> R
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     path = write_tiny_gguf(str(tmp_path_factory.mktemp("m") / "llama.gguf"), "llama")
+    use_tinygrad_from_this_thread()
     eng = Engine(lambda: load_gguf_model(path, slots=4, max_context=128, prefill_chunk=8), slots=4, queue_limit=6, prefill_chunk=8)
     eng.start()
     for _ in range(600):

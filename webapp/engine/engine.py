@@ -59,7 +59,7 @@ class LoadedModel:
 
 
 class Engine:
-    def __init__(self, loader: Callable[[], LoadedModel], slots: int = 8, queue_limit: int = 64, prefill_chunk: int = 64):
+    def __init__(self, loader: Callable[[], LoadedModel], slots: int = 8, queue_limit: int = 64, prefill_chunk: int = 32):
         self.loader = loader
         self.n_slots, self.queue_limit, self.prefill_chunk = slots, queue_limit, prefill_chunk
         self.state, self.error = "loading", None
@@ -271,7 +271,7 @@ def load_gguf_model(path: str, slots: int, max_context: int, prefill_chunk: int)
     from .runner import ModelRunner
     from .tokenizer import Tokenizer
 
-    model, kv = load_model(path, slots=slots, context=max_context)
+    model, kv = load_model(path, slots=slots, context=max_context, max_chunk=prefill_chunk)
     tokenizer = Tokenizer.from_gguf_metadata(kv)
     template = ChatTemplate(kv.get("tokenizer.chat_template"), bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
     return LoadedModel(
@@ -289,7 +289,7 @@ def build_engine(config) -> Engine:
     path = config.get("MODEL") or default_model_path()
     if not os.path.isfile(path):
         raise FileNotFoundError(f"LLM_MODEL={path!r} is not a file")
-    slots, context, chunk = int(config.get("SLOTS", 8)), int(config.get("MAX_CONTEXT", 4096)), int(config.get("PREFILL_CHUNK", 64))
+    slots, context, chunk = int(config.get("SLOTS", 8)), int(config.get("MAX_CONTEXT", 4096)), int(config.get("PREFILL_CHUNK", 32))
     return Engine(
         lambda: load_gguf_model(path, slots, context, chunk), slots=slots, queue_limit=int(config.get("QUEUE_LIMIT", 64)), prefill_chunk=chunk
     )

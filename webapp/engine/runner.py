@@ -40,6 +40,9 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     return int(ids[rng.choice(len(ids), p=probs)])
 
 
+SHORT_CHUNK = 8
+
+
 def decode_widths(max_batch: int) -> list[int]:
     widths, w = [], 1
     while w < max_batch:
@@ -51,12 +54,14 @@ def decode_widths(max_batch: int) -> list[int]:
 class ModelRunner:
     def __init__(self, model, prefill_chunk: int):
         self.model = model
-        self.prefill_chunk = prefill_chunk
+        # a short bucket keeps follow-up turns and prompt tails from paying for a full padded chunk
+        self.chunks = sorted({min(SHORT_CHUNK, prefill_chunk), prefill_chunk})
         self.widths = decode_widths(model.slots)
 
     def prefill(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
         """Run one chunk of `request`'s prompt; logits (vocab,) of its last token."""
-        return self.model.prefill(tokens, request.slot, start, self.prefill_chunk).numpy()[0]
+        chunk = next(c for c in self.chunks if c >= len(tokens))
+        return self.model.prefill(tokens, request.slot, start, chunk).numpy()[0]
 
     def decode(self, batch: list[Request], positions: list[int]) -> np.ndarray:
         """Feed each request's last output token at its position; logits (len(batch), vocab)."""
@@ -70,10 +75,10 @@ class ModelRunner:
         started = time.monotonic()
         scratch = self.model.slots
         # TinyJit runs a function eagerly once, captures it the second time, replays from the third.
-        for i in range(3):
-            self.model.prefill([0] * self.prefill_chunk, scratch, 0, self.prefill_chunk).numpy()
-            self.model.prefill([0], scratch, self.prefill_chunk, self.prefill_chunk).numpy()
-            progress(f"warm-up: prefill pass {i + 1}/3 ({time.monotonic() - started:.1f} s)")
+        for chunk in self.chunks:
+            for _ in range(3):
+                self.model.prefill([0] * chunk, scratch, 0, chunk).numpy()
+            progress(f"warm-up: prefill chunk {chunk} ready ({time.monotonic() - started:.1f} s)")
         for width in self.widths:
             for _ in range(3):
                 self.model.decode([0], [scratch], [0], width).numpy()
