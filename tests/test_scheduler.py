@@ -1,0 +1,151 @@
+"""Scheduling policy with a fake model: admission, chunked prefill interleaving, slot choice, retire, abort."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from webapp.engine.engine import Engine, LoadedModel, QueueFull
+from webapp.engine.kv_cache import SlotTable
+from webapp.engine.request import Finished, Request, SamplingParams, Status
+from webapp.engine.scheduler import Scheduler
+
+VOCAB = 50
+
+
+def request(prompt, max_tokens=3):
+    return Request(list(prompt), SamplingParams(max_tokens=max_tokens, temperature=0.0))
+
+
+class FakeRunner:
+    """Always predicts (last fed token + 1) % VOCAB and logs every call."""
+
+    def __init__(self):
+        self.calls = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def _logits(self, token):
+        row = np.zeros(VOCAB, dtype=np.float32)
+        row[(token + 1) % VOCAB] = 1.0
+        return row
+
+    def prefill(self, req, tokens, start):
+        self.gate.wait(10)
+        self.calls.append(("prefill", req.id, start, len(tokens)))
+        return self._logits(tokens[-1])
+
+    def decode(self, batch, positions):
+        self.gate.wait(10)
+        threading.Event().wait(0.005)  # a model step takes time; lets requests overlap
+        self.calls.append(("decode", tuple(r.id for r in batch)))
+        return np.stack([self._logits(r.output_ids[-1]) for r in batch])
+
+    def warm_up(self, progress):
+        return 0.0
+
+
+def drain(req, timeout=10):
+    tokens = []
+    while not isinstance(item := req.outputs.get(timeout=timeout), Finished):
+        tokens.append(item)
+    return tokens, item.reason
+
+
+@pytest.fixture
+def engine():
+    runner = FakeRunner()
+    eng = Engine(lambda: LoadedModel(runner, None, None, "fake", 64, "FAKE"), slots=2, queue_limit=3, prefill_chunk=4)
+    eng.start()
+    while eng.state == "loading":
+        threading.Event().wait(0.01)
+    yield eng
+    runner.gate.set()
+    eng.stop(5)
+
+
+def test_slot_choice_prefers_the_longest_cached_prefix_then_lru():
+    table = SlotTable(3)
+    a, _ = table.acquire("a", [1, 2, 3, 4])
+    a.tokens[:] = [1, 2, 3, 4]
+    b, _ = table.acquire("b", [9, 9])
+    b.tokens[:] = [9, 9]
+    table.release(a)
+    table.release(b)
+    slot, reused = table.acquire("c", [1, 2, 3, 7, 8])
+    assert (slot.index, reused) == (a.index, 3)
+    assert slot.tokens == [1, 2, 3]  # the diverging tail is dropped
+    table.release(slot)
+    # no prefix anywhere: the least recently used slot (never used: index 2, then b) is evicted
+    slot, reused = table.acquire("d", [5, 5])
+    assert (slot.index, reused) == (2, 0)
+    slot2, _ = table.acquire("e", [6, 6])
+    assert slot2.index == b.index
+
+
+def test_the_last_prompt_token_is_always_prefilled():
+    table = SlotTable(1)
+    s, _ = table.acquire("a", [1, 2, 3])
+    s.tokens[:] = [1, 2, 3, 4]
+    table.release(s)
+    _, reused = table.acquire("b", [1, 2, 3])
+    assert reused == 2
+
+
+def test_admission_is_fcfs_and_bounded_by_slots():
+    sched = Scheduler(SlotTable(2), prefill_chunk=4)
+    reqs = [request([i, i]) for i in range(3)]
+    for r in reqs:
+        sched.add(r)
+    assert sched.admit() == reqs[:2]
+    assert list(sched.waiting) == reqs[2:]
+    assert reqs[0].status is Status.PREFILL
+
+
+def test_prefill_is_chunked_and_interleaved_with_decode(engine):
+    runner = engine.loaded.runner
+    short = request([1, 2], max_tokens=40)
+    engine.submit(short)
+    assert isinstance(short.outputs.get(timeout=5), int)  # short is decoding now
+    long = request(list(range(20, 33)), max_tokens=2)  # 13 tokens: chunks of 4, 4, 4, 1
+    engine.submit(long)
+    drain(long)
+    drain(short)
+    prefills = [c for c in runner.calls if c[0] == "prefill" and c[1] == long.id]
+    assert [(c[2], c[3]) for c in prefills] == [(0, 4), (4, 4), (8, 4), (12, 1)]
+    # between the long prompt's chunks, the short request kept decoding
+    first, last = runner.calls.index(prefills[0]), runner.calls.index(prefills[-1])
+    between = [c for c in runner.calls[first:last] if c[0] == "decode" and short.id in c[1]]
+    assert len(between) >= 3
+
+
+def test_retire_on_length_and_tokens_follow_the_model(engine):
+    r = request([5], max_tokens=4)
+    engine.submit(r)
+    assert drain(r) == ([6, 7, 8, 9], "length")
+    assert r.status is Status.FINISHED and all(s.owner is None for s in engine.scheduler.slots.slots)
+
+
+def test_abort_of_a_waiting_request_and_queue_limit(engine):
+    engine.loaded.runner.gate.clear()  # freeze the model thread inside its next call
+    running = [request([1, i], max_tokens=50) for i in range(2)]
+    for r in running:
+        engine.submit(r)
+    waiting = [request([2, i]) for i in range(3)]
+    for _ in range(500):
+        if all(r.admitted_at for r in running):
+            break
+        threading.Event().wait(0.01)
+    for r in waiting:
+        engine.submit(r)
+    with pytest.raises(QueueFull):
+        engine.submit(request([3, 3]))
+    engine.abort(waiting[0])
+    for r in running:
+        engine.abort(r)
+    engine.loaded.runner.gate.set()
+    assert drain(waiting[0])[1] == "cancelled"
+    assert [drain(r)[1] for r in running] == ["cancelled", "cancelled"]
+    assert [drain(r)[1] for r in waiting[1:]] == ["length", "length"]
+    assert engine.stats()["requests_total"]["rejected"] == 1
+    assert engine._waiting == 0
