@@ -25,7 +25,7 @@ $(STAMP): requirements.txt requirements-dev.txt Makefile
 	touch $(STAMP)
 
 serve: install
-	$(VENV)/bin/waitress-serve --threads=$(THREADS) --channel-timeout=600 --listen=0.0.0.0:$(PORT) wsgi:app
+	$(VENV)/bin/waitress-serve --threads=$(THREADS) --channel-request-lookahead=1 --channel-timeout=600 --listen=0.0.0.0:$(PORT) wsgi:app
 
 test: install
 	$(VENV)/bin/python -m pytest -q tests

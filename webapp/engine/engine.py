@@ -170,21 +170,29 @@ class Engine:
     def _loop(self) -> None:
         last_publish = 0.0
         while not self._stopping:
+            if not self.scheduler.has_work:
+                self._publish()  # the last word before sleeping: every slot idle
             self._take_inbox(block=not self.scheduler.has_work)
+            changed = False
             for request in self.scheduler.cancelled():
                 self._finish(request, request.cancel_reason)
+                changed = True
             for request in self.scheduler.admit():
                 with self._lock:
                     self._waiting -= 1
-                request.rng = np.random.default_rng(request.params.seed)
+                seed = request.params.seed
+                request.rng = np.random.default_rng(None if seed is None else seed % 2**64)
                 self.metrics.on_admit(request)
+                changed = True
+            # publish before the step too, so pages show who is running during a long step
+            now = time.monotonic()
+            if changed or now - last_publish >= PUBLISH_EVERY_S:
+                self._publish()
+                last_publish = now
             self._prefill_step()
             self._decode_step()
             self.metrics.on_step()
-            now = time.monotonic()
-            if now - last_publish >= PUBLISH_EVERY_S or not self.scheduler.has_work:
-                self._publish()
-                last_publish = now
+        self._publish()
 
     def _take_inbox(self, block: bool) -> None:
         try:

@@ -1,0 +1,160 @@
+"""Continuous batching vs one-at-a-time, and prefix reuse, on the real default model (engine in-process).
+
+Usage: DEV=CPU .venv/bin/python bench/throughput.py [--tokens 48] [--levels 1,2,4,8] [--slots 8]
+
+Table 1: for each concurrency C, C streams of --tokens generated tokens each, all submitted at once
+(batched), beside the same C streams run strictly one after another (FCFS, one request at a time),
+measured in the same run. Table 2: time to first token of a cold ~1,500-token conversation vs its
+follow-up turn, which reuses the cached prefix. Numbers are wall-clock on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from webapp.engine.engine import build_engine  # noqa: E402
+from webapp.engine.request import Finished, Request, SamplingParams  # noqa: E402
+
+QUESTIONS = [
+    "Write a short story about a lighthouse keeper.",
+    "Explain how a bicycle stays upright.",
+    "Describe the water cycle to a child.",
+    "List some uses of copper and why.",
+    "What makes bread rise?",
+    "Tell me about the history of the telescope.",
+    "How do bees communicate?",
+    "Why is the sky blue?",
+    "Describe a busy market in the morning.",
+    "How does a refrigerator keep food cold?",
+    "Write a poem about autumn leaves.",
+    "Explain what a prime number is.",
+    "What do volcanoes do?",
+    "How are rainbows formed?",
+    "Describe the life of a river.",
+    "What is a good breakfast and why?",
+]
+
+
+def pct(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+class Stream:
+    def __init__(self, engine, prompt_ids, tokens):
+        self.request = Request(prompt_ids, SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True))
+        self.times: list[float] = []
+        self.engine = engine
+
+    def run(self):
+        self.start = time.monotonic()
+        self.engine.submit(self.request)
+        while not isinstance(item := self.request.outputs.get(), Finished):
+            if isinstance(item, Exception):
+                raise item
+            self.times.append(time.monotonic())
+        self.end = time.monotonic()
+
+    @property
+    def ttft(self):
+        return self.times[0] - self.start
+
+    @property
+    def itls(self):
+        return [b - a for a, b in zip(self.times, self.times[1:])]
+
+
+def measure(streams: list[Stream], concurrent: bool) -> dict:
+    started = time.monotonic()
+    if concurrent:
+        threads = [threading.Thread(target=s.run) for s in streams]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    else:
+        for s in streams:
+            s.run()
+    wall = time.monotonic() - started
+    generated = sum(len(s.times) for s in streams)
+    return {
+        "agg": generated / wall,
+        "per_stream": statistics.mean((len(s.times) - 1) / (s.end - s.times[0]) for s in streams),
+        "ttft50": pct([s.ttft for s in streams], 0.5),
+        "ttft95": pct([s.ttft for s in streams], 0.95),
+        "itl50": pct([x for s in streams for x in s.itls], 0.5),
+        "itl95": pct([x for s in streams for x in s.itls], 0.95),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--levels", default="1,2,4,8")
+    ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--skip-prefix", action="store_true")
+    args = ap.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+
+    t0 = time.monotonic()
+    engine = build_engine({"SLOTS": args.slots, "MAX_CONTEXT": 4096, "QUEUE_LIMIT": 64}).start()
+    while engine.state == "loading":
+        time.sleep(0.2)
+    assert engine.state == "ok", engine.error
+    print(f"engine ready in {time.monotonic() - t0:.1f} s ({engine.model_name}, {args.slots} slots, device {os.environ.get('DEV', 'default')})")
+    tok, tpl = engine.tokenizer, engine.chat_template
+
+    def prompt(i, salt):
+        return tok.encode(tpl.render([{"role": "user", "content": f"({salt}) {QUESTIONS[i % len(QUESTIONS)]}"}]))
+
+    rows = []
+    for c in levels:
+        # distinct salts so no run reuses another's cached prompt beyond the shared system prompt
+        batched = measure([Stream(engine, prompt(i, f"b{c}"), args.tokens) for i in range(c)], concurrent=True)
+        alone = measure([Stream(engine, prompt(i, f"a{c}"), args.tokens) for i in range(c)], concurrent=False)
+        rows.append((c, batched, alone))
+        print(f"  measured concurrency {c}", file=sys.stderr)
+
+    print(f"\nMachine: {platform.machine()}, {os.cpu_count()} cores, {platform.python_implementation()} {platform.python_version()}")
+    print(f"Each stream generates {args.tokens} tokens (greedy, ignore_eos). 'one-at-a-time' = the same streams run FCFS, one request at a time.\n")
+    print("| streams | batched agg tok/s | one-at-a-time agg tok/s | ratio | per-stream tok/s | TTFT p50 / p95 (s) | ITL p50 / p95 (ms) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for c, b, a in rows:
+        print(
+            f"| {c} | {b['agg']:.1f} | {a['agg']:.1f} | {b['agg'] / a['agg']:.2f}x | {b['per_stream']:.1f} | "
+            f"{b['ttft50']:.2f} / {b['ttft95']:.2f} | {b['itl50'] * 1000:.0f} / {b['itl95'] * 1000:.0f} |"
+        )
+
+    if not args.skip_prefix:
+        history = []
+        while True:
+            history += [
+                {"role": "user", "content": "Tell me something about " + QUESTIONS[len(history) // 2 % len(QUESTIONS)]},
+                {"role": "assistant", "content": "Here is a long answer. " + " ".join(QUESTIONS) + " That is all I know."},
+            ]
+            if len(tok.encode(tpl.render(history))) >= 1500:
+                break
+        cold_msgs = history + [{"role": "user", "content": "Summarise our chat."}]
+        cold = Stream(engine, tok.encode(tpl.render(cold_msgs)), 8)
+        cold.run()
+        reply = tok.decode(cold.request.output_ids)
+        follow = Stream(engine, tok.encode(tpl.render(cold_msgs + [{"role": "assistant", "content": reply}, {"role": "user", "content": "Thanks! One more thing?"}])), 8)
+        follow.run()
+        print("\n| turn | prompt tokens | reused from cache | TTFT (s) |")
+        print("|---|---:|---:|---:|")
+        print(f"| cold | {cold.request.prompt_len} | {cold.request.cached_tokens} | {cold.ttft:.2f} |")
+        print(f"| follow-up | {follow.request.prompt_len} | {follow.request.cached_tokens} | {follow.ttft:.2f} |")
+        print(f"\nfollow-up TTFT = {follow.ttft / cold.ttft:.0%} of cold")
+    engine.stop(5)
+
+
+if __name__ == "__main__":
+    main()

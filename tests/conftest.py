@@ -1,0 +1,70 @@
+"""Fixtures: the app around a scripted `FakeEngine`, Flask's test client, a real Waitress server on
+a free local port, and the real `openai` client pointed at that server."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from types import SimpleNamespace
+
+import openai
+import pytest
+import waitress
+from fakes import FakeEngine
+from waitress import wasyncore
+
+from webapp import create_app
+
+
+@pytest.fixture
+def engine():
+    engine = FakeEngine()
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def app(engine):
+    return create_app({"TESTING": True}, engine=engine)
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+@contextlib.contextmanager
+def running_server(app, threads: int = 16):
+    """A real Waitress server for `app` on a free 127.0.0.1 port, closed on exit."""
+    # channel_request_lookahead=1 lets Waitress keep reading a connection while its request runs,
+    # which is how it notices a client that hangs up on a non-streamed request.
+    srv = waitress.create_server(
+        app, host="127.0.0.1", port=0, threads=threads, channel_request_lookahead=1
+    )
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    try:
+        yield SimpleNamespace(
+            host="127.0.0.1", port=srv.effective_port, url=f"http://127.0.0.1:{srv.effective_port}"
+        )
+    finally:
+        srv.task_dispatcher.shutdown(timeout=5)
+        # Sockets are closed on the loop's own thread, so its select() never sees a closed descriptor.
+        srv.trigger.pull_trigger(lambda: wasyncore.close_all(srv._map))
+        thread.join(timeout=5)
+
+
+@pytest.fixture
+def server(app, engine):
+    with running_server(app) as srv:
+        yield srv
+        engine.close()  # finishes any request a handler thread is still reading
+
+
+@pytest.fixture
+def openai_client(server):
+    client = openai.OpenAI(
+        base_url=f"{server.url}/v1", api_key="test-key", max_retries=0, timeout=10
+    )
+    yield client
+    client.close()

@@ -1,0 +1,227 @@
+"""Test doubles for the web layer: a byte tokenizer, a plain chat template and a scripted engine.
+
+`FakeEngine` implements the interface `webapp/api.py` programs against (model_name, max_context,
+tokenizer, chat_template, submit, abort, health, stats) without a model. Each submitted request
+plays the next queued `Reply` (or `default_reply`) on its own daemon thread, putting token ids
+and then one `Finished` (or an exception) on `request.outputs`, exactly as the real engine's
+contract says. It honours `max_tokens`, stop token ids and cancellation, and records what it saw:
+`submitted`, `aborted`, plus Events a test can wait on instead of sleeping.
+
+`FakeTokenizer` is byte-level: ids 0-255 are the UTF-8 bytes, so every multi-byte character and
+every tag is split across tokens, plus BOS (256, "<s>") and EOS (257, "</s>").
+"""
+
+from __future__ import annotations
+
+import codecs
+import collections
+import itertools
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+
+from webapp.engine.errors import EngineNotReady, QueueFull
+from webapp.engine.request import Finished, Request, Status
+
+BOS, EOS = 256, 257
+SPECIALS = {BOS: "<s>", EOS: "</s>"}
+_SPECIAL_RE = re.compile("|".join(re.escape(t) for t in SPECIALS.values()))
+_SPECIAL_IDS = {text: i for i, text in SPECIALS.items()}
+
+
+class _StreamDecoder:
+    def __init__(self) -> None:
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def add(self, token_id: int) -> str:
+        if token_id in SPECIALS:
+            return self.flush() + SPECIALS[token_id]
+        return self._utf8.decode(bytes([token_id]))
+
+    def flush(self) -> str:
+        text = self._utf8.decode(b"", final=True)
+        self._utf8.reset()
+        return text
+
+
+class FakeTokenizer:
+    bos_id = BOS
+    eos_id = EOS
+    add_bos = True
+    stop_ids = frozenset({EOS})
+    vocab_size = 258
+
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        if not special:
+            return list(text.encode())
+        ids: list[int] = []
+        pos = 0
+        for m in _SPECIAL_RE.finditer(text):
+            ids += text[pos : m.start()].encode()
+            ids.append(_SPECIAL_IDS[m.group()])
+            pos = m.end()
+        return ids + list(text[pos:].encode())
+
+    def decode(self, ids: list[int]) -> str:
+        decoder = self.stream_decoder()
+        return "".join(decoder.add(i) for i in ids) + decoder.flush()
+
+    def stream_decoder(self) -> _StreamDecoder:
+        return _StreamDecoder()
+
+
+class FakeTemplateError(ValueError):
+    """Stands in for webapp.engine.chat_template.TemplateError (also a ValueError)."""
+
+
+class FakeChatTemplate:
+    """Renders `<|role|>content` lines; content "!template-error" makes it raise like a template."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+        self.think = False  # end the generation prompt with "<think>\n", as thinking templates do
+
+    def render(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        self.calls.append({"messages": messages, "tools": tools})
+        parts = [f"<|tools|>{json.dumps(tools)}\n"] if tools else []
+        for m in messages:
+            if m["content"] == "!template-error":
+                raise FakeTemplateError("roles must alternate user/assistant")
+            calls = "".join(json.dumps(c["function"]) for c in m.get("tool_calls", []))
+            parts.append(f"<|{m['role']}|>{m['content']}{calls}\n")
+        if add_generation_prompt:
+            parts.append("<|assistant|>" + ("<think>\n" if self.think else ""))
+        return "".join(parts)
+
+
+@dataclass
+class Reply:
+    """What the fake model generates for one request.
+
+    `tokens` are played in order; an exception instance among them is put on the output queue in
+    place of `Finished` (an engine failure). After the last token the request finishes with
+    `finish`. `forever` cycles the tokens until the request is cancelled or hits max_tokens.
+    """
+
+    tokens: list = field(default_factory=list)
+    delay: float = 0.0  # seconds before each token
+    hold: bool = False  # generate nothing until `FakeEngine.release` (or an abort)
+    finish: str = "stop"
+    forever: bool = False
+    cached_tokens: int = 0
+
+    @classmethod
+    def text(cls, text: str, eos: bool = True, **kw) -> Reply:
+        return cls(list(text.encode()) + ([EOS] if eos else []), **kw)
+
+
+class FakeEngine:
+    model_name = "fake-model"
+
+    def __init__(self, max_context: int = 4096) -> None:
+        self.max_context = max_context
+        self.tokenizer = FakeTokenizer()
+        self.chat_template = FakeChatTemplate()
+        self.replies: collections.deque[Reply] = collections.deque()
+        self.default_reply = Reply.text("Hello from the fake engine.")
+        self.status = "ok"  # "loading": submit raises EngineNotReady and health says so
+        self.queue_full_retry_after: int | None = None  # set: submit raises QueueFull
+        self.submitted: list[Request] = []
+        self.aborted: list[Request] = []
+        self.submitted_event = threading.Event()
+        self.aborted_event = threading.Event()
+        self._lock = threading.Lock()
+        self._wake: dict[str, threading.Event] = {}  # per running request; removed when it ends
+        self._threads: list[threading.Thread] = []
+
+    def submit(self, request: Request) -> None:
+        if self.status != "ok":
+            raise EngineNotReady("The model is still loading.")
+        if self.queue_full_retry_after is not None:
+            raise QueueFull(self.queue_full_retry_after)
+        reply = self.replies.popleft() if self.replies else self.default_reply
+        wake = threading.Event()
+        with self._lock:
+            self.submitted.append(request)
+            self._wake[request.id] = wake
+        thread = threading.Thread(target=self._play, args=(request, reply, wake), daemon=True)
+        self._threads.append(thread)
+        thread.start()
+        self.submitted_event.set()
+
+    def abort(self, request: Request) -> None:
+        request.cancel("cancelled")
+        with self._lock:
+            self.aborted.append(request)
+            wake = self._wake.get(request.id)
+        if wake is not None:
+            wake.set()
+        self.aborted_event.set()
+
+    def release(self, request: Request) -> None:
+        """Let a request whose reply has `hold` start generating."""
+        with self._lock:
+            wake = self._wake.get(request.id)
+        if wake is not None:
+            wake.set()
+
+    def health(self) -> dict:
+        return {"status": self.status, "model": self.model_name}
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {
+                "submitted": len(self.submitted),
+                "aborted": len(self.aborted),
+                "running": len(self._wake),
+            }
+
+    def close(self) -> None:
+        with self._lock:
+            running = [(r, self._wake[r.id]) for r in self.submitted if r.id in self._wake]
+        for request, wake in running:
+            request.cancel("shutdown")
+            wake.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    def _play(self, request: Request, reply: Reply, wake: threading.Event) -> None:
+        request.cached_tokens = reply.cached_tokens
+        request.status = Status.DECODE
+        tokens = itertools.cycle(reply.tokens) if reply.forever else iter(reply.tokens)
+        reason = reply.finish
+        if reply.hold:
+            wake.wait()
+            wake.clear()
+        for item in tokens:
+            if reply.delay:
+                wake.wait(reply.delay)
+            if request.cancel_reason is not None:
+                break
+            if isinstance(item, BaseException):
+                self._retire(request, item)
+                return
+            request.output_ids.append(item)
+            request.outputs.put(item)
+            if item in request.params.stop_token_ids:
+                reason = "stop"
+                break
+            if len(request.output_ids) >= request.params.max_tokens:
+                reason = "length"
+                break
+        if request.cancel_reason is not None:
+            reason = "cancelled"
+        self._retire(request, Finished(reason))
+
+    def _retire(self, request: Request, last: Finished | BaseException) -> None:
+        request.status = Status.FINISHED
+        request.finish_reason = last.reason if isinstance(last, Finished) else "error"
+        with self._lock:
+            del self._wake[request.id]
+        request.outputs.put(last)

@@ -1,0 +1,164 @@
+"""The real engine on a tiny random GGUF behind a real Waitress server: openai client, prefix reuse
+through the API, a client that disconnects mid-stream, and overload."""
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+from conftest import running_server
+
+from tiny_models import use_tinygrad_from_this_thread, write_tiny_gguf
+from webapp import create_app
+from webapp.engine.engine import Engine, load_gguf_model
+
+SLOTS, QUEUE_LIMIT = 2, 2
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    use_tinygrad_from_this_thread()
+    path = write_tiny_gguf(str(tmp_path_factory.mktemp("m") / "llama.gguf"), "llama", context=256)
+    engine = Engine(lambda: load_gguf_model(path, SLOTS, 256, 8), slots=SLOTS, queue_limit=QUEUE_LIMIT, prefill_chunk=8)
+    app = create_app({"TESTING": True}, engine=engine)
+    engine.start()
+    with running_server(app, threads=16) as srv:
+        deadline = time.monotonic() + 300
+        while engine.state == "loading" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert engine.state == "ok", engine.error
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=60)
+        yield engine, srv, client
+        client.close()
+    engine.stop(5)
+
+
+def wait_until(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def slots_idle(engine):
+    snap = engine.stats()
+    return snap["running"] == 0 and all(s["request_id"] is None for s in snap["slots"])
+
+
+def test_chat_stream_and_follow_up_reuse_the_cache(real):
+    engine, _, client = real
+    messages = [{"role": "user", "content": "Tell me a story about a cat."}]
+    first = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0)
+    assert first.choices[0].finish_reason == "length"
+    assert first.usage.completion_tokens == 8
+
+    messages += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "More!"}]
+    stream = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=5, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    usage = chunks[-1].usage
+    assert usage.completion_tokens == 5
+    # the whole first turn (system prompt, question and most of the reply) came from the KV cache
+    assert usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+
+
+@pytest.fixture
+def slow_decode(real):
+    """Steps of the tiny model take a few ms; make them take long enough to act mid-request."""
+    engine = real[0]
+    decode = engine.loaded.runner.decode
+
+    def slowed(batch, positions):
+        time.sleep(0.03)
+        return decode(batch, positions)
+
+    engine.loaded.runner.decode = slowed
+    yield
+    engine.loaded.runner.decode = decode
+
+
+def test_disconnecting_mid_stream_frees_the_slot(real, slow_decode):
+    engine, srv, _ = real
+    body = json.dumps(
+        {"model": "tiny", "messages": [{"role": "user", "content": "Go on forever"}], "max_tokens": 200, "stream": True, "ignore_eos": True}
+    )
+    sock = socket.create_connection((srv.host, srv.port), timeout=30)
+    sock.sendall(
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {srv.host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
+    )
+    stream = sock.makefile("rb")
+    assert b" 200 " in stream.readline()
+    headers = iter(stream.readline, b"\r\n")
+    assert any(h.lower().startswith(b"content-type: text/event-stream") for h in headers)
+    events = 0
+    while events < 4:  # the role chunk, then a few content deltas (in chunked transfer encoding)
+        events += stream.readline().startswith(b"data: ")
+    assert wait_until(lambda: engine.stats()["running"] == 1)
+    stream.close()
+    sock.close()
+    assert wait_until(lambda: slots_idle(engine)), engine.stats()
+    assert engine.stats()["requests_total"]["cancelled"] >= 1
+
+
+def test_overload_gets_429_with_retry_after_and_health_still_answers(real):
+    engine, srv, client = real
+    gate = threading.Event()
+    decode = engine.loaded.runner.decode
+
+    def stalled_decode(batch, positions):
+        gate.wait(30)
+        return decode(batch, positions)
+
+    engine.loaded.runner.decode = stalled_decode
+    results = []
+
+    def ask(i):
+        try:
+            r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"hi {i}"}], max_tokens=3)
+            results.append(r.choices[0].finish_reason)
+        except openai.APIError as e:
+            results.append(e)
+
+    try:
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(SLOTS)]
+        for t in threads:
+            t.start()
+        assert wait_until(lambda: engine.stats()["running"] == SLOTS)
+        threads += [threading.Thread(target=ask, args=(i,)) for i in range(SLOTS, SLOTS + QUEUE_LIMIT)]
+        for t in threads[SLOTS:]:
+            t.start()
+        assert wait_until(lambda: engine._waiting == QUEUE_LIMIT)
+
+        request = urllib.request.Request(
+            f"{srv.url}/v1/chat/completions",
+            json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "one too many"}]}).encode(),
+            {"Content-Type": "application/json"},
+        )
+        started = time.monotonic()
+        with pytest.raises(urllib.error.HTTPError) as excinfo:
+            urllib.request.urlopen(request, timeout=5)
+        assert time.monotonic() - started < 1.0
+        assert excinfo.value.code == 429
+        assert int(excinfo.value.headers["Retry-After"]) >= 1
+        assert json.load(excinfo.value)["error"]["code"] == "queue_full"
+
+        started = time.monotonic()
+        with urllib.request.urlopen(f"{srv.url}/health", timeout=5) as health:
+            assert json.load(health)["status"] == "ok"
+        assert time.monotonic() - started < 1.0
+    finally:
+        gate.set()
+        engine.loaded.runner.decode = decode
+        for t in threads:
+            t.join(30)
+    assert results == ["length"] * (SLOTS + QUEUE_LIMIT)
+    assert wait_until(lambda: slots_idle(engine))

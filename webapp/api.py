@@ -1,0 +1,326 @@
+"""The OpenAI-compatible HTTP API: /v1/models, /v1/chat/completions, /v1/completions and /health.
+
+Routing and streaming glue only: `openai_format` validates bodies and shapes every response, and
+the engine (`app.extensions["engine"]`) turns prompt token ids into generated token ids. A request
+goes: validate -> prompt text -> token ids -> context check -> `engine.submit` -> read
+`Request.outputs` -> incremental decode -> stop strings -> (chat) reasoning and tool-call parsing
+-> one JSON object, or server-sent events ending in `data: [DONE]`.
+
+Every refusal before a stream starts is an HTTP error (`ApiError`, `QueueFull`, `EngineNotReady`;
+the handlers live in `webapp/__init__.py`). Once a stream has started, an engine failure becomes a
+last `data: {"error": ...}` event. Whenever this side stops reading a request before the engine
+has finished it (a stop string matched, the client went away, the stream was never started) the
+request is aborted, so its slot is freed.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import queue
+import time
+from collections.abc import Callable, Iterator
+
+from flask import Blueprint, Response, current_app, jsonify, request
+
+from webapp import openai_format as fmt
+from webapp.engine.request import Finished, Request, SamplingParams
+from webapp.openai_format import ApiError
+
+bp = Blueprint("api", __name__)
+log = logging.getLogger(__name__)
+
+# How often a reader blocked on the output queue checks whether its client is still there.
+_POLL_S = 0.5
+# Not an HTTP status the client will ever see: it has gone. Logs show why the request ended.
+_CLIENT_CLOSED = 499
+_ENGINE_FAILED = "The engine failed while generating this completion."
+
+
+class _ClientGone(Exception):
+    """The HTTP client disconnected while its request was being generated."""
+
+
+@bp.before_request
+def _require_api_key() -> None:
+    """With `API_KEY` configured, every API route but /health wants `Authorization: Bearer KEY`."""
+    key = current_app.config.get("API_KEY")
+    if not key or request.endpoint == "api.health":
+        return
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    valid = hmac.compare_digest(token.strip().encode(), str(key).encode())
+    if scheme.lower() != "bearer" or not valid:
+        raise ApiError(401, "Invalid or missing API key.", code="invalid_api_key")
+
+
+@bp.get("/health")
+def health():
+    """The engine's health dict: 200 when it serves requests, 503 while loading or failed."""
+    state = _engine().health()
+    return jsonify(state), 200 if state.get("status") == "ok" else 503
+
+
+@bp.get("/v1/models")
+def models():
+    """The one model this server runs, as an OpenAI model list."""
+    return jsonify(fmt.models_list(_engine().model_name, int(time.time())))
+
+
+@bp.post("/v1/chat/completions")
+def chat_completions():
+    """An OpenAI chat completion; server-sent `chat.completion.chunk`s when `stream` is true."""
+    engine = _engine()
+    params = fmt.parse_chat_request(_json_body())
+    tools = params.active_tools
+    try:
+        prompt = engine.chat_template.render(
+            list(params.messages), tools=tools, add_generation_prompt=True
+        )
+    except ValueError as e:  # the template's TemplateError: these messages do not fit the model
+        raise ApiError(400, f"The chat template rejected the messages: {e}", "messages") from e
+    ids = _encode(engine.tokenizer, prompt)
+    req = _submit(engine, ids, params, fmt.new_id("chatcmpl"), "messages")
+    reader = _Reader(engine, req, params.stop, request.environ.get("waitress.client_disconnected"))
+    parser = fmt.OutputParser(tools, in_reasoning=fmt.opens_reasoning(prompt))
+    model = params.model or engine.model_name
+    if params.stream:
+        return _event_stream(reader, _chat_events(reader, parser, params.include_usage, model))
+    try:
+        pieces = [piece for text in reader.texts() for piece in parser.feed(text)]
+        pieces += parser.finish()
+    except _ClientGone:
+        return Response(status=_CLIENT_CLOSED)
+    finally:
+        reader.close()
+    message = fmt.assistant_message(pieces)
+    finish = _finish_reason(reader, parser)
+    return jsonify(
+        fmt.chat_completion(req.id, reader.created, model, message, finish, reader.usage())
+    )
+
+
+@bp.post("/v1/completions")
+def completions():
+    """An OpenAI (legacy) text completion of a raw prompt; SSE chunks when `stream` is true."""
+    engine = _engine()
+    params = fmt.parse_completion_request(_json_body())
+    if isinstance(params.prompt, str):
+        ids = _encode(engine.tokenizer, params.prompt)
+    else:
+        ids = _check_token_ids(engine.tokenizer, params.prompt)
+    req = _submit(engine, ids, params, fmt.new_id("cmpl"), "prompt")
+    reader = _Reader(engine, req, params.stop, request.environ.get("waitress.client_disconnected"))
+    model = params.model or engine.model_name
+    if params.stream:
+        return _event_stream(reader, _completion_events(reader, params.include_usage, model))
+    try:
+        text = "".join(reader.texts())
+    except _ClientGone:
+        return Response(status=_CLIENT_CLOSED)
+    finally:
+        reader.close()
+    finish = reader.finish_reason
+    return jsonify(fmt.completion(req.id, reader.created, model, text, finish, reader.usage()))
+
+
+def _engine():
+    return current_app.extensions["engine"]
+
+
+def _json_body() -> dict:
+    # Over MAX_CONTENT_LENGTH, get_data raises the 413 itself.
+    return fmt.parse_json_body(request.get_data(cache=False))
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    ids = tokenizer.encode(text, special=True)
+    bos = tokenizer.bos_id
+    if tokenizer.add_bos and bos is not None and ids[:1] != [bos]:
+        ids = [bos, *ids]
+    if not ids:
+        raise ApiError(400, "The prompt is empty.", "prompt")
+    return ids
+
+
+def _check_token_ids(tokenizer, ids: tuple[int, ...]) -> list[int]:
+    vocab_size = getattr(tokenizer, "vocab_size", None)
+    if vocab_size is not None and max(ids) >= vocab_size:
+        raise ApiError(
+            400, f"Token id {max(ids)} is outside the vocabulary (size {vocab_size}).", "prompt"
+        )
+    return list(ids)
+
+
+def _submit(
+    engine, prompt_ids: list[int], params: fmt.GenerationParams, request_id: str, param: str
+) -> Request:
+    """Build the engine request and queue it; QueueFull / EngineNotReady go to the app handlers."""
+    max_tokens = fmt.resolve_max_tokens(
+        params.max_tokens, len(prompt_ids), engine.max_context, param
+    )
+    sampling = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        seed=params.seed,
+        stop_token_ids=frozenset() if params.ignore_eos else frozenset(engine.tokenizer.stop_ids),
+        ignore_eos=params.ignore_eos,
+    )
+    req = Request(prompt_ids, sampling, id=request_id)
+    engine.submit(req)
+    return req
+
+
+class _Reader:
+    """Reads one submitted request's outputs as text, applying stop strings.
+
+    `texts()` yields decoded text as soon as it cannot be part of a stop string and returns when
+    the request is done; `finish_reason` is then "stop" or "length". An engine failure raises a 5xx
+    `ApiError`; a client that disconnects while nothing arrives raises `_ClientGone`. `close()`
+    aborts the request unless the engine has already finished it; it is idempotent.
+    """
+
+    def __init__(
+        self, engine, req: Request, stop: tuple[str, ...], disconnected: Callable[[], bool] | None
+    ):
+        self.engine = engine
+        self.request = req
+        self.created = int(time.time())
+        self.completion_tokens = 0
+        self.finish_reason: str | None = None
+        self._stop = stop
+        self._disconnected = disconnected
+        self._done = False  # the engine will put nothing more on the queue that we need
+
+    def texts(self) -> Iterator[str]:
+        decoder = self.engine.tokenizer.stream_decoder()
+        matcher = fmt.StopMatcher(self._stop)
+        # Stop tokens end the reply; their text (e.g. "<|im_end|>") is not part of it.
+        hidden = self.request.params.stop_token_ids
+        while self.finish_reason is None:
+            item = self._next()
+            if isinstance(item, int):
+                self.completion_tokens += 1
+                text, matched = matcher.feed("" if item in hidden else decoder.add(item))
+            elif isinstance(item, Finished):
+                self._done = True
+                if item.reason == "cancelled":  # not by us: we stop reading once we abort
+                    raise ApiError(503, "The server cancelled the request.", code="cancelled")
+                if item.reason not in ("stop", "length"):
+                    raise ApiError(500, _ENGINE_FAILED, code="engine_error")
+                text, matched = matcher.feed(decoder.flush())
+                if not matched:
+                    text += matcher.flush()
+                    self.finish_reason = item.reason
+            else:
+                self._done = True
+                # The details are for the log; the client learns only that generation failed.
+                log.error("engine failed request %s: %r", self.request.id, item)
+                raise ApiError(500, _ENGINE_FAILED, code="engine_error")
+            if matched:
+                self.close()  # the engine would go on generating text nobody will see
+                self.finish_reason = "stop"
+            if text:
+                yield text
+
+    def _next(self):
+        while True:
+            try:
+                return self.request.outputs.get(timeout=_POLL_S)
+            except queue.Empty:
+                if self._disconnected is not None and self._disconnected():
+                    raise _ClientGone from None
+
+    def usage(self) -> dict:
+        return fmt.usage(
+            self.request.prompt_len, self.completion_tokens, self.request.cached_tokens
+        )
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            self.engine.abort(self.request)
+
+
+def _finish_reason(reader: _Reader, parser: fmt.OutputParser) -> str:
+    if parser.tool_calls and reader.finish_reason == "stop":
+        return "tool_calls"
+    return reader.finish_reason
+
+
+def _event_stream(reader: _Reader, events: Iterator[str]) -> Response:
+    def stream():
+        try:
+            yield from events
+        except _ClientGone:
+            pass
+        except Exception:
+            # The status line is long gone; the client can only learn of a bug from the stream.
+            log.exception("streaming %s failed", reader.request.id)
+            yield fmt.sse(
+                fmt.error_body("Internal server error.", "server_error", None, "internal_error")
+            )
+            yield fmt.SSE_DONE
+        finally:
+            # Under Waitress a closed connection surfaces here as GeneratorExit: free the slot.
+            reader.close()
+
+    response = Response(stream(), mimetype="text/event-stream")
+    response.headers["Cache-Control"] = "no-cache"
+    response.headers["X-Accel-Buffering"] = "no"  # reverse proxies must not buffer the stream
+    # A generator that is closed before it ever started runs no `finally`; this still aborts.
+    response.call_on_close(reader.close)
+    return response
+
+
+def _chat_events(
+    reader: _Reader, parser: fmt.OutputParser, include_usage: bool, model: str
+) -> Iterator[str]:
+    rid, created = reader.request.id, reader.created
+
+    def chunk(delta: dict, finish_reason: str | None = None) -> str:
+        return fmt.sse(fmt.chat_chunk(rid, created, model, delta, finish_reason))
+
+    # Sent before any token so the client sees the stream open even during a long prefill.
+    yield chunk({"role": "assistant", "content": ""})
+    tool_index = 0
+    try:
+        for pieces in _parse(reader, parser):
+            for piece in pieces:
+                yield chunk(fmt.chat_delta(piece, tool_index))
+                tool_index += piece.kind == "tool_call"
+    except ApiError as e:
+        yield fmt.sse(e.body())
+        yield fmt.SSE_DONE
+        return
+    yield chunk({}, _finish_reason(reader, parser))
+    if include_usage:
+        yield fmt.sse(fmt.chat_usage_chunk(rid, created, model, reader.usage()))
+    yield fmt.SSE_DONE
+
+
+def _parse(reader: _Reader, parser: fmt.OutputParser) -> Iterator[list[fmt.Piece]]:
+    for text in reader.texts():
+        yield parser.feed(text)
+    yield parser.finish()
+
+
+def _completion_events(reader: _Reader, include_usage: bool, model: str) -> Iterator[str]:
+    rid, created = reader.request.id, reader.created
+
+    def chunk(text: str, finish_reason: str | None = None) -> str:
+        return fmt.sse(fmt.completion_chunk(rid, created, model, text, finish_reason))
+
+    yield chunk("")
+    try:
+        for text in reader.texts():
+            yield chunk(text)
+    except ApiError as e:
+        yield fmt.sse(e.body())
+        yield fmt.SSE_DONE
+        return
+    yield chunk("", reader.finish_reason)
+    if include_usage:
+        yield fmt.sse(fmt.completion_usage_chunk(rid, created, model, reader.usage()))
+    yield fmt.SSE_DONE

@@ -1,0 +1,712 @@
+"""The OpenAI wire format: request validation, response builders and output text handling.
+
+Nothing here touches Flask, HTTP or the engine; every function is pure and every class is a small
+state machine fed strings, so all of it is testable without a server.
+
+- `parse_chat_request` / `parse_completion_request` turn a decoded JSON body into frozen
+  `ChatParams` / `CompletionParams`, or raise `ApiError` (status, message, param, code, type)
+  naming the offending parameter. Fields that are null count as absent; unknown fields are
+  rejected unless they cannot change the output (`user`, `metadata`, `store`).
+- `resolve_max_tokens` applies the context limit: a prompt that leaves no room is a 400
+  `context_length_exceeded`; a `max_tokens` beyond the room left is capped to it.
+- Builders (`chat_chunk`, `chat_completion`, `completion_chunk`, ...) return plain dicts in the
+  shape the `openai` client parses; `sse` frames one as a server-sent event.
+- `StopMatcher` finds stop strings in streamed text and holds back any tail that could still grow
+  into one, so a stop string is never emitted, even when it is split across tokens.
+- `OutputParser` routes `<think>...</think>` to reasoning and turns `<tool_call>...</tool_call>`
+  blocks (hermes JSON or `<function=...>` XML) into OpenAI tool calls, holding back text that could
+  be the start of a tag so that no part of one ever leaks out as content.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+# --- errors -------------------------------------------------------------------------------------
+
+
+class ApiError(Exception):
+    """A request the API refuses; rendered as `{"error": {...}}` with `status`."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        type: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or error_type(status)
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_type(status: int) -> str:
+    """The OpenAI error `type` for an HTTP status."""
+    if status == 429:
+        return "rate_limit_exceeded"
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def parse_json_body(raw: bytes) -> dict:
+    """Decode a request body that must be a JSON object (whatever the Content-Type says)."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"The request body is not valid JSON: {e}", code="invalid_json") from e
+    if not isinstance(body, dict):
+        raise ApiError(400, f"The request body must be a JSON object, not {_json_type(body)}.")
+    return body
+
+
+# --- request validation -------------------------------------------------------------------------
+
+ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
+MAX_STOP_STRINGS = 4
+
+# Accepted but without effect: they describe the caller, not the completion.
+_INERT_FIELDS = frozenset({"user", "metadata", "store"})
+_COMMON_FIELDS = _INERT_FIELDS | frozenset(
+    "model max_tokens temperature top_p top_k seed stop stream stream_options n "
+    "frequency_penalty presence_penalty logprobs ignore_eos".split()
+)
+_CHAT_FIELDS = _COMMON_FIELDS | frozenset(
+    "messages max_completion_tokens tools tool_choice response_format".split()
+)
+_COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "echo"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationParams:
+    """What both endpoints accept; `max_tokens` None means "fill the context"."""
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatParams(GenerationParams):
+    # Normalised for the chat template: content is always a string, tool-call arguments are
+    # objects when they parse as JSON (chat templates expect a mapping there).
+    messages: tuple[dict, ...]
+    tools: tuple[dict, ...] | None = None
+    tool_choice: str = "auto"
+
+    @property
+    def active_tools(self) -> list[dict] | None:
+        """The tools to offer the model: none at all when `tool_choice` is "none"."""
+        return list(self.tools) if self.tools and self.tool_choice != "none" else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompletionParams(GenerationParams):
+    prompt: str | tuple[int, ...]
+
+
+def parse_chat_request(body: dict) -> ChatParams:
+    """Validate a /v1/chat/completions body."""
+    body = _present(body)
+    _reject_unknown(body, _CHAT_FIELDS)
+    if _opt_bool(body, "logprobs", False):
+        raise ApiError(400, "logprobs are not supported.", "logprobs")
+    fmt = body.get("response_format")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+        raise ApiError(
+            400, 'Only response_format {"type": "text"} is supported.', "response_format"
+        )
+    max_tokens = _opt_int(body, "max_tokens", minimum=1)
+    # The newer name wins; OpenAI deprecates max_tokens for chat.
+    max_tokens = _opt_int(body, "max_completion_tokens", minimum=1) or max_tokens
+    tool_choice = body.get("tool_choice", "auto")
+    if tool_choice not in ("auto", "none"):
+        raise ApiError(400, 'Only tool_choice "auto" and "none" are supported.', "tool_choice")
+    return ChatParams(
+        **_generation_fields(body),
+        max_tokens=max_tokens,
+        messages=_parse_messages(body.get("messages")),
+        tools=_parse_tools(body.get("tools")),
+        tool_choice=tool_choice,
+    )
+
+
+def parse_completion_request(body: dict) -> CompletionParams:
+    """Validate a /v1/completions body."""
+    body = _present(body)
+    _reject_unknown(body, _COMPLETION_FIELDS)
+    if body.get("logprobs") not in (None, False, 0):
+        raise ApiError(400, "logprobs are not supported.", "logprobs")
+    if _opt_bool(body, "echo", False):
+        raise ApiError(400, "echo is not supported.", "echo")
+    return CompletionParams(
+        **_generation_fields(body),
+        max_tokens=_opt_int(body, "max_tokens", minimum=1),
+        prompt=_parse_prompt(body.get("prompt")),
+    )
+
+
+def resolve_max_tokens(
+    requested: int | None, prompt_tokens: int, max_context: int, param: str = "messages"
+) -> int:
+    """The completion budget: what was asked for, capped to the room the context leaves.
+
+    `param` names the field that holds the prompt, for the error.
+    """
+    room = max_context - prompt_tokens
+    if room < 1:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {max_context} tokens, but the prompt has "
+            f"{prompt_tokens} tokens, which leaves no room for a completion. "
+            "Please shorten the prompt.",
+            param,
+            "context_length_exceeded",
+        )
+    return room if requested is None else min(requested, room)
+
+
+def _present(body: dict) -> dict:
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def _reject_unknown(body: dict, known: frozenset[str]) -> None:
+    for key in body:
+        if key not in known:
+            raise ApiError(400, f"Unrecognized request argument supplied: {key}", key)
+
+
+def _generation_fields(body: dict) -> dict:
+    if _opt_int(body, "n", minimum=1) not in (None, 1):
+        raise ApiError(400, "Only n=1 is supported.", "n")
+    for key in ("frequency_penalty", "presence_penalty"):
+        if _opt_number(body, key, -2.0, 2.0) not in (None, 0):
+            raise ApiError(400, f"{key} is not supported; only 0 is accepted.", key)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError(400, f"'model' must be a string, not {_json_type(model)}.", "model")
+    stream = _opt_bool(body, "stream", False)
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object.", "stream_options")
+    include_usage = _opt_bool(options, "include_usage", False, "stream_options.include_usage")
+    top_p = _opt_number(body, "top_p", 0.0, 1.0, low_open=True)
+    temperature = _opt_number(body, "temperature", 0.0, 2.0)
+    return dict(
+        model=model,
+        temperature=1.0 if temperature is None else float(temperature),
+        top_p=1.0 if top_p is None else float(top_p),
+        top_k=_opt_int(body, "top_k", minimum=0) or 0,
+        seed=_opt_int(body, "seed", minimum=-(2**63), maximum=2**64 - 1),
+        stop=_parse_stop(body.get("stop")),
+        stream=stream,
+        include_usage=stream and include_usage,
+        ignore_eos=_opt_bool(body, "ignore_eos", False),
+    )
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
+
+
+def _opt_int(body: dict, key: str, minimum: int | None = None, maximum: int | None = None):
+    value = body.get(key)
+    if value is None:
+        return None
+    # bool is a subclass of int in Python but not an integer in JSON.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, f"'{key}' must be an integer, not {_json_type(value)}.", key)
+    if minimum is not None and value < minimum:
+        raise ApiError(400, f"'{key}' must be at least {minimum}, got {value}.", key)
+    if maximum is not None and value > maximum:
+        raise ApiError(400, f"'{key}' must be at most {maximum}, got {value}.", key)
+    return value
+
+
+def _opt_number(body: dict, key: str, low: float, high: float, low_open: bool = False):
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ApiError(400, f"'{key}' must be a number, not {_json_type(value)}.", key)
+    if not (low < value <= high if low_open else low <= value <= high):
+        bound = f"greater than {low}" if low_open else f"at least {low}"
+        raise ApiError(400, f"'{key}' must be {bound} and at most {high}, got {value}.", key)
+    return value
+
+
+def _opt_bool(body: dict, key: str, default: bool, param: str | None = None) -> bool:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError(
+            400, f"'{param or key}' must be a boolean, not {_json_type(value)}.", param or key
+        )
+    return value
+
+
+def _parse_stop(stop: Any) -> tuple[str, ...]:
+    stops = [stop] if isinstance(stop, str) else stop
+    if stops is None:
+        return ()
+    if not isinstance(stops, list):
+        raise ApiError(400, "'stop' must be a string or an array of strings.", "stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ApiError(400, f"'stop' accepts at most {MAX_STOP_STRINGS} strings.", "stop")
+    for s in stops:
+        if not isinstance(s, str) or not s:
+            raise ApiError(400, "Every stop sequence must be a non-empty string.", "stop")
+    return tuple(stops)
+
+
+def _parse_prompt(prompt: Any) -> str | tuple[int, ...]:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
+    ):
+        return tuple(prompt)
+    raise ApiError(
+        400,
+        "'prompt' must be a string, an array of one string, or a non-empty array of token ids.",
+        "prompt",
+    )
+
+
+def _parse_messages(messages: Any) -> tuple[dict, ...]:
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty array.", "messages")
+    return tuple(_parse_message(m, f"messages[{i}]") for i, m in enumerate(messages))
+
+
+def _parse_message(message: Any, where: str) -> dict:
+    if not isinstance(message, dict):
+        raise ApiError(400, f"'{where}' must be an object.", where)
+    role = message.get("role")
+    if role not in ROLES:
+        raise ApiError(
+            400,
+            f"'{where}.role' must be one of {', '.join(sorted(ROLES))}; got {role!r}.",
+            f"{where}.role",
+        )
+    content = _parse_content(message.get("content"), f"{where}.content")
+    out: dict[str, Any] = {"role": role, "content": content}
+    tool_calls = message.get("tool_calls")
+    if role == "assistant" and tool_calls is not None:
+        out["tool_calls"] = _parse_tool_calls(tool_calls, f"{where}.tool_calls")
+    if content is None:
+        if not out.get("tool_calls"):
+            raise ApiError(400, f"'{where}' has no content.", f"{where}.content")
+        out["content"] = ""  # templates test `content is string`; null trips some of them
+    for key in ("name", "tool_call_id", "reasoning_content"):
+        if isinstance(message.get(key), str):
+            out[key] = message[key]
+    return out
+
+
+def _parse_content(content: Any, where: str) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError(400, f"'{where}' must be a string or an array of text parts.", where)
+    texts = []
+    for i, part in enumerate(content):
+        if (
+            not isinstance(part, dict)
+            or part.get("type") != "text"
+            or not isinstance(part.get("text"), str)
+        ):
+            raise ApiError(
+                400, f"'{where}[{i}]' must be a text part; only text is supported.", where
+            )
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _parse_tool_calls(tool_calls: Any, where: str) -> list[dict]:
+    if not isinstance(tool_calls, list):
+        raise ApiError(400, f"'{where}' must be an array.", where)
+    out = []
+    for i, call in enumerate(tool_calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ApiError(400, f"'{where}[{i}]' must have a function with a name.", where)
+        arguments = fn.get("arguments", {})
+        if isinstance(arguments, str):
+            # A model's malformed arguments may come back verbatim; those stay text.
+            with contextlib.suppress(ValueError):
+                arguments = json.loads(arguments) if arguments.strip() else {}
+        entry = {"type": "function", "function": {"name": fn["name"], "arguments": arguments}}
+        if isinstance(call.get("id"), str):
+            entry["id"] = call["id"]
+        out.append(entry)
+    return out
+
+
+def _parse_tools(tools: Any) -> tuple[dict, ...] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise ApiError(400, "'tools' must be an array.", "tools")
+    out = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict):
+            raise ApiError(
+                400, f'\'{where}\' must be {{"type": "function", "function": {{...}}}}.', where
+            )
+        name, description, parameters = fn.get("name"), fn.get("description"), fn.get("parameters")
+        if not isinstance(name, str) or not name:
+            raise ApiError(400, f"'{where}.function.name' must be a non-empty string.", where)
+        if description is not None and not isinstance(description, str):
+            raise ApiError(400, f"'{where}.function.description' must be a string.", where)
+        if parameters is not None and not isinstance(parameters, dict):
+            raise ApiError(
+                400, f"'{where}.function.parameters' must be a JSON schema object.", where
+            )
+        function = {"name": name}
+        if description is not None:
+            function["description"] = description
+        if parameters is not None:
+            function["parameters"] = parameters
+        out.append({"type": "function", "function": function})
+    return tuple(out) or None
+
+
+# --- response builders --------------------------------------------------------------------------
+
+
+def sse(obj: dict | str) -> str:
+    """One server-sent event; a str payload is sent verbatim (used for `[DONE]`)."""
+    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+SSE_DONE = sse("[DONE]")
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def models_list(model_name: str, created: int) -> dict:
+    model = {"id": model_name, "object": "model", "created": created, "owned_by": "local"}
+    return {"object": "list", "data": [model]}
+
+
+def _envelope(object: str, id: str, created: int, model: str, choices: list, **extra) -> dict:
+    return {
+        "id": id,
+        "object": object,
+        "created": created,
+        "model": model,
+        "choices": choices,
+        **extra,
+    }
+
+
+def chat_chunk(id: str, created: int, model: str, delta: dict, finish_reason=None) -> dict:
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    return _envelope("chat.completion.chunk", id, created, model, [choice])
+
+
+def chat_usage_chunk(id: str, created: int, model: str, usage: dict) -> dict:
+    """The last chunk of a stream with `include_usage`: no choices, only usage."""
+    return _envelope("chat.completion.chunk", id, created, model, [], usage=usage)
+
+
+def chat_delta(piece: Piece, tool_index: int = 0) -> dict:
+    """The `delta` of a streamed chunk carrying one parser piece."""
+    if piece.kind == "tool_call":
+        return {"tool_calls": [{"index": tool_index, **piece.value}]}
+    return {"reasoning_content" if piece.kind == "reasoning" else "content": piece.value}
+
+
+def assistant_message(pieces: list[Piece]) -> dict:
+    """The complete assistant message for a non-streamed reply, from all parser pieces."""
+    content = "".join(p.value for p in pieces if p.kind == "content")
+    reasoning = "".join(p.value for p in pieces if p.kind == "reasoning").strip()
+    tool_calls = [p.value for p in pieces if p.kind == "tool_call"]
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": content or (None if tool_calls else ""),
+    }
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return message
+
+
+def chat_completion(id, created, model, message: dict, finish_reason: str, usage: dict) -> dict:
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+    return _envelope("chat.completion", id, created, model, [choice], usage=usage)
+
+
+def completion_chunk(id: str, created: int, model: str, text: str, finish_reason=None) -> dict:
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return _envelope("text_completion", id, created, model, [choice])
+
+
+def completion_usage_chunk(id: str, created: int, model: str, usage: dict) -> dict:
+    return _envelope("text_completion", id, created, model, [], usage=usage)
+
+
+def completion(id, created, model, text: str, finish_reason: str, usage: dict) -> dict:
+    return {**completion_chunk(id, created, model, text, finish_reason), "usage": usage}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+# --- output text --------------------------------------------------------------------------------
+
+
+def _partial_tail(text: str, needles: tuple[str, ...]) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of one of `needles`."""
+    longest = max((len(n) for n in needles), default=0)
+    for k in range(min(len(text), longest - 1), 0, -1):
+        tail = text[-k:]
+        if any(n.startswith(tail) for n in needles):
+            return k
+    return 0
+
+
+class StopMatcher:
+    """Cuts streamed text at the first stop string.
+
+    `feed(text)` returns `(safe_text, matched)`: the text that can no longer be part of a stop
+    string, and whether a stop string was found (then `safe_text` is everything before it and the
+    caller must stop). `flush()` returns the held-back tail once the stream ends without a match.
+    """
+
+    def __init__(self, stops: tuple[str, ...] | list[str]) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._held = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        if not self._stops:
+            return text, False
+        buf = self._held + text
+        hits = [i for i in (buf.find(s) for s in self._stops) if i >= 0]
+        if hits:
+            self._held = ""
+            return buf[: min(hits)], True
+        keep = _partial_tail(buf, self._stops)
+        self._held = buf[len(buf) - keep :]
+        return buf[: len(buf) - keep], False
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return held
+
+
+class Piece(NamedTuple):
+    """One unit of parsed output: kind "content" | "reasoning" (str) or "tool_call" (dict)."""
+
+    kind: str
+    value: Any
+
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+def opens_reasoning(prompt_text: str) -> bool:
+    """Whether the rendered prompt already opened a think block, so the output starts inside it."""
+    return prompt_text.rstrip().endswith(THINK_OPEN)
+
+
+class OutputParser:
+    """Splits streamed model text into content, reasoning and tool calls.
+
+    `feed(text)` and, at the end, `finish()` return lists of `Piece`s. Text that could be the start
+    of a tag is held back until it is decided, and a tool call is only emitted once its closing tag
+    (or the end of the output) arrives, so no part of a tag ever reaches the content. A `<think>`
+    is only honoured before any content; `<tool_call>` only when `tools` were offered. A block that
+    does not parse as a tool call is passed through as content, tags included.
+    """
+
+    def __init__(self, tools: list[dict] | None = None, in_reasoning: bool = False) -> None:
+        self._schemas = (
+            None
+            if tools is None
+            else {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
+        )
+        self._mode = "reasoning" if in_reasoning else "content"
+        self._buf = ""
+        self._content_started = False
+        self._reasoning_started = False
+        # Leading whitespace of the reply, and after </think> or a tool call, is layout.
+        self._strip_content = True
+        self.tool_calls: list[dict] = []
+
+    def feed(self, text: str) -> list[Piece]:
+        self._buf += text
+        out: list[Piece] = []
+        while self._step(out):
+            pass
+        return out
+
+    def finish(self) -> list[Piece]:
+        out: list[Piece] = []
+        buf, self._buf = self._buf, ""
+        if self._mode == "reasoning":
+            self._emit(out, "reasoning", buf)
+        elif self._mode == "tool":
+            self._close_tool_call(out, buf, closed=False)
+        else:
+            self._emit(out, "content", buf)
+        return out
+
+    def _open_tags(self) -> tuple[str, ...]:
+        tags = () if self._content_started else (THINK_OPEN,)
+        return tags + ((TOOL_OPEN,) if self._schemas is not None else ())
+
+    def _step(self, out: list[Piece]) -> bool:
+        """Consume what can be decided in the buffer; True when a tag switched the mode."""
+        buf = self._buf
+        if self._mode == "tool":
+            end = buf.find(TOOL_CLOSE)
+            if end < 0:
+                return False
+            self._buf = buf[end + len(TOOL_CLOSE) :]
+            self._close_tool_call(out, buf[:end], closed=True)
+            self._mode = "content"
+            return True
+        tags = (THINK_CLOSE,) if self._mode == "reasoning" else self._open_tags()
+        found = [(i, tag) for tag in tags if (i := buf.find(tag)) >= 0]
+        if not found:
+            keep = _partial_tail(buf, tags)
+            self._buf = buf[len(buf) - keep :]
+            self._emit(out, self._mode, buf[: len(buf) - keep])
+            return False
+        start, tag = min(found)
+        self._emit(out, self._mode, buf[:start])
+        self._buf = buf[start + len(tag) :]
+        if tag == THINK_CLOSE:
+            self._mode, self._strip_content = "content", True
+        else:
+            self._mode = "reasoning" if tag == THINK_OPEN else "tool"
+        return True
+
+    def _emit(self, out: list[Piece], kind: str, text: str) -> None:
+        if kind == "reasoning":
+            if not self._reasoning_started:
+                text = text.lstrip()
+            self._reasoning_started = self._reasoning_started or bool(text)
+        else:
+            if self._strip_content:
+                text = text.lstrip()
+                self._strip_content = not text
+            # Whitespace alone does not count as content: a <think> may still follow it.
+            self._content_started = self._content_started or bool(text.strip())
+        if text:
+            out.append(Piece(kind, text))
+
+    def _close_tool_call(self, out: list[Piece], body: str, closed: bool) -> None:
+        call = parse_tool_call(body, self._schemas or {})
+        if call is None:
+            self._emit(out, "content", TOOL_OPEN + body + (TOOL_CLOSE if closed else ""))
+            return
+        self.tool_calls.append(call)
+        self._strip_content = True
+        out.append(Piece("tool_call", call))
+
+
+_FUNCTION_RE = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>|$)", re.S)
+_PARAMETER_RE = re.compile(r"<parameter=([^>\s]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.S)
+
+
+def parse_tool_call(body: str, schemas: dict[str, dict]) -> dict | None:
+    """An OpenAI tool call from the inside of a `<tool_call>` block, or None if it does not parse.
+
+    Accepts hermes JSON (`{"name": ..., "arguments": {...}}`) and the XML form
+    (`<function=name><parameter=p>value</parameter></function>`); XML values are strings unless
+    the tool's JSON schema gives the parameter another type.
+    """
+    text = body.strip()
+    if text.startswith("{"):
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+            return None
+        name, arguments = obj["name"], obj.get("arguments", obj.get("parameters", {}))
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                return None
+        if not isinstance(arguments, dict):
+            return None
+    elif match := _FUNCTION_RE.match(text):
+        name, inner = match.group(1), match.group(2)
+        properties = (schemas.get(name) or {}).get("properties") or {}
+        arguments = {}
+        for p in _PARAMETER_RE.finditer(inner):
+            arguments[p.group(1)] = _xml_value(p.group(2), properties.get(p.group(1)))
+    else:
+        return None
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+    }
+
+
+def _xml_value(raw: str, schema: Any) -> Any:
+    # The format puts each value on its own lines; those newlines are layout, not value.
+    value = raw[1:] if raw.startswith("\n") else raw
+    value = value[:-1] if value.endswith("\n") else value
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if kind in (None, "string") or (isinstance(kind, list) and "string" in kind):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
