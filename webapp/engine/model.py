@@ -111,15 +111,19 @@ class Block:
     def __init__(self, config: ModelConfig, weights: dict[str, Tensor], slots: int, context: int, kv_dtype):
         self.c = config
         self.w = weights
+        # one matmul for q, k and v and one for gate and up: fewer, larger kernels run faster here
+        self.qkv = Tensor.cat(*(weights.pop(f"attn_{n}.weight") for n in "qkv")).contiguous().realize()  # (H*Hd + 2*KvH*Hd, D)
+        self.qkv_bias = Tensor.cat(*(weights.pop(f"attn_{n}.bias") for n in "qkv")).contiguous().realize() if config.qkv_bias else None
+        self.gate_up = weights.pop("ffn_gate.weight").cat(weights.pop("ffn_up.weight")).contiguous().realize()  # (2*F, D)
         # (k|v, slot, kv_head, position, head_dim); the extra last slot is scratch for padding lanes.
         self.cache = Tensor.zeros(2, slots + 1, config.n_kv_heads, context, config.head_dim, dtype=kv_dtype).contiguous().realize()
 
     def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         c, w = self.c, self.w
         B, T, _ = x.shape
-        q, k, v = x.linear(w["attn_q.weight"].T), x.linear(w["attn_k.weight"].T), x.linear(w["attn_v.weight"].T)
-        if c.qkv_bias:
-            q, k, v = q + w["attn_q.bias"], k + w["attn_k.bias"], v + w["attn_v.bias"]
+        qkv = x.linear(self.qkv.T, self.qkv_bias).contiguous()  # (B, T, H*Hd + 2*KvH*Hd)
+        q_end, k_end = c.n_heads * c.head_dim, (c.n_heads + c.n_kv_heads) * c.head_dim
+        q, k, v = qkv[..., :q_end], qkv[..., q_end:k_end], qkv[..., k_end:]
         q = q.reshape(B, T, c.n_heads, c.head_dim).transpose(1, 2)  # (B, H, T, Hd)
         k = k.reshape(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, KvH, T, Hd)
         v = v.reshape(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, KvH, T, Hd)
@@ -143,8 +147,10 @@ class Block:
         w = self.w
         h = x + attn.linear(w["attn_output.weight"].T)
         n = rms_norm(h, w["ffn_norm.weight"], self.c.norm_eps)
-        gate = n.linear(w["ffn_gate.weight"].T).silu().contiguous()
-        return (h + (gate * n.linear(w["ffn_up.weight"].T)).linear(w["ffn_down.weight"].T)).contiguous()
+        gate_up = n.linear(self.gate_up.T).contiguous()  # (B, T, 2*F)
+        hidden = self.c.hidden_dim
+        mixed = (gate_up[..., :hidden].silu() * gate_up[..., hidden:]).contiguous()
+        return (h + mixed.linear(w["ffn_down.weight"].T)).contiguous()
 
     def prefill(self, x: Tensor, slot: UOp, start: UOp, positions: Tensor) -> Tensor:
         """x (1, T, D) for positions start..start+T-1 of the sequence in `slot`."""
