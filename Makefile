@@ -2,13 +2,18 @@
 VENV    ?= .venv
 PYTHON  ?= python3
 PORT    ?= 8000
+# 0.0.0.0 serves the network: set LLM_ADMIN_TOKEN (and LLM_API_KEY) then, or HOST=127.0.0.1.
+HOST    ?= 0.0.0.0
 # Each streaming request holds one Waitress thread: slots + queue limit + headroom for /health and /admin.
 THREADS ?= 96
+# Waitress buffers a whole body before the app sees it; cut absurd uploads off there. Keep it above
+# LLM_MAX_CONTENT_LENGTH (4 MiB) so that ordinary oversized bodies get the API's JSON 413.
+MAX_BODY ?= 8388608
 export DEV ?= CPU
 
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test bench clean
+.PHONY: install serve test tune bench clean
 
 install: $(STAMP)
 
@@ -25,10 +30,15 @@ $(STAMP): requirements.txt requirements-dev.txt Makefile
 	touch $(STAMP)
 
 serve: install
-	$(VENV)/bin/waitress-serve --threads=$(THREADS) --channel-request-lookahead=1 --channel-timeout=600 --listen=0.0.0.0:$(PORT) wsgi:app
+	$(VENV)/bin/waitress-serve --threads=$(THREADS) --channel-request-lookahead=1 --channel-timeout=600 \
+	  --max-request-body-size=$(MAX_BODY) --listen=$(HOST):$(PORT) wsgi:app
 
 test: install
 	$(VENV)/bin/python -m pytest -q tests
+
+# Once per machine and configuration (same LLM_* settings as serve): BEAM-search the server's kernels.
+tune: install
+	$(VENV)/bin/python -m webapp.engine.tuning
 
 bench: install
 	$(VENV)/bin/python bench/throughput.py

@@ -52,8 +52,9 @@ def decode_widths(max_batch: int) -> list[int]:
 
 
 class ModelRunner:
-    def __init__(self, model, prefill_chunk: int):
+    def __init__(self, model, prefill_chunk: int, beam: int = 0):
         self.model = model
+        self.beam = beam  # tinygrad BEAM search width for compiling kernels at warm-up (0: default kernels)
         # a short bucket keeps follow-up turns and prompt tails from paying for a full padded chunk
         self.chunks = sorted({min(SHORT_CHUNK, prefill_chunk), prefill_chunk})
         self.widths = decode_widths(model.slots)
@@ -72,7 +73,14 @@ class ModelRunner:
 
     def warm_up(self, progress=log.info) -> float:
         """Compile every kernel the server will run, on the scratch slot, before any user arrives."""
+        from tinygrad.helpers import Context
+
+        with Context(BEAM=self.beam):
+            return self._compile_all(progress)
+
+    def _compile_all(self, progress) -> float:
         started = time.monotonic()
+        progress(f"warm-up: compiling prefill chunks {self.chunks} and decode widths {self.widths} (BEAM={self.beam})")
         scratch = self.model.slots
         # TinyJit runs a function eagerly once, captures it the second time, replays from the third.
         for chunk in self.chunks:
