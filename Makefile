@@ -33,7 +33,13 @@ serve: install
 	$(VENV)/bin/waitress-serve --threads=$(THREADS) --channel-request-lookahead=1 --channel-timeout=600 \
 	  --max-request-body-size=$(MAX_BODY) --listen=$(HOST):$(PORT) wsgi:app
 
+# Browser tests drive Debian's chromium (no browser downloads); install it when missing and root.
 test: install
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing chromium for the browser tests"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "the browser tests need Debian's chromium (apt-get install chromium); they will be skipped"; fi; }
 	$(VENV)/bin/python -m pytest -q tests
 
 # Once per machine and configuration (same LLM_* settings as serve): BEAM-search the server's kernels.
