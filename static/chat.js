@@ -1,5 +1,6 @@
 // The chat page's client. It keeps the conversation in memory, sends it to
 // /v1/chat/completions with stream: true and renders the server-sent events as they arrive.
+// Stop aborts the fetch; the server sees the connection close and frees the request's slot.
 // User and model text only ever goes through textContent, never innerHTML.
 "use strict";
 
@@ -20,14 +21,32 @@ function headers() {
   return h;
 }
 
-async function errorMessage(response) {
+// An Error whose message says what went wrong in words a person can act on.
+async function responseError(response) {
+  let body = null;
   try {
-    const body = await response.json();
-    if (body && body.error && body.error.message) return body.error.message;
+    body = await response.json();
   } catch (_) {
-    // not JSON: fall through to the status line
+    // not JSON: only the status line is known
   }
-  return `${response.status} ${response.statusText}`.trim();
+  const error = (body && body.error) || {};
+  const detail = error.message || `${response.status} ${response.statusText}`.trim();
+  let message = detail;
+  if (response.status === 429) {
+    const wait = parseInt(response.headers.get("Retry-After"), 10);
+    message = "The server is busy: every slot and the queue are taken. " +
+      (wait > 0 ? `Try again in ${wait} s.` : "Try again shortly.");
+  } else if (error.code === "context_length_exceeded") {
+    message = "This conversation is too long for the model. " + detail + " Start a new chat, or send something shorter.";
+  } else if (response.status === 503) {
+    message = "The model is not ready yet (" + detail + "). Try again in a moment.";
+  } else if (response.status === 401) {
+    message = "The server wants an API key: enter it under Settings.";
+    $("settings").open = true;
+  }
+  const e = new Error(message);
+  e.status = response.status;
+  return e;
 }
 
 function showError(message) {
@@ -39,14 +58,14 @@ function showError(message) {
 async function loadModel() {
   try {
     const response = await fetch("/v1/models", { headers: headers() });
-    if (!response.ok) throw new Error(await errorMessage(response));
+    if (!response.ok) throw await responseError(response);
     const body = await response.json();
     state.model = body.data[0].id;
     $("model-name").textContent = state.model;
-    document.title = state.model;
+    document.title = state.model + " · Chat";
   } catch (e) {
     $("model-name").textContent = "Chat";
-    showError("Could not load the model: " + e.message);
+    showError("Could not load the model name. " + e.message);
   }
 }
 
@@ -55,32 +74,33 @@ function scrollToEnd() {
   log.scrollTop = log.scrollHeight;
 }
 
-// One chat bubble. The assistant's has a collapsed <details> for reasoning.
+function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+// One chat bubble. The assistant's has a collapsed <details> for reasoning and a line of figures.
 function addBubble(role, text) {
   $("empty").hidden = true;
-  const bubble = document.createElement("article");
-  bubble.className = "msg " + role;
+  const bubble = el("article", "msg " + role);
   let reasoning = null;
+  let summary = null;
   if (role === "assistant") {
-    const details = document.createElement("details");
-    details.className = "reasoning";
+    const details = el("details", "reasoning");
     details.hidden = true;
-    const summary = document.createElement("summary");
-    summary.textContent = "Reasoning";
-    reasoning = document.createElement("div");
-    reasoning.className = "text";
+    summary = el("summary", "", "Thinking…");
+    reasoning = el("div", "text");
     details.append(summary, reasoning);
     bubble.append(details);
   }
-  const content = document.createElement("div");
-  content.className = "text content";
-  content.textContent = text;
-  const meta = document.createElement("div");
-  meta.className = "meta";
+  const content = el("div", "text content", text);
+  const meta = el("div", "meta");
   bubble.append(content, meta);
   $("log").append(bubble);
   scrollToEnd();
-  return { bubble, content, reasoning, meta };
+  return { bubble, content, reasoning, summary, meta };
 }
 
 function requestBody(history) {
@@ -122,6 +142,29 @@ async function* events(response) {
   }
 }
 
+function seconds(ms) {
+  return ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(2)} s`;
+}
+
+// "42 tokens · 31.5 tok/s · first token 120 ms · 96 of 120 prompt tokens cached"
+function figures(finish, usage, timing) {
+  const notes = [];
+  if (finish === "length") notes.push("cut off at the token limit");
+  else if (finish === "stopped") notes.push("stopped");
+  else if (finish === "error") notes.push("failed");
+  else if (finish && finish !== "stop") notes.push(finish);
+  // Without a usage chunk (a stopped reply) each streamed delta counts as about one token.
+  const tokens = usage ? usage.completion_tokens : timing.deltas;
+  if (tokens) notes.push(`${usage ? "" : "~"}${tokens} token${tokens === 1 ? "" : "s"}`);
+  if (tokens > 1 && timing.first !== null && timing.end > timing.first) {
+    notes.push(`${((tokens - 1) / ((timing.end - timing.first) / 1000)).toFixed(1)} tok/s`);
+  }
+  if (timing.first !== null) notes.push(`first token ${seconds(timing.first - timing.start)}`);
+  const cached = usage && usage.prompt_tokens_details ? usage.prompt_tokens_details.cached_tokens : 0;
+  if (usage && cached) notes.push(`${cached} of ${usage.prompt_tokens} prompt tokens cached`);
+  return notes.join(" · ");
+}
+
 async function send(text) {
   showError("");
   // A reply that finishes after New chat must not land in the new conversation.
@@ -130,10 +173,12 @@ async function send(text) {
   const userBubble = addBubble("user", text);
   const reply = addBubble("assistant", "");
   reply.bubble.classList.add("pending");
+  reply.bubble.setAttribute("aria-busy", "true");
   setBusy(true);
 
   const controller = new AbortController();
   state.controller = controller;
+  const timing = { start: performance.now(), first: null, end: null, deltas: 0 };
   let content = "";
   let finish = null;
   let usage = null;
@@ -144,13 +189,17 @@ async function send(text) {
       body: JSON.stringify(requestBody(chat.history)),
       signal: controller.signal,
     });
-    if (!response.ok) throw new Error(await errorMessage(response));
+    if (!response.ok) throw await responseError(response);
     for await (const chunk of events(response)) {
-      if (chunk.error) throw new Error(chunk.error.message || "The server failed.");
+      if (chunk.error) throw new Error("The server failed while replying: " + (chunk.error.message || "unknown error"));
       if (chunk.usage) usage = chunk.usage;
       const choice = chunk.choices && chunk.choices[0];
       if (!choice) continue;
       const delta = choice.delta || {};
+      if (delta.reasoning_content || delta.content) {
+        if (timing.first === null) timing.first = performance.now();
+        timing.deltas += 1;
+      }
       if (delta.reasoning_content) {
         reply.reasoning.parentElement.hidden = false;
         reply.reasoning.textContent += delta.reasoning_content;
@@ -158,6 +207,7 @@ async function send(text) {
       if (delta.content) {
         content += delta.content;
         reply.content.textContent = content;
+        if (reply.summary) reply.summary.textContent = "Reasoning";
       }
       if (choice.finish_reason) finish = choice.finish_reason;
       scrollToEnd();
@@ -166,11 +216,14 @@ async function send(text) {
     if (e.name === "AbortError") {
       finish = "stopped";
     } else {
-      showError(e.message);
+      showError(e.name === "TypeError" ? "Could not reach the server: " + e.message : e.message);
       finish = "error";
     }
   } finally {
+    timing.end = performance.now();
     reply.bubble.classList.remove("pending");
+    reply.bubble.removeAttribute("aria-busy");
+    if (reply.summary) reply.summary.textContent = "Reasoning";
     if (state.controller === controller) {
       state.controller = null;
       setBusy(false);
@@ -186,20 +239,22 @@ async function send(text) {
     userBubble.bubble.remove();
     reply.bubble.remove();
     $("input").value = text;
+    autoGrow();
     $("empty").hidden = $("log").querySelector(".msg") !== null;
     return;
   } else {
     chat.history.push({ role: "assistant", content: "" });
   }
-  const notes = [];
-  if (finish && finish !== "stop") notes.push(finish === "length" ? "cut off at the token limit" : finish);
-  if (usage) notes.push(`${usage.completion_tokens} tokens`);
-  reply.meta.textContent = notes.join(" · ");
+  reply.meta.textContent = figures(finish, usage, timing);
 }
 
 function setBusy(busy) {
   $("send").hidden = busy;
   $("stop").hidden = !busy;
+}
+
+function stop() {
+  if (state.controller) state.controller.abort();
 }
 
 function newChat() {
@@ -209,7 +264,7 @@ function newChat() {
     setBusy(false);
   }
   state.chat = { history: [] };
-  for (const el of $("log").querySelectorAll(".msg")) el.remove();
+  for (const node of $("log").querySelectorAll(".msg")) node.remove();
   $("empty").hidden = false;
   showError("");
   $("input").focus();
@@ -218,16 +273,16 @@ function newChat() {
 function autoGrow() {
   const input = $("input");
   input.style.height = "auto";
-  input.style.height = Math.min(input.scrollHeight, window.innerHeight / 3) + "px";
+  input.style.height = Math.min(input.scrollHeight + 2, window.innerHeight / 3) + "px";
 }
 
 function restoreSettings() {
   for (const id of SETTINGS) {
-    const el = $(id);
-    if (!el) continue;
+    const node = $(id);
+    if (!node) continue;
     const saved = localStorage.getItem("chat." + id);
-    if (saved !== null) el.value = saved;
-    el.addEventListener("change", () => localStorage.setItem("chat." + id, el.value));
+    if (saved !== null) node.value = saved;
+    node.addEventListener("change", () => localStorage.setItem("chat." + id, node.value));
   }
 }
 
@@ -250,8 +305,11 @@ function init() {
       $("composer").requestSubmit();
     }
   });
+  document.addEventListener("keydown", (e) => {
+    if (e.key === "Escape" && state.controller) stop();
+  });
   input.addEventListener("input", autoGrow);
-  $("stop").addEventListener("click", () => state.controller && state.controller.abort());
+  $("stop").addEventListener("click", stop);
   $("new-chat").addEventListener("click", newChat);
   const key = $("api-key");
   if (key) key.addEventListener("change", loadModel);

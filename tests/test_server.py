@@ -115,7 +115,9 @@ def test_overload_gets_429_with_retry_after_and_health_still_answers(real):
     decode = engine.loaded.runner.decode
 
     def stalled_decode(batch, positions):
-        gate.wait(30)
+        if len(batch) == SLOTS:  # stall once every slot is taken, so all of them get admitted first
+            gate.wait(30)
+        time.sleep(0.02)  # keep early requests running until the others arrive
         return decode(batch, positions)
 
     engine.loaded.runner.decode = stalled_decode
@@ -123,7 +125,9 @@ def test_overload_gets_429_with_retry_after_and_health_still_answers(real):
 
     def ask(i):
         try:
-            r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"hi {i}"}], max_tokens=3)
+            r = client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": f"hi {i}"}], max_tokens=20, extra_body={"ignore_eos": True}
+            )
             results.append(r.choices[0].finish_reason)
         except openai.APIError as e:
             results.append(e)

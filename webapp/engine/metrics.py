@@ -1,142 +1,324 @@
 """Counters the model thread keeps, and the immutable snapshot everyone else reads.
 
-Only the model thread calls the `on_*` methods; pages and /metrics read `EngineMetrics.snapshot`,
-a plain dict swapped in whole (an atomic reference assignment), so no reader ever waits on the model
-thread and no lock is held while a page renders.
+Only the model thread calls the `on_*` methods and `publish`. `publish` swaps in a new
+`EngineMetrics.snapshot` whole (one reference assignment, a read-only mapping of tuples), so a reader
+never waits on the model thread and no lock is held while a page renders. Readers call `current()`,
+which derives the time-dependent figures (10-second rates, ages, uptime, the 10-minute history) from
+that snapshot and the clock: when the engine sleeps, its rates still fall to zero.
+
+Token counts go into one-second buckets (a `Timeline`); rates and plots are sums over buckets.
+Latencies go into `Histogram`s: cumulative bucket counts for Prometheus and a bounded sample of recent
+values for percentiles.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import Counter, deque
+from collections.abc import Callable
+from types import MappingProxyType
 
-WINDOW_S = 10.0
+WINDOW_S = 10  # "recent" rates and prefix reuse
+HISTORY_S = 600  # one-second samples kept for the plots
+RECENT_REQUESTS = 50
+FINISH_REASONS = ("stop", "length", "cancelled", "error", "rejected")
+
+# Histogram upper bounds in seconds (Prometheus `le`); +Inf is implied.
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
+REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+# Layout of a timeline bucket: counters are summed within the second, gauges keep peak and last.
+SEC, PREFILL, DECODE, PROMPT, CACHED, QUEUE_MAX, RUNNING_MAX, QUEUE_LAST, RUNNING_LAST = range(9)
 
 
 def percentile(values, q: float) -> float | None:
+    """Nearest-rank percentile of `values` (q in 0..1); None when there are none."""
     if not values:
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-class RateWindow:
-    """Token counts over the last WINDOW_S seconds."""
+class Histogram:
+    """Counts per bucket (Prometheus semantics: v <= bound), their sum, and the last `keep` values."""
+
+    def __init__(self, bounds: tuple[float, ...], keep: int = 1000):
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+        self.recent: deque[float] = deque(maxlen=keep)
+        self._quantiles: tuple[float | None, float | None] | None = (None, None)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.recent.append(value)
+        self._quantiles = None  # recomputed at the next publish, not on every token
+
+    def quantiles(self) -> tuple[float | None, float | None]:
+        """(p50, p95) of the recent values."""
+        if self._quantiles is None:
+            self._quantiles = (percentile(self.recent, 0.5), percentile(self.recent, 0.95))
+        return self._quantiles
+
+    def frozen(self) -> dict:
+        """Cumulative (upper bound, count) pairs for the finite bounds; `count` is the +Inf bucket
+        (JSON has no infinity)."""
+        cumulative, total = [], 0
+        for bound, n in zip(self.bounds, self.counts):
+            total += n
+            cumulative.append((bound, total))
+        return {"buckets": tuple(cumulative), "count": total + self.counts[-1], "sum": self.sum}
+
+
+class Timeline:
+    """One bucket per second: prefill / decode / admitted prompt / cache-served tokens, and queue
+    depth and running requests (peak and last value seen). Seconds without any event have no bucket:
+    nothing happened, and the gauges kept their last value."""
 
     def __init__(self):
-        self.events: deque[tuple[float, int]] = deque()
+        self.closed: deque[tuple] = deque(maxlen=HISTORY_S + WINDOW_S)
+        self.current: list | None = None
+        self._closed_tuple: tuple = ()  # rebuilt once a second, not at every publish
 
-    def add(self, now: float, n: int) -> None:
-        self.events.append((now, n))
+    def bucket(self, now: float) -> list:
+        sec = int(now)
+        if self.current is None or self.current[SEC] != sec:
+            queue, running = (self.current[QUEUE_LAST], self.current[RUNNING_LAST]) if self.current else (0, 0)
+            if self.current is not None:
+                self.closed.append(tuple(self.current))
+                self._closed_tuple = tuple(self.closed)
+            self.current = [sec, 0, 0, 0, 0, queue, running, queue, running]
+        return self.current
 
-    def rate(self, now: float) -> float:
-        while self.events and self.events[0][0] < now - WINDOW_S:
-            self.events.popleft()
-        return sum(n for _, n in self.events) / WINDOW_S
+    def add(self, now: float, field: int, n: int) -> None:
+        self.bucket(now)[field] += n
+
+    def gauges(self, now: float, queue: int, running: int) -> None:
+        b = self.bucket(now)
+        b[QUEUE_MAX], b[RUNNING_MAX] = max(b[QUEUE_MAX], queue), max(b[RUNNING_MAX], running)
+        b[QUEUE_LAST], b[RUNNING_LAST] = queue, running
+
+    def frozen(self) -> tuple[tuple, ...]:
+        return self._closed_tuple + ((tuple(self.current),) if self.current else ())
 
 
 class EngineMetrics:
-    def __init__(self, static: dict):
-        self.static = static  # model name, context, device, slots: fixed for the process lifetime
-        self.started = time.monotonic()
+    def __init__(self, static: dict, clock: Callable[[], float] = time.monotonic):
+        self.static = static  # model name, context, device, prefill chunk: fixed once loaded
+        self.clock = clock  # time.monotonic; tests pass a fake
+        self.started = clock()
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.prefill_tokens = 0
         self.generated_tokens = 0
         self.finished = Counter()
-        self.prefill_window, self.decode_window = RateWindow(), RateWindow()
-        self.prompt_window, self.cached_window = RateWindow(), RateWindow()
-        self.ttft: deque[float] = deque(maxlen=1000)
-        self.itl: deque[float] = deque(maxlen=5000)
-        self.queue_wait: deque[float] = deque(maxlen=1000)
-        self.recent: deque[dict] = deque(maxlen=50)
+        self.timeline = Timeline()
+        self.ttft = Histogram(TTFT_BUCKETS, keep=1000)
+        self.itl = Histogram(ITL_BUCKETS, keep=5000)
+        self.queue_time = Histogram(REQUEST_BUCKETS, keep=1000)
+        self.e2e = Histogram(REQUEST_BUCKETS, keep=1000)
+        self.recent: deque[MappingProxyType] = deque(maxlen=RECENT_REQUESTS)
         self.steps = 0
-        self.last_step_at = time.monotonic()
-        self.snapshot: dict = {}
+        self.last_step_at = self.started
+        self.snapshot: MappingProxyType | dict = {}
+
+    # --- the model thread's hooks ----------------------------------------------------------------
 
     def on_admit(self, request) -> None:
-        now = time.monotonic()
+        now = self.clock()
         self.prompt_tokens += request.prompt_len
         self.cached_tokens += request.cached_tokens
-        self.prompt_window.add(now, request.prompt_len)
-        self.cached_window.add(now, request.cached_tokens)
-        self.queue_wait.append(now - request.submitted_at)
+        self.timeline.add(now, PROMPT, request.prompt_len)
+        self.timeline.add(now, CACHED, request.cached_tokens)
+        self.queue_time.observe(now - request.submitted_at)
 
     def on_prefill(self, n: int) -> None:
         self.prefill_tokens += n
-        self.prefill_window.add(time.monotonic(), n)
+        self.timeline.add(self.clock(), PREFILL, n)
 
     def on_token(self, request, now: float) -> None:
+        """Called before the engine stamps `first_token_at` / `last_token_at` for this token."""
         self.generated_tokens += 1
-        self.decode_window.add(now, 1)
+        self.timeline.add(now, DECODE, 1)
         if request.first_token_at is None:
-            self.ttft.append(now - request.submitted_at)
+            self.ttft.observe(now - request.submitted_at)
         elif request.last_token_at is not None:
-            self.itl.append(now - request.last_token_at)
+            self.itl.observe(now - request.last_token_at)
 
     def on_rejected(self) -> None:
         self.finished["rejected"] += 1
 
     def on_finish(self, request) -> None:
         self.finished[request.finish_reason] += 1
-        end = request.finished_at or time.monotonic()
+        end = request.finished_at or self.clock()
+        self.e2e.observe(end - request.submitted_at)
+        generated = len(request.output_ids)
         decode_s = end - request.first_token_at if request.first_token_at else 0.0
+        admitted = request.admitted_at
         self.recent.appendleft(
-            {
-                "id": request.id,
-                "prompt_tokens": request.prompt_len,
-                "cached_tokens": request.cached_tokens,
-                "generated_tokens": len(request.output_ids),
-                "queue_wait_s": (request.admitted_at - request.submitted_at) if request.admitted_at else end - request.submitted_at,
-                "ttft_s": (request.first_token_at - request.submitted_at) if request.first_token_at else None,
-                "decode_tokens_per_s": (len(request.output_ids) - 1) / decode_s if decode_s > 0 else None,
-                "finish_reason": request.finish_reason,
-            }
+            MappingProxyType(
+                {
+                    "id": request.id,
+                    "prompt_tokens": request.prompt_len,
+                    "cached_tokens": request.cached_tokens,
+                    "generated_tokens": generated,
+                    "queue_wait_s": (admitted or end) - request.submitted_at,
+                    "ttft_s": (request.first_token_at - request.submitted_at) if request.first_token_at else None,
+                    "decode_tokens_per_s": (generated - 1) / decode_s if generated > 1 and decode_s > 0 else None,
+                    "e2e_s": end - request.submitted_at,
+                    "finish_reason": request.finish_reason,
+                }
+            )
         )
 
     def on_step(self) -> None:
         self.steps += 1
-        self.last_step_at = time.monotonic()
+        self.last_step_at = self.clock()
 
-    def publish(self, waiting: int, running: list, slots: list) -> dict:
-        now = time.monotonic()
-        prompt_recent = self.prompt_window.rate(now)
+    def publish(self, waiting: int, running: list, slots: list) -> MappingProxyType:
+        """Freeze the counters and the slot table into a new read-only snapshot."""
+        now = self.clock()
+        self.timeline.gauges(now, waiting, len(running))
+        ttft, itl, queue_time = self.ttft.quantiles(), self.itl.quantiles(), self.queue_time.quantiles()
         snap = {
             **self.static,
-            "uptime_s": now - self.started,
+            "published_at": now,
+            "started_at": self.started,
             "queue_depth": waiting,
             "running": len(running),
             "slots_total": len(slots),
-            "prefill_tokens_per_s": self.prefill_window.rate(now),
-            "decode_tokens_per_s": self.decode_window.rate(now),
-            "prefill_tokens_per_s_avg": self.prefill_tokens / max(now - self.started, 1e-9),
-            "decode_tokens_per_s_avg": self.generated_tokens / max(now - self.started, 1e-9),
-            "prefix_reuse": self.cached_window.rate(now) / prompt_recent if prompt_recent else None,
-            "prefix_reuse_total": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None,
             "cached_tokens_total": self.cached_tokens,
             "prompt_tokens_total": self.prompt_tokens,
             "prefill_tokens_total": self.prefill_tokens,
             "generated_tokens_total": self.generated_tokens,
-            "requests_total": {r: self.finished[r] for r in ("stop", "length", "cancelled", "error", "rejected")},
-            "ttft_p50_s": percentile(self.ttft, 0.5),
-            "ttft_p95_s": percentile(self.ttft, 0.95),
-            "itl_p50_s": percentile(self.itl, 0.5),
-            "itl_p95_s": percentile(self.itl, 0.95),
-            "queue_wait_p50_s": percentile(self.queue_wait, 0.5),
+            "requests_total": MappingProxyType({r: self.finished[r] for r in FINISH_REASONS}),
+            "ttft_p50_s": ttft[0],
+            "ttft_p95_s": ttft[1],
+            "itl_p50_s": itl[0],
+            "itl_p95_s": itl[1],
+            "queue_wait_p50_s": queue_time[0],
+            "queue_wait_p95_s": queue_time[1],
             "steps_total": self.steps,
-            "seconds_since_step": now - self.last_step_at,
-            "slots": [
+            "last_step_at": self.last_step_at,
+            "slots": tuple(_slot(s) for s in slots),
+            "recent_requests": tuple(self.recent),
+            "timeline": self.timeline.frozen(),
+            "histograms": MappingProxyType(
                 {
-                    "index": s.index,
-                    "state": s.owner.status.value if s.owner is not None else ("cached" if s.tokens else "empty"),
-                    "request_id": s.owner.id if s.owner is not None else None,
-                    "tokens_cached": len(s.tokens),
-                    "tokens_generated": len(s.owner.output_ids) if s.owner is not None else 0,
-                    "age_s": now - s.owner.submitted_at if s.owner is not None else None,
+                    "ttft_s": self.ttft.frozen(),
+                    "itl_s": self.itl.frozen(),
+                    "queue_time_s": self.queue_time.frozen(),
+                    "e2e_s": self.e2e.frozen(),
                 }
-                for s in slots
-            ],
-            "recent_requests": list(self.recent),
+            ),
         }
-        self.snapshot = snap
-        return snap
+        self.snapshot = MappingProxyType(snap)
+        return self.snapshot
+
+    # --- any thread --------------------------------------------------------------------------------
+
+    def current(self, now: float | None = None) -> dict:
+        """The latest snapshot brought up to `now`, as a fresh JSON-ready dict ({} before the first
+        publish). Reads only the immutable snapshot, so it is safe from any thread."""
+        return stats_view(self.snapshot, self.clock() if now is None else now)
+
+
+def _slot(slot) -> MappingProxyType:
+    owner = slot.owner
+    return MappingProxyType(
+        {
+            "index": slot.index,
+            "state": owner.status.value if owner is not None else ("cached" if slot.tokens else "empty"),
+            "request_id": owner.id if owner is not None else None,
+            "tokens_cached": len(slot.tokens),
+            "prompt_tokens": owner.prompt_len if owner is not None else None,
+            "reused_tokens": owner.cached_tokens if owner is not None else None,
+            "tokens_generated": len(owner.output_ids) if owner is not None else 0,
+            "submitted_at": owner.submitted_at if owner is not None else None,
+        }
+    )
+
+
+def stats_view(snap, now: float) -> dict:
+    """A snapshot as the pages and /metrics see it at monotonic time `now`: plain dicts and lists,
+    rates over the last WINDOW_S seconds and since start, slot ages and the per-second history."""
+    if not snap:
+        return {}
+    timeline = snap["timeline"]
+    uptime = max(now - snap["started_at"], 1e-9)
+    # whole seconds int(now)-WINDOW_S+1 .. now: between WINDOW_S-1 and WINDOW_S seconds, never more than uptime
+    first = int(now) - WINDOW_S + 1
+    span = min(now - first, uptime)
+    window = [b for b in timeline if b[SEC] >= first]
+    prompt, cached = sum(b[PROMPT] for b in window), sum(b[CACHED] for b in window)
+    out = {k: v for k, v in snap.items() if k not in _RAW_KEYS}
+    out.update(
+        uptime_s=uptime,
+        prefill_tokens_per_s=sum(b[PREFILL] for b in window) / span,
+        decode_tokens_per_s=sum(b[DECODE] for b in window) / span,
+        prefill_tokens_per_s_avg=snap["prefill_tokens_total"] / uptime,
+        decode_tokens_per_s_avg=snap["generated_tokens_total"] / uptime,
+        prefix_reuse=cached / prompt if prompt else None,
+        prefix_reuse_total=snap["cached_tokens_total"] / snap["prompt_tokens_total"] if snap["prompt_tokens_total"] else None,
+        seconds_since_step=now - snap["last_step_at"],
+        kv_tokens=sum(s["tokens_cached"] for s in snap["slots"]),
+        requests_total=dict(snap["requests_total"]),
+        slots=[_slot_view(s, now) for s in snap["slots"]],
+        recent_requests=[dict(r) for r in snap["recent_requests"]],
+        history=history(timeline, now, snap["started_at"]),
+        histograms={name: {**h, "buckets": [list(b) for b in h["buckets"]]} for name, h in snap["histograms"].items()},
+    )
+    return out
+
+
+_RAW_KEYS = frozenset({"published_at", "started_at", "last_step_at", "timeline"})
+
+
+def _slot_view(slot, now: float) -> dict:
+    view = {k: v for k, v in slot.items() if k != "submitted_at"}
+    view["age_s"] = now - slot["submitted_at"] if slot["submitted_at"] is not None else None
+    return view
+
+
+def history(timeline: tuple[tuple, ...], now: float, started: float) -> dict:
+    """The last HISTORY_S complete seconds as columns, oldest first; None before the engine started.
+
+    Token rates are that second's totals; queue depth and running are the peak seen in that second;
+    prefix reuse is over the WINDOW_S seconds ending there (None when no prompt was admitted)."""
+    by_sec = {b[SEC]: b for b in timeline}
+    end = int(now)  # the current second is incomplete: leave it out
+    first = end - HISTORY_S
+    lead_in = first - WINDOW_S + 1  # seconds before the range that the first prefix-reuse value covers
+    start_sec = int(started)
+    cols = {k: [] for k in ("prefill_tokens_per_s", "decode_tokens_per_s", "queue_depth", "running", "prefix_reuse")}
+    # gauges carry over seconds without a bucket: start from the last value before the lead-in
+    earlier = [b for b in timeline if b[SEC] < lead_in]
+    queue, running = (earlier[-1][QUEUE_LAST], earlier[-1][RUNNING_LAST]) if earlier else (0, 0)
+    prompts: deque[int] = deque()
+    cached: deque[int] = deque()
+    for sec in range(lead_in, end):
+        b = by_sec.get(sec)
+        prompts.append(b[PROMPT] if b else 0)
+        cached.append(b[CACHED] if b else 0)
+        if len(prompts) > WINDOW_S:
+            prompts.popleft()
+            cached.popleft()
+        peak_queue, peak_running = (b[QUEUE_MAX], b[RUNNING_MAX]) if b else (queue, running)
+        if b is not None:
+            queue, running = b[QUEUE_LAST], b[RUNNING_LAST]
+        if sec < first:
+            continue
+        if sec < start_sec:
+            for col in cols.values():
+                col.append(None)
+            continue
+        cols["prefill_tokens_per_s"].append(b[PREFILL] if b else 0)
+        cols["decode_tokens_per_s"].append(b[DECODE] if b else 0)
+        cols["queue_depth"].append(peak_queue)
+        cols["running"].append(peak_running)
+        p = sum(prompts)
+        cols["prefix_reuse"].append(round(sum(cached) / p, 4) if p else None)
+    return {"step_s": 1, "points": HISTORY_S, **cols}

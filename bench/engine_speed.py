@@ -1,0 +1,124 @@
+"""Single-stream engine speed on the default model, beside llama.cpp on the same GGUF when available.
+
+Usage: DEV=CPU .venv/bin/python bench/engine_speed.py [--model PATH]
+
+Prints one table: prefill tok/s for 50- and 500-token prompts, decode tok/s, time to first token of
+a 40-token chat prompt, and batched decode steps at B = 1, 2, 4, 8. When `llama_cpp`
+(llama-cpp-python, optional, never needed by the tests) imports, the same single-stream rows run on
+llama.cpp in the same process and a ratio column is printed. Kernels are whatever the server would
+use: tuned ones when `make tune` has run for this configuration, else tinygrad's defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from webapp.engine.engine import Engine, default_model_path, load_gguf_model  # noqa: E402
+from webapp.engine.request import Finished, Request, SamplingParams  # noqa: E402
+
+SLOTS, CONTEXT, CHUNK = 8, 4096, 32
+
+
+def random_prompt(rng, n, vocab):
+    return [int(t) for t in rng.integers(100, vocab - 100, size=n)]
+
+
+def run(engine, prompt, max_tokens):
+    request = Request(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+    started = time.monotonic()
+    engine.submit(request)
+    times = []
+    while not isinstance(item := request.outputs.get(), Finished):
+        if isinstance(item, Exception):
+            raise item
+        times.append(time.monotonic())
+    return started, times, request
+
+
+def ours(path):
+    engine = Engine(lambda: load_gguf_model(path, SLOTS, CONTEXT, CHUNK), slots=SLOTS, prefill_chunk=CHUNK)
+    t0 = time.monotonic()
+    engine.start()
+    while engine.state == "loading":
+        time.sleep(0.2)
+    assert engine.state == "ok", engine.error
+    ready_s = time.monotonic() - t0
+    rng = np.random.default_rng(0)
+    vocab = engine.tokenizer.vocab_size
+    out = {"start to ready (s)": ready_s}
+    for n in (50, 500):
+        started, times, _ = run(engine, random_prompt(rng, n, vocab), 1)
+        out[f"prefill tok/s ({n}-token prompt)"] = n / (times[0] - started)
+    _, times, _ = run(engine, random_prompt(rng, 20, vocab), 65)
+    out["decode tok/s (1 stream)"] = (len(times) - 1) / (times[-1] - times[0])
+    chat = engine.tokenizer.encode(engine.chat_template.render([{"role": "user", "content": "What is the capital of France? Answer in one short sentence."}]))
+    started, times, _ = run(engine, chat, 1)
+    out[f"TTFT, {len(chat)}-token chat prompt (s)"] = times[0] - started
+
+    model = engine.loaded.runner.model
+    for width in engine.loaded.runner.widths:
+        steps = []
+        for i in range(8):
+            t = time.monotonic()
+            model.decode([5] * width, list(range(width)), [100 + i] * width, width).numpy()
+            steps.append(time.monotonic() - t)
+        out[f"batched decode B={width}: tok/s (step ms)"] = (width / min(steps), min(steps) * 1000)
+    engine.stop(5)
+    return out
+
+
+def llama_cpp_rows(path):
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    llm = Llama(model_path=path, n_ctx=CONTEXT, n_threads=os.cpu_count(), n_batch=512, verbose=False)
+    rng = np.random.default_rng(0)
+    vocab = llm.n_vocab()
+    out = {}
+    for n in (50, 500):
+        llm.reset()
+        prompt = random_prompt(rng, n, vocab)
+        t = time.monotonic()
+        llm.eval(prompt)
+        out[f"prefill tok/s ({n}-token prompt)"] = n / (time.monotonic() - t)
+    llm.reset()
+    llm.eval(random_prompt(rng, 20, vocab))
+    t = time.monotonic()
+    for _ in range(64):
+        llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+    out["decode tok/s (1 stream)"] = 64 / (time.monotonic() - t)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None)
+    path = ap.parse_args().model or default_model_path()
+    mine = ours(path)
+    theirs = llama_cpp_rows(path)
+    print(f"\nModel: {os.path.basename(path)}; machine: {platform.machine()}, {os.cpu_count()} cores; device {os.environ.get('DEV', 'default')}")
+    print("| measure | tinyserve | llama.cpp | ratio |" if theirs else "| measure | tinyserve |")
+    print("|---|---:|---:|---:|" if theirs else "|---|---:|")
+    for name, value in mine.items():
+        shown = f"{value[0]:.1f} ({value[1]:.0f} ms)" if isinstance(value, tuple) else f"{value:.2f}"
+        if theirs:
+            other = theirs.get(name)
+            ratio = f"{value / other:.0%}" if other and not isinstance(value, tuple) else ""
+            print(f"| {name} | {shown} | {'' if other is None else f'{other:.1f}'} | {ratio} |")
+        else:
+            print(f"| {name} | {shown} |")
+    if theirs is None:
+        print("\n(llama-cpp-python is not installed: `.venv/bin/pip install llama-cpp-python` builds it in ~10 minutes)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,296 @@
+"""The chat page and the dashboard in a real (headless Debian) Chromium, driven by Playwright, against
+the real engine on a tiny random GGUF behind Waitress: a reply streams in, Stop frees the slot, the
+dashboard follows a request live, user text stays text, no console errors; and /admin answers in
+under a second while every slot and the queue are busy. Screenshots land in test-output/.
+
+Skipped when Playwright or /usr/bin/chromium is missing (`playwright install` is never needed).
+"""
+
+import json
+import os
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import running_server
+from tiny_models import use_tinygrad_from_this_thread, write_tiny_gguf
+
+from webapp import create_app
+from webapp.engine.engine import Engine, load_gguf_model
+
+sync_api = pytest.importorskip("playwright.sync_api")
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+if not os.path.exists(CHROMIUM):
+    pytest.skip(f"no Chromium at {CHROMIUM}", allow_module_level=True)
+
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+SLOTS, QUEUE_LIMIT, CONTEXT = 2, 2, 256
+SHOTS = Path(__file__).resolve().parent.parent / "test-output"
+DESKTOP = {"width": 1280, "height": 860}
+PHONE = {"width": 390, "height": 844}
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    use_tinygrad_from_this_thread()
+    path = write_tiny_gguf(str(tmp_path_factory.mktemp("m") / "tiny-llama.gguf"), "llama", context=CONTEXT)
+    engine = Engine(lambda: load_gguf_model(path, SLOTS, CONTEXT, 8), slots=SLOTS, queue_limit=QUEUE_LIMIT, prefill_chunk=8)
+    app = create_app({"TESTING": True}, engine=engine)
+    engine.start()
+    with running_server(app, threads=16) as srv:
+        deadline = time.monotonic() + 300
+        while engine.state == "loading" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.state == "ok", engine.error
+        yield engine, srv
+    engine.stop(5)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def pages(browser):
+    """Opens pages in a fresh context and fails the test on any console error or page exception
+    that the test did not list in `expected` (substrings)."""
+    context = browser.new_context(viewport=DESKTOP)
+    errors, expected = [], []
+
+    def open_page(url, **kw):
+        page = context.new_page(**kw)
+        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
+        page.goto(url)
+        return page
+
+    open_page.expected = expected
+    yield open_page
+    context.close()
+    unexpected = [e for e in errors if not any(x in e for x in expected)]
+    assert not unexpected, unexpected
+
+
+@pytest.fixture
+def slow_decode(real):
+    """Tiny-model steps take a few ms; stretch them so a reply lasts long enough to watch and stop."""
+    engine = real[0]
+    decode = engine.loaded.runner.decode
+
+    def slowed(batch, positions):
+        time.sleep(0.06)
+        return decode(batch, positions)
+
+    engine.loaded.runner.decode = slowed
+    yield
+    engine.loaded.runner.decode = decode
+    assert wait_until(lambda: stats(real)["running"] == 0)
+
+
+def stats(real) -> dict:
+    with urllib.request.urlopen(f"{real[1].url}/admin/stats.json", timeout=5) as r:
+        return json.load(r)
+
+
+def wait_until(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def open_chat(pages, real, max_tokens: int):
+    page = pages(real[1].url + "/")
+    page.wait_for_function("() => document.getElementById('model-name').textContent === 'tiny-llama'")
+    page.click("#settings summary")
+    page.fill("#max-tokens", str(max_tokens))
+    page.fill("#temperature", "0")
+    page.click("#settings summary")  # fold the panel away again
+    return page
+
+
+def send(page, text):
+    page.fill("#input", text)
+    page.press("#input", "Enter")
+
+
+# Predicates are functions, not expressions: the pages' CSP forbids eval, which expressions need.
+STREAMING = "() => { const c = document.querySelector('.msg.assistant.pending .content'); return c && c.textContent.length > 0; }"
+LAST_META = "document.querySelector('.msg.assistant:last-of-type .meta').textContent"
+
+
+def test_chat_streams_replies_and_keeps_user_text_as_text(pages, real, slow_decode):
+    page = open_chat(pages, real, max_tokens=24)
+    send(page, "<b>bold?</b> Tell me about cats.")
+    # text shows up while the reply is still streaming
+    page.wait_for_function(STREAMING, timeout=10_000)
+    assert page.is_visible("#stop") and not page.is_visible("#send")
+    page.wait_for_function(f"() => {LAST_META}.includes('tok/s')", timeout=15_000)
+    meta = page.eval_on_selector(".msg.assistant .meta", "e => e.textContent")
+    assert "24 tokens" in meta and "cut off at the token limit" in meta and "first token" in meta
+    assert page.inner_text(".msg.user .content") == "<b>bold?</b> Tell me about cats."
+    assert page.locator("#log b").count() == 0  # typed markup is text, not an element
+    assert page.is_visible("#send") and not page.is_visible("#stop")
+
+    # a second turn carries the history: the first turn comes back out of the KV cache
+    send(page, "And dogs?")
+    page.wait_for_function("() => document.querySelectorAll('.msg.assistant .meta').length === 2 && "
+                           "[...document.querySelectorAll('.msg.assistant .meta')].every(m => m.textContent)", timeout=15_000)  # fmt: skip
+    assert "prompt tokens cached" in page.eval_on_selector_all(".msg.assistant .meta", "ms => ms[1].textContent")
+    assert stats(real)["recent_requests"][0]["cached_tokens"] > 20
+
+    SHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(SHOTS / "chat-desktop.png"))
+    page.set_viewport_size(PHONE)
+    page.screenshot(path=str(SHOTS / "chat-phone.png"))
+    page.emulate_media(color_scheme="dark")
+    page.click("#settings summary")
+    page.screenshot(path=str(SHOTS / "chat-phone-dark-settings.png"))
+
+    page.click("#new-chat")
+    assert page.locator(".msg").count() == 0 and page.is_visible("#empty")
+
+
+def test_stop_frees_the_slot(pages, real, slow_decode):
+    before = stats(real)["requests_total"]["cancelled"]
+    page = open_chat(pages, real, max_tokens=400)
+    send(page, "Go on for a long time.")
+    page.wait_for_function(STREAMING, timeout=10_000)
+    assert stats(real)["running"] == 1
+    page.click("#stop")
+    assert wait_until(lambda: stats(real)["running"] == 0, timeout=5), stats(real)["slots"]
+    assert stats(real)["requests_total"]["cancelled"] == before + 1
+    page.wait_for_function(f"() => {LAST_META}.startsWith('stopped')")
+    assert page.is_visible("#send")
+
+
+def test_dashboard_follows_a_request_live(pages, real, slow_decode):
+    chat = open_chat(pages, real, max_tokens=400)
+    admin = pages(real[1].url + "/admin")
+    admin.wait_for_selector("#live.ok")
+    tile = "document.querySelector('.tile [data-stat=running]').textContent"
+    assert admin.evaluate(f"() => {tile}") == "0"
+    send(chat, "Write a long poem.")
+    admin.wait_for_function(f"() => {tile} === '1'", timeout=5_000)
+    generated = "document.querySelector('[data-stat=generated_tokens_total]').textContent"
+    first = admin.evaluate(f"() => {generated}")
+    admin.wait_for_function(f"() => {generated} !== {json.dumps(first)}", timeout=5_000)  # the numbers move
+    admin.wait_for_function("() => document.querySelector('[data-stat=decode_tokens_per_s]').textContent !== '0.0'")
+    assert admin.locator("#slot-rows .st-decode").count() == 1
+    assert admin.locator("#slot-rows rect.kv-generated").count() == 1
+    # the decode plot has drawn a point above zero (y < 100 in the SVG's units)
+    admin.wait_for_function(
+        "() => { const d = document.querySelector('[data-plot=tokens] path.line[data-series=decode_tokens_per_s]').getAttribute('d');"
+        " return d && Math.min(...d.match(/,[\\d.]+/g).map(s => +s.slice(1))) < 100; }",
+        timeout=5_000,
+    )
+    SHOTS.mkdir(exist_ok=True)
+    admin.screenshot(path=str(SHOTS / "admin-desktop.png"), full_page=True)
+    admin.set_viewport_size(PHONE)
+    admin.screenshot(path=str(SHOTS / "admin-phone.png"), full_page=True)
+    admin.set_viewport_size(DESKTOP)
+    admin.emulate_media(color_scheme="dark")
+    admin.screenshot(path=str(SHOTS / "admin-desktop-dark.png"))
+    chat.click("#stop")
+    admin.wait_for_function(f"() => {tile} === '0'", timeout=5_000)
+    assert admin.locator("#recent-rows .fr-cancelled").count() >= 1
+
+
+def test_dashboard_without_javascript(browser, real):
+    context = browser.new_context(java_script_enabled=False, viewport=DESKTOP)
+    page = context.new_page()
+    page.goto(real[1].url + "/admin")
+    assert page.inner_text(".tile [data-stat=slots_total]") == str(SLOTS)
+    assert page.inner_text("[data-stat=model]") == "tiny-llama"
+    assert page.locator("#slot-rows tr").count() == SLOTS
+    assert page.locator("[data-plot=running] path.line").get_attribute("d").startswith("M")
+    context.close()
+
+
+def test_errors_are_shown_clearly(pages, real):
+    page = open_chat(pages, real, max_tokens=4)
+    # a prompt longer than the whole context: the server's real 400
+    pages.expected.append("status of 400")
+    send(page, "cat " * 300)
+    page.wait_for_selector("#error:not([hidden])")
+    assert "too long for the model" in page.inner_text("#error")
+    assert page.input_value("#input").startswith("cat cat")  # given back to edit
+    assert page.locator(".msg").count() == 0
+    # a full server (faked at the network layer: filling the real queue is the next test's job)
+    pages.expected.append("status of 429")
+    body = {"error": {"message": "Too many requests are waiting.", "type": "rate_limit_exceeded", "param": None, "code": "queue_full"}}
+    page.route("**/v1/chat/completions", lambda route: route.fulfill(status=429, headers={"Retry-After": "7"}, json=body))
+    page.fill("#input", "hello")
+    page.press("#input", "Enter")
+    page.wait_for_function("() => document.getElementById('error').textContent.includes('busy')")
+    assert "Try again in 7 s" in page.inner_text("#error")
+    SHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(SHOTS / "chat-error.png"))
+
+
+def timed_get(url) -> float:
+    started = time.monotonic()
+    with urllib.request.urlopen(url, timeout=5) as r:
+        assert r.status == 200
+        r.read()
+    return time.monotonic() - started
+
+
+def test_admin_answers_within_a_second_when_every_slot_and_the_queue_are_busy(browser, real):
+    engine, srv = real
+    gate = threading.Event()
+    decode = engine.loaded.runner.decode
+
+    def stalled(batch, positions):
+        # stall only once every slot is decoding: a request arriving mid-stall would never be admitted
+        if len(batch) == SLOTS:
+            gate.wait(30)
+        else:
+            time.sleep(0.01)
+        return decode(batch, positions)
+
+    def ask(i):
+        body = json.dumps({"messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 40}).encode()
+        request = urllib.request.Request(f"{srv.url}/v1/chat/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as r:
+            r.read()
+
+    engine.loaded.runner.decode = stalled
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(SLOTS + QUEUE_LIMIT)]
+    try:
+        for t in threads[:SLOTS]:
+            t.start()
+        assert wait_until(lambda: stats(real)["running"] == SLOTS)
+        for t in threads[SLOTS:]:
+            t.start()
+        assert wait_until(lambda: stats(real)["queue_depth"] == QUEUE_LIMIT)
+        timings = {path: max(timed_get(srv.url + path) for _ in range(5)) for path in ("/admin", "/admin/stats.json", "/metrics")}
+        page = browser.new_page(viewport=DESKTOP)
+        started = time.monotonic()
+        page.goto(srv.url + "/admin")
+        page.wait_for_selector("#live.ok")
+        timings["browser: /admin loaded and first poll"] = time.monotonic() - started
+        assert page.inner_text(".tile [data-stat=queue_depth]") == str(QUEUE_LIMIT)
+        assert page.inner_text(".tile [data-stat=running]") == str(SLOTS)
+        page.close()
+        SHOTS.mkdir(exist_ok=True)
+        (SHOTS / "admin-latency-under-load.txt").write_text("".join(f"{k}: {v * 1000:.1f} ms\n" for k, v in timings.items()))
+        assert all(t < 1.0 for t in timings.values()), timings
+    finally:
+        gate.set()
+        engine.loaded.runner.decode = decode
+        for t in threads:
+            if t.ident is not None:
+                t.join(30)
+    assert wait_until(lambda: stats(real)["running"] == 0 and stats(real)["queue_depth"] == 0)

@@ -1,0 +1,105 @@
+"""`GET /metrics`: the engine's counters in the Prometheus text format (OpenMetrics when asked for).
+
+Each app gets its own `CollectorRegistry` holding one `EngineCollector`, which turns a fresh
+`engine.stats()` into metric families at every scrape: nothing is counted twice and the global
+registry of `prometheus_client` is never touched. Names share the `llm_` prefix, after vLLM's
+`vllm:` ones. Counters are exposed with the `_total` suffix; token counts are in tokens, times in
+seconds. `webapp.security` guards it with `ADMIN_TOKEN`, like the dashboard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from flask import Blueprint, Response, current_app, request
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import choose_encoder
+
+bp = Blueprint("prometheus", __name__)
+PREFIX = "llm_"
+FINISH_REASONS = ("stop", "length", "cancelled", "error", "rejected")
+
+# name (without prefix), help, key in engine.stats()
+GAUGES = (
+    ("num_requests_waiting", "Requests waiting for a slot.", "queue_depth"),
+    ("num_requests_running", "Requests holding a slot (prefilling or decoding).", "running"),
+    ("num_slots", "Slots: requests the engine decodes together.", "slots_total"),
+)
+COUNTERS = (
+    ("prompt_tokens", "Prompt tokens of admitted requests.", "prompt_tokens_total"),
+    ("prefill_tokens", "Prompt tokens run through the model (prompt tokens not served from the cache).", "prefill_tokens_total"),
+    ("generation_tokens", "Generated tokens.", "generated_tokens_total"),
+    ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "prompt_tokens_total"),
+    ("prefix_cache_hits", "Prompt tokens served from the prefix cache instead of prefilled.", "cached_tokens_total"),
+)
+HISTOGRAMS = (
+    ("time_to_first_token_seconds", "Time from submission to the first generated token.", "ttft_s"),
+    ("inter_token_latency_seconds", "Time between consecutive generated tokens of a request.", "itl_s"),
+    ("request_queue_time_seconds", "Time from submission until a slot was free.", "queue_time_s"),
+    ("e2e_request_latency_seconds", "Time from submission until the request finished, for any reason.", "e2e_s"),
+)
+
+
+class EngineCollector:
+    """A custom collector over `stats()` (the engine's stats dict), read once per scrape."""
+
+    def __init__(self, stats: Callable[[], dict]):
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats()
+        ready = GaugeMetricFamily(PREFIX + "engine_ready", "1 when the model is loaded and serving, else 0.")
+        ready.add_metric([], 1.0 if stats.get("state") == "ok" else 0.0)
+        yield ready
+        if "slots_total" not in stats:  # still loading, or failed to load: nothing is counted yet
+            return
+        yield InfoMetricFamily(
+            PREFIX + "model",
+            "The model being served.",
+            value={"model": str(stats.get("model")), "device": str(stats.get("device")), "context": str(stats.get("context"))},
+        )
+        for name, doc, key in GAUGES:
+            yield GaugeMetricFamily(PREFIX + name, doc, value=stats[key])
+        context, slots = stats.get("context") or 0, stats["slots_total"]
+        yield GaugeMetricFamily(
+            PREFIX + "kv_cache_usage_ratio",
+            "Share of the KV cache (slots x context) holding tokens, idle slots kept for prefix reuse included.",
+            value=stats.get("kv_tokens", 0) / (slots * context) if slots and context else 0.0,
+        )
+        for name, doc, key in COUNTERS:
+            yield CounterMetricFamily(PREFIX + name, doc, value=stats[key])
+        finished = CounterMetricFamily(
+            PREFIX + "requests", "Requests ended, by finish reason (rejected: refused with a full queue).", labels=["finish_reason"]
+        )
+        for reason in FINISH_REASONS:
+            finished.add_metric([reason], stats["requests_total"].get(reason, 0))
+        yield finished
+        for name, doc, key in HISTOGRAMS:
+            h = stats["histograms"][key]
+            buckets = [(repr(float(le)), count) for le, count in h["buckets"]] + [("+Inf", h["count"])]
+            yield HistogramMetricFamily(PREFIX + name, doc, buckets=buckets, sum_value=h["sum"])
+
+
+def _install(state) -> None:
+    app = state.app
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(EngineCollector(lambda: app.extensions["engine"].stats()))
+    app.extensions["prometheus_registry"] = registry
+
+
+bp.record_once(_install)
+
+
+@bp.get("/metrics")
+def metrics():
+    """The engine's metrics for a Prometheus scrape."""
+    encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+    body = encode(current_app.extensions["prometheus_registry"])
+    return Response(body, content_type=content_type, headers={"Cache-Control": "no-store"})
