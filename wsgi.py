@@ -1,8 +1,20 @@
-"""The WSGI entry point: `waitress-serve wsgi:app`. The one place the real engine is built and started."""
+"""The WSGI entry point: `waitress-serve wsgi:app`. The one place the real engine is built and started.
+
+`waitress-serve` imports this module on its main thread before it starts serving, which is what lets
+us install the SIGTERM/SIGINT handlers here: they drain the accepted requests (up to
+LLM_DRAIN_SECONDS), then make waitress's main loop exit, and `waitress-serve` returns 0. Waitress
+installs no handlers of its own; without ours SIGTERM would kill the process mid-stream. The
+command line also tells where the server listens, so an exposed server without an admin token is
+reported loudly in the log.
+"""
 
 import logging
+import sys
 
 from webapp import create_app
+from webapp.security import listen_hosts, warn_if_exposed
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 app = create_app()
+app.extensions["lifecycle"].install_signal_handlers()
+warn_if_exposed(app.config, listen_hosts(sys.argv))

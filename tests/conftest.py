@@ -34,12 +34,16 @@ def client(app):
 
 
 @contextlib.contextmanager
-def running_server(app, threads: int = 16):
-    """A real Waitress server for `app` on a free 127.0.0.1 port, closed on exit."""
+def running_server(app, threads: int = 16, **adjustments):
+    """A real Waitress server for `app` on a free 127.0.0.1 port, closed on exit.
+
+    `adjustments` are further waitress settings (e.g. `outbuf_high_watermark`, or `sockets` with a
+    listening socket of the test's own making instead of a free port)."""
+    where = {} if "sockets" in adjustments else {"host": "127.0.0.1", "port": 0}
     # channel_request_lookahead=1 lets Waitress keep reading a connection while its request runs,
     # which is how it notices a client that hangs up on a non-streamed request.
     srv = waitress.create_server(
-        app, host="127.0.0.1", port=0, threads=threads, channel_request_lookahead=1
+        app, threads=threads, channel_request_lookahead=1, **where, **adjustments
     )
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()

@@ -4,7 +4,8 @@
 tokenizer, chat_template, submit, abort, health, stats) without a model. Each submitted request
 plays the next queued `Reply` (or `default_reply`) on its own daemon thread, putting token ids
 and then one `Finished` (or an exception) on `request.outputs`, exactly as the real engine's
-contract says. It honours `max_tokens`, stop token ids and cancellation, and records what it saw:
+contract says. It honours `max_tokens`, stop token ids and cancellation (finishing with the
+request's own cancel reason, as the real engine does), and records what it saw:
 `submitted`, `aborted`, plus Events a test can wait on instead of sleeping.
 
 `FakeTokenizer` is byte-level: ids 0-255 are the UTF-8 bytes, so every multi-byte character and
@@ -216,7 +217,7 @@ class FakeEngine:
                 reason = "length"
                 break
         if request.cancel_reason is not None:
-            reason = "cancelled"
+            reason = request.cancel_reason  # "cancelled" by an abort, "shutdown" by a drain
         self._retire(request, Finished(reason))
 
     def _retire(self, request: Request, last: Finished | BaseException) -> None:

@@ -6,6 +6,12 @@
 built by `webapp.engine.engine.build_engine(app.config)`, imported only then so that tests with a
 fake engine never load the model code.
 
+Secrets (`LLM_API_KEY`, `LLM_ADMIN_TOKEN`) are taken from the environment verbatim, never parsed as
+JSON (a key like `1e3` must stay that string). `webapp.security` guards /v1 with the API key and
+/admin, /metrics with the admin token, and sets security headers on every response;
+`webapp.lifecycle` counts accepted API requests and drains them on shutdown
+(`app.extensions["lifecycle"]`).
+
 Every error leaves as OpenAI-shaped JSON, `{"error": {"message", "type", "param", "code"}}`:
 unknown routes (404), wrong methods (405), oversized bodies (413), refused requests (`ApiError`),
 a full queue (429 with `Retry-After`), an engine still loading (503) and unexpected failures (500).
@@ -14,13 +20,15 @@ a full queue (429 with `Retry-After`), an engine still loading (503) and unexpec
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from flask import Flask, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from webapp import api, chat
+from webapp import admin, api, chat, prometheus, security
 from webapp.engine.errors import EngineNotReady, QueueFull
+from webapp.lifecycle import Lifecycle
 from webapp.openai_format import ApiError, error_body, error_type
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,9 +40,15 @@ DEFAULTS = {
     "QUEUE_LIMIT": 64,  # requests waiting for a slot before submit raises QueueFull
     "PREFILL_CHUNK": 32,  # prompt tokens per prefill step
     "API_KEY": None,  # when set, /v1/* requires "Authorization: Bearer <API_KEY>"
-    "ADMIN_TOKEN": None,
+    "ADMIN_TOKEN": None,  # when set, /admin and /metrics require it (header or login cookie)
+    "HOST": None,  # where the server listens, when not started by waitress-serve (warnings only)
     "MAX_CONTENT_LENGTH": 4 * 1024 * 1024,  # request bodies beyond this get a 413
+    "MAX_MESSAGES": 1000,  # messages per chat request
+    "MAX_PROMPT_TOKENS": None,  # prompt tokens per request; None: whatever the context allows
+    "DRAIN_SECONDS": 30,  # on SIGTERM/SIGINT, how long running requests may take to finish
+    "STALL_SECONDS": 120,  # /health turns 503 when a step with work pending takes longer
 }
+SECRETS = ("API_KEY", "ADMIN_TOKEN")
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +60,9 @@ def create_app(config: dict | None = None, engine=None) -> Flask:
     )
     app.config.from_mapping(DEFAULTS)
     app.config.from_prefixed_env("LLM")
+    for name in SECRETS:
+        if f"LLM_{name}" in os.environ:
+            app.config[name] = os.environ[f"LLM_{name}"]
     app.config.from_mapping(config or {})
     app.json.sort_keys = False  # keep OpenAI's field order; it reads better in logs and curl
 
@@ -54,9 +71,13 @@ def create_app(config: dict | None = None, engine=None) -> Flask:
 
         engine = build_engine(app.config).start()  # loads and warms up on the model thread
     app.extensions["engine"] = engine
+    lifecycle = Lifecycle(engine, drain_seconds=app.config["DRAIN_SECONDS"])
+    app.extensions["lifecycle"] = lifecycle
+    app.wsgi_app = lifecycle.wrap(app.wsgi_app)
 
+    security.install(app)  # app-level hooks: they hold for every blueprint below
     # Later pages (/admin, /metrics) are blueprints registered here too.
-    for blueprint in (api.bp, chat.bp):
+    for blueprint in (api.bp, chat.bp, admin.bp, prometheus.bp):
         app.register_blueprint(blueprint)
     _register_error_handlers(app)
     return app
@@ -72,7 +93,7 @@ def _error(status: int, message: str, param=None, code=None, type=None, headers=
 def _register_error_handlers(app: Flask) -> None:
     @app.errorhandler(ApiError)
     def api_error(e: ApiError):
-        return _error(e.status, e.message, e.param, e.code, e.type)
+        return _error(e.status, e.message, e.param, e.code, e.type, e.headers)
 
     @app.errorhandler(QueueFull)
     def queue_full(e: QueueFull):

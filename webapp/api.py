@@ -8,14 +8,18 @@ goes: validate -> prompt text -> token ids -> context check -> `engine.submit` -
 
 Every refusal before a stream starts is an HTTP error (`ApiError`, `QueueFull`, `EngineNotReady`;
 the handlers live in `webapp/__init__.py`). Once a stream has started, an engine failure becomes a
-last `data: {"error": ...}` event. Whenever this side stops reading a request before the engine
-has finished it (a stop string matched, the client went away, the stream was never started) the
-request is aborted, so its slot is freed.
+last `data: {"error": ...}` event followed by `data: [DONE]`. Whenever this side stops reading a
+request before the engine has finished it (a stop string matched, the client went away, the
+stream was never started) the request is aborted, so its slot is freed.
+
+Authentication (`webapp.security`) and admission during shutdown (`webapp.lifecycle`) happen
+before these views run. Every request being read is registered with the lifecycle, so a drain
+that runs out of time can cancel it; the engine then finishes it with reason "shutdown", which
+reaches the client as a 503 `server_shutting_down` error (an error event when streaming).
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import queue
 import time
@@ -25,6 +29,7 @@ from flask import Blueprint, Response, current_app, jsonify, request
 
 from webapp import openai_format as fmt
 from webapp.engine.request import Finished, Request, SamplingParams
+from webapp.lifecycle import RETRY_AFTER_S
 from webapp.openai_format import ApiError
 
 bp = Blueprint("api", __name__)
@@ -41,22 +46,13 @@ class _ClientGone(Exception):
     """The HTTP client disconnected while its request was being generated."""
 
 
-@bp.before_request
-def _require_api_key() -> None:
-    """With `API_KEY` configured, every API route but /health wants `Authorization: Bearer KEY`."""
-    key = current_app.config.get("API_KEY")
-    if not key or request.endpoint == "api.health":
-        return
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    valid = hmac.compare_digest(token.strip().encode(), str(key).encode())
-    if scheme.lower() != "bearer" or not valid:
-        raise ApiError(401, "Invalid or missing API key.", code="invalid_api_key")
-
-
 @bp.get("/health")
 def health():
-    """The engine's health dict: 200 when it serves requests, 503 while loading or failed."""
+    """The engine's health dict: 200 when it serves requests; 503 while loading, failed, stalled
+    (a step has run longer than STALL_SECONDS) or draining for shutdown."""
     state = _engine().health()
+    if _lifecycle().draining:
+        state = {**state, "status": "draining"}
     return jsonify(state), 200 if state.get("status") == "ok" else 503
 
 
@@ -70,7 +66,7 @@ def models():
 def chat_completions():
     """An OpenAI chat completion; server-sent `chat.completion.chunk`s when `stream` is true."""
     engine = _engine()
-    params = fmt.parse_chat_request(_json_body())
+    params = fmt.parse_chat_request(_json_body(), current_app.config["MAX_MESSAGES"])
     tools = params.active_tools
     try:
         prompt = engine.chat_template.render(
@@ -80,7 +76,7 @@ def chat_completions():
         raise ApiError(400, f"The chat template rejected the messages: {e}", "messages") from e
     ids = _encode(engine.tokenizer, prompt)
     req = _submit(engine, ids, params, fmt.new_id("chatcmpl"), "messages")
-    reader = _Reader(engine, req, params.stop, request.environ.get("waitress.client_disconnected"))
+    reader = _Reader(engine, req, params.stop, _disconnected(), _lifecycle())
     parser = fmt.OutputParser(tools, in_reasoning=fmt.opens_reasoning(prompt))
     model = params.model or engine.model_name
     if params.stream:
@@ -109,7 +105,7 @@ def completions():
     else:
         ids = _check_token_ids(engine.tokenizer, params.prompt)
     req = _submit(engine, ids, params, fmt.new_id("cmpl"), "prompt")
-    reader = _Reader(engine, req, params.stop, request.environ.get("waitress.client_disconnected"))
+    reader = _Reader(engine, req, params.stop, _disconnected(), _lifecycle())
     model = params.model or engine.model_name
     if params.stream:
         return _event_stream(reader, _completion_events(reader, params.include_usage, model))
@@ -125,6 +121,14 @@ def completions():
 
 def _engine():
     return current_app.extensions["engine"]
+
+
+def _lifecycle():
+    return current_app.extensions["lifecycle"]
+
+
+def _disconnected() -> Callable[[], bool] | None:
+    return request.environ.get("waitress.client_disconnected")
 
 
 def _json_body() -> dict:
@@ -155,6 +159,14 @@ def _submit(
     engine, prompt_ids: list[int], params: fmt.GenerationParams, request_id: str, param: str
 ) -> Request:
     """Build the engine request and queue it; QueueFull / EngineNotReady go to the app handlers."""
+    limit = current_app.config.get("MAX_PROMPT_TOKENS")
+    if limit and len(prompt_ids) > limit:
+        raise ApiError(
+            400,
+            f"The prompt has {len(prompt_ids)} tokens; this server accepts at most {limit}.",
+            param,
+            "context_length_exceeded",
+        )
     max_tokens = fmt.resolve_max_tokens(
         params.max_tokens, len(prompt_ids), engine.max_context, param
     )
@@ -177,15 +189,23 @@ class _Reader:
 
     `texts()` yields decoded text as soon as it cannot be part of a stop string and returns when
     the request is done; `finish_reason` is then "stop" or "length". An engine failure raises a 5xx
-    `ApiError`; a client that disconnects while nothing arrives raises `_ClientGone`. `close()`
-    aborts the request unless the engine has already finished it; it is idempotent.
+    `ApiError` (503 when the server cancelled it, e.g. for shutdown); a client that disconnects
+    while nothing arrives raises `_ClientGone`. The request is tracked by `lifecycle` until
+    `close()`, which also aborts it unless the engine has already finished it; it is idempotent.
     """
 
     def __init__(
-        self, engine, req: Request, stop: tuple[str, ...], disconnected: Callable[[], bool] | None
+        self,
+        engine,
+        req: Request,
+        stop: tuple[str, ...],
+        disconnected: Callable[[], bool] | None,
+        lifecycle,
     ):
         self.engine = engine
         self.request = req
+        self._lifecycle = lifecycle
+        lifecycle.track(req)
         self.created = int(time.time())
         self.completion_tokens = 0
         self.finish_reason: str | None = None
@@ -205,6 +225,14 @@ class _Reader:
                 text, matched = matcher.feed("" if item in hidden else decoder.add(item))
             elif isinstance(item, Finished):
                 self._done = True
+                if item.reason == "shutdown":
+                    raise ApiError(
+                        503,
+                        "The server is shutting down and cancelled this request before it "
+                        "finished.",
+                        code="server_shutting_down",
+                        headers={"Retry-After": str(RETRY_AFTER_S)},
+                    )
                 if item.reason == "cancelled":  # not by us: we stop reading once we abort
                     raise ApiError(503, "The server cancelled the request.", code="cancelled")
                 if item.reason not in ("stop", "length"):
@@ -238,6 +266,7 @@ class _Reader:
         )
 
     def close(self) -> None:
+        self._lifecycle.forget(self.request)
         if not self._done:
             self._done = True
             self.engine.abort(self.request)

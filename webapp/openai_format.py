@@ -6,7 +6,10 @@ state machine fed strings, so all of it is testable without a server.
 - `parse_chat_request` / `parse_completion_request` turn a decoded JSON body into frozen
   `ChatParams` / `CompletionParams`, or raise `ApiError` (status, message, param, code, type)
   naming the offending parameter. Fields that are null count as absent; unknown fields are
-  rejected unless they cannot change the output (`user`, `metadata`, `store`).
+  rejected unless they cannot change the output (`user`, `metadata`, `store`). Sizes are bounded:
+  at most `max_messages` messages (default `MAX_MESSAGES`), `MAX_TOOLS` tools, `MAX_STOP_STRINGS`
+  stop strings of at most `MAX_STOP_LENGTH` characters each; `parse_json_body` refuses bodies
+  nested deeper than `MAX_JSON_DEPTH` or holding text that is not valid Unicode (lone surrogates).
 - `resolve_max_tokens` applies the context limit: a prompt that leaves no room is a 400
   `context_length_exceeded`; a `max_tokens` beyond the room left is capped to it.
 - Builders (`chat_chunk`, `chat_completion`, `completion_chunk`, ...) return plain dicts in the
@@ -40,6 +43,7 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         type: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -47,6 +51,7 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.type = type or error_type(status)
+        self.headers = headers or {}  # extra response headers, e.g. Retry-After on a 503
 
     def body(self) -> dict:
         return error_body(self.message, self.type, self.param, self.code)
@@ -63,21 +68,63 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+MAX_JSON_DEPTH = 64
+_TOO_DEEP = f"The request body is nested more than {MAX_JSON_DEPTH} levels deep."
+
+
 def parse_json_body(raw: bytes) -> dict:
     """Decode a request body that must be a JSON object (whatever the Content-Type says)."""
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"The request body is not valid JSON: {e}", code="invalid_json") from e
+    except RecursionError as e:  # the C decoder gives up at the interpreter's recursion limit
+        raise ApiError(400, _TOO_DEEP, code="invalid_json") from e
     if not isinstance(body, dict):
         raise ApiError(400, f"The request body must be a JSON object, not {_json_type(body)}.")
+    _check_json_value(body)
     return body
+
+
+def _check_json_value(body: dict) -> None:
+    """Refuse what would only fail later, deep inside the tokenizer or the chat template: text
+    with lone UTF-16 surrogates ("\\ud800" is valid JSON but not Unicode) and absurd nesting."""
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            _check_text(value)
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise ApiError(400, _TOO_DEEP, code="invalid_json")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                _check_text(key)
+                if isinstance(item, (str, list, dict)):
+                    stack.append((item, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value if isinstance(item, (str, list, dict)))
+
+
+def _check_text(text: str) -> None:
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ApiError(
+                400,
+                "The request body contains a lone UTF-16 surrogate, which is not valid Unicode.",
+                code="invalid_json",
+            ) from e
 
 
 # --- request validation -------------------------------------------------------------------------
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
+MAX_MESSAGES = 1000  # the default; the app passes its MAX_MESSAGES setting
+MAX_TOOLS = 128  # OpenAI's own limit
 MAX_STOP_STRINGS = 4
+MAX_STOP_LENGTH = 256  # characters; the matcher holds back up to this much text per request
 
 # Accepted but without effect: they describe the caller, not the completion.
 _INERT_FIELDS = frozenset({"user", "metadata", "store"})
@@ -126,7 +173,7 @@ class CompletionParams(GenerationParams):
     prompt: str | tuple[int, ...]
 
 
-def parse_chat_request(body: dict) -> ChatParams:
+def parse_chat_request(body: dict, max_messages: int = MAX_MESSAGES) -> ChatParams:
     """Validate a /v1/chat/completions body."""
     body = _present(body)
     _reject_unknown(body, _CHAT_FIELDS)
@@ -146,7 +193,7 @@ def parse_chat_request(body: dict) -> ChatParams:
     return ChatParams(
         **_generation_fields(body),
         max_tokens=max_tokens,
-        messages=_parse_messages(body.get("messages")),
+        messages=_parse_messages(body.get("messages"), max_messages),
         tools=_parse_tools(body.get("tools")),
         tool_choice=tool_choice,
     )
@@ -288,6 +335,10 @@ def _parse_stop(stop: Any) -> tuple[str, ...]:
     for s in stops:
         if not isinstance(s, str) or not s:
             raise ApiError(400, "Every stop sequence must be a non-empty string.", "stop")
+        if len(s) > MAX_STOP_LENGTH:
+            raise ApiError(
+                400, f"A stop sequence may be at most {MAX_STOP_LENGTH} characters long.", "stop"
+            )
     return tuple(stops)
 
 
@@ -309,9 +360,16 @@ def _parse_prompt(prompt: Any) -> str | tuple[int, ...]:
     )
 
 
-def _parse_messages(messages: Any) -> tuple[dict, ...]:
+def _parse_messages(messages: Any, max_messages: int) -> tuple[dict, ...]:
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty array.", "messages")
+    if len(messages) > max_messages:
+        raise ApiError(
+            400,
+            f"'messages' may hold at most {max_messages} messages, got {len(messages)}.",
+            "messages",
+            "array_above_max_length",
+        )
     return tuple(_parse_message(m, f"messages[{i}]") for i, m in enumerate(messages))
 
 
@@ -319,7 +377,7 @@ def _parse_message(message: Any, where: str) -> dict:
     if not isinstance(message, dict):
         raise ApiError(400, f"'{where}' must be an object.", where)
     role = message.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:
         raise ApiError(
             400,
             f"'{where}.role' must be one of {', '.join(sorted(ROLES))}; got {role!r}.",
@@ -384,6 +442,10 @@ def _parse_tools(tools: Any) -> tuple[dict, ...] | None:
         return None
     if not isinstance(tools, list):
         raise ApiError(400, "'tools' must be an array.", "tools")
+    if len(tools) > MAX_TOOLS:
+        raise ApiError(
+            400, f"'tools' may hold at most {MAX_TOOLS} tools.", "tools", "array_above_max_length"
+        )
     out = []
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"

@@ -4,7 +4,9 @@ Contract: `Engine.start()` loads the model and warms it up on a new thread, whic
 the only thread that touches tinygrad. Handler threads call `submit(request)` (non-blocking; raises
 `QueueFull` past the queue limit, `EngineNotReady` while loading) and read `request.outputs`;
 `abort(request)` retires a request within one engine step. An exception while running a step fails
-only the requests in that step; the thread keeps serving.
+only the requests in that step; the thread keeps serving. `health()` is the watchdog: it reports
+"error" when the model thread has died and "stalled" when one pass of its loop, with work to do,
+has been running for longer than `stall_seconds`.
 """
 
 from __future__ import annotations
@@ -59,9 +61,14 @@ class LoadedModel:
 
 
 class Engine:
-    def __init__(self, loader: Callable[[], LoadedModel], slots: int = 8, queue_limit: int = 64, prefill_chunk: int = 32):
+    def __init__(
+        self, loader: Callable[[], LoadedModel], slots: int = 8, queue_limit: int = 64, prefill_chunk: int = 32, stall_seconds: float = 120.0
+    ):
         self.loader = loader
         self.n_slots, self.queue_limit, self.prefill_chunk = slots, queue_limit, prefill_chunk
+        self.stall_seconds = stall_seconds
+        # When the model thread's current pass over its loop began; None while it sleeps on an empty inbox.
+        self._busy_since: float | None = None
         self.state, self.error = "loading", None
         self.loaded: LoadedModel | None = None
         self.scheduler = Scheduler(SlotTable(slots), prefill_chunk)
@@ -128,6 +135,10 @@ class Engine:
         alive = self._thread is not None and self._thread.is_alive()
         if self.state == "ok" and not alive:
             return {"status": "error", "error": "the model thread has stopped"}
+        busy_since = self._busy_since
+        if self.state == "ok" and busy_since is not None and time.monotonic() - busy_since > self.stall_seconds:
+            stuck = time.monotonic() - busy_since
+            return {"status": "stalled", "model": self.model_name, "error": f"the model thread has not finished a step for {stuck:.0f} s"}
         body = {"status": self.state, "model": self.model_name}
         if self.error:
             body["error"] = self.error
@@ -136,8 +147,9 @@ class Engine:
         return body
 
     def stats(self) -> dict:
-        snap = dict(self.metrics.snapshot)
+        snap = self.metrics.current()  # rates and ages brought up to now, from the immutable snapshot
         if snap:
+            snap["queue_depth"] = self._waiting  # live: the snapshot lags while a step runs
             snap["requests_total"] = {**snap["requests_total"], "rejected": self._rejected}
             snap["state"] = self.state
         return snap or {"state": self.state, "model": self.model_name}
@@ -172,7 +184,9 @@ class Engine:
         while not self._stopping:
             if not self.scheduler.has_work:
                 self._publish()  # the last word before sleeping: every slot idle
+                self._busy_since = None  # sleeping on the inbox is not a stall
             self._take_inbox(block=not self.scheduler.has_work)
+            self._busy_since = time.monotonic()  # the watchdog's heartbeat: one per pass
             changed = False
             for request in self.scheduler.cancelled():
                 self._finish(request, request.cancel_reason)
@@ -270,7 +284,7 @@ class Engine:
         self.metrics.publish(self._waiting, self.scheduler.running, self.scheduler.slots.slots)
 
 
-def load_gguf_model(path: str, slots: int, max_context: int, prefill_chunk: int) -> LoadedModel:
+def load_gguf_model(path: str, slots: int, max_context: int, prefill_chunk: int, beam="auto") -> LoadedModel:
     """The real loader: tinygrad model, GGUF tokenizer and the file's chat template."""
     from tinygrad import Device
 
@@ -278,12 +292,14 @@ def load_gguf_model(path: str, slots: int, max_context: int, prefill_chunk: int)
     from .model import load_model
     from .runner import ModelRunner
     from .tokenizer import Tokenizer
+    from .tuning import beam_for, tuning_key
 
     model, kv = load_model(path, slots=slots, context=max_context, max_chunk=prefill_chunk)
     tokenizer = Tokenizer.from_gguf_metadata(kv)
     template = ChatTemplate(kv.get("tokenizer.chat_template"), bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+    beam = beam_for(tuning_key(path, slots, model.context, prefill_chunk), beam)
     return LoadedModel(
-        runner=ModelRunner(model, prefill_chunk),
+        runner=ModelRunner(model, prefill_chunk, beam=beam),
         tokenizer=tokenizer,
         chat_template=template,
         name=os.path.basename(path).removesuffix(".gguf"),
@@ -292,12 +308,28 @@ def load_gguf_model(path: str, slots: int, max_context: int, prefill_chunk: int)
     )
 
 
-def build_engine(config) -> Engine:
-    """The engine described by the app's LLM_* settings (a mapping with MODEL, MAX_CONTEXT, ...)."""
+def engine_settings(config) -> dict:
+    """The engine's LLM_* settings (a mapping with MODEL, MAX_CONTEXT, ...) with defaults applied."""
     path = config.get("MODEL") or default_model_path()
     if not os.path.isfile(path):
         raise FileNotFoundError(f"LLM_MODEL={path!r} is not a file")
-    slots, context, chunk = int(config.get("SLOTS", 8)), int(config.get("MAX_CONTEXT", 4096)), int(config.get("PREFILL_CHUNK", 32))
+    return {
+        "path": path,
+        "slots": int(config.get("SLOTS") or 8),
+        "context": int(config.get("MAX_CONTEXT") or 4096),
+        "prefill_chunk": int(config.get("PREFILL_CHUNK") or 32),
+        "queue_limit": int(config.get("QUEUE_LIMIT") or 64),
+        "beam": config.get("BEAM") or "auto",
+    }
+
+
+def build_engine(config) -> Engine:
+    """The engine described by the app's LLM_* settings."""
+    s = engine_settings(config)
     return Engine(
-        lambda: load_gguf_model(path, slots, context, chunk), slots=slots, queue_limit=int(config.get("QUEUE_LIMIT", 64)), prefill_chunk=chunk
+        lambda: load_gguf_model(s["path"], s["slots"], s["context"], s["prefill_chunk"], s["beam"]),
+        slots=s["slots"],
+        queue_limit=s["queue_limit"],
+        prefill_chunk=s["prefill_chunk"],
+        stall_seconds=float(config.get("STALL_SECONDS", 120)),
     )

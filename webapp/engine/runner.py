@@ -73,10 +73,15 @@ class ModelRunner:
 
     def warm_up(self, progress=log.info) -> float:
         """Compile every kernel the server will run, on the scratch slot, before any user arrives."""
+        from tinygrad.engine.worker import terminate_worker_pool
         from tinygrad.helpers import Context
 
         with Context(BEAM=self.beam):
-            return self._compile_all(progress)
+            seconds = self._compile_all(progress)
+        # BEAM compiles in a pool of worker processes; nothing compiles after warm-up, and live
+        # workers make the process hang at exit when a signal reaches its whole process group
+        terminate_worker_pool()
+        return seconds
 
     def _compile_all(self, progress) -> float:
         started = time.monotonic()
