@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from types import SimpleNamespace
 
 import openai
@@ -31,6 +32,16 @@ def app(engine):
 @pytest.fixture
 def client(app):
     return app.test_client()
+
+
+def wait_until(predicate, timeout=10.0) -> bool:
+    """Poll `predicate` until it holds (True) or `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import running_server
+from conftest import running_server, wait_until
 from tiny_models import use_tinygrad_from_this_thread, write_tiny_gguf
 
 from webapp import create_app
@@ -99,15 +99,6 @@ def slow_decode(real):
 def stats(real) -> dict:
     with urllib.request.urlopen(f"{real[1].url}/admin/stats.json", timeout=5) as r:
         return json.load(r)
-
-
-def wait_until(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def open_chat(pages, real, max_tokens: int):

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import running_server
+from conftest import running_server, wait_until
 from fakes import FakeChatTemplate, FakeTokenizer, Reply
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -37,15 +37,6 @@ from webapp.security import listen_hosts, warn_if_exposed
 HELLO = [{"role": "user", "content": "hello"}]
 USAGE = {"stream_options": {"include_usage": True}}
 TOKEN = "letmein-admin"
-
-
-def wait_until(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def assert_error_shape(body: dict, type="invalid_request_error", code=None):

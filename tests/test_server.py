@@ -10,7 +10,7 @@ import urllib.request
 
 import openai
 import pytest
-from conftest import running_server
+from conftest import running_server, wait_until
 
 from tiny_models import use_tinygrad_from_this_thread, write_tiny_gguf
 from webapp import create_app
@@ -35,15 +35,6 @@ def real(tmp_path_factory):
         yield engine, srv, client
         client.close()
     engine.stop(5)
-
-
-def wait_until(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def slots_idle(engine):
