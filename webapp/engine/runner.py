@@ -40,24 +40,25 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     return int(ids[rng.choice(len(ids), p=probs)])
 
 
-SHORT_CHUNK = 8
+SMALLEST_CHUNK = 8
 
 
-def decode_widths(max_batch: int) -> list[int]:
-    widths, w = [], 1
-    while w < max_batch:
-        widths.append(w)
-        w *= 2
-    return widths + [max_batch]
+def buckets(smallest: int, largest: int) -> list[int]:
+    """Powers of two from `smallest` up to (and ending at) `largest`."""
+    sizes, n = [], smallest
+    while n < largest:
+        sizes.append(n)
+        n *= 2
+    return sizes + [largest]
 
 
 class ModelRunner:
     def __init__(self, model, prefill_chunk: int, beam: int = 0):
         self.model = model
         self.beam = beam  # tinygrad BEAM search width for compiling kernels at warm-up (0: default kernels)
-        # a short bucket keeps follow-up turns and prompt tails from paying for a full padded chunk
-        self.chunks = sorted({min(SHORT_CHUNK, prefill_chunk), prefill_chunk})
-        self.widths = decode_widths(model.slots)
+        # smaller buckets keep follow-up turns and prompt tails from paying for a full padded chunk
+        self.chunks = buckets(min(SMALLEST_CHUNK, prefill_chunk), prefill_chunk)
+        self.widths = buckets(1, model.slots)
 
     def prefill(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
         """Run one chunk of `request`'s prompt; logits (vocab,) of its last token."""
