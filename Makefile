@@ -13,7 +13,7 @@ export DEV ?= CPU
 
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test tune bench clean
+.PHONY: install serve test lint tune bench clean
 
 install: $(STAMP)
 
@@ -40,7 +40,11 @@ test: install
 	    echo "installing chromium for the browser tests"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "the browser tests need Debian's chromium (apt-get install chromium); they will be skipped"; fi; }
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q tests
+
+lint: install
+	$(VENV)/bin/ruff check .
 
 # Once per machine and configuration (same LLM_* settings as serve): BEAM-search the server's kernels.
 tune: install

@@ -1,6 +1,6 @@
 """Continuous batching vs one-at-a-time, and prefix reuse, on the real default model (engine in-process).
 
-Usage: DEV=CPU .venv/bin/python bench/throughput.py [--tokens 48] [--levels 1,2,4,8] [--slots 8]
+Usage: DEV=CPU .venv/bin/python bench/throughput.py [--tokens 128] [--levels 1,2,4,8] [--slots 8]
 
 Table 1: for each concurrency C, C streams of --tokens generated tokens each, all submitted at once
 (batched), beside the same C streams run strictly one after another (FCFS, one request at a time),
@@ -108,7 +108,7 @@ def measure(streams: list[Stream], concurrent: bool) -> dict:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--levels", default="1,2,4,8")
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--skip-prefix", action="store_true")

@@ -3,8 +3,8 @@
 import threading
 
 import pytest
-
 from tiny_models import use_tinygrad_from_this_thread, write_tiny_gguf
+
 from webapp.engine.engine import Engine, QueueFull, load_gguf_model
 from webapp.engine.request import Finished, Request, SamplingParams
 

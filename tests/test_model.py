@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-
 from tiny_models import Reference, use_tinygrad_from_this_thread, write_tiny_gguf
+
 from webapp.engine.model import ModelLoadError, load_model
 
 PROMPT = [1, 504, 3458, 282, 4649, 314, 253, 77, 88, 99, 1234, 5]

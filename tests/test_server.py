@@ -11,8 +11,8 @@ import urllib.request
 import openai
 import pytest
 from conftest import running_server, wait_until
-
 from tiny_models import use_tinygrad_from_this_thread, write_tiny_gguf
+
 from webapp import create_app
 from webapp.engine.engine import Engine, load_gguf_model
 
