@@ -45,6 +45,22 @@ def wait_until(predicate, timeout=10.0) -> bool:
 
 
 @contextlib.contextmanager
+def slowed_decode(engine, seconds: float):
+    """Tiny-model decode steps take a few ms; stretch each by `seconds` so a test can act mid-request."""
+    decode = engine.loaded.runner.decode
+
+    def slowed(batch, positions):
+        time.sleep(seconds)
+        return decode(batch, positions)
+
+    engine.loaded.runner.decode = slowed
+    try:
+        yield
+    finally:
+        engine.loaded.runner.decode = decode
+
+
+@contextlib.contextmanager
 def running_server(app, threads: int = 16, **adjustments):
     """A real Waitress server for `app` on a free 127.0.0.1 port, closed on exit.
 

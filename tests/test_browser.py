@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import running_server, wait_until
+from conftest import running_server, slowed_decode, wait_until
 from tiny_models import use_tinygrad_from_this_thread, write_tiny_gguf
 
 from webapp import create_app
@@ -82,17 +82,9 @@ def pages(browser):
 
 @pytest.fixture
 def slow_decode(real):
-    """Tiny-model steps take a few ms; stretch them so a reply lasts long enough to watch and stop."""
-    engine = real[0]
-    decode = engine.loaded.runner.decode
-
-    def slowed(batch, positions):
-        time.sleep(0.06)
-        return decode(batch, positions)
-
-    engine.loaded.runner.decode = slowed
-    yield
-    engine.loaded.runner.decode = decode
+    """Stretch tiny-model steps so a reply lasts long enough to watch and stop."""
+    with slowed_decode(real[0], 0.06):
+        yield
     assert wait_until(lambda: stats(real)["running"] == 0)
 
 

@@ -10,7 +10,7 @@ import urllib.request
 
 import openai
 import pytest
-from conftest import running_server, wait_until
+from conftest import running_server, slowed_decode, wait_until
 from tiny_models import use_tinygrad_from_this_thread, write_tiny_gguf
 
 from webapp import create_app
@@ -63,17 +63,8 @@ def test_chat_stream_and_follow_up_reuse_the_cache(real):
 
 @pytest.fixture
 def slow_decode(real):
-    """Steps of the tiny model take a few ms; make them take long enough to act mid-request."""
-    engine = real[0]
-    decode = engine.loaded.runner.decode
-
-    def slowed(batch, positions):
-        time.sleep(0.03)
-        return decode(batch, positions)
-
-    engine.loaded.runner.decode = slowed
-    yield
-    engine.loaded.runner.decode = decode
+    with slowed_decode(real[0], 0.03):
+        yield
 
 
 def test_disconnecting_mid_stream_frees_the_slot(real, slow_decode):
