@@ -85,6 +85,33 @@ def running_server(app, threads: int = 16, **adjustments):
         thread.join(timeout=5)
 
 
+@contextlib.contextmanager
+def tiny_engine_server(path: str, slots: int, queue_limit: int, context: int = 256):
+    """The real engine on the GGUF at `path` (prefill chunks of 8) behind a real Waitress server,
+    ready to serve; yields (engine, server)."""
+    from tiny_models import use_tinygrad_from_this_thread
+
+    from webapp.engine.engine import Engine, load_gguf_model
+
+    use_tinygrad_from_this_thread()
+    engine = Engine(lambda: load_gguf_model(path, slots, context, 8), slots=slots, queue_limit=queue_limit, prefill_chunk=8)
+    app = create_app({"TESTING": True}, engine=engine)
+    engine.start()
+    try:
+        with running_server(app, threads=16) as srv:
+            assert wait_until(lambda: engine.state != "loading", timeout=300)
+            assert engine.state == "ok", engine.error
+            yield engine, srv
+    finally:
+        engine.stop(5)
+
+
+def slots_idle(engine) -> bool:
+    """No request holds a slot, per the engine's stats snapshot."""
+    snap = engine.stats()
+    return snap["running"] == 0 and all(s["request_id"] is None for s in snap["slots"])
+
+
 @pytest.fixture
 def server(app, engine):
     with running_server(app) as srv:

@@ -22,15 +22,15 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import running_server, wait_until
+from conftest import running_server, slots_idle, tiny_engine_server, wait_until
 from fakes import FakeChatTemplate, FakeTokenizer, Reply
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tiny_models import use_tinygrad_from_this_thread, write_tiny_gguf
+from tiny_models import write_tiny_gguf
 
 from bench import soak
 from webapp import create_app
-from webapp.engine.engine import Engine, LoadedModel, load_gguf_model
+from webapp.engine.engine import Engine, LoadedModel
 from webapp.engine.request import Finished, Request, SamplingParams
 from webapp.security import listen_hosts, warn_if_exposed
 
@@ -673,27 +673,13 @@ ATTACKS = ["mro", "globals", "mutate", "format", "range", "raise"]
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
-    use_tinygrad_from_this_thread()
     tmp = tmp_path_factory.mktemp("hardening")
     marker = str(tmp / "pwned")
     path = write_tiny_gguf(
         str(tmp / "hostile.gguf"), "llama", context=256, chat_template=hostile_template(marker)
     )
-    engine = Engine(
-        lambda: load_gguf_model(path, 2, 256, 8), slots=2, queue_limit=4, prefill_chunk=8
-    )
-    app = create_app({"TESTING": True}, engine=engine)
-    engine.start()
-    with running_server(app, threads=16) as srv:
-        assert wait_until(lambda: engine.state != "loading", timeout=300)
-        assert engine.state == "ok", engine.error
+    with tiny_engine_server(path, slots=2, queue_limit=4) as (engine, srv):
         yield SimpleNamespace(engine=engine, server=srv, marker=marker)
-    engine.stop(5)
-
-
-def slots_idle(engine) -> bool:
-    snap = engine.stats()
-    return snap["running"] == 0 and all(s["request_id"] is None for s in snap["slots"])
 
 
 @pytest.fixture

@@ -10,36 +10,19 @@ import urllib.request
 
 import openai
 import pytest
-from conftest import running_server, slowed_decode, wait_until
-from tiny_models import use_tinygrad_from_this_thread, write_tiny_gguf
-
-from webapp import create_app
-from webapp.engine.engine import Engine, load_gguf_model
+from conftest import slots_idle, slowed_decode, tiny_engine_server, wait_until
+from tiny_models import write_tiny_gguf
 
 SLOTS, QUEUE_LIMIT = 2, 2
 
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
-    use_tinygrad_from_this_thread()
     path = write_tiny_gguf(str(tmp_path_factory.mktemp("m") / "llama.gguf"), "llama", context=256)
-    engine = Engine(lambda: load_gguf_model(path, SLOTS, 256, 8), slots=SLOTS, queue_limit=QUEUE_LIMIT, prefill_chunk=8)
-    app = create_app({"TESTING": True}, engine=engine)
-    engine.start()
-    with running_server(app, threads=16) as srv:
-        deadline = time.monotonic() + 300
-        while engine.state == "loading" and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert engine.state == "ok", engine.error
+    with tiny_engine_server(path, SLOTS, QUEUE_LIMIT) as (engine, srv):
         client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=60)
         yield engine, srv, client
         client.close()
-    engine.stop(5)
-
-
-def slots_idle(engine):
-    snap = engine.stats()
-    return snap["running"] == 0 and all(s["request_id"] is None for s in snap["slots"])
 
 
 def test_chat_stream_and_follow_up_reuse_the_cache(real):
