@@ -22,9 +22,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import choose_encoder
 
+from webapp.engine.metrics import FINISH_REASONS
+
 bp = Blueprint("prometheus", __name__)
 PREFIX = "llm_"
-FINISH_REASONS = ("stop", "length", "cancelled", "error", "rejected")
 
 # name (without prefix), help, key in engine.stats()
 GAUGES = (

@@ -148,9 +148,6 @@ class EngineMetrics:
         elif request.last_token_at is not None:
             self.itl.observe(now - request.last_token_at)
 
-    def on_rejected(self) -> None:
-        self.finished["rejected"] += 1
-
     def on_finish(self, request) -> None:
         self.finished[request.finish_reason] += 1
         end = request.finished_at or self.clock()
