@@ -4,15 +4,19 @@ a free local port, and the real `openai` client pointed at that server."""
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from types import SimpleNamespace
 
-import openai
-import pytest
-import waitress
-from fakes import FakeEngine
-from waitress import wasyncore
+# tinygrad reads HCQ2 at import, and some test modules import it before the engine's model does
+os.environ.setdefault("HCQ2", "1")
+
+import openai  # noqa: E402
+import pytest  # noqa: E402
+import waitress  # noqa: E402
+from fakes import FakeEngine  # noqa: E402
+from waitress import wasyncore  # noqa: E402
 
 from webapp import create_app
 

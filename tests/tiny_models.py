@@ -125,7 +125,10 @@ class Reference:
         self.eps, self.theta = f("attention.layer_norm_rms_epsilon"), f("rope.freq_base")
         self.w = {}
         for t in reader.tensors:
-            arr = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64)
+            arr = gguf.quants.dequantize(t.data, t.tensor_type)
+            if len(t.shape) == 2:  # the engine keeps matrices in float16; the reference rounds them alike
+                arr = arr.astype(np.float16)
+            arr = arr.astype(np.float64)
             self.w[t.name] = arr.reshape([int(d) for d in reversed(t.shape)])
 
     def _norm(self, x, weight):

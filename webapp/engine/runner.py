@@ -88,13 +88,13 @@ class ModelRunner:
         started = time.monotonic()
         progress(f"warm-up: compiling prefill chunks {self.chunks} and decode widths {self.widths} (BEAM={self.beam})")
         scratch = self.model.slots
-        # TinyJit runs a function eagerly once, captures it the second time, replays from the third.
+        # the model's jits capture on the first call; the second call checks the replay
         for chunk in self.chunks:
-            for _ in range(3):
+            for _ in range(2):
                 self.model.prefill([0] * chunk, scratch, 0, chunk).numpy()
             progress(f"warm-up: prefill chunk {chunk} ready ({time.monotonic() - started:.1f} s)")
         for width in self.widths:
-            for _ in range(3):
+            for _ in range(2):
                 self.model.decode([0], [scratch], [0], width).numpy()
             progress(f"warm-up: decode width {width} ready ({time.monotonic() - started:.1f} s)")
         return time.monotonic() - started
