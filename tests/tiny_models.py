@@ -161,6 +161,7 @@ class Reference:
             if p + "attn_q_norm.weight" in w:
                 q, k = self._norm(q, w[p + "attn_q_norm.weight"]), self._norm(k, w[p + "attn_k_norm.weight"])
             q, k = self._rope(q, pos), self._rope(k, pos)
+            k, v = k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64)  # the KV cache is float16
             rep = self.n_heads // self.n_kv
             k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
             scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd) + np.triu(np.full((T, T), -np.inf), 1)

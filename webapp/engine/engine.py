@@ -290,14 +290,14 @@ def load_gguf_model(path: str, slots: int, max_context: int, prefill_chunk: int,
 
     from .chat_template import ChatTemplate
     from .model import load_model
-    from .runner import ModelRunner
+    from .runner import ModelRunner, prefill_piece
     from .tokenizer import Tokenizer
     from .tuning import beam_for, tuning_key
 
-    model, kv = load_model(path, slots=slots, context=max_context, max_chunk=prefill_chunk)
+    model, kv = load_model(path, slots=slots, context=max_context, max_chunk=prefill_piece(prefill_chunk))
     tokenizer = Tokenizer.from_gguf_metadata(kv)
     template = ChatTemplate(kv.get("tokenizer.chat_template"), bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
-    beam = beam_for(tuning_key(path, slots, model.context, prefill_chunk), beam)
+    beam = beam_for(tuning_key(path, slots, model.context, prefill_piece(prefill_chunk)), beam)
     return LoadedModel(
         runner=ModelRunner(model, prefill_chunk, beam=beam),
         tokenizer=tokenizer,

@@ -130,6 +130,8 @@ def _unpermute_rope(w: Tensor, n_heads: int) -> Tensor:
 
 
 WEIGHT_DTYPE = dtypes.float16
+# half the bytes per key read: decode at 8 lanes x 2,000 positions spent two thirds of its step in attention
+KV_DTYPE = dtypes.float16
 HEAD_CHUNK = 3072  # lm-head columns per batch entry: one (vocab, D) product is a slow kernel, 16 of these a fast one
 
 
@@ -140,7 +142,7 @@ def matmul(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 def _in_out(w: Tensor) -> Tensor:
     """A GGUF (out, in) matrix stored transposed, as (in, out)."""
-    return w.T.contiguous().realize()
+    return w.T.contiguous()
 
 
 def _head_chunks(w: Tensor) -> Tensor:
@@ -148,7 +150,7 @@ def _head_chunks(w: Tensor) -> Tensor:
     vocab, dim = w.shape
     chunk = min(HEAD_CHUNK, -(-vocab // 64) * 64)
     n = -(-vocab // chunk)
-    return w.pad(((0, n * chunk - vocab), (0, 0))).reshape(n, chunk, dim).transpose(1, 2).contiguous().realize()
+    return w.pad(((0, n * chunk - vocab), (0, 0))).reshape(n, chunk, dim).transpose(1, 2).contiguous()
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -171,12 +173,16 @@ class Block:
         self.w = weights
         # one matmul for q, k and v and one for gate and up: fewer, larger kernels run faster here
         self.qkv = _in_out(Tensor.cat(*(weights.pop(f"attn_{n}.weight") for n in "qkv")))  # (D, H*Hd + 2*KvH*Hd)
-        self.qkv_bias = Tensor.cat(*(weights.pop(f"attn_{n}.bias") for n in "qkv")).contiguous().realize() if config.qkv_bias else None
+        self.qkv_bias = Tensor.cat(*(weights.pop(f"attn_{n}.bias") for n in "qkv")).contiguous() if config.qkv_bias else None
         self.gate_up = _in_out(weights.pop("ffn_gate.weight").cat(weights.pop("ffn_up.weight")))  # (D, 2*F)
         self.attn_output = _in_out(weights.pop("attn_output.weight"))  # (H*Hd, D)
         self.down = _in_out(weights.pop("ffn_down.weight"))  # (F, D)
         # (k|v, slot, kv_head, position, head_dim); the extra last slot is scratch for padding lanes.
-        self.cache = Tensor.zeros(2, slots + 1, config.n_kv_heads, context, config.head_dim, dtype=kv_dtype).contiguous().realize()
+        self.cache = Tensor.zeros(2, slots + 1, config.n_kv_heads, context, config.head_dim, dtype=kv_dtype).contiguous()
+
+    def tensors(self) -> list[Tensor]:
+        own = [self.qkv, self.gate_up, self.attn_output, self.down, self.cache]
+        return own + ([self.qkv_bias] if self.qkv_bias is not None else []) + list(self.w.values())
 
     def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         c, w = self.c, self.w
@@ -192,15 +198,19 @@ class Block:
         return q, k, v
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-        """q (B, H, T, Hd) over k, v (B, KvH, S, Hd) with an additive mask broadcastable to (B, H, T, S)."""
+        """q (B, H, T, Hd) over k, v (B, KvH, S, Hd) with an additive mask (B or 1, T, S).
+
+        Query heads sharing a kv head get their own axis and k, v broadcast over it: no reshape
+        ever touches the symbolic S axis, which tinygrad would index with a division and a modulo
+        by S on every load (the product with v ran 14x slower that way).
+        """
         c = self.c
         B, H, T, Hd = q.shape
         group = c.n_heads // c.n_kv_heads
-        q = q.reshape(B, c.n_kv_heads, group * T, Hd)  # fold query heads sharing a kv head
-        scores = q @ k.transpose(-1, -2) * (1.0 / math.sqrt(Hd))  # (B, KvH, group*T, S)
-        scores = scores.reshape(B, c.n_kv_heads, group, T, -1) + mask.reshape(mask.shape[0], 1, 1, T, -1)
-        probs = scores.softmax(-1).reshape(B, c.n_kv_heads, group * T, -1)
-        out = (probs @ v).reshape(B, H, T, Hd)  # (B, H, T, Hd)
+        q = q.reshape(B, c.n_kv_heads, group, T, Hd)
+        scores = q @ k.unsqueeze(2).transpose(-1, -2) * (1.0 / math.sqrt(Hd))  # (B, KvH, group, T, S)
+        probs = (scores + mask.unsqueeze(1).unsqueeze(1)).softmax(-1)
+        out = (probs @ v.unsqueeze(2)).reshape(B, H, T, Hd)
         return out.transpose(1, 2).reshape(B, T, H * Hd)
 
     def _ffn_and_out(self, x: Tensor, attn: Tensor) -> Tensor:
@@ -211,7 +221,7 @@ class Block:
         mixed = (gate_up[..., :hidden].silu() * gate_up[..., hidden:]).contiguous()
         return (h + matmul(mixed, self.down)).contiguous()
 
-    def prefill(self, x: Tensor, slot: UOp, start: UOp, positions: Tensor) -> Tensor:
+    def prefill(self, x: Tensor, slot: UOp, start: UOp, positions: Tensor, mask: Tensor) -> Tensor:
         """x (1, T, D) for positions start..start+T-1 of the sequence in `slot`."""
         T = x.shape[1]
         q, k, v = self._qkv(rms_norm(x, self.w["attn_norm.weight"], self.c.norm_eps))
@@ -223,11 +233,9 @@ class Block:
         cache = Tensor(self.cache.uop.after(store))
         keys = cache[0, slot, :, 0 : start + T, :].unsqueeze(0).float()  # (1, KvH, start+T, Hd)
         values = cache[1, slot, :, 0 : start + T, :].unsqueeze(0).float()
-        key_pos = Tensor.arange(start + T)
-        mask = (key_pos.reshape(1, -1) > positions.reshape(-1, 1)).where(float("-inf"), 0.0).unsqueeze(0)  # (1, T, S)
         return self._ffn_and_out(x, self._attend(q, keys, values, mask))
 
-    def decode(self, x: Tensor, slots: list[UOp], positions: list[UOp], pos: Tensor, length: UOp) -> Tensor:
+    def decode(self, x: Tensor, slots: list[UOp], positions: list[UOp], pos: Tensor, length: UOp, mask: Tensor) -> Tensor:
         """x (B, 1, D): lane b is at position positions[b] of the sequence in slots[b]; keys read up to `length`."""
         q, k, v = self._qkv(rms_norm(x, self.w["attn_norm.weight"], self.c.norm_eps))
         lane_pos = pos.reshape(-1, 1, 1)  # (B, 1, 1) broadcasts over heads and the single step
@@ -241,8 +249,6 @@ class Block:
         cache = Tensor(self.cache.uop.after(*stores))
         keys = Tensor.stack(*[cache[0, s, :, 0:length, :] for s in slots]).float()  # (B, KvH, length, Hd)
         values = Tensor.stack(*[cache[1, s, :, 0:length, :] for s in slots]).float()
-        key_pos = Tensor.arange(length).reshape(1, 1, -1)
-        mask = (key_pos > pos.reshape(-1, 1, 1)).where(float("-inf"), 0.0)  # (B, 1, length)
         return self._ffn_and_out(x, self._attend(q, keys, values, mask))
 
 
@@ -254,14 +260,18 @@ class Transformer:
         self.head = _head_chunks(weights.get("output.weight", self.token_embd))  # (chunks, D, HEAD_CHUNK)
         # a padded prefill chunk may write up to max_chunk - 1 junk positions past the context
         self.blocks = [
-            Block(config, {k[len(f"blk.{i}.") :]: v for k, v in weights.items() if k.startswith(f"blk.{i}.")}, slots, context + max_chunk, act_dtype)
+            Block(config, {k[len(f"blk.{i}.") :]: v for k, v in weights.items() if k.startswith(f"blk.{i}.")}, slots, context + max_chunk, KV_DTYPE)
             for i in range(config.n_layers)
         ]
+        # a symbolic-length arange compiles to a reduce over length x length: slice a stored one instead
+        self.key_positions = Tensor.arange(context + max_chunk).contiguous()
         self.v_slot = UOp.variable("slot", 0, slots)
         self.v_start = UOp.variable("start", 0, context - 1)
         self.v_length = UOp.variable("length", 1, context)
         self._prefill_jits: dict[int, TinyJit] = {}
         self._decode_jits: dict[int, TinyJit] = {}
+        # one realize for every derived weight and cache: 150 separate ones took ~40% of loading
+        Tensor.realize(self.token_embd, self.output_norm, self.head, self.key_positions, *(t for b in self.blocks for t in b.tensors()))
 
     def _logits(self, x: Tensor) -> Tensor:
         """x (B, D) -> (B, vocab) float32 logits."""
@@ -271,17 +281,21 @@ class Transformer:
 
     def _prefill(self, tokens: Tensor, last: Tensor, slot: UOp, start: UOp) -> Tensor:
         positions = Tensor.arange(tokens.shape[1]) + start  # (T,)
+        keys = self.key_positions[0 : start + tokens.shape[1]]
+        mask = (keys.reshape(1, -1) > positions.reshape(-1, 1)).where(float("-inf"), 0.0).unsqueeze(0).contiguous()  # (1, T, S)
         x = self.token_embd[tokens].cast(self.act_dtype)  # (1, T, D)
         for block in self.blocks:
-            x = block.prefill(x, slot, start, positions)
+            x = block.prefill(x, slot, start, positions, mask)
         return self._logits(last @ x[0]).realize()  # (1, T) one-hot @ (T, D) -> (1, vocab)
 
     def _decode(self, tokens: Tensor, pos: Tensor, length: UOp, *lanes: UOp) -> Tensor:
         width = tokens.shape[0]
         slots, positions = list(lanes[:width]), list(lanes[width:])
+        keys = self.key_positions[0:length].reshape(1, 1, -1)
+        mask = (keys > pos.reshape(-1, 1, 1)).where(float("-inf"), 0.0).contiguous()  # (B, 1, length)
         x = self.token_embd[tokens].cast(self.act_dtype).reshape(width, 1, -1)  # (B, 1, D)
         for block in self.blocks:
-            x = block.decode(x, slots, positions, pos, length)
+            x = block.decode(x, slots, positions, pos, length, mask)
         return self._logits(x[:, 0, :]).realize()  # (B, vocab)
 
     def prefill(self, tokens: list[int], slot: int, start: int, chunk: int) -> Tensor:
@@ -343,7 +357,7 @@ def load_model(path: str, slots: int, context: int | None, max_chunk: int = 64) 
             t = _unpermute_rope(t, config.n_heads)
         elif name.endswith("attn_k.weight") and config.arch == "llama":
             t = _unpermute_rope(t, config.n_kv_heads)
+        # contiguous: an uncast float32 tensor would otherwise stay a view into the file's buffer
         weights[name] = t.cast(WEIGHT_DTYPE if len(t.shape) == 2 else act_dtype).contiguous()
-    Tensor.realize(*weights.values())
     log.info("loaded %s: %s, %d layers, dim %d, %d slots x %d positions", path, config.arch, config.n_layers, config.dim, slots, context)
     return Transformer(config, weights, slots, context, max_chunk, act_dtype=act_dtype), kv

@@ -40,7 +40,14 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     return int(ids[rng.choice(len(ids), p=probs)])
 
 
-SMALLEST_CHUNK = 8
+# Prompt tokens per compiled prefill call. Every call shape costs 7-22 s of warm-up here, and with
+# tuned kernels 8-token calls ran fastest per token of 8, 16 and 32 (default model, this 2-core VM:
+# 185/157/155 tok/s at position 0, 134/117/117 at 480), so a step's prompt chunk runs as 8-token pieces.
+PREFILL_PIECE = 8
+
+
+def prefill_piece(prefill_chunk: int) -> int:
+    return min(PREFILL_PIECE, prefill_chunk)
 
 
 def buckets(smallest: int, largest: int) -> list[int]:
@@ -56,14 +63,16 @@ class ModelRunner:
     def __init__(self, model, prefill_chunk: int, beam: int = 0):
         self.model = model
         self.beam = beam  # tinygrad BEAM search width for compiling kernels at warm-up (0: default kernels)
-        # smaller buckets keep follow-up turns and prompt tails from paying for a full padded chunk
-        self.chunks = buckets(min(SMALLEST_CHUNK, prefill_chunk), prefill_chunk)
-        self.widths = buckets(1, model.slots)
+        self.piece = prefill_piece(prefill_chunk)
+        # a decode step reads every weight once whatever its width, so 4 lanes cost what 8 do
+        # (52 ms both, default model): widths 1 and 2, then 8 and up
+        self.widths = sorted({w for w in buckets(1, model.slots) if w <= 2 or w >= 8} | {model.slots})
 
     def prefill(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
-        """Run one chunk of `request`'s prompt; logits (vocab,) of its last token."""
-        chunk = next(c for c in self.chunks if c >= len(tokens))
-        return self.model.prefill(tokens, request.slot, start, chunk).numpy()[0]
+        """Run one chunk of `request`'s prompt, piece by piece; logits (vocab,) of its last token."""
+        for i in range(0, len(tokens), self.piece):
+            logits = self.model.prefill(tokens[i : i + self.piece], request.slot, start + i, self.piece)
+        return logits.numpy()[0]
 
     def decode(self, batch: list[Request], positions: list[int]) -> np.ndarray:
         """Feed each request's last output token at its position; logits (len(batch), vocab)."""
@@ -86,13 +95,12 @@ class ModelRunner:
 
     def _compile_all(self, progress) -> float:
         started = time.monotonic()
-        progress(f"warm-up: compiling prefill chunks {self.chunks} and decode widths {self.widths} (BEAM={self.beam})")
+        progress(f"warm-up: compiling {self.piece}-token prefill and decode widths {self.widths} (BEAM={self.beam})")
         scratch = self.model.slots
         # the model's jits capture on the first call; the second call checks the replay
-        for chunk in self.chunks:
-            for _ in range(2):
-                self.model.prefill([0] * chunk, scratch, 0, chunk).numpy()
-            progress(f"warm-up: prefill chunk {chunk} ready ({time.monotonic() - started:.1f} s)")
+        for _ in range(2):
+            self.model.prefill([0] * self.piece, scratch, 0, self.piece).numpy()
+        progress(f"warm-up: prefill ready ({time.monotonic() - started:.1f} s)")
         for width in self.widths:
             for _ in range(2):
                 self.model.decode([0], [scratch], [0], width).numpy()

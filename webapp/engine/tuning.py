@@ -30,7 +30,7 @@ def _stamp(key: dict) -> Path:
     return Path(cache_dir) / f"llm-server-tuned-{digest}.json"
 
 
-def tuning_key(model_path: str, slots: int, context: int, prefill_chunk: int) -> dict:
+def tuning_key(model_path: str, slots: int, context: int, prefill_piece: int) -> dict:
     """Everything that changes the kernels: the model file, the cache shape, the device, tinygrad."""
     import tinygrad
     from tinygrad import Device
@@ -41,10 +41,10 @@ def tuning_key(model_path: str, slots: int, context: int, prefill_chunk: int) ->
         "size": st.st_size,
         "slots": slots,
         "context": context,
-        "prefill_chunk": prefill_chunk,
+        "prefill_piece": prefill_piece,
         "device": Device.DEFAULT,
         "tinygrad": getattr(tinygrad, "__version__", "?"),
-        "kernels": 2,  # bump when the set of kernels the server compiles changes
+        "kernels": 4,  # bump when the set of kernels the server compiles changes
     }
 
 
@@ -76,7 +76,7 @@ def main() -> int:
     loaded = load_gguf_model(settings["path"], settings["slots"], settings["context"], settings["prefill_chunk"], beam=beam)
     loaded.runner.warm_up(log.info)
     seconds = time.monotonic() - started
-    stamp = mark_tuned(tuning_key(settings["path"], settings["slots"], loaded.context, settings["prefill_chunk"]), beam, seconds)
+    stamp = mark_tuned(tuning_key(settings["path"], settings["slots"], loaded.context, loaded.runner.piece), beam, seconds)
     log.info("tuned in %.0f s; stamp %s", seconds, stamp)
     return 0
 
