@@ -63,6 +63,13 @@ def raw(server, path, body=None, method="POST", headers=None):
         return e.code, e.headers, json.loads(e.read())
 
 
+def open_hello_stream(server) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    """A streamed chat request for HELLO over a bare connection, so a test can read it event by event."""
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=10)
+    conn.request("POST", "/v1/chat/completions", json.dumps({"messages": HELLO, "stream": True}), {"Content-Type": "application/json"})
+    return conn, conn.getresponse()
+
+
 def sse_events(text: str) -> list[str]:
     assert text.endswith("\n\n")
     events = text.split("\n\n")[:-1]
@@ -149,14 +156,7 @@ def test_stream_include_usage(openai_client, engine):
 
 def test_first_chunk_is_sent_before_any_token(server, engine):
     engine.replies.append(Reply.text("late", hold=True))
-    conn = http.client.HTTPConnection(server.host, server.port, timeout=10)
-    conn.request(
-        "POST",
-        "/v1/chat/completions",
-        json.dumps({"messages": HELLO, "stream": True}),
-        {"Content-Type": "application/json"},
-    )
-    resp = conn.getresponse()
+    conn, resp = open_hello_stream(server)
     assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
     first = json.loads(resp.readline().decode().removeprefix("data: "))
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
@@ -621,14 +621,8 @@ def test_engine_failure_mid_stream_is_an_error_event(openai_client, server, engi
         list(chat(openai_client, stream=True))
     assert e.value.code == "engine_error"
     engine.replies.append(Reply([ord("a"), RuntimeError("device lost")]))
-    conn = http.client.HTTPConnection(server.host, server.port, timeout=10)
-    conn.request(
-        "POST",
-        "/v1/chat/completions",
-        json.dumps({"messages": HELLO, "stream": True}),
-        {"Content-Type": "application/json"},
-    )
-    events = sse_events(conn.getresponse().read().decode())
+    conn, resp = open_hello_stream(server)
+    events = sse_events(resp.read().decode())
     conn.close()
     assert events[-1] == "[DONE]"
     assert_error_shape(json.loads(events[-2]), "server_error")
