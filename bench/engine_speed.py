@@ -22,6 +22,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from webapp.engine.engine import Engine, default_model_path, load_gguf_model  # noqa: E402
+from webapp.engine.model import use_tinygrad_from_this_thread  # noqa: E402
 from webapp.engine.request import Finished, Request, SamplingParams  # noqa: E402
 
 SLOTS, CONTEXT, CHUNK = 8, 4096, 32
@@ -65,10 +66,7 @@ def ours(path):
     out["chat prompt tokens"] = len(chat)
 
     engine.stop(5)
-    # the model is ours now: tinygrad's kernel-cache sqlite handle belonged to the stopped model thread
-    import tinygrad.helpers
-
-    tinygrad.helpers._db_connection = None
+    use_tinygrad_from_this_thread()  # the model is ours now, no longer the stopped model thread's
     runner = engine.loaded.runner
     for lanes in (1, 2, 4, 8):
         width = next(w for w in runner.widths if w >= lanes)  # the compiled width the server pads to

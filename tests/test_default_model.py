@@ -6,9 +6,9 @@ import time
 import openai
 import pytest
 from conftest import running_server
-from tiny_models import use_tinygrad_from_this_thread
 
 from webapp import create_app
+from webapp.engine.model import use_tinygrad_from_this_thread
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,10 @@
 import threading
 
 import pytest
-from tiny_models import use_tinygrad_from_this_thread, write_tiny_gguf
+from tiny_models import write_tiny_gguf
 
 from webapp.engine.engine import Engine, QueueFull, load_gguf_model
+from webapp.engine.model import use_tinygrad_from_this_thread
 from webapp.engine.request import Finished, Request, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)

@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
-from tiny_models import Reference, use_tinygrad_from_this_thread, write_tiny_gguf
+from tiny_models import Reference, write_tiny_gguf
 
-from webapp.engine.model import ModelLoadError, load_model
+from webapp.engine.model import ModelLoadError, load_model, use_tinygrad_from_this_thread
 
 PROMPT = [1, 504, 3458, 282, 4649, 314, 253, 77, 88, 99, 1234, 5]
 

@@ -173,12 +173,3 @@ class Reference:
             gate = h @ w[p + "ffn_gate.weight"].T
             x = x + ((gate / (1 + np.exp(-gate))) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
         return self._norm(x, w["output_norm.weight"]) @ w.get("output.weight", w["token_embd.weight"]).T
-
-
-def use_tinygrad_from_this_thread() -> None:
-    """tinygrad keeps one sqlite connection for its kernel cache, usable only by the thread that opened
-    it. The server touches tinygrad from one thread; tests that use it from several threads in one
-    process (the main thread here, an engine's model thread there) drop it so the next user reopens it."""
-    import tinygrad.helpers
-
-    tinygrad.helpers._db_connection = None

@@ -294,10 +294,11 @@ def load_gguf_model(path: str, slots: int, max_context: int, prefill_chunk: int,
     from .tokenizer import Tokenizer
     from .tuning import beam_for, tuning_key
 
-    model, kv = load_model(path, slots=slots, context=max_context, max_chunk=prefill_piece(prefill_chunk))
+    piece = prefill_piece(prefill_chunk)
+    model, kv = load_model(path, slots=slots, context=max_context, max_chunk=piece)
     tokenizer = Tokenizer.from_gguf_metadata(kv)
     template = ChatTemplate(kv.get("tokenizer.chat_template"), bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
-    beam = beam_for(tuning_key(path, slots, model.context, prefill_piece(prefill_chunk)), beam)
+    beam = beam_for(tuning_key(path, slots, model.context, piece), beam)
     return LoadedModel(
         runner=ModelRunner(model, prefill_chunk, beam=beam),
         tokenizer=tokenizer,

@@ -328,6 +328,16 @@ class Transformer:
         )
 
 
+def use_tinygrad_from_this_thread() -> None:
+    """tinygrad keeps one sqlite connection for its kernel cache, usable only by the thread that opened
+    it. The server touches tinygrad from its model thread only; tests and benchmarks that also use it
+    from another thread (the main thread, then an engine's model thread) drop the connection so the
+    next user reopens it."""
+    import tinygrad.helpers
+
+    tinygrad.helpers._db_connection = None
+
+
 def _capturing_jit(fn) -> TinyJit:
     """A TinyJit that captures on its first call. By default it first runs once eagerly, which
     schedules and compiles the whole step only for the capture to do it again: skipping that run
