@@ -21,6 +21,8 @@ import os
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 # tinygrad reads HCQ2 once, at import. Its HCQ2 runtime replays a captured step as one command
 # buffer on a native worker thread instead of one Python call per kernel (~425 kernels a step):
 # decode at one token went from 39.5 to 24 ms here. The Makefile and tests set it too, in case
@@ -158,12 +160,19 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return x * (x.square().mean(-1, keepdim=True) + eps).rsqrt() * weight
 
 
-def rope(x: Tensor, pos: Tensor, theta: float) -> Tensor:
-    """Rotate half-split pairs of x (..., T, head_dim) by angles pos (T,) or (B, 1, 1) * frequency."""
+def rotary_inverse_frequencies(head_dim: int, theta: float) -> Tensor:
+    return Tensor([1.0 / theta ** (2 * i / head_dim) for i in range(head_dim // 2)]).contiguous()
+
+
+def rotation(pos: Tensor, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
+    """cos and sin of the RoPE angles for positions pos (T,) or (B, 1, 1): computed once a step, read by every layer."""
+    angles = pos.float().unsqueeze(-1) * inv_freq  # (..., half)
+    return angles.cos().contiguous(), angles.sin().contiguous()
+
+
+def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate the half-split pairs of x (..., T, head_dim) by the angles whose cos and sin are given."""
     half = x.shape[-1] // 2
-    inv_freq = Tensor([1.0 / theta ** (2 * i / x.shape[-1]) for i in range(half)], device=x.device)
-    angles = pos.float().unsqueeze(-1) * inv_freq  # (..., T, half)
-    cos, sin = angles.cos(), angles.sin()
     x1, x2 = x[..., :half], x[..., half:]
     return (x1 * cos - x2 * sin).cat(x2 * cos + x1 * sin, dim=-1)
 
@@ -222,13 +231,13 @@ class Block:
         mixed = (gate_up[..., :hidden].silu() * gate_up[..., hidden:]).contiguous()
         return (h + matmul(mixed, self.down)).contiguous()
 
-    def prefill(self, x: Tensor, slot: UOp, start: UOp, positions: Tensor, mask: Tensor) -> Tensor:
+    def prefill(self, x: Tensor, slot: UOp, start: UOp, rotary: tuple[Tensor, Tensor], mask: Tensor) -> Tensor:
         """x (1, T, D) for positions start..start+T-1 of the sequence in `slot`."""
         T = x.shape[1]
         q, k, v = self._qkv(rms_norm(x, self.w["attn_norm.weight"], self.c.norm_eps))
         # contiguous after RoPE: fusing RoPE into symbolic-length attention overflows tinygrad's rewriter
-        q = rope(q, positions, self.c.rope_theta).contiguous()
-        k = rope(k, positions, self.c.rope_theta)
+        q = rope(q, *rotary).contiguous()
+        k = rope(k, *rotary)
         kv = Tensor.stack(k[0], v[0]).cast(self.cache.dtype)  # (2, KvH, T, Hd)
         store = self.cache[:, slot, :, start : start + T, :].uop.store(kv.uop)
         cache = Tensor(self.cache.uop.after(store))
@@ -236,12 +245,11 @@ class Block:
         values = cache[1, slot, :, 0 : start + T, :].unsqueeze(0).float()
         return self._ffn_and_out(x, self._attend(q, keys, values, mask))
 
-    def decode(self, x: Tensor, slots: list[UOp], positions: list[UOp], pos: Tensor, length: UOp, mask: Tensor) -> Tensor:
+    def decode(self, x: Tensor, slots: list[UOp], positions: list[UOp], rotary: tuple[Tensor, Tensor], length: UOp, mask: Tensor) -> Tensor:
         """x (B, 1, D): lane b is at position positions[b] of the sequence in slots[b]; keys read up to `length`."""
         q, k, v = self._qkv(rms_norm(x, self.w["attn_norm.weight"], self.c.norm_eps))
-        lane_pos = pos.reshape(-1, 1, 1)  # (B, 1, 1) broadcasts over heads and the single step
-        q = rope(q, lane_pos, self.c.rope_theta).contiguous()
-        k = rope(k, lane_pos, self.c.rope_theta)
+        q = rope(q, *rotary).contiguous()
+        k = rope(k, *rotary)
         kv = Tensor.stack(k, v).cast(self.cache.dtype)  # (2, B, KvH, 1, Hd)
         stores = [
             self.cache[:, s, :, p : p + 1, :].uop.store(kv[:, b].contiguous().uop)
@@ -266,13 +274,17 @@ class Transformer:
         ]
         # a symbolic-length arange compiles to a reduce over length x length: slice a stored one instead
         self.key_positions = Tensor.arange(context + max_chunk).contiguous()
+        # stored, not rebuilt from a Python list inside the jitted step: tinygrad replays such a constant
+        # as a host copy that waits for the device, which was 60 full stalls per decode step
+        self.inv_freq = rotary_inverse_frequencies(config.head_dim, config.rope_theta)
         self.v_slot = UOp.variable("slot", 0, slots)
         self.v_start = UOp.variable("start", 0, context - 1)
         self.v_length = UOp.variable("length", 1, context)
         self._prefill_jits: dict[int, TinyJit] = {}
         self._decode_jits: dict[int, TinyJit] = {}
+        self._inputs = _StepInputs()
         # one realize for every derived weight and cache: 150 separate ones took ~40% of loading
-        Tensor.realize(self.token_embd, self.output_norm, self.head, self.key_positions, *(t for b in self.blocks for t in b.tensors()))
+        Tensor.realize(self.token_embd, self.output_norm, self.head, self.key_positions, self.inv_freq, *(t for b in self.blocks for t in b.tensors()))
 
     def _logits(self, x: Tensor) -> Tensor:
         """x (B, D) -> (B, vocab) float32 logits."""
@@ -284,9 +296,10 @@ class Transformer:
         positions = Tensor.arange(tokens.shape[1]) + start  # (T,)
         keys = self.key_positions[0 : start + tokens.shape[1]]
         mask = (keys.reshape(1, -1) > positions.reshape(-1, 1)).where(float("-inf"), 0.0).unsqueeze(0).contiguous()  # (1, T, S)
+        rotary = rotation(positions, self.inv_freq)
         x = self.token_embd[tokens].cast(self.act_dtype)  # (1, T, D)
         for block in self.blocks:
-            x = block.prefill(x, slot, start, positions, mask)
+            x = block.prefill(x, slot, start, rotary, mask)
         return self._logits(last @ x[0]).realize()  # (1, T) one-hot @ (T, D) -> (1, vocab)
 
     def _decode(self, tokens: Tensor, pos: Tensor, length: UOp, *lanes: UOp) -> Tensor:
@@ -294,9 +307,10 @@ class Transformer:
         slots, positions = list(lanes[:width]), list(lanes[width:])
         keys = self.key_positions[0:length].reshape(1, 1, -1)
         mask = (keys > pos.reshape(-1, 1, 1)).where(float("-inf"), 0.0).contiguous()  # (B, 1, length)
+        rotary = rotation(pos.reshape(-1, 1, 1), self.inv_freq)  # (B, 1, 1, half): broadcast over heads
         x = self.token_embd[tokens].cast(self.act_dtype).reshape(width, 1, -1)  # (B, 1, D)
         for block in self.blocks:
-            x = block.decode(x, slots, positions, pos, length, mask)
+            x = block.decode(x, slots, positions, rotary, length, mask)
         return self._logits(x[:, 0, :]).realize()  # (B, vocab)
 
     def prefill(self, tokens: list[int], slot: int, start: int, chunk: int) -> Tensor:
@@ -307,9 +321,9 @@ class Transformer:
         jit = self._prefill_jits.get(chunk)
         if jit is None:
             jit = self._prefill_jits[chunk] = _capturing_jit(self._prefill)
-        padded = Tensor(tokens + [0] * (chunk - n), dtype=dtypes.int32).reshape(1, chunk)
-        last = Tensor([[float(i == n - 1) for i in range(chunk)]])
-        return jit(padded.contiguous(), last.contiguous(), self.v_slot.bind(slot), self.v_start.bind(start))
+        padded = self._inputs.fill("prefill tokens", [tokens + [0] * (chunk - n)], dtypes.int32)
+        last = self._inputs.fill("prefill last", [[float(i == n - 1) for i in range(chunk)]], dtypes.float32)
+        return jit(padded, last, self.v_slot.bind(slot), self.v_start.bind(start))
 
     def decode(self, tokens: list[int], slots: list[int], positions: list[int], width: int) -> Tensor:
         """One token for each lane; lanes past len(tokens) are padding written to the scratch slot."""
@@ -323,9 +337,27 @@ class Transformer:
         lanes = [UOp.variable(f"slot{b}", 0, self.slots).bind(s) for b, s in enumerate(slots)]
         lanes += [UOp.variable(f"pos{b}", 0, self.context - 1).bind(p) for b, p in enumerate(positions)]
         length = self.v_length.bind(max(positions) + 1)
-        return jit(
-            Tensor(tokens, dtype=dtypes.int32).contiguous(), Tensor(positions, dtype=dtypes.int32).contiguous(), length, *lanes
-        )
+        return jit(self._inputs.fill("decode tokens", tokens, dtypes.int32), self._inputs.fill("decode positions", positions, dtypes.int32), length, *lanes)
+
+
+class _StepInputs:
+    """Realized tensors that the jitted steps read their per-call values from, rewritten in place.
+
+    Fresh input tensors built from Python lists went through tinygrad's scheduler on every call:
+    3.4 ms of the model thread per decode step, before the step could start."""
+
+    def __init__(self):
+        self._tensors: dict[tuple, Tensor] = {}
+
+    def fill(self, name: str, values: list, dtype) -> Tensor:
+        array = np.ascontiguousarray(values, dtype=np.dtype(dtype.fmt))
+        tensor = self._tensors.get((name, array.shape))
+        if tensor is None:
+            tensor = self._tensors[(name, array.shape)] = Tensor(array).contiguous().realize()
+            return tensor
+        buffer = tensor.uop.base.realized
+        buffer.allocator._copyin(buffer._buf, memoryview(array).cast("B"))  # waits for the device first
+        return tensor
 
 
 def use_tinygrad_from_this_thread() -> None:
