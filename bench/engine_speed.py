@@ -73,7 +73,7 @@ def ours(path):
         steps = []
         for i in range(8):
             t = time.monotonic()
-            runner.model.decode([5] * lanes, list(range(lanes)), [100 + i] * lanes, width).numpy()
+            runner.model.decode([5] * lanes, list(range(lanes)), [100 + i] * lanes, width)
             steps.append(time.monotonic() - t)
         out[f"batched decode B={lanes}: tok/s (step ms)"] = (lanes / min(steps), min(steps) * 1000)
     return out, chat

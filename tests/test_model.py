@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 from tiny_models import Reference, write_tiny_gguf
+from tinygrad import dtypes
 
 from webapp.engine.model import ModelLoadError, load_model, use_tinygrad_from_this_thread
 
@@ -20,19 +21,19 @@ def tiny(request, tmp_path_factory):
 def test_prefill_and_decode_match_float64_reference(tiny):
     model, ref = tiny
     expected = ref.logits(PROMPT + [42, 7])
-    got = model.prefill(PROMPT, slot=0, start=0, chunk=16).numpy()[0]
+    got = model.prefill(PROMPT, slot=0, start=0, chunk=16)[0]
     np.testing.assert_allclose(got, expected[len(PROMPT) - 1], atol=1e-3, rtol=1e-3)
-    got = model.decode([42], slots=[0], positions=[len(PROMPT)], width=1).numpy()[0]
+    got = model.decode([42], slots=[0], positions=[len(PROMPT)], width=1)[0]
     np.testing.assert_allclose(got, expected[len(PROMPT)], atol=1e-3, rtol=1e-3)
-    got = model.decode([7], slots=[0], positions=[len(PROMPT) + 1], width=2).numpy()[0]
+    got = model.decode([7], slots=[0], positions=[len(PROMPT) + 1], width=2)[0]
     np.testing.assert_allclose(got, expected[len(PROMPT) + 1], atol=1e-3, rtol=1e-3)
 
 
 def test_chunked_prefill_equals_single_chunk(tiny):
     model, _ = tiny
-    whole = model.prefill(PROMPT, slot=1, start=0, chunk=16).numpy()[0]
+    whole = model.prefill(PROMPT, slot=1, start=0, chunk=16)[0]
     for start in range(0, len(PROMPT), 5):
-        chunked = model.prefill(PROMPT[start : start + 5], slot=2, start=start, chunk=8).numpy()[0]
+        chunked = model.prefill(PROMPT[start : start + 5], slot=2, start=start, chunk=8)[0]
     np.testing.assert_allclose(chunked, whole, atol=1e-4, rtol=1e-4)
 
 
@@ -40,10 +41,29 @@ def test_lanes_at_different_positions_and_slots_match_their_own_sequences(tiny):
     model, ref = tiny
     prompts = [PROMPT[:3], PROMPT[:9]]
     for slot, prompt in enumerate(prompts):
-        model.prefill(prompt, slot=slot, start=0, chunk=16).realize()
-    got = model.decode([11, 12], slots=[0, 1], positions=[3, 9], width=4).numpy()
+        model.prefill(prompt, slot=slot, start=0, chunk=16)
+    got = model.decode([11, 12], slots=[0, 1], positions=[3, 9], width=4)
     for row, prompt, token in zip(got, prompts, [11, 12]):
         np.testing.assert_allclose(row, ref.logits(prompt + [token])[-1], atol=1e-3, rtol=1e-3)
+
+
+def test_quantized_file_gets_an_int8_head_close_to_the_reference(tmp_path):
+    use_tinygrad_from_this_thread()
+    path = write_tiny_gguf(str(tmp_path / "q8.gguf"), "llama", file_type=7)  # 7: mostly Q8_0
+    model, _ = load_model(path, slots=1, context=64)
+    assert model.head.dtype == dtypes.int8
+    expected = Reference(path).logits(PROMPT)[-1]
+    got = model.prefill(PROMPT, slot=0, start=0, chunk=16)[0]
+    # int8 rounding of each head row, not exactness: measured 0.03 at most on logits up to 4.2
+    np.testing.assert_allclose(got, expected, atol=0.05)
+    assert set(np.argsort(got)[-5:]) == set(np.argsort(expected)[-5:])
+    assert np.argmax(got) == np.argmax(expected)
+
+
+def test_float_file_keeps_an_exact_float16_head(tmp_path):
+    use_tinygrad_from_this_thread()
+    model, _ = load_model(write_tiny_gguf(str(tmp_path / "f16.gguf"), "llama", file_type=1), slots=1, context=64)
+    assert model.head.dtype == dtypes.float16 and model.head_scale is None
 
 
 def test_unsupported_architecture_fails_with_a_clear_message(tmp_path):

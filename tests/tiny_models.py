@@ -48,6 +48,7 @@ def write_tiny_gguf(
     seed: int = 0,
     chat_template: str | None = "from-smollm",
     quantize_embedding: bool = True,
+    file_type: int | None = None,
 ) -> str:
     rng = np.random.default_rng(seed)
     tok = smollm_tokenizer_fields()
@@ -61,6 +62,8 @@ def write_tiny_gguf(
     w.add_head_count(n_heads)
     w.add_head_count_kv(n_kv_heads)
     w.add_layer_norm_rms_eps(1e-5)
+    if file_type is not None:
+        w.add_file_type(file_type)
     w.add_rope_freq_base(10000.0)
     w.add_rope_dimension_count(head_dim)
     w.add_tokenizer_model("gpt2")

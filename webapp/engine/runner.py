@@ -72,14 +72,14 @@ class ModelRunner:
         """Run one chunk of `request`'s prompt, piece by piece; logits (vocab,) of its last token."""
         for i in range(0, len(tokens), self.piece):
             logits = self.model.prefill(tokens[i : i + self.piece], request.slot, start + i, self.piece)
-        return logits.numpy()[0]
+        return logits[0]
 
     def decode(self, batch: list[Request], positions: list[int]) -> np.ndarray:
         """Feed each request's last output token at its position; logits (len(batch), vocab)."""
         width = next(w for w in self.widths if w >= len(batch))
         tokens = [r.output_ids[-1] for r in batch]
         logits = self.model.decode(tokens, [r.slot for r in batch], positions, width)
-        return logits.numpy()[: len(batch)]
+        return logits[: len(batch)]
 
     def warm_up(self, progress=log.info) -> float:
         """Compile every kernel the server will run, on the scratch slot, before any user arrives."""
@@ -99,10 +99,10 @@ class ModelRunner:
         scratch = self.model.slots
         # the model's jits capture on the first call; the second call checks the replay
         for _ in range(2):
-            self.model.prefill([0] * self.piece, scratch, 0, self.piece).numpy()
+            self.model.prefill([0] * self.piece, scratch, 0, self.piece)
         progress(f"warm-up: prefill ready ({time.monotonic() - started:.1f} s)")
         for width in self.widths:
             for _ in range(2):
-                self.model.decode([0], [scratch], [0], width).numpy()
+                self.model.decode([0], [scratch], [0], width)
             progress(f"warm-up: decode width {width} ready ({time.monotonic() - started:.1f} s)")
         return time.monotonic() - started
