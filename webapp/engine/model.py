@@ -36,16 +36,19 @@ log = logging.getLogger(__name__)
 
 
 def _wait_without_spinning(device, signal, value, timeout=None):
-    """Wait for a worker's signal in short sleeps, releasing the GIL and the core between looks.
+    """Wait for a worker's signal in sleeps, releasing the GIL and the core between looks.
 
     tinygrad's own wait spins in Python: with two cores that spin took one whole core and held
     the GIL the web threads need while the model thread waited for every step. Sleep-polling
-    measured as fast (decode 23.8 vs 26.1 ms a step) and keeps the hang check.
+    measured as fast (decode 23.8 vs 26.1 ms a step) and keeps the hang check. The sleeps double
+    from 50 up to 400 us: that cut the model thread's CPU per step from 5.5 to 3.8 ms (one lane)
+    and 11.4 to 6.8 ms (eight lanes), with step times within 1% of fixed 50 us sleeps.
     """
     limit = (timeout or device.wait_timeout_ms) / 1000
-    seen, since = signal[0], time.perf_counter()
+    seen, since, pause = signal[0], time.perf_counter(), 0.00005
     while seen < value:
-        time.sleep(0.00005)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.0004)
         if seen != (now := signal[0]):
             seen, since = now, time.perf_counter()
         elif time.perf_counter() - since > limit:
