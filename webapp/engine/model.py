@@ -2,7 +2,8 @@
 
 Contract: `Transformer.prefill` runs a chunk of one sequence's prompt into one slot and returns the
 logits of its last token; `Transformer.decode` advances several sequences by one token each, every
-lane at its own position in its own slot, and returns one row of logits per lane. Positions, slots
+lane at its own position in its own slot, and returns one row of logits per lane (NumPy arrays,
+float32). Positions, slots
 and lengths enter the jitted graphs as bound symbolic variables, so sequences joining and leaving
 never trigger a recompile, and each step writes only the cache rows it produces.
 
@@ -11,6 +12,7 @@ re-run per step is far slower on CPU than reading plain float weights) and kept 
 laid out (in, out). Activations stay float32 on CPU. With the output axis contiguous, tinygrad's
 CPU kernels for a matrix-vector product run along rows with wide vector loads and converts, which
 measured 1.6x faster at one token and 2.3x faster at 32 tokens than float32 (out, in) matrices.
+A quantized file's output head is kept as int8 with a scale per row (see FLOAT_FILE_TYPES).
 """
 
 from __future__ import annotations
