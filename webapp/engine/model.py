@@ -3,9 +3,9 @@
 Contract: `Transformer.prefill` runs a chunk of one sequence's prompt into one slot and returns the
 logits of its last token; `Transformer.decode` advances several sequences by one token each, every
 lane at its own position in its own slot, and returns one row of logits per lane (NumPy arrays,
-float32). Positions, slots
-and lengths enter the jitted graphs as bound symbolic variables, so sequences joining and leaving
-never trigger a recompile, and each step writes only the cache rows it produces.
+float32). Positions, slots and lengths enter the jitted graphs as bound symbolic variables, so
+sequences joining and leaving never trigger a recompile, and each step writes only the cache rows
+it produces.
 
 Weights come from `tinygrad.llm.gguf.gguf_load`, dequantised once at load time (the dequant graph
 re-run per step is far slower on CPU than reading plain float weights) and kept as float16 matrices
