@@ -64,8 +64,8 @@ class ModelRunner:
         self.model = model
         self.beam = beam  # tinygrad BEAM search width for compiling kernels at warm-up (0: default kernels)
         self.piece = prefill_piece(prefill_chunk)
-        # a decode step reads every weight once whatever its width, so 4 lanes cost what 8 do
-        # (52 ms both, default model): widths 1 and 2, then 8 and up
+        # widths 1 and 2, then 8 and up: a width-4 step took 39 ms against 48 for width 8 (default
+        # model), too little to pay for another shape's ~9 s of warm-up
         self.widths = sorted({w for w in buckets(1, model.slots) if w <= 2 or w >= 8} | {model.slots})
 
     def prefill(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
