@@ -310,8 +310,8 @@ class Transformer:
         self._decode_jits: dict[int, TinyJit] = {}
         self._inputs = _StepInputs()
         # one realize for every derived weight and cache: 150 separate ones took ~40% of loading
-        derived = [self.token_embd, self.output_norm, self.head, self.key_positions, self.inv_freq] + ([self.head_scale] if int8_head else [])
-        Tensor.realize(*derived, *(t for b in self.blocks for t in b.tensors()))
+        derived = [self.token_embd, self.output_norm, self.head, self.head_scale, self.key_positions, self.inv_freq]
+        Tensor.realize(*(t for t in derived if t is not None), *(t for b in self.blocks for t in b.tensors()))
 
     def _logits(self, x: Tensor) -> Tensor:
         """x (B, D) -> (B, vocab) float32 logits."""
