@@ -38,7 +38,8 @@ def run(engine: Engine, prompt: list[int], params: SamplingParams = GREEDY) -> R
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    path = write_tiny_gguf(str(tmp_path_factory.mktemp("m") / "llama.gguf"), "llama")
+    # Q4_1 matrices, as in the default model: on the CPU they run on the block kernels
+    path = write_tiny_gguf(str(tmp_path_factory.mktemp("m") / "llama.gguf"), "llama", matrix_type="Q4_1")
     use_tinygrad_from_this_thread()
     eng = Engine(lambda: load_gguf_model(path, slots=4, max_context=128, prefill_chunk=8), slots=4, queue_limit=6, prefill_chunk=8)
     eng.start()

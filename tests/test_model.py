@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 from tiny_models import Reference, write_tiny_gguf
-from tinygrad import dtypes
+from tinygrad import Device, dtypes
 
 from webapp.engine.model import ModelLoadError, load_model, use_tinygrad_from_this_thread
+from webapp.engine.weights import BlockLinear
 
 PROMPT = [1, 504, 3458, 282, 4649, 314, 253, 77, 88, 99, 1234, 5]
 
@@ -51,7 +52,7 @@ def test_quantized_file_gets_an_int8_head_close_to_the_reference(tmp_path):
     use_tinygrad_from_this_thread()
     path = write_tiny_gguf(str(tmp_path / "q8.gguf"), "llama", file_type=7)  # 7: mostly Q8_0
     model, _ = load_model(path, slots=1, context=64)
-    assert model.head.dtype == dtypes.int8
+    assert model.head.w.dtype == dtypes.int8
     expected = Reference(path).logits(PROMPT)[-1]
     got = model.prefill(PROMPT, slot=0, start=0, chunk=16)[0]
     # int8 rounding of each head row, not exactness: measured 0.03 at most on logits up to 4.2
@@ -63,7 +64,7 @@ def test_quantized_file_gets_an_int8_head_close_to_the_reference(tmp_path):
 def test_float_file_keeps_an_exact_float16_head(tmp_path):
     use_tinygrad_from_this_thread()
     model, _ = load_model(write_tiny_gguf(str(tmp_path / "f16.gguf"), "llama", file_type=1), slots=1, context=64)
-    assert model.head.dtype == dtypes.float16 and model.head_scale is None
+    assert model.head.w.dtype == dtypes.float16 and model.head.scale is None
 
 
 def test_unsupported_architecture_fails_with_a_clear_message(tmp_path):
@@ -78,3 +79,26 @@ def test_garbage_file_fails_with_a_clear_message(tmp_path):
     path.write_bytes(b"definitely not a gguf file" * 10)
     with pytest.raises(ModelLoadError, match="cannot parse"):
         load_model(str(path), slots=1, context=32)
+
+
+@pytest.mark.parametrize("matrix_type", ["Q4_0", "Q4_1", "Q8_0"])
+def test_quantized_matrices_run_on_block_kernels_close_to_the_reference(tmp_path, matrix_type):
+    """On the CPU, layer matrices and the head stay in the file's blocks; activations are rounded to int8
+    per 32 values, so logits are close to the float64 reference, not equal."""
+    use_tinygrad_from_this_thread()
+    path = write_tiny_gguf(str(tmp_path / "q.gguf"), "qwen2", matrix_type=matrix_type)
+    model, _ = load_model(path, slots=2, context=64)
+    if Device.DEFAULT == "CPU":
+        assert isinstance(model.blocks[0].qkv, BlockLinear) and isinstance(model.head.linear, BlockLinear)
+    expected = Reference(path).logits(PROMPT + [42])
+    got = model.prefill(PROMPT, slot=0, start=0, chunk=16)[0]
+    scale = np.abs(expected).max()
+    assert np.abs(got - expected[len(PROMPT) - 1]).max() < 0.03 * scale
+    assert np.argmax(got) == np.argmax(expected[len(PROMPT) - 1])
+    got = model.decode([42], slots=[0], positions=[len(PROMPT)], width=2)[0]
+    assert np.abs(got - expected[len(PROMPT)]).max() < 0.03 * scale
+    # chunked prefill and decode lanes see exactly the numbers a single chunk does
+    whole = model.prefill(PROMPT, slot=1, start=0, chunk=16)[0]
+    for start in range(0, len(PROMPT), 5):
+        chunked = model.prefill(PROMPT[start : start + 5], slot=1, start=start, chunk=8)[0]
+    np.testing.assert_allclose(chunked, whole, atol=1e-4, rtol=1e-4)

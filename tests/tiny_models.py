@@ -17,6 +17,7 @@ import gguf
 import numpy as np
 
 SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+FLOAT_TYPES = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
 
 
 def default_model_path() -> str:
@@ -49,7 +50,10 @@ def write_tiny_gguf(
     chat_template: str | None = "from-smollm",
     quantize_embedding: bool = True,
     file_type: int | None = None,
+    matrix_type: str | None = None,
 ) -> str:
+    """A random-weight GGUF; `matrix_type` ("Q4_0", "Q4_1", "Q8_0") quantizes every layer matrix and the
+    output head into that block format, as real files do (the default model is Q4_1)."""
     rng = np.random.default_rng(seed)
     tok = smollm_tokenizer_fields()
     vocab = len(tok["tokenizer.ggml.tokens"])
@@ -85,6 +89,13 @@ def write_tiny_gguf(
     def norm(n):
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
+    def add_matrix(name, array):
+        if matrix_type is None:
+            w.add_tensor(name, array)
+        else:
+            qtype = gguf.GGMLQuantizationType[matrix_type]
+            w.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+
     embd = mat(vocab, dim, scale=1.0)
     if quantize_embedding:
         w.add_tensor("token_embd.weight", gguf.quants.quantize(embd, gguf.GGMLQuantizationType.Q8_0),
@@ -92,24 +103,24 @@ def write_tiny_gguf(
     else:
         w.add_tensor("token_embd.weight", embd)
     w.add_tensor("output_norm.weight", norm(dim))
-    w.add_tensor("output.weight", mat(vocab, dim))
+    add_matrix("output.weight", mat(vocab, dim))
     for i in range(n_layers):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", norm(dim))
-        w.add_tensor(p + "attn_q.weight", mat(n_heads * head_dim, dim))
-        w.add_tensor(p + "attn_k.weight", mat(n_kv_heads * head_dim, dim))
-        w.add_tensor(p + "attn_v.weight", mat(n_kv_heads * head_dim, dim))
+        add_matrix(p + "attn_q.weight", mat(n_heads * head_dim, dim))
+        add_matrix(p + "attn_k.weight", mat(n_kv_heads * head_dim, dim))
+        add_matrix(p + "attn_v.weight", mat(n_kv_heads * head_dim, dim))
         if arch == "qwen2":
             for name, n in (("q", n_heads), ("k", n_kv_heads), ("v", n_kv_heads)):
                 w.add_tensor(p + f"attn_{name}.bias", (0.1 * rng.standard_normal(n * head_dim)).astype(np.float32))
         if arch == "qwen3":
             w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
-        w.add_tensor(p + "attn_output.weight", mat(dim, n_heads * head_dim))
+        add_matrix(p + "attn_output.weight", mat(dim, n_heads * head_dim))
         w.add_tensor(p + "ffn_norm.weight", norm(dim))
-        w.add_tensor(p + "ffn_gate.weight", mat(hidden, dim))
-        w.add_tensor(p + "ffn_up.weight", mat(hidden, dim))
-        w.add_tensor(p + "ffn_down.weight", mat(dim, hidden))
+        add_matrix(p + "ffn_gate.weight", mat(hidden, dim))
+        add_matrix(p + "ffn_up.weight", mat(hidden, dim))
+        add_matrix(p + "ffn_down.weight", mat(dim, hidden))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -129,7 +140,9 @@ class Reference:
         self.w = {}
         for t in reader.tensors:
             arr = gguf.quants.dequantize(t.data, t.tensor_type)
-            if len(t.shape) == 2:  # the engine keeps matrices in float16; the reference rounds them alike
+            # the engine keeps float matrices in float16 (the reference rounds them alike) and quantized
+            # ones in their blocks, whose exact values the CPU kernels dequantize
+            if len(t.shape) == 2 and t.tensor_type in FLOAT_TYPES:
                 arr = arr.astype(np.float16)
             arr = arr.astype(np.float64)
             self.w[t.name] = arr.reshape([int(d) for d in reversed(t.shape)])

@@ -34,6 +34,9 @@ os.environ.setdefault("HCQ2", "1")
 from tinygrad import Device, Tensor, TinyJit, UOp, dtypes  # noqa: E402
 from tinygrad.llm.gguf import gguf_load  # noqa: E402
 
+from .kernels.cpu import QuantizedCPU  # noqa: E402
+from .weights import WeightSource  # noqa: E402
+
 log = logging.getLogger(__name__)
 
 
@@ -129,50 +132,13 @@ class ModelConfig:
         return names
 
 
-def _unpermute_rope(w: Tensor, n_heads: int) -> Tensor:
-    """llama GGUFs store q/k rows with each head's rotary pairs interleaved; regroup them as two halves."""
-    out_dim, in_dim = w.shape
-    head_dim = out_dim // n_heads
-    return w.reshape(n_heads, head_dim // 2, 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
-
-
-WEIGHT_DTYPE = dtypes.float16
 # half the KV memory of float32 (0.86 instead of 1.7 GB for 8 slots x 4,096 positions of the default
 # model), at the same speed as measured here
 KV_DTYPE = dtypes.float16
-HEAD_CHUNK = 3072  # lm-head columns per batch entry: one (vocab, D) product is a slow kernel, 16 of these a fast one
 # GGUF general.file_type values of unquantized files: all F32, mostly F16, mostly BF16. A quantized
-# file's output head is stored as int8 with a scale per vocabulary row: the head is a fifth of the
-# weights a decode step reads, and at int8 a one-token step took 17.2 instead of 20.0 ms here. Its
-# rounding (at most half a step of row max / 127) is of the order of the file's own quantization;
-# unquantized files keep an exact float16 head.
+# file's output head on tinygrad's kernels is stored as int8 with a scale per vocabulary row (see
+# weights.FloatHead); unquantized files keep an exact float16 head.
 FLOAT_FILE_TYPES = (0, 1, 32)
-
-
-def matmul(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x (..., in) @ weight (in, out); the cast to x's dtype fuses into the product's kernel."""
-    return x.linear(weight.cast(x.dtype), bias)
-
-
-def _in_out(w: Tensor) -> Tensor:
-    """A GGUF (out, in) matrix stored transposed, as (in, out)."""
-    return w.T.contiguous()
-
-
-def _head_chunks(w: Tensor) -> Tensor:
-    """(vocab, D) -> (chunks, D, HEAD_CHUNK), the vocabulary zero-padded to whole chunks."""
-    vocab, dim = w.shape
-    chunk = min(HEAD_CHUNK, -(-vocab // 64) * 64)
-    n = -(-vocab // chunk)
-    return w.pad(((0, n * chunk - vocab), (0, 0))).reshape(n, chunk, dim).transpose(1, 2).contiguous()
-
-
-def _int8_rows(w: Tensor) -> tuple[Tensor, Tensor]:
-    """(vocab, D) -> int8 (vocab, D) and a float scale per row: w ~ q * scale, |error| <= scale / 2."""
-    w = w.float()
-    scale = w.abs().max(axis=1, keepdim=True) / 127.0  # (vocab, 1)
-    q = (w / scale.maximum(1e-30)).round().cast(dtypes.int8)
-    return q, scale
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -197,26 +163,27 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class Block:
-    def __init__(self, config: ModelConfig, weights: dict[str, Tensor], slots: int, context: int, kv_dtype):
+    def __init__(self, config: ModelConfig, weights: WeightSource, layer: int, slots: int, context: int, kv_dtype):
         self.c = config
-        self.w = weights
-        # one matmul for q, k and v and one for gate and up: fewer, larger kernels run faster here
-        self.qkv = _in_out(Tensor.cat(*(weights.pop(f"attn_{n}.weight") for n in "qkv")))  # (D, H*Hd + 2*KvH*Hd)
-        self.qkv_bias = Tensor.cat(*(weights.pop(f"attn_{n}.bias") for n in "qkv")).contiguous() if config.qkv_bias else None
-        self.gate_up = _in_out(weights.pop("ffn_gate.weight").cat(weights.pop("ffn_up.weight")))  # (D, 2*F)
-        self.attn_output = _in_out(weights.pop("attn_output.weight"))  # (H*Hd, D)
-        self.down = _in_out(weights.pop("ffn_down.weight"))  # (F, D)
+        p = f"blk.{layer}."
+        self.w = {name: weights.vector(p + name) for name in ("attn_norm.weight", "ffn_norm.weight", "attn_q_norm.weight", "attn_k_norm.weight") if weights.has(p + name)}
+        # one product for q, k and v and one for gate and up: fewer, larger kernels run faster here
+        self.qkv = weights.linear(*(p + f"attn_{n}.weight" for n in "qkv"))  # D -> H*Hd + 2*KvH*Hd
+        self.qkv_bias = Tensor.cat(*(weights.vector(p + f"attn_{n}.bias") for n in "qkv")).contiguous() if config.qkv_bias else None
+        self.gate_up = weights.linear(p + "ffn_gate.weight", p + "ffn_up.weight")  # D -> 2*F
+        self.attn_output = weights.linear(p + "attn_output.weight")  # H*Hd -> D
+        self.down = weights.linear(p + "ffn_down.weight")  # F -> D
         # (k|v, slot, kv_head, position, head_dim); the extra last slot is scratch for padding lanes.
         self.cache = Tensor.zeros(2, slots + 1, config.n_kv_heads, context, config.head_dim, dtype=kv_dtype).contiguous()
 
     def tensors(self) -> list[Tensor]:
-        own = [self.qkv, self.gate_up, self.attn_output, self.down, self.cache]
+        own = [*self.qkv.tensors(), *self.gate_up.tensors(), *self.attn_output.tensors(), *self.down.tensors(), self.cache]
         return own + ([self.qkv_bias] if self.qkv_bias is not None else []) + list(self.w.values())
 
     def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         c, w = self.c, self.w
         B, T, _ = x.shape
-        qkv = matmul(x, self.qkv, self.qkv_bias).contiguous()  # (B, T, H*Hd + 2*KvH*Hd)
+        qkv = self.qkv(x, self.qkv_bias).contiguous()  # (B, T, H*Hd + 2*KvH*Hd)
         q_end, k_end = c.n_heads * c.head_dim, (c.n_heads + c.n_kv_heads) * c.head_dim
         q, k, v = qkv[..., :q_end], qkv[..., q_end:k_end], qkv[..., k_end:]
         q = q.reshape(B, T, c.n_heads, c.head_dim).transpose(1, 2)  # (B, H, T, Hd)
@@ -243,12 +210,12 @@ class Block:
         return out.transpose(1, 2).reshape(B, T, H * Hd)
 
     def _ffn_and_out(self, x: Tensor, attn: Tensor) -> Tensor:
-        h = x + matmul(attn, self.attn_output)
+        h = x + self.attn_output(attn)
         n = rms_norm(h, self.w["ffn_norm.weight"], self.c.norm_eps)
-        gate_up = matmul(n, self.gate_up).contiguous()  # (B, T, 2*F)
+        gate_up = self.gate_up(n).contiguous()  # (B, T, 2*F)
         hidden = self.c.hidden_dim
         mixed = (gate_up[..., :hidden].silu() * gate_up[..., hidden:]).contiguous()
-        return (h + matmul(mixed, self.down)).contiguous()
+        return (h + self.down(mixed)).contiguous()
 
     def prefill(self, x: Tensor, slot: UOp, start: UOp, rotary: tuple[Tensor, Tensor], mask: Tensor) -> Tensor:
         """x (1, T, D) for positions start..start+T-1 of the sequence in `slot`."""
@@ -281,23 +248,13 @@ class Block:
 
 
 class Transformer:
-    def __init__(
-        self, config: ModelConfig, weights: dict[str, Tensor], slots: int, context: int, max_chunk: int, act_dtype=dtypes.float32, int8_head: bool = False
-    ):
+    def __init__(self, config: ModelConfig, weights: WeightSource, slots: int, context: int, max_chunk: int, act_dtype=dtypes.float32, int8_head: bool = False):
         self.config, self.slots, self.context, self.act_dtype = config, slots, context, act_dtype
-        self.token_embd = weights["token_embd.weight"]  # (vocab, D): rows are gathered by token id
-        self.output_norm = weights["output_norm.weight"]
-        head = weights.get("output.weight", self.token_embd)
-        self.head_scale = None
-        if int8_head:
-            head, scale = _int8_rows(head)
-            self.head_scale = _head_chunks(scale)  # (chunks, 1, HEAD_CHUNK)
-        self.head = _head_chunks(head)  # (chunks, D, HEAD_CHUNK)
+        self.embed = weights.embedding()  # token ids -> (..., D)
+        self.output_norm = weights.vector("output_norm.weight")
+        self.head = weights.head(config.vocab_size, int8_head)  # (B, D) -> (B, vocab)
         # a padded prefill chunk may write up to max_chunk - 1 junk positions past the context
-        self.blocks = [
-            Block(config, {k[len(f"blk.{i}.") :]: v for k, v in weights.items() if k.startswith(f"blk.{i}.")}, slots, context + max_chunk, KV_DTYPE)
-            for i in range(config.n_layers)
-        ]
+        self.blocks = [Block(config, weights, i, slots, context + max_chunk, KV_DTYPE) for i in range(config.n_layers)]
         # a symbolic-length arange compiles to a reduce over length x length: slice a stored one instead
         self.key_positions = Tensor.arange(context + max_chunk).contiguous()
         # stored, not rebuilt from a Python list inside the jitted step: tinygrad replays such a constant
@@ -310,23 +267,19 @@ class Transformer:
         self._decode_jits: dict[int, TinyJit] = {}
         self._inputs = _StepInputs()
         # one realize for every derived weight and cache: 150 separate ones took ~40% of loading
-        derived = [self.token_embd, self.output_norm, self.head, self.head_scale, self.key_positions, self.inv_freq]
-        Tensor.realize(*(t for t in derived if t is not None), *(t for b in self.blocks for t in b.tensors()))
+        derived = [*self.embed.tensors(), self.output_norm, *self.head.tensors(), self.key_positions, self.inv_freq]
+        Tensor.realize(*derived, *(t for b in self.blocks for t in b.tensors()))
 
     def _logits(self, x: Tensor) -> Tensor:
         """x (B, D) -> (B, vocab) float32 logits."""
-        x = rms_norm(x, self.output_norm, self.config.norm_eps)
-        chunks = x.unsqueeze(0) @ self.head.cast(x.dtype)  # (chunks, B, HEAD_CHUNK)
-        if self.head_scale is not None:
-            chunks = chunks * self.head_scale.cast(x.dtype)
-        return chunks.permute(1, 0, 2).reshape(x.shape[0], -1)[:, : self.config.vocab_size].float()
+        return self.head(rms_norm(x, self.output_norm, self.config.norm_eps).contiguous())
 
     def _prefill(self, tokens: Tensor, last: Tensor, slot: UOp, start: UOp) -> Tensor:
         positions = Tensor.arange(tokens.shape[1]) + start  # (T,)
         keys = self.key_positions[0 : start + tokens.shape[1]]
         mask = (keys.reshape(1, -1) > positions.reshape(-1, 1)).where(float("-inf"), 0.0).unsqueeze(0).contiguous()  # (1, T, S)
         rotary = rotation(positions, self.inv_freq)
-        x = self.token_embd[tokens].cast(self.act_dtype)  # (1, T, D)
+        x = self.embed(tokens)  # (1, T, D)
         for block in self.blocks:
             x = block.prefill(x, slot, start, rotary, mask)
         return self._logits(last @ x[0]).realize()  # (1, T) one-hot @ (T, D) -> (1, vocab)
@@ -337,7 +290,7 @@ class Transformer:
         keys = self.key_positions[0:length].reshape(1, 1, -1)
         mask = (keys > pos.reshape(-1, 1, 1)).where(float("-inf"), 0.0).contiguous()  # (B, 1, length)
         rotary = rotation(pos.reshape(-1, 1, 1), self.inv_freq)  # (B, 1, 1, half): broadcast over heads
-        x = self.token_embd[tokens].cast(self.act_dtype).reshape(width, 1, -1)  # (B, 1, D)
+        x = self.embed(tokens).reshape(width, 1, -1)  # (B, 1, D)
         for block in self.blocks:
             x = block.decode(x, slots, positions, rotary, length, mask)
         return self._logits(x[:, 0, :]).realize()  # (B, vocab)
@@ -422,19 +375,12 @@ def load_model(path: str, slots: int, context: int | None, max_chunk: int = 64) 
     if missing:
         raise ModelLoadError(f"GGUF file lacks tensors: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
     context = min(context or config.trained_context, config.trained_context)
-    # CPUs here lack float16 arithmetic: compute in float32 there, reading float16 weights
+    # CPUs here lack float16 arithmetic: compute in float32 there, reading float16 or block weights
     act_dtype = dtypes.float32 if Device.DEFAULT in ("CPU", "PYTHON") else dtypes.float16
-    weights = {}
-    for name, t in raw.items():
-        if name.endswith("attn_q.weight") and config.arch == "llama":
-            t = _unpermute_rope(t, config.n_heads)
-        elif name.endswith("attn_k.weight") and config.arch == "llama":
-            t = _unpermute_rope(t, config.n_kv_heads)
-        # contiguous: an uncast float32 tensor would otherwise stay a view into the file's buffer
-        weights[name] = t.cast(WEIGHT_DTYPE if len(t.shape) == 2 else act_dtype).contiguous()
+    weights = WeightSource(path, raw, config.arch, config.n_heads, config.n_kv_heads, act_dtype, QuantizedCPU.load())
     int8_head = kv.get("general.file_type") not in (None, *FLOAT_FILE_TYPES)
-    log.info(
-        "loaded %s: %s, %d layers, dim %d, %d slots x %d positions, %s output head",
-        path, config.arch, config.n_layers, config.dim, slots, context, "int8" if int8_head else "float16",
-    )
-    return Transformer(config, weights, slots, context, max_chunk, act_dtype=act_dtype, int8_head=int8_head), kv
+    model = Transformer(config, weights, slots, context, max_chunk, act_dtype=act_dtype, int8_head=int8_head)
+    log.info("loaded %s: %s, %d layers, dim %d, %d slots x %d positions; weights: %s",
+             path, config.arch, config.n_layers, config.dim, slots, context, weights.describe())
+    return model, kv
+

@@ -44,7 +44,7 @@ def tuning_key(model_path: str, slots: int, context: int, prefill_piece: int) ->
         "prefill_piece": prefill_piece,
         "device": Device.DEFAULT,
         "tinygrad": getattr(tinygrad, "__version__", "?"),
-        "kernels": 6,  # bump when the set of kernels the server compiles changes
+        "kernels": 7,  # bump when the set of kernels the server compiles changes
     }
 
 

@@ -1,0 +1,155 @@
+"""The quantized CPU kernels against a NumPy reference of each GGUF block format (float64 products).
+
+Every supported type, on shapes whose rows are not a multiple of any SIMD width and token counts that
+cross the kernels' groups of four, through the SIMD build the server uses and the portable C build,
+called directly and inside a captured tinygrad step.
+"""
+
+import ctypes
+
+import gguf
+import numpy as np
+import pytest
+from tinygrad import Tensor, TinyJit
+
+from webapp.engine.kernels.cpu import BLOCK_FORMATS, BlockWeight, QuantizedCPU, compile_library, simd_flags
+from webapp.engine.model import use_tinygrad_from_this_thread
+
+TYPES = sorted(BLOCK_FORMATS)
+
+
+def _fp16_bytes(values: np.ndarray) -> np.ndarray:
+    return values.astype(np.float16).view(np.uint8).reshape(*values.shape, 2)
+
+
+def random_blocks(ggml_type: int, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """(rows, bytes per row) of random quants with sane float16 scales."""
+    _, values, size = BLOCK_FORMATS[ggml_type]
+    blocks = rng.integers(0, 256, size=(rows, cols // values, size), dtype=np.uint8)
+    scales = lambda: _fp16_bytes(rng.uniform(0.005, 0.05, size=(rows, cols // values)))  # noqa: E731
+    if ggml_type in (2, 3, 8):
+        blocks[..., 0:2] = scales()
+    if ggml_type == 3:
+        blocks[..., 2:4] = _fp16_bytes(rng.uniform(-0.2, 0.2, size=(rows, cols // values)))
+    if ggml_type == 12:
+        blocks[..., 0:2], blocks[..., 2:4] = scales(), scales()
+    if ggml_type == 14:
+        blocks[..., 208:210] = scales()
+    return blocks.reshape(rows, -1)
+
+
+def dequantize(ggml_type: int, raw: np.ndarray, cols: int) -> np.ndarray:
+    """The reference: each format's layout written out in NumPy, float64 (rows, cols)."""
+    _, values, size = BLOCK_FORMATS[ggml_type]
+    b = raw.reshape(-1, size)
+    f16 = lambda lo: b[:, lo : lo + 2].copy().view(np.float16).astype(np.float64)  # (blocks, 1)  # noqa: E731
+    nib = lambda q: np.concatenate([q & 15, q >> 4], axis=-1).astype(np.float64)  # noqa: E731
+    if ggml_type == 2:
+        out = (nib(b[:, 2:18]) - 8) * f16(0)
+    elif ggml_type == 3:
+        out = nib(b[:, 4:20]) * f16(0) + f16(2)
+    elif ggml_type == 8:
+        out = b[:, 2:34].view(np.int8).astype(np.float64) * f16(0)
+    elif ggml_type == 12:
+        s = b[:, 4:16].astype(np.int64)
+        sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)], axis=1)
+        mn = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=1)
+        qs = b[:, 16:144].reshape(-1, 4, 32)
+        q = np.stack([qs & 15, qs >> 4], axis=2).reshape(-1, 8, 32).astype(np.float64)
+        out = (f16(0)[:, :, None] * sc[:, :, None] * q - f16(2)[:, :, None] * mn[:, :, None]).reshape(-1, 256)
+    else:  # Q6_K
+        ql, qh = b[:, 0:128].astype(np.int64), b[:, 128:192].astype(np.int64)
+        sc = b[:, 192:208].view(np.int8).astype(np.float64)
+        out = np.empty((len(b), 256))
+        for half in range(2):
+            l0, l1, h = ql[:, 64 * half : 64 * half + 32], ql[:, 64 * half + 32 : 64 * half + 64], qh[:, 32 * half : 32 * half + 32]
+            subs = [(l0 & 15) | ((h & 3) << 4), (l1 & 15) | (((h >> 2) & 3) << 4), (l0 >> 4) | (((h >> 4) & 3) << 4), (l1 >> 4) | (((h >> 6) & 3) << 4)]
+            for k, q in enumerate(subs):
+                scale = np.repeat(sc[:, 8 * half + 2 * k : 8 * half + 2 * k + 2], 16, axis=1)
+                out[:, 128 * half + 32 * k : 128 * half + 32 * k + 32] = (q - 32) * scale
+        out *= f16(208)
+    return out.reshape(raw.shape[0], cols)
+
+
+def quantize_activations(x: np.ndarray) -> np.ndarray:
+    """What the kernels multiply with: x rounded to int8 per 32 values with a float32 scale."""
+    blocks = x.astype(np.float32).reshape(x.shape[0], -1, 32)
+    d = np.abs(blocks).max(-1, keepdims=True) / np.float32(127)
+    q = np.rint(blocks / np.where(d > 0, d, 1))
+    return (q * d).reshape(x.shape).astype(np.float64)
+
+
+def _ptr(a: np.ndarray):
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+@pytest.fixture(scope="module", params=["simd", "portable"])
+def library(request):
+    flags = simd_flags() if request.param == "simd" else []
+    if request.param == "simd" and not flags:
+        pytest.skip("this CPU has no AVX2")
+    lib = ctypes.CDLL(str(compile_library(flags)))
+    lib.tq_start(ctypes.c_long(3), ctypes.c_long(50))  # more threads than cores: chunks still all land
+    assert lib.tq_simd() == (request.param == "simd")
+    return lib
+
+
+@pytest.mark.parametrize("ggml_type", TYPES)
+def test_dequantize_matches_the_reference_and_gguf(library, ggml_type):
+    rng = np.random.default_rng(ggml_type)
+    cols = BLOCK_FORMATS[ggml_type][1] * 2
+    raw = random_blocks(ggml_type, 5, cols, rng)
+    expected = dequantize(ggml_type, raw, cols)
+    np.testing.assert_allclose(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(ggml_type)).reshape(5, cols), expected, rtol=1e-6)
+    got = np.empty((5, cols), np.float32)
+    library.tq_dequantize(_ptr(got), _ptr(raw), _ptr(np.array([ggml_type, 5, cols, 1], np.int32)))
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("ggml_type", TYPES)
+@pytest.mark.parametrize("tokens", [1, 3, 9])
+def test_products_match_float64(library, ggml_type, tokens):
+    rng = np.random.default_rng(tokens * 100 + ggml_type)
+    rows, cols = 37, BLOCK_FORMATS[ggml_type][1] * (3 if BLOCK_FORMATS[ggml_type][1] == 32 else 2)
+    raw = random_blocks(ggml_type, rows, cols, rng)
+    x = rng.standard_normal((tokens, cols)).astype(np.float32)
+    got = np.empty((tokens, rows), np.float32)
+    library.tq_linear(_ptr(got), _ptr(raw), _ptr(x), _ptr(np.array([ggml_type, rows, cols, tokens], np.int32)))
+    w = dequantize(ggml_type, raw, cols)
+    # exact up to float32 sums once x is rounded as the kernels round it; close to the unrounded product
+    np.testing.assert_allclose(got, quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
+    exact = x.astype(np.float64) @ w.T
+    assert np.abs(got - exact).max() < 0.02 * np.abs(exact).max()
+
+
+def test_each_token_row_is_independent_of_the_others(library):
+    """Batch invariance: a row's result is bit-identical whatever else shares the call."""
+    rng = np.random.default_rng(7)
+    raw = random_blocks(3, 40, 96, rng)
+    x = rng.standard_normal((6, 96)).astype(np.float32)
+    shape = lambda t: _ptr(np.array([3, 40, 96, t], np.int32))  # noqa: E731
+    together, alone = np.empty((6, 40), np.float32), np.empty((1, 40), np.float32)
+    library.tq_linear(_ptr(together), _ptr(raw), _ptr(x), shape(6))
+    for t in range(6):
+        library.tq_linear(_ptr(alone), _ptr(raw), _ptr(np.ascontiguousarray(x[t : t + 1])), shape(1))
+        assert np.array_equal(alone[0], together[t])
+
+
+def test_kernels_run_inside_a_captured_tinygrad_step():
+    use_tinygrad_from_this_thread()
+    kernels = QuantizedCPU.load()
+    assert kernels is not None, "the CPU device with clang should always get the kernels"
+    rng = np.random.default_rng(3)
+    raw = random_blocks(8, 50, 64, rng)
+    weight = BlockWeight(Tensor(raw).realize(), 8, 50, 64)
+    w = dequantize(8, raw, 64)
+
+    @TinyJit
+    def step(x: Tensor, ids: Tensor) -> Tensor:
+        return (kernels.linear(x * 2, weight) + kernels.embed(ids, weight)[:, :50]).realize()
+
+    for i in range(4):  # capture, then replays with new inputs
+        x = rng.standard_normal((2, 64)).astype(np.float32)
+        ids = np.array([i, 49 - i], np.int32)
+        got = step(Tensor(x).realize(), Tensor(ids).realize()).numpy()
+        np.testing.assert_allclose(got, quantize_activations(2 * x) @ w.T + w[ids][:, :50], rtol=1e-4, atol=1e-3)

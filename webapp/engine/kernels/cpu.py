@@ -1,0 +1,185 @@
+"""Quantized matrix products on every CPU core, as kernels inside tinygrad's captured steps.
+
+Contract: `QuantizedCPU.load()` compiles `ggml_cpu.c` once per source and CPU feature set (cached on
+disk, so a restart reuses it) and returns None where it cannot serve (not the CPU device, no clang, an
+architecture without a trampoline). Its `linear(x, weight)` multiplies float32 activations (..., cols)
+by a `BlockWeight` (a GGUF tensor's raw blocks, rows x cols) and `embed(ids, weight)` gathers
+dequantized rows; both return lazy tensors that run inside the surrounding TinyJit.
+
+How it plugs into tinygrad 0.14: a kernel is an Ops.PROGRAM whose binary is a 12- or 16-byte
+trampoline that jumps to our compiled function. tinygrad's CPU worker calls a program with every
+buffer address (then every variable) as 64-bit arguments, so the jump lands in `tq_linear(out, w, x,
+shape)` with its arguments in place. The shape travels as a small int32 tensor, not as code: one
+library serves every matrix. tinygrad's own CPU kernels run on one thread; these run on all cores the
+process may use (`os.sched_getaffinity`), with the library's own thread pool.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import struct
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tinygrad import Device, Tensor, dtypes
+from tinygrad.uop.ops import KernelInfo, Ops, ProgramInfo, UOp
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("ggml_cpu.c")
+# GGML type ids with a kernel, and (values, bytes) per block
+BLOCK_FORMATS = {2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210)}
+# Idle pool threads spin this long before sleeping: a decode step's ~120 products come microseconds
+# apart, and a sleeping thread takes tens of microseconds to wake.
+SPIN_US = 100
+
+
+def cpu_threads() -> int:
+    """The cores this process may run on (a container's CPU set, taskset), not the machine's count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def simd_flags() -> list[str]:
+    """Compiler flags for the widest SIMD this CPU reports that the kernels use (AVX2 with FMA and F16C)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return []
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return ["-mavx2", "-mfma", "-mf16c"] if {"avx2", "fma", "f16c"} <= set(flags) else []
+
+
+def _trampoline(address: int) -> bytes | None:
+    """Machine code that jumps to `address`, leaving the argument registers and stack untouched."""
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64"):
+        return b"\x48\xb8" + struct.pack("<Q", address) + b"\xff\xe0"  # movabs rax, address; jmp rax
+    if machine in ("aarch64", "arm64"):
+        return struct.pack("<II", 0x58000050, 0xD61F0200) + struct.pack("<Q", address)  # ldr x16, #8; br x16
+    return None
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "tinyserve"
+
+
+def compile_library(flags: list[str]) -> Path:
+    """Build ggml_cpu.c into a shared library, once per source and flags."""
+    source = SOURCE.read_bytes()
+    command = ["clang", "-O3", "-shared", "-fPIC", "-fno-math-errno", *flags]
+    key = hashlib.sha256(source + " ".join(command).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"ggml_cpu-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
+        pass
+    try:
+        subprocess.run([*command, "-o", tmp.name, str(SOURCE), "-lm", "-lpthread"], check=True, capture_output=True, text=True)
+        os.replace(tmp.name, target)  # atomic: a concurrent start-up sees the old file or the whole new one
+    finally:
+        if os.path.exists(tmp.name):
+            os.unlink(tmp.name)
+    return target
+
+
+@dataclass(frozen=True)
+class BlockWeight:
+    """A GGUF matrix kept in its file's block format: `raw` (rows, bytes per row) on the device."""
+
+    raw: Tensor
+    ggml_type: int
+    rows: int
+    cols: int
+
+    @property
+    def type_name(self) -> str:
+        return BLOCK_FORMATS[self.ggml_type][0]
+
+    @staticmethod
+    def supports(ggml_type: int, cols: int) -> bool:
+        return ggml_type in BLOCK_FORMATS and cols % BLOCK_FORMATS[ggml_type][1] == 0
+
+
+class QuantizedCPU:
+    def __init__(self, library: ctypes.CDLL, threads: int, simd: bool):
+        self.library, self.threads, self.simd = library, threads, simd
+        self._shapes: dict[tuple, Tensor] = {}
+        self._programs: dict[str, bytes] = {}
+        for name in ("tq_linear", "tq_embed"):
+            address = ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+            self._programs[name] = _trampoline(address)
+        library.tq_start(ctypes.c_long(threads), ctypes.c_long(SPIN_US))
+
+    @classmethod
+    @functools.cache
+    def load(cls) -> QuantizedCPU | None:
+        """The kernels for this process, or None (with the reason logged) where they cannot run."""
+        if Device.DEFAULT != "CPU":
+            return None
+        if _trampoline(0) is None:
+            log.info("quantized CPU kernels: no trampoline for %s; using tinygrad's kernels", platform.machine())
+            return None
+        if shutil.which("clang") is None:
+            log.info("quantized CPU kernels: clang not found; using tinygrad's kernels")
+            return None
+        flags = simd_flags()
+        try:
+            library = ctypes.CDLL(str(compile_library(flags)))
+        except (OSError, subprocess.CalledProcessError) as e:
+            log.warning("quantized CPU kernels failed to build (%s); using tinygrad's kernels", getattr(e, "stderr", e))
+            return None
+        kernels = cls(library, cpu_threads(), simd=bool(library.tq_simd()))
+        log.info("quantized CPU kernels: %d threads, %s", kernels.threads, "AVX2" if kernels.simd else "portable C (no AVX2)")
+        return kernels
+
+    def _shape(self, *values: int) -> Tensor:
+        tensor = self._shapes.get(values)
+        if tensor is None:
+            tensor = self._shapes[values] = Tensor(np.array(values, dtype=np.int32)).contiguous().realize()
+        return tensor
+
+    def _call(self, name: str, out: Tensor, *inputs: Tensor) -> Tensor:
+        binary = self._programs[name]
+
+        def program(*params: UOp) -> UOp:
+            sink = UOp.sink(*(p.base for p in params), arg=KernelInfo(name=name))
+            ids = tuple(range(len(params)))
+            return UOp(
+                Ops.PROGRAM,
+                src=(sink, UOp(Ops.LINEAR, src=(*sink.src, sink)), UOp(Ops.SOURCE, arg=f"// {name}: jump to {SOURCE.name}"), UOp(Ops.BINARY, arg=binary)),
+                arg=ProgramInfo(name=name, local_size=(1, 1, 1), globals=ids, outs=(0,), ins=ids[1:]),
+            )
+
+        return Tensor.custom_kernel(out, *inputs, fxn=program)[0]
+
+    def linear(self, x: Tensor, weight: BlockWeight) -> Tensor:
+        """x (..., cols) float32 @ weight.T -> (..., rows) float32."""
+        lead = x.shape[:-1]
+        tokens = int(np.prod(lead)) if lead else 1
+        out = Tensor.empty(tokens, weight.rows, dtype=dtypes.float32)
+        flat = x.reshape(tokens, weight.cols).cast(dtypes.float32).contiguous()
+        shape = self._shape(weight.ggml_type, weight.rows, weight.cols, tokens)
+        return self._call("tq_linear", out, weight.raw, flat, shape).reshape(*lead, weight.rows)
+
+    def embed(self, ids: Tensor, weight: BlockWeight) -> Tensor:
+        """ids (...) int32 -> (..., cols) float32 rows of weight."""
+        lead = ids.shape
+        tokens = int(np.prod(lead)) if lead else 1
+        out = Tensor.empty(tokens, weight.cols, dtype=dtypes.float32)
+        shape = self._shape(weight.ggml_type, weight.rows, weight.cols, tokens)
+        return self._call("tq_embed", out, weight.raw, ids.reshape(tokens).cast(dtypes.int32).contiguous(), shape).reshape(*lead, weight.cols)

@@ -1,0 +1,404 @@
+/* Matrix products over GGUF's quantized weight blocks, on every core, for tinyserve's CPU path.
+ *
+ * Contract (see cpu.py, which compiles and loads this file):
+ *   tq_linear(out, w, x, shape)  out[t][r] = sum_i W[r][i] * x[t][i] for t < tokens, r < rows, where
+ *                                W's rows are stored as GGML blocks of `type` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)
+ *                                and shape = {type, rows, cols, tokens} (int32).
+ *   tq_embed(out, w, ids, shape) out[t] = W[ids[t]] dequantized; shape = {type, rows, cols, tokens}.
+ *   tq_start(threads, spin_us)   sizes the thread pool; called once from Python before any product.
+ * out and x are float32, row-major; every argument arrives as a 64-bit word, as tinygrad's CPU worker
+ * passes them to a program.
+ *
+ * Why this shape: a decode step reads every weight once, so bytes decide its speed; keeping the file's
+ * 4.5-bit blocks reads a third of what float16 copies did. Activations are quantized per 32 values to
+ * int8 (a scale and the block's sum kept beside them), so every block pair is an integer dot product
+ * (AVX2: 32 multiply-adds per maddubs) scaled once. A token's numbers depend on its own row of x only,
+ * never on which other requests share the step. Rows are handed out in chunks from an atomic counter,
+ * so a core busy with a web thread just takes fewer chunks.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define TQ_AVX2 1
+#else
+#define TQ_AVX2 0
+#endif
+
+enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
+enum { MAX_THREADS = 64, MAX_TOKEN_GROUP = 4 };
+
+/* One quantized block of 32 activations: x[i] ~ d * q[i]; sum16 = the sums of q over each half. */
+typedef struct {
+  float d;
+  int16_t sum16[2];
+  int8_t q[32];
+} xblock;
+
+static float fp16(const uint8_t *p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+#if TQ_AVX2
+  return _cvtsh_ss(h);
+#else
+  uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31, mant = h & 1023, bits;
+  if (exp == 0) {
+    float v = ldexpf((float)mant, -24);
+    return sign ? -v : v;
+  }
+  bits = exp == 31 ? sign | 0x7f800000u | (mant << 13) : sign | ((exp + 112) << 23) | (mant << 13);
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+/* ---- block formats: bytes per block, values per block --------------------------------------- */
+
+static int block_values(int type) { return type == Q4_K || type == Q6_K ? 256 : 32; }
+static int block_bytes(int type) {
+  switch (type) {
+    case Q4_0: return 18;
+    case Q4_1: return 20;
+    case Q8_0: return 34;
+    case Q4_K: return 144;
+    case Q6_K: return 210;
+  }
+  return 0;
+}
+
+/* Q4_K packs eight 6-bit scales and mins into 12 bytes. */
+static void q4k_scale_min(const uint8_t *s, int j, int *scale, int *min) {
+  if (j < 4) {
+    *scale = s[j] & 63;
+    *min = s[j + 4] & 63;
+  } else {
+    *scale = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+    *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+/* Dequantize one row of `cols` values (the reference the tests check the products against, and the
+ * embedding lookup). */
+static void dequantize_row(int type, const uint8_t *w, int cols, float *y) {
+  const int bv = block_values(type), bb = block_bytes(type);
+  for (int b = 0; b < cols / bv; b++, w += bb, y += bv) {
+    if (type == Q4_0 || type == Q4_1) {
+      const float d = fp16(w), m = type == Q4_1 ? fp16(w + 2) : -8.0f * d;
+      const uint8_t *qs = w + (type == Q4_1 ? 4 : 2);
+      for (int i = 0; i < 16; i++) {
+        y[i] = d * (qs[i] & 15) + m;
+        y[i + 16] = d * (qs[i] >> 4) + m;
+      }
+    } else if (type == Q8_0) {
+      const float d = fp16(w);
+      for (int i = 0; i < 32; i++) y[i] = d * (int8_t)w[2 + i];
+    } else if (type == Q4_K) {
+      const float d = fp16(w), dmin = fp16(w + 2);
+      const uint8_t *qs = w + 16;
+      for (int j = 0; j < 8; j += 2, qs += 32) {
+        int sc0, m0, sc1, m1;
+        q4k_scale_min(w + 4, j, &sc0, &m0);
+        q4k_scale_min(w + 4, j + 1, &sc1, &m1);
+        for (int i = 0; i < 32; i++) {
+          y[32 * j + i] = d * sc0 * (qs[i] & 15) - dmin * m0;
+          y[32 * j + 32 + i] = d * sc1 * (qs[i] >> 4) - dmin * m1;
+        }
+      }
+    } else if (type == Q6_K) {
+      const uint8_t *ql = w, *qh = w + 128;
+      const int8_t *sc = (const int8_t *)(w + 192);
+      const float d = fp16(w + 208);
+      for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8) {
+        float *yh = y + 128 * half;
+        for (int l = 0; l < 32; l++) {
+          const int is = l / 16;
+          yh[l] = d * sc[is] * (((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32);
+          yh[l + 32] = d * sc[is + 2] * (((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32);
+          yh[l + 64] = d * sc[is + 4] * (((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+          yh[l + 96] = d * sc[is + 6] * (((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+        }
+      }
+    }
+  }
+}
+
+/* ---- activations ---------------------------------------------------------------------------- */
+
+static void quantize_row(const float *x, int cols, xblock *out) {
+  for (int b = 0; b < cols / 32; b++, x += 32, out++) {
+    float amax = 0.0f;
+    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
+    const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+    int sum[2] = {0, 0};
+    for (int i = 0; i < 32; i++) {
+      const int q = (int)lrintf(x[i] * inv);
+      out->q[i] = (int8_t)q;
+      sum[i / 16] += q;
+    }
+    out->d = d;
+    out->sum16[0] = (int16_t)sum[0];
+    out->sum16[1] = (int16_t)sum[1];
+  }
+}
+
+/* ---- one weight row against a group of tokens' activations ---------------------------------- */
+/* acc[t] += W_row . x[t] for t < n; xs[t] points at token t's blocks (cols / 32 of them). */
+
+#if TQ_AVX2
+static inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+/* 32 unsigned weights (0..127) times 32 signed activations, as 8 int32 partial sums */
+static inline __m256i dot_u8(__m256i w, __m256i x) { return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)); }
+/* signed times signed: move w's sign onto x */
+static inline __m256i dot_s8(__m256i w, __m256i x) { return dot_u8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)); }
+static inline __m256i nibbles(const uint8_t *qs) {  /* 16 bytes -> 32 values: low nibbles first, then high */
+  const __m128i raw = _mm_loadu_si128((const __m128i *)qs);
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15));
+}
+static inline __m256i xq(const xblock *x) { return _mm256_loadu_si256((const __m256i *)x->q); }
+#endif
+
+static void row_dot(int type, const uint8_t *w, int cols, const xblock *const *xs, int n, float *acc) {
+  const int nb = cols / 32;
+#if TQ_AVX2
+  __m256 sum[MAX_TOKEN_GROUP];
+  float extra[MAX_TOKEN_GROUP] = {0};
+  for (int t = 0; t < n; t++) sum[t] = _mm256_setzero_ps();
+  if (type == Q4_0 || type == Q4_1 || type == Q8_0) {
+    const int bb = block_bytes(type);
+    for (int b = 0; b < nb; b++, w += bb) {
+      const float d = fp16(w);
+      if (type == Q8_0) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(w + 2));
+        for (int t = 0; t < n; t++)
+          sum[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * xs[t][b].d), _mm256_cvtepi32_ps(dot_s8(q, xq(&xs[t][b]))), sum[t]);
+      } else {
+        /* value = d*q + m with q in 0..15 (Q4_0: m = -8d): dot = d*dx*sum(q*xq) + m*dx*sum(xq) */
+        const float m = type == Q4_1 ? fp16(w + 2) : -8.0f * d;
+        const __m256i q = nibbles(w + (type == Q4_1 ? 4 : 2));
+        for (int t = 0; t < n; t++) {
+          const xblock *x = &xs[t][b];
+          sum[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(dot_u8(q, xq(x))), sum[t]);
+          extra[t] += m * x->d * (x->sum16[0] + x->sum16[1]);
+        }
+      }
+    }
+  } else if (type == Q4_K) {
+    for (int sb = 0; sb < nb / 8; sb++, w += 144) {
+      const float d = fp16(w), dmin = fp16(w + 2);
+      const uint8_t *qs = w + 16;
+      for (int j = 0; j < 8; j += 2, qs += 32) {
+        int sc0, m0, sc1, m1;
+        q4k_scale_min(w + 4, j, &sc0, &m0);
+        q4k_scale_min(w + 4, j + 1, &sc1, &m1);
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)qs), mask = _mm256_set1_epi8(15);
+        const __m256i lo = _mm256_and_si256(raw, mask), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+        for (int t = 0; t < n; t++) {
+          const xblock *x0 = &xs[t][8 * sb + j], *x1 = x0 + 1;
+          sum[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * sc0 * x0->d), _mm256_cvtepi32_ps(dot_u8(lo, xq(x0))), sum[t]);
+          sum[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * sc1 * x1->d), _mm256_cvtepi32_ps(dot_u8(hi, xq(x1))), sum[t]);
+          extra[t] -= dmin * (m0 * x0->d * (x0->sum16[0] + x0->sum16[1]) + m1 * x1->d * (x1->sum16[0] + x1->sum16[1]));
+        }
+      }
+    }
+  } else if (type == Q6_K) {
+    const __m256i mask4 = _mm256_set1_epi8(15), mask2 = _mm256_set1_epi8(3);
+    for (int sb = 0; sb < nb / 8; sb++, w += 210) {
+      const uint8_t *ql = w, *qh = w + 128;
+      const int8_t *sc = (const int8_t *)(w + 192);
+      const float d = fp16(w + 208);
+      for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8) {
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+        const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+        /* the four 32-value sub-blocks of this half, 6-bit values 0..63 (stored minus 32) */
+        const __m256i q[4] = {
+            _mm256_or_si256(_mm256_and_si256(l0, mask4), _mm256_slli_epi16(_mm256_and_si256(h, mask2), 4)),
+            _mm256_or_si256(_mm256_and_si256(l1, mask4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), mask2), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), mask4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), mask2), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), mask4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), mask2), 4)),
+        };
+        for (int k = 0; k < 4; k++) {
+          const int s0 = sc[2 * k], s1 = sc[2 * k + 1];
+          /* int16 lanes 0-7 hold the first 16 values' pair sums, lanes 8-15 the second 16's */
+          const __m256i scales = _mm256_set_m128i(_mm_set1_epi16((short)s1), _mm_set1_epi16((short)s0));
+          for (int t = 0; t < n; t++) {
+            const xblock *x = &xs[t][8 * sb + 4 * half + k];
+            const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], xq(x)), scales);
+            sum[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(dot), sum[t]);
+            extra[t] -= 32.0f * d * x->d * (s0 * x->sum16[0] + s1 * x->sum16[1]);
+          }
+        }
+      }
+    }
+  }
+  for (int t = 0; t < n; t++) acc[t] += hsum(sum[t]) + extra[t];
+#else
+  /* portable path: the same integer products, one value at a time */
+  float row[256];
+  const int bv = block_values(type), bb = block_bytes(type);
+  for (int b = 0; b < cols / bv; b++, w += bb) {
+    dequantize_row(type, w, bv, row);
+    for (int t = 0; t < n; t++) {
+      float s = 0.0f;
+      for (int i = 0; i < bv; i++) s += row[i] * xs[t][b * bv / 32 + i / 32].q[i % 32] * xs[t][b * bv / 32 + i / 32].d;
+      acc[t] += s;
+    }
+  }
+  (void)nb;
+#endif
+}
+
+/* ---- the thread pool ------------------------------------------------------------------------ */
+/* One job at a time: the caller publishes it by bumping `generation`, works on it itself, and waits
+ * until every worker has checked out. Idle workers spin for `spin_ns` (a decode step calls ~120
+ * products back to back, microseconds apart) before sleeping on the condition variable. */
+
+typedef struct {
+  int type, rows, cols, tokens, chunk;
+  float *out;
+  const uint8_t *w;
+  const xblock *x;
+} job_t;
+
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER, job_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
+static int n_workers, started;
+static long spin_ns = 100000;
+static job_t job;
+static unsigned generation;
+static int next_row, busy;
+
+static long now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+static inline void relax(void) {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#endif
+}
+
+static void run_rows(const job_t *j) {
+  const int nb = j->cols / 32, row_bytes = j->cols / block_values(j->type) * block_bytes(j->type);
+  for (;;) {
+    const int first = __atomic_fetch_add(&next_row, j->chunk, __ATOMIC_RELAXED);
+    if (first >= j->rows) return;
+    const int last = first + j->chunk < j->rows ? first + j->chunk : j->rows;
+    for (int t0 = 0; t0 < j->tokens; t0 += MAX_TOKEN_GROUP) {
+      const int n = j->tokens - t0 < MAX_TOKEN_GROUP ? j->tokens - t0 : MAX_TOKEN_GROUP;
+      const xblock *xs[MAX_TOKEN_GROUP];
+      for (int t = 0; t < n; t++) xs[t] = j->x + (size_t)(t0 + t) * nb;
+      for (int r = first; r < last; r++) {
+        float acc[MAX_TOKEN_GROUP] = {0};
+        row_dot(j->type, j->w + (size_t)r * row_bytes, j->cols, xs, n, acc);
+        for (int t = 0; t < n; t++) j->out[(size_t)(t0 + t) * j->rows + r] = acc[t];
+      }
+    }
+  }
+}
+
+static void *worker(void *unused) {
+  (void)unused;
+  unsigned seen = 0;
+  for (;;) {
+    unsigned g = __atomic_load_n(&generation, __ATOMIC_ACQUIRE);
+    if (g == seen) {
+      const long until = now_ns() + spin_ns;
+      for (int i = 0; g == seen; i++) {
+        relax();
+        g = __atomic_load_n(&generation, __ATOMIC_ACQUIRE);
+        if ((i & 255) == 255 && now_ns() > until) break;
+      }
+      if (g == seen) {
+        pthread_mutex_lock(&pool_lock);
+        while ((g = __atomic_load_n(&generation, __ATOMIC_ACQUIRE)) == seen) pthread_cond_wait(&wake, &pool_lock);
+        pthread_mutex_unlock(&pool_lock);
+      }
+    }
+    seen = g;
+    run_rows(&job);
+    __atomic_fetch_sub(&busy, 1, __ATOMIC_ACQ_REL);
+  }
+  return 0;
+}
+
+void tq_start(long threads, long spin_us) {
+  pthread_mutex_lock(&job_lock);
+  if (!started) {
+    started = 1;
+    spin_ns = spin_us * 1000;
+    for (long i = 1; i < threads && i < MAX_THREADS; i++) {
+      pthread_t tid;
+      if (pthread_create(&tid, 0, worker, 0) != 0) break;
+      pthread_detach(tid);
+      n_workers++;
+    }
+  }
+  pthread_mutex_unlock(&job_lock);
+}
+
+static void run_job(const job_t *j) {
+  pthread_mutex_lock(&job_lock); /* products from two tinygrad devices would otherwise share the job */
+  job = *j;
+  __atomic_store_n(&next_row, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&busy, n_workers, __ATOMIC_RELEASE);
+  pthread_mutex_lock(&pool_lock);
+  __atomic_add_fetch(&generation, 1, __ATOMIC_ACQ_REL);
+  pthread_cond_broadcast(&wake);
+  pthread_mutex_unlock(&pool_lock);
+  run_rows(&job);
+  while (__atomic_load_n(&busy, __ATOMIC_ACQUIRE) > 0) relax();
+  pthread_mutex_unlock(&job_lock);
+}
+
+/* ---- entry points --------------------------------------------------------------------------- */
+
+static xblock *scratch(size_t n) { /* the activations' int8 copy, grown once and reused */
+  static __thread xblock *buf;
+  static __thread size_t have;
+  if (n > have) {
+    free(buf);
+    buf = malloc(n * sizeof(xblock));
+    have = n;
+  }
+  return buf;
+}
+
+void tq_linear(float *out, const uint8_t *w, const float *x, const int32_t *shape) {
+  const int type = shape[0], rows = shape[1], cols = shape[2], tokens = shape[3];
+  xblock *xq8 = scratch((size_t)tokens * (cols / 32));
+  for (int t = 0; t < tokens; t++) quantize_row(x + (size_t)t * cols, cols, xq8 + (size_t)t * (cols / 32));
+  /* ~8 chunks a thread balances load without making the counter hot */
+  int chunk = rows / (8 * (n_workers + 1));
+  chunk = chunk < 16 ? 16 : chunk - chunk % 16;
+  const job_t j = {type, rows, cols, tokens, chunk, out, w, xq8};
+  run_job(&j);
+}
+
+void tq_embed(float *out, const uint8_t *w, const int32_t *ids, const int32_t *shape) {
+  const int type = shape[0], rows = shape[1], cols = shape[2], tokens = shape[3];
+  const size_t row_bytes = (size_t)cols / block_values(type) * block_bytes(type);
+  for (int t = 0; t < tokens; t++) {
+    const int id = ids[t] < 0 || ids[t] >= rows ? 0 : ids[t];
+    dequantize_row(type, w + (size_t)id * row_bytes, cols, out + (size_t)t * cols);
+  }
+}
+
+/* For the tests: the dequantized row, and the products through the portable path. */
+void tq_dequantize(float *out, const uint8_t *w, const int32_t *shape) {
+  const int type = shape[0], rows = shape[1], cols = shape[2];
+  const size_t row_bytes = (size_t)cols / block_values(type) * block_bytes(type);
+  for (int r = 0; r < rows; r++) dequantize_row(type, w + r * row_bytes, cols, out + (size_t)r * cols);
+}
+
+int tq_simd(void) { return TQ_AVX2; }
