@@ -32,9 +32,9 @@
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
 enum { MAX_THREADS = 64, MAX_TOKEN_GROUP = 4 };
 
-/* One quantized block of 32 activations: x[i] ~ d * q[i]; sum16 = the sums of q over each half. */
+/* One quantized block of 32 activations: x[i] ~ d * q[i]; s = d * sum(q); sum16 = the sums of q over each half. */
 typedef struct {
-  float d;
+  float d, s;
   int16_t sum16[2];
   int8_t q[32];
 } xblock;
@@ -141,6 +141,7 @@ static void quantize_row(const float *x, int cols, xblock *out) {
       sum[i / 16] += q;
     }
     out->d = d;
+    out->s = d * (float)(sum[0] + sum[1]);
     out->sum16[0] = (int16_t)sum[0];
     out->sum16[1] = (int16_t)sum[1];
   }
@@ -164,6 +165,57 @@ static inline __m256i nibbles(const uint8_t *qs) {  /* 16 bytes -> 32 values: lo
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15));
 }
 static inline __m256i xq(const xblock *x) { return _mm256_loadu_si256((const __m256i *)x->q); }
+#endif
+
+#if TQ_AVX2
+/* A tile of R weight rows times N tokens for the 32-value formats (Q4_0, Q4_1, Q8_0): each weight
+ * block is unpacked once for N tokens and each activation block loaded once for R rows, with R*N
+ * independent accumulators in registers. R and N are constants in every instance below. */
+static inline __attribute__((always_inline)) void tile32(int type, const uint8_t *w, size_t row_bytes, int R, const xblock *const *xs, int N, int nb,
+                                                         float *out, size_t out_stride) {
+  const int bb = block_bytes(type);
+  __m256 acc[4][4];
+  float extra[4][4];
+  for (int r = 0; r < R; r++)
+    for (int t = 0; t < N; t++) acc[r][t] = _mm256_setzero_ps(), extra[r][t] = 0.0f;
+  for (int b = 0; b < nb; b++) {
+    __m256i q[4];
+    __m256 dw[4];
+    float m[4];
+    for (int r = 0; r < R; r++) {
+      const uint8_t *blk = w + r * row_bytes + (size_t)b * bb;
+      const float d = fp16(blk);
+      dw[r] = _mm256_set1_ps(d);
+      if (type == Q8_0) {
+        q[r] = _mm256_loadu_si256((const __m256i *)(blk + 2));
+      } else {
+        q[r] = nibbles(blk + (type == Q4_1 ? 4 : 2));
+        m[r] = type == Q4_1 ? fp16(blk + 2) : -8.0f * d;
+      }
+    }
+    for (int t = 0; t < N; t++) {
+      const xblock *x = &xs[t][b];
+      const __m256i xv = xq(x);
+      const __m256 dx = _mm256_broadcast_ss(&x->d);
+      for (int r = 0; r < R; r++) {
+        const __m256i dot = type == Q8_0 ? dot_s8(q[r], xv) : dot_u8(q[r], xv);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], dx), _mm256_cvtepi32_ps(dot), acc[r][t]);
+        if (type != Q8_0) extra[r][t] += m[r] * x->s;
+      }
+    }
+  }
+  for (int r = 0; r < R; r++)
+    for (int t = 0; t < N; t++) out[t * out_stride + r] = hsum(acc[r][t]) + extra[r][t];
+}
+
+#define TILE32(R, N)                                                                                                                   \
+  static void tile32_##R##x##N(int type, const uint8_t *w, size_t rb, const xblock *const *xs, int nb, float *out, size_t stride) { \
+    if (type == Q8_0) tile32(Q8_0, w, rb, R, xs, N, nb, out, stride);                                                                \
+    else if (type == Q4_1) tile32(Q4_1, w, rb, R, xs, N, nb, out, stride);                                                           \
+    else tile32(Q4_0, w, rb, R, xs, N, nb, out, stride);                                                                             \
+  }
+TILE32(4, 1) TILE32(2, 2) TILE32(2, 3) TILE32(2, 4) TILE32(1, 1) TILE32(1, 2) TILE32(1, 3) TILE32(1, 4)
+typedef void (*tile_fn)(int, const uint8_t *, size_t, const xblock *const *, int, float *, size_t);
 #endif
 
 static void row_dot(int type, const uint8_t *w, int cols, const xblock *const *xs, int n, float *acc) {
@@ -289,7 +341,13 @@ static inline void relax(void) {
 }
 
 static void run_rows(const job_t *j) {
-  const int nb = j->cols / 32, row_bytes = j->cols / block_values(j->type) * block_bytes(j->type);
+  const int nb = j->cols / 32;
+  const size_t row_bytes = (size_t)j->cols / block_values(j->type) * block_bytes(j->type);
+#if TQ_AVX2
+  const int tiled = j->type == Q4_0 || j->type == Q4_1 || j->type == Q8_0;
+#else
+  const int tiled = 0;
+#endif
   for (;;) {
     const int first = __atomic_fetch_add(&next_row, j->chunk, __ATOMIC_RELAXED);
     if (first >= j->rows) return;
@@ -298,10 +356,21 @@ static void run_rows(const job_t *j) {
       const int n = j->tokens - t0 < MAX_TOKEN_GROUP ? j->tokens - t0 : MAX_TOKEN_GROUP;
       const xblock *xs[MAX_TOKEN_GROUP];
       for (int t = 0; t < n; t++) xs[t] = j->x + (size_t)(t0 + t) * nb;
-      for (int r = first; r < last; r++) {
+      float *out = j->out + (size_t)t0 * j->rows;
+      int r = first;
+#if TQ_AVX2
+      if (tiled) {
+        static const tile_fn wide[5] = {0, tile32_4x1, tile32_2x2, tile32_2x3, tile32_2x4};
+        static const tile_fn narrow[5] = {0, tile32_1x1, tile32_1x2, tile32_1x3, tile32_1x4};
+        const int step = n == 1 ? 4 : 2;
+        for (; r + step <= last; r += step) wide[n](j->type, j->w + r * row_bytes, row_bytes, xs, nb, out + r, j->rows);
+        for (; r < last; r++) narrow[n](j->type, j->w + r * row_bytes, row_bytes, xs, nb, out + r, j->rows);
+      }
+#endif
+      for (; r < last; r++) {
         float acc[MAX_TOKEN_GROUP] = {0};
         row_dot(j->type, j->w + (size_t)r * row_bytes, j->cols, xs, n, acc);
-        for (int t = 0; t < n; t++) j->out[(size_t)(t0 + t) * j->rows + r] = acc[t];
+        for (int t = 0; t < n; t++) out[(size_t)t * j->rows + r] = acc[t];
       }
     }
   }
