@@ -8,6 +8,10 @@ contract says. It honours `max_tokens`, stop token ids and cancellation (finishi
 request's own cancel reason, as the real engine does), and records what it saw:
 `submitted`, `aborted`, plus Events a test can wait on instead of sleeping.
 
+`FakeRunner` stands in for the model runner under the real `Engine` (see `webapp.engine.runner.Runner`):
+its logits make greedy sampling pick `next_token(last token fed)`, and a test can hold its steps
+(`gate`) or make its decode steps fail (`fault`).
+
 `FakeTokenizer` is byte-level: ids 0-255 are the UTF-8 bytes, so every multi-byte character and
 every tag is split across tokens, plus BOS (256, "<s>") and EOS (257, "</s>").
 """
@@ -20,7 +24,11 @@ import itertools
 import json
 import re
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from webapp.engine.errors import EngineNotReady, QueueFull
 from webapp.engine.request import Finished, Request, Status
@@ -226,3 +234,45 @@ class FakeEngine:
         with self._lock:
             del self._wake[request.id]
         request.outputs.put(last)
+
+
+class FakeRunner:
+    """A runner without a model: each logits row is one-hot at `next_token(last token fed)`
+    ((token + 1) % vocab unless given), so greedy sampling is predictable.
+
+    `gate` (set at first) holds every prefill and decode step while it is clear; `fault`, when set,
+    is raised by every decode step (an `Exception` fails the step's requests, a `BaseException`
+    kills the model thread); `step_s` stretches each decode step. `calls` records every step:
+    ("prefill", request id, start, n tokens) and ("decode", request ids).
+    """
+
+    def __init__(self, vocab: int = 50, next_token: Callable[[int], int] | None = None, step_s: float = 0.0):
+        self.vocab = vocab
+        self.next_token = next_token or (lambda last: (last + 1) % vocab)
+        self.step_s = step_s
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fault: BaseException | None = None
+        self.calls: list[tuple] = []
+
+    def _logits(self, last: int) -> np.ndarray:
+        row = np.zeros(self.vocab, dtype=np.float32)  # (vocab,)
+        row[self.next_token(last)] = 1.0
+        return row
+
+    def warm_up(self, progress) -> float:
+        return 0.0
+
+    def prefill(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
+        self.gate.wait(30)
+        self.calls.append(("prefill", request.id, start, len(tokens)))
+        return self._logits(tokens[-1])
+
+    def decode(self, batch: list[Request], positions: list[int]) -> np.ndarray:
+        if self.fault is not None:
+            raise self.fault
+        self.gate.wait(30)
+        if self.step_s:
+            time.sleep(self.step_s)  # a model step takes time; lets requests overlap
+        self.calls.append(("decode", tuple(r.id for r in batch)))
+        return np.stack([self._logits(r.output_ids[-1]) for r in batch])  # (B, vocab)

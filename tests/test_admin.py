@@ -126,7 +126,7 @@ def test_stats_json(client):
         "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s", "uptime_s", "model", "context", "device",
     ):  # fmt: skip
         assert key in s, key
-    assert set(s["requests_total"]) == {"stop", "length", "cancelled", "error", "rejected"}
+    assert set(s["requests_total"]) == {"stop", "length", "cancelled", "shutdown", "error", "rejected"}
     assert s["slots"][0] == {
         "index": 0, "state": "decode", "request_id": "chatcmpl-live", "tokens_cached": 53, "prompt_tokens": 50,
         "reused_tokens": 30, "tokens_generated": 3, "age_s": pytest.approx(1.5),
@@ -202,7 +202,7 @@ def test_metrics_has_every_promised_family(client):
     assert value(families["llm_prefix_cache_hits"], "_total") == 36
     requests = families["llm_requests"]
     assert {s.labels["finish_reason"]: s.value for s in requests.samples} == {
-        "stop": 1, "length": 1, "cancelled": 0, "error": 0, "rejected": 0
+        "stop": 1, "length": 1, "cancelled": 0, "shutdown": 0, "error": 0, "rejected": 0
     }  # fmt: skip
     assert value(families["llm_model_info"], model="fake-model", device="TEST", context="256") == 1
     for name in ("llm_time_to_first_token_seconds", "llm_inter_token_latency_seconds", "llm_request_queue_time_seconds", "llm_e2e_request_latency_seconds"):

@@ -6,16 +6,22 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from conftest import wait_until
+from fakes import FakeRunner
+from prometheus_client.parser import text_string_to_metric_families
 
+from webapp import create_app
 from webapp.engine.engine import Engine, LoadedModel
+from webapp.engine.errors import QueueFull
 from webapp.engine.metrics import (
     HISTORY_S,
     ITL_BUCKETS,
+    REQUEST_OUTCOMES,
     EngineMetrics,
     Histogram,
     percentile,
 )
-from webapp.engine.request import Finished, Request, SamplingParams, Status
+from webapp.engine.request import FINISH_REASONS, Finished, FinishReason, Request, SamplingParams, Status
 
 STATIC = {"model": "m", "context": 100, "device": "TEST"}
 
@@ -119,7 +125,7 @@ def test_latency_percentiles_histograms_and_recent_requests(metrics, clock):
     s = metrics.current()
     assert s["ttft_p50_s"] == pytest.approx(0.75) and s["ttft_p95_s"] == pytest.approx(0.75)
     assert s["itl_p50_s"] == pytest.approx(0.05) and s["queue_wait_p50_s"] == pytest.approx(0.5)
-    assert s["requests_total"] == {"stop": 2, "length": 1, "cancelled": 0, "error": 0, "rejected": 0}
+    assert s["requests_total"] == {"stop": 2, "length": 1, "cancelled": 0, "shutdown": 0, "error": 0, "rejected": 0}
     assert [r["id"] for r in s["recent_requests"]] == ["r2", "r1", "r0"]
     recent = s["recent_requests"][0]
     assert recent["queue_wait_s"] == pytest.approx(0.5) and recent["ttft_s"] == pytest.approx(0.75)
@@ -308,3 +314,43 @@ def test_engine_stats_have_every_promised_field_and_a_live_queue(engine):
     assert s["requests_total"]["length"] == 4 and s["generated_tokens_total"] == 11
     assert s["prompt_tokens_total"] == 9 and len(s["recent_requests"]) == 4
     assert s["decode_tokens_per_s"] > 0 and s["ttft_p50_s"] is not None
+
+
+def test_every_finish_reason_the_engine_produces_is_counted_in_metrics():
+    runner = FakeRunner(vocab=8, next_token=lambda last: 3)
+    engine = Engine(lambda: LoadedModel(runner, None, None, "fake", 64, "FAKE"), slots=1, queue_limit=1, prefill_chunk=4).start()
+    client = create_app({"TESTING": True}, engine=engine).test_client()
+    try:
+        assert wait_until(lambda: engine.state == "ok")
+        runner.gate.clear()  # the first request holds the only slot, the second waits
+        aborted = Request([1, 2], SamplingParams(max_tokens=5, temperature=0.0))
+        engine.submit(aborted)
+        assert wait_until(lambda: engine.stats()["running"] == 1)
+        drained = Request([1, 2], SamplingParams(max_tokens=5, temperature=0.0))
+        engine.submit(drained)
+        with pytest.raises(QueueFull):  # counted as "rejected"
+            engine.submit(Request([1, 2], SamplingParams(temperature=0.0)))
+        engine.abort(aborted)
+        drained.cancel(FinishReason.SHUTDOWN)  # what Lifecycle does when a drain runs out of time
+        engine.abort(drained)
+        runner.gate.set()
+        reasons = [drain(aborted), drain(drained)]
+        stopped = Request([1, 2], SamplingParams(max_tokens=5, temperature=0.0, stop_token_ids=frozenset({3})))
+        engine.submit(stopped)
+        reasons.append(drain(stopped))
+        ran_out = Request([1, 2], SamplingParams(max_tokens=1, temperature=0.0))
+        engine.submit(ran_out)
+        reasons.append(drain(ran_out))
+        runner.fault = RuntimeError("injected decode fault")
+        failed = Request([1, 2], SamplingParams(max_tokens=5, temperature=0.0))
+        engine.submit(failed)
+        reasons.append(drain(failed))
+        assert sorted(reasons) == sorted(FINISH_REASONS)
+        assert wait_until(lambda: sum(engine.stats()["requests_total"].values()) == len(FINISH_REASONS) + 1)
+        assert engine.stats()["requests_total"] == dict.fromkeys(REQUEST_OUTCOMES, 1)
+        families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").get_data(as_text=True))}
+        counted = {s.labels["finish_reason"]: s.value for s in families["llm_requests"].samples}
+        assert counted == dict.fromkeys(REQUEST_OUTCOMES, 1.0)
+    finally:
+        runner.gate.set()
+        engine.stop(5)

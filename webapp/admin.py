@@ -23,6 +23,8 @@ from flask import (
     render_template,
 )
 
+from webapp.engine.metrics import REQUEST_OUTCOMES
+
 bp = Blueprint("admin", __name__, url_prefix="/admin")
 
 # Same-origin scripts, styles and fetches only, no inline code: stricter than no policy at all
@@ -44,6 +46,7 @@ def dashboard():
         stats=stats,
         fmt=format_value,
         get=lookup,
+        request_outcomes=REQUEST_OUTCOMES,
         plots=plots(stats),
         slot_rows=[slot_row(s, stats.get("context")) for s in stats.get("slots", [])],
     )

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from flask import Blueprint, Response, current_app, jsonify, request
 
 from webapp import openai_format as fmt
-from webapp.engine.request import Finished, Request, SamplingParams
+from webapp.engine.request import Finished, FinishReason, Request, SamplingParams
 from webapp.lifecycle import RETRY_AFTER_S
 from webapp.openai_format import ApiError
 
@@ -225,7 +225,7 @@ class _Reader:
                 text, matched = matcher.feed("" if item in hidden else decoder.add(item))
             elif isinstance(item, Finished):
                 self._done = True
-                if item.reason == "shutdown":
+                if item.reason == FinishReason.SHUTDOWN:
                     raise ApiError(
                         503,
                         "The server is shutting down and cancelled this request before it "
@@ -233,9 +233,9 @@ class _Reader:
                         code="server_shutting_down",
                         headers={"Retry-After": str(RETRY_AFTER_S)},
                     )
-                if item.reason == "cancelled":  # not by us: we stop reading once we abort
+                if item.reason == FinishReason.CANCELLED:  # not by us: we stop reading once we abort
                     raise ApiError(503, "The server cancelled the request.", code="cancelled")
-                if item.reason not in ("stop", "length"):
+                if item.reason not in (FinishReason.STOP, FinishReason.LENGTH):
                     raise ApiError(500, _ENGINE_FAILED, code="engine_error")
                 text, matched = matcher.feed(decoder.flush())
                 if not matched:
@@ -248,7 +248,7 @@ class _Reader:
                 raise ApiError(500, _ENGINE_FAILED, code="engine_error")
             if matched:
                 self.close()  # the engine would go on generating text nobody will see
-                self.finish_reason = "stop"
+                self.finish_reason = FinishReason.STOP
             if text:
                 yield text
 
@@ -273,7 +273,7 @@ class _Reader:
 
 
 def _finish_reason(reader: _Reader, parser: fmt.OutputParser) -> str:
-    if parser.tool_calls and reader.finish_reason == "stop":
+    if parser.tool_calls and reader.finish_reason == FinishReason.STOP:
         return "tool_calls"
     return reader.finish_reason
 

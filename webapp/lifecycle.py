@@ -39,6 +39,7 @@ import time
 
 from werkzeug.wsgi import ClosingIterator
 
+from webapp.engine.request import FinishReason
 from webapp.openai_format import error_body
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ class Lifecycle:
             self._live.discard(request)
 
     def _cancel(self, request) -> None:
-        request.cancel("shutdown")  # the first reason sticks: abort's own "cancelled" is ignored
+        request.cancel(FinishReason.SHUTDOWN)  # the first reason sticks: abort's own "cancelled" is ignored
         self.engine.abort(request)
 
     # --- draining -----------------------------------------------------------------------------

@@ -25,8 +25,8 @@ import numpy as np
 
 from .errors import EngineNotReady, QueueFull
 from .kv_cache import SlotTable
-from .metrics import EngineMetrics
-from .request import Finished, Request, Status
+from .metrics import REJECTED, EngineMetrics
+from .request import Finished, FinishReason, Request, Status
 from .runner import sample
 from .scheduler import Scheduler
 
@@ -127,7 +127,7 @@ class Engine:
 
     def abort(self, request: Request) -> None:
         if request.status is not Status.FINISHED:
-            request.cancel("cancelled")
+            request.cancel(FinishReason.CANCELLED)
             self._inbox.put(None)  # wake the model thread if it is idle
 
     def health(self) -> dict:
@@ -150,7 +150,7 @@ class Engine:
         snap = self.metrics.current()  # rates and ages brought up to now, from the immutable snapshot
         if snap:
             snap["queue_depth"] = self._waiting  # live: the snapshot lags while a step runs
-            snap["requests_total"] = {**snap["requests_total"], "rejected": self._rejected}
+            snap["requests_total"] = {**snap["requests_total"], REJECTED: self._rejected}
             snap["state"] = self.state
         return snap or {"state": self.state, "model": self.model_name}
 
@@ -250,7 +250,7 @@ class Engine:
     def _emit(self, request: Request, token: int) -> None:
         params = request.params
         if token in params.stop_token_ids and not params.ignore_eos:
-            self._finish(request, "stop")
+            self._finish(request, FinishReason.STOP)
             return
         now = time.monotonic()
         self.metrics.on_token(request, now)
@@ -261,7 +261,7 @@ class Engine:
         request.outputs.put(token)
         # the next step would write position prompt_len + len(output_ids) - 1, which must fit the cache
         if len(request.output_ids) >= params.max_tokens or request.prompt_len + len(request.output_ids) >= self.loaded.context:
-            self._finish(request, "length")
+            self._finish(request, FinishReason.LENGTH)
 
     def _finish(self, request: Request, reason: str) -> None:
         was_waiting = request.status is Status.WAITING
@@ -278,7 +278,7 @@ class Engine:
         for request in requests:
             self.scheduler.forget_slot(request)
             request.outputs.put(error)
-            self._finish(request, "error")
+            self._finish(request, FinishReason.ERROR)
 
     def _publish(self) -> None:
         self.metrics.publish(self._waiting, self.scheduler.running, self.scheduler.slots.slots)
