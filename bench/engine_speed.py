@@ -21,9 +21,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from webapp.engine.engine import Engine, default_model_path, load_gguf_model  # noqa: E402
+from webapp.engine.engine import Engine  # noqa: E402
+from webapp.engine.loader import load_gguf_model  # noqa: E402
 from webapp.engine.model import use_tinygrad_from_this_thread  # noqa: E402
 from webapp.engine.request import Finished, Request, SamplingParams  # noqa: E402
+from webapp.engine.settings import default_model_path  # noqa: E402
 
 SLOTS, CONTEXT, CHUNK = 8, 4096, 32
 

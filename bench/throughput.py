@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from webapp.engine.engine import build_engine  # noqa: E402
+from webapp.engine.loader import build_engine  # noqa: E402
 from webapp.engine.request import Finished, Request, SamplingParams  # noqa: E402
 
 QUESTIONS = [

@@ -93,7 +93,8 @@ def running_server(app, threads: int = 16, **adjustments):
 def tiny_engine_server(path: str, slots: int, queue_limit: int, context: int = 256):
     """The real engine on the GGUF at `path` (prefill chunks of 8) behind a real Waitress server,
     ready to serve; yields (engine, server)."""
-    from webapp.engine.engine import Engine, load_gguf_model
+    from webapp.engine.engine import Engine
+    from webapp.engine.loader import load_gguf_model
     from webapp.engine.model import use_tinygrad_from_this_thread
 
     use_tinygrad_from_this_thread()

@@ -17,6 +17,7 @@ from fakes import BOS, EOS, Reply
 from webapp import create_app
 from webapp import openai_format as fmt
 from webapp.engine.request import Finished
+from webapp.engine.settings import ENGINE_DEFAULTS, engine_settings
 
 HELLO = [{"role": "user", "content": "hello"}]
 TOOLS = [
@@ -743,3 +744,15 @@ def test_config_comes_from_defaults_then_env_then_the_argument(engine, monkeypat
         64,
     )
     assert app.extensions["engine"] is engine
+
+
+def test_a_zero_setting_is_a_value_not_a_missing_one(engine, monkeypatch, tmp_path):
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"")
+    monkeypatch.setenv("LLM_BEAM", "0")  # turns tuned kernels off even after `make tune`
+    monkeypatch.setenv("LLM_MODEL", str(model))
+    app = create_app({"QUEUE_LIMIT": 0, "MAX_CONTEXT": None}, engine=engine)
+    settings = engine_settings(app.config)
+    assert (settings["beam"], settings["queue_limit"]) == (0, 0)
+    assert settings["context"] == ENGINE_DEFAULTS["MAX_CONTEXT"]  # None is unset
+    assert engine_settings({"MODEL": str(model), "BEAM": ""})["beam"] == "auto"

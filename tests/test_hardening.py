@@ -30,7 +30,8 @@ from tiny_models import write_tiny_gguf
 
 from bench import soak
 from webapp import create_app
-from webapp.engine.engine import Engine, LoadedModel
+from webapp.engine.engine import Engine
+from webapp.engine.loader import LoadedModel
 from webapp.engine.request import Finished, Request, SamplingParams
 from webapp.security import listen_hosts, warn_if_exposed
 

@@ -11,8 +11,9 @@ from fakes import FakeRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from webapp import create_app
-from webapp.engine.engine import Engine, LoadedModel
+from webapp.engine.engine import Engine
 from webapp.engine.errors import QueueFull
+from webapp.engine.loader import LoadedModel
 from webapp.engine.metrics import (
     HISTORY_S,
     ITL_BUCKETS,

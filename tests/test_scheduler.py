@@ -5,8 +5,9 @@ import threading
 import numpy as np
 import pytest
 
-from webapp.engine.engine import Engine, LoadedModel, QueueFull
+from webapp.engine.engine import Engine, QueueFull
 from webapp.engine.kv_cache import SlotTable
+from webapp.engine.loader import LoadedModel
 from webapp.engine.request import Finished, Request, SamplingParams, Status
 from webapp.engine.scheduler import Scheduler
 

