@@ -4,7 +4,7 @@
 tokenizer, chat_template, submit, abort, health, stats) without a model. Each submitted request
 plays the next queued `Reply` (or `default_reply`) on its own daemon thread, putting token ids
 and then one `Finished` (or an exception) on `request.outputs`, exactly as the real engine's
-contract says. It honours `max_tokens`, stop token ids and cancellation (finishing with the
+contract says. It refuses a prompt that leaves no room with the engine's own check, and honours `max_tokens`, stop token ids and cancellation (finishing with the
 request's own cancel reason, as the real engine does), and records what it saw:
 `submitted`, `aborted`, plus Events a test can wait on instead of sleeping.
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from webapp.engine.errors import EngineNotReady, QueueFull
+from webapp.engine.errors import EngineNotReady, QueueFull, completion_room
 from webapp.engine.request import Finished, Request, Status
 
 BOS, EOS = 256, 257
@@ -152,6 +152,7 @@ class FakeEngine:
     def submit(self, request: Request) -> None:
         if self.status != "ok":
             raise EngineNotReady("The model is still loading.")
+        completion_room(request.prompt_len, self.max_context)  # PromptTooLong, as the engine says
         if self.queue_full_retry_after is not None:
             raise QueueFull(self.queue_full_retry_after)
         reply = self.replies.popleft() if self.replies else self.default_reply

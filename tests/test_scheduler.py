@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from webapp.engine.engine import Engine, QueueFull
+from webapp.engine.errors import PromptTooLong
 from webapp.engine.kv_cache import SlotTable
 from webapp.engine.loader import LoadedModel
 from webapp.engine.request import Finished, Request, SamplingParams, Status
@@ -150,3 +151,13 @@ def test_abort_of_a_waiting_request_and_queue_limit(engine):
     assert [drain(r)[1] for r in waiting[1:]] == ["length", "length"]
     assert engine.stats()["requests_total"]["rejected"] == 1
     assert engine._waiting == 0
+
+
+def test_a_prompt_that_leaves_no_room_is_refused_at_submit(engine):
+    with pytest.raises(PromptTooLong, match="maximum context length is 64"):
+        engine.submit(request(range(1, 65)))  # 64 tokens in a 64-token context
+    assert engine.stats()["queue_depth"] == 0
+    last = request(range(1, 64), max_tokens=5)
+    engine.submit(last)
+    tokens, reason = drain(last)
+    assert reason == "length" and len(tokens) == 1  # 63 + 1 fills the context

@@ -15,7 +15,7 @@ JSON (a key like `1e3` must stay that string). `webapp.security` guards /v1 with
 
 Every error leaves as OpenAI-shaped JSON, `{"error": {"message", "type", "param", "code"}}`:
 unknown routes (404), wrong methods (405), oversized bodies (413), refused requests (`ApiError`),
-a full queue (429 with `Retry-After`), an engine still loading (503) and unexpected failures (500).
+a prompt too long for the context (400), a full queue (429 with `Retry-After`), an engine still loading (503) and unexpected failures (500).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from flask import Flask, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from webapp import admin, api, chat, prometheus, security
-from webapp.engine.errors import EngineNotReady, QueueFull
+from webapp.engine.errors import EngineNotReady, PromptTooLong, QueueFull
 from webapp.engine.settings import ENGINE_DEFAULTS
 from webapp.lifecycle import Lifecycle
 from webapp.openai_format import ApiError, error_body, error_type
@@ -95,6 +95,10 @@ def _register_error_handlers(app: Flask) -> None:
     @app.errorhandler(QueueFull)
     def queue_full(e: QueueFull):
         return _error(429, str(e), code="queue_full", headers={"Retry-After": str(e.retry_after)})
+
+    @app.errorhandler(PromptTooLong)  # the engine's own guard; the API refuses these before submit
+    def prompt_too_long(e: PromptTooLong):
+        return _error(400, str(e), code="context_length_exceeded")
 
     @app.errorhandler(EngineNotReady)
     def engine_not_ready(e: EngineNotReady):

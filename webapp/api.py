@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from flask import Blueprint, Response, current_app, jsonify, request
 
 from webapp import openai_format as fmt
+from webapp.engine.errors import PromptTooLong, completion_room
 from webapp.engine.request import Finished, FinishReason, Request, SamplingParams
 from webapp.lifecycle import RETRY_AFTER_S
 from webapp.openai_format import ApiError
@@ -159,17 +160,13 @@ def _submit(
     engine, prompt_ids: list[int], params: fmt.GenerationParams, request_id: str, param: str
 ) -> Request:
     """Build the engine request and queue it; QueueFull / EngineNotReady go to the app handlers."""
-    limit = current_app.config.get("MAX_PROMPT_TOKENS")
-    if limit and len(prompt_ids) > limit:
-        raise ApiError(
-            400,
-            f"The prompt has {len(prompt_ids)} tokens; this server accepts at most {limit}.",
-            param,
-            "context_length_exceeded",
+    try:
+        room = completion_room(
+            len(prompt_ids), engine.max_context, current_app.config.get("MAX_PROMPT_TOKENS")
         )
-    max_tokens = fmt.resolve_max_tokens(
-        params.max_tokens, len(prompt_ids), engine.max_context, param
-    )
+    except PromptTooLong as e:
+        raise ApiError(400, str(e), param, "context_length_exceeded") from e
+    max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
     sampling = SamplingParams(
         max_tokens=max_tokens,
         temperature=params.temperature,

@@ -10,8 +10,6 @@ state machine fed strings, so all of it is testable without a server.
   at most `max_messages` messages (default `MAX_MESSAGES`), `MAX_TOOLS` tools, `MAX_STOP_STRINGS`
   stop strings of at most `MAX_STOP_LENGTH` characters each; `parse_json_body` refuses bodies
   nested deeper than `MAX_JSON_DEPTH` or holding text that is not valid Unicode (lone surrogates).
-- `resolve_max_tokens` applies the context limit: a prompt that leaves no room is a 400
-  `context_length_exceeded`; a `max_tokens` beyond the room left is capped to it.
 - Builders (`chat_chunk`, `chat_completion`, `completion_chunk`, ...) return plain dicts in the
   shape the `openai` client parses; `sse` frames one as a server-sent event.
 - `StopMatcher` finds stop strings in streamed text and holds back any tail that could still grow
@@ -212,26 +210,6 @@ def parse_completion_request(body: dict) -> CompletionParams:
         max_tokens=_opt_int(body, "max_tokens", minimum=1),
         prompt=_parse_prompt(body.get("prompt")),
     )
-
-
-def resolve_max_tokens(
-    requested: int | None, prompt_tokens: int, max_context: int, param: str = "messages"
-) -> int:
-    """The completion budget: what was asked for, capped to the room the context leaves.
-
-    `param` names the field that holds the prompt, for the error.
-    """
-    room = max_context - prompt_tokens
-    if room < 1:
-        raise ApiError(
-            400,
-            f"This model's maximum context length is {max_context} tokens, but the prompt has "
-            f"{prompt_tokens} tokens, which leaves no room for a completion. "
-            "Please shorten the prompt.",
-            param,
-            "context_length_exceeded",
-        )
-    return room if requested is None else min(requested, room)
 
 
 def _present(body: dict) -> dict:

@@ -2,7 +2,8 @@
 
 Contract: `Engine.start()` loads the model and warms it up on a new thread, which from then on is
 the only thread that touches tinygrad. Handler threads call `submit(request)` (non-blocking; raises
-`QueueFull` past the queue limit, `EngineNotReady` while loading) and read `request.outputs`;
+`QueueFull` past the queue limit, `EngineNotReady` while loading, `PromptTooLong` for a prompt that
+leaves no room in the context) and read `request.outputs`;
 `abort(request)` retires a request within one engine step. An exception while running a step fails
 only the requests in that step; the thread keeps serving. `health()` is the watchdog: it reports
 "error" when the model thread has died and "stalled" when one pass of its loop, with work to do,
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .errors import EngineNotReady, QueueFull
+from .errors import EngineNotReady, QueueFull, completion_room
 from .kv_cache import SlotTable
 from .metrics import REJECTED, EngineMetrics
 from .request import Finished, FinishReason, Request, Status
@@ -102,8 +103,9 @@ class Engine:
 
     def submit(self, request: Request) -> None:
         loaded = self._require()
-        if request.prompt_len == 0 or request.prompt_len >= loaded.context:
-            raise ValueError(f"prompt of {request.prompt_len} tokens does not fit a context of {loaded.context}")
+        if request.prompt_len == 0:
+            raise ValueError("a request needs at least one prompt token")  # the API never sends one
+        completion_room(request.prompt_len, loaded.context)  # raises PromptTooLong
         with self._lock:
             if self._waiting >= self.queue_limit:
                 self._rejected += 1
