@@ -35,7 +35,7 @@ def random_prompt(rng, n, vocab):
 
 
 def run(engine, prompt, max_tokens):
-    request = Request(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+    request = Request(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0))
     started = time.monotonic()
     engine.submit(request)
     times = []

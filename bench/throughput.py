@@ -50,7 +50,7 @@ def pct(values, q):
 
 class Stream:
     def __init__(self, engine, prompt_ids, tokens):
-        self.request = Request(prompt_ids, SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True))
+        self.request = Request(prompt_ids, SamplingParams(max_tokens=tokens, temperature=0.0))
         self.times: list[float] = []
         self.engine = engine
 

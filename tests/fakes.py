@@ -4,7 +4,7 @@
 tokenizer, chat_template, submit, abort, health, stats) without a model. Each submitted request
 plays the next queued `Reply` (or `default_reply`) on its own daemon thread, putting token ids
 and then one `Finished` (or an exception) on `request.outputs`, exactly as the real engine's
-contract says. It refuses a prompt that leaves no room with the engine's own check, and honours `max_tokens`, stop token ids and cancellation (finishing with the
+contract says; like the engine, it ends a request at a stop token id without outputting it. It refuses a prompt that leaves no room with the engine's own check, and honours `max_tokens`, stop token ids and cancellation (finishing with the
 request's own cancel reason, as the real engine does), and records what it saw:
 `submitted`, `aborted`, plus Events a test can wait on instead of sleeping.
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from webapp.engine.errors import EngineNotReady, QueueFull, completion_room
-from webapp.engine.request import Finished, Request, Status
+from webapp.engine.request import Finished, FinishReason, Request, Status
 
 BOS, EOS = 256, 257
 SPECIALS = {BOS: "<s>", EOS: "</s>"}
@@ -217,13 +217,13 @@ class FakeEngine:
             if isinstance(item, BaseException):
                 self._retire(request, item)
                 return
+            if item in request.params.stop_token_ids:  # ends the request; never output, as in the engine
+                reason = FinishReason.STOP
+                break
             request.output_ids.append(item)
             request.outputs.put(item)
-            if item in request.params.stop_token_ids:
-                reason = "stop"
-                break
             if len(request.output_ids) >= request.params.max_tokens:
-                reason = "length"
+                reason = FinishReason.LENGTH
                 break
         if request.cancel_reason is not None:
             reason = request.cancel_reason  # "cancelled" by an abort, "shutdown" by a drain
@@ -231,7 +231,7 @@ class FakeEngine:
 
     def _retire(self, request: Request, last: Finished | BaseException) -> None:
         request.status = Status.FINISHED
-        request.finish_reason = last.reason if isinstance(last, Finished) else "error"
+        request.finish_reason = last.reason if isinstance(last, Finished) else FinishReason.ERROR
         with self._lock:
             del self._wake[request.id]
         request.outputs.put(last)

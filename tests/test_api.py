@@ -90,7 +90,7 @@ def prompt_ids(engine, messages=HELLO, tools=None):
 
 
 def reply_len(text: str) -> int:
-    return len(text.encode()) + 1  # the bytes and EOS
+    return len(text.encode())  # the bytes: EOS ends the reply and is never output, so never counted
 
 
 # --- happy paths ---------------------------------------------------------------------------------
@@ -123,7 +123,7 @@ def test_chat_completion(openai_client, engine):
     assert r.usage.prompt_tokens_details.cached_tokens == 4
     p = req.params
     assert (p.temperature, p.top_p, p.top_k, p.seed) == (0.5, 0.9, 20, 7)
-    assert p.stop_token_ids == frozenset({EOS}) and not p.ignore_eos
+    assert p.stop_token_ids == frozenset({EOS})
     assert p.max_tokens == engine.max_context - len(
         expected_prompt
     )  # the default fills the context
@@ -216,9 +216,10 @@ def test_max_completion_tokens_wins_over_max_tokens(openai_client, engine):
 
 
 def test_ignore_eos_drops_the_stop_token_ids(openai_client, engine):
+    chat(openai_client)
+    assert engine.submitted[-1].params.stop_token_ids == frozenset({EOS})
     chat(openai_client, extra_body={"ignore_eos": True})
-    params = engine.submitted[-1].params
-    assert params.ignore_eos and params.stop_token_ids == frozenset()
+    assert engine.submitted[-1].params.stop_token_ids == frozenset()
 
 
 def test_null_fields_count_as_absent(server):

@@ -174,7 +174,6 @@ def _submit(
         top_k=params.top_k,
         seed=params.seed,
         stop_token_ids=frozenset() if params.ignore_eos else frozenset(engine.tokenizer.stop_ids),
-        ignore_eos=params.ignore_eos,
     )
     req = Request(prompt_ids, sampling, id=request_id)
     engine.submit(req)
@@ -213,13 +212,11 @@ class _Reader:
     def texts(self) -> Iterator[str]:
         decoder = self.engine.tokenizer.stream_decoder()
         matcher = fmt.StopMatcher(self._stop)
-        # Stop tokens end the reply; their text (e.g. "<|im_end|>") is not part of it.
-        hidden = self.request.params.stop_token_ids
         while self.finish_reason is None:
             item = self._next()
             if isinstance(item, int):
                 self.completion_tokens += 1
-                text, matched = matcher.feed("" if item in hidden else decoder.add(item))
+                text, matched = matcher.feed(decoder.add(item))
             elif isinstance(item, Finished):
                 self._done = True
                 if item.reason == FinishReason.SHUTDOWN:

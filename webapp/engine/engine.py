@@ -237,7 +237,7 @@ class Engine:
 
     def _emit(self, request: Request, token: int) -> None:
         params = request.params
-        if token in params.stop_token_ids and not params.ignore_eos:
+        if token in params.stop_token_ids:
             self._finish(request, FinishReason.STOP)
             return
         now = time.monotonic()

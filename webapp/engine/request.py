@@ -46,8 +46,9 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 = no top-k cut
     seed: int | None = None
+    # Tokens that end the request without being output (the tokenizer's end-of-turn ids; none when
+    # the client asked for ignore_eos). The engine never puts one on `outputs`.
     stop_token_ids: frozenset[int] = frozenset()
-    ignore_eos: bool = False
 
 
 class Status(enum.Enum):
