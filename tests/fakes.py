@@ -277,3 +277,32 @@ class FakeRunner:
             time.sleep(self.step_s)  # a model step takes time; lets requests overlap
         self.calls.append(("decode", tuple(r.id for r in batch)))
         return np.stack([self._logits(r.output_ids[-1]) for r in batch])  # (B, vocab)
+
+
+# --- sample tool definitions and model outputs (the API and output-text tests share them) ----------
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather forecast for a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+HERMES = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
+)
+XML = (
+    "Let me check.\n<tool_call>\n<function=get_weather>\n"
+    "<parameter=city>\nSan Francisco\n</parameter>\n"
+    "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n"
+    "<parameter=city>\n2024\n</parameter>\n</function>\n</tool_call>"
+)
+

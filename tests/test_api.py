@@ -12,29 +12,13 @@ import urllib.request
 
 import openai
 import pytest
-from fakes import BOS, EOS, Reply
+from fakes import BOS, EOS, HERMES, TOOLS, XML, Reply
 
 from webapp import create_app
-from webapp import openai_format as fmt
 from webapp.engine.request import Finished
 from webapp.engine.settings import ENGINE_DEFAULTS, engine_settings
 
 HELLO = [{"role": "user", "content": "hello"}]
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather forecast for a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
-
 
 def chat(client, stream=False, messages=HELLO, **kw):
     return client.chat.completions.create(
@@ -231,16 +215,6 @@ def test_null_fields_count_as_absent(server):
 
 # --- tool calls and reasoning --------------------------------------------------------------------
 
-HERMES = (
-    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
-)
-XML = (
-    "Let me check.\n<tool_call>\n<function=get_weather>\n"
-    "<parameter=city>\nSan Francisco\n</parameter>\n"
-    "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n"
-    "<parameter=city>\n2024\n</parameter>\n</function>\n</tool_call>"
-)
-
 
 def streamed_tool_calls(chunks) -> list[dict]:
     calls: dict[int, dict] = {}
@@ -354,47 +328,6 @@ def test_reasoning_when_the_template_opens_the_think_block(openai_client, engine
     engine.replies.append(Reply.text("Hmm, a greeting.</think>\n\nHi!"))
     _, content, reasoning = streamed(openai_client)
     assert (content, reasoning) == ("Hi!", "Hmm, a greeting.")
-
-
-# --- the text state machines, fed every possible split -----------------------------------------
-
-
-def _merged(pieces):
-    out = []
-    for kind, value in pieces:
-        if out and kind != "tool_call" and out[-1][0] == kind:
-            out[-1] = (kind, out[-1][1] + value)
-        else:
-            out.append((kind, value))
-    return [(k, json.loads(v["function"]["arguments"]) if k == "tool_call" else v) for k, v in out]
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "<think>\nplan\n</think>\n\nDone. " + HERMES,
-        XML,
-        "plain <b>text</b> with a <tool_call stray tag",
-        "<think>never closed",
-    ],
-)
-def test_output_parser_gives_the_same_pieces_for_every_split(text):
-    whole = fmt.OutputParser(TOOLS)
-    expected = _merged(whole.feed(text) + whole.finish())
-    for cut in range(1, len(text)):
-        parser = fmt.OutputParser(TOOLS)
-        pieces = parser.feed(text[:cut]) + parser.feed(text[cut:]) + parser.finish()
-        assert _merged(pieces) == expected, cut
-
-
-def test_stop_matcher_never_emits_any_part_of_a_stop_string():
-    text = "abc STOP def"
-    for cut in range(len(text) + 1):
-        matcher = fmt.StopMatcher(["STOP", "xyz"])
-        first, hit1 = matcher.feed(text[:cut])
-        second, hit2 = (first, hit1) if hit1 else matcher.feed(text[cut:])
-        emitted = first + ("" if hit1 else second)
-        assert (emitted, hit1 or hit2) == ("abc ", True), cut
 
 
 # --- completions ---------------------------------------------------------------------------------

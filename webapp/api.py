@@ -32,6 +32,7 @@ from webapp.engine.errors import PromptTooLong, completion_room
 from webapp.engine.request import Finished, FinishReason, Request, SamplingParams
 from webapp.lifecycle import RETRY_AFTER_S
 from webapp.openai_format import ApiError
+from webapp.output_text import OutputParser, Piece, StopMatcher, opens_reasoning
 
 bp = Blueprint("api", __name__)
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ def chat_completions():
     ids = _encode(engine.tokenizer, prompt)
     req = _submit(engine, ids, params, fmt.new_id("chatcmpl"), "messages")
     reader = _Reader(engine, req, params.stop, _disconnected(), _lifecycle())
-    parser = fmt.OutputParser(tools, in_reasoning=fmt.opens_reasoning(prompt))
+    parser = OutputParser(tools, in_reasoning=opens_reasoning(prompt))
     model = params.model or engine.model_name
     if params.stream:
         return _event_stream(reader, _chat_events(reader, parser, params.include_usage, model))
@@ -211,7 +212,7 @@ class _Reader:
 
     def texts(self) -> Iterator[str]:
         decoder = self.engine.tokenizer.stream_decoder()
-        matcher = fmt.StopMatcher(self._stop)
+        matcher = StopMatcher(self._stop)
         while self.finish_reason is None:
             item = self._next()
             if isinstance(item, int):
@@ -266,7 +267,7 @@ class _Reader:
             self.engine.abort(self.request)
 
 
-def _finish_reason(reader: _Reader, parser: fmt.OutputParser) -> str:
+def _finish_reason(reader: _Reader, parser: OutputParser) -> str:
     if parser.tool_calls and reader.finish_reason == FinishReason.STOP:
         return "tool_calls"
     return reader.finish_reason
@@ -298,7 +299,7 @@ def _event_stream(reader: _Reader, events: Iterator[str]) -> Response:
 
 
 def _chat_events(
-    reader: _Reader, parser: fmt.OutputParser, include_usage: bool, model: str
+    reader: _Reader, parser: OutputParser, include_usage: bool, model: str
 ) -> Iterator[str]:
     rid, created = reader.request.id, reader.created
 
@@ -323,7 +324,7 @@ def _chat_events(
     yield fmt.SSE_DONE
 
 
-def _parse(reader: _Reader, parser: fmt.OutputParser) -> Iterator[list[fmt.Piece]]:
+def _parse(reader: _Reader, parser: OutputParser) -> Iterator[list[Piece]]:
     for text in reader.texts():
         yield parser.feed(text)
     yield parser.finish()
