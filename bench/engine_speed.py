@@ -21,6 +21,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from webapp.engine.tinygrad_setup import prepare_tinygrad  # noqa: E402
+
+prepare_tinygrad()  # before the model module imports tinygrad, which reads HCQ2 then
+
 from webapp.engine.engine import Engine  # noqa: E402
 from webapp.engine.loader import load_gguf_model  # noqa: E402
 from webapp.engine.model import use_tinygrad_from_this_thread  # noqa: E402

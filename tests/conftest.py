@@ -4,13 +4,14 @@ a free local port, and the real `openai` client pointed at that server."""
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from types import SimpleNamespace
 
-# tinygrad reads HCQ2 at import, and some test modules import it before the engine's model does
-os.environ.setdefault("HCQ2", "1")
+from webapp.engine.tinygrad_setup import prepare_tinygrad
+
+# tinygrad reads HCQ2 at import, and some test modules import it before the engine loads a model
+prepare_tinygrad()
 
 import openai  # noqa: E402
 import pytest  # noqa: E402
@@ -18,7 +19,7 @@ import waitress  # noqa: E402
 from fakes import FakeEngine  # noqa: E402
 from waitress import wasyncore  # noqa: E402
 
-from webapp import create_app
+from webapp import create_app  # noqa: E402
 
 
 @pytest.fixture

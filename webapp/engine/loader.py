@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from .engine import Engine
 from .settings import engine_settings
+from .tinygrad_setup import prepare_tinygrad
 
 if TYPE_CHECKING:
     from .runner import Runner
@@ -48,6 +49,7 @@ class LoadedModel:
 
 def load_gguf_model(path: str, slots: int, max_context: int, prefill_chunk: int, beam="auto") -> LoadedModel:
     """The real loader: tinygrad model, GGUF tokenizer and the file's chat template."""
+    prepare_tinygrad()  # before tinygrad's first import: it reads HCQ2 then
     from tinygrad import Device
 
     from .chat_template import ChatTemplate
