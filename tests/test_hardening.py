@@ -3,7 +3,7 @@ the watchdog, slow readers, draining on shutdown, and a soak of a real `waitress
 
 Web-layer checks use the scripted FakeEngine (fast, deterministic); engine-level ones use the real
 engine, either on a tiny random GGUF behind an in-process Waitress (faults, hostile template, slow
-reader) or on a stub runner (watchdog); the last tests start `waitress-serve` itself, soak it with
+reader) or on the fake runner (watchdog); the last tests start `waitress-serve` itself, soak it with
 `bench/soak.py` and stop it with SIGTERM while a stream runs.
 """
 
@@ -20,10 +20,9 @@ import threading
 import time
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 from conftest import running_server, slots_idle, tiny_engine_server, wait_until
-from fakes import FakeChatTemplate, FakeTokenizer, Reply
+from fakes import FakeChatTemplate, FakeRunner, FakeTokenizer, Reply
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_models import write_tiny_gguf
@@ -573,30 +572,7 @@ def test_a_reader_that_stalls_holds_only_its_own_thread(engine):
         engine.close()
 
 
-# --- the watchdog (real engine loop, stub runner) ------------------------------------------------
-
-
-class StubRunner:
-    """Logits of zeros: token 0 every time. `gate` set to an Event holds each decode until it is set."""
-
-    vocab = 258
-
-    def __init__(self):
-        self.gate: threading.Event | None = None
-        self.fatal: BaseException | None = None
-
-    def warm_up(self, progress):
-        return 0.0
-
-    def prefill(self, request, tokens, start):
-        return np.zeros(self.vocab, np.float32)  # (vocab,)
-
-    def decode(self, batch, positions):
-        if self.fatal is not None:
-            raise self.fatal
-        if self.gate is not None:
-            self.gate.wait(30)
-        return np.zeros((len(batch), self.vocab), np.float32)  # (B, vocab)
+# --- the watchdog (real engine loop, fake runner) ------------------------------------------------
 
 
 class ThreadKiller(BaseException):
@@ -605,15 +581,14 @@ class ThreadKiller(BaseException):
 
 @pytest.fixture
 def stub_engine():
-    runner = StubRunner()
+    runner = FakeRunner(vocab=258, next_token=lambda last: 0)  # token 0 every time
     loaded = LoadedModel(runner, FakeTokenizer(), FakeChatTemplate(), "stub", 128, "none")
     engine = Engine(
         lambda: loaded, slots=2, queue_limit=4, prefill_chunk=8, stall_seconds=0.3
     ).start()
     assert wait_until(lambda: engine.state == "ok")
     yield engine, runner
-    if runner.gate is not None:
-        runner.gate.set()
+    runner.gate.set()
     engine.stop(5)
 
 
@@ -622,7 +597,7 @@ def test_health_turns_503_while_a_step_stalls_and_recovers(stub_engine):
     client = create_app({"TESTING": True}, engine=engine).test_client()
     time.sleep(0.5)  # idle for longer than the bound: sleeping on an empty inbox is no stall
     assert client.get("/health").status_code == 200
-    runner.gate = threading.Event()
+    runner.gate.clear()
     request = Request([1, 2, 3], SamplingParams(max_tokens=3, temperature=0))
     engine.submit(request)
     assert wait_until(lambda: client.get("/health").status_code == 503, timeout=5)
@@ -638,7 +613,7 @@ def test_health_turns_503_while_a_step_stalls_and_recovers(stub_engine):
 def test_health_turns_503_when_the_model_thread_dies(stub_engine):
     engine, runner = stub_engine
     client = create_app({"TESTING": True}, engine=engine).test_client()
-    runner.fatal = ThreadKiller()
+    runner.fault = ThreadKiller()
     engine.submit(Request([1, 2, 3], SamplingParams(max_tokens=3, temperature=0)))
     assert wait_until(lambda: not engine._thread.is_alive())
     r = client.get("/health")

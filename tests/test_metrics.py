@@ -4,7 +4,6 @@ histograms, the per-second history, an immutable snapshot; then the engine's sta
 import threading
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 from conftest import wait_until
 from fakes import FakeRunner
@@ -243,27 +242,9 @@ def test_history_has_one_point_a_second_for_ten_minutes(metrics, clock):
 # --- the engine's stats() around these metrics -------------------------------------------------------
 
 
-class SteppingRunner:
-    """Predicts token 3 forever; each decode step waits on `gate`, so a test can hold the engine mid-step."""
-
-    def __init__(self):
-        self.gate = threading.Event()
-        self.gate.set()
-
-    def prefill(self, request, tokens, start):
-        return np.eye(8, dtype=np.float32)[3]
-
-    def decode(self, batch, positions):
-        self.gate.wait(10)
-        return np.stack([np.eye(8, dtype=np.float32)[3]] * len(batch))
-
-    def warm_up(self, progress):
-        return 0.0
-
-
 @pytest.fixture
 def engine():
-    runner = SteppingRunner()
+    runner = FakeRunner(vocab=8, next_token=lambda last: 3)  # token 3 forever
     eng = Engine(lambda: LoadedModel(runner, None, None, "fake", 64, "FAKE"), slots=1, queue_limit=4, prefill_chunk=4)
     eng.start()
     for _ in range(500):
@@ -283,7 +264,7 @@ def drain(request):
 
 def test_engine_stats_have_every_promised_field_and_a_live_queue(engine):
     eng, runner = engine
-    runner.gate.clear()  # the model thread stalls inside its first decode step
+    runner.gate.clear()  # the model thread stalls inside its first step
     first = Request([1, 2, 3], SamplingParams(max_tokens=5, temperature=0.0))
     eng.submit(first)
     for _ in range(500):

@@ -2,8 +2,8 @@
 
 import threading
 
-import numpy as np
 import pytest
+from fakes import FakeRunner
 
 from webapp.engine.engine import Engine, QueueFull
 from webapp.engine.errors import PromptTooLong
@@ -19,34 +19,6 @@ def request(prompt, max_tokens=3):
     return Request(list(prompt), SamplingParams(max_tokens=max_tokens, temperature=0.0))
 
 
-class FakeRunner:
-    """Always predicts (last fed token + 1) % VOCAB and logs every call."""
-
-    def __init__(self):
-        self.calls = []
-        self.gate = threading.Event()
-        self.gate.set()
-
-    def _logits(self, token):
-        row = np.zeros(VOCAB, dtype=np.float32)
-        row[(token + 1) % VOCAB] = 1.0
-        return row
-
-    def prefill(self, req, tokens, start):
-        self.gate.wait(10)
-        self.calls.append(("prefill", req.id, start, len(tokens)))
-        return self._logits(tokens[-1])
-
-    def decode(self, batch, positions):
-        self.gate.wait(10)
-        threading.Event().wait(0.005)  # a model step takes time; lets requests overlap
-        self.calls.append(("decode", tuple(r.id for r in batch)))
-        return np.stack([self._logits(r.output_ids[-1]) for r in batch])
-
-    def warm_up(self, progress):
-        return 0.0
-
-
 def drain(req, timeout=10):
     tokens = []
     while not isinstance(item := req.outputs.get(timeout=timeout), Finished):
@@ -56,7 +28,7 @@ def drain(req, timeout=10):
 
 @pytest.fixture
 def engine():
-    runner = FakeRunner()
+    runner = FakeRunner(vocab=VOCAB, step_s=0.005)
     eng = Engine(lambda: LoadedModel(runner, None, None, "fake", 64, "FAKE"), slots=2, queue_limit=3, prefill_chunk=4)
     eng.start()
     while eng.state == "loading":
