@@ -73,7 +73,6 @@ def create_app(config: dict | None = None, engine=None) -> Flask:
     app.wsgi_app = lifecycle.wrap(app.wsgi_app)
 
     security.install(app)  # app-level hooks: they hold for every blueprint below
-    # Later pages (/admin, /metrics) are blueprints registered here too.
     for blueprint in (api.bp, chat.bp, admin.bp, prometheus.bp):
         app.register_blueprint(blueprint)
     _register_error_handlers(app)

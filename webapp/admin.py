@@ -39,7 +39,7 @@ def dashboard():
     html = render_template(
         "admin.html",
         stats=stats,
-        fmt=format_value,
+        format_value=format_value,
         get=lookup,
         request_outcomes=REQUEST_OUTCOMES,
         plots=plots(stats),

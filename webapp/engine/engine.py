@@ -224,7 +224,7 @@ class Engine:
         batch = [r for r in self.scheduler.decoding() if r.output_ids]
         if not batch:
             return
-        positions = [len(self.scheduler.slots.slots[r.slot].tokens) for r in batch]
+        positions = [self.scheduler.position(r) for r in batch]
         try:
             logits = self.loaded.runner.decode(batch, positions)
         except Exception as e:

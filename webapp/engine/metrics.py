@@ -233,8 +233,10 @@ def _slot(slot) -> MappingProxyType:
             "index": slot.index,
             "state": owner.status.value if owner is not None else ("cached" if slot.tokens else "empty"),
             "request_id": owner.id if owner is not None else None,
+            # positions the slot's KV cache holds now (prompt and output so far, or what an idle slot keeps)
             "tokens_cached": len(slot.tokens),
             "prompt_tokens": owner.prompt_len if owner is not None else None,
+            # the owner's prompt tokens found in this cache at admission (Request.cached_tokens)
             "reused_tokens": owner.cached_tokens if owner is not None else None,
             "tokens_generated": len(owner.output_ids) if owner is not None else 0,
             "submitted_at": owner.submitted_at if owner is not None else None,

@@ -75,7 +75,9 @@ class Request:
     # Owned by the model thread once submitted; handlers only read them after Finished.
     status: Status = Status.WAITING
     output_ids: list[int] = field(default_factory=list)
-    cached_tokens: int = 0  # prompt tokens served from the KV cache instead of prefilled
+    # prompt tokens found in the slot's KV cache at admission, so not prefilled (OpenAI's usage
+    # `cached_tokens`; a slot view's "reused_tokens")
+    cached_tokens: int = 0
     prefilled_tokens: int = 0
     slot: int | None = None
     rng: object = None  # the request's own sampling generator, made at admission from params.seed
