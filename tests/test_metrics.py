@@ -5,7 +5,7 @@ import threading
 from types import SimpleNamespace
 
 import pytest
-from conftest import wait_until
+from conftest import Clock, drain_outputs, wait_until
 from fakes import FakeRunner
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -21,17 +21,9 @@ from webapp.engine.metrics import (
     Histogram,
     percentile,
 )
-from webapp.engine.request import FINISH_REASONS, Finished, FinishReason, Request, SamplingParams, Status
+from webapp.engine.request import FINISH_REASONS, FinishReason, Request, SamplingParams, Status
 
 STATIC = {"model": "m", "context": 100, "device": "TEST"}
-
-
-class Clock:
-    def __init__(self, now=1000.0):
-        self.now = now
-
-    def __call__(self):
-        return self.now
 
 
 def slot(index, owner=None, tokens=0):
@@ -256,12 +248,6 @@ def engine():
     eng.stop(5)
 
 
-def drain(request):
-    while not isinstance(item := request.outputs.get(timeout=10), Finished):
-        pass
-    return item.reason
-
-
 def test_engine_stats_have_every_promised_field_and_a_live_queue(engine):
     eng, runner = engine
     runner.gate.clear()  # the model thread stalls inside its first step
@@ -278,7 +264,7 @@ def test_engine_stats_have_every_promised_field_and_a_live_queue(engine):
     assert s["queue_depth"] == 3  # counted at submit, though no snapshot was published since
     assert s["running"] == 1 and s["slots"][0]["state"] in ("prefill", "decode")
     runner.gate.set()
-    assert [drain(r) for r in (first, *waiting)] == ["length"] * 4
+    assert [drain_outputs(r)[1] for r in (first, *waiting)] == ["length"] * 4
     for _ in range(500):
         s = eng.stats()
         if s["running"] == 0 and s["queue_depth"] == 0:
@@ -316,17 +302,17 @@ def test_every_finish_reason_the_engine_produces_is_counted_in_metrics():
         drained.cancel(FinishReason.SHUTDOWN)  # what Lifecycle does when a drain runs out of time
         engine.abort(drained)
         runner.gate.set()
-        reasons = [drain(aborted), drain(drained)]
+        reasons = [drain_outputs(aborted)[1], drain_outputs(drained)[1]]
         stopped = Request([1, 2], SamplingParams(max_tokens=5, temperature=0.0, stop_token_ids=frozenset({3})))
         engine.submit(stopped)
-        reasons.append(drain(stopped))
+        reasons.append(drain_outputs(stopped)[1])
         ran_out = Request([1, 2], SamplingParams(max_tokens=1, temperature=0.0))
         engine.submit(ran_out)
-        reasons.append(drain(ran_out))
+        reasons.append(drain_outputs(ran_out)[1])
         runner.fault = RuntimeError("injected decode fault")
         failed = Request([1, 2], SamplingParams(max_tokens=5, temperature=0.0))
         engine.submit(failed)
-        reasons.append(drain(failed))
+        reasons.append(drain_outputs(failed)[1])
         assert sorted(reasons) == sorted(FINISH_REASONS)
         assert wait_until(lambda: sum(engine.stats()["requests_total"].values()) == len(FINISH_REASONS) + 1)
         assert engine.stats()["requests_total"] == dict.fromkeys(REQUEST_OUTCOMES, 1)
