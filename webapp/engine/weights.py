@@ -116,6 +116,7 @@ class WeightSource:
         # llama files interleave each head's rotary pairs in q and k rows
         self._rope_heads = {"attn_q.weight": n_heads, "attn_k.weight": n_kv_heads} if arch == "llama" else {}
         self.forms: Counter = Counter()  # which form each matrix took, for the log
+        self._blocks: dict[tuple[str, ...], BlockWeight | None] = {}  # a tied head shares the embedding's blocks
 
     def has(self, name: str) -> bool:
         return name in self.tensors
@@ -132,6 +133,11 @@ class WeightSource:
         return unpermute_rope_rows(t, heads) if heads else t
 
     def _block(self, names: tuple[str, ...]) -> BlockWeight | None:
+        if names not in self._blocks:
+            self._blocks[names] = self._read_blocks(names)
+        return self._blocks[names]
+
+    def _read_blocks(self, names: tuple[str, ...]) -> BlockWeight | None:
         """The matrices' blocks stacked by rows, when all share one type with a kernel."""
         if self.kernels is None or any(n not in self._raw for n in names):
             return None

@@ -251,13 +251,15 @@ static void row_dot(int type, const uint8_t *w, int cols, const xblock *const *x
         int sc0, m0, sc1, m1;
         q4k_scale_min(w + 4, j, &sc0, &m0);
         q4k_scale_min(w + 4, j + 1, &sc1, &m1);
+        const __m256 ds0 = _mm256_set1_ps(d * sc0), ds1 = _mm256_set1_ps(d * sc1);
+        const float dm0 = dmin * m0, dm1 = dmin * m1;
         const __m256i raw = _mm256_loadu_si256((const __m256i *)qs), mask = _mm256_set1_epi8(15);
         const __m256i lo = _mm256_and_si256(raw, mask), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
         for (int t = 0; t < n; t++) {
           const xblock *x0 = &xs[t][8 * sb + j], *x1 = x0 + 1;
-          sum[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * sc0 * x0->d), _mm256_cvtepi32_ps(dot_u8(lo, xq(x0))), sum[t]);
-          sum[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * sc1 * x1->d), _mm256_cvtepi32_ps(dot_u8(hi, xq(x1))), sum[t]);
-          extra[t] -= dmin * (m0 * x0->d * (x0->sum16[0] + x0->sum16[1]) + m1 * x1->d * (x1->sum16[0] + x1->sum16[1]));
+          sum[t] = _mm256_fmadd_ps(_mm256_mul_ps(ds0, _mm256_broadcast_ss(&x0->d)), _mm256_cvtepi32_ps(dot_u8(lo, xq(x0))), sum[t]);
+          sum[t] = _mm256_fmadd_ps(_mm256_mul_ps(ds1, _mm256_broadcast_ss(&x1->d)), _mm256_cvtepi32_ps(dot_u8(hi, xq(x1))), sum[t]);
+          extra[t] -= dm0 * x0->s + dm1 * x1->s;
         }
       }
     }
@@ -281,11 +283,12 @@ static void row_dot(int type, const uint8_t *w, int cols, const xblock *const *x
           const int s0 = sc[2 * k], s1 = sc[2 * k + 1];
           /* int16 lanes 0-7 hold the first 16 values' pair sums, lanes 8-15 the second 16's */
           const __m256i scales = _mm256_set_m128i(_mm_set1_epi16((short)s1), _mm_set1_epi16((short)s0));
+          const __m256 dv = _mm256_set1_ps(d);
           for (int t = 0; t < n; t++) {
             const xblock *x = &xs[t][8 * sb + 4 * half + k];
             const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], xq(x)), scales);
-            sum[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(dot), sum[t]);
-            extra[t] -= 32.0f * d * x->d * (s0 * x->sum16[0] + s1 * x->sum16[1]);
+            sum[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_broadcast_ss(&x->d)), _mm256_cvtepi32_ps(dot), sum[t]);
+            extra[t] -= 32.0f * d * x->d * (float)(s0 * x->sum16[0] + s1 * x->sum16[1]);
           }
         }
       }
