@@ -116,9 +116,9 @@ def run_stream(stream: Stream, port: int, prefix: str, model: str, max_tokens: i
         conn.close()
 
 
-def run_level(port: int, prefix: str, model: str, clients: int, max_tokens: int, timeout: float) -> dict:
-    # a level tag in every question: no level reuses another's cached prompt beyond the chat template's head
-    streams = [Stream(f"(L{clients}.{i}) {QUESTIONS[i % len(QUESTIONS)]}") for i in range(clients)]
+def run_level(port: int, prefix: str, model: str, clients: int, max_tokens: int, timeout: float, tag: str) -> dict:
+    # a tag in every question: no level reuses another's cached prompt beyond the chat template's head
+    streams = [Stream(f"({tag}.{i}) {QUESTIONS[i % len(QUESTIONS)]}") for i in range(clients)]
     deadline = time.monotonic() + timeout
     threads = [threading.Thread(target=run_stream, args=(s, port, prefix, model, max_tokens, deadline)) for s in streams]
     started = time.monotonic()
@@ -149,10 +149,10 @@ def measure(label: str, url: str, levels: list[int], max_tokens: int, timeout: f
     port, prefix = parse_base_url(url)
     model = first_model_id(port, prefix)
     # one short request first: anything a server does lazily on its first request stays out of the table
-    run_level(port, prefix, model, 1, 8, timeout)
+    run_level(port, prefix, model, 1, 8, timeout, "warm-up")
     rows = []
     for clients in levels:
-        row = run_level(port, prefix, model, clients, max_tokens, timeout)
+        row = run_level(port, prefix, model, clients, max_tokens, timeout, f"L{clients}")
         rows.append({"server": label, **row})
         print(f"  {label}: {clients} clients, {row['agg']:.1f} tok/s, {len(row['errors'])} errors", file=sys.stderr)
     return rows
