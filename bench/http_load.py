@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--url2", help="a second server's base URL, measured after the first")
     ap.add_argument("--start-ours", action="store_true", help="start this checkout's server (make serve) for the run")
     ap.add_argument("--start-llama-server", metavar="PATH", help="start this llama-server binary on --model for the run")
-    ap.add_argument("--model", help="GGUF for llama-server (default: our default model)")
+    ap.add_argument("--model", help="GGUF for the servers started here (default: LLM_MODEL, else our default model)")
     ap.add_argument("--levels", default="1,4,8,16", help="concurrent clients per level, comma-separated")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--timeout", type=float, default=600, help="seconds each level may take before its streams count as errors")
@@ -190,11 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     # (label, url or a function that starts the server); servers we start run only during their turn
     targets: list[tuple[str, object]] = []
     if args.start_ours:
-        targets.append(("tinyserve", start_ours))
+        targets.append(("tinyserve", lambda: start_ours(model=args.model)))
     if args.start_llama_server:
         from webapp.engine.engine import default_model_path
 
-        model = args.model or default_model_path()
+        model = args.model or os.environ.get("LLM_MODEL") or default_model_path()
         targets.append(("llama-server", lambda: start_llama_server(args.start_llama_server, model)))
     for url in (args.url, args.url2):
         if url:

@@ -116,12 +116,12 @@ class Launched:
         self.stop()
 
 
-def start_ours(port: int = 0, timeout: float = 900) -> Launched:
+def start_ours(port: int = 0, timeout: float = 900, model: str | None = None) -> Launched:
     """The Makefile's `serve` target (its Waitress flags live there) on 127.0.0.1, ready. `-o install`
     skips the install step: the bench runs from an installed checkout and must not touch the venv."""
     port = port or free_port()
     argv = ["make", "-s", "-o", "install", "serve", f"HOST={HOST}", f"PORT={port}"]
-    server = Launched("tinyserve", argv, port)
+    server = Launched("tinyserve", argv, port, {"LLM_MODEL": model} if model else None)
     try:
         server.wait_ready(timeout)
     except BaseException:
