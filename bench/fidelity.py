@@ -1,6 +1,7 @@
 """Fidelity against llama.cpp: how often our top-1 token equals llama.cpp's along its own greedy text.
 
-Usage: DEV=CPU .venv/bin/python bench/fidelity.py --llama-server PATH [--model GGUF] [--tokens 64]
+Usage: DEV=CPU .venv/bin/python bench/fidelity.py --llama-server PATH [--model GGUF] [--tokens 64] [--save FILE]
+       DEV=CPU .venv/bin/python bench/fidelity.py --continuations FILE [--model GGUF]
 
 Eight chat prompts (the load benches' first eight questions in the model's chat template, tokenized
 by our tokenizer) go to a `llama-server` started here, as token ids to its native `/completion`
@@ -8,7 +9,9 @@ endpoint (`return_tokens`, greedy, `n_predict` = --tokens), so both sides see th
 tokens. llama.cpp's continuation is then fed through our model in this process by teacher forcing:
 the prompt is prefilled, and each of llama.cpp's tokens is decoded in turn at width 1. At every
 position we compare our argmax with llama.cpp's token. If llama.cpp stops early at an end-of-text
-token, that token is in its list and is compared too.
+token, that token is in its list and is compared too. `--save FILE` keeps the prompts and llama.cpp's
+tokens as JSON; `--continuations FILE` replays them without llama.cpp, so a before/after pair of
+engines is judged against the very same tokens.
 
 Our side uses only `load_gguf_model(...)` and two calls on `runner.model`: `prefill(tokens, slot,
 start, piece)` (logits (1, vocab) of the last token) and `decode(tokens, slots, positions, width)`
@@ -77,9 +80,12 @@ def teacher_forced_matches(model, piece: int, prompt: list[int], theirs: list[in
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--llama-server", required=True, metavar="PATH", help="llama.cpp's llama-server binary")
     ap.add_argument("--model", help="GGUF file (default: our default model)")
+    source = ap.add_mutually_exclusive_group(required=True)
+    source.add_argument("--llama-server", metavar="PATH", help="llama.cpp's llama-server binary, started here")
+    source.add_argument("--continuations", metavar="FILE", help="prompts and llama.cpp tokens saved by --save")
     ap.add_argument("--tokens", type=int, default=64, help="llama.cpp tokens per prompt")
+    ap.add_argument("--save", metavar="FILE", help="write the prompts and llama.cpp's tokens here (JSON)")
     args = ap.parse_args(argv)
     path = args.model or default_model_path()
 
@@ -87,11 +93,21 @@ def main(argv: list[str] | None = None) -> int:
     loaded = load_gguf_model(path, SLOTS, CONTEXT, CHUNK)
     print(f"  our model loaded in {time.monotonic() - started:.1f} s", file=sys.stderr)
     tokenizer, template = loaded.tokenizer, loaded.chat_template
-    prompts = [tokenizer.encode(template.render([{"role": "user", "content": q}])) for q in QUESTIONS[:PROMPTS]]
-
-    with start_llama_server(args.llama_server, path, parallel=1, context=CONTEXT) as server:
-        continuations = [llama_continuation(server.port, p, args.tokens) for p in prompts]
-    print("  llama.cpp continuations done", file=sys.stderr)
+    if args.continuations:
+        with open(args.continuations) as f:
+            saved = json.load(f)
+        if saved["model"] != os.path.basename(path):
+            raise SystemExit(f"{args.continuations} holds continuations of {saved['model']}, not of {os.path.basename(path)}")
+        prompts, continuations = saved["prompts"], [tuple(c) for c in saved["continuations"]]
+        args.tokens = saved["tokens"]
+    else:
+        prompts = [tokenizer.encode(template.render([{"role": "user", "content": q}])) for q in QUESTIONS[:PROMPTS]]
+        with start_llama_server(args.llama_server, path, parallel=1, context=CONTEXT) as server:
+            continuations = [llama_continuation(server.port, p, args.tokens) for p in prompts]
+        print("  llama.cpp continuations done", file=sys.stderr)
+    if args.save:
+        with open(args.save, "w") as f:
+            json.dump({"model": os.path.basename(path), "tokens": args.tokens, "prompts": prompts, "continuations": continuations}, f)
 
     model, piece = loaded.runner.model, loaded.runner.piece
     rows = []
