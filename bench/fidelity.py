@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from bench.servers import HOST, start_llama_server, usable_cores  # noqa: E402
+from bench.servers import HOST, exit_on_sigterm, start_llama_server, usable_cores  # noqa: E402
 from bench.workload import QUESTIONS  # noqa: E402
 from webapp.engine.engine import default_model_path, load_gguf_model  # noqa: E402
 
@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=64, help="llama.cpp tokens per prompt")
     ap.add_argument("--save", metavar="FILE", help="write the prompts and llama.cpp's tokens here (JSON)")
     args = ap.parse_args(argv)
+    exit_on_sigterm()
     path = args.model or default_model_path()
 
     started = time.monotonic()

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from bench.servers import HOST, Launched, start_llama_server, start_ours, usable_cores  # noqa: E402
+from bench.servers import HOST, Launched, exit_on_sigterm, start_llama_server, start_ours, usable_cores  # noqa: E402
 from bench.workload import QUESTIONS, pct  # noqa: E402
 
 
@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--timeout", type=float, default=600, help="seconds each level may take before its streams count as errors")
     args = ap.parse_args(argv)
+    exit_on_sigterm()
     levels = [int(x) for x in args.levels.split(",")]
     if max(levels) > 64 or min(levels) < 1:
         raise SystemExit("--levels: 1 to 64 clients per level")

@@ -15,11 +15,18 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 HOST = "127.0.0.1"
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM (from `timeout`, or a supervisor) into SystemExit, so the `with` blocks that own
+    started servers stop them instead of leaving them running."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
 
 def free_port() -> int:
