@@ -47,7 +47,7 @@ class LoadedModel:
     device: str
 
 
-def load_gguf_model(path: str, slots: int, max_context: int, prefill_chunk: int, beam="auto") -> LoadedModel:
+def load_gguf_model(path: str, slots: int, max_context: int, prefill_chunk: int, beam="auto", cpu_kernels: bool = True) -> LoadedModel:
     """The real loader: tinygrad model, GGUF tokenizer and the file's chat template."""
     prepare_tinygrad()  # before tinygrad's first import: it reads HCQ2 then
     from tinygrad import Device
@@ -58,10 +58,10 @@ def load_gguf_model(path: str, slots: int, max_context: int, prefill_chunk: int,
     from .tokenizer import Tokenizer
 
     piece = prefill_piece(prefill_chunk)
-    model, kv = load_model(path, slots=slots, context=max_context, max_chunk=piece)
+    model, kv = load_model(path, slots=slots, context=max_context, max_chunk=piece, cpu_kernels=cpu_kernels)
     tokenizer = Tokenizer.from_gguf_metadata(kv)
     template = ChatTemplate(kv.get("tokenizer.chat_template"), bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
-    beam = beam_for(tuning_key(path, slots, model.context, piece), beam)
+    beam = beam_for(tuning_key(path, slots, model.context, piece, model.uses_cpu_kernels), beam)
     return LoadedModel(
         runner=ModelRunner(model, prefill_chunk, beam=beam),
         tokenizer=tokenizer,
@@ -76,7 +76,7 @@ def build_engine(config) -> Engine:
     """The engine described by the app's LLM_* settings (not started)."""
     s = engine_settings(config)
     return Engine(
-        lambda: load_gguf_model(s["path"], s["slots"], s["context"], s["prefill_chunk"], s["beam"]),
+        lambda: load_gguf_model(s["path"], s["slots"], s["context"], s["prefill_chunk"], s["beam"], s["cpu_kernels"]),
         slots=s["slots"],
         queue_limit=s["queue_limit"],
         prefill_chunk=s["prefill_chunk"],
@@ -94,7 +94,7 @@ def _stamp(key: dict) -> Path:
     return Path(cache_dir) / f"llm-server-tuned-{digest}.json"
 
 
-def tuning_key(model_path: str, slots: int, context: int, prefill_piece: int) -> dict:
+def tuning_key(model_path: str, slots: int, context: int, prefill_piece: int, cpu_kernels: bool) -> dict:
     """Everything that changes the kernels: the model file, the cache shape, the device, tinygrad."""
     import tinygrad
     from tinygrad import Device
@@ -108,6 +108,7 @@ def tuning_key(model_path: str, slots: int, context: int, prefill_piece: int) ->
         "prefill_piece": prefill_piece,
         "device": Device.DEFAULT,
         "tinygrad": getattr(tinygrad, "__version__", "?"),
+        "cpu_kernels": cpu_kernels,
         "kernels": 7,  # bump when the set of kernels the server compiles changes
     }
 

@@ -220,6 +220,7 @@ class Transformer:
         self.head = weights.head(config.vocab_size, int8_head)  # (B, D) -> (B, vocab)
         # a padded prefill chunk may write up to max_chunk - 1 junk positions past the context
         self.blocks = [Block(config, weights, i, slots, context + max_chunk, KV_DTYPE) for i in range(config.n_layers)]
+        self.uses_cpu_kernels = weights.uses_kernels  # some matrix runs on the quantized CPU kernels
         # a symbolic-length arange compiles to a reduce over length x length: slice a stored one instead
         self.key_positions = Tensor.arange(context + max_chunk).contiguous()
         # stored, not rebuilt from a Python list inside the jitted step: tinygrad replays such a constant
@@ -327,8 +328,9 @@ def _capturing_jit(fn) -> TinyJit:
     return jit
 
 
-def load_model(path: str, slots: int, context: int | None, max_chunk: int = 64) -> tuple[Transformer, dict]:
-    """Read a GGUF file; returns the model and the file's metadata (the tokenizer needs it)."""
+def load_model(path: str, slots: int, context: int | None, max_chunk: int = 64, cpu_kernels: bool = True) -> tuple[Transformer, dict]:
+    """Read a GGUF file; returns the model and the file's metadata (the tokenizer needs it).
+    `cpu_kernels=False` keeps every matrix on tinygrad's float16 path, even where a kernel exists."""
     try:
         kv, raw = gguf_load(path)
     except FileNotFoundError:
@@ -342,7 +344,7 @@ def load_model(path: str, slots: int, context: int | None, max_chunk: int = 64) 
     context = min(context or config.trained_context, config.trained_context)
     # CPUs here lack float16 arithmetic: compute in float32 there, reading float16 or block weights
     act_dtype = dtypes.float32 if Device.DEFAULT in ("CPU", "PYTHON") else dtypes.float16
-    weights = WeightSource(path, raw, config.arch, config.n_heads, config.n_kv_heads, act_dtype, QuantizedCPU.load())
+    weights = WeightSource(path, raw, config.arch, config.n_heads, config.n_kv_heads, act_dtype, QuantizedCPU.load() if cpu_kernels else None)
     int8_head = kv.get("general.file_type") not in (None, *FLOAT_FILE_TYPES)
     model = Transformer(config, weights, slots, context, max_chunk, act_dtype=act_dtype, int8_head=int8_head)
     log.info("loaded %s: %s, %d layers, dim %d, %d slots x %d positions; weights: %s",

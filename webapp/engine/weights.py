@@ -181,6 +181,10 @@ class WeightSource:
         self.forms["int8 head" if int8 else "float16"] += 1
         return FloatHead(self.tensors[name], vocab, int8)
 
+    @property
+    def uses_kernels(self) -> bool:
+        return any(form.endswith("blocks") for form in self.forms)
+
     def describe(self) -> str:
         return ", ".join(f"{n} {form}" for form, n in self.forms.most_common())
 
