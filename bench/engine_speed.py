@@ -61,9 +61,9 @@ def run(engine, prompt, max_tokens):
     return started, times, request
 
 
-def ours(path):
+def ours(path, cpu_kernels=True):
     rss_before = rss_mb()
-    engine = Engine(lambda: load_gguf_model(path, SLOTS, CONTEXT, CHUNK), slots=SLOTS, prefill_chunk=CHUNK)
+    engine = Engine(lambda: load_gguf_model(path, SLOTS, CONTEXT, CHUNK, cpu_kernels=cpu_kernels), slots=SLOTS, prefill_chunk=CHUNK)
     t0 = time.monotonic()
     engine.start()
     while engine.state == "loading":
@@ -146,10 +146,11 @@ def llama_bench_rows(binary, path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
+    ap.add_argument("--cpu-kernels", choices=("on", "off"), default="on", help="off: tinygrad's float16 path for every matrix (LLM_CPU_KERNELS=false)")
     ap.add_argument("--llama-bench", metavar="PATH", help="llama.cpp's llama-bench binary, run on the same GGUF after our rows")
     args = ap.parse_args()
     path = args.model or default_model_path()
-    mine, chat = ours(path)
+    mine, chat = ours(path, cpu_kernels=args.cpu_kernels == "on")
     if args.llama_bench:
         theirs, source = llama_bench_rows(args.llama_bench, path), f"llama.cpp = `llama-bench -t {usable_cores()}`"
     else:
