@@ -7,12 +7,10 @@ float32). Positions, slots and lengths enter the jitted graphs as bound symbolic
 sequences joining and leaving never trigger a recompile, and each step writes only the cache rows
 it produces.
 
-Weights come from `tinygrad.llm.gguf.gguf_load`, dequantised once at load time (the dequant graph
-re-run per step is far slower on CPU than reading plain float weights) and kept as float16 matrices
-laid out (in, out). Activations stay float32 on CPU. With the output axis contiguous, tinygrad's
-CPU kernels for a matrix-vector product run along rows with wide vector loads and converts, which
-measured 1.6x faster at one token and 2.3x faster at 32 tokens than float32 (out, in) matrices.
-A quantized file's output head is kept as int8 with a scale per row (see FLOAT_FILE_TYPES).
+Every matrix product goes through a `Linear` from weights.py: on the CPU device a quantized matrix
+stays in its GGUF blocks and runs on the multi-core kernels in kernels/ (inside the captured step);
+elsewhere it is float16 on tinygrad's kernels. Activations stay float32 on CPU, which has no float16
+arithmetic. Norms, RoPE, attention and the float16 KV cache are tinygrad's everywhere.
 """
 
 from __future__ import annotations
