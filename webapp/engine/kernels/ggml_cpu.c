@@ -14,7 +14,7 @@
  * int8 (a scale and the block's sum kept beside them), so every block pair is an integer dot product
  * (AVX2: 32 multiply-adds per maddubs) scaled once. A token's numbers depend on its own row of x only,
  * never on which other requests share the step. Rows are handed out in chunks from an atomic counter,
- * so a core busy with a web thread just takes fewer chunks.
+ * so a core busy with a web thread just takes fewer chunks, and the caller waits for rows, not threads.
  */
 #include <math.h>
 #include <pthread.h>
@@ -312,9 +312,12 @@ static void row_dot(int type, const uint8_t *w, int cols, const xblock *const *x
 }
 
 /* ---- the thread pool ------------------------------------------------------------------------ */
-/* One job at a time: the caller publishes it by bumping `generation`, works on it itself, and waits
- * until every worker has checked out. Idle workers spin for `spin_ns` (a decode step calls ~120
- * products back to back, microseconds apart) before sleeping on the condition variable. */
+/* One job at a time. The caller publishes it, takes row chunks itself like any worker, and waits
+ * only until every row is done: a worker that the OS has not scheduled yet (another process, a web
+ * thread) holds nothing up, since it has claimed nothing. Claims go through one 64-bit counter that
+ * carries the job's generation beside the next row, so a worker that wakes late can never claim rows
+ * of a newer job with an older job's fields. Idle workers spin for `spin_ns` (a decode step calls
+ * ~120 products microseconds apart) before sleeping on the condition variable. */
 
 typedef struct {
   int type, rows, cols, tokens, chunk;
@@ -327,9 +330,10 @@ static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER, job_lock = PTHREAD
 static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
 static int n_workers, started;
 static long spin_ns = 100000;
-static job_t job;
-static unsigned generation;
-static int next_row, busy;
+static job_t jobs[2];            /* the current job and the one before, indexed by generation */
+static unsigned generation;      /* bumped to publish a job */
+static uint64_t claim;           /* generation << 32 | next unclaimed row */
+static int rows_done;
 
 static long now_ns(void) {
   struct timespec ts;
@@ -343,39 +347,46 @@ static inline void relax(void) {
 #endif
 }
 
-static void run_rows(const job_t *j) {
+static void run_rows(const job_t *j, int first, int last) {
   const int nb = j->cols / 32;
   const size_t row_bytes = (size_t)j->cols / block_values(j->type) * block_bytes(j->type);
 #if TQ_AVX2
   const int tiled = j->type == Q4_0 || j->type == Q4_1 || j->type == Q8_0;
-#else
-  const int tiled = 0;
 #endif
-  for (;;) {
-    const int first = __atomic_fetch_add(&next_row, j->chunk, __ATOMIC_RELAXED);
-    if (first >= j->rows) return;
-    const int last = first + j->chunk < j->rows ? first + j->chunk : j->rows;
-    for (int t0 = 0; t0 < j->tokens; t0 += MAX_TOKEN_GROUP) {
-      const int n = j->tokens - t0 < MAX_TOKEN_GROUP ? j->tokens - t0 : MAX_TOKEN_GROUP;
-      const xblock *xs[MAX_TOKEN_GROUP];
-      for (int t = 0; t < n; t++) xs[t] = j->x + (size_t)(t0 + t) * nb;
-      float *out = j->out + (size_t)t0 * j->rows;
-      int r = first;
+  for (int t0 = 0; t0 < j->tokens; t0 += MAX_TOKEN_GROUP) {
+    const int n = j->tokens - t0 < MAX_TOKEN_GROUP ? j->tokens - t0 : MAX_TOKEN_GROUP;
+    const xblock *xs[MAX_TOKEN_GROUP];
+    for (int t = 0; t < n; t++) xs[t] = j->x + (size_t)(t0 + t) * nb;
+    float *out = j->out + (size_t)t0 * j->rows;
+    int r = first;
 #if TQ_AVX2
-      if (tiled) {
-        static const tile_fn wide[5] = {0, tile32_4x1, tile32_2x2, tile32_2x3, tile32_2x4};
-        static const tile_fn narrow[5] = {0, tile32_1x1, tile32_1x2, tile32_1x3, tile32_1x4};
-        const int step = n == 1 ? 4 : 2;
-        for (; r + step <= last; r += step) wide[n](j->type, j->w + r * row_bytes, row_bytes, xs, nb, out + r, j->rows);
-        for (; r < last; r++) narrow[n](j->type, j->w + r * row_bytes, row_bytes, xs, nb, out + r, j->rows);
-      }
-#endif
-      for (; r < last; r++) {
-        float acc[MAX_TOKEN_GROUP] = {0};
-        row_dot(j->type, j->w + (size_t)r * row_bytes, j->cols, xs, n, acc);
-        for (int t = 0; t < n; t++) out[(size_t)t * j->rows + r] = acc[t];
-      }
+    if (tiled) {
+      static const tile_fn wide[5] = {0, tile32_4x1, tile32_2x2, tile32_2x3, tile32_2x4};
+      static const tile_fn narrow[5] = {0, tile32_1x1, tile32_1x2, tile32_1x3, tile32_1x4};
+      const int step = n == 1 ? 4 : 2;
+      for (; r + step <= last; r += step) wide[n](j->type, j->w + r * row_bytes, row_bytes, xs, nb, out + r, j->rows);
+      for (; r < last; r++) narrow[n](j->type, j->w + r * row_bytes, row_bytes, xs, nb, out + r, j->rows);
     }
+#endif
+    for (; r < last; r++) {
+      float acc[MAX_TOKEN_GROUP] = {0};
+      row_dot(j->type, j->w + (size_t)r * row_bytes, j->cols, xs, n, acc);
+      for (int t = 0; t < n; t++) out[(size_t)t * j->rows + r] = acc[t];
+    }
+  }
+}
+
+/* Claim and run chunks of generation g's job until none is left (or a newer job was published). */
+static void take_rows(unsigned g) {
+  const job_t j = jobs[g & 1];
+  for (;;) {
+    uint64_t c = __atomic_load_n(&claim, __ATOMIC_ACQUIRE);
+    const int first = (int)(c & 0xffffffffu);
+    if ((unsigned)(c >> 32) != g || first >= j.rows) return;
+    const int last = first + j.chunk < j.rows ? first + j.chunk : j.rows;
+    if (!__atomic_compare_exchange_n(&claim, &c, ((uint64_t)g << 32) | (uint64_t)last, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;
+    run_rows(&j, first, last);
+    __atomic_fetch_add(&rows_done, last - first, __ATOMIC_RELEASE);
   }
 }
 
@@ -398,8 +409,7 @@ static void *worker(void *unused) {
       }
     }
     seen = g;
-    run_rows(&job);
-    __atomic_fetch_sub(&busy, 1, __ATOMIC_ACQ_REL);
+    take_rows(g);
   }
   return 0;
 }
@@ -420,16 +430,17 @@ void tq_start(long threads, long spin_us) {
 }
 
 static void run_job(const job_t *j) {
-  pthread_mutex_lock(&job_lock); /* products from two tinygrad devices would otherwise share the job */
-  job = *j;
-  __atomic_store_n(&next_row, 0, __ATOMIC_RELAXED);
-  __atomic_store_n(&busy, n_workers, __ATOMIC_RELEASE);
+  pthread_mutex_lock(&job_lock); /* products from two tinygrad devices would otherwise share the pool */
+  const unsigned g = generation + 1;
+  jobs[g & 1] = *j;
+  __atomic_store_n(&rows_done, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&claim, (uint64_t)g << 32, __ATOMIC_RELEASE);
   pthread_mutex_lock(&pool_lock);
-  __atomic_add_fetch(&generation, 1, __ATOMIC_ACQ_REL);
+  __atomic_store_n(&generation, g, __ATOMIC_RELEASE);
   pthread_cond_broadcast(&wake);
   pthread_mutex_unlock(&pool_lock);
-  run_rows(&job);
-  while (__atomic_load_n(&busy, __ATOMIC_ACQUIRE) > 0) relax();
+  take_rows(g);
+  while (__atomic_load_n(&rows_done, __ATOMIC_ACQUIRE) < j->rows) relax();
   pthread_mutex_unlock(&job_lock);
 }
 
