@@ -102,14 +102,15 @@ export function renderMarkdown(container, text) {
   const next = [];
   tokens.forEach((token, i) => {
     const old = kept[i];
-    if (old && old.raw === token.raw) {
+    const raw = token.raw.trimEnd(); // a block's trailing newlines arrive after it is complete
+    if (old && old.raw === raw) {
       next.push(old);
       return;
     }
     const node = renderBlock(token);
     if (old) old.node.replaceWith(node);
     else container.append(node);
-    next.push({ raw: token.raw, node });
+    next.push({ raw, node });
   });
   for (const gone of kept.slice(tokens.length)) gone.node.remove();
   container._mdBlocks = next;

@@ -107,7 +107,7 @@ export class Sidebar {
       const fresh = store.getConversation(conversation.id);
       if (save && fresh && input.value.trim()) {
         fresh.title = input.value.trim().slice(0, 200);
-        store.saveConversation(fresh);
+        store.saveConversation(fresh, false);
         const shown = this.current();
         if (shown && shown.id === fresh.id) shown.title = fresh.title;
       }

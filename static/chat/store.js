@@ -47,9 +47,10 @@ export function titleOf(conversation) {
   return line ? (line.length > 60 ? line.slice(0, 57) + "…" : line) : "New chat";
 }
 
-export function saveConversation(conversation) {
+// `touch`: the conversation moved on, so it goes to the top of the list (a rename does not).
+export function saveConversation(conversation, touch = true) {
   if (!conversation.messages.length && !conversation.title) return; // an empty new chat is not kept
-  conversation.updated = Date.now();
+  if (touch) conversation.updated = Date.now();
   const list = readAll().filter((c) => c.id !== conversation.id);
   list.push(conversation);
   writeAll(list);
