@@ -98,6 +98,7 @@ def test_chat_streams_replies_and_keeps_user_text_as_text(pages, real, slow_deco
     page.click("#settings summary")
     page.screenshot(path=str(SHOTS / "chat-phone-dark-settings.png"))
 
+    page.set_viewport_size(DESKTOP)  # where the side list with New chat is always shown
     page.click("#new-chat")
     assert page.locator(".msg").count() == 0 and page.is_visible("#empty")
 
@@ -167,6 +168,7 @@ def test_errors_are_shown_clearly(pages, real):
     assert "too long for the model" in page.inner_text("#error")
     assert page.input_value("#input").startswith("cat cat")  # given back to edit
     assert page.locator(".msg").count() == 0
+    assert page.locator("#conversations li").count() == 0  # and nothing of it stays saved
     # a full server (faked at the network layer: filling the real queue is the next test's job)
     pages.expected.append("status of 429")
     body = {"error": {"message": "Too many requests are waiting.", "type": "rate_limit_exceeded", "param": None, "code": "queue_full"}}

@@ -49,10 +49,11 @@ export function titleOf(conversation) {
 
 // `touch`: the conversation moved on, so it goes to the top of the list (a rename does not).
 export function saveConversation(conversation, touch = true) {
-  if (!conversation.messages.length && !conversation.title) return; // an empty new chat is not kept
-  if (touch) conversation.updated = Date.now();
   const list = readAll().filter((c) => c.id !== conversation.id);
-  list.push(conversation);
+  if (conversation.messages.length || conversation.title) {
+    if (touch) conversation.updated = Date.now();
+    list.push(conversation);
+  } // else: an empty chat is not kept (a first turn that failed leaves nothing behind)
   writeAll(list);
 }
 
