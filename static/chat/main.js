@@ -260,7 +260,9 @@ function edit(index) {
 
 async function copyReply(index, button) {
   try {
-    await copyText(state.conversation.messages[index].content);
+    const message = state.conversation.messages[index];
+    const calls = message.tool_calls ? JSON.stringify(message.tool_calls, null, 2) : "";
+    await copyText(message.content || calls);
     button.textContent = "Copied";
     setTimeout(() => (button.textContent = "Copy"), 1500);
   } catch (e) {
