@@ -154,6 +154,7 @@ async function generate(typed) {
   }
   showError("");
   save(conversation);
+  sidebar.render(); // a new chat is listed from its first message on
   const reply = { role: "assistant", content: "" };
   if (body.response_format) reply.json = true;
   conversation.messages.push(reply);
