@@ -45,7 +45,7 @@ DOMPurify.addHook("afterSanitizeAttributes", (node) => {
   }
 });
 
-// "python" from the fence's info string, which marked puts in the code's class before sanitizing.
+// "python" from a fence's info string such as "python title=x.py".
 function fenceLanguage(token) {
   return (token.lang || "").trim().split(/\s+/)[0].toLowerCase();
 }
