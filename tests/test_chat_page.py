@@ -56,7 +56,7 @@ def chat(pages, server):
 def send(page, text):
     page.fill("#input", text)
     page.press("#input", "Enter")
-    page.wait_for_function(REPLY_DONE, timeout=10_000)
+    page.wait_for_function(REPLY_DONE, timeout=30_000)
 
 
 def clipboard(page) -> str:
