@@ -91,12 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--continuations", metavar="FILE", help="prompts and llama.cpp tokens saved by --save")
     ap.add_argument("--tokens", type=int, default=64, help="llama.cpp tokens per prompt")
     ap.add_argument("--save", metavar="FILE", help="write the prompts and llama.cpp's tokens here (JSON)")
+    ap.add_argument("--cpu-kernels", choices=("on", "off"), default="on", help="off: tinygrad's float16 path for every matrix (LLM_CPU_KERNELS=false)")
     args = ap.parse_args(argv)
     exit_on_sigterm()
     path = args.model or default_model_path()
 
     started = time.monotonic()
-    loaded = load_gguf_model(path, SLOTS, CONTEXT, CHUNK)
+    loaded = load_gguf_model(path, SLOTS, CONTEXT, CHUNK, cpu_kernels=args.cpu_kernels == "on")
     print(f"  our model loaded in {time.monotonic() - started:.1f} s", file=sys.stderr)
     tokenizer, template = loaded.tokenizer, loaded.chat_template
     if args.continuations:
