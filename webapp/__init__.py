@@ -47,6 +47,7 @@ DEFAULTS = {
     "MAX_PROMPT_TOKENS": None,  # prompt tokens per request; None: whatever the context allows
     "DRAIN_SECONDS": 30,  # on SIGTERM/SIGINT, how long running requests may take to finish
     "STALL_SECONDS": 120,  # /health turns 503 when a step with work pending takes longer
+    "METRICS_COMPAT": None,  # "vllm": /metrics also exports vLLM's metric names (webapp.vllm_metrics)
 }
 SECRETS = ("API_KEY", "ADMIN_TOKEN")
 

@@ -48,12 +48,15 @@ class _ClientGone(Exception):
 
 @bp.get("/health")
 def health():
-    """The engine's health dict: 200 when it serves requests; 503 while loading, failed, stalled
-    (a step has run longer than STALL_SECONDS) or draining for shutdown."""
-    state = _engine().health()
+    """The engine's health dict: 200 when it serves requests; 503 with `Retry-After` while loading,
+    failed, stalled (a step has run longer than STALL_SECONDS) or draining for shutdown. A draining
+    replica answers before asking the engine anything, so a proxy's check takes it out at once."""
     if _lifecycle().draining:
-        state = {**state, "status": "draining"}
-    return jsonify(state), 200 if state.get("status") == "ok" else 503
+        return jsonify(status="draining"), 503, {"Retry-After": str(RETRY_AFTER_S)}
+    state = _engine().health()
+    if state.get("status") != "ok":
+        return jsonify(state), 503, {"Retry-After": str(RETRY_AFTER_S)}
+    return jsonify(state)
 
 
 @bp.get("/v1/models")
