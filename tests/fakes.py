@@ -6,7 +6,8 @@ plays the next queued `Reply` (or `default_reply`) on its own daemon thread, put
 and then one `Finished` (or an exception) on `request.outputs`, exactly as the real engine's
 contract says. It honours `max_tokens`, stop token ids and cancellation (finishing with the
 request's own cancel reason, as the real engine does), and records what it saw:
-`submitted`, `aborted`, plus Events a test can wait on instead of sleeping.
+`submitted`, `aborted`, plus Events a test can wait on instead of sleeping. `StatsEngine` is a
+FakeEngine whose `stats()` come from a real `EngineMetrics` fed by hand (for /admin and /metrics).
 
 `FakeTokenizer` is byte-level: ids 0-255 are the UTF-8 bytes, so every multi-byte character and
 every tag is split across tokens, plus BOS (256, "<s>") and EOS (257, "</s>").
@@ -21,9 +22,11 @@ import json
 import re
 import threading
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from webapp.engine.errors import EngineNotReady, QueueFull
-from webapp.engine.request import Finished, Request, Status
+from webapp.engine.metrics import EngineMetrics
+from webapp.engine.request import Finished, Request, SamplingParams, Status
 
 BOS, EOS = 256, 257
 SPECIALS = {BOS: "<s>", EOS: "</s>"}
@@ -226,3 +229,49 @@ class FakeEngine:
         with self._lock:
             del self._wake[request.id]
         request.outputs.put(last)
+
+
+class Clock:
+    now = 5000.0
+
+    def __call__(self):
+        return self.now
+
+
+class StatsEngine(FakeEngine):
+    """FakeEngine whose stats() are a real EngineMetrics view: two finished requests, one decoding
+    in slot 0 with a reused prefix, an idle slot that keeps a cached prefix, two requests queued."""
+
+    def __init__(self):
+        super().__init__(max_context=256)
+        clock = self.clock = Clock()
+        m = self.metrics = EngineMetrics({"model": self.model_name, "context": 256, "device": "TEST"}, clock=clock)
+        for i, (prompt, cached, reason) in enumerate([(40, 0, "stop"), (60, 36, "length")]):
+            r = Request([1] * prompt, SamplingParams(), id=f"chatcmpl-done{i}")
+            r.submitted_at, r.cached_tokens = clock.now, cached
+            clock.now += 0.05
+            r.admitted_at = clock.now
+            m.on_admit(r)
+            m.on_prefill(prompt - cached)
+            for _ in range(10):
+                clock.now += 0.02
+                m.on_token(r, clock.now)
+                r.first_token_at = r.first_token_at or clock.now
+                r.last_token_at = clock.now
+                r.output_ids.append(5)
+            r.status, r.finish_reason, r.finished_at = Status.FINISHED, reason, clock.now
+            m.on_finish(r)
+        live = Request([1] * 50, SamplingParams(), id="chatcmpl-live")
+        live.submitted_at, live.cached_tokens, live.status = clock.now, 30, Status.DECODE
+        live.output_ids = [5, 5, 5]
+        slots = [
+            SimpleNamespace(index=0, owner=live, tokens=[0] * 53),
+            SimpleNamespace(index=1, owner=None, tokens=[0] * 70),
+        ]
+        m.publish(2, [live], slots)
+        clock.now += 1.5
+
+    def stats(self):
+        stats = self.metrics.current()
+        stats["state"] = self.status
+        return stats

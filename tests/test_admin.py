@@ -4,63 +4,15 @@ and every promised Prometheus family parsed back with prometheus_client's own pa
 
 import json
 import re
-from types import SimpleNamespace
 
 import pytest
-from fakes import FakeEngine
+from fakes import FakeEngine, StatsEngine
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from webapp import create_app
 from webapp.admin import format_value, nice_max, plot_paths, slot_row
 from webapp.engine.metrics import EngineMetrics
-from webapp.engine.request import Request, SamplingParams, Status
-
-
-class Clock:
-    now = 5000.0
-
-    def __call__(self):
-        return self.now
-
-
-class StatsEngine(FakeEngine):
-    """FakeEngine whose stats() are a real EngineMetrics view: two finished requests, one decoding
-    in slot 0 with a reused prefix, an idle slot that keeps a cached prefix, two requests queued."""
-
-    def __init__(self):
-        super().__init__(max_context=256)
-        clock = self.clock = Clock()
-        m = self.metrics = EngineMetrics({"model": self.model_name, "context": 256, "device": "TEST"}, clock=clock)
-        for i, (prompt, cached, reason) in enumerate([(40, 0, "stop"), (60, 36, "length")]):
-            r = Request([1] * prompt, SamplingParams(), id=f"chatcmpl-done{i}")
-            r.submitted_at, r.cached_tokens = clock.now, cached
-            clock.now += 0.05
-            r.admitted_at = clock.now
-            m.on_admit(r)
-            m.on_prefill(prompt - cached)
-            for _ in range(10):
-                clock.now += 0.02
-                m.on_token(r, clock.now)
-                r.first_token_at = r.first_token_at or clock.now
-                r.last_token_at = clock.now
-                r.output_ids.append(5)
-            r.status, r.finish_reason, r.finished_at = Status.FINISHED, reason, clock.now
-            m.on_finish(r)
-        live = Request([1] * 50, SamplingParams(), id="chatcmpl-live")
-        live.submitted_at, live.cached_tokens, live.status = clock.now, 30, Status.DECODE
-        live.output_ids = [5, 5, 5]
-        slots = [
-            SimpleNamespace(index=0, owner=live, tokens=[0] * 53),
-            SimpleNamespace(index=1, owner=None, tokens=[0] * 70),
-        ]
-        m.publish(2, [live], slots)
-        clock.now += 1.5
-
-    def stats(self):
-        stats = self.metrics.current()
-        stats["state"] = self.status
-        return stats
 
 
 @pytest.fixture
