@@ -9,8 +9,8 @@ vLLM's `model_name` label, which those dashboards filter on.
 
 Only what we measure is exported, with vLLM's meaning: `*_perc` is a fraction from 0 to 1 (as in
 vLLM), prefix-cache queries and hits count tokens (as in vLLM), `request_success_total` counts
-finished requests by vLLM's reasons (our `cancelled` is its `abort`; errors and rejections are not
-successes). Older names that still-deployed dashboards and pickers read (`gpu_cache_usage_perc`,
+finished requests by vLLM's reasons (our `cancelled` and `shutdown` are its `abort`; errors and
+rejections are not successes). Older names that still-deployed dashboards and pickers read (`gpu_cache_usage_perc`,
 `time_per_output_token_seconds`) are exported too. Nothing vLLM has and we do not (preemptions,
 LoRA, speculative decoding) is faked.
 """
@@ -40,7 +40,7 @@ COUNTERS = (
     ("prefix_cache_hits", "Prefix cache hits, in prompt tokens.", "cached_tokens_total"),
 )
 # vLLM's finished_reason label value for each of ours that counts as a success
-SUCCESS_REASONS = {"stop": "stop", "length": "length", "cancelled": "abort"}
+SUCCESS_REASONS = {"stop": "stop", "length": "length", "cancelled": "abort", "shutdown": "abort"}
 HISTOGRAMS = (
     ("time_to_first_token_seconds", "Time to first token in seconds.", "ttft_s"),
     ("inter_token_latency_seconds", "Inter-token latency in seconds.", "itl_s"),
