@@ -8,9 +8,11 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PIP_NO_CACHE_DIR=1 \
     VENV=/opt/venv
 
-# tinygrad's CPU backend compiles kernels with clang
+# tinygrad's CPU backend compiles kernels with clang; any version does, and a pinned one would stop
+# the build once Debian's point release replaces it
+# hadolint ignore=DL3008
 RUN apt-get update -qq \
-    && apt-get install -y -qq --no-install-recommends clang=1:14.0-55.7~deb12u1 \
+    && apt-get install -y -qq --no-install-recommends clang \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app
