@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 K8S_VERSION = "1.32.0"  # the oldest version still supported upstream when this was written
 BIN = Path(sys.executable).parent
+GATEWAY_KINDS = {"InferencePool", "HTTPRoute"}  # custom resources: no offline schema knows them
 
 
 def tool(name: str) -> str:
@@ -61,7 +62,7 @@ def test_kustomize_renders_every_object(rendered):
 
 
 def test_built_in_objects_pass_the_kubernetes_schemas_strictly(rendered):
-    built_in = [d for d in rendered if "." not in d["apiVersion"].split("/")[0] or d["apiVersion"].startswith(("apps/", "rbac."))]
+    built_in = [d for d in rendered if d["kind"] not in GATEWAY_KINDS]
     assert len(built_in) == 8
     for doc in built_in:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)

@@ -4,8 +4,9 @@ Each app gets its own `CollectorRegistry` holding one `EngineCollector`, which t
 `engine.stats()` into metric families at every scrape: nothing is counted twice and the global
 registry of `prometheus_client` is never touched. Names share the `llm_` prefix, after vLLM's
 `vllm:` ones; with `METRICS_COMPAT` "vllm" (`LLM_METRICS_COMPAT=vllm`) `webapp.vllm_metrics` adds
-vLLM's own names beside them, for gateways and dashboards that read those. Counters are exposed with the `_total` suffix; token counts are in tokens, times in
-seconds. `webapp.security` guards it with `ADMIN_TOKEN`, like the dashboard.
+vLLM's own names beside them, for gateways and dashboards that read those. Counters are exposed
+with the `_total` suffix; token counts are in tokens, times in seconds. `webapp.security` guards
+it with `ADMIN_TOKEN`, like the dashboard.
 """
 
 from __future__ import annotations
@@ -101,7 +102,10 @@ def histogram_buckets(h: dict) -> list[tuple[str, int]]:
 def _install(state) -> None:
     app = state.app
     registry = CollectorRegistry(auto_describe=False)
-    stats = lambda: app.extensions["engine"].stats()  # noqa: E731
+
+    def stats() -> dict:
+        return app.extensions["engine"].stats()
+
     registry.register(EngineCollector(stats))
     compat = app.config.get("METRICS_COMPAT")
     if compat:
