@@ -21,9 +21,15 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from webapp.engine.engine import Engine, default_model_path, load_gguf_model  # noqa: E402
+from webapp.engine.tinygrad_setup import prepare_tinygrad  # noqa: E402
+
+prepare_tinygrad()  # before the model module imports tinygrad, which reads HCQ2 then
+
+from webapp.engine.engine import Engine  # noqa: E402
+from webapp.engine.loader import load_gguf_model  # noqa: E402
 from webapp.engine.model import use_tinygrad_from_this_thread  # noqa: E402
 from webapp.engine.request import Finished, Request, SamplingParams  # noqa: E402
+from webapp.engine.settings import default_model_path  # noqa: E402
 
 SLOTS, CONTEXT, CHUNK = 8, 4096, 32
 
@@ -33,7 +39,7 @@ def random_prompt(rng, n, vocab):
 
 
 def run(engine, prompt, max_tokens):
-    request = Request(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+    request = Request(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0))
     started = time.monotonic()
     engine.submit(request)
     times = []

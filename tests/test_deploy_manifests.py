@@ -24,8 +24,8 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from fakes import StatsEngine
 from prometheus_client.parser import text_string_to_metric_families
+from test_admin import StatsEngine
 
 from webapp import DEFAULTS, create_app
 

@@ -10,8 +10,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from fakes import FakeEngine, StatsEngine
+from fakes import FakeEngine
 from prometheus_client.parser import text_string_to_metric_families
+from test_admin import StatsEngine
 
 from webapp import DEFAULTS, create_app
 from webapp.lifecycle import RETRY_AFTER_S

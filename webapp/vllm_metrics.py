@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from webapp.engine.request import FinishReason
 from webapp.prometheus import histogram_buckets, kv_cache_usage
 
 MODES = ("vllm",)  # accepted values of LLM_METRICS_COMPAT
@@ -40,7 +41,12 @@ COUNTERS = (
     ("prefix_cache_hits", "Prefix cache hits, in prompt tokens.", "cached_tokens_total"),
 )
 # vLLM's finished_reason label value for each of ours that counts as a success
-SUCCESS_REASONS = {"stop": "stop", "length": "length", "cancelled": "abort", "shutdown": "abort"}
+SUCCESS_REASONS = {
+    FinishReason.STOP: "stop",
+    FinishReason.LENGTH: "length",
+    FinishReason.CANCELLED: "abort",
+    FinishReason.SHUTDOWN: "abort",
+}
 HISTOGRAMS = (
     ("time_to_first_token_seconds", "Time to first token in seconds.", "ttft_s"),
     ("inter_token_latency_seconds", "Inter-token latency in seconds.", "itl_s"),
