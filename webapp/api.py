@@ -28,9 +28,18 @@ from collections.abc import Callable, Iterator
 from flask import Blueprint, Response, current_app, jsonify, request
 
 from webapp import openai_format as fmt
+from webapp import structured
+from webapp.engine.constraints import GrammarError
 from webapp.engine.request import Finished, Request, SamplingParams
 from webapp.lifecycle import RETRY_AFTER_S
 from webapp.openai_format import ApiError
+from webapp.sampling_options import (
+    SamplingOptions,
+    chat_logprobs,
+    check_token_ids,
+    completion_logprobs,
+    parse_sampling_options,
+)
 
 bp = Blueprint("api", __name__)
 log = logging.getLogger(__name__)
@@ -66,16 +75,14 @@ def models():
 def chat_completions():
     """An OpenAI chat completion; server-sent `chat.completion.chunk`s when `stream` is true."""
     engine = _engine()
-    params = fmt.parse_chat_request(_json_body(), current_app.config["MAX_MESSAGES"])
+    body = _json_body()
+    params = fmt.parse_chat_request(body, current_app.config["MAX_MESSAGES"])
+    options = parse_sampling_options(body, chat=True)
     tools = params.active_tools
-    try:
-        prompt = engine.chat_template.render(
-            list(params.messages), tools=tools, add_generation_prompt=True
-        )
-    except ValueError as e:  # the template's TemplateError: these messages do not fit the model
-        raise ApiError(400, f"The chat template rejected the messages: {e}", "messages") from e
+    grammar = structured.output_grammar(body, tools, params.tool_choice, params.forced_tool)
+    prompt = _render_chat(engine.chat_template, list(params.messages), tools)
     ids = _encode(engine.tokenizer, prompt)
-    req = _submit(engine, ids, params, fmt.new_id("chatcmpl"), "messages")
+    req = _submit(engine, ids, params, fmt.new_id("chatcmpl"), "messages", options, grammar)
     reader = _Reader(engine, req, params.stop, _disconnected(), _lifecycle())
     parser = fmt.OutputParser(tools, in_reasoning=fmt.opens_reasoning(prompt))
     model = params.model or engine.model_name
@@ -90,25 +97,43 @@ def chat_completions():
         reader.close()
     message = fmt.assistant_message(pieces)
     finish = _finish_reason(reader, parser)
-    return jsonify(
-        fmt.chat_completion(req.id, reader.created, model, message, finish, reader.usage())
-    )
+    body = fmt.chat_completion(req.id, reader.created, model, message, finish, reader.usage())
+    if options.logprobs:
+        entries = req.logprobs[: reader.completion_tokens]
+        body["choices"][0]["logprobs"] = chat_logprobs(engine.tokenizer, entries)
+    return jsonify(body)
+
+
+def _render_chat(template, messages: list[dict], tools: list[dict] | None) -> str:
+    """The prompt text; tools a template would silently drop go into the system prompt instead."""
+    try:
+        without = template.render(messages, tools=None, add_generation_prompt=True) if tools else None
+        prompt = template.render(messages, tools=tools, add_generation_prompt=True)
+        if prompt == without:
+            messages = structured.with_tools_in_system_prompt(messages, tools)
+            prompt = template.render(messages, tools=None, add_generation_prompt=True)
+    except ValueError as e:  # the template's TemplateError: these messages do not fit the model
+        raise ApiError(400, f"The chat template rejected the messages: {e}", "messages") from e
+    return prompt
 
 
 @bp.post("/v1/completions")
 def completions():
     """An OpenAI (legacy) text completion of a raw prompt; SSE chunks when `stream` is true."""
     engine = _engine()
-    params = fmt.parse_completion_request(_json_body())
+    body = _json_body()
+    params = fmt.parse_completion_request(body)
+    options = parse_sampling_options(body, chat=False)
     if isinstance(params.prompt, str):
         ids = _encode(engine.tokenizer, params.prompt)
     else:
         ids = _check_token_ids(engine.tokenizer, params.prompt)
-    req = _submit(engine, ids, params, fmt.new_id("cmpl"), "prompt")
+    req = _submit(engine, ids, params, fmt.new_id("cmpl"), "prompt", options)
     reader = _Reader(engine, req, params.stop, _disconnected(), _lifecycle())
     model = params.model or engine.model_name
+    echo = _Echo(engine.tokenizer, req, params.prompt, options)
     if params.stream:
-        return _event_stream(reader, _completion_events(reader, params.include_usage, model))
+        return _event_stream(reader, _completion_events(reader, params.include_usage, model, echo))
     try:
         text = "".join(reader.texts())
     except _ClientGone:
@@ -116,7 +141,30 @@ def completions():
     finally:
         reader.close()
     finish = reader.finish_reason
-    return jsonify(fmt.completion(req.id, reader.created, model, text, finish, reader.usage()))
+    out = fmt.completion(req.id, reader.created, model, echo.text + text, finish, reader.usage())
+    out["choices"][0]["logprobs"] = echo.logprobs(reader.completion_tokens)
+    return jsonify(out)
+
+
+class _Echo:
+    """A completion's echoed prompt and its logprobs (`echo`, `logprobs`), read once the engine
+    has scored the prompt, i.e. once the request's first output or its end has arrived."""
+
+    def __init__(self, tokenizer, req: Request, prompt, options: SamplingOptions):
+        self.tokenizer, self.request, self.options = tokenizer, req, options
+        self.text = "" if not options.echo else prompt if isinstance(prompt, str) else tokenizer.decode(req.prompt_ids)
+        self.sent = 0  # output tokens whose logprobs went out already (streaming)
+
+    def logprobs(self, completion_tokens: int, offset: int = 0) -> dict | None:
+        """Logprobs of the echoed prompt (when echoing) and of the output tokens not yet sent."""
+        if not self.options.logprobs:
+            return None
+        req, entries, first = self.request, [], None
+        if self.options.echo and self.sent == 0 and offset == 0:
+            first, entries = req.prompt_ids[0], list(req.prompt_logprobs or [])
+        entries += req.logprobs[self.sent : completion_tokens]
+        self.sent = completion_tokens
+        return completion_logprobs(self.tokenizer, entries, offset, first)
 
 
 def _engine():
@@ -156,7 +204,13 @@ def _check_token_ids(tokenizer, ids: tuple[int, ...]) -> list[int]:
 
 
 def _submit(
-    engine, prompt_ids: list[int], params: fmt.GenerationParams, request_id: str, param: str
+    engine,
+    prompt_ids: list[int],
+    params: fmt.GenerationParams,
+    request_id: str,
+    param: str,
+    options: SamplingOptions,
+    grammar: str | None = None,
 ) -> Request:
     """Build the engine request and queue it; QueueFull / EngineNotReady go to the app handlers."""
     limit = current_app.config.get("MAX_PROMPT_TOKENS")
@@ -170,6 +224,7 @@ def _submit(
     max_tokens = fmt.resolve_max_tokens(
         params.max_tokens, len(prompt_ids), engine.max_context, param
     )
+    check_token_ids(options, engine.tokenizer.vocab_size)
     sampling = SamplingParams(
         max_tokens=max_tokens,
         temperature=params.temperature,
@@ -178,8 +233,17 @@ def _submit(
         seed=params.seed,
         stop_token_ids=frozenset() if params.ignore_eos else frozenset(engine.tokenizer.stop_ids),
         ignore_eos=params.ignore_eos,
+        **options.engine_fields(),
     )
-    req = Request(prompt_ids, sampling, id=request_id)
+    constraint = None
+    if grammar is not None:
+        if params.ignore_eos:
+            raise ApiError(400, "ignore_eos cannot be combined with constrained output.", "ignore_eos")
+        try:
+            constraint = engine.grammars.matcher(grammar)
+        except GrammarError as e:
+            raise ApiError(400, f"The output constraint does not compile: {e}") from e
+    req = Request(prompt_ids, sampling, id=request_id, constraint=constraint)
     engine.submit(req)
     return req
 
@@ -306,10 +370,16 @@ def _event_stream(reader: _Reader, events: Iterator[str]) -> Response:
 def _chat_events(
     reader: _Reader, parser: fmt.OutputParser, include_usage: bool, model: str
 ) -> Iterator[str]:
-    rid, created = reader.request.id, reader.created
+    rid, created, req = reader.request.id, reader.created, reader.request
+    sent = 0  # output tokens whose logprobs went out already
 
     def chunk(delta: dict, finish_reason: str | None = None) -> str:
-        return fmt.sse(fmt.chat_chunk(rid, created, model, delta, finish_reason))
+        nonlocal sent
+        body = fmt.chat_chunk(rid, created, model, delta, finish_reason)
+        if req.params.logprobs and delta.keys() != {"role", "content"}:
+            entries, sent = req.logprobs[sent : reader.completion_tokens], reader.completion_tokens
+            body["choices"][0]["logprobs"] = chat_logprobs(reader.engine.tokenizer, entries)
+        return fmt.sse(body)
 
     # Sent before any token so the client sees the stream open even during a long prefill.
     yield chunk({"role": "assistant", "content": ""})
@@ -335,16 +405,32 @@ def _parse(reader: _Reader, parser: fmt.OutputParser) -> Iterator[list[fmt.Piece
     yield parser.finish()
 
 
-def _completion_events(reader: _Reader, include_usage: bool, model: str) -> Iterator[str]:
+def _completion_events(
+    reader: _Reader, include_usage: bool, model: str, echo: _Echo
+) -> Iterator[str]:
     rid, created = reader.request.id, reader.created
+    offset = 0  # where the next chunk's text starts in the whole choice's text
 
-    def chunk(text: str, finish_reason: str | None = None) -> str:
-        return fmt.sse(fmt.completion_chunk(rid, created, model, text, finish_reason))
+    def chunk(text: str, finish_reason: str | None = None, scored: bool = True, upto=None) -> str:
+        nonlocal offset
+        body = fmt.completion_chunk(rid, created, model, text, finish_reason)
+        if scored:
+            tokens = reader.completion_tokens if upto is None else upto
+            body["choices"][0]["logprobs"] = echo.logprobs(tokens, offset)
+        offset += len(text)
+        return fmt.sse(body)
 
-    yield chunk("")
+    yield chunk("", scored=False)
     try:
+        echoed = False
         for text in reader.texts():
+            if not echoed:  # the prompt is scored once its first output arrives
+                echoed = True
+                if echo.text:
+                    yield chunk(echo.text, upto=0)
             yield chunk(text)
+        if not echoed and echo.text:
+            yield chunk(echo.text)
     except ApiError as e:
         yield fmt.sse(e.body())
         yield fmt.SSE_DONE
