@@ -224,7 +224,7 @@ class FakeEngine:
                 self._retire(request, item)
                 return
             request.output_ids.append(item)
-            if request.params.logprobs:
+            if request.params.logprobs and item not in request.params.stop_token_ids:  # the engine emits no stop token
                 top = ((item, FAKE_LOGPROB),) * min(request.params.top_logprobs, 1)
                 request.logprobs.append(TokenLogprobs(item, FAKE_LOGPROB, top))
             request.outputs.put(item)

@@ -378,7 +378,8 @@ def _chat_events(
         body = fmt.chat_chunk(rid, created, model, delta, finish_reason)
         if req.params.logprobs and delta.keys() != {"role", "content"}:
             entries, sent = req.logprobs[sent : reader.completion_tokens], reader.completion_tokens
-            body["choices"][0]["logprobs"] = chat_logprobs(reader.engine.tokenizer, entries)
+            if entries:
+                body["choices"][0]["logprobs"] = chat_logprobs(reader.engine.tokenizer, entries)
         return fmt.sse(body)
 
     # Sent before any token so the client sees the stream open even during a long prefill.
