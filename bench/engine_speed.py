@@ -3,7 +3,8 @@
 Usage: DEV=CPU .venv/bin/python bench/engine_speed.py [--model PATH]
 
 Prints one table: prefill tok/s for 50- and 500-token prompts, decode tok/s, time to first token of
-a 40-token chat prompt, and batched decode steps at B = 1, 2, 4, 8. When `llama_cpp`
+a 40-token chat prompt, the per-token decode time of a request constrained by a JSON schema against
+a free one, and batched decode steps at B = 1, 2, 4, 8. When `llama_cpp`
 (llama-cpp-python, optional, never needed by the tests) imports, the same single-stream rows run on
 llama.cpp in the same process and a ratio column is printed. Kernels are whatever the server would
 use: tuned ones when `make tune` has run for this configuration, else tinygrad's defaults.
@@ -32,8 +33,19 @@ def random_prompt(rng, n, vocab):
     return [int(t) for t in rng.integers(100, vocab - 100, size=n)]
 
 
-def run(engine, prompt, max_tokens):
-    request = Request(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+# the constrained-decoding row: a list of records, so the output can run long
+SCHEMA = {
+    "type": "object",
+    "properties": {"people": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]}}},
+    "required": ["people"],
+}
+
+
+def run(engine, prompt, max_tokens, constraint=None):
+    # a constrained request keeps its stop tokens: the grammar decides when it may end
+    stops = frozenset(engine.tokenizer.stop_ids) if constraint else frozenset()
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=constraint is None, stop_token_ids=stops)
+    request = Request(prompt, params, constraint=constraint)
     started = time.monotonic()
     engine.submit(request)
     times = []
@@ -64,6 +76,7 @@ def ours(path):
     started, times, _ = run(engine, chat, 1)
     out["TTFT, chat prompt (s)"] = times[0] - started
     out["chat prompt tokens"] = len(chat)
+    out.update(constrained_rows(engine))
 
     engine.stop(5)
     use_tinygrad_from_this_thread()  # the model is ours now, no longer the stopped model thread's
@@ -77,6 +90,20 @@ def ours(path):
             steps.append(time.monotonic() - t)
         out[f"batched decode B={lanes}: tok/s (step ms)"] = (lanes / min(steps), min(steps) * 1000)
     return out, chat
+
+
+def constrained_rows(engine):
+    """ms per generated token after the first, free vs constrained by SCHEMA, same chat prompt."""
+    from webapp.engine.constraints import json_schema_grammar
+
+    prompt = engine.tokenizer.encode(engine.chat_template.render([{"role": "user", "content": "List five people with their ages as JSON."}]))
+    grammar = json_schema_grammar(SCHEMA)
+    rows = {}
+    for name, constraint in (("free", None), ("JSON schema", engine.grammars.matcher(grammar))):
+        _, times, request = run(engine, prompt, 65, constraint)
+        per_token = (times[-1] - times[0]) / max(len(times) - 1, 1) * 1000
+        rows[f"decode ms/token, {name} ({len(times)} tokens)"] = per_token
+    return rows
 
 
 def llama_cpp_rows(path, chat):
