@@ -12,7 +12,7 @@ const state = {
   controller: null,       // AbortController of the reply being streamed, if any
 };
 
-const SETTINGS = ["system-prompt", "temperature", "max-tokens", "api-key"];
+const SETTINGS = ["system-prompt", "temperature", "max-tokens", "output-format", "json-schema", "api-key"];
 
 function headers() {
   const h = { "Content-Type": "application/json" };
@@ -114,6 +114,19 @@ function requestBody(history) {
   if (!Number.isNaN(temperature)) body.temperature = temperature;
   const maxTokens = parseInt($("max-tokens").value, 10);
   if (maxTokens > 0) body.max_tokens = maxTokens;
+  // "JSON output": the server constrains the reply to JSON (any object, or the given schema)
+  const format = $("output-format").value;
+  if (format === "json_object") body.response_format = { type: "json_object" };
+  if (format === "json_schema") {
+    let schema;
+    try {
+      schema = JSON.parse($("json-schema").value);
+    } catch (e) {
+      $("settings").open = true;
+      throw new Error("The JSON schema under Settings is not valid JSON: " + e.message);
+    }
+    body.response_format = { type: "json_schema", json_schema: { name: "chat_output", schema, strict: true } };
+  }
   return body;
 }
 
@@ -284,6 +297,9 @@ function restoreSettings() {
     if (saved !== null) node.value = saved;
     node.addEventListener("change", () => localStorage.setItem("chat." + id, node.value));
   }
+  const showSchema = () => { $("json-schema-label").hidden = $("output-format").value !== "json_schema"; };
+  $("output-format").addEventListener("change", showSchema);
+  showSchema();
 }
 
 function init() {

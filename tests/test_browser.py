@@ -1,6 +1,7 @@
 """The chat page and the dashboard in a real (headless Debian) Chromium, driven by Playwright, against
 the real engine on a tiny random GGUF behind Waitress: a reply streams in, Stop frees the slot, the
-dashboard follows a request live, user text stays text, no console errors; and /admin answers in
+dashboard follows a request live, user text stays text, the "JSON output" setting constrains the
+reply to a schema, no console errors; and /admin answers in
 under a second while every slot and the queue are busy. Screenshots land in test-output/.
 
 Skipped when Playwright or /usr/bin/chromium is missing (`playwright install` is never needed).
@@ -208,6 +209,23 @@ def test_errors_are_shown_clearly(pages, real):
     assert "Try again in 7 s" in page.inner_text("#error")
     SHOTS.mkdir(exist_ok=True)
     page.screenshot(path=str(SHOTS / "chat-error.png"))
+
+
+def test_json_output_setting_constrains_the_reply(pages, real):
+    page = open_chat(pages, real, max_tokens=40)
+    page.click("#settings summary")
+    assert page.is_hidden("#json-schema")
+    page.select_option("#output-format", "json_schema")
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green"]}}, "required": ["ok", "color"], "additionalProperties": False}
+    page.fill("#json-schema", json.dumps(schema))
+    SHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(SHOTS / "chat-json-output.png"))
+    send(page, "Is the sky green?")
+    page.wait_for_function("() => document.querySelectorAll('.msg.assistant.pending').length === 0")
+    # a random-weight model, yet the reply is an object of exactly that schema
+    reply = json.loads(page.inner_text(".msg.assistant:last-of-type .content"))
+    assert set(reply) == {"ok", "color"} and isinstance(reply["ok"], bool) and reply["color"] in ("red", "green")
+    page.select_option("#output-format", "text")  # settings persist in localStorage: leave it as found
 
 
 def timed_get(url) -> float:
