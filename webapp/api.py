@@ -34,10 +34,10 @@ from webapp.engine.request import Finished, Request, SamplingParams
 from webapp.lifecycle import RETRY_AFTER_S
 from webapp.openai_format import ApiError
 from webapp.sampling_options import (
+    CompletionEcho,
     SamplingOptions,
     chat_logprobs,
     check_token_ids,
-    completion_logprobs,
     parse_sampling_options,
 )
 
@@ -131,7 +131,7 @@ def completions():
     req = _submit(engine, ids, params, fmt.new_id("cmpl"), "prompt", options)
     reader = _Reader(engine, req, params.stop, _disconnected(), _lifecycle())
     model = params.model or engine.model_name
-    echo = _Echo(engine.tokenizer, req, params.prompt, options)
+    echo = CompletionEcho(engine.tokenizer, req, params.prompt, options)
     if params.stream:
         return _event_stream(reader, _completion_events(reader, params.include_usage, model, echo))
     try:
@@ -144,27 +144,6 @@ def completions():
     out = fmt.completion(req.id, reader.created, model, echo.text + text, finish, reader.usage())
     out["choices"][0]["logprobs"] = echo.logprobs(reader.completion_tokens)
     return jsonify(out)
-
-
-class _Echo:
-    """A completion's echoed prompt and its logprobs (`echo`, `logprobs`), read once the engine
-    has scored the prompt, i.e. once the request's first output or its end has arrived."""
-
-    def __init__(self, tokenizer, req: Request, prompt, options: SamplingOptions):
-        self.tokenizer, self.request, self.options = tokenizer, req, options
-        self.text = "" if not options.echo else prompt if isinstance(prompt, str) else tokenizer.decode(req.prompt_ids)
-        self.sent = 0  # output tokens whose logprobs went out already (streaming)
-
-    def logprobs(self, completion_tokens: int, offset: int = 0) -> dict | None:
-        """Logprobs of the echoed prompt (when echoing) and of the output tokens not yet sent."""
-        if not self.options.logprobs:
-            return None
-        req, entries, first = self.request, [], None
-        if self.options.echo and self.sent == 0 and offset == 0:
-            first, entries = req.prompt_ids[0], list(req.prompt_logprobs or [])
-        entries += req.logprobs[self.sent : completion_tokens]
-        self.sent = completion_tokens
-        return completion_logprobs(self.tokenizer, entries, offset, first)
 
 
 def _engine():
@@ -407,7 +386,7 @@ def _parse(reader: _Reader, parser: fmt.OutputParser) -> Iterator[list[fmt.Piece
 
 
 def _completion_events(
-    reader: _Reader, include_usage: bool, model: str, echo: _Echo
+    reader: _Reader, include_usage: bool, model: str, echo: CompletionEcho
 ) -> Iterator[str]:
     rid, created = reader.request.id, reader.created
     offset = 0  # where the next chunk's text starts in the whole choice's text

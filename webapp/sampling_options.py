@@ -10,7 +10,8 @@ Pure functions, no Flask. `parse_sampling_options(body, chat)` validates `presen
 The builders turn the engine's `TokenLogprobs` into the response fields: `chat_logprobs` gives a
 choice's `{"content": [...], "refusal": None}` (token text, logprob, UTF-8 bytes, top
 alternatives); `completion_logprobs` gives the legacy `{"tokens", "token_logprobs",
-"top_logprobs", "text_offset"}`, where the first echoed prompt token has no logprob (null).
+"top_logprobs", "text_offset"}`, where the first echoed prompt token has no logprob (null);
+`CompletionEcho` tracks which of a completion request's logprobs have been sent.
 """
 
 from __future__ import annotations
@@ -145,3 +146,24 @@ def completion_logprobs(tokenizer, entries, offset: int = 0, first_token: int | 
         top = {tokenizer.token_bytes(t).decode("utf-8", errors="replace"): lp for t, lp in e.top}
         add(e.token, e.logprob, top)
     return out
+
+
+class CompletionEcho:
+    """A completion's echoed prompt and its logprobs (`echo`, `logprobs`), read once the engine
+    has scored the prompt, i.e. once the request's first output or its end has arrived."""
+
+    def __init__(self, tokenizer, req, prompt, options: SamplingOptions):
+        self.tokenizer, self.request, self.options = tokenizer, req, options
+        self.text = "" if not options.echo else prompt if isinstance(prompt, str) else tokenizer.decode(req.prompt_ids)
+        self.sent = 0  # output tokens whose logprobs went out already (streaming)
+
+    def logprobs(self, completion_tokens: int, offset: int = 0) -> dict | None:
+        """Logprobs of the echoed prompt (when echoing) and of the output tokens not yet sent."""
+        if not self.options.logprobs:
+            return None
+        req, entries, first = self.request, [], None
+        if self.options.echo and self.sent == 0 and offset == 0:
+            first, entries = req.prompt_ids[0], list(req.prompt_logprobs or [])
+        entries += req.logprobs[self.sent : completion_tokens]
+        self.sent = completion_tokens
+        return completion_logprobs(self.tokenizer, entries, offset, first)
