@@ -22,9 +22,17 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from webapp.engine.engine import Engine, default_model_path, load_gguf_model  # noqa: E402
+from webapp.engine.tinygrad_setup import prepare_tinygrad  # noqa: E402
+
+prepare_tinygrad()  # before the model module imports tinygrad, which reads HCQ2 then
+
+from webapp.engine import engine as engine_module  # noqa: E402
+from webapp.engine.engine import Engine  # noqa: E402
+from webapp.engine.loader import load_gguf_model  # noqa: E402
 from webapp.engine.model import use_tinygrad_from_this_thread  # noqa: E402
 from webapp.engine.request import Finished, Request, SamplingParams  # noqa: E402
+from webapp.engine.sampling import RequestSampler  # noqa: E402
+from webapp.engine.settings import default_model_path  # noqa: E402
 
 SLOTS, CONTEXT, CHUNK = 8, 4096, 32
 
@@ -42,10 +50,9 @@ SCHEMA = {
 
 
 def run(engine, prompt, max_tokens, constraint=None):
-    # a constrained request keeps its stop tokens: the grammar decides when it may end
+    # a constrained request keeps its stop tokens (the grammar decides when it may end); free ones run to max_tokens
     stops = frozenset(engine.tokenizer.stop_ids) if constraint else frozenset()
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=constraint is None, stop_token_ids=stops)
-    request = Request(prompt, params, constraint=constraint)
+    request = Request(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, stop_token_ids=stops), constraint=constraint)
     started = time.monotonic()
     engine.submit(request)
     times = []
@@ -92,17 +99,36 @@ def ours(path):
     return out, chat
 
 
+class TimedSampler(RequestSampler):
+    """The engine's sampler, adding up the time its choices take (mask, penalties, draw)."""
+
+    seconds = 0.0
+
+    def choose(self, logits):
+        started = time.perf_counter()
+        try:
+            return super().choose(logits)
+        finally:
+            TimedSampler.seconds += time.perf_counter() - started
+
+
 def constrained_rows(engine):
-    """ms per generated token after the first, free vs constrained by SCHEMA, same chat prompt."""
+    """Per generated token after the first: step time and sampling time, free vs constrained by SCHEMA."""
     from webapp.engine.constraints import json_schema_grammar
 
     prompt = engine.tokenizer.encode(engine.chat_template.render([{"role": "user", "content": "List five people with their ages as JSON."}]))
     grammar = json_schema_grammar(SCHEMA)
     rows = {}
-    for name, constraint in (("free", None), ("JSON schema", engine.grammars.matcher(grammar))):
-        _, times, request = run(engine, prompt, 65, constraint)
-        per_token = (times[-1] - times[0]) / max(len(times) - 1, 1) * 1000
-        rows[f"decode ms/token, {name} ({len(times)} tokens)"] = per_token
+    engine_module.RequestSampler = TimedSampler  # the engine builds one per admitted request
+    try:
+        for name, constraint in (("free", None), ("JSON schema", engine.grammars.matcher(grammar))):
+            TimedSampler.seconds = 0.0
+            _, times, _ = run(engine, prompt, 65, constraint)
+            per_token = (times[-1] - times[0]) / max(len(times) - 1, 1) * 1000
+            rows[f"decode ms/token, {name} ({len(times)} tokens)"] = per_token
+            rows[f"sampling ms/token, {name}"] = TimedSampler.seconds / len(times) * 1000
+    finally:
+        engine_module.RequestSampler = RequestSampler
     return rows
 
 

@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from webapp.engine.engine import build_engine  # noqa: E402
+from webapp.engine.loader import build_engine  # noqa: E402
 from webapp.engine.request import Finished, Request, SamplingParams  # noqa: E402
 
 QUESTIONS = [
@@ -50,7 +50,7 @@ def pct(values, q):
 
 class Stream:
     def __init__(self, engine, prompt_ids, tokens):
-        self.request = Request(prompt_ids, SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True))
+        self.request = Request(prompt_ids, SamplingParams(max_tokens=tokens, temperature=0.0))
         self.times: list[float] = []
         self.engine = engine
 

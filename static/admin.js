@@ -10,8 +10,6 @@ const PLOT_W = 600;
 const PLOT_H = 100;
 const DASH = "–";
 const SVG_NS = "http://www.w3.org/2000/svg";
-const FINISH_REASONS = ["stop", "length", "cancelled", "error", "rejected"];
-
 const $ = (id) => document.getElementById(id);
 
 function number(value, digits) {

@@ -4,13 +4,17 @@ a free local port, and the real `openai` client pointed at that server."""
 from __future__ import annotations
 
 import contextlib
-import os
+import http.client
+import json
+import socket
 import threading
 import time
 from types import SimpleNamespace
 
-# tinygrad reads HCQ2 at import, and some test modules import it before the engine's model does
-os.environ.setdefault("HCQ2", "1")
+from webapp.engine.tinygrad_setup import prepare_tinygrad
+
+# tinygrad reads HCQ2 at import, and some test modules import it before the engine loads a model
+prepare_tinygrad()
 
 import openai  # noqa: E402
 import pytest  # noqa: E402
@@ -18,7 +22,11 @@ import waitress  # noqa: E402
 from fakes import FakeEngine  # noqa: E402
 from waitress import wasyncore  # noqa: E402
 
-from webapp import create_app
+from webapp import create_app  # noqa: E402
+from webapp.engine.request import Finished  # noqa: E402
+
+HELLO = [{"role": "user", "content": "hello"}]
+USAGE = {"stream_options": {"include_usage": True}}
 
 
 @pytest.fixture
@@ -36,6 +44,26 @@ def app(engine):
 @pytest.fixture
 def client(app):
     return app.test_client()
+
+
+class Clock:
+    """A settable clock for code that takes one (`EngineMetrics(clock=...)`)."""
+
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def drain_outputs(request, timeout: float = 10) -> tuple[list[int], str]:
+    """Read a request's outputs up to its `Finished`: (token ids, finish reason); a forwarded
+    exception is skipped (its `Finished("error")` follows)."""
+    tokens = []
+    while not isinstance(item := request.outputs.get(timeout=timeout), Finished):
+        if isinstance(item, int):
+            tokens.append(item)
+    return tokens, item.reason
 
 
 def wait_until(predicate, timeout=10.0) -> bool:
@@ -93,7 +121,8 @@ def running_server(app, threads: int = 16, **adjustments):
 def tiny_engine_server(path: str, slots: int, queue_limit: int, context: int = 256):
     """The real engine on the GGUF at `path` (prefill chunks of 8) behind a real Waitress server,
     ready to serve; yields (engine, server)."""
-    from webapp.engine.engine import Engine, load_gguf_model
+    from webapp.engine.engine import Engine
+    from webapp.engine.loader import load_gguf_model
     from webapp.engine.model import use_tinygrad_from_this_thread
 
     use_tinygrad_from_this_thread()
@@ -129,3 +158,88 @@ def openai_client(server):
     )
     yield client
     client.close()
+
+
+# --- helpers over a real connection --------------------------------------------------------------
+
+
+def assert_error_shape(body: dict, type="invalid_request_error", code=None):
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"] and body["error"]["type"] == type
+    if code is not None:
+        assert body["error"]["code"] == code
+
+
+def post(server, path, body, headers=None, timeout=30):
+    """(status, headers, parsed JSON) of one POST over a real connection."""
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=timeout)
+    try:
+        data = body if isinstance(body, bytes) else json.dumps(body)
+        conn.request("POST", path, data, {"Content-Type": "application/json", **(headers or {})})
+        response = conn.getresponse()
+        return response.status, response.headers, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def get(server, path, timeout=10):
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.headers, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+class Stream:
+    """A streamed request read event by event over its own connection."""
+
+    def __init__(self, server, path, body, timeout=60):
+        self.conn = http.client.HTTPConnection(server.host, server.port, timeout=timeout)
+        self.conn.request(
+            "POST", path, json.dumps({**body, "stream": True}), {"Content-Type": "application/json"}
+        )
+        self.response = self.conn.getresponse()
+        assert self.response.status == 200, self.response.read()
+        self.events: list = []
+
+    def next(self):
+        while True:
+            line = self.response.readline()
+            if not line:
+                return None
+            if line.startswith(b"data: "):
+                data = line[len(b"data: ") :].strip()
+                event = "[DONE]" if data == b"[DONE]" else json.loads(data)
+                self.events.append(event)
+                return event
+
+    def rest(self) -> list:
+        while self.next() not in (None, "[DONE]"):
+            pass
+        self.conn.close()
+        return self.events
+
+
+def finish_reason(events: list) -> str | None:
+    reasons = [
+        c["finish_reason"] for e in events if isinstance(e, dict) for c in e.get("choices", [])
+    ]
+    return next((r for r in reasons if r), None)
+
+
+def unread_stream(server, path: str, body: dict) -> socket.socket:
+    """Send a streamed request from a socket with a tiny receive buffer that is never read."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(10)
+    sock.connect((server.host, int(server.port)))
+    data = json.dumps({**body, "stream": True}).encode()
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+    return sock

@@ -4,9 +4,13 @@
 tokenizer, chat_template, submit, abort, health, stats) without a model. Each submitted request
 plays the next queued `Reply` (or `default_reply`) on its own daemon thread, putting token ids
 and then one `Finished` (or an exception) on `request.outputs`, exactly as the real engine's
-contract says. It honours `max_tokens`, stop token ids and cancellation (finishing with the
+contract says; like the engine, it ends a request at a stop token id without outputting it. It refuses a prompt that leaves no room with the engine's own check, and honours `max_tokens`, stop token ids and cancellation (finishing with the
 request's own cancel reason, as the real engine does), and records what it saw:
 `submitted`, `aborted`, plus Events a test can wait on instead of sleeping.
+
+`FakeRunner` stands in for the model runner under the real `Engine` (see `webapp.engine.runner.Runner`):
+its logits make greedy sampling pick `next_token(last token fed)`, and a test can hold its steps
+(`gate`) or make its decode steps fail (`fault`).
 
 `FakeTokenizer` is byte-level: ids 0-255 are the UTF-8 bytes, so every multi-byte character and
 every tag is split across tokens, plus BOS (256, "<s>") and EOS (257, "</s>").
@@ -20,11 +24,15 @@ import itertools
 import json
 import re
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from webapp.engine.constraints import GrammarCompiler
-from webapp.engine.errors import EngineNotReady, QueueFull
-from webapp.engine.request import Finished, Request, Status
+from webapp.engine.errors import EngineNotReady, QueueFull, completion_room
+from webapp.engine.request import Finished, FinishReason, Request, Status
 from webapp.engine.sampling import TokenLogprobs
 
 # What the fake "model" reports as every token's logprob (and the prompt's, when scored).
@@ -154,6 +162,7 @@ class FakeEngine:
     def submit(self, request: Request) -> None:
         if self.status != "ok":
             raise EngineNotReady("The model is still loading.")
+        completion_room(request.prompt_len, self.max_context)  # PromptTooLong, as the engine says
         if self.queue_full_retry_after is not None:
             raise QueueFull(self.queue_full_retry_after)
         reply = self.replies.popleft() if self.replies else self.default_reply
@@ -208,7 +217,7 @@ class FakeEngine:
         if request.params.prompt_logprobs is not None:  # as if scored while prefilling
             request.prompt_logprobs = [TokenLogprobs(t, FAKE_LOGPROB, ()) for t in request.prompt_ids[1:]]
         if request.params.max_tokens == 0:
-            self._retire(request, Finished("length"))
+            self._retire(request, Finished(FinishReason.LENGTH))
             return
         tokens = itertools.cycle(reply.tokens) if reply.forever else iter(reply.tokens)
         reason = reply.finish
@@ -223,16 +232,16 @@ class FakeEngine:
             if isinstance(item, BaseException):
                 self._retire(request, item)
                 return
+            if item in request.params.stop_token_ids:  # ends the request; never output, as in the engine
+                reason = FinishReason.STOP
+                break
             request.output_ids.append(item)
-            if request.params.logprobs and item not in request.params.stop_token_ids:  # the engine emits no stop token
+            if request.params.logprobs:
                 top = ((item, FAKE_LOGPROB),) * min(request.params.top_logprobs, 1)
                 request.logprobs.append(TokenLogprobs(item, FAKE_LOGPROB, top))
             request.outputs.put(item)
-            if item in request.params.stop_token_ids:
-                reason = "stop"
-                break
             if len(request.output_ids) >= request.params.max_tokens:
-                reason = "length"
+                reason = FinishReason.LENGTH
                 break
         if request.cancel_reason is not None:
             reason = request.cancel_reason  # "cancelled" by an abort, "shutdown" by a drain
@@ -240,7 +249,83 @@ class FakeEngine:
 
     def _retire(self, request: Request, last: Finished | BaseException) -> None:
         request.status = Status.FINISHED
-        request.finish_reason = last.reason if isinstance(last, Finished) else "error"
+        request.finish_reason = last.reason if isinstance(last, Finished) else FinishReason.ERROR
         with self._lock:
             del self._wake[request.id]
         request.outputs.put(last)
+
+
+class FakeRunner:
+    """A runner without a model: each logits row is one-hot at `next_token(last token fed)`
+    ((token + 1) % vocab unless given), so greedy sampling is predictable.
+
+    `gate` (set at first) holds every prefill and decode step while it is clear; `fault`, when set,
+    is raised by every decode step (an `Exception` fails the step's requests, a `BaseException`
+    kills the model thread); `step_s` stretches each decode step. `calls` records every step:
+    ("prefill", request id, start, n tokens) and ("decode", request ids).
+    """
+
+    def __init__(self, vocab: int = 50, next_token: Callable[[int], int] | None = None, step_s: float = 0.0):
+        self.vocab = vocab
+        self.next_token = next_token or (lambda last: (last + 1) % vocab)
+        self.step_s = step_s
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fault: BaseException | None = None
+        self.calls: list[tuple] = []
+
+    def _logits(self, last: int) -> np.ndarray:
+        row = np.zeros(self.vocab, dtype=np.float32)  # (vocab,)
+        row[self.next_token(last)] = 1.0
+        return row
+
+    def warm_up(self, progress) -> float:
+        return 0.0
+
+    def prefill(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
+        self.gate.wait(30)
+        self.calls.append(("prefill", request.id, start, len(tokens)))
+        return self._logits(tokens[-1])
+
+    def prompt_logits(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
+        self.gate.wait(30)
+        self.calls.append(("prompt_logits", request.id, start, len(tokens)))
+        return np.stack([self._logits(t) for t in tokens])  # (T, vocab)
+
+    def decode(self, batch: list[Request], positions: list[int]) -> np.ndarray:
+        if self.fault is not None:
+            raise self.fault
+        self.gate.wait(30)
+        if self.step_s:
+            time.sleep(self.step_s)  # a model step takes time; lets requests overlap
+        self.calls.append(("decode", tuple(r.id for r in batch)))
+        return np.stack([self._logits(r.output_ids[-1]) for r in batch])  # (B, vocab)
+
+
+# --- sample tool definitions and model outputs (the API and output-text tests share them) ----------
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather forecast for a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+HERMES = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
+)
+XML = (
+    "Let me check.\n<tool_call>\n<function=get_weather>\n"
+    "<parameter=city>\nSan Francisco\n</parameter>\n"
+    "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n"
+    "<parameter=city>\n2024\n</parameter>\n</function>\n</tool_call>"
+)
+

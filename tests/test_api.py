@@ -12,27 +12,12 @@ import urllib.request
 
 import openai
 import pytest
-from fakes import BOS, EOS, Reply
+from conftest import HELLO, assert_error_shape
+from fakes import BOS, EOS, HERMES, TOOLS, XML, Reply
 
 from webapp import create_app
-from webapp import openai_format as fmt
 from webapp.engine.request import Finished
-
-HELLO = [{"role": "user", "content": "hello"}]
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather forecast for a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
+from webapp.engine.settings import ENGINE_DEFAULTS, engine_settings
 
 
 def chat(client, stream=False, messages=HELLO, **kw):
@@ -77,19 +62,12 @@ def sse_events(text: str) -> list[str]:
     return [e[len("data: ") :] for e in events]
 
 
-def assert_error_shape(body, status_type="invalid_request_error"):
-    assert set(body) == {"error"}
-    assert set(body["error"]) == {"message", "type", "param", "code"}
-    assert body["error"]["message"]
-    assert body["error"]["type"] == status_type
-
-
 def prompt_ids(engine, messages=HELLO, tools=None):
     return [BOS, *engine.tokenizer.encode(engine.chat_template.render(messages, tools))]
 
 
 def reply_len(text: str) -> int:
-    return len(text.encode()) + 1  # the bytes and EOS
+    return len(text.encode())  # the bytes: EOS ends the reply and is never output, so never counted
 
 
 # --- happy paths ---------------------------------------------------------------------------------
@@ -122,7 +100,7 @@ def test_chat_completion(openai_client, engine):
     assert r.usage.prompt_tokens_details.cached_tokens == 4
     p = req.params
     assert (p.temperature, p.top_p, p.top_k, p.seed) == (0.5, 0.9, 20, 7)
-    assert p.stop_token_ids == frozenset({EOS}) and not p.ignore_eos
+    assert p.stop_token_ids == frozenset({EOS})
     assert p.max_tokens == engine.max_context - len(
         expected_prompt
     )  # the default fills the context
@@ -215,9 +193,10 @@ def test_max_completion_tokens_wins_over_max_tokens(openai_client, engine):
 
 
 def test_ignore_eos_drops_the_stop_token_ids(openai_client, engine):
+    chat(openai_client)
+    assert engine.submitted[-1].params.stop_token_ids == frozenset({EOS})
     chat(openai_client, extra_body={"ignore_eos": True})
-    params = engine.submitted[-1].params
-    assert params.ignore_eos and params.stop_token_ids == frozenset()
+    assert engine.submitted[-1].params.stop_token_ids == frozenset()
 
 
 def test_null_fields_count_as_absent(server):
@@ -228,16 +207,6 @@ def test_null_fields_count_as_absent(server):
 
 
 # --- tool calls and reasoning --------------------------------------------------------------------
-
-HERMES = (
-    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
-)
-XML = (
-    "Let me check.\n<tool_call>\n<function=get_weather>\n"
-    "<parameter=city>\nSan Francisco\n</parameter>\n"
-    "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n"
-    "<parameter=city>\n2024\n</parameter>\n</function>\n</tool_call>"
-)
 
 
 def streamed_tool_calls(chunks) -> list[dict]:
@@ -352,47 +321,6 @@ def test_reasoning_when_the_template_opens_the_think_block(openai_client, engine
     engine.replies.append(Reply.text("Hmm, a greeting.</think>\n\nHi!"))
     _, content, reasoning = streamed(openai_client)
     assert (content, reasoning) == ("Hi!", "Hmm, a greeting.")
-
-
-# --- the text state machines, fed every possible split -----------------------------------------
-
-
-def _merged(pieces):
-    out = []
-    for kind, value in pieces:
-        if out and kind != "tool_call" and out[-1][0] == kind:
-            out[-1] = (kind, out[-1][1] + value)
-        else:
-            out.append((kind, value))
-    return [(k, json.loads(v["function"]["arguments"]) if k == "tool_call" else v) for k, v in out]
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "<think>\nplan\n</think>\n\nDone. " + HERMES,
-        XML,
-        "plain <b>text</b> with a <tool_call stray tag",
-        "<think>never closed",
-    ],
-)
-def test_output_parser_gives_the_same_pieces_for_every_split(text):
-    whole = fmt.OutputParser(TOOLS)
-    expected = _merged(whole.feed(text) + whole.finish())
-    for cut in range(1, len(text)):
-        parser = fmt.OutputParser(TOOLS)
-        pieces = parser.feed(text[:cut]) + parser.feed(text[cut:]) + parser.finish()
-        assert _merged(pieces) == expected, cut
-
-
-def test_stop_matcher_never_emits_any_part_of_a_stop_string():
-    text = "abc STOP def"
-    for cut in range(len(text) + 1):
-        matcher = fmt.StopMatcher(["STOP", "xyz"])
-        first, hit1 = matcher.feed(text[:cut])
-        second, hit2 = (first, hit1) if hit1 else matcher.feed(text[cut:])
-        emitted = first + ("" if hit1 else second)
-        assert (emitted, hit1 or hit2) == ("abc ", True), cut
 
 
 # --- completions ---------------------------------------------------------------------------------
@@ -666,21 +594,6 @@ def test_engine_cancelling_a_request_is_503(openai_client, engine):
     assert e.value.status_code == 503
 
 
-def test_api_key_guards_the_api_but_not_health_or_the_page(engine):
-    client = create_app({"TESTING": True, "API_KEY": "sekret"}, engine=engine).test_client()
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
-        r = client.post("/v1/chat/completions", json={"messages": HELLO}, headers=headers)
-        assert r.status_code == 401
-        assert_error_shape(r.get_json())
-        assert r.get_json()["error"]["code"] == "invalid_api_key"
-    r = client.post(
-        "/v1/chat/completions", json={"messages": HELLO}, headers={"Authorization": "Bearer sekret"}
-    )
-    assert r.status_code == 200
-    assert client.get("/health").status_code == 200
-    assert client.get("/").status_code == 200
-
-
 # --- disconnects ---------------------------------------------------------------------------------
 
 
@@ -749,3 +662,15 @@ def test_config_comes_from_defaults_then_env_then_the_argument(engine, monkeypat
         64,
     )
     assert app.extensions["engine"] is engine
+
+
+def test_a_zero_setting_is_a_value_not_a_missing_one(engine, monkeypatch, tmp_path):
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"")
+    monkeypatch.setenv("LLM_BEAM", "0")  # turns tuned kernels off even after `make tune`
+    monkeypatch.setenv("LLM_MODEL", str(model))
+    app = create_app({"QUEUE_LIMIT": 0, "MAX_CONTEXT": None}, engine=engine)
+    settings = engine_settings(app.config)
+    assert (settings["beam"], settings["queue_limit"]) == (0, 0)
+    assert settings["context"] == ENGINE_DEFAULTS["MAX_CONTEXT"]  # None is unset
+    assert engine_settings({"MODEL": str(model), "BEAM": ""})["beam"] == "auto"

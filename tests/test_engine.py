@@ -3,9 +3,11 @@
 import threading
 
 import pytest
+from conftest import wait_until
 from tiny_models import write_tiny_gguf
 
-from webapp.engine.engine import Engine, QueueFull, load_gguf_model
+from webapp.engine.engine import Engine, QueueFull
+from webapp.engine.loader import load_gguf_model
 from webapp.engine.model import use_tinygrad_from_this_thread
 from webapp.engine.request import Finished, Request, SamplingParams
 
@@ -42,10 +44,7 @@ def engine(tmp_path_factory):
     use_tinygrad_from_this_thread()
     eng = Engine(lambda: load_gguf_model(path, slots=4, max_context=128, prefill_chunk=8), slots=4, queue_limit=6, prefill_chunk=8)
     eng.start()
-    for _ in range(3000):  # compiling takes minutes on a busy 2-core machine
-        if eng.state != "loading":
-            break
-        threading.Event().wait(0.1)
+    assert wait_until(lambda: eng.state != "loading", timeout=300)  # warm-up compiles: slow on a busy machine
     assert eng.state == "ok", eng.error
     yield eng
     eng.stop(5)

@@ -4,28 +4,26 @@ histograms, the per-second history, an immutable snapshot; then the engine's sta
 import threading
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
+from conftest import Clock, drain_outputs, wait_until
+from fakes import FakeRunner
+from prometheus_client.parser import text_string_to_metric_families
 
-from webapp.engine.engine import Engine, LoadedModel
+from webapp import create_app
+from webapp.engine.engine import Engine
+from webapp.engine.errors import QueueFull
+from webapp.engine.loader import LoadedModel
 from webapp.engine.metrics import (
     HISTORY_S,
     ITL_BUCKETS,
+    REQUEST_OUTCOMES,
     EngineMetrics,
     Histogram,
     percentile,
 )
-from webapp.engine.request import Finished, Request, SamplingParams, Status
+from webapp.engine.request import FINISH_REASONS, FinishReason, Request, SamplingParams, Status
 
 STATIC = {"model": "m", "context": 100, "device": "TEST"}
-
-
-class Clock:
-    def __init__(self, now=1000.0):
-        self.now = now
-
-    def __call__(self):
-        return self.now
 
 
 def slot(index, owner=None, tokens=0):
@@ -119,7 +117,7 @@ def test_latency_percentiles_histograms_and_recent_requests(metrics, clock):
     s = metrics.current()
     assert s["ttft_p50_s"] == pytest.approx(0.75) and s["ttft_p95_s"] == pytest.approx(0.75)
     assert s["itl_p50_s"] == pytest.approx(0.05) and s["queue_wait_p50_s"] == pytest.approx(0.5)
-    assert s["requests_total"] == {"stop": 2, "length": 1, "cancelled": 0, "error": 0, "rejected": 0}
+    assert s["requests_total"] == {"stop": 2, "length": 1, "cancelled": 0, "shutdown": 0, "error": 0, "rejected": 0}
     assert [r["id"] for r in s["recent_requests"]] == ["r2", "r1", "r0"]
     recent = s["recent_requests"][0]
     assert recent["queue_wait_s"] == pytest.approx(0.5) and recent["ttft_s"] == pytest.approx(0.75)
@@ -236,27 +234,9 @@ def test_history_has_one_point_a_second_for_ten_minutes(metrics, clock):
 # --- the engine's stats() around these metrics -------------------------------------------------------
 
 
-class SteppingRunner:
-    """Predicts token 3 forever; each decode step waits on `gate`, so a test can hold the engine mid-step."""
-
-    def __init__(self):
-        self.gate = threading.Event()
-        self.gate.set()
-
-    def prefill(self, request, tokens, start):
-        return np.eye(8, dtype=np.float32)[3]
-
-    def decode(self, batch, positions):
-        self.gate.wait(10)
-        return np.stack([np.eye(8, dtype=np.float32)[3]] * len(batch))
-
-    def warm_up(self, progress):
-        return 0.0
-
-
 @pytest.fixture
 def engine():
-    runner = SteppingRunner()
+    runner = FakeRunner(vocab=8, next_token=lambda last: 3)  # token 3 forever
     eng = Engine(lambda: LoadedModel(runner, None, None, "fake", 64, "FAKE"), slots=1, queue_limit=4, prefill_chunk=4)
     eng.start()
     for _ in range(500):
@@ -268,15 +248,9 @@ def engine():
     eng.stop(5)
 
 
-def drain(request):
-    while not isinstance(item := request.outputs.get(timeout=10), Finished):
-        pass
-    return item.reason
-
-
 def test_engine_stats_have_every_promised_field_and_a_live_queue(engine):
     eng, runner = engine
-    runner.gate.clear()  # the model thread stalls inside its first decode step
+    runner.gate.clear()  # the model thread stalls inside its first step
     first = Request([1, 2, 3], SamplingParams(max_tokens=5, temperature=0.0))
     eng.submit(first)
     for _ in range(500):
@@ -290,7 +264,7 @@ def test_engine_stats_have_every_promised_field_and_a_live_queue(engine):
     assert s["queue_depth"] == 3  # counted at submit, though no snapshot was published since
     assert s["running"] == 1 and s["slots"][0]["state"] in ("prefill", "decode")
     runner.gate.set()
-    assert [drain(r) for r in (first, *waiting)] == ["length"] * 4
+    assert [drain_outputs(r)[1] for r in (first, *waiting)] == ["length"] * 4
     for _ in range(500):
         s = eng.stats()
         if s["running"] == 0 and s["queue_depth"] == 0:
@@ -308,3 +282,43 @@ def test_engine_stats_have_every_promised_field_and_a_live_queue(engine):
     assert s["requests_total"]["length"] == 4 and s["generated_tokens_total"] == 11
     assert s["prompt_tokens_total"] == 9 and len(s["recent_requests"]) == 4
     assert s["decode_tokens_per_s"] > 0 and s["ttft_p50_s"] is not None
+
+
+def test_every_finish_reason_the_engine_produces_is_counted_in_metrics():
+    runner = FakeRunner(vocab=8, next_token=lambda last: 3)
+    engine = Engine(lambda: LoadedModel(runner, None, None, "fake", 64, "FAKE"), slots=1, queue_limit=1, prefill_chunk=4).start()
+    client = create_app({"TESTING": True}, engine=engine).test_client()
+    try:
+        assert wait_until(lambda: engine.state == "ok")
+        runner.gate.clear()  # the first request holds the only slot, the second waits
+        aborted = Request([1, 2], SamplingParams(max_tokens=5, temperature=0.0))
+        engine.submit(aborted)
+        assert wait_until(lambda: engine.stats()["running"] == 1)
+        drained = Request([1, 2], SamplingParams(max_tokens=5, temperature=0.0))
+        engine.submit(drained)
+        with pytest.raises(QueueFull):  # counted as "rejected"
+            engine.submit(Request([1, 2], SamplingParams(temperature=0.0)))
+        engine.abort(aborted)
+        drained.cancel(FinishReason.SHUTDOWN)  # what Lifecycle does when a drain runs out of time
+        engine.abort(drained)
+        runner.gate.set()
+        reasons = [drain_outputs(aborted)[1], drain_outputs(drained)[1]]
+        stopped = Request([1, 2], SamplingParams(max_tokens=5, temperature=0.0, stop_token_ids=frozenset({3})))
+        engine.submit(stopped)
+        reasons.append(drain_outputs(stopped)[1])
+        ran_out = Request([1, 2], SamplingParams(max_tokens=1, temperature=0.0))
+        engine.submit(ran_out)
+        reasons.append(drain_outputs(ran_out)[1])
+        runner.fault = RuntimeError("injected decode fault")
+        failed = Request([1, 2], SamplingParams(max_tokens=5, temperature=0.0))
+        engine.submit(failed)
+        reasons.append(drain_outputs(failed)[1])
+        assert sorted(reasons) == sorted(FINISH_REASONS)
+        assert wait_until(lambda: sum(engine.stats()["requests_total"].values()) == len(FINISH_REASONS) + 1)
+        assert engine.stats()["requests_total"] == dict.fromkeys(REQUEST_OUTCOMES, 1)
+        families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").get_data(as_text=True))}
+        counted = {s.labels["finish_reason"]: s.value for s in families["llm_requests"].samples}
+        assert counted == dict.fromkeys(REQUEST_OUTCOMES, 1.0)
+    finally:
+        runner.gate.set()
+        engine.stop(5)

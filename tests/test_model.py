@@ -1,5 +1,9 @@
 """The tinygrad transformer against a float64 NumPy reference, on tiny random GGUFs of each architecture."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from tiny_models import Reference, write_tiny_gguf
@@ -78,3 +82,31 @@ def test_garbage_file_fails_with_a_clear_message(tmp_path):
     path.write_bytes(b"definitely not a gguf file" * 10)
     with pytest.raises(ModelLoadError, match="cannot parse"):
         load_model(str(path), slots=1, context=32)
+
+
+def test_importing_the_model_changes_nothing_until_prepare_tinygrad_is_called():
+    """In a fresh interpreter: the import leaves the environment and tinygrad's wait alone; the one
+    explicit call sets HCQ2 and installs our wait, and calling it again changes nothing."""
+    script = """
+import os
+os.environ.pop("HCQ2", None)
+from webapp.engine.tinygrad_setup import prepare_tinygrad, _wait_without_spinning
+prepare_tinygrad()
+assert os.environ["HCQ2"] == "1"
+from tinygrad.runtime.support.hcq2 import HCQ2Compiled
+assert HCQ2Compiled._wait_signal is _wait_without_spinning
+prepare_tinygrad()
+assert HCQ2Compiled._wait_signal is _wait_without_spinning
+"""
+    untouched = """
+import os
+os.environ.pop("HCQ2", None)
+import webapp.engine.model
+from tinygrad.runtime.support.hcq2 import HCQ2Compiled
+from webapp.engine.tinygrad_setup import _wait_without_spinning
+assert "HCQ2" not in os.environ and HCQ2Compiled._wait_signal is not _wait_without_spinning
+"""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for code in (script, untouched):
+        done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr

@@ -2,12 +2,15 @@
 
 import threading
 
-import numpy as np
 import pytest
+from conftest import drain_outputs, wait_until
+from fakes import FakeRunner
 
-from webapp.engine.engine import Engine, LoadedModel, QueueFull
+from webapp.engine.engine import Engine, QueueFull
+from webapp.engine.errors import PromptTooLong
 from webapp.engine.kv_cache import SlotTable
-from webapp.engine.request import Finished, Request, SamplingParams, Status
+from webapp.engine.loader import LoadedModel
+from webapp.engine.request import Request, SamplingParams, Status
 from webapp.engine.scheduler import Scheduler
 
 VOCAB = 50
@@ -17,44 +20,9 @@ def request(prompt, max_tokens=3):
     return Request(list(prompt), SamplingParams(max_tokens=max_tokens, temperature=0.0))
 
 
-class FakeRunner:
-    """Always predicts (last fed token + 1) % VOCAB and logs every call."""
-
-    def __init__(self):
-        self.calls = []
-        self.gate = threading.Event()
-        self.gate.set()
-
-    def _logits(self, token):
-        row = np.zeros(VOCAB, dtype=np.float32)
-        row[(token + 1) % VOCAB] = 1.0
-        return row
-
-    def prefill(self, req, tokens, start):
-        self.gate.wait(10)
-        self.calls.append(("prefill", req.id, start, len(tokens)))
-        return self._logits(tokens[-1])
-
-    def decode(self, batch, positions):
-        self.gate.wait(10)
-        threading.Event().wait(0.005)  # a model step takes time; lets requests overlap
-        self.calls.append(("decode", tuple(r.id for r in batch)))
-        return np.stack([self._logits(r.output_ids[-1]) for r in batch])
-
-    def warm_up(self, progress):
-        return 0.0
-
-
-def drain(req, timeout=10):
-    tokens = []
-    while not isinstance(item := req.outputs.get(timeout=timeout), Finished):
-        tokens.append(item)
-    return tokens, item.reason
-
-
 @pytest.fixture
 def engine():
-    runner = FakeRunner()
+    runner = FakeRunner(vocab=VOCAB, step_s=0.005)
     eng = Engine(lambda: LoadedModel(runner, None, None, "fake", 64, "FAKE"), slots=2, queue_limit=3, prefill_chunk=4)
     eng.start()
     while eng.state == "loading":
@@ -109,8 +77,8 @@ def test_prefill_is_chunked_and_interleaved_with_decode(engine):
     assert isinstance(short.outputs.get(timeout=5), int)  # short is decoding now
     long = request(list(range(20, 33)), max_tokens=2)  # 13 tokens: chunks of 4, 4, 4, 1
     engine.submit(long)
-    drain(long)
-    drain(short)
+    drain_outputs(long)
+    drain_outputs(short)
     prefills = [c for c in runner.calls if c[0] == "prefill" and c[1] == long.id]
     assert [(c[2], c[3]) for c in prefills] == [(0, 4), (4, 4), (8, 4), (12, 1)]
     # between the long prompt's chunks, the short request kept decoding
@@ -122,7 +90,7 @@ def test_prefill_is_chunked_and_interleaved_with_decode(engine):
 def test_retire_on_length_and_tokens_follow_the_model(engine):
     r = request([5], max_tokens=4)
     engine.submit(r)
-    assert drain(r) == ([6, 7, 8, 9], "length")
+    assert drain_outputs(r) == ([6, 7, 8, 9], "length")
     assert r.status is Status.FINISHED and all(s.owner is None for s in engine.scheduler.slots.slots)
 
 
@@ -132,10 +100,7 @@ def test_abort_of_a_waiting_request_and_queue_limit(engine):
     for r in running:
         engine.submit(r)
     waiting = [request([2, i]) for i in range(3)]
-    for _ in range(500):
-        if all(r.admitted_at for r in running):
-            break
-        threading.Event().wait(0.01)
+    assert wait_until(lambda: all(r.admitted_at for r in running))
     for r in waiting:
         engine.submit(r)
     with pytest.raises(QueueFull):
@@ -144,8 +109,18 @@ def test_abort_of_a_waiting_request_and_queue_limit(engine):
     for r in running:
         engine.abort(r)
     engine.loaded.runner.gate.set()
-    assert drain(waiting[0])[1] == "cancelled"
-    assert [drain(r)[1] for r in running] == ["cancelled", "cancelled"]
-    assert [drain(r)[1] for r in waiting[1:]] == ["length", "length"]
+    assert drain_outputs(waiting[0])[1] == "cancelled"
+    assert [drain_outputs(r)[1] for r in running] == ["cancelled", "cancelled"]
+    assert [drain_outputs(r)[1] for r in waiting[1:]] == ["length", "length"]
     assert engine.stats()["requests_total"]["rejected"] == 1
     assert engine._waiting == 0
+
+
+def test_a_prompt_that_leaves_no_room_is_refused_at_submit(engine):
+    with pytest.raises(PromptTooLong, match="maximum context length is 64"):
+        engine.submit(request(range(1, 65)))  # 64 tokens in a 64-token context
+    assert engine.stats()["queue_depth"] == 0
+    last = request(range(1, 64), max_tokens=5)
+    engine.submit(last)
+    tokens, reason = drain_outputs(last)
+    assert reason == "length" and len(tokens) == 1  # 63 + 1 fills the context

@@ -3,8 +3,9 @@
 `create_app(config=None, engine=None)` builds the app: defaults, then `LLM_*` environment variables
 (`app.config.from_prefixed_env("LLM")`, values parsed as JSON so `LLM_SLOTS=4` is an int), then
 `config`. The engine lives in `app.extensions["engine"]`; when none is passed, the real one is
-built by `webapp.engine.engine.build_engine(app.config)`, imported only then so that tests with a
-fake engine never load the model code.
+built by `webapp.engine.loader.build_engine(app.config)`, imported only then so that tests with a
+fake engine never load the model code. The engine's settings and their defaults are
+`webapp.engine.settings.ENGINE_DEFAULTS`; the web layer's own are below.
 
 Secrets (`LLM_API_KEY`, `LLM_ADMIN_TOKEN`) are taken from the environment verbatim, never parsed as
 JSON (a key like `1e3` must stay that string). `webapp.security` guards /v1 with the API key and
@@ -14,7 +15,7 @@ JSON (a key like `1e3` must stay that string). `webapp.security` guards /v1 with
 
 Every error leaves as OpenAI-shaped JSON, `{"error": {"message", "type", "param", "code"}}`:
 unknown routes (404), wrong methods (405), oversized bodies (413), refused requests (`ApiError`),
-a full queue (429 with `Retry-After`), an engine still loading (503) and unexpected failures (500).
+a prompt too long for the context (400), a full queue (429 with `Retry-After`), an engine still loading (503) and unexpected failures (500).
 """
 
 from __future__ import annotations
@@ -27,18 +28,15 @@ from flask import Flask, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from webapp import admin, api, chat, prometheus, security
-from webapp.engine.errors import EngineNotReady, QueueFull
+from webapp.engine.errors import EngineNotReady, PromptTooLong, QueueFull
+from webapp.engine.settings import ENGINE_DEFAULTS
 from webapp.lifecycle import Lifecycle
 from webapp.openai_format import ApiError, error_body, error_type
 
 ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULTS = {
-    "MODEL": None,  # model file or name; build_engine decides what it accepts
-    "MAX_CONTEXT": 4096,  # tokens per request, prompt and completion together
-    "SLOTS": 8,  # requests decoded together
-    "QUEUE_LIMIT": 64,  # requests waiting for a slot before submit raises QueueFull
-    "PREFILL_CHUNK": 32,  # prompt tokens per prefill step
+    **ENGINE_DEFAULTS,
     "API_KEY": None,  # when set, /v1/* requires "Authorization: Bearer <API_KEY>"
     "ADMIN_TOKEN": None,  # when set, /admin and /metrics require it (header or login cookie)
     "HOST": None,  # where the server listens, when not started by waitress-serve (warnings only)
@@ -46,7 +44,6 @@ DEFAULTS = {
     "MAX_MESSAGES": 1000,  # messages per chat request
     "MAX_PROMPT_TOKENS": None,  # prompt tokens per request; None: whatever the context allows
     "DRAIN_SECONDS": 30,  # on SIGTERM/SIGINT, how long running requests may take to finish
-    "STALL_SECONDS": 120,  # /health turns 503 when a step with work pending takes longer
 }
 SECRETS = ("API_KEY", "ADMIN_TOKEN")
 
@@ -67,7 +64,7 @@ def create_app(config: dict | None = None, engine=None) -> Flask:
     app.json.sort_keys = False  # keep OpenAI's field order; it reads better in logs and curl
 
     if engine is None:
-        from webapp.engine.engine import build_engine
+        from webapp.engine.loader import build_engine
 
         engine = build_engine(app.config).start()  # loads and warms up on the model thread
     app.extensions["engine"] = engine
@@ -76,7 +73,6 @@ def create_app(config: dict | None = None, engine=None) -> Flask:
     app.wsgi_app = lifecycle.wrap(app.wsgi_app)
 
     security.install(app)  # app-level hooks: they hold for every blueprint below
-    # Later pages (/admin, /metrics) are blueprints registered here too.
     for blueprint in (api.bp, chat.bp, admin.bp, prometheus.bp):
         app.register_blueprint(blueprint)
     _register_error_handlers(app)
@@ -98,6 +94,10 @@ def _register_error_handlers(app: Flask) -> None:
     @app.errorhandler(QueueFull)
     def queue_full(e: QueueFull):
         return _error(429, str(e), code="queue_full", headers={"Retry-After": str(e.retry_after)})
+
+    @app.errorhandler(PromptTooLong)  # the engine's own guard; the API refuses these before submit
+    def prompt_too_long(e: PromptTooLong):
+        return _error(400, str(e), code="context_length_exceeded")
 
     @app.errorhandler(EngineNotReady)
     def engine_not_ready(e: EngineNotReady):

@@ -23,14 +23,11 @@ from flask import (
     render_template,
 )
 
+from webapp.engine.metrics import REQUEST_OUTCOMES
+from webapp.security import PAGE_CSP
+
 bp = Blueprint("admin", __name__, url_prefix="/admin")
 
-# Same-origin scripts, styles and fetches only, no inline code: stricter than no policy at all
-# whatever the app-wide default in webapp.security becomes.
-CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
-)
 PLOT_W, PLOT_H = 600, 100  # SVG user units of a plot; one x unit per second of history
 NO_VALUE = "–"
 
@@ -42,8 +39,9 @@ def dashboard():
     html = render_template(
         "admin.html",
         stats=stats,
-        fmt=format_value,
+        format_value=format_value,
         get=lookup,
+        request_outcomes=REQUEST_OUTCOMES,
         plots=plots(stats),
         slot_rows=[slot_row(s, stats.get("context")) for s in stats.get("slots", [])],
     )
@@ -62,7 +60,7 @@ def _engine_stats() -> dict:
 
 def _no_store(response: Response) -> Response:
     response.headers["Cache-Control"] = "no-store"
-    response.headers["Content-Security-Policy"] = CSP
+    response.headers["Content-Security-Policy"] = PAGE_CSP  # the JSON too
     return response
 
 

@@ -30,9 +30,11 @@ from flask import Blueprint, Response, current_app, jsonify, request
 from webapp import openai_format as fmt
 from webapp import structured
 from webapp.engine.constraints import GrammarError
-from webapp.engine.request import Finished, Request, SamplingParams
+from webapp.engine.errors import PromptTooLong, completion_room
+from webapp.engine.request import Finished, FinishReason, Request, SamplingParams
 from webapp.lifecycle import RETRY_AFTER_S
 from webapp.openai_format import ApiError
+from webapp.output_text import OutputParser, Piece, StopMatcher, opens_reasoning
 from webapp.sampling_options import (
     CompletionEcho,
     SamplingOptions,
@@ -84,7 +86,7 @@ def chat_completions():
     ids = _encode(engine.tokenizer, prompt)
     req = _submit(engine, ids, params, fmt.new_id("chatcmpl"), "messages", options, grammar)
     reader = _Reader(engine, req, params.stop, _disconnected(), _lifecycle())
-    parser = fmt.OutputParser(tools, in_reasoning=fmt.opens_reasoning(prompt))
+    parser = OutputParser(tools, in_reasoning=opens_reasoning(prompt))
     model = params.model or engine.model_name
     if params.stream:
         return _event_stream(reader, _chat_events(reader, parser, params.include_usage, model))
@@ -192,17 +194,13 @@ def _submit(
     grammar: str | None = None,
 ) -> Request:
     """Build the engine request and queue it; QueueFull / EngineNotReady go to the app handlers."""
-    limit = current_app.config.get("MAX_PROMPT_TOKENS")
-    if limit and len(prompt_ids) > limit:
-        raise ApiError(
-            400,
-            f"The prompt has {len(prompt_ids)} tokens; this server accepts at most {limit}.",
-            param,
-            "context_length_exceeded",
+    try:
+        room = completion_room(
+            len(prompt_ids), engine.max_context, current_app.config.get("MAX_PROMPT_TOKENS")
         )
-    max_tokens = fmt.resolve_max_tokens(
-        params.max_tokens, len(prompt_ids), engine.max_context, param
-    )
+    except PromptTooLong as e:
+        raise ApiError(400, str(e), param, "context_length_exceeded") from e
+    max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
     check_token_ids(options, engine.tokenizer.vocab_size)
     sampling = SamplingParams(
         max_tokens=max_tokens,
@@ -211,7 +209,6 @@ def _submit(
         top_k=params.top_k,
         seed=params.seed,
         stop_token_ids=frozenset() if params.ignore_eos else frozenset(engine.tokenizer.stop_ids),
-        ignore_eos=params.ignore_eos,
         **options.engine_fields(),
     )
     constraint = None
@@ -258,17 +255,15 @@ class _Reader:
 
     def texts(self) -> Iterator[str]:
         decoder = self.engine.tokenizer.stream_decoder()
-        matcher = fmt.StopMatcher(self._stop)
-        # Stop tokens end the reply; their text (e.g. "<|im_end|>") is not part of it.
-        hidden = self.request.params.stop_token_ids
+        matcher = StopMatcher(self._stop)
         while self.finish_reason is None:
             item = self._next()
             if isinstance(item, int):
                 self.completion_tokens += 1
-                text, matched = matcher.feed("" if item in hidden else decoder.add(item))
+                text, matched = matcher.feed(decoder.add(item))
             elif isinstance(item, Finished):
                 self._done = True
-                if item.reason == "shutdown":
+                if item.reason == FinishReason.SHUTDOWN:
                     raise ApiError(
                         503,
                         "The server is shutting down and cancelled this request before it "
@@ -276,9 +271,9 @@ class _Reader:
                         code="server_shutting_down",
                         headers={"Retry-After": str(RETRY_AFTER_S)},
                     )
-                if item.reason == "cancelled":  # not by us: we stop reading once we abort
+                if item.reason == FinishReason.CANCELLED:  # not by us: we stop reading once we abort
                     raise ApiError(503, "The server cancelled the request.", code="cancelled")
-                if item.reason not in ("stop", "length"):
+                if item.reason not in (FinishReason.STOP, FinishReason.LENGTH):
                     raise ApiError(500, _ENGINE_FAILED, code="engine_error")
                 text, matched = matcher.feed(decoder.flush())
                 if not matched:
@@ -291,7 +286,7 @@ class _Reader:
                 raise ApiError(500, _ENGINE_FAILED, code="engine_error")
             if matched:
                 self.close()  # the engine would go on generating text nobody will see
-                self.finish_reason = "stop"
+                self.finish_reason = FinishReason.STOP
             if text:
                 yield text
 
@@ -315,8 +310,8 @@ class _Reader:
             self.engine.abort(self.request)
 
 
-def _finish_reason(reader: _Reader, parser: fmt.OutputParser) -> str:
-    if parser.tool_calls and reader.finish_reason == "stop":
+def _finish_reason(reader: _Reader, parser: OutputParser) -> str:
+    if parser.tool_calls and reader.finish_reason == FinishReason.STOP:
         return "tool_calls"
     return reader.finish_reason
 
@@ -347,7 +342,7 @@ def _event_stream(reader: _Reader, events: Iterator[str]) -> Response:
 
 
 def _chat_events(
-    reader: _Reader, parser: fmt.OutputParser, include_usage: bool, model: str
+    reader: _Reader, parser: OutputParser, include_usage: bool, model: str
 ) -> Iterator[str]:
     rid, created, req = reader.request.id, reader.created, reader.request
     sent = 0  # output tokens whose logprobs went out already
@@ -379,7 +374,7 @@ def _chat_events(
     yield fmt.SSE_DONE
 
 
-def _parse(reader: _Reader, parser: fmt.OutputParser) -> Iterator[list[fmt.Piece]]:
+def _parse(reader: _Reader, parser: OutputParser) -> Iterator[list[Piece]]:
     for text in reader.texts():
         yield parser.feed(text)
     yield parser.finish()

@@ -21,7 +21,8 @@ Contract:
   the remaining child processes are killed and the process exits 0 anyway: by then every accepted
   request has been answered.
 
-Stdlib and werkzeug only: no Flask objects, no tinygrad. Waiting is on a `threading.Condition`,
+No Flask objects (it runs outside the app, as WSGI middleware) and no tinygrad; the API prefix
+and the headers every response carries are `webapp.security`'s. Waiting is on a `threading.Condition`,
 never a polling sleep.
 """
 
@@ -39,11 +40,12 @@ import time
 
 from werkzeug.wsgi import ClosingIterator
 
+from webapp.engine.request import FinishReason
 from webapp.openai_format import error_body
+from webapp.security import API_PREFIX, COMMON_HEADERS
 
 log = logging.getLogger(__name__)
 
-API_PREFIX = "/v1/"
 CANCEL_WAIT_S = 5.0  # how long cancelled requests get to send their last event
 # After the last response has been handed to the server, its main loop still has to write it out;
 # leaving the loop earlier would close sockets with the tail of a stream (`[DONE]`) unsent.
@@ -118,7 +120,7 @@ class Lifecycle:
             self._live.discard(request)
 
     def _cancel(self, request) -> None:
-        request.cancel("shutdown")  # the first reason sticks: abort's own "cancelled" is ignored
+        request.cancel(FinishReason.SHUTDOWN)  # the first reason sticks: abort's own "cancelled" is ignored
         self.engine.abort(request)
 
     # --- draining -----------------------------------------------------------------------------
@@ -246,7 +248,7 @@ def _refuse(start_response):
             ("Content-Type", "application/json"),
             ("Content-Length", str(len(data))),
             ("Retry-After", str(RETRY_AFTER_S)),
-            ("X-Content-Type-Options", "nosniff"),
+            *COMMON_HEADERS.items(),
         ],
     )
     return [data]

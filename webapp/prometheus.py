@@ -22,7 +22,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import choose_encoder
 
-from webapp.engine.metrics import FINISH_REASONS
+from webapp.engine.metrics import REQUEST_OUTCOMES
 
 bp = Blueprint("prometheus", __name__)
 PREFIX = "llm_"
@@ -79,7 +79,7 @@ class EngineCollector:
         finished = CounterMetricFamily(
             PREFIX + "requests", "Requests ended, by finish reason (rejected: refused with a full queue).", labels=["finish_reason"]
         )
-        for reason in FINISH_REASONS:
+        for reason in REQUEST_OUTCOMES:
             finished.add_metric([reason], stats["requests_total"].get(reason, 0))
         yield finished
         for name, doc, key in HISTOGRAMS:

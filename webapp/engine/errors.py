@@ -1,7 +1,12 @@
 """Exceptions the engine raises at its submit boundary; the web layer maps them to HTTP statuses.
 
-`QueueFull` -> 429 with a `Retry-After` header, `EngineNotReady` -> 503. Stdlib only, so the web
-layer and its tests can import these without pulling in the model code.
+`QueueFull` -> 429 with a `Retry-After` header, `EngineNotReady` -> 503, `PromptTooLong` -> 400
+`context_length_exceeded`. Stdlib only, so the web layer and its tests can import these without
+pulling in the model code.
+
+`completion_room` is the one prompt-length check: the API calls it before building a request (to
+size `max_tokens`, with the server's own prompt limit) and `Engine.submit` calls it again to guard
+the cache, so both refuse with the same error and the same words.
 """
 
 from __future__ import annotations
@@ -19,3 +24,29 @@ class QueueFull(Exception):
     ) -> None:
         super().__init__(message)
         self.retry_after = max(1, int(retry_after))
+
+
+class PromptTooLong(ValueError):
+    """The prompt leaves no room for a completion in the context, or is over the server's limit."""
+
+    def __init__(self, message: str, prompt_tokens: int) -> None:
+        super().__init__(message)
+        self.prompt_tokens = prompt_tokens
+
+
+def completion_room(prompt_tokens: int, max_context: int, max_prompt_tokens: int | None = None) -> int:
+    """How many tokens a completion may have after this prompt (at least 1), or `PromptTooLong`."""
+    if max_prompt_tokens and prompt_tokens > max_prompt_tokens:
+        raise PromptTooLong(
+            f"The prompt has {prompt_tokens} tokens; this server accepts at most {max_prompt_tokens}.",
+            prompt_tokens,
+        )
+    room = max_context - prompt_tokens
+    if room < 1:
+        raise PromptTooLong(
+            f"This model's maximum context length is {max_context} tokens, but the prompt has "
+            f"{prompt_tokens} tokens, which leaves no room for a completion. "
+            "Please shorten the prompt.",
+            prompt_tokens,
+        )
+    return room

@@ -19,10 +19,13 @@ from collections import Counter, deque
 from collections.abc import Callable
 from types import MappingProxyType
 
+from .request import FINISH_REASONS
+
 WINDOW_S = 10  # "recent" rates and prefix reuse
 HISTORY_S = 600  # one-second samples kept for the plots
 RECENT_REQUESTS = 50
-FINISH_REASONS = ("stop", "length", "cancelled", "error", "rejected")
+REJECTED = "rejected"  # refused at submit with a full queue: counted, though it never became a request
+REQUEST_OUTCOMES = (*FINISH_REASONS, REJECTED)  # the keys of "requests_total"
 
 # Histogram upper bounds in seconds (Prometheus `le`); +Inf is implied.
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -191,7 +194,7 @@ class EngineMetrics:
             "prompt_tokens_total": self.prompt_tokens,
             "prefill_tokens_total": self.prefill_tokens,
             "generated_tokens_total": self.generated_tokens,
-            "requests_total": MappingProxyType({r: self.finished[r] for r in FINISH_REASONS}),
+            "requests_total": MappingProxyType({r: self.finished[r] for r in REQUEST_OUTCOMES}),
             "ttft_p50_s": ttft[0],
             "ttft_p95_s": ttft[1],
             "itl_p50_s": itl[0],
@@ -230,8 +233,10 @@ def _slot(slot) -> MappingProxyType:
             "index": slot.index,
             "state": owner.status.value if owner is not None else ("cached" if slot.tokens else "empty"),
             "request_id": owner.id if owner is not None else None,
+            # positions the slot's KV cache holds now (prompt and output so far, or what an idle slot keeps)
             "tokens_cached": len(slot.tokens),
             "prompt_tokens": owner.prompt_len if owner is not None else None,
+            # the owner's prompt tokens found in this cache at admission (Request.cached_tokens)
             "reused_tokens": owner.cached_tokens if owner is not None else None,
             "tokens_generated": len(owner.output_ids) if owner is not None else 0,
             "submitted_at": owner.submitted_at if owner is not None else None,

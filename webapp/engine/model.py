@@ -19,50 +19,15 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
-# tinygrad reads HCQ2 once, at import. Its HCQ2 runtime replays a captured step as one command
-# buffer on a native worker thread instead of one Python call per kernel (~425 kernels a step):
-# decode at one token went from 39.5 to 24 ms here. The Makefile and tests set it too, in case
-# something imports tinygrad before this module.
-os.environ.setdefault("HCQ2", "1")
-
-from tinygrad import Device, Tensor, TinyJit, UOp, dtypes  # noqa: E402
-from tinygrad.llm.gguf import gguf_load  # noqa: E402
+# tinygrad reads HCQ2 at import: webapp.engine.tinygrad_setup.prepare_tinygrad() runs before this.
+from tinygrad import Device, Tensor, TinyJit, UOp, dtypes
+from tinygrad.llm.gguf import gguf_load
 
 log = logging.getLogger(__name__)
-
-
-def _wait_without_spinning(device, signal, value, timeout=None):
-    """Wait for a worker's signal in sleeps, releasing the GIL and the core between looks.
-
-    tinygrad's own wait spins in Python: with two cores that spin took one whole core and held
-    the GIL the web threads need while the model thread waited for every step. Sleep-polling
-    measured as fast (decode 23.8 vs 26.1 ms a step) and keeps the hang check. The sleeps double
-    from 50 up to 400 us: that cut the model thread's CPU per step from 5.5 to 3.8 ms (one lane)
-    and 11.4 to 6.8 ms (eight lanes), with step times within 1% of fixed 50 us sleeps.
-    """
-    limit = (timeout or device.wait_timeout_ms) / 1000
-    seen, since, pause = signal[0], time.perf_counter(), 0.00005
-    while seen < value:
-        time.sleep(pause)
-        pause = min(pause * 2, 0.0004)
-        if seen != (now := signal[0]):
-            seen, since = now, time.perf_counter()
-        elif time.perf_counter() - since > limit:
-            device.on_device_hang()
-
-
-try:
-    from tinygrad.runtime.support.hcq2 import HCQ2Compiled
-
-    HCQ2Compiled._wait_signal = _wait_without_spinning
-except ImportError:  # another tinygrad: keep its own wait
-    pass
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 

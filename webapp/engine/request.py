@@ -4,6 +4,9 @@ A handler builds a `Request` (prompt token ids plus `SamplingParams`), submits i
 reads `Request.outputs`: the model thread puts generated token ids (ints) there, then exactly one
 `Finished` marker, or an exception instance if the engine failed this request. The engine never sees
 text: stop strings are matched on the handler side, which then calls `engine.abort(request)`.
+
+How a request ends is one of `FINISH_REASONS`, the only list of them: the engine, the API and both
+metrics views (the dashboard and /metrics) take it from here.
 """
 
 from __future__ import annotations
@@ -17,6 +20,25 @@ from dataclasses import dataclass, field
 _ids = itertools.count(1)
 
 
+class FinishReason:
+    """Why a request ended (`Finished.reason`, `Request.finish_reason`)."""
+
+    STOP = "stop"  # a stop token (or, on the handler side, a stop string)
+    LENGTH = "length"  # max_tokens or the context is used up
+    CANCELLED = "cancelled"  # aborted: the client went away or stopped reading
+    SHUTDOWN = "shutdown"  # cancelled by a drain whose time ran out
+    ERROR = "error"  # the engine failed this request's step
+
+
+FINISH_REASONS = (
+    FinishReason.STOP,
+    FinishReason.LENGTH,
+    FinishReason.CANCELLED,
+    FinishReason.SHUTDOWN,
+    FinishReason.ERROR,
+)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 256
@@ -24,8 +46,9 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 = no top-k cut
     seed: int | None = None
+    # Tokens that end the request without being output (the tokenizer's end-of-turn ids; none when
+    # the client asked for ignore_eos). The engine never puts one on `outputs`.
     stop_token_ids: frozenset[int] = frozenset()
-    ignore_eos: bool = False
     # what each one does, and in which order: webapp/engine/sampling.py
     min_p: float = 0.0
     presence_penalty: float = 0.0
@@ -48,7 +71,7 @@ class Status(enum.Enum):
 class Finished:
     """The last item a request's output queue ever carries."""
 
-    reason: str  # "stop" | "length" | "cancelled" | "error"
+    reason: str  # one of FINISH_REASONS
 
 
 @dataclass(eq=False)
@@ -61,7 +84,9 @@ class Request:
     # Owned by the model thread once submitted; handlers only read them after Finished.
     status: Status = Status.WAITING
     output_ids: list[int] = field(default_factory=list)
-    cached_tokens: int = 0  # prompt tokens served from the KV cache instead of prefilled
+    # prompt tokens found in the slot's KV cache at admission, so not prefilled (OpenAI's usage
+    # `cached_tokens`; a slot view's "reused_tokens")
+    cached_tokens: int = 0
     prefilled_tokens: int = 0
     slot: int | None = None
     constraint: object = None  # a grammar's TokenConstraint (webapp/engine/constraints.py), set before submitting
@@ -87,7 +112,7 @@ class Request:
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
-    def cancel(self, reason: str = "cancelled") -> None:
+    def cancel(self, reason: str = FinishReason.CANCELLED) -> None:
         """Ask the engine to retire this request; safe from any thread, idempotent."""
         if self.cancel_reason is None:
             self.cancel_reason = reason

