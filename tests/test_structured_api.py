@@ -154,3 +154,18 @@ def test_completion_logprobs_and_echo_streamed(openai_client, engine):
     assert tokens == ["<s>", "a", "b", "x", "y"]
     with pytest.raises(openai.BadRequestError):
         openai_client.completions.create(model="m", prompt="ab", max_tokens=0)
+
+
+def test_parallel_tool_calls_false_keeps_only_the_first_free_call(openai_client, engine):
+    two = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "A"}}\n</tool_call>\n' * 2
+    for stream in (False, True):
+        for parallel, expected in ((False, 1), (True, 2)):
+            engine.replies.append(Reply.text(two))
+            reply = chat(openai_client, tools=[WEATHER], parallel_tool_calls=parallel, stream=stream)
+            if stream:
+                calls = {d.index for c in reply if c.choices for d in c.choices[0].delta.tool_calls or []}
+            else:
+                calls = reply.choices[0].message.tool_calls
+            assert len(calls) == expected
+    with pytest.raises(openai.BadRequestError):
+        chat(openai_client, tools=[WEATHER], extra_body={"parallel_tool_calls": "no"})

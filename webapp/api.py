@@ -88,11 +88,12 @@ def chat_completions():
     reader = _Reader(engine, req, params.stop, _disconnected(), _lifecycle())
     parser = OutputParser(tools, in_reasoning=opens_reasoning(prompt))
     model = params.model or engine.model_name
+    parallel = structured.parallel_tool_calls(body)
     if params.stream:
-        return _event_stream(reader, _chat_events(reader, parser, params.include_usage, model))
+        events = _chat_events(reader, parser, parallel, params.include_usage, model)
+        return _event_stream(reader, events)
     try:
-        pieces = [piece for text in reader.texts() for piece in parser.feed(text)]
-        pieces += parser.finish()
+        pieces = [piece for pieces in _parse(reader, parser, parallel) for piece in pieces]
     except _ClientGone:
         return Response(status=_CLIENT_CLOSED)
     finally:
@@ -342,7 +343,7 @@ def _event_stream(reader: _Reader, events: Iterator[str]) -> Response:
 
 
 def _chat_events(
-    reader: _Reader, parser: OutputParser, include_usage: bool, model: str
+    reader: _Reader, parser: OutputParser, parallel: bool, include_usage: bool, model: str
 ) -> Iterator[str]:
     rid, created, req = reader.request.id, reader.created, reader.request
     sent = 0  # output tokens whose logprobs went out already
@@ -360,7 +361,7 @@ def _chat_events(
     yield chunk({"role": "assistant", "content": ""})
     tool_index = 0
     try:
-        for pieces in _parse(reader, parser):
+        for pieces in _parse(reader, parser, parallel):
             for piece in pieces:
                 yield chunk(fmt.chat_delta(piece, tool_index))
                 tool_index += piece.kind == "tool_call"
@@ -374,10 +375,18 @@ def _chat_events(
     yield fmt.SSE_DONE
 
 
-def _parse(reader: _Reader, parser: OutputParser) -> Iterator[list[Piece]]:
+def _parse(reader: _Reader, parser: OutputParser, parallel: bool) -> Iterator[list[Piece]]:
+    """The parser's pieces as text arrives; without `parallel`, tool calls after the first are dropped."""
+    calls = 0
+
+    def keep(piece: Piece) -> bool:
+        nonlocal calls
+        calls += piece.kind == "tool_call"
+        return parallel or piece.kind != "tool_call" or calls == 1
+
     for text in reader.texts():
-        yield parser.feed(text)
-    yield parser.finish()
+        yield [p for p in parser.feed(text) if keep(p)]
+    yield [p for p in parser.finish() if keep(p)]
 
 
 def _completion_events(

@@ -8,6 +8,8 @@ Pure functions (no Flask, no engine state); every refusal is an `ApiError` 400 n
   forced tool call (`tool_choice` "required" or a named function, honouring
   `parallel_tool_calls`), or the `grammar` extension field (GBNF or Lark, as llama-server and vLLM
   accept). A schema keyword the library cannot enforce is a 400 naming it, never ignored.
+- `parallel_tool_calls(body)`: false means at most one call, enforced by the grammar when the
+  call is forced and by dropping later calls from the parsed output when it is free.
 - Forced calls use the hermes format that `OutputParser` reads back:
   `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, one per call.
 - `with_tools_in_system_prompt(messages, tools)` is for chat templates that ignore `tools` (the
@@ -30,6 +32,7 @@ TOOL_CALL_FORMAT = '<tool_call>\n{"name": <function name>, "arguments": <argumen
 def output_grammar(body: dict, tools: tuple[dict, ...] | None, tool_choice: str | None, forced: str | None) -> str | None:
     """The grammar for a chat request's output (see the module docstring); `forced` is a named
     function from `tool_choice`, `tool_choice` is "auto", "none" or "required"."""
+    parallel_tool_calls(body)  # validated whatever the tool choice
     kinds = [k for k in ("response_format", "grammar") if _given(body, k)]
     wants_call = tool_choice == "required" or forced is not None
     if wants_call:
@@ -38,7 +41,7 @@ def output_grammar(body: dict, tools: tuple[dict, ...] | None, tool_choice: str 
         raise ApiError(400, f"Only one of {', '.join(kinds)} can constrain the output.", kinds[-1])
     if wants_call:
         chosen = [t for t in tools or () if forced is None or t["function"]["name"] == forced]
-        return tool_call_grammar(chosen, parallel=_parallel(body))
+        return tool_call_grammar(chosen, parallel=parallel_tool_calls(body))
     if _given(body, "response_format"):
         return _response_format_grammar(body["response_format"])
     if _given(body, "grammar"):
@@ -51,7 +54,8 @@ def _given(body: dict, key: str) -> bool:
     return value is not None and not (key == "response_format" and isinstance(value, dict) and value.get("type") == "text")
 
 
-def _parallel(body: dict) -> bool:
+def parallel_tool_calls(body: dict) -> bool:
+    """`parallel_tool_calls` (default true); false: at most one call, whatever the tool choice."""
     value = body.get("parallel_tool_calls")
     if value is None:
         return True
