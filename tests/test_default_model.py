@@ -26,7 +26,7 @@ def client():
         while engine.state == "loading" and time.monotonic() < deadline:
             time.sleep(0.5)
         assert engine.state == "ok", engine.error
-        with openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=120) as c:
+        with openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=600) as c:
             yield c
     engine.stop(5)
 
