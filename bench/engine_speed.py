@@ -1,20 +1,27 @@
 """Single-stream engine speed on the default model, beside llama.cpp on the same GGUF when available.
 
-Usage: DEV=CPU .venv/bin/python bench/engine_speed.py [--model PATH]
+Usage: DEV=CPU .venv/bin/python bench/engine_speed.py [--model PATH] [--llama-bench PATH]
 
-Prints one table: prefill tok/s for 50- and 500-token prompts, decode tok/s, time to first token of
-a 40-token chat prompt, the per-token decode time of a request constrained by a JSON schema against
-a free one, and batched decode steps at B = 1, 2, 4, 8. When `llama_cpp`
-(llama-cpp-python, optional, never needed by the tests) imports, the same single-stream rows run on
-llama.cpp in the same process and a ratio column is printed. Kernels are whatever the server would
-use: tuned ones when `make tune` has run for this configuration, else tinygrad's defaults.
+Prints one table: this process's resident memory (RSS) before loading and after warm-up, prefill
+tok/s for 50- and 500-token prompts, decode tok/s, time to first token of a 40-token chat prompt,
+the per-token decode and sampling time of a request constrained by a JSON schema against a free
+one, and batched decode steps at B = 1, 2, 4, 8. llama.cpp runs on the same GGUF in the same run when
+one of these is at hand, and a column with our speed as a share of its speed is printed:
+  --llama-bench PATH  llama.cpp's `llama-bench` binary (`-p 50,500 -n 64 -t <usable cores> -o json`):
+                      the prefill and decode rows
+  llama_cpp           llama-cpp-python (optional, never needed by the tests), in this process: the
+                      prefill, decode, start and time-to-first-token rows
+Kernels are whatever the server would use: tuned ones when `make tune` has run for this
+configuration, else tinygrad's defaults.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import subprocess
 import sys
 import time
 
@@ -22,6 +29,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from bench.servers import rss_mb, usable_cores  # noqa: E402
 from webapp.engine.tinygrad_setup import prepare_tinygrad  # noqa: E402
 
 prepare_tinygrad()  # before the model module imports tinygrad, which reads HCQ2 then
@@ -35,6 +43,9 @@ from webapp.engine.sampling import RequestSampler  # noqa: E402
 from webapp.engine.settings import default_model_path  # noqa: E402
 
 SLOTS, CONTEXT, CHUNK = 8, 4096, 32
+RSS_BEFORE, RSS_AFTER = "resident memory before loading (MiB)", "resident memory after warm-up (MiB)"
+# rows that are not speeds: no share of llama.cpp's figure is printed for them
+NOT_SPEEDS = {"chat prompt tokens", RSS_BEFORE, RSS_AFTER}
 
 
 def random_prompt(rng, n, vocab):
@@ -64,6 +75,7 @@ def run(engine, prompt, max_tokens, constraint=None):
 
 
 def ours(path):
+    rss_before = rss_mb()
     engine = Engine(lambda: load_gguf_model(path, SLOTS, CONTEXT, CHUNK), slots=SLOTS, prefill_chunk=CHUNK)
     t0 = time.monotonic()
     engine.start()
@@ -73,7 +85,7 @@ def ours(path):
     ready_s = time.monotonic() - t0
     rng = np.random.default_rng(0)
     vocab = engine.tokenizer.vocab_size
-    out = {"start to ready (s)": ready_s}
+    out = {RSS_BEFORE: rss_before, RSS_AFTER: rss_mb(), "start to ready (s)": ready_s}
     for n in (50, 500):
         started, times, _ = run(engine, random_prompt(rng, n, vocab), 1)
         out[f"prefill tok/s ({n}-token prompt)"] = n / (times[0] - started)
@@ -138,7 +150,7 @@ def llama_cpp_rows(path, chat):
     except ImportError:
         return None
     t0 = time.monotonic()
-    llm = Llama(model_path=path, n_ctx=CONTEXT, n_threads=os.cpu_count(), n_batch=512, verbose=False)
+    llm = Llama(model_path=path, n_ctx=CONTEXT, n_threads=usable_cores(), n_batch=512, verbose=False)
     out = {"start to ready (s)": time.monotonic() - t0}
     rng = np.random.default_rng(0)
     vocab = llm.n_vocab()
@@ -163,13 +175,35 @@ def llama_cpp_rows(path, chat):
     return out
 
 
+def llama_bench_rows(binary, path):
+    """llama-bench's prefill (pp50, pp500) and decode (tg64) speeds on the same file, every usable core."""
+    argv = [binary, "-m", path, "-p", "50,500", "-n", "64", "-t", str(usable_cores()), "-o", "json"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited with {done.returncode}:\n{done.stderr[-2000:]}")
+    out = {}
+    for test in json.loads(done.stdout):
+        if test["n_gen"] == 0:
+            out[f"prefill tok/s ({test['n_prompt']}-token prompt)"] = test["avg_ts"]
+        elif test["n_prompt"] == 0:
+            out["decode tok/s (1 stream)"] = test["avg_ts"]
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
-    path = ap.parse_args().model or default_model_path()
+    ap.add_argument("--llama-bench", metavar="PATH", help="llama.cpp's llama-bench binary, run on the same GGUF after our rows")
+    args = ap.parse_args()
+    path = args.model or default_model_path()
     mine, chat = ours(path)
-    theirs = llama_cpp_rows(path, chat)
-    print(f"\nModel: {os.path.basename(path)}; machine: {platform.machine()}, {os.cpu_count()} cores; device {os.environ.get('DEV', 'default')}")
+    if args.llama_bench:
+        theirs, source = llama_bench_rows(args.llama_bench, path), f"llama.cpp = `llama-bench -t {usable_cores()}`"
+    else:
+        theirs, source = llama_cpp_rows(path, chat), f"llama.cpp = llama-cpp-python in this process, {usable_cores()} threads"
+    print(f"\nModel: {os.path.basename(path)}; machine: {platform.machine()}, {usable_cores()} usable cores; device {os.environ.get('DEV', 'default')}")
+    if theirs:
+        print(f"{source}; the last column is our speed as a share of llama.cpp's")
     print("| measure | tinyserve | llama.cpp | tinyserve speed vs llama.cpp |" if theirs else "| measure | tinyserve |")
     print("|---|---:|---:|---:|" if theirs else "|---|---:|")
     for name, value in mine.items():
@@ -179,12 +213,12 @@ def main():
             continue
         other = theirs.get(name)
         ratio = ""
-        if other and not isinstance(value, tuple) and name != "chat prompt tokens":
+        if other and not isinstance(value, tuple) and name not in NOT_SPEEDS:
             # rows in seconds are better when lower: the ratio is always "how fast are we"
             ratio = f"{(other / value if name.endswith('(s)') else value / other):.0%}"
         print(f"| {name} | {shown} | {'' if other is None else f'{other:.2f}'} | {ratio} |")
     if theirs is None:
-        print("\n(llama-cpp-python is not installed: `.venv/bin/pip install llama-cpp-python` builds it in ~10 minutes)")
+        print("\n(no llama.cpp: pass --llama-bench PATH, or `.venv/bin/pip install llama-cpp-python`, a ~10-minute build)")
 
 
 if __name__ == "__main__":

@@ -20,32 +20,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from bench.workload import QUESTIONS, pct  # noqa: E402
 from webapp.engine.loader import build_engine  # noqa: E402
 from webapp.engine.request import Finished, Request, SamplingParams  # noqa: E402
-
-QUESTIONS = [
-    "Write a short story about a lighthouse keeper.",
-    "Explain how a bicycle stays upright.",
-    "Describe the water cycle to a child.",
-    "List some uses of copper and why.",
-    "What makes bread rise?",
-    "Tell me about the history of the telescope.",
-    "How do bees communicate?",
-    "Why is the sky blue?",
-    "Describe a busy market in the morning.",
-    "How does a refrigerator keep food cold?",
-    "Write a poem about autumn leaves.",
-    "Explain what a prime number is.",
-    "What do volcanoes do?",
-    "How are rainbows formed?",
-    "Describe the life of a river.",
-    "What is a good breakfast and why?",
-]
-
-
-def pct(values, q):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
 class Stream:

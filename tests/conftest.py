@@ -1,14 +1,17 @@
 """Fixtures: the app around a scripted `FakeEngine`, Flask's test client, a real Waitress server on
-a free local port, and the real `openai` client pointed at that server."""
+a free local port, the real `openai` client pointed at that server, and Debian's Chromium driven by
+Playwright for the browser tests (with axe-core, vendored under tests/vendor/, to audit pages)."""
 
 from __future__ import annotations
 
 import contextlib
 import http.client
 import json
+import os
 import socket
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 from webapp.engine.tinygrad_setup import prepare_tinygrad
@@ -243,3 +246,63 @@ def unread_stream(server, path: str, body: dict) -> socket.socket:
         + data
     )
     return sock
+
+
+# --- the browser ------------------------------------------------------------------------------------
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+DESKTOP = {"width": 1280, "height": 860}
+PHONE = {"width": 390, "height": 844}
+SHOTS = Path(__file__).resolve().parent.parent / "test-output"
+AXE = Path(__file__).resolve().parent / "vendor" / "axe-core-4.14.1" / "axe.min.js"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def pages(browser):
+    """Opens pages in a fresh context and fails the test on any console error or page exception
+    that the test did not list in `pages.expected` (substrings). `pages.context` is the context."""
+    context = browser.new_context(viewport=DESKTOP)
+    errors, expected = [], []
+
+    def open_page(url, **kw):
+        page = context.new_page(**kw)
+        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
+        page.goto(url)
+        return page
+
+    open_page.expected = expected
+    open_page.context = context
+    yield open_page
+    context.close()
+    unexpected = [e for e in errors if not any(x in e for x in expected)]
+    assert not unexpected, unexpected
+
+
+def axe_violations(page, impacts=("serious", "critical")) -> list[str]:
+    """axe-core's violations of those impacts on the page as it stands, one line each. The script is
+    served from the page's own origin (a routed URL), so it runs under the page's strict CSP."""
+    url = page.url.split("/", 3)[:3]
+    axe_url = "/".join(url) + "/__axe-core-for-tests.js"
+    page.route(axe_url, lambda route: route.fulfill(path=str(AXE), content_type="text/javascript"))
+    page.add_script_tag(url=axe_url)
+    found = page.evaluate(
+        "async () => (await axe.run(document, {resultTypes: ['violations']})).violations"
+        ".map(v => ({id: v.id, impact: v.impact, nodes: v.nodes.map(n => n.target.join(' ')).slice(0, 5)}))"
+    )
+    return [json.dumps(v) for v in found if v["impact"] in impacts]

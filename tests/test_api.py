@@ -647,9 +647,13 @@ def test_chat_page_loads_only_external_scripts(client):
     scripts = re.findall(r"<script\b[^>]*>", html)
     assert scripts and all('src="/static/' in s for s in scripts)
     assert "<script>" not in html and "https://" not in html
-    assert "script-src 'self'" in r.headers["Content-Security-Policy"]
-    for path in ("/static/chat.js", "/static/chat.css"):
-        assert client.get(path).status_code == 200
+    csp = r.headers["Content-Security-Policy"]
+    assert "script-src 'self'" in csp and "unsafe" not in csp
+    # every script and stylesheet it names (the vendored libraries included) is served from here
+    assets = re.findall(r'(?:src|href)="(/static/[^"]+)"', html)
+    assert "/static/chat/main.js" in assets and len(assets) >= 6
+    for path in assets:
+        assert client.get(path).status_code == 200, path
 
 
 def test_config_comes_from_defaults_then_env_then_the_argument(engine, monkeypatch):

@@ -1,9 +1,11 @@
 """The chat page at `/`.
 
-The page is a static shell: `static/chat.js` keeps the conversation in the browser and talks to
-/v1/chat/completions like any other API client, so the page needs nothing from the server beyond
-the API itself. All user and model text is rendered as text, never as HTML, and the page is served
-with `webapp.security.CHAT_CSP`: same-origin scripts, styles and requests only, and no forms.
+The page is a static shell: `static/chat/main.js` keeps conversations in the browser
+(localStorage) and talks to /v1/chat/completions like any other API client, so the page needs
+nothing from the server beyond the API itself. User text is rendered as text; model text as
+markdown that DOMPurify sanitizes (libraries vendored under static/vendor/, served from here). The
+page is served with `webapp.security.CHAT_CSP`: same-origin scripts, styles and requests only, no
+inline script, no eval, no other origin.
 """
 
 from __future__ import annotations
