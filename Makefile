@@ -15,7 +15,7 @@ export HCQ2 ?= 1
 
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test lint tune bench clean
+.PHONY: install serve test test-deploy lint tune bench clean
 
 install: $(STAMP)
 
@@ -44,6 +44,15 @@ test: install
 	  else echo "the browser tests need Debian's chromium (apt-get install chromium); they will be skipped"; fi; }
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q tests
+
+# Two real replicas behind Debian's nginx (deploy/tests): minutes, so not part of `make test`.
+test-deploy: install
+	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing nginx for the replica tests"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null; \
+	  else echo "the replica tests need Debian's nginx (apt-get install nginx); they will be skipped"; fi; }
+	$(VENV)/bin/python -m pytest -q -s deploy/tests
 
 lint: install
 	$(VENV)/bin/ruff check .

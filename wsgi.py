@@ -5,7 +5,8 @@ us install the SIGTERM/SIGINT handlers here: they drain the accepted requests (u
 LLM_DRAIN_SECONDS), then make waitress's main loop exit, and `waitress-serve` returns 0. Waitress
 installs no handlers of its own; without ours SIGTERM would kill the process mid-stream. The
 command line also tells where the server listens, so an exposed server without an admin token is
-reported loudly in the log.
+reported loudly in the log, and how many threads Waitress runs, so a pool too small for the slots and
+the queue (or a missing --channel-request-lookahead) is too, with the flags to add.
 """
 
 import logging
@@ -13,8 +14,10 @@ import sys
 
 from webapp import create_app
 from webapp.security import listen_hosts, warn_if_exposed
+from webapp.waitress_settings import warn_if_underprovisioned
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 app = create_app()
 app.extensions["lifecycle"].install_signal_handlers()
 warn_if_exposed(app.config, listen_hosts(sys.argv))
+warn_if_underprovisioned(app.config, sys.argv)

@@ -4,7 +4,8 @@ Usage: DEV=CPU .venv/bin/python bench/engine_speed.py [--model PATH] [--llama-be
 
 Prints one table: this process's resident memory (RSS) before loading and after warm-up, prefill
 tok/s for 50- and 500-token prompts, decode tok/s, time to first token of a 40-token chat prompt,
-and batched decode steps at B = 1, 2, 4, 8. llama.cpp runs on the same GGUF in the same run when
+the per-token decode and sampling time of a request constrained by a JSON schema against a free
+one, and batched decode steps at B = 1, 2, 4, 8. llama.cpp runs on the same GGUF in the same run when
 one of these is at hand, and a column with our speed as a share of its speed is printed:
   --llama-bench PATH  llama.cpp's `llama-bench` binary (`-p 50,500 -n 64 -t <usable cores> -o json`):
                       the prefill and decode rows
@@ -33,10 +34,12 @@ from webapp.engine.tinygrad_setup import prepare_tinygrad  # noqa: E402
 
 prepare_tinygrad()  # before the model module imports tinygrad, which reads HCQ2 then
 
+from webapp.engine import engine as engine_module  # noqa: E402
 from webapp.engine.engine import Engine  # noqa: E402
 from webapp.engine.loader import load_gguf_model  # noqa: E402
 from webapp.engine.model import use_tinygrad_from_this_thread  # noqa: E402
 from webapp.engine.request import Finished, Request, SamplingParams  # noqa: E402
+from webapp.engine.sampling import RequestSampler  # noqa: E402
 from webapp.engine.settings import default_model_path  # noqa: E402
 
 SLOTS, CONTEXT, CHUNK = 8, 4096, 32
@@ -49,8 +52,18 @@ def random_prompt(rng, n, vocab):
     return [int(t) for t in rng.integers(100, vocab - 100, size=n)]
 
 
-def run(engine, prompt, max_tokens):
-    request = Request(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+# the constrained-decoding row: a list of records, so the output can run long
+SCHEMA = {
+    "type": "object",
+    "properties": {"people": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]}}},
+    "required": ["people"],
+}
+
+
+def run(engine, prompt, max_tokens, constraint=None):
+    # a constrained request keeps its stop tokens (the grammar decides when it may end); free ones run to max_tokens
+    stops = frozenset(engine.tokenizer.stop_ids) if constraint else frozenset()
+    request = Request(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, stop_token_ids=stops), constraint=constraint)
     started = time.monotonic()
     engine.submit(request)
     times = []
@@ -82,6 +95,7 @@ def ours(path, cpu_kernels=True):
     started, times, _ = run(engine, chat, 1)
     out["TTFT, chat prompt (s)"] = times[0] - started
     out["chat prompt tokens"] = len(chat)
+    out.update(constrained_rows(engine))
 
     engine.stop(5)
     use_tinygrad_from_this_thread()  # the model is ours now, no longer the stopped model thread's
@@ -95,6 +109,39 @@ def ours(path, cpu_kernels=True):
             steps.append(time.monotonic() - t)
         out[f"batched decode B={lanes}: tok/s (step ms)"] = (lanes / min(steps), min(steps) * 1000)
     return out, chat
+
+
+class TimedSampler(RequestSampler):
+    """The engine's sampler, adding up the time its choices take (mask, penalties, draw)."""
+
+    seconds = 0.0
+
+    def choose(self, logits):
+        started = time.perf_counter()
+        try:
+            return super().choose(logits)
+        finally:
+            TimedSampler.seconds += time.perf_counter() - started
+
+
+def constrained_rows(engine):
+    """Per generated token after the first: step time and sampling time, free vs constrained by SCHEMA."""
+    from webapp.engine.constraints import json_schema_grammar
+
+    prompt = engine.tokenizer.encode(engine.chat_template.render([{"role": "user", "content": "List five people with their ages as JSON."}]))
+    grammar = json_schema_grammar(SCHEMA)
+    rows = {}
+    engine_module.RequestSampler = TimedSampler  # the engine builds one per admitted request
+    try:
+        for name, constraint in (("free", None), ("JSON schema", engine.grammars.matcher(grammar))):
+            TimedSampler.seconds = 0.0
+            _, times, _ = run(engine, prompt, 65, constraint)
+            per_token = (times[-1] - times[0]) / max(len(times) - 1, 1) * 1000
+            rows[f"decode ms/token, {name} ({len(times)} tokens)"] = per_token
+            rows[f"sampling ms/token, {name}"] = TimedSampler.seconds / len(times) * 1000
+    finally:
+        engine_module.RequestSampler = RequestSampler
+    return rows
 
 
 def llama_cpp_rows(path, chat):

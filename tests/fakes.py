@@ -30,8 +30,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from webapp.engine.constraints import GrammarCompiler
 from webapp.engine.errors import EngineNotReady, QueueFull, completion_room
 from webapp.engine.request import Finished, FinishReason, Request, Status
+from webapp.engine.sampling import TokenLogprobs
+
+# What the fake "model" reports as every token's logprob (and the prompt's, when scored).
+FAKE_LOGPROB = -0.5
 
 BOS, EOS = 256, 257
 SPECIALS = {BOS: "<s>", EOS: "</s>"}
@@ -59,7 +64,11 @@ class FakeTokenizer:
     eos_id = EOS
     add_bos = True
     stop_ids = frozenset({EOS})
+    special_ids = frozenset(SPECIALS)
     vocab_size = 258
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return SPECIALS[token_id].encode() if token_id in SPECIALS else bytes([token_id])
 
     def encode(self, text: str, special: bool = True) -> list[int]:
         if not special:
@@ -137,6 +146,7 @@ class FakeEngine:
         self.max_context = max_context
         self.tokenizer = FakeTokenizer()
         self.chat_template = FakeChatTemplate()
+        self.grammars = GrammarCompiler(self.tokenizer)
         self.replies: collections.deque[Reply] = collections.deque()
         self.default_reply = Reply.text("Hello from the fake engine.")
         self.status = "ok"  # "loading": submit raises EngineNotReady and health says so
@@ -204,6 +214,11 @@ class FakeEngine:
     def _play(self, request: Request, reply: Reply, wake: threading.Event) -> None:
         request.cached_tokens = reply.cached_tokens
         request.status = Status.DECODE
+        if request.params.prompt_logprobs is not None:  # as if scored while prefilling
+            request.prompt_logprobs = [TokenLogprobs(t, FAKE_LOGPROB, ()) for t in request.prompt_ids[1:]]
+        if request.params.max_tokens == 0:
+            self._retire(request, Finished(FinishReason.LENGTH))
+            return
         tokens = itertools.cycle(reply.tokens) if reply.forever else iter(reply.tokens)
         reason = reply.finish
         if reply.hold:
@@ -221,6 +236,9 @@ class FakeEngine:
                 reason = FinishReason.STOP
                 break
             request.output_ids.append(item)
+            if request.params.logprobs:
+                top = ((item, FAKE_LOGPROB),) * min(request.params.top_logprobs, 1)
+                request.logprobs.append(TokenLogprobs(item, FAKE_LOGPROB, top))
             request.outputs.put(item)
             if len(request.output_ids) >= request.params.max_tokens:
                 reason = FinishReason.LENGTH
@@ -268,6 +286,11 @@ class FakeRunner:
         self.gate.wait(30)
         self.calls.append(("prefill", request.id, start, len(tokens)))
         return self._logits(tokens[-1])
+
+    def prompt_logits(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
+        self.gate.wait(30)
+        self.calls.append(("prompt_logits", request.id, start, len(tokens)))
+        return np.stack([self._logits(t) for t in tokens])  # (T, vocab)
 
     def decode(self, batch: list[Request], positions: list[int]) -> np.ndarray:
         if self.fault is not None:

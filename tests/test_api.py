@@ -364,14 +364,14 @@ def test_completion_prompt_forms(openai_client, engine, prompt, ids):
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"prompt": "Hi", "echo": True}, "echo"),
+        ({"prompt": "Hi", "echo": "yes"}, "echo"),
         ({"prompt": ["a", "b"]}, "prompt"),
         ({"prompt": []}, "prompt"),
         ({"prompt": [1, True]}, "prompt"),
         ({"prompt": [999]}, "prompt"),
         ({}, "prompt"),
         ({"prompt": "Hi", "best_of": 2}, "best_of"),
-        ({"prompt": "Hi", "logprobs": 3}, "logprobs"),
+        ({"prompt": "Hi", "logprobs": 6}, "logprobs"),
     ],
 )
 def test_completion_errors(openai_client, server, body, param):
@@ -429,10 +429,14 @@ BAD_CHAT_BODIES = [
     ({"stop": [1]}, "stop"),
     ({"n": 2}, "n"),
     ({"n": True}, "n"),
-    ({"frequency_penalty": 0.5}, "frequency_penalty"),
-    ({"presence_penalty": -1}, "presence_penalty"),
-    ({"logprobs": True}, "logprobs"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"frequency_penalty": 2.5}, "frequency_penalty"),
+    ({"presence_penalty": -3}, "presence_penalty"),
+    ({"logprobs": "yes"}, "logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"min_p": 1.5}, "min_p"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
     ({"stream": "yes"}, "stream"),
     ({"stream_options": "x"}, "stream_options"),
     ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
@@ -443,7 +447,9 @@ BAD_CHAT_BODIES = [
     ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
     ({"model": 5}, "model"),
     ({"ignore_eos": "yes"}, "ignore_eos"),
-    ({"logit_bias": {"1": 5}}, "logit_bias"),
+    ({"logit_bias": {"a": 5}}, "logit_bias"),
+    ({"logit_bias": {"1": 101}}, "logit_bias"),
+    ({"logit_bias": {"999": 1}}, "logit_bias"),
     ({"functions": [{"name": "f"}]}, "functions"),
 ]
 

@@ -10,7 +10,7 @@ Skipped when Playwright or /usr/bin/chromium is missing.
 import json
 
 import pytest
-from conftest import PHONE, SHOTS, axe_violations
+from conftest import PHONE, SHOTS, axe_violations, wait_until
 from fakes import Reply
 
 pytest.importorskip("playwright.sync_api")
@@ -249,7 +249,7 @@ def test_a_busy_server_is_retried_after_retry_after(chat, engine, pages):
     assert not chat.is_visible("#notice") and not chat.is_visible("#error")
 
 
-def test_json_reply_format_and_json_replies(chat, engine, pages):
+def test_json_reply_format_and_json_replies(chat, engine):
     engine.replies.append(Reply.text('{"city": "Paris", "days": [1, 2]}'))
     send(chat, "Plan a trip")
     assert json.loads(chat.inner_text(".msg.assistant .code code")) == {"city": "Paris", "days": [1, 2]}
@@ -262,13 +262,17 @@ def test_json_reply_format_and_json_replies(chat, engine, pages):
     chat.press("#input", "Enter")
     assert "not valid JSON" in chat.inner_text("#error")  # nothing was sent
     chat.fill("#json-schema", '{"type": "object"}')
-    pages.expected.append("status of 400")  # until the server supports response_format
+    engine.replies.append(Reply.text('{"ok": true}'))
+    before = len(engine.submitted)
     with chat.expect_request("**/v1/chat/completions") as request:
         chat.fill("#input", "Again")
         chat.press("#input", "Enter")
     sent = request.value.post_data_json["response_format"]
     assert sent == {"type": "json_schema", "json_schema": {"name": "reply", "schema": {"type": "object"}, "strict": True}}
-    chat.wait_for_function(f"() => !document.getElementById('error').hidden || ({REPLY_DONE})()")
+    assert wait_until(lambda: len(engine.submitted) > before)
+    assert engine.submitted[-1].constraint is not None  # the server constrains the reply to the schema
+    chat.wait_for_function("() => [...document.querySelectorAll('.msg.assistant .content')].pop().textContent.includes('\"ok\"')")
+    assert chat.is_hidden("#error")
 
 
 def test_keyboard_use(chat, engine):

@@ -155,3 +155,27 @@ def test_a_failing_step_fails_only_its_requests(engine):
         engine.loaded.runner.prefill = original
     assert engine.health()["status"] == "ok"
     assert len(collect(run(engine, PROMPTS[1]))[0]) == 12
+
+
+def test_constrained_and_free_requests_share_steps_and_each_matches_alone(engine):
+    from webapp.engine.constraints import json_schema_grammar
+
+    grammar = json_schema_grammar({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    stops = frozenset(engine.tokenizer.stop_ids)
+
+    def constrained() -> Request:
+        params = SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=stops)
+        request = Request(list(PROMPTS[0]), params, constraint=engine.grammars.matcher(grammar))
+        engine.submit(request)
+        return request
+
+    free = SamplingParams(
+        max_tokens=12, temperature=0.8, seed=3, presence_penalty=0.5, repetition_penalty=1.2, logit_bias=((5, 2.0),), logprobs=True, top_logprobs=3
+    )
+    alone = [collect(constrained())[0]] + [collect(r)[0] for r in [run(engine, p, free) for p in PROMPTS[1:2]]]
+    alone += [collect(run(engine, p, free))[0] for p in PROMPTS[2:4]]
+    requests = [constrained()] + [run(engine, p, free) for p in PROMPTS[1:4]]
+    together = [collect(r)[0] for r in requests]
+    assert together == alone
+    assert engine.tokenizer.decode(together[0]).startswith('{"a": ')
+    assert [e.token for e in requests[1].logprobs] == together[1] and len(requests[1].logprobs[0].top) == 3

@@ -44,6 +44,7 @@ DEFAULTS = {
     "MAX_MESSAGES": 1000,  # messages per chat request
     "MAX_PROMPT_TOKENS": None,  # prompt tokens per request; None: whatever the context allows
     "DRAIN_SECONDS": 30,  # on SIGTERM/SIGINT, how long running requests may take to finish
+    "METRICS_COMPAT": None,  # "vllm": /metrics also exports vLLM's metric names (webapp.vllm_metrics)
 }
 SECRETS = ("API_KEY", "ADMIN_TOKEN")
 

@@ -28,11 +28,20 @@ from collections.abc import Callable, Iterator
 from flask import Blueprint, Response, current_app, jsonify, request
 
 from webapp import openai_format as fmt
+from webapp import structured
+from webapp.engine.constraints import GrammarError
 from webapp.engine.errors import PromptTooLong, completion_room
 from webapp.engine.request import Finished, FinishReason, Request, SamplingParams
 from webapp.lifecycle import RETRY_AFTER_S
 from webapp.openai_format import ApiError
 from webapp.output_text import OutputParser, Piece, StopMatcher, opens_reasoning
+from webapp.sampling_options import (
+    CompletionEcho,
+    SamplingOptions,
+    chat_logprobs,
+    check_token_ids,
+    parse_sampling_options,
+)
 
 bp = Blueprint("api", __name__)
 log = logging.getLogger(__name__)
@@ -50,12 +59,15 @@ class _ClientGone(Exception):
 
 @bp.get("/health")
 def health():
-    """The engine's health dict: 200 when it serves requests; 503 while loading, failed, stalled
-    (a step has run longer than STALL_SECONDS) or draining for shutdown."""
-    state = _engine().health()
+    """The engine's health dict: 200 when it serves requests; 503 with `Retry-After` while loading,
+    failed, stalled (a step has run longer than STALL_SECONDS) or draining for shutdown. A draining
+    replica answers before asking the engine anything, so a proxy's check takes it out at once."""
     if _lifecycle().draining:
-        state = {**state, "status": "draining"}
-    return jsonify(state), 200 if state.get("status") == "ok" else 503
+        return jsonify(status="draining"), 503, {"Retry-After": str(RETRY_AFTER_S)}
+    state = _engine().health()
+    if state.get("status") != "ok":
+        return jsonify(state), 503, {"Retry-After": str(RETRY_AFTER_S)}
+    return jsonify(state)
 
 
 @bp.get("/v1/models")
@@ -68,49 +80,66 @@ def models():
 def chat_completions():
     """An OpenAI chat completion; server-sent `chat.completion.chunk`s when `stream` is true."""
     engine = _engine()
-    params = fmt.parse_chat_request(_json_body(), current_app.config["MAX_MESSAGES"])
+    body = _json_body()
+    params = fmt.parse_chat_request(body, current_app.config["MAX_MESSAGES"])
+    options = parse_sampling_options(body, chat=True)
     tools = params.active_tools
-    try:
-        prompt = engine.chat_template.render(
-            list(params.messages), tools=tools, add_generation_prompt=True
-        )
-    except ValueError as e:  # the template's TemplateError: these messages do not fit the model
-        raise ApiError(400, f"The chat template rejected the messages: {e}", "messages") from e
+    grammar = structured.output_grammar(body, tools, params.tool_choice, params.forced_tool)
+    prompt = _render_chat(engine.chat_template, list(params.messages), tools)
     ids = _encode(engine.tokenizer, prompt)
-    req = _submit(engine, ids, params, fmt.new_id("chatcmpl"), "messages")
+    req = _submit(engine, ids, params, fmt.new_id("chatcmpl"), "messages", options, grammar)
     reader = _Reader(engine, req, params.stop, _disconnected(), _lifecycle())
     parser = OutputParser(tools, in_reasoning=opens_reasoning(prompt))
     model = params.model or engine.model_name
+    parallel = structured.parallel_tool_calls(body)
     if params.stream:
-        return _event_stream(reader, _chat_events(reader, parser, params.include_usage, model))
+        events = _chat_events(reader, parser, parallel, params.include_usage, model)
+        return _event_stream(reader, events)
     try:
-        pieces = [piece for text in reader.texts() for piece in parser.feed(text)]
-        pieces += parser.finish()
+        pieces = [piece for pieces in _parse(reader, parser, parallel) for piece in pieces]
     except _ClientGone:
         return Response(status=_CLIENT_CLOSED)
     finally:
         reader.close()
     message = fmt.assistant_message(pieces)
     finish = _finish_reason(reader, parser)
-    return jsonify(
-        fmt.chat_completion(req.id, reader.created, model, message, finish, reader.usage())
-    )
+    body = fmt.chat_completion(req.id, reader.created, model, message, finish, reader.usage())
+    if options.logprobs:
+        entries = req.logprobs[: reader.completion_tokens]
+        body["choices"][0]["logprobs"] = chat_logprobs(engine.tokenizer, entries)
+    return jsonify(body)
+
+
+def _render_chat(template, messages: list[dict], tools: list[dict] | None) -> str:
+    """The prompt text; tools a template would silently drop go into the system prompt instead."""
+    try:
+        without = template.render(messages, tools=None, add_generation_prompt=True) if tools else None
+        prompt = template.render(messages, tools=tools, add_generation_prompt=True)
+        if prompt == without:
+            messages = structured.with_tools_in_system_prompt(messages, tools)
+            prompt = template.render(messages, tools=None, add_generation_prompt=True)
+    except ValueError as e:  # the template's TemplateError: these messages do not fit the model
+        raise ApiError(400, f"The chat template rejected the messages: {e}", "messages") from e
+    return prompt
 
 
 @bp.post("/v1/completions")
 def completions():
     """An OpenAI (legacy) text completion of a raw prompt; SSE chunks when `stream` is true."""
     engine = _engine()
-    params = fmt.parse_completion_request(_json_body())
+    body = _json_body()
+    params = fmt.parse_completion_request(body)
+    options = parse_sampling_options(body, chat=False)
     if isinstance(params.prompt, str):
         ids = _encode(engine.tokenizer, params.prompt)
     else:
         ids = _check_token_ids(engine.tokenizer, params.prompt)
-    req = _submit(engine, ids, params, fmt.new_id("cmpl"), "prompt")
+    req = _submit(engine, ids, params, fmt.new_id("cmpl"), "prompt", options)
     reader = _Reader(engine, req, params.stop, _disconnected(), _lifecycle())
     model = params.model or engine.model_name
+    echo = CompletionEcho(engine.tokenizer, req, params.prompt, options)
     if params.stream:
-        return _event_stream(reader, _completion_events(reader, params.include_usage, model))
+        return _event_stream(reader, _completion_events(reader, params.include_usage, model, echo))
     try:
         text = "".join(reader.texts())
     except _ClientGone:
@@ -118,7 +147,9 @@ def completions():
     finally:
         reader.close()
     finish = reader.finish_reason
-    return jsonify(fmt.completion(req.id, reader.created, model, text, finish, reader.usage()))
+    out = fmt.completion(req.id, reader.created, model, echo.text + text, finish, reader.usage())
+    out["choices"][0]["logprobs"] = echo.logprobs(reader.completion_tokens)
+    return jsonify(out)
 
 
 def _engine():
@@ -158,7 +189,13 @@ def _check_token_ids(tokenizer, ids: tuple[int, ...]) -> list[int]:
 
 
 def _submit(
-    engine, prompt_ids: list[int], params: fmt.GenerationParams, request_id: str, param: str
+    engine,
+    prompt_ids: list[int],
+    params: fmt.GenerationParams,
+    request_id: str,
+    param: str,
+    options: SamplingOptions,
+    grammar: str | None = None,
 ) -> Request:
     """Build the engine request and queue it; QueueFull / EngineNotReady go to the app handlers."""
     try:
@@ -168,6 +205,7 @@ def _submit(
     except PromptTooLong as e:
         raise ApiError(400, str(e), param, "context_length_exceeded") from e
     max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+    check_token_ids(options, engine.tokenizer.vocab_size)
     sampling = SamplingParams(
         max_tokens=max_tokens,
         temperature=params.temperature,
@@ -175,8 +213,17 @@ def _submit(
         top_k=params.top_k,
         seed=params.seed,
         stop_token_ids=frozenset() if params.ignore_eos else frozenset(engine.tokenizer.stop_ids),
+        **options.engine_fields(),
     )
-    req = Request(prompt_ids, sampling, id=request_id)
+    constraint = None
+    if grammar is not None:
+        if params.ignore_eos:
+            raise ApiError(400, "ignore_eos cannot be combined with constrained output.", "ignore_eos")
+        try:
+            constraint = engine.grammars.matcher(grammar)
+        except GrammarError as e:
+            raise ApiError(400, f"The output constraint does not compile: {e}") from e
+    req = Request(prompt_ids, sampling, id=request_id, constraint=constraint)
     engine.submit(req)
     return req
 
@@ -299,18 +346,25 @@ def _event_stream(reader: _Reader, events: Iterator[str]) -> Response:
 
 
 def _chat_events(
-    reader: _Reader, parser: OutputParser, include_usage: bool, model: str
+    reader: _Reader, parser: OutputParser, parallel: bool, include_usage: bool, model: str
 ) -> Iterator[str]:
-    rid, created = reader.request.id, reader.created
+    rid, created, req = reader.request.id, reader.created, reader.request
+    sent = 0  # output tokens whose logprobs went out already
 
     def chunk(delta: dict, finish_reason: str | None = None) -> str:
-        return fmt.sse(fmt.chat_chunk(rid, created, model, delta, finish_reason))
+        nonlocal sent
+        body = fmt.chat_chunk(rid, created, model, delta, finish_reason)
+        if req.params.logprobs and delta.keys() != {"role", "content"}:
+            entries, sent = req.logprobs[sent : reader.completion_tokens], reader.completion_tokens
+            if entries:
+                body["choices"][0]["logprobs"] = chat_logprobs(reader.engine.tokenizer, entries)
+        return fmt.sse(body)
 
     # Sent before any token so the client sees the stream open even during a long prefill.
     yield chunk({"role": "assistant", "content": ""})
     tool_index = 0
     try:
-        for pieces in _parse(reader, parser):
+        for pieces in _parse(reader, parser, parallel):
             for piece in pieces:
                 yield chunk(fmt.chat_delta(piece, tool_index))
                 tool_index += piece.kind == "tool_call"
@@ -324,22 +378,46 @@ def _chat_events(
     yield fmt.SSE_DONE
 
 
-def _parse(reader: _Reader, parser: OutputParser) -> Iterator[list[Piece]]:
+def _parse(reader: _Reader, parser: OutputParser, parallel: bool) -> Iterator[list[Piece]]:
+    """The parser's pieces as text arrives; without `parallel`, tool calls after the first are dropped."""
+    calls = 0
+
+    def keep(piece: Piece) -> bool:
+        nonlocal calls
+        calls += piece.kind == "tool_call"
+        return parallel or piece.kind != "tool_call" or calls == 1
+
     for text in reader.texts():
-        yield parser.feed(text)
-    yield parser.finish()
+        yield [p for p in parser.feed(text) if keep(p)]
+    yield [p for p in parser.finish() if keep(p)]
 
 
-def _completion_events(reader: _Reader, include_usage: bool, model: str) -> Iterator[str]:
+def _completion_events(
+    reader: _Reader, include_usage: bool, model: str, echo: CompletionEcho
+) -> Iterator[str]:
     rid, created = reader.request.id, reader.created
+    offset = 0  # where the next chunk's text starts in the whole choice's text
 
-    def chunk(text: str, finish_reason: str | None = None) -> str:
-        return fmt.sse(fmt.completion_chunk(rid, created, model, text, finish_reason))
+    def chunk(text: str, finish_reason: str | None = None, scored: bool = True, upto=None) -> str:
+        nonlocal offset
+        body = fmt.completion_chunk(rid, created, model, text, finish_reason)
+        if scored:
+            tokens = reader.completion_tokens if upto is None else upto
+            body["choices"][0]["logprobs"] = echo.logprobs(tokens, offset)
+        offset += len(text)
+        return fmt.sse(body)
 
-    yield chunk("")
+    yield chunk("", scored=False)
     try:
+        echoed = False
         for text in reader.texts():
+            if not echoed:  # the prompt is scored once its first output arrives
+                echoed = True
+                if echo.text:
+                    yield chunk(echo.text, upto=0)
             yield chunk(text)
+        if not echoed and echo.text:
+            yield chunk(echo.text)
     except ApiError as e:
         yield fmt.sse(e.body())
         yield fmt.SSE_DONE

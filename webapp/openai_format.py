@@ -127,10 +127,12 @@ MAX_STOP_LENGTH = 256  # characters; the matcher holds back up to this much text
 _INERT_FIELDS = frozenset({"user", "metadata", "store"})
 _COMMON_FIELDS = _INERT_FIELDS | frozenset(
     "model max_tokens temperature top_p top_k seed stop stream stream_options n "
-    "frequency_penalty presence_penalty logprobs ignore_eos".split()
+    "frequency_penalty presence_penalty logprobs ignore_eos min_p repetition_penalty logit_bias".split()
 )
+# validated by webapp/sampling_options.py (sampling, logprobs) and webapp/structured.py (grammars)
 _CHAT_FIELDS = _COMMON_FIELDS | frozenset(
-    "messages max_completion_tokens tools tool_choice response_format".split()
+    "messages max_completion_tokens tools tool_choice response_format top_logprobs "
+    "parallel_tool_calls grammar".split()
 )
 _COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "echo"}
 
@@ -157,7 +159,8 @@ class ChatParams(GenerationParams):
     # objects when they parse as JSON (chat templates expect a mapping there).
     messages: tuple[dict, ...]
     tools: tuple[dict, ...] | None = None
-    tool_choice: str = "auto"
+    tool_choice: str = "auto"  # "auto" | "none" | "required" | "function" (then `forced_tool`)
+    forced_tool: str | None = None
 
     @property
     def active_tools(self) -> list[dict] | None:
@@ -174,39 +177,52 @@ def parse_chat_request(body: dict, max_messages: int = MAX_MESSAGES) -> ChatPara
     """Validate a /v1/chat/completions body."""
     body = _present(body)
     _reject_unknown(body, _CHAT_FIELDS)
-    if _opt_bool(body, "logprobs", False):
-        raise ApiError(400, "logprobs are not supported.", "logprobs")
-    fmt = body.get("response_format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise ApiError(
-            400, 'Only response_format {"type": "text"} is supported.', "response_format"
-        )
     max_tokens = _opt_int(body, "max_tokens", minimum=1)
     # The newer name wins; OpenAI deprecates max_tokens for chat.
     max_tokens = _opt_int(body, "max_completion_tokens", minimum=1) or max_tokens
-    tool_choice = body.get("tool_choice", "auto")
-    if tool_choice not in ("auto", "none"):
-        raise ApiError(400, 'Only tool_choice "auto" and "none" are supported.', "tool_choice")
+    tools = _parse_tools(body.get("tools"))
+    tool_choice, forced_tool = _parse_tool_choice(body.get("tool_choice", "auto"), tools)
     return ChatParams(
         **_generation_fields(body),
         max_tokens=max_tokens,
         messages=_parse_messages(body.get("messages"), max_messages),
-        tools=_parse_tools(body.get("tools")),
+        tools=tools,
         tool_choice=tool_choice,
+        forced_tool=forced_tool,
     )
+
+
+def _parse_tool_choice(choice: Any, tools: tuple[dict, ...] | None) -> tuple[str, str | None]:
+    """("auto" | "none" | "required" | "function", the named function or None)."""
+    if choice in ("auto", "none"):
+        return choice, None
+    names = [t["function"]["name"] for t in tools or ()]
+    if choice == "required":
+        if not names:
+            raise ApiError(400, 'tool_choice "required" needs at least one tool in \'tools\'.', "tool_choice")
+        return choice, None
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(fn, dict):
+        raise ApiError(
+            400,
+            'tool_choice must be "auto", "none", "required" or '
+            '{"type": "function", "function": {"name": ...}}.',
+            "tool_choice",
+        )
+    if fn.get("name") not in names:
+        raise ApiError(400, f"tool_choice names {fn.get('name')!r}, which is not in 'tools'.", "tool_choice")
+    return "function", fn["name"]
 
 
 def parse_completion_request(body: dict) -> CompletionParams:
     """Validate a /v1/completions body."""
     body = _present(body)
     _reject_unknown(body, _COMPLETION_FIELDS)
-    if body.get("logprobs") not in (None, False, 0):
-        raise ApiError(400, "logprobs are not supported.", "logprobs")
-    if _opt_bool(body, "echo", False):
-        raise ApiError(400, "echo is not supported.", "echo")
+    # max_tokens 0 with echo scores the prompt without generating (evaluation harnesses do this)
+    echo = _opt_bool(body, "echo", False)
     return CompletionParams(
         **_generation_fields(body),
-        max_tokens=_opt_int(body, "max_tokens", minimum=1),
+        max_tokens=_opt_int(body, "max_tokens", minimum=0 if echo else 1),
         prompt=_parse_prompt(body.get("prompt")),
     )
 
@@ -224,9 +240,6 @@ def _reject_unknown(body: dict, known: frozenset[str]) -> None:
 def _generation_fields(body: dict) -> dict:
     if _opt_int(body, "n", minimum=1) not in (None, 1):
         raise ApiError(400, "Only n=1 is supported.", "n")
-    for key in ("frequency_penalty", "presence_penalty"):
-        if _opt_number(body, key, -2.0, 2.0) not in (None, 0):
-            raise ApiError(400, f"{key} is not supported; only 0 is accepted.", key)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, f"'model' must be a string, not {_json_type(model)}.", "model")

@@ -3,8 +3,10 @@
 Each app gets its own `CollectorRegistry` holding one `EngineCollector`, which turns a fresh
 `engine.stats()` into metric families at every scrape: nothing is counted twice and the global
 registry of `prometheus_client` is never touched. Names share the `llm_` prefix, after vLLM's
-`vllm:` ones. Counters are exposed with the `_total` suffix; token counts are in tokens, times in
-seconds. `webapp.security` guards it with `ADMIN_TOKEN`, like the dashboard.
+`vllm:` ones; with `METRICS_COMPAT` "vllm" (`LLM_METRICS_COMPAT=vllm`) `webapp.vllm_metrics` adds
+vLLM's own names beside them, for gateways and dashboards that read those. Counters are exposed
+with the `_total` suffix; token counts are in tokens, times in seconds. `webapp.security` guards
+it with `ADMIN_TOKEN`, like the dashboard.
 """
 
 from __future__ import annotations
@@ -68,11 +70,10 @@ class EngineCollector:
         )
         for name, doc, key in GAUGES:
             yield GaugeMetricFamily(PREFIX + name, doc, value=stats[key])
-        context, slots = stats.get("context") or 0, stats["slots_total"]
         yield GaugeMetricFamily(
             PREFIX + "kv_cache_usage_ratio",
             "Share of the KV cache (slots x context) holding tokens, idle slots kept for prefix reuse included.",
-            value=stats.get("kv_tokens", 0) / (slots * context) if slots and context else 0.0,
+            value=kv_cache_usage(stats),
         )
         for name, doc, key in COUNTERS:
             yield CounterMetricFamily(PREFIX + name, doc, value=stats[key])
@@ -84,14 +85,35 @@ class EngineCollector:
         yield finished
         for name, doc, key in HISTOGRAMS:
             h = stats["histograms"][key]
-            buckets = [(repr(float(le)), count) for le, count in h["buckets"]] + [("+Inf", h["count"])]
-            yield HistogramMetricFamily(PREFIX + name, doc, buckets=buckets, sum_value=h["sum"])
+            yield HistogramMetricFamily(PREFIX + name, doc, buckets=histogram_buckets(h), sum_value=h["sum"])
+
+
+def kv_cache_usage(stats: dict) -> float:
+    """Share of the KV cache (slots x context) holding tokens, from 0 to 1."""
+    context, slots = stats.get("context") or 0, stats["slots_total"]
+    return stats.get("kv_tokens", 0) / (slots * context) if slots and context else 0.0
+
+
+def histogram_buckets(h: dict) -> list[tuple[str, int]]:
+    """A stats histogram's cumulative buckets as Prometheus wants them, `+Inf` last."""
+    return [(repr(float(le)), count) for le, count in h["buckets"]] + [("+Inf", h["count"])]
 
 
 def _install(state) -> None:
     app = state.app
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(EngineCollector(lambda: app.extensions["engine"].stats()))
+
+    def stats() -> dict:
+        return app.extensions["engine"].stats()
+
+    registry.register(EngineCollector(stats))
+    compat = app.config.get("METRICS_COMPAT")
+    if compat:
+        from webapp.vllm_metrics import MODES, VllmCollector  # it reuses this module's helpers
+
+        if compat not in MODES:
+            raise ValueError(f"LLM_METRICS_COMPAT={compat!r}: the supported value is {' or '.join(MODES)}")
+        registry.register(VllmCollector(stats))
     app.extensions["prometheus_registry"] = registry
 
 

@@ -23,18 +23,17 @@ Secrets are compared with `hmac.compare_digest`. Pure Flask; no engine, no tinyg
 
 from __future__ import annotations
 
-import getopt
 import hashlib
 import hmac
 import ipaddress
 import logging
-import os
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from flask import Blueprint, Flask, current_app, g, redirect, render_template, request, url_for
 
 from webapp.openai_format import ApiError
+from webapp.waitress_settings import waitress_adjustments
 
 log = logging.getLogger(__name__)
 
@@ -226,16 +225,8 @@ def listen_hosts(argv: list[str]) -> list[str] | None:
     Parsed with waitress's own option parser, so defaults match: without --listen or --host it
     listens on 0.0.0.0 (and ::). A --unix-socket counts as "unix", which is local.
     """
-    if not argv or not os.path.basename(argv[0]).startswith("waitress-serve"):
-        return None
-    from waitress.adjustments import Adjustments
-
-    try:
-        kw, _ = Adjustments.parse_args(argv[1:])
-        for runner_only in ("help", "call"):
-            kw.pop(runner_only, None)
-        adj = Adjustments(**kw)
-    except (getopt.GetoptError, ValueError, OSError):  # waitress reports its own bad arguments
+    adj = waitress_adjustments(argv)
+    if adj is None:  # not waitress-serve, or arguments waitress will reject itself
         return None
     if adj.unix_socket:
         return ["unix"]

@@ -24,11 +24,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .constraints import GrammarCompiler
 from .errors import EngineNotReady, QueueFull, completion_room
 from .kv_cache import SlotTable
 from .metrics import REJECTED, EngineMetrics
 from .request import Finished, FinishReason, Request, Status
-from .runner import sample
+from .sampling import RequestSampler, score_prompt
 from .scheduler import Scheduler
 from .settings import ENGINE_DEFAULTS
 
@@ -58,6 +59,7 @@ class Engine:
         self._busy_since: float | None = None
         self.state, self.error = "loading", None
         self.loaded: LoadedModel | None = None
+        self._grammars: GrammarCompiler | None = None
         self.scheduler = Scheduler(SlotTable(slots), prefill_chunk)
         self.metrics = EngineMetrics({})
         self._inbox: queue.Queue = queue.Queue()
@@ -92,6 +94,15 @@ class Engine:
     @property
     def chat_template(self):
         return self._require().chat_template
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """Compiles grammars against the served model's vocabulary, for handler threads."""
+        loaded = self._require()
+        with self._lock:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(loaded.tokenizer)
+            return self._grammars
 
     @property
     def model_name(self) -> str:
@@ -182,8 +193,11 @@ class Engine:
             for request in self.scheduler.admit():
                 with self._lock:
                     self._waiting -= 1
-                seed = request.params.seed
-                request.rng = np.random.default_rng(None if seed is None else seed % 2**64)
+                request.sampler = RequestSampler(request.params, request.prompt_ids, request.constraint)
+                if request.params.prompt_logprobs is not None and request.cached_tokens:
+                    # scoring needs every prompt position's logits: nothing may come from the cache
+                    self.scheduler.slot_of(request).tokens.clear()
+                    request.cached_tokens = 0
                 self.metrics.on_admit(request)
                 changed = True
             # publish before the step too, so pages show who is running during a long step
@@ -212,13 +226,36 @@ class Engine:
             return
         request, tokens, start = work
         try:
-            logits = self.loaded.runner.prefill(request, tokens, start)
+            if request.params.prompt_logprobs is None:
+                logits = self.loaded.runner.prefill(request, tokens, start)
+            else:
+                logits = self._score_prompt_chunk(request, tokens, start)
         except Exception as e:
             self._fail([request], e)
             return
         self.metrics.on_prefill(len(tokens))
         if self.scheduler.prefilled(request, tokens):
-            self._emit(request, sample(logits, request.params, request.rng))
+            if request.params.max_tokens == 0:  # prompt scoring only
+                self._finish(request, FinishReason.LENGTH)
+            else:
+                self._sample(request, logits)
+
+    def _score_prompt_chunk(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
+        """Run a prompt chunk keeping every position's logits; record the logprob of each next prompt token."""
+        rows = self.loaded.runner.prompt_logits(request, tokens, start)  # (T, vocab)
+        following = request.prompt_ids[start + 1 : start + 1 + len(tokens)]
+        if request.prompt_logprobs is None:
+            request.prompt_logprobs = []
+        request.prompt_logprobs += score_prompt(rows[: len(following)], following, request.params.prompt_logprobs)
+        return rows[-1]
+
+    def _sample(self, request: Request, logits: np.ndarray) -> None:
+        try:
+            token, logprobs = request.sampler.choose(logits)
+        except Exception as e:  # a grammar that broke: only this request fails
+            self._fail([request], e)
+            return
+        self._emit(request, token, logprobs)
 
     def _decode_step(self) -> None:
         batch = [r for r in self.scheduler.decoding() if r.output_ids]
@@ -233,9 +270,9 @@ class Engine:
         for request, row in zip(batch, logits):
             self.scheduler.decoded(request)
             if request.status is Status.DECODE:
-                self._emit(request, sample(row, request.params, request.rng))
+                self._sample(request, row)
 
-    def _emit(self, request: Request, token: int) -> None:
+    def _emit(self, request: Request, token: int, logprobs=None) -> None:
         params = request.params
         if token in params.stop_token_ids:
             self._finish(request, FinishReason.STOP)
@@ -246,6 +283,8 @@ class Engine:
             request.first_token_at = now
         request.last_token_at = now
         request.output_ids.append(token)
+        if logprobs is not None:
+            request.logprobs.append(logprobs)
         request.outputs.put(token)
         # the next step would write position prompt_len + len(output_ids) - 1, which must fit the cache
         if len(request.output_ids) >= params.max_tokens or request.prompt_len + len(request.output_ids) >= self.loaded.context:
@@ -258,7 +297,7 @@ class Engine:
             with self._lock:
                 self._waiting -= 1
         self.metrics.on_finish(request)
-        request.rng = None
+        request.sampler = request.constraint = None
         request.outputs.put(Finished(reason))
 
     def _fail(self, requests: list[Request], error: Exception) -> None:

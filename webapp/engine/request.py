@@ -49,6 +49,15 @@ class SamplingParams:
     # Tokens that end the request without being output (the tokenizer's end-of-turn ids; none when
     # the client asked for ignore_eos). The engine never puts one on `outputs`.
     stop_token_ids: frozenset[int] = frozenset()
+    # what each one does, and in which order: webapp/engine/sampling.py
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: bool = False  # record each output token's logprob in Request.logprobs
+    top_logprobs: int = 0
+    prompt_logprobs: int | None = None  # score the prompt (Request.prompt_logprobs), with this many alternatives
 
 
 class Status(enum.Enum):
@@ -80,7 +89,11 @@ class Request:
     cached_tokens: int = 0
     prefilled_tokens: int = 0
     slot: int | None = None
-    rng: object = None  # the request's own sampling generator, made at admission from params.seed
+    constraint: object = None  # a grammar's TokenConstraint (webapp/engine/constraints.py), set before submitting
+    sampler: object = None  # the request's RequestSampler (webapp/engine/sampling.py), made at admission
+    # Written by the model thread before the token (or the Finished) they describe is put on `outputs`.
+    logprobs: list = field(default_factory=list)  # TokenLogprobs per output token, when params.logprobs
+    prompt_logprobs: list | None = None  # TokenLogprobs per prompt token after the first, when asked
     finish_reason: str | None = None
     # Set by any thread; the model thread retires the request at its next step.
     cancel_reason: str | None = None

@@ -3,8 +3,7 @@
 `Runner` is the contract the engine programs against (`LoadedModel.runner`); `ModelRunner` fulfils
 it with the tinygrad model, the tests' `FakeRunner` without one. Decode batches are
 padded up to a few fixed widths so each width compiles once (at warm-up) and is replayed after.
-Sampling runs in NumPy on the logits rows, with a generator per request, so a seeded request gives
-the same tokens whatever else shares its batch.
+Sampling happens elsewhere (webapp/engine/sampling.py), on the NumPy logits rows returned here.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .request import Request, SamplingParams
+from .request import Request
 
 log = logging.getLogger(__name__)
 
@@ -27,33 +26,14 @@ class Runner(Protocol):
     def prefill(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
         """Write `tokens` of `request`'s prompt, from position `start`, into its slot; logits (vocab,) of the last."""
 
+    def prompt_logits(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
+        """Like prefill, but logits (len(tokens), vocab) for every token (prompt scoring)."""
+
     def decode(self, batch: list[Request], positions: list[int]) -> np.ndarray:
         """Feed each request's last output token at its position; logits (len(batch), vocab)."""
 
     def warm_up(self, progress: Callable[[str], None]) -> float:
         """Compile everything the steps will run, reporting through `progress`; the seconds it took."""
-
-
-def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
-    """One token id from a (vocab,) row: greedy at temperature 0, else temperature / top-k / top-p."""
-    if params.temperature <= 0:
-        return int(np.argmax(logits))
-    x = logits.astype(np.float64) / params.temperature
-    ids = np.arange(x.shape[0])
-    if 0 < params.top_k < x.shape[0]:
-        ids = np.argpartition(-x, params.top_k)[: params.top_k]
-        x = x[ids]
-    if params.top_p < 1.0:
-        order = np.argsort(-x, kind="stable")
-        x, ids = x[order], ids[order]
-        probs = np.exp(x - x[0])
-        probs /= probs.sum()
-        # keep the smallest head whose mass reaches top_p (always at least one token)
-        keep = int(np.searchsorted(np.cumsum(probs), params.top_p)) + 1
-        x, ids = x[:keep], ids[:keep]
-    probs = np.exp(x - x.max())
-    probs /= probs.sum()
-    return int(ids[rng.choice(len(ids), p=probs)])
 
 
 # Prompt tokens per compiled prefill call. Every call shape costs 7-22 s of warm-up here, and with
@@ -89,6 +69,17 @@ class ModelRunner:
         for i in range(0, len(tokens), self.piece):
             logits = self.model.prefill(tokens[i : i + self.piece], request.slot, start + i, self.piece)
         return logits[0]
+
+    def prompt_logits(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
+        """Like `prefill`, but logits (len(tokens), vocab) for every token, for prompt scoring.
+
+        The model's prefill returns the last token's logits only, so this runs the chunk as
+        width-1 decode steps on the request's slot (one step per token: ~20 ms each on the default
+        model, against ~5 ms per token prefilled). A model path that returns every position's
+        logits from one prefill call can replace it without touching the engine.
+        """
+        rows = [self.model.decode([t], [request.slot], [start + i], 1)[0] for i, t in enumerate(tokens)]
+        return np.stack(rows)
 
     def decode(self, batch: list[Request], positions: list[int]) -> np.ndarray:
         """Feed each request's last output token at its position; logits (len(batch), vocab)."""

@@ -1,0 +1,157 @@
+"""Per-request sampling: a logits row in, the next token id (and its log-probabilities) out.
+
+Contract: the engine makes one `RequestSampler(params, prompt_ids, constraint)` when a request is
+admitted; only the model thread uses it. `choose(logits)` returns `(token, TokenLogprobs | None)`
+for one (vocab,) row. Each request has its own state (random generator from `seed`, token counts,
+grammar matcher) and nothing reads another row, so a request samples the same tokens whatever
+shares its batched step: a constrained request and free ones can run in one step.
+
+The row goes through, in this order (as vLLM and Hugging Face do):
+1. `logit_bias`: added to the named tokens' logits;
+2. `repetition_penalty` (> 1 discourages): every token already in the prompt or the output has a
+   positive logit divided by it and a negative one multiplied by it;
+3. `frequency_penalty` and `presence_penalty` (OpenAI's): each token's logit drops by
+   count * frequency_penalty + (count > 0) * presence_penalty, counting generated tokens only;
+4. the grammar mask: tokens the request's constraint forbids get -inf;
+5. greedy (argmax) at temperature 0, otherwise temperature, top-k, top-p, min-p (tokens below
+   min_p times the most likely token's probability are dropped), then a draw.
+
+Log-probabilities report the model's own distribution: the log-softmax of the raw row, before
+any of the steps above (vLLM's default), so `logprobs` score what the model thinks, whatever
+the request's sampling settings, and prompt scoring matches generation scoring.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .request import SamplingParams
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat; completions allow 5
+
+
+class TokenLogprobs(NamedTuple):
+    """The log-probability of one chosen token, and the `top` most likely (id, logprob) pairs."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+def log_softmax(row: np.ndarray) -> np.ndarray:
+    x = row.astype(np.float64)
+    x -= x.max()
+    return x - np.log(np.exp(x).sum())
+
+
+def token_logprobs(row: np.ndarray, token: int, top: int) -> TokenLogprobs:
+    """`token`'s log-probability under the raw logits `row`, with the `top` best alternatives."""
+    logp = log_softmax(row)
+    best: tuple[tuple[int, float], ...] = ()
+    if top > 0:
+        ids = np.argpartition(-logp, top - 1)[:top]
+        ids = ids[np.argsort(-logp[ids], kind="stable")]
+        best = tuple((int(i), float(logp[i])) for i in ids)
+    return TokenLogprobs(token, float(logp[token]), best)
+
+
+def score_prompt(rows: np.ndarray, next_ids: list[int], top: int) -> list[TokenLogprobs]:
+    """Each of `next_ids` scored under the row before it: rows (len(next_ids), vocab)."""
+    return [token_logprobs(row, token, top) for row, token in zip(rows, next_ids)]
+
+
+def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """One token id from a (vocab,) row: greedy at temperature 0, else temperature / top-k / top-p / min-p."""
+    if params.temperature <= 0:
+        return int(np.argmax(logits))
+    x = logits.astype(np.float64) / params.temperature
+    ids = np.arange(x.shape[0])
+    allowed = np.isfinite(x)
+    if not allowed.all():  # masked tokens never enter the cuts below
+        ids, x = ids[allowed], x[allowed]
+    if 0 < params.top_k < x.shape[0]:
+        keep = np.argpartition(-x, params.top_k)[: params.top_k]
+        x, ids = x[keep], ids[keep]
+    if params.top_p < 1.0:
+        order = np.argsort(-x, kind="stable")
+        x, ids = x[order], ids[order]
+        probs = np.exp(x - x[0])
+        probs /= probs.sum()
+        # keep the smallest head whose mass reaches top_p (always at least one token)
+        keep = int(np.searchsorted(np.cumsum(probs), params.top_p)) + 1
+        x, ids = x[:keep], ids[:keep]
+    probs = np.exp(x - x.max())
+    if params.min_p > 0:
+        keep = probs >= params.min_p  # probs are relative to the most likely token here
+        x, ids, probs = x[keep], ids[keep], probs[keep]
+    probs /= probs.sum()
+    return int(ids[rng.choice(len(ids), p=probs)])
+
+
+class RequestSampler:
+    """One request's sampling state; see the module docstring."""
+
+    def __init__(self, params: SamplingParams, prompt_ids: list[int], constraint=None):
+        self.params = params
+        self.rng = np.random.default_rng(None if params.seed is None else params.seed % 2**64)
+        self.constraint = constraint
+        self._prompt_ids = prompt_ids
+        self._bias_ids = np.array([i for i, _ in params.logit_bias], dtype=np.int64)
+        self._bias = np.array([b for _, b in params.logit_bias], dtype=np.float32)
+        self._penalized = params.frequency_penalty != 0 or params.presence_penalty != 0
+        self._counts: np.ndarray | None = None  # (vocab,) generated-token counts, when penalized
+        self._seen: np.ndarray | None = None  # (vocab,) bool, prompt and output, for repetition_penalty
+
+    @property
+    def _adjusts(self) -> bool:
+        return bool(self._bias_ids.size) or self._penalized or self.params.repetition_penalty != 1.0
+
+    def adjusted(self, logits: np.ndarray) -> np.ndarray:
+        """The row after logit_bias, penalties and the grammar mask (steps 1-4); a copy when changed."""
+        params, x = self.params, logits
+        if self._adjusts:
+            x = logits.astype(np.float32, copy=True)
+            if self._bias_ids.size:
+                keep = self._bias_ids < x.shape[0]
+                x[self._bias_ids[keep]] += self._bias[keep]
+            if params.repetition_penalty != 1.0:
+                seen = self._seen_mask(x.shape[0])
+                v = x[seen]
+                x[seen] = np.where(v > 0, v / params.repetition_penalty, v * params.repetition_penalty)
+            if self._penalized and self._counts is not None:
+                counts = self._counts[: x.shape[0]]
+                x -= counts * np.float32(params.frequency_penalty) + (counts > 0) * np.float32(params.presence_penalty)
+        if self.constraint is not None:
+            x = np.where(self.constraint.allowed(x.shape[0]), x, np.float32(-np.inf))
+        return x
+
+    def choose(self, logits: np.ndarray) -> tuple[int, TokenLogprobs | None]:
+        x = self.adjusted(logits)
+        if self.constraint is not None and not np.isfinite(x).any():
+            # the grammar allows nothing more, not even a stop token (a stopped matcher): end here
+            token = min(self.params.stop_token_ids) if self.params.stop_token_ids else int(np.argmax(logits))
+        else:
+            token = sample(x, self.params, self.rng)
+        self._record(token, logits.shape[0])
+        logprobs = token_logprobs(logits, token, self.params.top_logprobs) if self.params.logprobs else None
+        return token, logprobs
+
+    def _record(self, token: int, width: int) -> None:
+        if self._penalized:
+            if self._counts is None:
+                self._counts = np.zeros(width, dtype=np.float32)
+            self._counts[token] += 1
+        if self._seen is not None:
+            self._seen[token] = True
+        if self.constraint is not None and token not in self.params.stop_token_ids:
+            if not self.constraint.accept(token):
+                raise RuntimeError(f"the grammar rejected token {token}: {self.constraint.error}")
+
+    def _seen_mask(self, width: int) -> np.ndarray:
+        if self._seen is None:
+            self._seen = np.zeros(width, dtype=bool)
+            ids = np.asarray(self._prompt_ids, dtype=np.int64)
+            self._seen[ids[ids < width]] = True
+        return self._seen

@@ -1,0 +1,82 @@
+"""What Waitress was started with, and whether that can serve this app's load.
+
+Contract:
+- `waitress_adjustments(argv)` parses a `waitress-serve` command line with Waitress's own parser
+  and returns its effective `Adjustments` (defaults included), or None when `argv` is not
+  `waitress-serve`'s (a test, another server) or Waitress would reject it anyway.
+- `threads_needed(config)` is the pool this app needs: every streaming request holds one Waitress
+  thread for its whole length, so LLM_SLOTS + LLM_QUEUE_LIMIT threads can be taken by accepted
+  requests, plus `HEADROOM_THREADS` for `/health`, `/metrics`, `/admin` and the 429s of a full queue.
+- `missing_flags(config, adjustments)` lists the exact flags to add; `warn_if_underprovisioned`
+  logs them as one loud warning at start-up (`wsgi.py`) and returns them.
+
+Why it matters, as measured: the plain `waitress-serve wsgi:app` runs 4 threads. With 6 streams open,
+`/health` took 24 s to answer and nothing in the log said why. Without `--channel-request-lookahead`
+Waitress stops reading a connection while its request runs, so a non-streaming client that hangs up
+is never noticed and its request generates to `max_tokens` in a slot nobody reads.
+"""
+
+from __future__ import annotations
+
+import getopt
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+HEADROOM_THREADS = 8
+
+
+def waitress_adjustments(argv: list[str]):
+    """Waitress's effective settings for the command line `argv`, or None when it is not waitress-serve's."""
+    if not argv or not os.path.basename(argv[0]).startswith("waitress-serve"):
+        return None
+    from waitress.adjustments import Adjustments
+
+    try:
+        kw, _ = Adjustments.parse_args(argv[1:])
+        for runner_only in ("help", "call"):
+            kw.pop(runner_only, None)
+        return Adjustments(**kw)
+    except (getopt.GetoptError, ValueError, OSError):  # waitress reports its own bad arguments
+        return None
+
+
+def threads_needed(config) -> int:
+    return int(config["SLOTS"]) + int(config["QUEUE_LIMIT"]) + HEADROOM_THREADS
+
+
+def missing_flags(config, adjustments) -> list[str]:
+    flags = []
+    if adjustments.threads < threads_needed(config):
+        flags.append(f"--threads={threads_needed(config)}")
+    if adjustments.channel_request_lookahead < 1:
+        flags.append("--channel-request-lookahead=1")
+    return flags
+
+
+def warn_if_underprovisioned(config, argv: list[str]) -> list[str]:
+    """One loud warning when Waitress's settings cannot serve LLM_SLOTS + LLM_QUEUE_LIMIT requests
+    well; returns the flags it asked for (empty when all is well or Waitress's settings are unknown)."""
+    adjustments = waitress_adjustments(argv)
+    if adjustments is None:
+        return []
+    flags = missing_flags(config, adjustments)
+    if not flags:
+        return []
+    why = []
+    if adjustments.threads < threads_needed(config):
+        why.append(
+            f"!! Waitress runs {adjustments.threads} threads, and every open stream holds one: "
+            f"LLM_SLOTS={config['SLOTS']} + LLM_QUEUE_LIMIT={config['QUEUE_LIMIT']} + "
+            f"{HEADROOM_THREADS} for /health and /metrics = {threads_needed(config)}.\n"
+            "!! With fewer, /health, /metrics and new requests wait behind the streams."
+        )
+    if adjustments.channel_request_lookahead < 1:
+        why.append(
+            "!! --channel-request-lookahead is 0: a client that hangs up on a non-streamed request\n"
+            "!! is never noticed, and its request keeps a slot until max_tokens."
+        )
+    banner = "!" * 78
+    log.warning("\n%s\n%s\n!! Add: %s\n%s", banner, "\n".join(why), " ".join(flags), banner)
+    return flags
