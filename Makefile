@@ -15,7 +15,7 @@ export HCQ2 ?= 1
 
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test test-deploy lint tune bench clean
+.PHONY: install serve test test-deploy lint format tune bench clean
 
 install: $(STAMP)
 
@@ -43,6 +43,7 @@ test: install
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "the browser tests need Debian's chromium (apt-get install chromium); they will be skipped"; fi; }
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/python -m pytest -q tests
 
 # Two real replicas behind Debian's nginx (deploy/tests): minutes, so not part of `make test`.
@@ -54,8 +55,13 @@ test-deploy: install
 	  else echo "the replica tests need Debian's nginx (apt-get install nginx); they will be skipped"; fi; }
 	$(VENV)/bin/python -m pytest -q -s deploy/tests
 
+# One linter and one formatter for the whole tree; `make format` applies the formatter.
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff format .
 
 # Once per machine and configuration (same LLM_* settings as serve): BEAM-search the server's kernels.
 tune: install

@@ -55,7 +55,16 @@ def random_prompt(rng, n, vocab):
 # the constrained-decoding row: a list of records, so the output can run long
 SCHEMA = {
     "type": "object",
-    "properties": {"people": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]}}},
+    "properties": {
+        "people": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                "required": ["name", "age"],
+            },
+        }
+    },
     "required": ["people"],
 }
 
@@ -91,7 +100,9 @@ def ours(path, cpu_kernels=True):
         out[f"prefill tok/s ({n}-token prompt)"] = n / (times[0] - started)
     _, times, _ = run(engine, random_prompt(rng, 20, vocab), 65)
     out["decode tok/s (1 stream)"] = (len(times) - 1) / (times[-1] - times[0])
-    chat = engine.tokenizer.encode(engine.chat_template.render([{"role": "user", "content": "What is the capital of France? Answer in one short sentence."}]))
+    chat = engine.tokenizer.encode(
+        engine.chat_template.render([{"role": "user", "content": "What is the capital of France? Answer in one short sentence."}])
+    )
     started, times, _ = run(engine, chat, 1)
     out["TTFT, chat prompt (s)"] = times[0] - started
     out["chat prompt tokens"] = len(chat)
@@ -128,7 +139,9 @@ def constrained_rows(engine):
     """Per generated token after the first: step time and sampling time, free vs constrained by SCHEMA."""
     from webapp.engine.constraints import json_schema_grammar
 
-    prompt = engine.tokenizer.encode(engine.chat_template.render([{"role": "user", "content": "List five people with their ages as JSON."}]))
+    prompt = engine.tokenizer.encode(
+        engine.chat_template.render([{"role": "user", "content": "List five people with their ages as JSON."}])
+    )
     grammar = json_schema_grammar(SCHEMA)
     rows = {}
     engine_module.RequestSampler = TimedSampler  # the engine builds one per admitted request
@@ -193,7 +206,9 @@ def llama_bench_rows(binary, path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
-    ap.add_argument("--cpu-kernels", choices=("on", "off"), default="on", help="off: tinygrad's float16 path for every matrix (LLM_CPU_KERNELS=false)")
+    ap.add_argument(
+        "--cpu-kernels", choices=("on", "off"), default="on", help="off: tinygrad's float16 path for every matrix (LLM_CPU_KERNELS=false)"
+    )
     ap.add_argument("--llama-bench", metavar="PATH", help="llama.cpp's llama-bench binary, run on the same GGUF after our rows")
     args = ap.parse_args()
     path = args.model or default_model_path()
@@ -202,7 +217,9 @@ def main():
         theirs, source = llama_bench_rows(args.llama_bench, path), f"llama.cpp = `llama-bench -t {usable_cores()}`"
     else:
         theirs, source = llama_cpp_rows(path, chat), f"llama.cpp = llama-cpp-python in this process, {usable_cores()} threads"
-    print(f"\nModel: {os.path.basename(path)}; machine: {platform.machine()}, {usable_cores()} usable cores; device {os.environ.get('DEV', 'default')}")
+    print(
+        f"\nModel: {os.path.basename(path)}; machine: {platform.machine()}, {usable_cores()} usable cores; device {os.environ.get('DEV', 'default')}"
+    )
     if theirs:
         print(f"{source}; the last column is our speed as a share of llama.cpp's")
     print("| measure | tinyserve | llama.cpp | tinyserve speed vs llama.cpp |" if theirs else "| measure | tinyserve |")

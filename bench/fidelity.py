@@ -91,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--continuations", metavar="FILE", help="prompts and llama.cpp tokens saved by --save")
     ap.add_argument("--tokens", type=int, default=64, help="llama.cpp tokens per prompt")
     ap.add_argument("--save", metavar="FILE", help="write the prompts and llama.cpp's tokens here (JSON)")
-    ap.add_argument("--cpu-kernels", choices=("on", "off"), default="on", help="off: tinygrad's float16 path for every matrix (LLM_CPU_KERNELS=false)")
+    ap.add_argument(
+        "--cpu-kernels", choices=("on", "off"), default="on", help="off: tinygrad's float16 path for every matrix (LLM_CPU_KERNELS=false)"
+    )
     args = ap.parse_args(argv)
     exit_on_sigterm()
     path = args.model or default_model_path()
@@ -124,8 +126,12 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((i, len(prompt), len(theirs), stop, sum(matches), first_miss))
         print(f"  prompt {i}: {sum(matches)}/{len(matches)}", file=sys.stderr)
 
-    print(f"\nModel: {os.path.basename(path)}; machine: {platform.machine()}, {usable_cores()} usable cores; device {os.environ.get('DEV', 'default')}")
-    print(f"llama.cpp's greedy continuation ({args.tokens} tokens) teacher-forced through ours; 'same top-1' = positions where our argmax is llama.cpp's token.\n")
+    print(
+        f"\nModel: {os.path.basename(path)}; machine: {platform.machine()}, {usable_cores()} usable cores; device {os.environ.get('DEV', 'default')}"
+    )
+    print(
+        f"llama.cpp's greedy continuation ({args.tokens} tokens) teacher-forced through ours; 'same top-1' = positions where our argmax is llama.cpp's token.\n"
+    )
     print("| prompt | question | prompt tokens | llama.cpp tokens (stop) | same top-1 | share | first difference at |")
     print("|---:|---|---:|---:|---:|---:|---:|")
     for i, n_prompt, n_theirs, stop, same, first_miss in rows:

@@ -159,7 +159,9 @@ def measure(label: str, url: str, levels: list[int], max_tokens: int, timeout: f
 
 
 def print_table(rows: list[dict], max_tokens: int) -> None:
-    print(f"\nMachine: {platform.machine()}, {usable_cores()} usable cores. Each client: one streamed chat request, {max_tokens} tokens, greedy, ignore_eos.\n")
+    print(
+        f"\nMachine: {platform.machine()}, {usable_cores()} usable cores. Each client: one streamed chat request, {max_tokens} tokens, greedy, ignore_eos.\n"
+    )
     print("| server | clients | agg tok/s | TTFT p50 / p95 (s) | per-stream tok/s | ITL p50 / p95 (ms) | tokens | errors |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:

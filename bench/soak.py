@@ -134,9 +134,7 @@ class Server:
         started = time.monotonic()
         while time.monotonic() - started < timeout:
             if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"the server exited with {self.process.returncode}:\n{self.log()}"
-                )
+                raise RuntimeError(f"the server exited with {self.process.returncode}:\n{self.log()}")
             try:
                 if self.get("/health")[0] == 200:
                     return time.monotonic() - started
@@ -201,9 +199,7 @@ class Server:
             os.unlink(self.log_path)
 
 
-def one_request(
-    port: int, rng: random.Random, disconnect: float, max_tokens: int, timeout: float
-) -> str:
+def one_request(port: int, rng: random.Random, disconnect: float, max_tokens: int, timeout: float) -> str:
     """Send one random request; return its outcome (one of OUTCOMES)."""
     chat = rng.random() < 0.5
     stream = rng.random() < 0.6
@@ -277,9 +273,7 @@ def soak(
     jobs = [random.Random(seeds.getrandbits(64)) for _ in range(requests)]
     started = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-        for outcome in pool.map(
-            lambda rng: one_request(port, rng, disconnect, max_tokens, timeout), jobs
-        ):
+        for outcome in pool.map(lambda rng: one_request(port, rng, disconnect, max_tokens, timeout), jobs):
             counts[outcome] += 1
     return {**counts, "seconds": round(time.monotonic() - started, 2)}
 
@@ -318,9 +312,7 @@ def run(
     return {**report, "exit_code": exit_code, "shutdown_s": round(shutdown_s, 2)}
 
 
-def _measure(
-    server: Server, requests: int, concurrency: int, disconnect: float, max_tokens: int, seed: int
-) -> dict:
+def _measure(server: Server, requests: int, concurrency: int, disconnect: float, max_tokens: int, seed: int) -> dict:
     at_start = server.stats()
     soak(server.port, concurrency, concurrency, 0.0, max_tokens, seed + 1)  # warm-up wave
     server.wait_idle()
@@ -354,12 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument(
-        "--disconnect", type=float, default=0.3, help="share of clients that hang up early"
-    )
-    parser.add_argument(
-        "--model", default="tiny", help="tiny (default), default (the shipped model) or a GGUF path"
-    )
+    parser.add_argument("--disconnect", type=float, default=0.3, help="share of clients that hang up early")
+    parser.add_argument("--model", default="tiny", help="tiny (default), default (the shipped model) or a GGUF path")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
@@ -376,11 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     width = max(map(len, report))
     for key, value in report.items():
         print(f"{key:<{width}}  {value}")
-    healthy = (
-        report["errors"] == report["lost"] == 0
-        and report["slots_free"] == report["slots_total"]
-        and report["exit_code"] == 0
-    )
+    healthy = report["errors"] == report["lost"] == 0 and report["slots_free"] == report["slots_total"] and report["exit_code"] == 0
     return 0 if healthy else 1
 
 

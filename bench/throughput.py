@@ -97,7 +97,9 @@ def main():
     while engine.state == "loading":
         time.sleep(0.2)
     assert engine.state == "ok", engine.error
-    print(f"engine ready in {time.monotonic() - t0:.1f} s ({engine.model_name}, {args.slots} slots, device {os.environ.get('DEV', 'default')})")
+    print(
+        f"engine ready in {time.monotonic() - t0:.1f} s ({engine.model_name}, {args.slots} slots, device {os.environ.get('DEV', 'default')})"
+    )
     tok, tpl = engine.tokenizer, engine.chat_template
 
     def prompt(i, salt):
@@ -112,7 +114,9 @@ def main():
         print(f"  measured concurrency {c}", file=sys.stderr)
 
     print(f"\nMachine: {platform.machine()}, {os.cpu_count()} cores, {platform.python_implementation()} {platform.python_version()}")
-    print(f"Each stream generates {args.tokens} tokens (greedy, ignore_eos). 'one-at-a-time' = the same streams run FCFS, one request at a time.\n")
+    print(
+        f"Each stream generates {args.tokens} tokens (greedy, ignore_eos). 'one-at-a-time' = the same streams run FCFS, one request at a time.\n"
+    )
     print("'agg' counts every generated token over the whole run's wall time (prefill included); 'decode agg' counts")
     print("tokens after each stream's first over the time any stream was decoding.\n")
     print(
@@ -140,7 +144,13 @@ def main():
         cold = Stream(engine, tok.encode(tpl.render(cold_msgs)), 8)
         cold.run()
         reply = tok.decode(cold.request.output_ids)
-        follow = Stream(engine, tok.encode(tpl.render(cold_msgs + [{"role": "assistant", "content": reply}, {"role": "user", "content": "Thanks! One more thing?"}])), 8)
+        follow = Stream(
+            engine,
+            tok.encode(
+                tpl.render(cold_msgs + [{"role": "assistant", "content": reply}, {"role": "user", "content": "Thanks! One more thing?"}])
+            ),
+            8,
+        )
         follow.run()
         print("\n| turn | prompt tokens | reused from cache | TTFT (s) |")
         print("|---|---:|---:|---:|")

@@ -104,15 +104,11 @@ def running_server(app, threads: int = 16, **adjustments):
     where = {} if "sockets" in adjustments else {"host": "127.0.0.1", "port": 0}
     # channel_request_lookahead=1 lets Waitress keep reading a connection while its request runs,
     # which is how it notices a client that hangs up on a non-streamed request.
-    srv = waitress.create_server(
-        app, threads=threads, channel_request_lookahead=1, **where, **adjustments
-    )
+    srv = waitress.create_server(app, threads=threads, channel_request_lookahead=1, **where, **adjustments)
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     try:
-        yield SimpleNamespace(
-            host="127.0.0.1", port=srv.effective_port, url=f"http://127.0.0.1:{srv.effective_port}"
-        )
+        yield SimpleNamespace(host="127.0.0.1", port=srv.effective_port, url=f"http://127.0.0.1:{srv.effective_port}")
     finally:
         srv.task_dispatcher.shutdown(timeout=5)
         # Sockets are closed on the loop's own thread, so its select() never sees a closed descriptor.
@@ -156,9 +152,7 @@ def server(app, engine):
 
 @pytest.fixture
 def openai_client(server):
-    client = openai.OpenAI(
-        base_url=f"{server.url}/v1", api_key="test-key", max_retries=0, timeout=10
-    )
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="test-key", max_retries=0, timeout=10)
     yield client
     client.close()
 
@@ -201,9 +195,7 @@ class Stream:
 
     def __init__(self, server, path, body, timeout=60):
         self.conn = http.client.HTTPConnection(server.host, server.port, timeout=timeout)
-        self.conn.request(
-            "POST", path, json.dumps({**body, "stream": True}), {"Content-Type": "application/json"}
-        )
+        self.conn.request("POST", path, json.dumps({**body, "stream": True}), {"Content-Type": "application/json"})
         self.response = self.conn.getresponse()
         assert self.response.status == 200, self.response.read()
         self.events: list = []
@@ -227,9 +219,7 @@ class Stream:
 
 
 def finish_reason(events: list) -> str | None:
-    reasons = [
-        c["finish_reason"] for e in events if isinstance(e, dict) for c in e.get("choices", [])
-    ]
+    reasons = [c["finish_reason"] for e in events if isinstance(e, dict) for c in e.get("choices", [])]
     return next((r for r in reasons if r), None)
 
 
@@ -241,9 +231,7 @@ def unread_stream(server, path: str, body: dict) -> socket.socket:
     sock.connect((server.host, int(server.port)))
     data = json.dumps({**body, "stream": True}).encode()
     sock.sendall(
-        f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(data)}\r\n\r\n".encode()
-        + data
+        f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data
     )
     return sock
 

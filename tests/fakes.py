@@ -319,13 +319,10 @@ TOOLS = [
     }
 ]
 
-HERMES = (
-    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
-)
+HERMES = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
 XML = (
     "Let me check.\n<tool_call>\n<function=get_weather>\n"
     "<parameter=city>\nSan Francisco\n</parameter>\n"
     "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n"
     "<parameter=city>\n2024\n</parameter>\n</function>\n</tool_call>"
 )
-

@@ -85,7 +85,7 @@ def test_dashboard_shows_the_numbers_without_javascript(client):
     assert "chatcmpl-live" in html and "53 / 256" in html and "70 / 256" in html
     for kind in ("reused", "prefilled", "generated", "idle"):
         assert f'<rect class="kv-{kind}"' in html
-    assert "30 <span class=\"muted\">(60%)</span>" in html  # 30 of the 50 prompt tokens were reused
+    assert '30 <span class="muted">(60%)</span>' in html  # 30 of the 50 prompt tokens were reused
     # recent requests, newest first
     assert html.index("chatcmpl-done1") < html.index("chatcmpl-done0")
     # the plots are drawn here too, not only by the script
@@ -126,7 +126,16 @@ def test_stats_json(client):
         "reused_tokens": 30, "tokens_generated": 3, "age_s": pytest.approx(1.5),
     }  # fmt: skip
     recent = s["recent_requests"][0]
-    assert set(recent) >= {"id", "prompt_tokens", "cached_tokens", "generated_tokens", "queue_wait_s", "ttft_s", "decode_tokens_per_s", "finish_reason"}
+    assert set(recent) >= {
+        "id",
+        "prompt_tokens",
+        "cached_tokens",
+        "generated_tokens",
+        "queue_wait_s",
+        "ttft_s",
+        "decode_tokens_per_s",
+        "finish_reason",
+    }
     assert len(s["history"]["decode_tokens_per_s"]) == 600
 
 
@@ -199,7 +208,12 @@ def test_metrics_has_every_promised_family(client):
         "stop": 1, "length": 1, "cancelled": 0, "shutdown": 0, "error": 0, "rejected": 0
     }  # fmt: skip
     assert value(families["llm_model_info"], model="fake-model", device="TEST", context="256") == 1
-    for name in ("llm_time_to_first_token_seconds", "llm_inter_token_latency_seconds", "llm_request_queue_time_seconds", "llm_e2e_request_latency_seconds"):
+    for name in (
+        "llm_time_to_first_token_seconds",
+        "llm_inter_token_latency_seconds",
+        "llm_request_queue_time_seconds",
+        "llm_e2e_request_latency_seconds",
+    ):
         h = families[name]
         buckets = [s for s in h.samples if s.name == name + "_bucket"]
         assert buckets[-1].labels["le"] == "+Inf"

@@ -21,9 +21,7 @@ from webapp.engine.settings import ENGINE_DEFAULTS, engine_settings
 
 
 def chat(client, stream=False, messages=HELLO, **kw):
-    return client.chat.completions.create(
-        model="test-model", messages=messages, stream=stream, **kw
-    )
+    return client.chat.completions.create(model="test-model", messages=messages, stream=stream, **kw)
 
 
 def streamed(client, **kw):
@@ -101,9 +99,7 @@ def test_chat_completion(openai_client, engine):
     p = req.params
     assert (p.temperature, p.top_p, p.top_k, p.seed) == (0.5, 0.9, 20, 7)
     assert p.stop_token_ids == frozenset({EOS})
-    assert p.max_tokens == engine.max_context - len(
-        expected_prompt
-    )  # the default fills the context
+    assert p.max_tokens == engine.max_context - len(expected_prompt)  # the default fills the context
     assert engine.aborted == []  # a request the engine finished is not aborted
 
 
@@ -200,9 +196,7 @@ def test_ignore_eos_drops_the_stop_token_ids(openai_client, engine):
 
 
 def test_null_fields_count_as_absent(server):
-    status, _, body = raw(
-        server, "/v1/chat/completions", {"messages": HELLO, "logit_bias": None, "temperature": None}
-    )
+    status, _, body = raw(server, "/v1/chat/completions", {"messages": HELLO, "logit_bias": None, "temperature": None})
     assert status == 200 and body["choices"][0]["message"]["content"]
 
 
@@ -230,10 +224,7 @@ def test_hermes_tool_call(openai_client, engine, stream):
         r = chat(openai_client, tools=TOOLS)
         message, finish = r.choices[0].message, r.choices[0].finish_reason
         assert message.content is None
-        calls = [
-            {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
-            for c in message.tool_calls
-        ]
+        calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments} for c in message.tool_calls]
     assert finish == "tool_calls"
     assert len(calls) == 1 and calls[0]["id"].startswith("call_")
     assert calls[0]["name"] == "get_weather"
@@ -251,10 +242,7 @@ def test_xml_tool_calls_follow_the_parameter_schema(openai_client, engine, strea
         r = chat(openai_client, tools=TOOLS)
         message, finish = r.choices[0].message, r.choices[0].finish_reason
         content = message.content
-        calls = [
-            {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
-            for c in message.tool_calls
-        ]
+        calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments} for c in message.tool_calls]
     assert content.strip() == "Let me check."
     assert finish == "tool_calls"
     assert [c["name"] for c in calls] == ["get_weather", "get_weather"]
@@ -396,11 +384,7 @@ BAD_CHAT_BODIES = [
     ({"messages": [{"role": "assistant", "content": None}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     (
-        {
-            "messages": [
-                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
-            ]
-        },
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
         "messages[0].content",
     ),
     ({"max_tokens": 0}, "max_tokens"),
@@ -454,9 +438,7 @@ BAD_CHAT_BODIES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("body", "param"), BAD_CHAT_BODIES, ids=[str(b) for b, _ in BAD_CHAT_BODIES]
-)
+@pytest.mark.parametrize(("body", "param"), BAD_CHAT_BODIES, ids=[str(b) for b, _ in BAD_CHAT_BODIES])
 def test_invalid_chat_requests_are_400(openai_client, server, engine, body, param):
     body = {"model": "m", "messages": HELLO, **body}
     body = {k: v for k, v in body.items() if v is not None}
@@ -524,9 +506,7 @@ def test_wrong_method_is_405(server):
 
 def test_body_over_the_size_limit_is_413(engine):
     client = create_app({"TESTING": True, "MAX_CONTENT_LENGTH": 1000}, engine=engine).test_client()
-    r = client.post(
-        "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 2000}]}
-    )
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 2000}]})
     assert r.status_code == 413
     assert_error_shape(r.get_json())
 

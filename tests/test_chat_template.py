@@ -55,9 +55,7 @@ def test_chatml_fallback(source):
     )
     assert template.render([{"role": "user", "content": "Hi"}]).endswith("<|im_end|>\n<|im_start|>assistant\n")
     # An assistant turn that only carried tool calls has content None.
-    assert template.render([{"role": "assistant", "content": None}], add_generation_prompt=False) == (
-        "<|im_start|>assistant\n<|im_end|>\n"
-    )
+    assert template.render([{"role": "assistant", "content": None}], add_generation_prompt=False) == ("<|im_start|>assistant\n<|im_end|>\n")
 
 
 def test_text_parts_are_flattened_without_touching_the_callers_messages():
@@ -73,13 +71,16 @@ def test_non_text_parts_are_rejected():
         ChatTemplate(None, "", "").render(messages)
 
 
-@pytest.mark.parametrize("source", [
-    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
-    "{{ cycler.__init__.__globals__ }}",
-    "{{ self.__init__.__globals__['__builtins__'] }}",
-    "{{ messages.append({'role': 'x'}) }}",  # the immutable sandbox forbids mutating inputs
-    "{{ messages[0].update({'content': 'changed'}) }}",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "{{ cycler.__init__.__globals__ }}",
+        "{{ self.__init__.__globals__['__builtins__'] }}",
+        "{{ messages.append({'role': 'x'}) }}",  # the immutable sandbox forbids mutating inputs
+        "{{ messages[0].update({'content': 'changed'}) }}",
+    ],
+)
 def test_hostile_templates_raise(source):
     messages = [{"role": "user", "content": "hi"}]
     with pytest.raises(TemplateError):
@@ -96,10 +97,7 @@ def test_hostile_template_does_not_execute(tmp_path):
 
 
 def test_raise_exception_surfaces_the_templates_message():
-    source = (
-        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversation must start with user') }}"
-        "{% endif %}ok"
-    )
+    source = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversation must start with user') }}{% endif %}ok"
     template = ChatTemplate(source, "", "")
     assert template.render([{"role": "user", "content": "x"}]) == "ok"
     with pytest.raises(TemplateError, match="^Conversation must start with user$") as info:
@@ -138,8 +136,7 @@ def test_hf_helpers_strftime_now_loopcontrols_and_generation_tag():
     year = datetime.date.today().year
     assert ChatTemplate("{{ strftime_now('%Y') }}", "", "").render([]) in {str(year), str(year + 1)}
     source = (
-        "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}"
-        "{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}"
+        "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}"
     )
     assert ChatTemplate(source, "", "").render(CONVERSATION) == "What is 2+2?"
 

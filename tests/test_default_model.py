@@ -80,7 +80,11 @@ PARSE_CASES = [
 def test_parse_returns_a_valid_instance_for_ten_prompts(client):
     for model, prompt in PARSE_CASES:
         reply = client.chat.completions.parse(
-            model="default", messages=[{"role": "user", "content": prompt}], response_format=model, temperature=0, max_tokens=100,
+            model="default",
+            messages=[{"role": "user", "content": prompt}],
+            response_format=model,
+            temperature=0,
+            max_tokens=100,
             # greedy decoding of a 135M model repeats list items forever; a frequency penalty ends them
             frequency_penalty=1.0,
         )

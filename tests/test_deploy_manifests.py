@@ -84,7 +84,12 @@ def test_kubectl_dry_run_accepts_every_object_when_a_cluster_answers(rendered, t
 
 # The fields the v1 APIs define for what we use (inference.networking.k8s.io/v1 InferencePool,
 # gateway.networking.k8s.io/v1 HTTPRoute), closed to anything else.
-PORT = {"type": "object", "required": ["number"], "properties": {"number": {"type": "integer", "minimum": 1, "maximum": 65535}}, "additionalProperties": False}
+PORT = {
+    "type": "object",
+    "required": ["number"],
+    "properties": {"number": {"type": "integer", "minimum": 1, "maximum": 65535}},
+    "additionalProperties": False,
+}
 INFERENCE_POOL = {
     "type": "object",
     "required": ["apiVersion", "kind", "metadata", "spec"],
@@ -121,7 +126,11 @@ INFERENCE_POOL = {
         },
     },
 }
-REF = {"type": "object", "required": ["name"], "properties": {"group": {"type": "string"}, "kind": {"type": "string"}, "name": {"type": "string"}}}
+REF = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {"group": {"type": "string"}, "kind": {"type": "string"}, "name": {"type": "string"}},
+}
 HTTP_ROUTE = {
     "type": "object",
     "required": ["apiVersion", "kind", "metadata", "spec"],
@@ -142,7 +151,11 @@ HTTP_ROUTE = {
                         "properties": {
                             "matches": {"type": "array"},
                             "backendRefs": {"type": "array", "minItems": 1, "items": REF},
-                            "timeouts": {"type": "object", "additionalProperties": False, "properties": {"request": {"type": "string"}, "backendRequest": {"type": "string"}}},
+                            "timeouts": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "properties": {"request": {"type": "string"}, "backendRequest": {"type": "string"}},
+                            },
                             "filters": {"type": "array"},
                         },
                     },
@@ -167,7 +180,11 @@ def test_gateway_objects_have_the_fields_their_apis_define(rendered):
         picker["metadata"]["name"],
         picker["spec"]["ports"][0]["port"],
     )
-    assert route["spec"]["rules"][0]["backendRefs"][0] == {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "tinyserve"}
+    assert route["spec"]["rules"][0]["backendRefs"][0] == {
+        "group": "inference.networking.k8s.io",
+        "kind": "InferencePool",
+        "name": "tinyserve",
+    }
     gateway = yaml.safe_load((KUBERNETES / "gateway.yaml").read_text())
     assert gateway["metadata"]["name"] == route["spec"]["parentRefs"][0]["name"]
     assert gateway["kind"] == "Gateway" and gateway["spec"]["listeners"]
@@ -241,8 +258,12 @@ def test_nginx_accepts_the_proxy_config(tmp_path):
     (tmp_path / "tinyserve-replicas.conf").write_text("server 127.0.0.1:1 max_fails=0;\nserver 127.0.0.1:2 max_fails=0;\n")
     conf = (ROOT / "deploy" / "nginx" / "tinyserve.conf").read_text().replace("/var/log/nginx/", f"{tmp_path}/")
     (tmp_path / "tinyserve.conf").write_text(conf)
-    (tmp_path / "nginx.conf").write_text(f"pid {tmp_path}/nginx.pid; error_log {tmp_path}/error.log;\nevents {{}}\nhttp {{ include tinyserve.conf; }}\n")
-    out = subprocess.run([nginx, "-t", "-q", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")], capture_output=True, text=True, timeout=30)
+    (tmp_path / "nginx.conf").write_text(
+        f"pid {tmp_path}/nginx.pid; error_log {tmp_path}/error.log;\nevents {{}}\nhttp {{ include tinyserve.conf; }}\n"
+    )
+    out = subprocess.run(
+        [nginx, "-t", "-q", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")], capture_output=True, text=True, timeout=30
+    )
     assert out.returncode == 0, out.stderr
 
 

@@ -170,7 +170,14 @@ def test_constrained_and_free_requests_share_steps_and_each_matches_alone(engine
         return request
 
     free = SamplingParams(
-        max_tokens=12, temperature=0.8, seed=3, presence_penalty=0.5, repetition_penalty=1.2, logit_bias=((5, 2.0),), logprobs=True, top_logprobs=3
+        max_tokens=12,
+        temperature=0.8,
+        seed=3,
+        presence_penalty=0.5,
+        repetition_penalty=1.2,
+        logit_bias=((5, 2.0),),
+        logprobs=True,
+        top_logprobs=3,
     )
     alone = [collect(constrained())[0]] + [collect(r)[0] for r in [run(engine, p, free) for p in PROMPTS[1:2]]]
     alone += [collect(run(engine, p, free))[0] for p in PROMPTS[2:4]]

@@ -43,9 +43,7 @@ class ThreadKiller(BaseException):
 def fake_runner_engine():
     runner = FakeRunner(vocab=258, next_token=lambda last: 0)  # token 0 every time
     loaded = LoadedModel(runner, FakeTokenizer(), FakeChatTemplate(), "stub", 128, "none")
-    engine = Engine(
-        lambda: loaded, slots=2, queue_limit=4, prefill_chunk=8, stall_seconds=0.3
-    ).start()
+    engine = Engine(lambda: loaded, slots=2, queue_limit=4, prefill_chunk=8, stall_seconds=0.3).start()
     assert wait_until(lambda: engine.state == "ok")
     yield engine, runner
     runner.gate.set()
@@ -111,9 +109,7 @@ ATTACKS = ["mro", "globals", "mutate", "format", "range", "raise"]
 def tiny_server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hardening")
     marker = str(tmp / "pwned")
-    path = write_tiny_gguf(
-        str(tmp / "hostile.gguf"), "llama", context=256, chat_template=hostile_template(marker)
-    )
+    path = write_tiny_gguf(str(tmp / "hostile.gguf"), "llama", context=256, chat_template=hostile_template(marker))
     with tiny_engine_server(path, slots=2, queue_limit=4) as (engine, srv):
         yield SimpleNamespace(engine=engine, server=srv, marker=marker)
 
@@ -145,9 +141,7 @@ def test_a_hostile_chat_template_is_a_400_and_the_server_keeps_serving(tiny_serv
     assert_error_shape(body)
     assert body["error"]["param"] == "messages"
     assert not os.path.exists(tiny_server.marker)
-    status, _, body = post(
-        srv, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 3, "temperature": 0}
-    )
+    status, _, body = post(srv, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 3, "temperature": 0})
     assert status == 200 and body["choices"][0]["finish_reason"] in ("stop", "length")
     assert get(srv, "/health")[0] == 200
 
@@ -185,9 +179,7 @@ def test_a_failing_prefill_fails_only_its_request(tiny_server, patch_runner):
     assert_error_shape(body, "server_error", "engine_error")
     assert "injected" not in body["error"]["message"]  # internals stay in the log
 
-    failing = Stream(
-        srv, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 5}
-    )  # fine: no 666
+    failing = Stream(srv, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 5})  # fine: no 666
     assert finish_reason(failing.rest()) in ("stop", "length")
     failing = Stream(srv, "/v1/completions", {"prompt": [1, 666, 2], "max_tokens": 5})
     events = failing.rest()
@@ -213,19 +205,13 @@ def test_a_failing_decode_fails_its_step_and_the_next_requests_succeed(tiny_serv
         return decode
 
     patch_runner("decode", broken)
-    events = Stream(
-        srv, "/v1/completions", {"prompt": [1, 666, 2], "max_tokens": 8, "ignore_eos": True}
-    ).rest()
+    events = Stream(srv, "/v1/completions", {"prompt": [1, 666, 2], "max_tokens": 8, "ignore_eos": True}).rest()
     assert events[-1] == "[DONE]"
     assert_error_shape(events[-2], "server_error", "engine_error")
-    status, _, body = post(
-        srv, "/v1/completions", {"prompt": [1, 666, 3], "max_tokens": 8, "ignore_eos": True}
-    )
+    status, _, body = post(srv, "/v1/completions", {"prompt": [1, 666, 3], "max_tokens": 8, "ignore_eos": True})
     assert status == 500 and body["error"]["code"] == "engine_error"
     for _ in range(2):
-        status, _, body = post(
-            srv, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 6, "ignore_eos": True}
-        )
+        status, _, body = post(srv, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 6, "ignore_eos": True})
         assert status == 200 and body["usage"]["completion_tokens"] == 6
     assert engine._thread.is_alive() and get(srv, "/health")[0] == 200
     assert wait_until(lambda: slots_idle(engine))
@@ -234,14 +220,10 @@ def test_a_failing_decode_fails_its_step_and_the_next_requests_succeed(tiny_serv
 def test_a_client_that_never_reads_stalls_neither_the_model_nor_others(tiny_server):
     engine, srv = tiny_server.engine, tiny_server.server
     ran_out = engine.stats()["requests_total"]["length"]
-    sock = unread_stream(
-        srv, "/v1/completions", {"prompt": "Never read me", "max_tokens": 150, "ignore_eos": True}
-    )
+    sock = unread_stream(srv, "/v1/completions", {"prompt": "Never read me", "max_tokens": 150, "ignore_eos": True})
     try:
         started = time.monotonic()
-        status, _, body = post(
-            srv, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 8, "ignore_eos": True}
-        )
+        status, _, body = post(srv, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 8, "ignore_eos": True})
         assert status == 200 and body["usage"]["completion_tokens"] == 8
         assert time.monotonic() - started < 20
         # the unread request runs to its end on the model thread all the same
@@ -277,6 +259,4 @@ def test_odd_text_through_the_real_tokenizer_and_template(tiny_server, text):
         assert status in (200, 400), answer
         if status == 400:  # text the vocabulary cannot express at all ("", some control bytes)
             assert_error_shape(answer)
-            assert (
-                path == "/v1/completions" and answer["error"]["message"] == "The prompt is empty."
-            )
+            assert path == "/v1/completions" and answer["error"]["message"] == "The prompt is empty."

@@ -42,16 +42,12 @@ scalars = (
     st.none()
     | st.booleans()
     | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(
-        allow_nan=True, allow_infinity=True
-    )  # json.dumps writes NaN/Infinity; Python reads them
+    | st.floats(allow_nan=True, allow_infinity=True)  # json.dumps writes NaN/Infinity; Python reads them
     | st.text(max_size=20)
 )
 json_values = st.recursive(
     scalars,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
-    ),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
     max_leaves=6,
 )
 texts = st.text(max_size=40) | st.sampled_from(
@@ -78,15 +74,10 @@ def bodies(plausible: bool):
     def maybe(valid):
         return valid if plausible else st.one_of(valid, valid, json_values)
 
-    parts = st.lists(
-        st.fixed_dictionaries({"type": st.just("text"), "text": texts}), min_size=1, max_size=3
-    )
+    parts = st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": texts}), min_size=1, max_size=3)
     if not plausible:
         parts = st.lists(
-            st.fixed_dictionaries(
-                {"type": st.sampled_from(["text", "image_url", "x"]), "text": texts}
-            )
-            | json_values,
+            st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url", "x"]), "text": texts}) | json_values,
             max_size=3,
         )
     function = st.fixed_dictionaries(
@@ -94,22 +85,14 @@ def bodies(plausible: bool):
         optional={"arguments": st.one_of(texts, st.dictionaries(texts, json_values, max_size=2))},
     )
     calls = st.lists(
-        st.fixed_dictionaries(
-            {"type": st.just("function"), "function": function}, optional={"id": texts}
-        ),
+        st.fixed_dictionaries({"type": st.just("function"), "function": function}, optional={"id": texts}),
         max_size=2,
     )
-    roles = (
-        st.sampled_from(sorted(ROLES))
-        if plausible
-        else st.sampled_from(sorted(ROLES) + ["robot", ""]) | json_values
-    )
+    roles = st.sampled_from(sorted(ROLES)) if plausible else st.sampled_from(sorted(ROLES) + ["robot", ""]) | json_values
     message = st.fixed_dictionaries(
         {
             "role": roles,
-            "content": st.one_of(texts, parts)
-            if plausible
-            else st.one_of(texts, parts, st.none(), json_values),
+            "content": st.one_of(texts, parts) if plausible else st.one_of(texts, parts, st.none(), json_values),
         },
         optional={
             "tool_calls": maybe(calls),
@@ -123,9 +106,7 @@ def bodies(plausible: bool):
             "type": st.just("object"),
             "properties": st.dictionaries(
                 texts,
-                st.fixed_dictionaries(
-                    {"type": st.sampled_from(["string", "integer", "number", "boolean", "object"])}
-                ),
+                st.fixed_dictionaries({"type": st.sampled_from(["string", "integer", "number", "boolean", "object"])}),
                 max_size=3,
             ),
         }
@@ -148,13 +129,9 @@ def bodies(plausible: bool):
         "top_p": maybe(st.floats(-0.5, 1.5)),
         "top_k": maybe(st.integers(-3, 300)),
         "seed": maybe(st.integers(-(2**65), 2**65)),
-        "stop": maybe(
-            st.one_of(texts, st.lists(texts, max_size=6), st.text(min_size=250, max_size=260))
-        ),
+        "stop": maybe(st.one_of(texts, st.lists(texts, max_size=6), st.text(min_size=250, max_size=260))),
         "stream": maybe(st.booleans()),
-        "stream_options": maybe(
-            st.fixed_dictionaries({}, optional={"include_usage": maybe(st.booleans())})
-        ),
+        "stream_options": maybe(st.fixed_dictionaries({}, optional={"include_usage": maybe(st.booleans())})),
         "n": maybe(st.integers(0, 3)),
         "frequency_penalty": maybe(st.floats(-3, 3)),
         "presence_penalty": maybe(st.floats(-3, 3)),
@@ -171,9 +148,7 @@ def bodies(plausible: bool):
             "max_completion_tokens": maybe(st.integers(-3, 2**40)),
             "tools": maybe(st.lists(tool, max_size=3)),
             "tool_choice": maybe(st.sampled_from(["auto", "none", "required"])),
-            "response_format": maybe(
-                st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object"])})
-            ),
+            "response_format": maybe(st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object"])})),
             **({} if plausible else {"surprise": json_values}),
         },
     )
@@ -317,20 +292,14 @@ def test_raw_bodies(fuzz_client, path, data):
 @given(
     method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]),
     # "//x" would be read by the test client as a host name; test_hardening sends it over a socket
-    path=st.from_regex(r"\A/(v1/|admin|metrics|static/|health)?[a-zA-Z0-9_./%-]{0,20}\Z").filter(
-        lambda p: not p.startswith("//")
-    ),
+    path=st.from_regex(r"\A/(v1/|admin|metrics|static/|health)?[a-zA-Z0-9_./%-]{0,20}\Z").filter(lambda p: not p.startswith("//")),
     auth=st.sampled_from([None, "Bearer x", "Bearer k", "Basic Og==", "bearer", "\u00e9"]),
 )
 def test_any_route_any_method(engine, method, path, auth):
-    client = create_app(
-        {"TESTING": True, "API_KEY": "k", "ADMIN_TOKEN": "t"}, engine=engine
-    ).test_client()
+    client = create_app({"TESTING": True, "API_KEY": "k", "ADMIN_TOKEN": "t"}, engine=engine).test_client()
     headers = {"Authorization": auth} if auth else {}
     with hang_guard():
-        response = client.open(
-            path, method=method, headers=headers, data=b"{}", content_type="application/json"
-        )
+        response = client.open(path, method=method, headers=headers, data=b"{}", content_type="application/json")
     assert response.status_code < 500, (method, path, response.get_data()[:300])
     if response.status_code >= 400 and method != "HEAD" and not path.startswith("/static/"):
         body = response.get_json()
@@ -362,11 +331,7 @@ def http_post(server, path: str, data: bytes):
 @settings(FUZZ, max_examples=150)
 @given(
     path=endpoints,
-    body=st.one_of(
-        chat_bodies, plausible_chat_bodies, completion_bodies, plausible_completion_bodies
-    )
-    .map(json.dumps)
-    .map(str.encode)
+    body=st.one_of(chat_bodies, plausible_chat_bodies, completion_bodies, plausible_completion_bodies).map(json.dumps).map(str.encode)
     | raw_bodies,
 )
 def test_bodies_through_waitress(waitress_server, path, body):
@@ -379,9 +344,7 @@ def test_bodies_through_waitress(waitress_server, path, body):
     request=st.one_of(
         st.binary(min_size=1, max_size=300),
         st.builds(
-            lambda method, target, headers, body: (
-                method + b" " + target + b" HTTP/1.1\r\n" + headers + b"\r\n" + body
-            ),
+            lambda method, target, headers, body: method + b" " + target + b" HTTP/1.1\r\n" + headers + b"\r\n" + body,
             st.sampled_from([b"POST", b"GET", b"BREW", b""]),
             st.sampled_from(
                 [

@@ -63,7 +63,12 @@ def dequantize(ggml_type: int, raw: np.ndarray, cols: int) -> np.ndarray:
         out = np.empty((len(b), 256))
         for half in range(2):
             l0, l1, h = ql[:, 64 * half : 64 * half + 32], ql[:, 64 * half + 32 : 64 * half + 64], qh[:, 32 * half : 32 * half + 32]
-            subs = [(l0 & 15) | ((h & 3) << 4), (l1 & 15) | (((h >> 2) & 3) << 4), (l0 >> 4) | (((h >> 4) & 3) << 4), (l1 >> 4) | (((h >> 6) & 3) << 4)]
+            subs = [
+                (l0 & 15) | ((h & 3) << 4),
+                (l1 & 15) | (((h >> 2) & 3) << 4),
+                (l0 >> 4) | (((h >> 4) & 3) << 4),
+                (l1 >> 4) | (((h >> 6) & 3) << 4),
+            ]
             for k, q in enumerate(subs):
                 scale = np.repeat(sc[:, 8 * half + 2 * k : 8 * half + 2 * k + 2], 16, axis=1)
                 out[:, 128 * half + 32 * k : 128 * half + 32 * k + 32] = (q - 32) * scale

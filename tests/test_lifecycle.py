@@ -43,9 +43,7 @@ def test_drain_lets_accepted_requests_finish_and_refuses_new_ones(drain_server, 
     stream = Stream(srv, "/v1/chat/completions", {"messages": HELLO})
     stream.next()  # the role chunk: the request is in flight
     waiting = {}
-    t = threading.Thread(
-        target=lambda: waiting.update(r=post(srv, "/v1/completions", {"prompt": "hi"}))
-    )
+    t = threading.Thread(target=lambda: waiting.update(r=post(srv, "/v1/completions", {"prompt": "hi"})))
     t.start()
     assert wait_until(lambda: len(engine.submitted) == 2)
 
@@ -65,9 +63,7 @@ def test_drain_lets_accepted_requests_finish_and_refuses_new_ones(drain_server, 
     t.join(10)
     assert waiting["r"][0] == 200 and waiting["r"][2]["choices"][0]["text"] == "queued reply"
     drainer.join(10)
-    assert (
-        result["cancelled"] == 0 and result["unfinished"] == 0 and result["in_flight_at_start"] == 2
-    )
+    assert result["cancelled"] == 0 and result["unfinished"] == 0 and result["in_flight_at_start"] == 2
 
 
 def test_drain_cancels_what_outlives_its_bound(drain_server, engine):
@@ -77,9 +73,7 @@ def test_drain_cancels_what_outlives_its_bound(drain_server, engine):
     stream = Stream(srv, "/v1/completions", {"prompt": "go", "max_tokens": 2000})
     stream.next()
     waiting = {}
-    t = threading.Thread(
-        target=lambda: waiting.update(r=post(srv, "/v1/chat/completions", {"messages": HELLO}))
-    )
+    t = threading.Thread(target=lambda: waiting.update(r=post(srv, "/v1/chat/completions", {"messages": HELLO})))
     t.start()
     assert wait_until(lambda: len(engine.submitted) == 2)
 
@@ -102,9 +96,7 @@ def test_a_second_signal_cancels_at_once_and_a_third_exits(engine):
     engine.replies.append(Reply.text("never", hold=True))
     with running_server(app) as srv:
         waiting = {}
-        t = threading.Thread(
-            target=lambda: waiting.update(r=post(srv, "/v1/completions", {"prompt": "hi"}))
-        )
+        t = threading.Thread(target=lambda: waiting.update(r=post(srv, "/v1/completions", {"prompt": "hi"})))
         t.start()
         assert engine.submitted_event.wait(10)
         started = time.monotonic()
@@ -136,9 +128,7 @@ def test_a_reader_that_stalls_holds_only_its_own_thread(engine):
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     with running_server(app, threads=3, outbuf_high_watermark=32 * 1024, sockets=[listener]) as srv:
-        engine.replies.append(
-            Reply([ord("z")], forever=True)
-        )  # as fast as it can, up to max_tokens
+        engine.replies.append(Reply([ord("z")], forever=True))  # as fast as it can, up to max_tokens
         sock = unread_stream(srv, "/v1/completions", {"prompt": "flood"})
         assert engine.submitted_event.wait(10)
         flood = engine.submitted[-1]

@@ -78,7 +78,9 @@ def test_parse_tool_call_reads_hermes_json_and_typed_xml():
     assert hermes["type"] == "function" and hermes["id"].startswith("call_")
     assert (hermes["function"]["name"], json.loads(hermes["function"]["arguments"])) == ("get_weather", {"city": "Oslo"})
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-    xml = parse_tool_call("<function=get_weather>\n<parameter=city>\n2024\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>", schemas)
+    xml = parse_tool_call(
+        "<function=get_weather>\n<parameter=city>\n2024\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>", schemas
+    )
     assert json.loads(xml["function"]["arguments"]) == {"city": "2024", "days": 2}  # typed by the schema
 
 

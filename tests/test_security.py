@@ -44,18 +44,13 @@ def test_api_key_guards_every_v1_route_but_not_health(engine):
     ]
     for method, path in routes:
         for headers in wrong:
-            r = client.open(
-                path, method=method, json={"messages": HELLO, "prompt": "x"}, headers=headers
-            )
+            r = client.open(path, method=method, json={"messages": HELLO, "prompt": "x"}, headers=headers)
             assert r.status_code == 401, (path, headers)
             assert_error_shape(r.get_json(), code="invalid_api_key")
             assert r.headers["WWW-Authenticate"] == "Bearer"
     right = {"Authorization": "Bearer sekret"}
     assert client.get("/v1/models", headers=right).status_code == 200
-    assert (
-        client.post("/v1/chat/completions", json={"messages": HELLO}, headers=right).status_code
-        == 200
-    )
+    assert client.post("/v1/chat/completions", json={"messages": HELLO}, headers=right).status_code == 200
     assert client.get("/v1/nope", headers=right).status_code == 404
     assert client.get("/health").status_code == 200
     assert client.get("/").status_code == 200
@@ -66,10 +61,7 @@ def test_secrets_from_the_environment_are_taken_verbatim(engine, monkeypatch):
     monkeypatch.setenv("LLM_ADMIN_TOKEN", "true")
     app = create_app({"TESTING": True}, engine=engine)
     assert (app.config["API_KEY"], app.config["ADMIN_TOKEN"]) == ("1e3", "true")
-    assert (
-        app.test_client().get("/v1/models", headers={"Authorization": "Bearer 1e3"}).status_code
-        == 200
-    )
+    assert app.test_client().get("/v1/models", headers={"Authorization": "Bearer 1e3"}).status_code == 200
 
 
 @pytest.fixture
@@ -111,9 +103,7 @@ def test_admin_token_guards_admin_and_metrics(admin_client):
 
 
 def test_a_browser_is_sent_to_the_login_form_and_its_cookie_opens_both_prefixes(admin_client):
-    r = admin_client.get(
-        "/admin/probe", headers={"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
-    )
+    r = admin_client.get("/admin/probe", headers={"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"})
     assert r.status_code == 303
     assert r.headers["Location"] == "/admin/login?next=/admin/probe"
 
@@ -137,9 +127,7 @@ def test_a_browser_is_sent_to_the_login_form_and_its_cookie_opens_both_prefixes(
 
     out = admin_client.post("/admin/logout")
     assert out.status_code == 303
-    assert (
-        admin_client.get("/admin/probe", headers={"Accept": "application/json"}).status_code == 401
-    )
+    assert admin_client.get("/admin/probe", headers={"Accept": "application/json"}).status_code == 401
 
 
 def test_doubled_slashes_do_not_slip_past_the_guard(engine):
@@ -186,9 +174,7 @@ def test_the_start_up_warns_loudly_when_exposed_without_an_admin_token(caplog):
         assert not warn_if_exposed({"ADMIN_TOKEN": None, "HOST": "127.0.0.1"}, None)
         assert not warn_if_exposed({"ADMIN_TOKEN": "t", "API_KEY": "k"}, ["0.0.0.0"])
     assert caplog.text == ""
-    assert warn_if_exposed(
-        {}, None
-    )  # not started by waitress-serve and no LLM_HOST: assume exposed
+    assert warn_if_exposed({}, None)  # not started by waitress-serve and no LLM_HOST: assume exposed
 
 
 @pytest.mark.parametrize(
@@ -220,11 +206,7 @@ def test_every_response_carries_security_headers(client):
         assert r.headers["Referrer-Policy"] == "no-referrer", path
     for path in ("/", "/admin/login"):
         csp = client.get(path).headers["Content-Security-Policy"]
-        assert (
-            "frame-ancestors 'none'" in csp
-            and "script-src 'self'" in csp
-            and "unsafe-inline" not in csp
-        )
+        assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp and "unsafe-inline" not in csp
 
 
 def test_user_text_never_comes_back_as_html(engine):
@@ -276,12 +258,7 @@ def test_oversized_parameters_are_400(client, body, param):
 
 
 def test_longest_stop_string_is_accepted(client):
-    assert (
-        client.post(
-            "/v1/chat/completions", json={"messages": HELLO, "stop": ["x" * 256] * 4}
-        ).status_code
-        == 200
-    )
+    assert client.post("/v1/chat/completions", json={"messages": HELLO, "stop": ["x" * 256] * 4}).status_code == 200
 
 
 def test_max_tokens_is_capped_to_the_context(client, engine):
@@ -293,15 +270,11 @@ def test_max_tokens_is_capped_to_the_context(client, engine):
 
 def test_prompt_token_limit(engine):
     client = create_app({"TESTING": True, "MAX_PROMPT_TOKENS": 16}, engine=engine).test_client()
-    assert (
-        client.post("/v1/completions", json={"prompt": "x" * 15}).status_code == 200
-    )  # + BOS = 16
+    assert client.post("/v1/completions", json={"prompt": "x" * 15}).status_code == 200  # + BOS = 16
     r = client.post("/v1/completions", json={"prompt": "x" * 16})
     assert r.status_code == 400
     assert_error_shape(r.get_json(), code="context_length_exceeded")
-    r = client.post(
-        "/v1/chat/completions", json={"messages": [{"role": "user", "content": "y" * 50}]}
-    )
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "y" * 50}]})
     assert r.status_code == 400 and r.get_json()["error"]["param"] == "messages"
 
 
@@ -310,15 +283,8 @@ def test_prompt_token_limit(engine):
     [
         b'{"messages": [{"role": "user", "content": "\\ud800"}]}',  # a lone surrogate
         b'{"prompt": "ok", "user": "\\udfff"}',
-        b'{"prompt": "x", "metadata": '
-        + b'{"a": ' * 80
-        + b"1"
-        + b"}" * 80
-        + b"}",  # deep but parseable
-        b'{"prompt": "x", "metadata": '
-        + b"[" * 100_000
-        + b"]" * 100_000
-        + b"}",  # beyond the C decoder
+        b'{"prompt": "x", "metadata": ' + b'{"a": ' * 80 + b"1" + b"}" * 80 + b"}",  # deep but parseable
+        b'{"prompt": "x", "metadata": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # beyond the C decoder
     ],
 )
 def test_malformed_json_values_are_400(client, raw):

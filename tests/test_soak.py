@@ -30,12 +30,8 @@ from bench import soak
 @pytest.fixture(scope="module")
 def waitress_process(tmp_path_factory):
     """`waitress-serve wsgi:app` on a tiny GGUF, as `make serve` runs it."""
-    path = write_tiny_gguf(
-        str(tmp_path_factory.mktemp("spawned") / "tiny.gguf"), "llama", context=256
-    )
-    server = soak.Server(
-        path, {"LLM_SLOTS": "2", "LLM_MAX_CONTEXT": "256", "LLM_DRAIN_SECONDS": "30"}
-    ).start()
+    path = write_tiny_gguf(str(tmp_path_factory.mktemp("spawned") / "tiny.gguf"), "llama", context=256)
+    server = soak.Server(path, {"LLM_SLOTS": "2", "LLM_MAX_CONTEXT": "256", "LLM_DRAIN_SECONDS": "30"}).start()
     try:
         server.wait_ready(300)
         yield server
@@ -44,15 +40,9 @@ def waitress_process(tmp_path_factory):
 
 
 def test_soak_loses_nothing_and_leaks_nothing(waitress_process):
-    report = soak.run(
-        requests=40, concurrency=8, disconnect=0.3, max_tokens=16, seed=1, server=waitress_process
-    )
+    report = soak.run(requests=40, concurrency=8, disconnect=0.3, max_tokens=16, seed=1, server=waitress_process)
     assert report["errors"] == report["lost"] == report["rejected"] == 0, report
-    assert (
-        report["completed"] + report["cancelled"] == 40
-        and report["completed"] > 0
-        and report["cancelled"] > 0
-    )
+    assert report["completed"] + report["cancelled"] == 40 and report["completed"] > 0 and report["cancelled"] > 0
     assert report["slots_free"] == report["slots_total"] == 2 and report["queue_depth_after"] == 0
     assert report["threads_after"] == report["threads_before"]
     assert report["rss_growth_pct"] < 10, report

@@ -75,7 +75,9 @@ def test_constraints_that_cannot_be_honoured_are_400(openai_client, kw, param):
 
 def test_forced_tool_call_is_constrained_and_parsed_back(openai_client, engine):
     engine.replies.append(Reply.text('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'))
-    reply = chat(openai_client, tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}, parallel_tool_calls=False)
+    reply = chat(
+        openai_client, tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}, parallel_tool_calls=False
+    )
     assert engine.submitted[-1].constraint is not None
     (call,) = reply.choices[0].message.tool_calls
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Oslo"}
@@ -96,7 +98,11 @@ def test_tools_go_into_the_system_prompt_when_the_template_ignores_them(openai_c
     history = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather in Oslo?"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
     ]
     chat(openai_client, messages=history, tools=[WEATHER])

@@ -50,10 +50,8 @@ KNOWN_IDS = [
     ("a\n\nb\t\tc   d\r\n", [81, 198, 198, 82, 197, 197, 83, 256, 287, 2738]),
     ("12345", [33, 34, 35, 36, 37]),
     ("Call 555-0123 in 2024.", [12800, 216, 37, 37, 37, 29, 32, 33, 34, 35, 281, 216, 34, 32, 34, 36, 30]),
-    ("naïve café 日本語 😀👍🏽",
-     [3546, 46494, 37366, 17097, 241, 115, 40993, 179, 120, 248, 40303, 218, 10813, 235, 231, 10813, 233, 138]),
-    ("I'm sure you're right; it's what we'd've done.",
-     [57, 5248, 2090, 346, 2316, 1048, 43, 357, 506, 732, 392, 6737, 3543, 2294, 30]),
+    ("naïve café 日本語 😀👍🏽", [3546, 46494, 37366, 17097, 241, 115, 40993, 179, 120, 248, 40303, 218, 10813, 235, 231, 10813, 233, 138]),
+    ("I'm sure you're right; it's what we'd've done.", [57, 5248, 2090, 346, 2316, 1048, 43, 357, 506, 732, 392, 6737, 3543, 2294, 30]),
     ("<|im_start|>user\nHi<|im_end|>\n", [1, 4093, 198, 26843, 2, 198]),
     ("def f(x):\n    return x**2\n", [1604, 275, 24, 104, 727, 472, 1003, 1792, 828, 34, 198]),
 ]
@@ -86,12 +84,33 @@ def test_special_tokens_decode_to_their_text(tok):
 
 
 ROUNDTRIP = [
-    "", " ", "\n", "\n\n\n", "   x", "x   ", "\t\tindented\n", "a  b   c    d", "line1\r\nline2\rline3",
-    "3.14159 and 2,718 and -42", "don't can't won't I'LL WE'VE", "Ünïcödé ñ ß Ø ø", "Привет, мир!",
-    "مرحبا بالعالم", "नमस्ते दुनिया", "こんにちは世界", "안녕하세요", "🙂🙃🤖🧠 👩‍👩‍👧‍👦 🇯🇵",
-    "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>assistant\n", "<|im_end", "<|im_end|><|im_end|>",
-    "<repo_name>x<file_sep>y", "{\"key\": [1, 2, {\"n\": null}]}", "$x = `ls -la` && echo ~/.rc",
-    "a" * 3000, "ab " * 500, "\u00a0\u2028\u3000 mixed\u200b spaces",
+    "",
+    " ",
+    "\n",
+    "\n\n\n",
+    "   x",
+    "x   ",
+    "\t\tindented\n",
+    "a  b   c    d",
+    "line1\r\nline2\rline3",
+    "3.14159 and 2,718 and -42",
+    "don't can't won't I'LL WE'VE",
+    "Ünïcödé ñ ß Ø ø",
+    "Привет, мир!",
+    "مرحبا بالعالم",
+    "नमस्ते दुनिया",
+    "こんにちは世界",
+    "안녕하세요",
+    "🙂🙃🤖🧠 👩‍👩‍👧‍👦 🇯🇵",
+    "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_end",
+    "<|im_end|><|im_end|>",
+    "<repo_name>x<file_sep>y",
+    '{"key": [1, 2, {"n": null}]}',
+    "$x = `ls -la` && echo ~/.rc",
+    "a" * 3000,
+    "ab " * 500,
+    "\u00a0\u2028\u3000 mixed\u200b spaces",
 ]
 
 
@@ -167,12 +186,15 @@ def pieces(tok: Tokenizer, text: str) -> list[str]:
     return [tok.decode([i]) for i in tok.encode(text)]
 
 
-@pytest.mark.parametrize("pre, expected", [
-    ("gpt2", ["12", "34"]),  # one pre-token; "3 4" has the lowest rank so it merges first
-    ("llama-bpe", ["123", "4"]),  # digits in groups of three
-    ("qwen2", ["1", "2", "3", "4"]),  # every digit alone
-    ("smollm", ["1", "2", "3", "4"]),
-])
+@pytest.mark.parametrize(
+    "pre, expected",
+    [
+        ("gpt2", ["12", "34"]),  # one pre-token; "3 4" has the lowest rank so it merges first
+        ("llama-bpe", ["123", "4"]),  # digits in groups of three
+        ("qwen2", ["1", "2", "3", "4"]),  # every digit alone
+        ("smollm", ["1", "2", "3", "4"]),
+    ],
+)
 def test_pre_tokenizer_is_chosen_by_name(pre, expected):
     tok = Tokenizer.from_gguf_metadata(synthetic_kv(pre, merges=["3 4", "1 2", "12 3"], extra=["34", "12", "123"]))
     assert pieces(tok, "1234") == expected
@@ -227,8 +249,10 @@ def test_accepts_tinygrad_uint8_and_numpy_values():
     assert tok.encode("<|im_start|>") == [1]
 
 
-@pytest.mark.parametrize("key", ["tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
-                                 "tokenizer.ggml.merges", "tokenizer.ggml.eos_token_id"])
+@pytest.mark.parametrize(
+    "key",
+    ["tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.eos_token_id"],
+)
 def test_missing_required_key_is_named(key):
     kv = synthetic_kv("gpt2")
     del kv[key]

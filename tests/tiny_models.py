@@ -98,8 +98,9 @@ def write_tiny_gguf(
 
     embd = mat(vocab, dim, scale=1.0)
     if quantize_embedding:
-        w.add_tensor("token_embd.weight", gguf.quants.quantize(embd, gguf.GGMLQuantizationType.Q8_0),
-                     raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        w.add_tensor(
+            "token_embd.weight", gguf.quants.quantize(embd, gguf.GGMLQuantizationType.Q8_0), raw_dtype=gguf.GGMLQuantizationType.Q8_0
+        )
     else:
         w.add_tensor("token_embd.weight", embd)
     w.add_tensor("output_norm.weight", norm(dim))

@@ -53,9 +53,7 @@ log = logging.getLogger(__name__)
 
 def create_app(config: dict | None = None, engine=None) -> Flask:
     """Build the app around `engine` (or the real engine, built from the final config)."""
-    app = Flask(
-        __name__, template_folder=str(ROOT / "templates"), static_folder=str(ROOT / "static")
-    )
+    app = Flask(__name__, template_folder=str(ROOT / "templates"), static_folder=str(ROOT / "static"))
     app.config.from_mapping(DEFAULTS)
     app.config.from_prefixed_env("LLM")
     for name in SECRETS:
@@ -115,9 +113,7 @@ def _register_error_handlers(app: Flask) -> None:
             message = e.description or e.name
         # Keep headers such as Allow (405); drop the HTML content type.
         headers = {k: v for k, v in e.get_headers() if k.lower() != "content-type"}
-        return _error(
-            e.code or 500, message, code=e.name.lower().replace(" ", "_"), headers=headers
-        )
+        return _error(e.code or 500, message, code=e.name.lower().replace(" ", "_"), headers=headers)
 
     @app.errorhandler(Exception)
     def unexpected(e: Exception):

@@ -157,8 +157,7 @@ def plots(stats: dict) -> dict:
         "reuse": ("prefix_reuse",),
     }
     return {
-        plot: {"max": scales[plot], "series": {n: plot_paths(series(n), scales[plot]) for n in names}}
-        for plot, names in members.items()
+        plot: {"max": scales[plot], "series": {n: plot_paths(series(n), scales[plot]) for n in names}} for plot, names in members.items()
     }
 
 

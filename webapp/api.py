@@ -182,9 +182,7 @@ def _encode(tokenizer, text: str) -> list[int]:
 def _check_token_ids(tokenizer, ids: tuple[int, ...]) -> list[int]:
     vocab_size = getattr(tokenizer, "vocab_size", None)
     if vocab_size is not None and max(ids) >= vocab_size:
-        raise ApiError(
-            400, f"Token id {max(ids)} is outside the vocabulary (size {vocab_size}).", "prompt"
-        )
+        raise ApiError(400, f"Token id {max(ids)} is outside the vocabulary (size {vocab_size}).", "prompt")
     return list(ids)
 
 
@@ -199,9 +197,7 @@ def _submit(
 ) -> Request:
     """Build the engine request and queue it; QueueFull / EngineNotReady go to the app handlers."""
     try:
-        room = completion_room(
-            len(prompt_ids), engine.max_context, current_app.config.get("MAX_PROMPT_TOKENS")
-        )
+        room = completion_room(len(prompt_ids), engine.max_context, current_app.config.get("MAX_PROMPT_TOKENS"))
     except PromptTooLong as e:
         raise ApiError(400, str(e), param, "context_length_exceeded") from e
     max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
@@ -270,8 +266,7 @@ class _Reader:
                 if item.reason == FinishReason.SHUTDOWN:
                     raise ApiError(
                         503,
-                        "The server is shutting down and cancelled this request before it "
-                        "finished.",
+                        "The server is shutting down and cancelled this request before it finished.",
                         code="server_shutting_down",
                         headers={"Retry-After": str(RETRY_AFTER_S)},
                     )
@@ -303,9 +298,7 @@ class _Reader:
                     raise _ClientGone from None
 
     def usage(self) -> dict:
-        return fmt.usage(
-            self.request.prompt_len, self.completion_tokens, self.request.cached_tokens
-        )
+        return fmt.usage(self.request.prompt_len, self.completion_tokens, self.request.cached_tokens)
 
     def close(self) -> None:
         self._lifecycle.forget(self.request)
@@ -329,9 +322,7 @@ def _event_stream(reader: _Reader, events: Iterator[str]) -> Response:
         except Exception:
             # The status line is long gone; the client can only learn of a bug from the stream.
             log.exception("streaming %s failed", reader.request.id)
-            yield fmt.sse(
-                fmt.error_body("Internal server error.", "server_error", None, "internal_error")
-            )
+            yield fmt.sse(fmt.error_body("Internal server error.", "server_error", None, "internal_error"))
             yield fmt.SSE_DONE
         finally:
             # Under Waitress a closed connection surfaces here as GeneratorExit: free the slot.
@@ -345,9 +336,7 @@ def _event_stream(reader: _Reader, events: Iterator[str]) -> Response:
     return response
 
 
-def _chat_events(
-    reader: _Reader, parser: OutputParser, parallel: bool, include_usage: bool, model: str
-) -> Iterator[str]:
+def _chat_events(reader: _Reader, parser: OutputParser, parallel: bool, include_usage: bool, model: str) -> Iterator[str]:
     rid, created, req = reader.request.id, reader.created, reader.request
     sent = 0  # output tokens whose logprobs went out already
 
@@ -392,9 +381,7 @@ def _parse(reader: _Reader, parser: OutputParser, parallel: bool) -> Iterator[li
     yield [p for p in parser.finish() if keep(p)]
 
 
-def _completion_events(
-    reader: _Reader, include_usage: bool, model: str, echo: CompletionEcho
-) -> Iterator[str]:
+def _completion_events(reader: _Reader, include_usage: bool, model: str, echo: CompletionEcho) -> Iterator[str]:
     rid, created = reader.request.id, reader.created
     offset = 0  # where the next chunk's text starts in the whole choice's text
 

@@ -186,12 +186,8 @@ class Lifecycle:
         self._signals += 1
         name = signal.Signals(signum).name
         if self._signals == 1:
-            log.warning(
-                "%s: shutting down gracefully (LLM_DRAIN_SECONDS=%g)", name, self.drain_seconds
-            )
-            self.drain_thread = threading.Thread(
-                target=self._drain_then_exit, name="drain", daemon=True
-            )
+            log.warning("%s: shutting down gracefully (LLM_DRAIN_SECONDS=%g)", name, self.drain_seconds)
+            self.drain_thread = threading.Thread(target=self._drain_then_exit, name="drain", daemon=True)
             self.drain_thread.start()
         elif self._signals == 2:
             log.warning("%s again: cancelling the requests still running", name)
@@ -225,10 +221,7 @@ class Lifecycle:
 
 
 def _force_exit() -> None:
-    sys.stderr.write(
-        f"lifecycle: exit still unfinished {EXIT_GRACE_S:g} s after draining; "
-        "killing child processes and exiting 0\n"
-    )
+    sys.stderr.write(f"lifecycle: exit still unfinished {EXIT_GRACE_S:g} s after draining; killing child processes and exiting 0\n")
     sys.stderr.flush()
     for child in multiprocessing.active_children():
         child.kill()

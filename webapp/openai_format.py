@@ -131,8 +131,7 @@ _COMMON_FIELDS = _INERT_FIELDS | frozenset(
 )
 # validated by webapp/sampling_options.py (sampling, logprobs) and webapp/structured.py (grammars)
 _CHAT_FIELDS = _COMMON_FIELDS | frozenset(
-    "messages max_completion_tokens tools tool_choice response_format top_logprobs "
-    "parallel_tool_calls grammar".split()
+    "messages max_completion_tokens tools tool_choice response_format top_logprobs parallel_tool_calls grammar".split()
 )
 _COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "echo"}
 
@@ -199,14 +198,13 @@ def _parse_tool_choice(choice: Any, tools: tuple[dict, ...] | None) -> tuple[str
     names = [t["function"]["name"] for t in tools or ()]
     if choice == "required":
         if not names:
-            raise ApiError(400, 'tool_choice "required" needs at least one tool in \'tools\'.', "tool_choice")
+            raise ApiError(400, "tool_choice \"required\" needs at least one tool in 'tools'.", "tool_choice")
         return choice, None
     fn = choice.get("function") if isinstance(choice, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(fn, dict):
         raise ApiError(
             400,
-            'tool_choice must be "auto", "none", "required" or '
-            '{"type": "function", "function": {"name": ...}}.',
+            'tool_choice must be "auto", "none", "required" or {"type": "function", "function": {"name": ...}}.',
             "tool_choice",
         )
     if fn.get("name") not in names:
@@ -308,9 +306,7 @@ def _opt_bool(body: dict, key: str, default: bool, param: str | None = None) -> 
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise ApiError(
-            400, f"'{param or key}' must be a boolean, not {_json_type(value)}.", param or key
-        )
+        raise ApiError(400, f"'{param or key}' must be a boolean, not {_json_type(value)}.", param or key)
     return value
 
 
@@ -326,9 +322,7 @@ def _parse_stop(stop: Any) -> tuple[str, ...]:
         if not isinstance(s, str) or not s:
             raise ApiError(400, "Every stop sequence must be a non-empty string.", "stop")
         if len(s) > MAX_STOP_LENGTH:
-            raise ApiError(
-                400, f"A stop sequence may be at most {MAX_STOP_LENGTH} characters long.", "stop"
-            )
+            raise ApiError(400, f"A stop sequence may be at most {MAX_STOP_LENGTH} characters long.", "stop")
     return tuple(stops)
 
 
@@ -337,11 +331,7 @@ def _parse_prompt(prompt: Any) -> str | tuple[int, ...]:
         prompt = prompt[0]
     if isinstance(prompt, str):
         return prompt
-    if (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
-    ):
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
         return tuple(prompt)
     raise ApiError(
         400,
@@ -395,14 +385,8 @@ def _parse_content(content: Any, where: str) -> str | None:
         raise ApiError(400, f"'{where}' must be a string or an array of text parts.", where)
     texts = []
     for i, part in enumerate(content):
-        if (
-            not isinstance(part, dict)
-            or part.get("type") != "text"
-            or not isinstance(part.get("text"), str)
-        ):
-            raise ApiError(
-                400, f"'{where}[{i}]' must be a text part; only text is supported.", where
-            )
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise ApiError(400, f"'{where}[{i}]' must be a text part; only text is supported.", where)
         texts.append(part["text"])
     return "\n".join(texts)
 
@@ -433,26 +417,20 @@ def _parse_tools(tools: Any) -> tuple[dict, ...] | None:
     if not isinstance(tools, list):
         raise ApiError(400, "'tools' must be an array.", "tools")
     if len(tools) > MAX_TOOLS:
-        raise ApiError(
-            400, f"'tools' may hold at most {MAX_TOOLS} tools.", "tools", "array_above_max_length"
-        )
+        raise ApiError(400, f"'tools' may hold at most {MAX_TOOLS} tools.", "tools", "array_above_max_length")
     out = []
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict):
-            raise ApiError(
-                400, f'\'{where}\' must be {{"type": "function", "function": {{...}}}}.', where
-            )
+            raise ApiError(400, f'\'{where}\' must be {{"type": "function", "function": {{...}}}}.', where)
         name, description, parameters = fn.get("name"), fn.get("description"), fn.get("parameters")
         if not isinstance(name, str) or not name:
             raise ApiError(400, f"'{where}.function.name' must be a non-empty string.", where)
         if description is not None and not isinstance(description, str):
             raise ApiError(400, f"'{where}.function.description' must be a string.", where)
         if parameters is not None and not isinstance(parameters, dict):
-            raise ApiError(
-                400, f"'{where}.function.parameters' must be a JSON schema object.", where
-            )
+            raise ApiError(400, f"'{where}.function.parameters' must be a JSON schema object.", where)
         function = {"name": name}
         if description is not None:
             function["description"] = description

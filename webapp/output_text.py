@@ -85,11 +85,7 @@ class OutputParser:
     """
 
     def __init__(self, tools: list[dict] | None = None, in_reasoning: bool = False) -> None:
-        self._schemas = (
-            None
-            if tools is None
-            else {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
-        )
+        self._schemas = None if tools is None else {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
         self._mode = "reasoning" if in_reasoning else "content"
         self._buf = ""
         self._content_started = False

@@ -107,8 +107,7 @@ def _guard():
         return redirect(url_for("security.login", next=request.full_path.rstrip("?")), 303)
     raise ApiError(
         401,
-        "This page needs the admin token: 'Authorization: Bearer <token>' or a login at "
-        "/admin/login.",
+        "This page needs the admin token: 'Authorization: Bearer <token>' or a login at /admin/login.",
         code="invalid_admin_token",
         headers={"WWW-Authenticate": "Bearer"},
     )
@@ -256,9 +255,7 @@ def warn_if_exposed(config, hosts: Iterable[str] | None) -> bool:
         return False
     where = ", ".join(hosts) if hosts else "an unknown address"
     if not config.get("API_KEY"):
-        log.warning(
-            "listening on %s without LLM_API_KEY: anyone who can reach it may use the API", where
-        )
+        log.warning("listening on %s without LLM_API_KEY: anyone who can reach it may use the API", where)
     if config.get("ADMIN_TOKEN"):
         return False
     banner = "!" * 78

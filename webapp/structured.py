@@ -127,7 +127,7 @@ def _raw_grammar(spec) -> str:
     elif isinstance(spec, dict) and spec.get("type") in ("gbnf", "lark") and isinstance(spec.get("grammar"), str):
         kind, source = spec["type"], spec["grammar"]
     else:
-        raise ApiError(400, "'grammar' must be a GBNF string or {\"type\": \"gbnf\" | \"lark\", \"grammar\": \"...\"}.", "grammar")
+        raise ApiError(400, '\'grammar\' must be a GBNF string or {"type": "gbnf" | "lark", "grammar": "..."}.', "grammar")
     try:
         grammar = gbnf_grammar(source) if kind == "gbnf" else lark_grammar(source)
     except ValueError as e:

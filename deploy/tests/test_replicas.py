@@ -75,7 +75,13 @@ class Replica:
             "LLM_DRAIN_SECONDS": "120",
         }
         threads = SLOTS + QUEUE_LIMIT + 16
-        argv = [str(Path(sys.executable).parent / "waitress-serve"), f"--threads={threads}", "--channel-request-lookahead=1", f"--listen={self.addr}", "wsgi:app"]
+        argv = [
+            str(Path(sys.executable).parent / "waitress-serve"),
+            f"--threads={threads}",
+            "--channel-request-lookahead=1",
+            f"--listen={self.addr}",
+            "wsgi:app",
+        ]
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
 
@@ -145,7 +151,9 @@ def proxy(tmp_path_factory, nginx_bin, replicas):
             proc.kill()
 
 
-LOG_LINE = re.compile(r'"(?P<request>[^"]*)" (?P<status>\d+) session="(?P<session>[^"]*)" upstream="(?P<upstream>[^"]*)" upstream_status="(?P<upstream_status>[^"]*)"')
+LOG_LINE = re.compile(
+    r'"(?P<request>[^"]*)" (?P<status>\d+) session="(?P<session>[^"]*)" upstream="(?P<upstream>[^"]*)" upstream_status="(?P<upstream_status>[^"]*)"'
+)
 
 
 class Proxy:
@@ -172,7 +180,9 @@ class Proxy:
 
 def chat(client, messages, session=None, max_tokens=8, **kw):
     headers = {"X-Session-Id": session} if session else {}
-    return client.chat.completions.create(model="tiny", messages=messages, max_tokens=max_tokens, temperature=0, extra_headers=headers, **kw)
+    return client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=max_tokens, temperature=0, extra_headers=headers, **kw
+    )
 
 
 # --- 1. session affinity ------------------------------------------------------------------------------
@@ -218,7 +228,9 @@ def test_a_session_stays_on_its_replica_and_reuses_the_cache(proxy):
     plain = [d for d in proxy.lines() if not d["session"]]
     spread = collections.Counter(d["upstreams"][-1] for d in plain)
     print(f"\n[sessions] {with_key} keyed requests; replica per session: {served}; cached tokens per turn: {dict(cached)}")
-    print(f"[sessions] {len(plain)} requests without a key: served by {dict(spread)}; statuses {collections.Counter(d['status'] for d in plain)}")
+    print(
+        f"[sessions] {len(plain)} requests without a key: served by {dict(spread)}; statuses {collections.Counter(d['status'] for d in plain)}"
+    )
     client.close()
 
     assert not failures, failures
@@ -242,7 +254,13 @@ def test_a_full_queue_sends_requests_to_the_other_replica(proxy):
 
     def hold(i: int) -> None:
         try:
-            stream = chat(direct, [{"role": "user", "content": f"Long answer {i}"}], max_tokens=CONTEXT - 64, stream=True, extra_body={"ignore_eos": True})
+            stream = chat(
+                direct,
+                [{"role": "user", "content": f"Long answer {i}"}],
+                max_tokens=CONTEXT - 64,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
             streams.append(stream)
             for _ in stream:
                 pass
@@ -284,7 +302,9 @@ def test_a_full_queue_sends_requests_to_the_other_replica(proxy):
     direct.close()
     lines = proxy.lines()[before:]
     paths = collections.Counter(" -> ".join(f"{u}:{s}" for u, s in zip(d["upstreams"], d["statuses"])) for d in lines)
-    print(f"\n[queue full] {full.name} held {SLOTS} running + {QUEUE_LIMIT} queued; 6 requests through nginx: clients saw {dict(outcomes)}; upstream paths {dict(paths)}")
+    print(
+        f"\n[queue full] {full.name} held {SLOTS} running + {QUEUE_LIMIT} queued; 6 requests through nginx: clients saw {dict(outcomes)}; upstream paths {dict(paths)}"
+    )
 
     assert still_full.get("queue_depth") == QUEUE_LIMIT, still_full  # the queue stayed full throughout
     assert outcomes == {"200": 6}
@@ -313,7 +333,13 @@ def test_sigterm_drains_one_replica_while_the_other_takes_over(proxy):
             with lock:
                 sent += 1
             try:
-                stream = chat(client, [{"role": "user", "content": f"Worker {worker} request {n}"}], max_tokens=48, stream=True, extra_body={"ignore_eos": True})
+                stream = chat(
+                    client,
+                    [{"role": "user", "content": f"Worker {worker} request {n}"}],
+                    max_tokens=48,
+                    stream=True,
+                    extra_body={"ignore_eos": True},
+                )
                 reasons = [c.choices[0].finish_reason for c in stream if c.choices and c.choices[0].finish_reason]
                 outcome = "completed" if reasons == ["length"] else f"ended without a finish: {reasons}"
                 with lock:
@@ -344,7 +370,9 @@ def test_sigterm_drains_one_replica_while_the_other_takes_over(proxy):
     client.close()
     lines = proxy.lines()[before:]
     served = collections.Counter(d["upstreams"][-1] for d in lines)
-    retried = collections.Counter(" -> ".join(f"{u}:{s}" for u, s in zip(d["upstreams"], d["statuses"])) for d in lines if len(d["upstreams"]) > 1)
+    retried = collections.Counter(
+        " -> ".join(f"{u}:{s}" for u, s in zip(d["upstreams"], d["statuses"])) for d in lines if len(d["upstreams"]) > 1
+    )
     log = stopping.log.read_text()
     print(
         f"\n[sigterm] {sent} requests sent; outcomes {dict(outcomes)}; {stopping.name} had {in_flight} running at SIGTERM, "

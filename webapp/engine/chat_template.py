@@ -77,8 +77,9 @@ def _flatten_content(content):
 
 
 def _build_environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, autoescape=False,
-                                        extensions=["jinja2.ext.loopcontrols", _GenerationTag])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, autoescape=False, extensions=["jinja2.ext.loopcontrols", _GenerationTag]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -99,12 +100,19 @@ class ChatTemplate:
         except jinja2.TemplateError as e:
             raise TemplateError(f"chat template does not compile: {e}") from e
 
-    def render(self, messages: list[dict], tools: list | None = None, add_generation_prompt: bool = True,
-               **extra) -> str:
-        messages = [{**m, "content": _flatten_content(m["content"])}
-                    if isinstance(m, dict) and isinstance(m.get("content"), list) else m for m in messages]
-        variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **extra,
-                     "messages": messages, "tools": tools, "add_generation_prompt": add_generation_prompt}
+    def render(self, messages: list[dict], tools: list | None = None, add_generation_prompt: bool = True, **extra) -> str:
+        messages = [
+            {**m, "content": _flatten_content(m["content"])} if isinstance(m, dict) and isinstance(m.get("content"), list) else m
+            for m in messages
+        ]
+        variables = {
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            **extra,
+            "messages": messages,
+            "tools": tools,
+            "add_generation_prompt": add_generation_prompt,
+        }
         try:
             return self._template.render(variables)
         except TemplateError:

@@ -67,8 +67,7 @@ class _TokenTable:
         self.bos_token_id = tokenizer.bos_id
         self.special_token_ids = sorted(specials)
         self.tokens = [
-            _SPECIAL_MARK + tokenizer.token_bytes(i) if i in specials else tokenizer.token_bytes(i)
-            for i in range(tokenizer.vocab_size)
+            _SPECIAL_MARK + tokenizer.token_bytes(i) if i in specials else tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)
         ]
         self._tokenizer = tokenizer
 
@@ -88,9 +87,7 @@ class GrammarCompiler:
         with self._lock:
             if self._table is None:
                 stops = sorted(self._tokenizer.stop_ids)
-                self._table = llguidance.LLTokenizer(
-                    llguidance.TokenizerWrapper(_TokenTable(self._tokenizer)), eos_token=stops
-                )
+                self._table = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_TokenTable(self._tokenizer)), eos_token=stops)
             return self._table
 
     def matcher(self, grammar: str) -> TokenConstraint:
@@ -124,4 +121,3 @@ class TokenConstraint:
     @property
     def error(self) -> str:
         return self._matcher.get_error() if self._matcher.is_error() else ""
-

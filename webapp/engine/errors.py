@@ -19,9 +19,7 @@ class EngineNotReady(Exception):
 class QueueFull(Exception):
     """The waiting queue is at its limit; the client should retry after `retry_after` seconds."""
 
-    def __init__(
-        self, retry_after: int = 1, message: str = "Too many requests are waiting."
-    ) -> None:
+    def __init__(self, retry_after: int = 1, message: str = "Too many requests are waiting.") -> None:
         super().__init__(message)
         self.retry_after = max(1, int(retry_after))
 

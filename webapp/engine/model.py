@@ -57,9 +57,7 @@ class ModelConfig:
     def from_gguf(cls, kv: dict, weights: dict) -> ModelConfig:
         arch = kv.get("general.architecture")
         if arch not in SUPPORTED_ARCHITECTURES:
-            raise ModelLoadError(
-                f"unsupported GGUF architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
+            raise ModelLoadError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
 
         def need(key: str):
             if key not in kv:
@@ -129,7 +127,11 @@ class Block:
     def __init__(self, config: ModelConfig, weights: WeightSource, layer: int, slots: int, context: int, kv_dtype):
         self.c = config
         p = f"blk.{layer}."
-        self.w = {name: weights.vector(p + name) for name in ("attn_norm.weight", "ffn_norm.weight", "attn_q_norm.weight", "attn_k_norm.weight") if weights.has(p + name)}
+        self.w = {
+            name: weights.vector(p + name)
+            for name in ("attn_norm.weight", "ffn_norm.weight", "attn_q_norm.weight", "attn_k_norm.weight")
+            if weights.has(p + name)
+        }
         # one product for q, k and v and one for gate and up: fewer, larger kernels run faster here
         self.qkv = weights.linear(*(p + f"attn_{n}.weight" for n in "qkv"))  # D -> H*Hd + 2*KvH*Hd
         self.qkv_bias = Tensor.cat(*(weights.vector(p + f"attn_{n}.bias") for n in "qkv")).contiguous() if config.qkv_bias else None
@@ -200,10 +202,7 @@ class Block:
         q = rope(q, *rotary).contiguous()
         k = rope(k, *rotary)
         kv = Tensor.stack(k, v).cast(self.cache.dtype)  # (2, B, KvH, 1, Hd)
-        stores = [
-            self.cache[:, s, :, p : p + 1, :].uop.store(kv[:, b].contiguous().uop)
-            for b, (s, p) in enumerate(zip(slots, positions))
-        ]
+        stores = [self.cache[:, s, :, p : p + 1, :].uop.store(kv[:, b].contiguous().uop) for b, (s, p) in enumerate(zip(slots, positions))]
         cache = Tensor(self.cache.uop.after(*stores))
         keys = Tensor.stack(*[cache[0, s, :, 0:length, :] for s in slots]).float()  # (B, KvH, length, Hd)
         values = Tensor.stack(*[cache[1, s, :, 0:length, :] for s in slots]).float()
@@ -211,7 +210,16 @@ class Block:
 
 
 class Transformer:
-    def __init__(self, config: ModelConfig, weights: WeightSource, slots: int, context: int, max_chunk: int, act_dtype=dtypes.float32, int8_head: bool = False):
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: WeightSource,
+        slots: int,
+        context: int,
+        max_chunk: int,
+        act_dtype=dtypes.float32,
+        int8_head: bool = False,
+    ):
         self.config, self.slots, self.context, self.act_dtype = config, slots, context, act_dtype
         self.embed = weights.embedding()  # token ids -> (..., D)
         self.output_norm = weights.vector("output_norm.weight")
@@ -283,7 +291,10 @@ class Transformer:
         lanes = [UOp.variable(f"slot{b}", 0, self.slots).bind(s) for b, s in enumerate(slots)]
         lanes += [UOp.variable(f"pos{b}", 0, self.context - 1).bind(p) for b, p in enumerate(positions)]
         length = self.v_length.bind(max(positions) + 1)
-        tokens_in, positions_in = self._inputs.fill("decode tokens", tokens, dtypes.int32), self._inputs.fill("decode positions", positions, dtypes.int32)
+        tokens_in, positions_in = (
+            self._inputs.fill("decode tokens", tokens, dtypes.int32),
+            self._inputs.fill("decode positions", positions, dtypes.int32),
+        )
         return jit(tokens_in, positions_in, length, *lanes).numpy()
 
 
@@ -342,10 +353,19 @@ def load_model(path: str, slots: int, context: int | None, max_chunk: int = 64, 
     context = min(context or config.trained_context, config.trained_context)
     # CPUs here lack float16 arithmetic: compute in float32 there, reading float16 or block weights
     act_dtype = dtypes.float32 if Device.DEFAULT in ("CPU", "PYTHON") else dtypes.float16
-    weights = WeightSource(path, raw, config.arch, config.n_heads, config.n_kv_heads, act_dtype, QuantizedCPU.load() if cpu_kernels else None)
+    weights = WeightSource(
+        path, raw, config.arch, config.n_heads, config.n_kv_heads, act_dtype, QuantizedCPU.load() if cpu_kernels else None
+    )
     int8_head = kv.get("general.file_type") not in (None, *FLOAT_FILE_TYPES)
     model = Transformer(config, weights, slots, context, max_chunk, act_dtype=act_dtype, int8_head=int8_head)
-    log.info("loaded %s: %s, %d layers, dim %d, %d slots x %d positions; weights: %s",
-             path, config.arch, config.n_layers, config.dim, slots, context, weights.describe())
+    log.info(
+        "loaded %s: %s, %d layers, dim %d, %d slots x %d positions; weights: %s",
+        path,
+        config.arch,
+        config.n_layers,
+        config.dim,
+        slots,
+        context,
+        weights.describe(),
+    )
     return model, kv
-

@@ -36,8 +36,7 @@ _SPECIAL_TYPES = (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)
 
 # End-of-turn markers used by common chat formats; each is a stop token only when the vocab holds
 # it as a special token, so an ordinary word that happens to look alike never ends generation.
-_STOP_TOKEN_TEXTS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|end_of_text|>",
-                     "<|end|>", "<end_of_turn>")
+_STOP_TOKEN_TEXTS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|end_of_text|>", "<|end|>", "<end_of_turn>")
 
 _WORD_CACHE_LIMIT = 100_000  # distinct pre-token words; cleared when full so memory stays bounded
 
@@ -46,16 +45,24 @@ _WORD_CACHE_LIMIT = 100_000  # distinct pre-token words; cleared when full so me
 # the same table, keyed by `tokenizer.ggml.pre`). A pre-tokenizer is a sequence of regexes: each one
 # splits every piece the previous one produced into its matches and the text between them.
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_TEKKEN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
-           r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
-           r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_GPT4O = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-          r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_TEKKEN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_GPT4O = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # DeepSeek's letter class is written with escapes: several of its code points (U+1F7D, U+1FBE,
 # U+2126 OHM SIGN, U+212A KELVIN SIGN, ...) turn into other characters under Unicode normalization.
 _DEEPSEEK_LETTERS = (
@@ -83,8 +90,10 @@ _DEEPSEEK_LLM = (
 _DEEPSEEK_V3 = (
     r"\p{N}{1,3}",
     r"[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
-    (r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
-     r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"),
+    (
+        r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+        r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    ),
 )
 _BLOOM = r" ?[^(\s|.,!?…。，、।۔،)]+"
 
@@ -98,23 +107,40 @@ class _PreTokenizer:
 
 _LLAMA3_PRE = _PreTokenizer((_LLAMA3,), ignore_merges=True, add_bos=True)
 _PRE_TOKENIZERS: dict[str, _PreTokenizer] = {
-    **dict.fromkeys(("gpt2", "gpt-2", "phi-2", "mpt", "olmo", "jais", "trillion", "granite-docling",
-                     "exaone4", "mellum", "modern-bert", "roberta-bpe", "gigachat", "jina-es", "jina-de",
-                     "jina-v1-en", "jina-v2-es", "jina-v2-de", "jina-v2-code", "a.x-4.0"),
-                    _PreTokenizer((_GPT2,))),
+    **dict.fromkeys(
+        (
+            "gpt2",
+            "gpt-2",
+            "phi-2",
+            "mpt",
+            "olmo",
+            "jais",
+            "trillion",
+            "granite-docling",
+            "exaone4",
+            "mellum",
+            "modern-bert",
+            "roberta-bpe",
+            "gigachat",
+            "jina-es",
+            "jina-de",
+            "jina-v1-en",
+            "jina-v2-es",
+            "jina-v2-de",
+            "jina-v2-code",
+            "a.x-4.0",
+        ),
+        _PreTokenizer((_GPT2,)),
+    ),
     # Digits are split one by one before the GPT-2 regex runs.
-    **dict.fromkeys(("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"),
-                    _PreTokenizer((r"\p{N}", _GPT2))),
-    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
-                     "lfm2"), _LLAMA3_PRE),
+    **dict.fromkeys(("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"), _PreTokenizer((r"\p{N}", _GPT2))),
+    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"), _LLAMA3_PRE),
     **dict.fromkeys(("dbrx", "smaug-bpe", "chatglm-bpe", "glm4"), _PreTokenizer((_LLAMA3,))),
-    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2", "hunyuan", "kormo"),
-                    _PreTokenizer((_QWEN2,))),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2", "hunyuan", "kormo"), _PreTokenizer((_QWEN2,))),
     "tekken": _PreTokenizer((_TEKKEN,), ignore_merges=True, add_bos=True),
     **dict.fromkeys(("gpt-4o", "llama4"), _PreTokenizer((_GPT4O,))),
     "deepseek-llm": _PreTokenizer(_DEEPSEEK_LLM),
-    "deepseek-coder": _PreTokenizer((r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+",
-                                     r"[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", r"\p{N}")),
+    "deepseek-coder": _PreTokenizer((r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", r"\p{N}")),
     "deepseek-v3": _PreTokenizer(_DEEPSEEK_V3),
     "falcon": _PreTokenizer((r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, r"[0-9][0-9][0-9]")),
     **dict.fromkeys(("bloom", "poro-chat", "gpt3-finnish"), _PreTokenizer((_BLOOM,))),
@@ -161,8 +187,17 @@ def _require(kv: Mapping, key: str):
 class Tokenizer:
     """See the module docstring. Build with `from_gguf_metadata`; the constructor takes plain lists."""
 
-    def __init__(self, tokens: list[str], token_types: list[int], merges: list[str], pre: str,
-                 bos_id: int | None, eos_id: int, eot_id: int | None = None, add_bos: bool | None = None):
+    def __init__(
+        self,
+        tokens: list[str],
+        token_types: list[int],
+        merges: list[str],
+        pre: str,
+        bos_id: int | None,
+        eos_id: int,
+        eot_id: int | None = None,
+        add_bos: bool | None = None,
+    ):
         if len(token_types) != len(tokens):
             raise ValueError(f"{len(tokens)} tokens but {len(token_types)} token types")
         self.vocab_size = len(tokens)
@@ -170,8 +205,11 @@ class Tokenizer:
             if tid is not None and not 0 <= tid < self.vocab_size:
                 raise ValueError(f"{name} token id {tid} is outside the vocab (size {self.vocab_size})")
         if (pre_tok := _PRE_TOKENIZERS.get(pre)) is None:
-            log.warning("unknown pre-tokenizer %r (tokenizer.ggml.pre); falling back to gpt2's, so some "
-                        "texts may tokenize differently from the model's own tokenizer", pre or "<missing>")
+            log.warning(
+                "unknown pre-tokenizer %r (tokenizer.ggml.pre); falling back to gpt2's, so some "
+                "texts may tokenize differently from the model's own tokenizer",
+                pre or "<missing>",
+            )
             pre_tok = _PRE_TOKENIZERS["gpt2"]
         self.pre = pre
         self._patterns = [regex.compile(p) for p in pre_tok.patterns]
@@ -185,15 +223,14 @@ class Tokenizer:
             # Split at the first space after position 0: a merge's left half may itself be " ".
             cut = merge.find(" ", 1)
             if cut > 0:
-                self._ranks.setdefault((merge[:cut], merge[cut + 1:]), rank)
+                self._ranks.setdefault((merge[:cut], merge[cut + 1 :]), rank)
 
         self.special_ids = frozenset(i for i, t in enumerate(token_types) if t in _SPECIAL_TYPES and tokens[i])
         self._special_vocab = {tokens[i]: i for i in sorted(self.special_ids, reverse=True)}
         specials = sorted(self._special_vocab, key=len, reverse=True)
         # Alternation tries branches in order, so longest-first gives leftmost-longest matching.
         self._special_re = regex.compile("|".join(map(regex.escape, specials))) if specials else None
-        self._token_bytes = [tok.encode("utf-8") if i in self.special_ids else self._unmap_bytes(tok)
-                             for i, tok in enumerate(tokens)]
+        self._token_bytes = [tok.encode("utf-8") if i in self.special_ids else self._unmap_bytes(tok) for i, tok in enumerate(tokens)]
         self._absent_chars = frozenset(c for c in _BYTE_TO_CHAR.values() if c not in self._vocab)
         self._cache: dict[str, tuple[int, ...]] = {}
 
@@ -220,9 +257,16 @@ class Tokenizer:
 
         add_bos = kv.get("tokenizer.ggml.add_bos_token")
         pre = _as_str(kv.get("tokenizer.ggml.pre") or "")  # absent: warned about, then gpt2
-        return cls(tokens, token_types, merges, pre, bos_id=optional_int("tokenizer.ggml.bos_token_id"),
-                   eos_id=eos_id, eot_id=optional_int("tokenizer.ggml.eot_token_id"),
-                   add_bos=None if add_bos is None else bool(_scalar(add_bos)))
+        return cls(
+            tokens,
+            token_types,
+            merges,
+            pre,
+            bos_id=optional_int("tokenizer.ggml.bos_token_id"),
+            eos_id=eos_id,
+            eot_id=optional_int("tokenizer.ggml.eot_token_id"),
+            add_bos=None if add_bos is None else bool(_scalar(add_bos)),
+        )
 
     # -- encoding --------------------------------------------------------------------------------
 
@@ -231,7 +275,7 @@ class Tokenizer:
         pos = 0
         if special and self._special_re is not None:
             for m in self._special_re.finditer(text):
-                self._encode_ordinary(text[pos:m.start()], ids)
+                self._encode_ordinary(text[pos : m.start()], ids)
                 ids.append(self._special_vocab[m.group()])
                 pos = m.end()
         self._encode_ordinary(text[pos:], ids)
@@ -351,4 +395,3 @@ class StreamDecoder:
         text = self._utf8.decode(b"", final=True)
         self._utf8.reset()
         return text
-

@@ -29,10 +29,16 @@ def main() -> int:
     beam = TUNE_BEAM if settings["beam"] == "auto" else int(settings["beam"])
     started = time.monotonic()
     log.info("tuning kernels with BEAM=%d for %s (this takes minutes, once per configuration)", beam, settings["path"])
-    loaded = load_gguf_model(settings["path"], settings["slots"], settings["context"], settings["prefill_chunk"], beam=beam, cpu_kernels=settings["cpu_kernels"])
+    loaded = load_gguf_model(
+        settings["path"], settings["slots"], settings["context"], settings["prefill_chunk"], beam=beam, cpu_kernels=settings["cpu_kernels"]
+    )
     loaded.runner.warm_up(log.info)
     seconds = time.monotonic() - started
-    stamp = mark_tuned(tuning_key(settings["path"], settings["slots"], loaded.context, loaded.runner.piece, loaded.runner.model.uses_cpu_kernels), beam, seconds)
+    stamp = mark_tuned(
+        tuning_key(settings["path"], settings["slots"], loaded.context, loaded.runner.piece, loaded.runner.model.uses_cpu_kernels),
+        beam,
+        seconds,
+    )
     log.info("tuned in %.0f s; stamp %s", seconds, stamp)
     return 0
 

@@ -107,7 +107,9 @@ def _int8_rows(w: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class WeightSource:
-    def __init__(self, path: str, tensors: dict[str, Tensor], arch: str, n_heads: int, n_kv_heads: int, act_dtype, kernels: QuantizedCPU | None):
+    def __init__(
+        self, path: str, tensors: dict[str, Tensor], arch: str, n_heads: int, n_kv_heads: int, act_dtype, kernels: QuantizedCPU | None
+    ):
         """`tensors` are tinygrad's lazily dequantized tensors of the file (gguf_load); the raw blocks
         are read from the file itself when `kernels` is given."""
         self.tensors, self.act_dtype, self.kernels = tensors, act_dtype, kernels

@@ -161,7 +161,12 @@ class QuantizedCPU:
             ids = tuple(range(len(params)))
             return UOp(
                 Ops.PROGRAM,
-                src=(sink, UOp(Ops.LINEAR, src=(*sink.src, sink)), UOp(Ops.SOURCE, arg=f"// {name}: jump to {SOURCE.name}"), UOp(Ops.BINARY, arg=binary)),
+                src=(
+                    sink,
+                    UOp(Ops.LINEAR, src=(*sink.src, sink)),
+                    UOp(Ops.SOURCE, arg=f"// {name}: jump to {SOURCE.name}"),
+                    UOp(Ops.BINARY, arg=binary),
+                ),
                 arg=ProgramInfo(name=name, local_size=(1, 1, 1), globals=ids, outs=(0,), ins=ids[1:]),
             )
 
@@ -182,4 +187,6 @@ class QuantizedCPU:
         tokens = int(np.prod(lead)) if lead else 1
         out = Tensor.empty(tokens, weight.cols, dtype=dtypes.float32)
         shape = self._shape(weight.ggml_type, weight.rows, weight.cols, tokens)
-        return self._call("tq_embed", out, weight.raw, ids.reshape(tokens).cast(dtypes.int32).contiguous(), shape).reshape(*lead, weight.cols)
+        return self._call("tq_embed", out, weight.raw, ids.reshape(tokens).cast(dtypes.int32).contiguous(), shape).reshape(
+            *lead, weight.cols
+        )
