@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from flask import Blueprint, Response, current_app, jsonify, request
 
 from webapp import openai_format as fmt
+from webapp import openai_responses as responses
 from webapp import structured
 from webapp.engine.constraints import GrammarError
 from webapp.engine.errors import PromptTooLong, completion_room
@@ -73,7 +74,7 @@ def health():
 @bp.get("/v1/models")
 def models():
     """The one model this server runs, as an OpenAI model list."""
-    return jsonify(fmt.models_list(_engine().model_name, int(time.time())))
+    return jsonify(responses.models_list(_engine().model_name, int(time.time())))
 
 
 @bp.post("/v1/chat/completions")
@@ -87,7 +88,7 @@ def chat_completions():
     grammar = structured.output_grammar(body, tools, params.tool_choice, params.forced_tool)
     prompt = _render_chat(engine.chat_template, list(params.messages), tools)
     ids = _encode(engine.tokenizer, prompt)
-    req = _submit(engine, ids, params, fmt.new_id("chatcmpl"), "messages", options, grammar)
+    req = _submit(engine, ids, params, responses.new_id("chatcmpl"), "messages", options, grammar)
     reader = _Reader(engine, req, params.stop, _disconnected(), _lifecycle())
     parser = OutputParser(tools, in_reasoning=opens_reasoning(prompt))
     model = params.model or engine.model_name
@@ -101,9 +102,9 @@ def chat_completions():
         return Response(status=_CLIENT_CLOSED)
     finally:
         reader.close()
-    message = fmt.assistant_message(pieces)
+    message = responses.assistant_message(pieces)
     finish = _finish_reason(reader, parser)
-    body = fmt.chat_completion(req.id, reader.created, model, message, finish, reader.usage())
+    body = responses.chat_completion(req.id, reader.created, model, message, finish, reader.usage())
     if options.logprobs:
         entries = req.logprobs[: reader.completion_tokens]
         body["choices"][0]["logprobs"] = chat_logprobs(engine.tokenizer, entries)
@@ -134,7 +135,7 @@ def completions():
         ids = _encode(engine.tokenizer, params.prompt)
     else:
         ids = _check_token_ids(engine.tokenizer, params.prompt)
-    req = _submit(engine, ids, params, fmt.new_id("cmpl"), "prompt", options)
+    req = _submit(engine, ids, params, responses.new_id("cmpl"), "prompt", options)
     reader = _Reader(engine, req, params.stop, _disconnected(), _lifecycle())
     model = params.model or engine.model_name
     echo = CompletionEcho(engine.tokenizer, req, params.prompt, options)
@@ -147,7 +148,7 @@ def completions():
     finally:
         reader.close()
     finish = reader.finish_reason
-    out = fmt.completion(req.id, reader.created, model, echo.text + text, finish, reader.usage())
+    out = responses.completion(req.id, reader.created, model, echo.text + text, finish, reader.usage())
     out["choices"][0]["logprobs"] = echo.logprobs(reader.completion_tokens)
     return jsonify(out)
 
@@ -298,7 +299,7 @@ class _Reader:
                     raise _ClientGone from None
 
     def usage(self) -> dict:
-        return fmt.usage(self.request.prompt_len, self.completion_tokens, self.request.cached_tokens)
+        return responses.usage(self.request.prompt_len, self.completion_tokens, self.request.cached_tokens)
 
     def close(self) -> None:
         self._lifecycle.forget(self.request)
@@ -322,8 +323,8 @@ def _event_stream(reader: _Reader, events: Iterator[str]) -> Response:
         except Exception:
             # The status line is long gone; the client can only learn of a bug from the stream.
             log.exception("streaming %s failed", reader.request.id)
-            yield fmt.sse(fmt.error_body("Internal server error.", "server_error", None, "internal_error"))
-            yield fmt.SSE_DONE
+            yield responses.sse(fmt.error_body("Internal server error.", "server_error", None, "internal_error"))
+            yield responses.SSE_DONE
         finally:
             # Under Waitress a closed connection surfaces here as GeneratorExit: free the slot.
             reader.close()
@@ -342,12 +343,12 @@ def _chat_events(reader: _Reader, parser: OutputParser, parallel: bool, include_
 
     def chunk(delta: dict, finish_reason: str | None = None) -> str:
         nonlocal sent
-        body = fmt.chat_chunk(rid, created, model, delta, finish_reason)
+        body = responses.chat_chunk(rid, created, model, delta, finish_reason)
         if req.params.logprobs and delta.keys() != {"role", "content"}:
             entries, sent = req.logprobs[sent : reader.completion_tokens], reader.completion_tokens
             if entries:
                 body["choices"][0]["logprobs"] = chat_logprobs(reader.engine.tokenizer, entries)
-        return fmt.sse(body)
+        return responses.sse(body)
 
     # Sent before any token so the client sees the stream open even during a long prefill.
     yield chunk({"role": "assistant", "content": ""})
@@ -355,16 +356,16 @@ def _chat_events(reader: _Reader, parser: OutputParser, parallel: bool, include_
     try:
         for pieces in _parse(reader, parser, parallel):
             for piece in pieces:
-                yield chunk(fmt.chat_delta(piece, tool_index))
+                yield chunk(responses.chat_delta(piece, tool_index))
                 tool_index += piece.kind == "tool_call"
     except ApiError as e:
-        yield fmt.sse(e.body())
-        yield fmt.SSE_DONE
+        yield responses.sse(e.body())
+        yield responses.SSE_DONE
         return
     yield chunk({}, _finish_reason(reader, parser))
     if include_usage:
-        yield fmt.sse(fmt.chat_usage_chunk(rid, created, model, reader.usage()))
-    yield fmt.SSE_DONE
+        yield responses.sse(responses.chat_usage_chunk(rid, created, model, reader.usage()))
+    yield responses.SSE_DONE
 
 
 def _parse(reader: _Reader, parser: OutputParser, parallel: bool) -> Iterator[list[Piece]]:
@@ -387,12 +388,12 @@ def _completion_events(reader: _Reader, include_usage: bool, model: str, echo: C
 
     def chunk(text: str, finish_reason: str | None = None, scored: bool = True, upto=None) -> str:
         nonlocal offset
-        body = fmt.completion_chunk(rid, created, model, text, finish_reason)
+        body = responses.completion_chunk(rid, created, model, text, finish_reason)
         if scored:
             tokens = reader.completion_tokens if upto is None else upto
             body["choices"][0]["logprobs"] = echo.logprobs(tokens, offset)
         offset += len(text)
-        return fmt.sse(body)
+        return responses.sse(body)
 
     yield chunk("", scored=False)
     try:
@@ -406,10 +407,10 @@ def _completion_events(reader: _Reader, include_usage: bool, model: str, echo: C
         if not echoed and echo.text:
             yield chunk(echo.text)
     except ApiError as e:
-        yield fmt.sse(e.body())
-        yield fmt.SSE_DONE
+        yield responses.sse(e.body())
+        yield responses.SSE_DONE
         return
     yield chunk("", reader.finish_reason)
     if include_usage:
-        yield fmt.sse(fmt.completion_usage_chunk(rid, created, model, reader.usage()))
-    yield fmt.SSE_DONE
+        yield responses.sse(responses.completion_usage_chunk(rid, created, model, reader.usage()))
+    yield responses.SSE_DONE

@@ -1,0 +1,103 @@
+"""The OpenAI wire format, responses: plain dicts in the shapes the `openai` client parses.
+
+Pure functions, like `webapp.openai_format` (the requests): `chat_chunk`, `chat_completion`,
+`completion_chunk`, ... build response bodies, `sse` frames one as a server-sent event, and
+`chat_delta` / `assistant_message` shape `webapp.output_text.Piece`s as OpenAI deltas and messages.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from webapp.output_text import Piece
+
+
+def sse(obj: dict | str) -> str:
+    """One server-sent event; a str payload is sent verbatim (used for `[DONE]`)."""
+    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+SSE_DONE = sse("[DONE]")
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def models_list(model_name: str, created: int) -> dict:
+    model = {"id": model_name, "object": "model", "created": created, "owned_by": "local"}
+    return {"object": "list", "data": [model]}
+
+
+def _envelope(object: str, id: str, created: int, model: str, choices: list, **extra) -> dict:
+    return {
+        "id": id,
+        "object": object,
+        "created": created,
+        "model": model,
+        "choices": choices,
+        **extra,
+    }
+
+
+def chat_chunk(id: str, created: int, model: str, delta: dict, finish_reason=None) -> dict:
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    return _envelope("chat.completion.chunk", id, created, model, [choice])
+
+
+def chat_usage_chunk(id: str, created: int, model: str, usage: dict) -> dict:
+    """The last chunk of a stream with `include_usage`: no choices, only usage."""
+    return _envelope("chat.completion.chunk", id, created, model, [], usage=usage)
+
+
+def chat_delta(piece: Piece, tool_index: int = 0) -> dict:
+    """The `delta` of a streamed chunk carrying one parser piece."""
+    if piece.kind == "tool_call":
+        return {"tool_calls": [{"index": tool_index, **piece.value}]}
+    return {"reasoning_content" if piece.kind == "reasoning" else "content": piece.value}
+
+
+def assistant_message(pieces: list[Piece]) -> dict:
+    """The complete assistant message for a non-streamed reply, from all parser pieces."""
+    content = "".join(p.value for p in pieces if p.kind == "content")
+    reasoning = "".join(p.value for p in pieces if p.kind == "reasoning").strip()
+    tool_calls = [p.value for p in pieces if p.kind == "tool_call"]
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": content or (None if tool_calls else ""),
+    }
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return message
+
+
+def chat_completion(id, created, model, message: dict, finish_reason: str, usage: dict) -> dict:
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+    return _envelope("chat.completion", id, created, model, [choice], usage=usage)
+
+
+def completion_chunk(id: str, created: int, model: str, text: str, finish_reason=None) -> dict:
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return _envelope("text_completion", id, created, model, [choice])
+
+
+def completion_usage_chunk(id: str, created: int, model: str, usage: dict) -> dict:
+    return _envelope("text_completion", id, created, model, [], usage=usage)
+
+
+def completion(id, created, model, text: str, finish_reason: str, usage: dict) -> dict:
+    return {**completion_chunk(id, created, model, text, finish_reason), "usage": usage}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
