@@ -32,12 +32,15 @@ def client():
 
 
 def test_capital_of_france_then_germany(client):
-    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    # A 135M model's greedy answer to a terse question flips with rounding: to "What is the capital
+    # of France?" llama.cpp itself answers "L'Étoile, la Marseillaise, ...". These phrasings name the
+    # city both on llama.cpp and here.
+    messages = [{"role": "user", "content": "Which city is the capital of France?"}]
     first = client.chat.completions.create(model="default", messages=messages, temperature=0, max_tokens=40)
     answer = first.choices[0].message.content
     assert "Paris" in answer
 
-    messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "And of Germany?"}]
+    messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "And what is the capital of Germany?"}]
     stream = client.chat.completions.create(
         model="default", messages=messages, temperature=0, max_tokens=40, stream=True, stream_options={"include_usage": True}
     )
