@@ -138,7 +138,6 @@ class Block:
         self.gate_up = weights.linear(p + "ffn_gate.weight", p + "ffn_up.weight")  # D -> 2*F
         self.attn_output = weights.linear(p + "attn_output.weight")  # H*Hd -> D
         self.down = weights.linear(p + "ffn_down.weight")  # F -> D
-        self.kernels = weights.kernels  # decode attention runs on the CPU kernels' pool when they are loaded
         # (k|v, slot, kv_head, position, head_dim); the extra last slot is scratch for padding lanes.
         self.cache = Tensor.zeros(2, slots + 1, config.n_kv_heads, context, config.head_dim, dtype=kv_dtype).contiguous()
 
@@ -197,21 +196,14 @@ class Block:
         values = cache[1, slot, :, 0 : start + T, :].unsqueeze(0).float()
         return self._ffn_and_out(x, self._attend(q, keys, values, mask))
 
-    def decode(
-        self, x: Tensor, slots: list[UOp], positions: list[UOp], rotary: tuple[Tensor, Tensor], length: UOp, mask: Tensor, lanes: Tensor
-    ) -> Tensor:
-        """x (B, 1, D): lane b is at position positions[b] of the sequence in slots[b]; keys read up to `length`.
-        `lanes` holds the same slots and positions as an int32 tensor, for the CPU attention kernel."""
+    def decode(self, x: Tensor, slots: list[UOp], positions: list[UOp], rotary: tuple[Tensor, Tensor], length: UOp, mask: Tensor) -> Tensor:
+        """x (B, 1, D): lane b is at position positions[b] of the sequence in slots[b]; keys read up to `length`."""
         q, k, v = self._qkv(rms_norm(x, self.w["attn_norm.weight"], self.c.norm_eps))
         q = rope(q, *rotary).contiguous()
         k = rope(k, *rotary)
         kv = Tensor.stack(k, v).cast(self.cache.dtype)  # (2, B, KvH, 1, Hd)
         stores = [self.cache[:, s, :, p : p + 1, :].uop.store(kv[:, b].contiguous().uop) for b, (s, p) in enumerate(zip(slots, positions))]
         cache = Tensor(self.cache.uop.after(*stores))
-        if self.kernels is not None:
-            # every (lane, head) pair on the pool, reading the cache in place: tinygrad's kernels
-            # copied each lane's keys and values out first and ran on one core
-            return self._ffn_and_out(x, self.kernels.attend(q, cache, lanes))
         keys = Tensor.stack(*[cache[0, s, :, 0:length, :] for s in slots]).float()  # (B, KvH, length, Hd)
         values = Tensor.stack(*[cache[1, s, :, 0:length, :] for s in slots]).float()
         return self._ffn_and_out(x, self._attend(q, keys, values, mask))
@@ -264,7 +256,7 @@ class Transformer:
             x = block.prefill(x, slot, start, rotary, mask)
         return self._logits(last @ x[0]).realize()  # (1, T) one-hot @ (T, D) -> (1, vocab)
 
-    def _decode(self, tokens: Tensor, pos: Tensor, lanes_in: Tensor, length: UOp, *lanes: UOp) -> Tensor:
+    def _decode(self, tokens: Tensor, pos: Tensor, length: UOp, *lanes: UOp) -> Tensor:
         width = tokens.shape[0]
         slots, positions = list(lanes[:width]), list(lanes[width:])
         keys = self.key_positions[0:length].reshape(1, 1, -1)
@@ -272,7 +264,7 @@ class Transformer:
         rotary = rotation(pos.reshape(-1, 1, 1), self.inv_freq)  # (B, 1, 1, half): broadcast over heads
         x = self.embed(tokens).reshape(width, 1, -1)  # (B, 1, D)
         for block in self.blocks:
-            x = block.decode(x, slots, positions, rotary, length, mask, lanes_in)
+            x = block.decode(x, slots, positions, rotary, length, mask)
         return self._logits(x[:, 0, :]).realize()  # (B, vocab)
 
     def prefill(self, tokens: list[int], slot: int, start: int, chunk: int) -> np.ndarray:
@@ -299,12 +291,11 @@ class Transformer:
         lanes = [UOp.variable(f"slot{b}", 0, self.slots).bind(s) for b, s in enumerate(slots)]
         lanes += [UOp.variable(f"pos{b}", 0, self.context - 1).bind(p) for b, p in enumerate(positions)]
         length = self.v_length.bind(max(positions) + 1)
-        tokens_in, positions_in, lanes_in = (
+        tokens_in, positions_in = (
             self._inputs.fill("decode tokens", tokens, dtypes.int32),
             self._inputs.fill("decode positions", positions, dtypes.int32),
-            self._inputs.fill("decode lanes", slots + positions, dtypes.int32),
         )
-        return jit(tokens_in, positions_in, lanes_in, length, *lanes).numpy()
+        return jit(tokens_in, positions_in, length, *lanes).numpy()
 
 
 class _StepInputs:

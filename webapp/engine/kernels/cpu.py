@@ -120,7 +120,7 @@ class QuantizedCPU:
         self.library, self.threads, self.simd = library, threads, simd
         self._shapes: dict[tuple, Tensor] = {}
         self._programs: dict[str, bytes] = {}
-        for name in ("tq_linear", "tq_embed", "tq_attend"):
+        for name in ("tq_linear", "tq_embed"):
             address = ctypes.cast(getattr(library, name), ctypes.c_void_p).value
             self._programs[name] = _trampoline(address)
         library.tq_start(ctypes.c_long(threads), ctypes.c_long(SPIN_US))
@@ -190,14 +190,3 @@ class QuantizedCPU:
         return self._call("tq_embed", out, weight.raw, ids.reshape(tokens).cast(dtypes.int32).contiguous(), shape).reshape(
             *lead, weight.cols
         )
-
-    def attend(self, q: Tensor, cache: Tensor, lanes: Tensor) -> Tensor:
-        """One decode step's attention: q (B, H, 1, Hd) float32 over the float16 KV cache (2, slots,
-        kv_heads, positions, Hd) holding this step's keys; lanes (2B,) int32 = each lane's slot, then
-        its position (it attends positions 0..pos). -> (B, 1, H*Hd) float32."""
-        B, H, _, Hd = q.shape
-        _, slots, kv_heads, positions, _ = cache.shape
-        out = Tensor.empty(B, H, Hd, dtype=dtypes.float32)
-        shape = self._shape(B, H, kv_heads, slots, positions, Hd)
-        flat_q = q.reshape(B, H, Hd).cast(dtypes.float32).contiguous()
-        return self._call("tq_attend", out, flat_q, cache, lanes, shape).reshape(B, 1, H * Hd)
