@@ -33,14 +33,14 @@ def client():
 
 def test_capital_of_france_then_germany(client):
     # A 135M model's greedy answer to a terse question flips with rounding: to "What is the capital
-    # of France?" llama.cpp itself answers "L'Étoile, la Marseillaise, ...". These phrasings name the
-    # city both on llama.cpp and here.
-    messages = [{"role": "user", "content": "Which city is the capital of France?"}]
+    # of France?" llama.cpp itself answers "L'Étoile, la Marseillaise, ...". Asked for one short
+    # sentence, llama.cpp answers "The capital of France is Paris.", and so does this server.
+    messages = [{"role": "user", "content": "What is the capital of France? Answer in one short sentence."}]
     first = client.chat.completions.create(model="default", messages=messages, temperature=0, max_tokens=40)
     answer = first.choices[0].message.content
     assert "Paris" in answer
 
-    messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "And what is the capital of Germany?"}]
+    messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "And what is the capital of Germany? Answer in one short sentence."}]
     stream = client.chat.completions.create(
         model="default", messages=messages, temperature=0, max_tokens=40, stream=True, stream_options={"include_usage": True}
     )
