@@ -40,7 +40,10 @@ def test_capital_of_france_then_germany(client):
     answer = first.choices[0].message.content
     assert "Paris" in answer
 
-    messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "And what is the capital of Germany? Answer in one short sentence."}]
+    messages += [
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "And what is the capital of Germany? Answer in one short sentence."},
+    ]
     stream = client.chat.completions.create(
         model="default", messages=messages, temperature=0, max_tokens=40, stream=True, stream_options={"include_usage": True}
     )
