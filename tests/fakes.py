@@ -142,8 +142,8 @@ class Reply:
 class FakeEngine:
     model_name = "fake-model"
 
-    def __init__(self, max_context: int = 4096) -> None:
-        self.max_context = max_context
+    def __init__(self, max_context: int = 4096, n_slots: int = 4) -> None:
+        self.max_context, self.n_slots = max_context, n_slots
         self.tokenizer = FakeTokenizer()
         self.chat_template = FakeChatTemplate()
         self.grammars = GrammarCompiler(self.tokenizer)
@@ -262,7 +262,8 @@ class FakeRunner:
     `gate` (set at first) holds every prefill and decode step while it is clear; `fault`, when set,
     is raised by every decode step (an `Exception` fails the step's requests, a `BaseException`
     kills the model thread); `step_s` stretches each decode step. `calls` records every step:
-    ("prefill", request id, start, n tokens) and ("decode", request ids).
+    ("prefill", request id, start, n tokens), ("copy", request id, source slot, length) and
+    ("decode", request ids).
     """
 
     def __init__(self, vocab: int = 50, next_token: Callable[[int], int] | None = None, step_s: float = 0.0):
@@ -291,6 +292,9 @@ class FakeRunner:
         self.gate.wait(30)
         self.calls.append(("prompt_logits", request.id, start, len(tokens)))
         return np.stack([self._logits(t) for t in tokens])  # (T, vocab)
+
+    def copy_prefix(self, request: Request, source_slot: int, length: int) -> None:
+        self.calls.append(("copy", request.id, source_slot, length))
 
     def decode(self, batch: list[Request], positions: list[int]) -> np.ndarray:
         if self.fault is not None:

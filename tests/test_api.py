@@ -411,7 +411,8 @@ BAD_CHAT_BODIES = [
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"stop": 5}, "stop"),
     ({"stop": [1]}, "stop"),
-    ({"n": 2}, "n"),
+    ({"n": 5}, "n"),  # more than the fake engine's 4 slots
+    ({"n": 0}, "n"),
     ({"n": True}, "n"),
     ({"frequency_penalty": 2.5}, "frequency_penalty"),
     ({"presence_penalty": -3}, "presence_penalty"),

@@ -186,3 +186,14 @@ def test_constrained_and_free_requests_share_steps_and_each_matches_alone(engine
     assert together == alone
     assert engine.tokenizer.decode(together[0]).startswith('{"a": ')
     assert [e.token for e in requests[1].logprobs] == together[1] and len(requests[1].logprobs[0].top) == 3
+
+
+def test_choices_sharing_a_copied_prompt_match_their_seeds_run_alone(engine):
+    prompt = PROMPTS[2] + [7, 8, 9]  # longer than a piece past what any slot caches now
+    seeds = [SamplingParams(max_tokens=10, temperature=0.9, seed=s) for s in (5, 6, 7)]
+    choices = [run(engine, prompt, params) for params in seeds]
+    together = [collect(r)[0] for r in choices]
+    assert [r.cached_tokens for r in choices[1:]] == [len(prompt) - 1] * 2  # copied from the first's slot
+    alone = [collect(run(engine, prompt, params))[0] for params in seeds]
+    assert together == alone
+    assert len({tuple(t) for t in together}) > 1

@@ -52,6 +52,17 @@ def test_lanes_at_different_positions_and_slots_match_their_own_sequences(tiny):
         np.testing.assert_allclose(row, ref.logits(prompt + [token])[-1], atol=1e-3, rtol=1e-3)
 
 
+def test_a_copied_prefix_continues_like_the_source_sequence(tiny):
+    model, ref = tiny
+    model.prefill(PROMPT, slot=0, start=0, chunk=16)
+    model.prefill([9, 9, 9, 9], slot=2, start=0, chunk=8)  # stale rows the copy must overwrite
+    model.copy_prefix(0, 2, len(PROMPT) - 2)
+    got = model.prefill(PROMPT[-2:], slot=2, start=len(PROMPT) - 2, chunk=8)[0]
+    np.testing.assert_allclose(got, ref.logits(PROMPT)[-1], atol=1e-3, rtol=1e-3)
+    got = model.decode([42], slots=[2], positions=[len(PROMPT)], width=1)[0]
+    np.testing.assert_allclose(got, ref.logits(PROMPT + [42])[-1], atol=1e-3, rtol=1e-3)
+
+
 def test_quantized_file_gets_an_int8_head_close_to_the_reference(tmp_path):
     use_tinygrad_from_this_thread()
     path = write_tiny_gguf(str(tmp_path / "q8.gguf"), "llama", file_type=7)  # 7: mostly Q8_0

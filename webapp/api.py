@@ -24,12 +24,15 @@ import logging
 import queue
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
+from functools import partial
 
 from flask import Blueprint, Response, current_app, jsonify, request
 
 from webapp import openai_format as fmt
 from webapp import openai_responses as responses
 from webapp import structured
+from webapp.choices import ChoiceOutputs, interleave
 from webapp.engine.constraints import GrammarError
 from webapp.engine.errors import PromptTooLong, completion_room
 from webapp.engine.request import Finished, FinishReason, Request, SamplingParams
@@ -88,27 +91,25 @@ def chat_completions():
     grammar = structured.output_grammar(body, tools, params.tool_choice, params.forced_tool)
     prompt = _render_chat(engine.chat_template, list(params.messages), tools)
     ids = _encode(engine.tokenizer, prompt)
-    req = _submit(engine, ids, params, responses.new_id("chatcmpl"), "messages", options, grammar)
-    reader = _Reader(engine, req, params.stop, _disconnected(), _lifecycle())
-    parser = OutputParser(tools, in_reasoning=opens_reasoning(prompt))
+    answer = _submit(engine, ids, params, responses.new_id("chatcmpl"), "messages", options, grammar)
+    parsers = [OutputParser(tools, in_reasoning=opens_reasoning(prompt)) for _ in answer.readers]
     model = params.model or engine.model_name
     parallel = structured.parallel_tool_calls(body)
     if params.stream:
-        events = _chat_events(reader, parser, parallel, params.include_usage, model)
-        return _event_stream(reader, events)
+        return _event_stream(answer, _chat_events(answer, parsers, parallel, params.include_usage, model))
+    choices = []
     try:
-        pieces = [piece for pieces in _parse(reader, parser, parallel) for piece in pieces]
+        for index, (reader, parser) in enumerate(zip(answer.readers, parsers)):
+            pieces = [piece for pieces in _parse(reader, parser, parallel) for piece in pieces]
+            entries = reader.request.logprobs[: reader.completion_tokens]
+            logprobs = chat_logprobs(engine.tokenizer, entries) if options.logprobs else None
+            message = responses.assistant_message(pieces)
+            choices.append(responses.chat_choice(index, message, _finish_reason(reader, parser), logprobs))
     except _ClientGone:
         return Response(status=_CLIENT_CLOSED)
     finally:
-        reader.close()
-    message = responses.assistant_message(pieces)
-    finish = _finish_reason(reader, parser)
-    body = responses.chat_completion(req.id, reader.created, model, message, finish, reader.usage())
-    if options.logprobs:
-        entries = req.logprobs[: reader.completion_tokens]
-        body["choices"][0]["logprobs"] = chat_logprobs(engine.tokenizer, entries)
-    return jsonify(body)
+        answer.close()
+    return jsonify(responses.chat_completion(answer.id, answer.created, model, choices, answer.usage()))
 
 
 def _render_chat(template, messages: list[dict], tools: list[dict] | None) -> str:
@@ -135,22 +136,22 @@ def completions():
         ids = _encode(engine.tokenizer, params.prompt)
     else:
         ids = _check_token_ids(engine.tokenizer, params.prompt)
-    req = _submit(engine, ids, params, responses.new_id("cmpl"), "prompt", options)
-    reader = _Reader(engine, req, params.stop, _disconnected(), _lifecycle())
+    answer = _submit(engine, ids, params, responses.new_id("cmpl"), "prompt", options)
     model = params.model or engine.model_name
-    echo = CompletionEcho(engine.tokenizer, req, params.prompt, options)
+    echoes = [CompletionEcho(engine.tokenizer, r.request, params.prompt, options) for r in answer.readers]
     if params.stream:
-        return _event_stream(reader, _completion_events(reader, params.include_usage, model, echo))
+        return _event_stream(answer, _completion_events(answer, echoes, params.include_usage, model))
+    choices = []
     try:
-        text = "".join(reader.texts())
+        for index, (reader, echo) in enumerate(zip(answer.readers, echoes)):
+            text = "".join(reader.texts())
+            logprobs = echo.logprobs(reader.completion_tokens)
+            choices.append(responses.completion_choice(index, echo.text + text, reader.finish_reason, logprobs))
     except _ClientGone:
         return Response(status=_CLIENT_CLOSED)
     finally:
-        reader.close()
-    finish = reader.finish_reason
-    out = responses.completion(req.id, reader.created, model, echo.text + text, finish, reader.usage())
-    out["choices"][0]["logprobs"] = echo.logprobs(reader.completion_tokens)
-    return jsonify(out)
+        answer.close()
+    return jsonify(responses.completion(answer.id, answer.created, model, choices, answer.usage()))
 
 
 def _engine():
@@ -191,12 +192,15 @@ def _submit(
     engine,
     prompt_ids: list[int],
     params: fmt.GenerationParams,
-    request_id: str,
+    answer_id: str,
     param: str,
     options: SamplingOptions,
     grammar: str | None = None,
-) -> Request:
-    """Build the engine request and queue it; QueueFull / EngineNotReady go to the app handlers."""
+) -> _Answer:
+    """Build one engine request per choice and queue them; QueueFull / EngineNotReady go to the
+    app handlers, after the choices already queued are aborted."""
+    if params.n > engine.n_slots:
+        raise ApiError(400, f"n is {params.n}; this server runs at most {engine.n_slots} sequences at once.", "n")
     try:
         room = completion_room(len(prompt_ids), engine.max_context, current_app.config.get("MAX_PROMPT_TOKENS"))
     except PromptTooLong as e:
@@ -212,17 +216,56 @@ def _submit(
         stop_token_ids=frozenset() if params.ignore_eos else frozenset(engine.tokenizer.stop_ids),
         **options.engine_fields(),
     )
-    constraint = None
-    if grammar is not None:
-        if params.ignore_eos:
-            raise ApiError(400, "ignore_eos cannot be combined with constrained output.", "ignore_eos")
-        try:
-            constraint = engine.grammars.matcher(grammar)
-        except GrammarError as e:
-            raise ApiError(400, f"The output constraint does not compile: {e}") from e
-    req = Request(prompt_ids, sampling, id=request_id, constraint=constraint)
-    engine.submit(req)
-    return req
+    if grammar is not None and params.ignore_eos:
+        raise ApiError(400, "ignore_eos cannot be combined with constrained output.", "ignore_eos")
+    outputs = ChoiceOutputs(params.n) if params.n > 1 else None
+    requests = []
+    for index in range(params.n):
+        constraint = None
+        if grammar is not None:
+            try:
+                constraint = engine.grammars.matcher(grammar)  # one each: a matcher follows its own output
+            except GrammarError as e:
+                raise ApiError(400, f"The output constraint does not compile: {e}") from e
+        if outputs is None:
+            requests.append(Request(prompt_ids, sampling, id=answer_id, constraint=constraint))
+        else:
+            # the same seed in every choice would give n copies of one answer
+            seeded = replace(sampling, seed=None if sampling.seed is None else sampling.seed + index)
+            requests.append(Request(prompt_ids, seeded, f"{answer_id}-{index}", outputs.outbox(index), constraint=constraint))
+    answer = _Answer(answer_id, engine, requests, outputs, params.stop)
+    try:
+        for req in requests:
+            engine.submit(req)
+            answer.submitted(req)
+    except Exception:
+        answer.close()
+        raise
+    return answer
+
+
+class _Answer:
+    """The readers of one API request's choices, tracked by the lifecycle until `close()`."""
+
+    def __init__(self, answer_id: str, engine, requests: list[Request], outputs: ChoiceOutputs | None, stop):
+        self.id, self.outputs = answer_id, outputs
+        self.created = int(time.time())
+        self.readers: list[_Reader] = []
+        self._make_reader = lambda index, req: _Reader(
+            engine, req, stop, _disconnected(), _lifecycle(), None if outputs is None else partial(outputs.get, index)
+        )
+
+    def submitted(self, req: Request) -> None:
+        self.readers.append(self._make_reader(len(self.readers), req))
+
+    def usage(self) -> dict:
+        first = self.readers[0].request
+        completion = sum(r.completion_tokens for r in self.readers)
+        return responses.usage(first.prompt_len, completion, first.cached_tokens)
+
+    def close(self) -> None:
+        for reader in self.readers:
+            reader.close()
 
 
 class _Reader:
@@ -242,12 +285,14 @@ class _Reader:
         stop: tuple[str, ...],
         disconnected: Callable[[], bool] | None,
         lifecycle,
+        source: Callable[[float], object] | None = None,
     ):
         self.engine = engine
         self.request = req
         self._lifecycle = lifecycle
         lifecycle.track(req)
-        self.created = int(time.time())
+        # where the outputs are read: the request's own queue, or its share of its choices' queue
+        self._source = source or (lambda timeout: req.outputs.get(timeout=timeout))
         self.completion_tokens = 0
         self.finish_reason: str | None = None
         self._stop = stop
@@ -293,13 +338,10 @@ class _Reader:
     def _next(self):
         while True:
             try:
-                return self.request.outputs.get(timeout=_POLL_S)
+                return self._source(_POLL_S)
             except queue.Empty:
                 if self._disconnected is not None and self._disconnected():
                     raise _ClientGone from None
-
-    def usage(self) -> dict:
-        return responses.usage(self.request.prompt_len, self.completion_tokens, self.request.cached_tokens)
 
     def close(self) -> None:
         self._lifecycle.forget(self.request)
@@ -314,7 +356,7 @@ def _finish_reason(reader: _Reader, parser: OutputParser) -> str:
     return reader.finish_reason
 
 
-def _event_stream(reader: _Reader, events: Iterator[str]) -> Response:
+def _event_stream(answer: _Answer, events: Iterator[str]) -> Response:
     def stream():
         try:
             yield from events
@@ -322,28 +364,51 @@ def _event_stream(reader: _Reader, events: Iterator[str]) -> Response:
             pass
         except Exception:
             # The status line is long gone; the client can only learn of a bug from the stream.
-            log.exception("streaming %s failed", reader.request.id)
+            log.exception("streaming %s failed", answer.id)
             yield responses.sse(fmt.error_body("Internal server error.", "server_error", None, "internal_error"))
             yield responses.SSE_DONE
         finally:
-            # Under Waitress a closed connection surfaces here as GeneratorExit: free the slot.
-            reader.close()
+            # Under Waitress a closed connection surfaces here as GeneratorExit: free the slots.
+            answer.close()
 
     response = Response(stream(), mimetype="text/event-stream")
     response.headers["Cache-Control"] = "no-cache"
     response.headers["X-Accel-Buffering"] = "no"  # reverse proxies must not buffer the stream
     # A generator that is closed before it ever started runs no `finally`; this still aborts.
-    response.call_on_close(reader.close)
+    response.call_on_close(answer.close)
     return response
 
 
-def _chat_events(reader: _Reader, parser: OutputParser, parallel: bool, include_usage: bool, model: str) -> Iterator[str]:
-    rid, created, req = reader.request.id, reader.created, reader.request
+def _ending(answer: _Answer, choices: Iterator[str], usage_chunk: Callable[[dict], dict] | None) -> Iterator[str]:
+    """The choices' events, then the usage chunk when asked, then `[DONE]`; an engine failure
+    becomes an error event instead."""
+    try:
+        yield from choices
+    except ApiError as e:
+        yield responses.sse(e.body())
+        yield responses.SSE_DONE
+        return
+    if usage_chunk is not None:
+        yield responses.sse(usage_chunk(answer.usage()))
+    yield responses.SSE_DONE
+
+
+def _chat_events(answer: _Answer, parsers: list[OutputParser], parallel: bool, include_usage: bool, model: str) -> Iterator[str]:
+    streams = [
+        _chat_choice_events(answer, index, reader, parser, parallel, model)
+        for index, (reader, parser) in enumerate(zip(answer.readers, parsers))
+    ]
+    usage = partial(responses.chat_usage_chunk, answer.id, answer.created, model) if include_usage else None
+    return _ending(answer, interleave(streams, answer.outputs), usage)
+
+
+def _chat_choice_events(answer: _Answer, index: int, reader: _Reader, parser: OutputParser, parallel: bool, model: str) -> Iterator[str]:
+    req = reader.request
     sent = 0  # output tokens whose logprobs went out already
 
     def chunk(delta: dict, finish_reason: str | None = None) -> str:
         nonlocal sent
-        body = responses.chat_chunk(rid, created, model, delta, finish_reason)
+        body = responses.chat_chunk(answer.id, answer.created, model, delta, finish_reason, index)
         if req.params.logprobs and delta.keys() != {"role", "content"}:
             entries, sent = req.logprobs[sent : reader.completion_tokens], reader.completion_tokens
             if entries:
@@ -353,19 +418,11 @@ def _chat_events(reader: _Reader, parser: OutputParser, parallel: bool, include_
     # Sent before any token so the client sees the stream open even during a long prefill.
     yield chunk({"role": "assistant", "content": ""})
     tool_index = 0
-    try:
-        for pieces in _parse(reader, parser, parallel):
-            for piece in pieces:
-                yield chunk(responses.chat_delta(piece, tool_index))
-                tool_index += piece.kind == "tool_call"
-    except ApiError as e:
-        yield responses.sse(e.body())
-        yield responses.SSE_DONE
-        return
+    for pieces in _parse(reader, parser, parallel):
+        for piece in pieces:
+            yield chunk(responses.chat_delta(piece, tool_index))
+            tool_index += piece.kind == "tool_call"
     yield chunk({}, _finish_reason(reader, parser))
-    if include_usage:
-        yield responses.sse(responses.chat_usage_chunk(rid, created, model, reader.usage()))
-    yield responses.SSE_DONE
 
 
 def _parse(reader: _Reader, parser: OutputParser, parallel: bool) -> Iterator[list[Piece]]:
@@ -382,13 +439,20 @@ def _parse(reader: _Reader, parser: OutputParser, parallel: bool) -> Iterator[li
     yield [p for p in parser.finish() if keep(p)]
 
 
-def _completion_events(reader: _Reader, include_usage: bool, model: str, echo: CompletionEcho) -> Iterator[str]:
-    rid, created = reader.request.id, reader.created
+def _completion_events(answer: _Answer, echoes: list[CompletionEcho], include_usage: bool, model: str) -> Iterator[str]:
+    streams = [
+        _completion_choice_events(answer, index, reader, echo, model) for index, (reader, echo) in enumerate(zip(answer.readers, echoes))
+    ]
+    usage = partial(responses.completion_usage_chunk, answer.id, answer.created, model) if include_usage else None
+    return _ending(answer, interleave(streams, answer.outputs), usage)
+
+
+def _completion_choice_events(answer: _Answer, index: int, reader: _Reader, echo: CompletionEcho, model: str) -> Iterator[str]:
     offset = 0  # where the next chunk's text starts in the whole choice's text
 
     def chunk(text: str, finish_reason: str | None = None, scored: bool = True, upto=None) -> str:
         nonlocal offset
-        body = responses.completion_chunk(rid, created, model, text, finish_reason)
+        body = responses.completion_chunk(answer.id, answer.created, model, text, finish_reason, index)
         if scored:
             tokens = reader.completion_tokens if upto is None else upto
             body["choices"][0]["logprobs"] = echo.logprobs(tokens, offset)
@@ -396,21 +460,13 @@ def _completion_events(reader: _Reader, include_usage: bool, model: str, echo: C
         return responses.sse(body)
 
     yield chunk("", scored=False)
-    try:
-        echoed = False
-        for text in reader.texts():
-            if not echoed:  # the prompt is scored once its first output arrives
-                echoed = True
-                if echo.text:
-                    yield chunk(echo.text, upto=0)
-            yield chunk(text)
-        if not echoed and echo.text:
-            yield chunk(echo.text)
-    except ApiError as e:
-        yield responses.sse(e.body())
-        yield responses.SSE_DONE
-        return
+    echoed = False
+    for text in reader.texts():
+        if not echoed:  # the prompt is scored once its first output arrives
+            echoed = True
+            if echo.text:
+                yield chunk(echo.text, upto=0)
+        yield chunk(text)
+    if not echoed and echo.text:
+        yield chunk(echo.text)
     yield chunk("", reader.finish_reason)
-    if include_usage:
-        yield responses.sse(responses.completion_usage_chunk(rid, created, model, reader.usage()))
-    yield responses.SSE_DONE

@@ -144,6 +144,7 @@ class GenerationParams:
     stream: bool = False
     include_usage: bool = False
     ignore_eos: bool = False
+    n: int = 1  # choices: the API checks it against the engine's slot count
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -230,8 +231,6 @@ def _reject_unknown(body: dict, known: frozenset[str]) -> None:
 
 
 def _generation_fields(body: dict) -> dict:
-    if _opt_int(body, "n", minimum=1) not in (None, 1):
-        raise ApiError(400, "Only n=1 is supported.", "n")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, f"'model' must be a string, not {_json_type(model)}.", "model")
@@ -252,6 +251,7 @@ def _generation_fields(body: dict) -> dict:
         stream=stream,
         include_usage=stream and include_usage,
         ignore_eos=_opt_bool(body, "ignore_eos", False),
+        n=_opt_int(body, "n", minimum=1) or 1,
     )
 
 

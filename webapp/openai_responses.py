@@ -48,8 +48,8 @@ def _envelope(object: str, id: str, created: int, model: str, choices: list, **e
     }
 
 
-def chat_chunk(id: str, created: int, model: str, delta: dict, finish_reason=None) -> dict:
-    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+def chat_chunk(id: str, created: int, model: str, delta: dict, finish_reason=None, index: int = 0) -> dict:
+    choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
     return _envelope("chat.completion.chunk", id, created, model, [choice])
 
 
@@ -81,22 +81,28 @@ def assistant_message(pieces: list[Piece]) -> dict:
     return message
 
 
-def chat_completion(id, created, model, message: dict, finish_reason: str, usage: dict) -> dict:
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
-    return _envelope("chat.completion", id, created, model, [choice], usage=usage)
+def chat_choice(index: int, message: dict, finish_reason: str, logprobs: dict | None = None) -> dict:
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def completion_chunk(id: str, created: int, model: str, text: str, finish_reason=None) -> dict:
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-    return _envelope("text_completion", id, created, model, [choice])
+def chat_completion(id, created, model, choices: list[dict], usage: dict) -> dict:
+    return _envelope("chat.completion", id, created, model, choices, usage=usage)
+
+
+def completion_choice(index: int, text: str, finish_reason=None, logprobs: dict | None = None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def completion_chunk(id: str, created: int, model: str, text: str, finish_reason=None, index: int = 0) -> dict:
+    return _envelope("text_completion", id, created, model, [completion_choice(index, text, finish_reason)])
 
 
 def completion_usage_chunk(id: str, created: int, model: str, usage: dict) -> dict:
     return _envelope("text_completion", id, created, model, [], usage=usage)
 
 
-def completion(id, created, model, text: str, finish_reason: str, usage: dict) -> dict:
-    return {**completion_chunk(id, created, model, text, finish_reason), "usage": usage}
+def completion(id, created, model, choices: list[dict], usage: dict) -> dict:
+    return _envelope("text_completion", id, created, model, choices, usage=usage)
 
 
 def new_id(prefix: str) -> str:

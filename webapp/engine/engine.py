@@ -226,6 +226,13 @@ class Engine:
             return
         request, tokens, start = work
         try:
+            shared = self.scheduler.prefix_elsewhere(request)
+            if shared is not None:
+                source, length = shared
+                self.loaded.runner.copy_prefix(request, source.index, length)
+                self.metrics.on_cached(length - request.cached_tokens)
+                self.scheduler.copied(request, length)
+                request, tokens, start = self.scheduler.next_prefill()
             if request.params.prompt_logprobs is None:
                 logits = self.loaded.runner.prefill(request, tokens, start)
             else:

@@ -138,6 +138,11 @@ class EngineMetrics:
         self.timeline.add(now, CACHED, request.cached_tokens)
         self.queue_time.observe(now - request.submitted_at)
 
+    def on_cached(self, n: int) -> None:
+        """n more prompt tokens of an admitted request came from a cache, copied from another slot."""
+        self.cached_tokens += n
+        self.timeline.add(self.clock(), CACHED, n)
+
     def on_prefill(self, n: int) -> None:
         self.prefill_tokens += n
         self.timeline.add(self.clock(), PREFILL, n)

@@ -237,6 +237,8 @@ class Transformer:
         self.v_length = UOp.variable("length", 1, context)
         self._prefill_jits: dict[int, TinyJit] = {}
         self._decode_jits: dict[int, TinyJit] = {}
+        self._copy_jit: TinyJit | None = None
+        self.v_source = UOp.variable("source", 0, slots)
         self._inputs = _StepInputs()
         # one realize for every derived weight and cache: 150 separate ones took ~40% of loading
         derived = [*self.embed.tensors(), self.output_norm, *self.head.tensors(), self.key_positions, self.inv_freq]
@@ -278,6 +280,20 @@ class Transformer:
         padded = self._inputs.fill("prefill tokens", [tokens + [0] * (chunk - n)], dtypes.int32)
         last = self._inputs.fill("prefill last", [[float(i == n - 1) for i in range(chunk)]], dtypes.float32)
         return jit(padded, last, self.v_slot.bind(slot), self.v_start.bind(start)).numpy()
+
+    def _copy_prefix(self, source: UOp, target: UOp, length: UOp) -> None:
+        for block in self.blocks:
+            # staged through a buffer of its own: source and target rows live in one cache tensor
+            rows = block.cache[:, source, :, 0:length, :].contiguous()
+            block.cache[:, target, :, 0:length, :].assign(rows)
+        Tensor.realize(*(block.cache for block in self.blocks))
+
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        """Copy the K/V of positions 0..length-1 from slot `source` to slot `target`, every layer."""
+        assert source != target and 0 < length <= self.context
+        if self._copy_jit is None:
+            self._copy_jit = _capturing_jit(self._copy_prefix)
+        self._copy_jit(self.v_source.bind(source), self.v_slot.bind(target), self.v_length.bind(length))
 
     def decode(self, tokens: list[int], slots: list[int], positions: list[int], width: int) -> np.ndarray:
         """One token for each lane; lanes past len(tokens) are padding written to the scratch slot."""

@@ -32,6 +32,9 @@ class Runner(Protocol):
     def decode(self, batch: list[Request], positions: list[int]) -> np.ndarray:
         """Feed each request's last output token at its position; logits (len(batch), vocab)."""
 
+    def copy_prefix(self, request: Request, source_slot: int, length: int) -> None:
+        """Copy the K/V of positions 0..length-1 from `source_slot` into `request`'s slot."""
+
     def warm_up(self, progress: Callable[[str], None]) -> float:
         """Compile everything the steps will run, reporting through `progress`; the seconds it took."""
 
@@ -88,6 +91,9 @@ class ModelRunner:
         logits = self.model.decode(tokens, [r.slot for r in batch], positions, width)
         return logits[: len(batch)]
 
+    def copy_prefix(self, request: Request, source_slot: int, length: int) -> None:
+        self.model.copy_prefix(source_slot, request.slot, length)
+
     def warm_up(self, progress=log.info) -> float:
         """Compile every kernel the server will run, on the scratch slot, before any user arrives."""
         from tinygrad.engine.worker import terminate_worker_pool
@@ -112,4 +118,6 @@ class ModelRunner:
             for _ in range(2):
                 self.model.decode([0], [scratch], [0], width)
             progress(f"warm-up: decode width {width} ready ({time.monotonic() - started:.1f} s)")
+        for _ in range(2):
+            self.model.copy_prefix(0, scratch, 1)
         return time.monotonic() - started
