@@ -158,3 +158,35 @@ def test_kernels_run_inside_a_captured_tinygrad_step():
         ids = np.array([i, 49 - i], np.int32)
         got = step(Tensor(x).realize(), Tensor(ids).realize()).numpy()
         np.testing.assert_allclose(got, quantize_activations(2 * x) @ w.T + w[ids][:, :50], rtol=1e-4, atol=1e-3)
+
+
+def test_decode_attention_writes_the_new_keys_then_matches_numpy(library):
+    """Each lane writes its key and value at its position, rounded to float16 as NumPy rounds, then
+    attends its own slot's float16 keys and values up to that position."""
+    rng = np.random.default_rng(11)
+    lanes_n, heads, kv_heads, slots, positions, head_dim = 3, 6, 2, 4, 40, 64
+    slot_of, pos_of = [2, 0, 3], [17, 0, 39]
+    lanes = np.array(slot_of + pos_of, np.int32)
+    shape = np.array([lanes_n, heads, kv_heads, slots, positions, head_dim], np.int32)
+    q = rng.standard_normal((lanes_n, heads, head_dim)).astype(np.float32)
+    got = np.empty((lanes_n, heads, head_dim), np.float32)
+
+    def step(cache, kv):
+        expected = cache.copy()
+        for b, (slot, pos) in enumerate(zip(slot_of, pos_of)):
+            with np.errstate(over="ignore"):
+                expected[:, slot, :, pos] = kv[:, b].astype(np.float16)
+        library.tq_attend(_ptr(got), _ptr(q), _ptr(kv), _ptr(cache), _ptr(lanes), _ptr(shape))
+        np.testing.assert_array_equal(cache.view(np.uint16), expected.view(np.uint16))
+
+    cache = rng.standard_normal((2, slots, kv_heads, positions, head_dim)).astype(np.float16)
+    extremes = np.zeros((2, lanes_n, kv_heads, head_dim), np.float32)
+    extremes[0, 0, 0, :8] = [1e-7, -3e-6, 6e-5, 7e4, 65519, 2049, 2051, np.nan]  # subnormals, overflow, ties
+    step(cache, extremes)
+    step(cache, (rng.standard_normal((2, lanes_n, kv_heads, head_dim)) * 3).astype(np.float32))
+    for b, (slot, pos) in enumerate(zip(slot_of, pos_of)):
+        for h in range(heads):
+            k, v = (cache[i, slot, h // (heads // kv_heads), : pos + 1].astype(np.float64) for i in (0, 1))
+            scores = k @ q[b, h] / np.sqrt(head_dim)
+            probs = np.exp(scores - scores.max())
+            np.testing.assert_allclose(got[b, h], probs / probs.sum() @ v, rtol=1e-4, atol=1e-5)

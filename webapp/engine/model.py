@@ -138,6 +138,7 @@ class Block:
         self.gate_up = weights.linear(p + "ffn_gate.weight", p + "ffn_up.weight")  # D -> 2*F
         self.attn_output = weights.linear(p + "attn_output.weight")  # H*Hd -> D
         self.down = weights.linear(p + "ffn_down.weight")  # F -> D
+        self.kernels = weights.kernels  # decode attention runs on the CPU kernels' pool when they are loaded
         # (k|v, slot, kv_head, position, head_dim); the extra last slot is scratch for padding lanes.
         self.cache = Tensor.zeros(2, slots + 1, config.n_kv_heads, context, config.head_dim, dtype=kv_dtype).contiguous()
 
@@ -182,13 +183,20 @@ class Block:
         mixed = (gate_up[..., :hidden].silu() * gate_up[..., hidden:]).contiguous()
         return (h + self.down(mixed)).contiguous()
 
-    def prefill(self, x: Tensor, slot: UOp, start: UOp, rotary: tuple[Tensor, Tensor], mask: Tensor) -> Tensor:
-        """x (1, T, D) for positions start..start+T-1 of the sequence in `slot`."""
+    def prefill(self, x: Tensor, slot: UOp, start: UOp, rotary: tuple[Tensor, Tensor], mask: Tensor, lanes: Tensor) -> Tensor:
+        """x (1, T, D) for positions start..start+T-1 of the sequence in `slot`; `lanes` holds the
+        slot T times, then the positions, as an int32 tensor for the CPU attention kernel."""
         T = x.shape[1]
         q, k, v = self._qkv(rms_norm(x, self.w["attn_norm.weight"], self.c.norm_eps))
         # contiguous after RoPE: fusing RoPE into symbolic-length attention overflows tinygrad's rewriter
         q = rope(q, *rotary).contiguous()
         k = rope(k, *rotary)
+        if self.kernels is not None:
+            # the decode step's kernel, each token a lane of the same slot: prefill and decode then
+            # compute a position's logits identically, so prompt scoring equals generation
+            kv = Tensor.stack(k[0], v[0]).permute(0, 2, 1, 3)  # (2, T, KvH, Hd)
+            attn = self.kernels.attend(q[0].transpose(0, 1), kv, self.cache, lanes)  # (T, H*Hd)
+            return self._ffn_and_out(x, attn.reshape(1, T, -1))
         kv = Tensor.stack(k[0], v[0]).cast(self.cache.dtype)  # (2, KvH, T, Hd)
         store = self.cache[:, slot, :, start : start + T, :].uop.store(kv.uop)
         cache = Tensor(self.cache.uop.after(store))
@@ -196,11 +204,21 @@ class Block:
         values = cache[1, slot, :, 0 : start + T, :].unsqueeze(0).float()
         return self._ffn_and_out(x, self._attend(q, keys, values, mask))
 
-    def decode(self, x: Tensor, slots: list[UOp], positions: list[UOp], rotary: tuple[Tensor, Tensor], length: UOp, mask: Tensor) -> Tensor:
-        """x (B, 1, D): lane b is at position positions[b] of the sequence in slots[b]; keys read up to `length`."""
+    def decode(
+        self, x: Tensor, slots: list[UOp], positions: list[UOp], rotary: tuple[Tensor, Tensor], length: UOp, mask: Tensor, lanes: Tensor
+    ) -> Tensor:
+        """x (B, 1, D): lane b is at position positions[b] of the sequence in slots[b]; keys read up to `length`.
+        `lanes` holds the same slots and positions as an int32 tensor, for the CPU attention kernel."""
         q, k, v = self._qkv(rms_norm(x, self.w["attn_norm.weight"], self.c.norm_eps))
         q = rope(q, *rotary).contiguous()
         k = rope(k, *rotary)
+        if self.kernels is not None:
+            # cache writes and every (lane, head) pair's attention in one kernel on the pool, reading
+            # the cache in place: tinygrad copied each lane's keys and values out and ran on one
+            # core, and a step's 240 cache stores cost ~40 s of scheduling at warm-up
+            B = x.shape[0]
+            attn = self.kernels.attend(q[:, :, 0], Tensor.stack(k, v)[:, :, :, 0], self.cache, lanes)
+            return self._ffn_and_out(x, attn.reshape(B, 1, -1))
         kv = Tensor.stack(k, v).cast(self.cache.dtype)  # (2, B, KvH, 1, Hd)
         stores = [self.cache[:, s, :, p : p + 1, :].uop.store(kv[:, b].contiguous().uop) for b, (s, p) in enumerate(zip(slots, positions))]
         cache = Tensor(self.cache.uop.after(*stores))
@@ -248,17 +266,19 @@ class Transformer:
         """x (B, D) -> (B, vocab) float32 logits."""
         return self.head(rms_norm(x, self.output_norm, self.config.norm_eps).contiguous())
 
-    def _prefill(self, tokens: Tensor, last: Tensor, slot: UOp, start: UOp) -> Tensor:
+    def _prefill(self, tokens: Tensor, last: Tensor, lanes: Tensor, slot: UOp, start: UOp) -> Tensor:
         positions = Tensor.arange(tokens.shape[1]) + start  # (T,)
         keys = self.key_positions[0 : start + tokens.shape[1]]
         mask = (keys.reshape(1, -1) > positions.reshape(-1, 1)).where(float("-inf"), 0.0).unsqueeze(0).contiguous()  # (1, T, S)
         rotary = rotation(positions, self.inv_freq)
         x = self.embed(tokens)  # (1, T, D)
         for block in self.blocks:
-            x = block.prefill(x, slot, start, rotary, mask)
+            # realized layer by layer: the jit records each piece, and scheduling the whole step as
+            # one graph cost time quadratic in its layers (tinygrad's store-hazard walk per store)
+            x = block.prefill(x, slot, start, rotary, mask, lanes).realize()
         return self._logits(last @ x[0]).realize()  # (1, T) one-hot @ (T, D) -> (1, vocab)
 
-    def _decode(self, tokens: Tensor, pos: Tensor, length: UOp, *lanes: UOp) -> Tensor:
+    def _decode(self, tokens: Tensor, pos: Tensor, lanes_in: Tensor, length: UOp, *lanes: UOp) -> Tensor:
         width = tokens.shape[0]
         slots, positions = list(lanes[:width]), list(lanes[width:])
         keys = self.key_positions[0:length].reshape(1, 1, -1)
@@ -266,7 +286,7 @@ class Transformer:
         rotary = rotation(pos.reshape(-1, 1, 1), self.inv_freq)  # (B, 1, 1, half): broadcast over heads
         x = self.embed(tokens).reshape(width, 1, -1)  # (B, 1, D)
         for block in self.blocks:
-            x = block.decode(x, slots, positions, rotary, length, mask)
+            x = block.decode(x, slots, positions, rotary, length, mask, lanes_in).realize()  # as in _prefill
         return self._logits(x[:, 0, :]).realize()  # (B, vocab)
 
     def prefill(self, tokens: list[int], slot: int, start: int, chunk: int) -> np.ndarray:
@@ -279,7 +299,8 @@ class Transformer:
             jit = self._prefill_jits[chunk] = _capturing_jit(self._prefill)
         padded = self._inputs.fill("prefill tokens", [tokens + [0] * (chunk - n)], dtypes.int32)
         last = self._inputs.fill("prefill last", [[float(i == n - 1) for i in range(chunk)]], dtypes.float32)
-        return jit(padded, last, self.v_slot.bind(slot), self.v_start.bind(start)).numpy()
+        lanes = self._inputs.fill("prefill lanes", [slot] * chunk + list(range(start, start + chunk)), dtypes.int32)
+        return jit(padded, last, lanes, self.v_slot.bind(slot), self.v_start.bind(start)).numpy()
 
     def _copy_prefix(self, source: UOp, target: UOp, length: UOp) -> None:
         for block in self.blocks:
@@ -307,11 +328,12 @@ class Transformer:
         lanes = [UOp.variable(f"slot{b}", 0, self.slots).bind(s) for b, s in enumerate(slots)]
         lanes += [UOp.variable(f"pos{b}", 0, self.context - 1).bind(p) for b, p in enumerate(positions)]
         length = self.v_length.bind(max(positions) + 1)
-        tokens_in, positions_in = (
+        tokens_in, positions_in, lanes_in = (
             self._inputs.fill("decode tokens", tokens, dtypes.int32),
             self._inputs.fill("decode positions", positions, dtypes.int32),
+            self._inputs.fill("decode lanes", slots + positions, dtypes.int32),
         )
-        return jit(tokens_in, positions_in, length, *lanes).numpy()
+        return jit(tokens_in, positions_in, lanes_in, length, *lanes).numpy()
 
 
 class _StepInputs:

@@ -120,7 +120,7 @@ class QuantizedCPU:
         self.library, self.threads, self.simd = library, threads, simd
         self._shapes: dict[tuple, Tensor] = {}
         self._programs: dict[str, bytes] = {}
-        for name in ("tq_linear", "tq_embed"):
+        for name in ("tq_linear", "tq_embed", "tq_attend"):
             address = ctypes.cast(getattr(library, name), ctypes.c_void_p).value
             self._programs[name] = _trampoline(address)
         library.tq_start(ctypes.c_long(threads), ctypes.c_long(SPIN_US))
@@ -190,3 +190,15 @@ class QuantizedCPU:
         return self._call("tq_embed", out, weight.raw, ids.reshape(tokens).cast(dtypes.int32).contiguous(), shape).reshape(
             *lead, weight.cols
         )
+
+    def attend(self, q: Tensor, kv: Tensor, cache: Tensor, lanes: Tensor) -> Tensor:
+        """Attention for B lanes (a decode step's sequences, or a prefill piece's tokens). Writes kv
+        (2, B, kv_heads, Hd), each lane's new key and value, into the float16 KV cache (2, slots,
+        kv_heads, positions, Hd), then attends q (B, H, Hd) over it; lanes (2B,) int32 = each
+        lane's slot, then its position (it attends positions 0..pos). -> (B, H*Hd) float32."""
+        B, H, Hd = q.shape
+        _, slots, kv_heads, positions, _ = cache.shape
+        out = Tensor.empty(B, H, Hd, dtype=dtypes.float32)
+        shape = self._shape(B, H, kv_heads, slots, positions, Hd)
+        q, kv = q.cast(dtypes.float32).contiguous(), kv.cast(dtypes.float32).contiguous()
+        return self._call("tq_attend", out, q, kv, cache, lanes, shape).reshape(B, H * Hd)

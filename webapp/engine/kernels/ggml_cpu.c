@@ -6,6 +6,8 @@
  *                                and shape = {type, rows, cols, tokens} (int32).
  *   tq_embed(out, w, ids, shape) out[t] = W[ids[t]] dequantized; shape = {type, rows, cols, tokens}.
  *   tq_start(threads, spin_us)   sizes the thread pool; called once from Python before any product.
+ *   tq_attend(out, q, kv, cache, lanes, shape)  one decode step: writes each lane's new key and value
+ *                                into the float16 KV cache, then attends over it.
  * out and x are float32, row-major; every argument arrives as a 64-bit word, as tinygrad's CPU worker
  * passes them to a program.
  *
@@ -325,10 +327,17 @@ static void row_dot(int type, const uint8_t *w, int cols, const xblock *const *x
  * ~120 products microseconds apart) before sleeping on the condition variable. */
 
 typedef struct {
-  int type, rows, cols, tokens, chunk;
+  int type, rows, cols, tokens;
   float *out;
   const uint8_t *w;
   const xblock *x;
+} linear_t;
+
+/* A job: run(ctx, first, last) over items [0, items), handed out `chunk` at a time. */
+typedef struct {
+  void (*run)(const void *ctx, int first, int last);
+  const void *ctx;
+  int items, chunk;
 } job_t;
 
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER, job_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -338,7 +347,7 @@ static long spin_ns = 100000;
 static job_t jobs[2];            /* the current job and the one before, indexed by generation */
 static unsigned generation;      /* bumped to publish a job */
 static uint64_t claim;           /* generation << 32 | next unclaimed row */
-static int rows_done;
+static int items_done;
 
 static long now_ns(void) {
   struct timespec ts;
@@ -352,7 +361,8 @@ static inline void relax(void) {
 #endif
 }
 
-static void run_rows(const job_t *j, int first, int last) {
+static void run_rows(const void *ctx, int first, int last) {
+  const linear_t *j = ctx;
   const int nb = j->cols / 32;
   const size_t row_bytes = (size_t)j->cols / block_values(j->type) * block_bytes(j->type);
 #if TQ_AVX2
@@ -382,16 +392,16 @@ static void run_rows(const job_t *j, int first, int last) {
 }
 
 /* Claim and run chunks of generation g's job until none is left (or a newer job was published). */
-static void take_rows(unsigned g) {
+static void take_items(unsigned g) {
   const job_t j = jobs[g & 1];
   for (;;) {
     uint64_t c = __atomic_load_n(&claim, __ATOMIC_ACQUIRE);
     const int first = (int)(c & 0xffffffffu);
-    if ((unsigned)(c >> 32) != g || first >= j.rows) return;
-    const int last = first + j.chunk < j.rows ? first + j.chunk : j.rows;
+    if ((unsigned)(c >> 32) != g || first >= j.items) return;
+    const int last = first + j.chunk < j.items ? first + j.chunk : j.items;
     if (!__atomic_compare_exchange_n(&claim, &c, ((uint64_t)g << 32) | (uint64_t)last, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;
-    run_rows(&j, first, last);
-    __atomic_fetch_add(&rows_done, last - first, __ATOMIC_RELEASE);
+    j.run(j.ctx, first, last);
+    __atomic_fetch_add(&items_done, last - first, __ATOMIC_RELEASE);
   }
 }
 
@@ -414,7 +424,7 @@ static void *worker(void *unused) {
       }
     }
     seen = g;
-    take_rows(g);
+    take_items(g);
   }
   return 0;
 }
@@ -435,17 +445,17 @@ void tq_start(long threads, long spin_us) {
 }
 
 static void run_job(const job_t *j) {
-  pthread_mutex_lock(&job_lock); /* products from two tinygrad devices would otherwise share the pool */
+  pthread_mutex_lock(&job_lock); /* jobs from two tinygrad devices would otherwise share the pool */
   const unsigned g = generation + 1;
   jobs[g & 1] = *j;
-  __atomic_store_n(&rows_done, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&items_done, 0, __ATOMIC_RELAXED);
   __atomic_store_n(&claim, (uint64_t)g << 32, __ATOMIC_RELEASE);
   pthread_mutex_lock(&pool_lock);
   __atomic_store_n(&generation, g, __ATOMIC_RELEASE);
   pthread_cond_broadcast(&wake);
   pthread_mutex_unlock(&pool_lock);
-  take_rows(g);
-  while (__atomic_load_n(&rows_done, __ATOMIC_ACQUIRE) < j->rows) relax();
+  take_items(g);
+  while (__atomic_load_n(&items_done, __ATOMIC_ACQUIRE) < j->items) relax();
   pthread_mutex_unlock(&job_lock);
 }
 
@@ -469,7 +479,103 @@ void tq_linear(float *out, const uint8_t *w, const float *x, const int32_t *shap
   /* ~8 chunks a thread balances load without making the counter hot */
   int chunk = rows / (8 * (n_workers + 1));
   chunk = chunk < 16 ? 16 : chunk - chunk % 16;
-  const job_t j = {type, rows, cols, tokens, chunk, out, w, xq8};
+  const linear_t lin = {type, rows, cols, tokens, out, w, xq8};
+  const job_t j = {run_rows, &lin, rows, chunk};
+  run_job(&j);
+}
+
+/* ---- decode attention ------------------------------------------------------------------------ */
+/* First kv (2, lanes, kv_heads, Hd) float32 goes to K and V [slot_b][*][pos_b] of the float16 KV cache
+ * (2, slots, kv_heads, positions, Hd); then out[b][h] = softmax(q[b][h] . K[slot_b][kv(h)][0..pos_b] /
+ * sqrt(Hd)) . V[slot_b][kv(h)][0..pos_b] for every lane b and query head h, reading the cache in
+ * place: one (lane, head) pair per item over the pool. shape = {lanes, heads, kv_heads, slots,
+ * positions, head_dim}; lanes_in = {slot_0.., pos_0..}. Writing and reading in one kernel keeps the
+ * order of the two inside the kernel, where tinygrad cannot reorder them. */
+
+/* float32 -> float16, rounding to nearest even as a hardware or compiler conversion does, so a key
+ * written here equals the same key written by tinygrad's cast during prefill. */
+static uint16_t half_from_float(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  const uint16_t sign = (x >> 16) & 0x8000;
+  x &= 0x7fffffffu;
+  if (x >= 0x7f800000u) return sign | 0x7c00 | (x > 0x7f800000u ? 0x200 : 0); /* inf, nan */
+  if (x >= 0x477ff000u) return sign | 0x7c00;                                   /* rounds past 65504 */
+  if (x < 0x38800000u) { /* below 2^-14: a subnormal half, in units of 2^-24 */
+    float magnitude;
+    memcpy(&magnitude, &x, 4);
+    return sign | (uint16_t)__builtin_rintf(magnitude * 16777216.0f);
+  }
+  return sign | (uint16_t)((x + 0xfffu + ((x >> 13) & 1u) - 0x38000000u) >> 13);
+}
+
+typedef struct {
+  float *out;
+  const float *q;
+  const uint16_t *cache;
+  const int32_t *shape, *lanes;
+} attend_t;
+
+static float half_to_float(uint16_t h) {
+  uint8_t b[2];
+  memcpy(b, &h, 2);
+  return fp16(b);
+}
+
+static void run_attend(const void *ctx, int first, int last) {
+  const attend_t *a = ctx;
+  const int B = a->shape[0], H = a->shape[1], KvH = a->shape[2], S = a->shape[3], C = a->shape[4], Hd = a->shape[5];
+  const size_t plane = (size_t)S * KvH * C * Hd; /* keys, then values */
+  float *scores = malloc(sizeof(float) * C);
+  for (int item = first; item < last; item++) {
+    const int b = item / H, h = item % H, kvh = h / (H / KvH), slot = a->lanes[b], pos = a->lanes[B + b];
+    const float *q = a->q + (size_t)item * Hd;
+    const uint16_t *k = a->cache + (((size_t)slot * KvH + kvh) * C) * Hd, *v = k + plane;
+    const float scale = 1.0f / sqrtf((float)Hd);
+    float top = -INFINITY;
+    for (int j = 0; j <= pos; j++) {
+      float dot = 0.0f;
+#if TQ_AVX2
+      __m256 acc = _mm256_setzero_ps();
+      int i = 0;
+      for (; i + 8 <= Hd; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + (size_t)j * Hd + i))), acc);
+      dot = hsum(acc);
+      for (; i < Hd; i++) dot += q[i] * half_to_float(k[(size_t)j * Hd + i]);
+#else
+      for (int i = 0; i < Hd; i++) dot += q[i] * half_to_float(k[(size_t)j * Hd + i]);
+#endif
+      scores[j] = dot * scale;
+      top = scores[j] > top ? scores[j] : top;
+    }
+    float total = 0.0f;
+    for (int j = 0; j <= pos; j++) total += (scores[j] = expf(scores[j] - top));
+    float *o = a->out + (size_t)item * Hd;
+    for (int i = 0; i < Hd; i++) o[i] = 0.0f;
+    for (int j = 0; j <= pos; j++) {
+      const float p = scores[j] / total;
+      int i = 0;
+#if TQ_AVX2
+      for (; i + 8 <= Hd; i += 8)
+        _mm256_storeu_ps(o + i, _mm256_fmadd_ps(_mm256_set1_ps(p), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + (size_t)j * Hd + i))), _mm256_loadu_ps(o + i)));
+#endif
+      for (; i < Hd; i++) o[i] += p * half_to_float(v[(size_t)j * Hd + i]);
+    }
+  }
+  free(scores);
+}
+
+void tq_attend(float *out, const float *q, const float *kv, uint16_t *cache, const int32_t *lanes, const int32_t *shape) {
+  const int B = shape[0], KvH = shape[2], S = shape[3], C = shape[4], Hd = shape[5];
+  for (int half = 0; half < 2; half++)
+    for (int b = 0; b < B; b++)
+      for (int h = 0; h < KvH; h++) {
+        const float *from = kv + (((size_t)half * B + b) * KvH + h) * Hd;
+        uint16_t *to = cache + ((((size_t)half * S + lanes[b]) * KvH + h) * C + lanes[B + b]) * Hd;
+        for (int i = 0; i < Hd; i++) to[i] = half_from_float(from[i]);
+      }
+  const attend_t a = {out, q, cache, shape, lanes};
+  const job_t j = {run_attend, &a, shape[0] * shape[1], 1};
   run_job(&j);
 }
 
