@@ -145,3 +145,22 @@ assert "HCQ2" not in os.environ and HCQ2Compiled._wait_signal is not _wait_witho
     for code in (script, untouched):
         done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("matrix_type", ["Q4_1", "Q8_0", None])
+def test_the_tensor_table_reads_what_gguf_reads(tmp_path, matrix_type):
+    from gguf import GGUFReader
+
+    from webapp.engine.weights import read_tensor_table
+
+    path = write_tiny_gguf(str(tmp_path / "t.gguf"), "qwen2", matrix_type=matrix_type)
+    table = read_tensor_table(path)
+    matrices = [t for t in GGUFReader(path).tensors if len(t.shape) == 2]
+    assert set(table) == {t.name for t in matrices}
+    for tensor in matrices:
+        raw = table[tensor.name]
+        assert (raw.ggml_type, raw.cols, raw.rows) == (int(tensor.tensor_type), *map(int, tensor.shape))
+        if raw.data is not None:  # a block type with a kernel
+            np.testing.assert_array_equal(raw.data.reshape(-1), np.asarray(tensor.data).view(np.uint8).reshape(-1))
+    layer_blocks = [raw.data is not None for name, raw in table.items() if name.startswith("blk.")]
+    assert all(layer_blocks) if matrix_type else not any(layer_blocks)

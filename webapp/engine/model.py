@@ -258,9 +258,11 @@ class Transformer:
         self._copy_jit: TinyJit | None = None
         self.v_source = UOp.variable("source", 0, slots)
         self._inputs = _StepInputs()
-        # one realize for every derived weight and cache: 150 separate ones took ~40% of loading
-        derived = [*self.embed.tensors(), self.output_norm, *self.head.tensors(), self.key_positions, self.inv_freq]
-        Tensor.realize(*derived, *(t for b in self.blocks for t in b.tensors()))
+        # a realize per layer: 150 separate ones took ~40% of loading, and one for all of them spent
+        # 20 s in tinygrad's lowering of one long command list
+        Tensor.realize(*self.embed.tensors(), self.output_norm, *self.head.tensors(), self.key_positions, self.inv_freq)
+        for block in self.blocks:
+            Tensor.realize(*block.tensors())
 
     def _logits(self, x: Tensor) -> Tensor:
         """x (B, D) -> (B, vocab) float32 logits."""
@@ -306,8 +308,7 @@ class Transformer:
         for block in self.blocks:
             # staged through a buffer of its own: source and target rows live in one cache tensor
             rows = block.cache[:, source, :, 0:length, :].contiguous()
-            block.cache[:, target, :, 0:length, :].assign(rows)
-        Tensor.realize(*(block.cache for block in self.blocks))
+            block.cache[:, target, :, 0:length, :].assign(rows).realize()  # per layer, as in _prefill
 
     def copy_prefix(self, source: int, target: int, length: int) -> None:
         """Copy the K/V of positions 0..length-1 from slot `source` to slot `target`, every layer."""

@@ -15,13 +15,14 @@ Contract: `WeightSource(path, ...)` opens a GGUF file; `linear(*names)` returns 
 from __future__ import annotations
 
 import logging
+import struct
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGUFReader
 from tinygrad import Tensor, dtypes
 
-from .kernels.cpu import BlockWeight, QuantizedCPU
+from .kernels.cpu import BLOCK_FORMATS, BlockWeight, QuantizedCPU
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,86 @@ def _int8_rows(w: Tensor) -> tuple[Tensor, Tensor]:
     return q, scale
 
 
+@dataclass(frozen=True)
+class RawTensor:
+    """One tensor of a GGUF file as stored: ggml type, (rows, cols), and its bytes (memory-mapped)."""
+
+    ggml_type: int
+    rows: int
+    cols: int
+    data: np.ndarray | None  # (rows, bytes per row) uint8; None for a type without a kernel
+
+
+# bytes of one scalar metadata value, by GGUF value type; 8 is a string, 9 an array
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def read_tensor_table(path: str) -> dict[str, RawTensor]:
+    """The 2-D tensors of a GGUF file with their raw bytes, skipping the metadata without decoding it
+    (gguf's GGUFReader decodes every vocabulary string into NumPy views: ~5 s for 49k tokens)."""
+    with open(path, "rb") as f:
+        header = f.read(24)
+        magic, version, n_tensors, n_kv = struct.unpack("<4sIQQ", header)
+        if magic != b"GGUF" or version not in (2, 3):
+            raise ValueError(f"{path} is not a GGUF v2/v3 file")
+        blob = f.read(64 << 20)  # metadata and tensor table (the vocabulary is most of it); the data follows
+
+    pos, alignment = 0, 32
+
+    def take(fmt: str):
+        nonlocal pos
+        values = struct.unpack_from(fmt, blob, pos)
+        pos += struct.calcsize(fmt)
+        return values if len(values) > 1 else values[0]
+
+    def skip_value(kind: int) -> None:
+        nonlocal pos
+        if kind == 8:
+            length = take("<Q")
+            pos += length
+        elif kind == 9:
+            item, count = take("<IQ")
+            if item in _SCALAR_BYTES:
+                pos += _SCALAR_BYTES[item] * count
+            else:
+                for _ in range(count):
+                    skip_value(item)
+        else:
+            pos += _SCALAR_BYTES[kind]
+
+    for _ in range(n_kv):
+        length = take("<Q")
+        key, pos = blob[pos : pos + length].decode(), pos + length
+        kind = take("<I")
+        if key == "general.alignment":
+            alignment = take("<I")
+        else:
+            skip_value(kind)
+    infos = []
+    for _ in range(n_tensors):
+        length = take("<Q")
+        name, pos = blob[pos : pos + length].decode(), pos + length
+        dims = take(f"<{take('<I')}Q")
+        dims = (dims,) if isinstance(dims, int) else dims
+        ggml_type, offset = take("<IQ")
+        infos.append((name, dims, ggml_type, offset))
+    data_start = -(-(len(header) + pos) // alignment) * alignment
+    file = np.memmap(path, dtype=np.uint8, mode="r")
+    table = {}
+    for name, dims, ggml_type, offset in infos:
+        if len(dims) != 2:
+            continue
+        cols, rows = dims
+        data = None
+        if ggml_type in BLOCK_FORMATS and cols % BLOCK_FORMATS[ggml_type][1] == 0:
+            _, values, nbytes = BLOCK_FORMATS[ggml_type]
+            row_bytes = cols // values * nbytes
+            start = data_start + offset
+            data = file[start : start + rows * row_bytes].reshape(rows, row_bytes)
+        table[name] = RawTensor(ggml_type, rows, cols, data)
+    return table
+
+
 class WeightSource:
     def __init__(
         self, path: str, tensors: dict[str, Tensor], arch: str, n_heads: int, n_kv_heads: int, act_dtype, kernels: QuantizedCPU | None
@@ -113,8 +194,7 @@ class WeightSource:
         """`tensors` are tinygrad's lazily dequantized tensors of the file (gguf_load); the raw blocks
         are read from the file itself when `kernels` is given."""
         self.tensors, self.act_dtype, self.kernels = tensors, act_dtype, kernels
-        self.reader = GGUFReader(path) if kernels is not None else None
-        self._raw = {t.name: t for t in self.reader.tensors} if self.reader is not None else {}
+        self._raw = read_tensor_table(path) if kernels is not None else {}
         # llama files interleave each head's rotary pairs in q and k rows
         self._rope_heads = {"attn_q.weight": n_heads, "attn_k.weight": n_kv_heads} if arch == "llama" else {}
         self.forms: Counter = Counter()  # which form each matrix took, for the log
@@ -144,12 +224,12 @@ class WeightSource:
         if self.kernels is None or any(n not in self._raw for n in names):
             return None
         raws = [self._raw[n] for n in names]
-        ggml_type, cols = int(raws[0].tensor_type), int(raws[0].shape[0])
-        if any(int(r.tensor_type) != ggml_type or int(r.shape[0]) != cols for r in raws) or not BlockWeight.supports(ggml_type, cols):
+        ggml_type, cols = raws[0].ggml_type, raws[0].cols
+        if any(r.ggml_type != ggml_type or r.cols != cols or r.data is None for r in raws):
             return None
         parts = []
         for name, raw in zip(names, raws):
-            rows = np.asarray(raw.data).reshape(int(raw.shape[1]), -1)  # (rows, bytes per row)
+            rows = raw.data  # (rows, bytes per row)
             heads = self._rope_heads_of(name)
             parts.append(unpermute_rope_rows(rows, heads) if heads else rows)
         stacked = np.ascontiguousarray(np.concatenate(parts) if len(parts) > 1 else parts[0])
