@@ -152,3 +152,18 @@ def test_echo_logprobs_scoring_matches_one_request_at_a_time(client):
     gen = client.completions.create(model="default", prompt=prompts[0][:-1], max_tokens=1, temperature=0, logprobs=0)
     full = client.completions.create(model="default", prompt=prompts[0][:-1] + gen.choices[0].text, max_tokens=0, echo=True, logprobs=0)
     np.testing.assert_allclose(full.choices[0].logprobs.token_logprobs[-1], gen.choices[0].logprobs.token_logprobs[0], atol=2e-3)
+
+
+def test_two_choices_are_their_seeds_answers_streamed_or_not(client):
+    ask = dict(model="default", messages=[{"role": "user", "content": "Name a fruit."}], temperature=1.0, max_tokens=12)
+    both = client.chat.completions.create(n=2, seed=41, **ask)
+    assert [c.index for c in both.choices] == [0, 1]
+    alone = [client.chat.completions.create(seed=seed, **ask).choices[0].message.content for seed in (41, 42)]
+    assert [c.message.content for c in both.choices] == alone
+    streamed = {0: "", 1: ""}
+    for chunk in client.chat.completions.create(n=2, seed=41, stream=True, **ask):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.delta.content or ""
+    assert list(streamed.values()) == alone
+    with pytest.raises(openai.BadRequestError, match="n is 3"):
+        client.chat.completions.create(n=3, **ask)  # this server has 2 slots
