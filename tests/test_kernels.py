@@ -160,11 +160,12 @@ def test_kernels_run_inside_a_captured_tinygrad_step():
         np.testing.assert_allclose(got, quantize_activations(2 * x) @ w.T + w[ids][:, :50], rtol=1e-4, atol=1e-3)
 
 
-def test_decode_attention_writes_the_new_keys_then_matches_numpy(library):
+@pytest.mark.parametrize("head_dim", [64, 128 + 32, 12])  # SIMD in 64-wide slabs, a narrower slab, and scalar
+def test_decode_attention_writes_the_new_keys_then_matches_numpy(library, head_dim):
     """Each lane writes its key and value at its position, rounded to float16 as NumPy rounds, then
     attends its own slot's float16 keys and values up to that position."""
     rng = np.random.default_rng(11)
-    lanes_n, heads, kv_heads, slots, positions, head_dim = 3, 6, 2, 4, 40, 64
+    lanes_n, heads, kv_heads, slots, positions = 3, 6, 2, 4, 40
     slot_of, pos_of = [2, 0, 3], [17, 0, 39]
     lanes = np.array(slot_of + pos_of, np.int32)
     shape = np.array([lanes_n, heads, kv_heads, slots, positions, head_dim], np.int32)

@@ -522,44 +522,127 @@ static float half_to_float(uint16_t h) {
   return fp16(b);
 }
 
+#if TQ_AVX2
+/* e^x for 8 floats with x <= 0 (softmax after subtracting the maximum): x = n ln2 + r, |r| <= ln2/2,
+ * e^r by its degree-6 Taylor polynomial (relative error < 2e-7), 2^n put in the exponent bits. */
+static inline __m256 exp_nonpositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+static inline __m256 load_half8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+/* scores[j] = q . k_j * scale for j < n, four keys at a time (one horizontal sum per four keys). */
+static void attend_scores(const float *q, const uint16_t *k, int n, int Hd, float scale, float *scores) {
+  int j = 0;
+  for (; j + 4 <= n; j += 4) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const uint16_t *kj = k + (size_t)j * Hd;
+    for (int i = 0; i < Hd; i += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + i);
+      a0 = _mm256_fmadd_ps(qv, load_half8(kj + i), a0);
+      a1 = _mm256_fmadd_ps(qv, load_half8(kj + Hd + i), a1);
+      a2 = _mm256_fmadd_ps(qv, load_half8(kj + 2 * Hd + i), a2);
+      a3 = _mm256_fmadd_ps(qv, load_half8(kj + 3 * Hd + i), a3);
+    }
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3)); /* per 128-bit half */
+    const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    _mm_storeu_ps(scores + j, _mm_mul_ps(sums, _mm_set1_ps(scale)));
+  }
+  for (; j < n; j++) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < Hd; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load_half8(k + (size_t)j * Hd + i), acc);
+    scores[j] = hsum(acc) * scale;
+  }
+}
+
+/* scores[0..n) <- e^(scores - max); returns their sum. */
+static float attend_softmax(float *scores, int n) {
+  __m256 top8 = _mm256_set1_ps(-INFINITY);
+  int j = 0;
+  for (; j + 8 <= n; j += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(scores + j));
+  float top = -INFINITY, lanes[8];
+  _mm256_storeu_ps(lanes, top8);
+  for (int i = 0; i < 8; i++) top = lanes[i] > top ? lanes[i] : top;
+  for (; j < n; j++) top = scores[j] > top ? scores[j] : top;
+  __m256 total8 = _mm256_setzero_ps();
+  const __m256 shift = _mm256_set1_ps(top);
+  for (j = 0; j + 8 <= n; j += 8) {
+    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(scores + j), shift));
+    _mm256_storeu_ps(scores + j, e);
+    total8 = _mm256_add_ps(total8, e);
+  }
+  if (j < n) { /* the tail through the same polynomial, so a score's weight never depends on where it falls */
+    float tail[8] = {0};
+    for (int i = j; i < n; i++) tail[i - j] = scores[i] - top;
+    __m256 e = exp_nonpositive(_mm256_loadu_ps(tail));
+    e = _mm256_blendv_ps(_mm256_setzero_ps(), e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n - j), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+    _mm256_storeu_ps(tail, e);
+    for (int i = j; i < n; i++) scores[i] = tail[i - j];
+    total8 = _mm256_add_ps(total8, e);
+  }
+  return hsum(total8);
+}
+
+/* o = sum_j w[j] v_j / total, 64 dimensions at a time held in registers. */
+static void attend_values(const float *w, const uint16_t *v, int n, int Hd, float total, float *o) {
+  const __m256 inv = _mm256_set1_ps(1.0f / total);
+  for (int i0 = 0; i0 < Hd; i0 += 64) {
+    const int width = Hd - i0 < 64 ? Hd - i0 : 64;
+    __m256 acc[8];
+    for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
+    for (int j = 0; j < n; j++) {
+      const __m256 p = _mm256_broadcast_ss(w + j);
+      const uint16_t *vj = v + (size_t)j * Hd + i0;
+      for (int c = 0; c < width / 8; c++) acc[c] = _mm256_fmadd_ps(p, load_half8(vj + 8 * c), acc[c]);
+    }
+    for (int c = 0; c < width / 8; c++) _mm256_storeu_ps(o + i0 + 8 * c, _mm256_mul_ps(acc[c], inv));
+  }
+}
+#endif
+
 static void run_attend(const void *ctx, int first, int last) {
   const attend_t *a = ctx;
   const int B = a->shape[0], H = a->shape[1], KvH = a->shape[2], S = a->shape[3], C = a->shape[4], Hd = a->shape[5];
   const size_t plane = (size_t)S * KvH * C * Hd; /* keys, then values */
-  float *scores = malloc(sizeof(float) * C);
+  const float scale = 1.0f / sqrtf((float)Hd);
+  float *scores = malloc(sizeof(float) * (C + 8));
   for (int item = first; item < last; item++) {
-    const int b = item / H, h = item % H, kvh = h / (H / KvH), slot = a->lanes[b], pos = a->lanes[B + b];
+    const int b = item / H, h = item % H, kvh = h / (H / KvH), slot = a->lanes[b], n = a->lanes[B + b] + 1;
     const float *q = a->q + (size_t)item * Hd;
     const uint16_t *k = a->cache + (((size_t)slot * KvH + kvh) * C) * Hd, *v = k + plane;
-    const float scale = 1.0f / sqrtf((float)Hd);
-    float top = -INFINITY;
-    for (int j = 0; j <= pos; j++) {
-      float dot = 0.0f;
+    float *o = a->out + (size_t)item * Hd;
 #if TQ_AVX2
-      __m256 acc = _mm256_setzero_ps();
-      int i = 0;
-      for (; i + 8 <= Hd; i += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + (size_t)j * Hd + i))), acc);
-      dot = hsum(acc);
-      for (; i < Hd; i++) dot += q[i] * half_to_float(k[(size_t)j * Hd + i]);
-#else
-      for (int i = 0; i < Hd; i++) dot += q[i] * half_to_float(k[(size_t)j * Hd + i]);
+    if (Hd % 8 == 0) {
+      attend_scores(q, k, n, Hd, scale, scores);
+      attend_values(scores, v, n, Hd, attend_softmax(scores, n), o);
+      continue;
+    }
 #endif
+    float top = -INFINITY;
+    for (int j = 0; j < n; j++) {
+      float dot = 0.0f;
+      for (int i = 0; i < Hd; i++) dot += q[i] * half_to_float(k[(size_t)j * Hd + i]);
       scores[j] = dot * scale;
       top = scores[j] > top ? scores[j] : top;
     }
     float total = 0.0f;
-    for (int j = 0; j <= pos; j++) total += (scores[j] = expf(scores[j] - top));
-    float *o = a->out + (size_t)item * Hd;
+    for (int j = 0; j < n; j++) total += (scores[j] = expf(scores[j] - top));
     for (int i = 0; i < Hd; i++) o[i] = 0.0f;
-    for (int j = 0; j <= pos; j++) {
+    for (int j = 0; j < n; j++) {
       const float p = scores[j] / total;
-      int i = 0;
-#if TQ_AVX2
-      for (; i + 8 <= Hd; i += 8)
-        _mm256_storeu_ps(o + i, _mm256_fmadd_ps(_mm256_set1_ps(p), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + (size_t)j * Hd + i))), _mm256_loadu_ps(o + i)));
-#endif
-      for (; i < Hd; i++) o[i] += p * half_to_float(v[(size_t)j * Hd + i]);
+      for (int i = 0; i < Hd; i++) o[i] += p * half_to_float(v[(size_t)j * Hd + i]);
     }
   }
   free(scores);
