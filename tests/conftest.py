@@ -96,6 +96,21 @@ def slowed_decode(engine, seconds: float):
 
 
 @contextlib.contextmanager
+def engine_over(runner, context: int = 128, tokenizer=None, template=None, **settings):
+    """The real engine over a fake runner (tests/fakes.FakeRunner), started and ready; stopped after."""
+    from webapp.engine.engine import Engine
+    from webapp.engine.loader import LoadedModel
+
+    engine = Engine(lambda: LoadedModel(runner, tokenizer, template, "fake", context, "FAKE"), **settings).start()
+    assert wait_until(lambda: engine.state == "ok")
+    try:
+        yield engine
+    finally:
+        runner.gate.set()
+        engine.stop(5)
+
+
+@contextlib.contextmanager
 def running_server(app, threads: int = 16, **adjustments):
     """A real Waitress server for `app` on a free 127.0.0.1 port, closed on exit.
 

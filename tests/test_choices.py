@@ -6,12 +6,10 @@ from __future__ import annotations
 import threading
 
 import pytest
-from conftest import HELLO, Stream, drain_outputs, wait_until
+from conftest import HELLO, Stream, drain_outputs, engine_over, wait_until
 from fakes import FakeRunner, Reply
 
 from webapp.choices import ChoiceOutputs, interleave
-from webapp.engine.engine import Engine
-from webapp.engine.loader import LoadedModel
 from webapp.engine.request import Finished, Request, SamplingParams
 from webapp.engine.scheduler import COPY_AT_LEAST
 
@@ -110,12 +108,8 @@ def test_interleave_sends_whichever_choice_has_output():
 @pytest.fixture
 def runner_engine():
     runner = FakeRunner(vocab=50)
-    engine = Engine(lambda: LoadedModel(runner, None, None, "fake", 128, "FAKE"), slots=3, queue_limit=8, prefill_chunk=16)
-    engine.start()
-    assert wait_until(lambda: engine.state == "ok")
-    yield engine, runner
-    runner.gate.set()
-    engine.stop(5)
+    with engine_over(runner, slots=3, queue_limit=8, prefill_chunk=16) as engine:
+        yield engine, runner
 
 
 def test_choices_prefill_the_prompt_once_and_copy_it(runner_engine):

@@ -14,6 +14,7 @@ from conftest import (
     USAGE,
     Stream,
     assert_error_shape,
+    engine_over,
     finish_reason,
     get,
     post,
@@ -28,8 +29,6 @@ from hypothesis import strategies as st
 from tiny_models import write_tiny_gguf
 
 from webapp import create_app
-from webapp.engine.engine import Engine
-from webapp.engine.loader import LoadedModel
 from webapp.engine.request import Finished, Request, SamplingParams
 
 # --- the watchdog (real engine loop, fake runner) ---------------------------------------------
@@ -42,12 +41,9 @@ class ThreadKiller(BaseException):
 @pytest.fixture
 def fake_runner_engine():
     runner = FakeRunner(vocab=258, next_token=lambda last: 0)  # token 0 every time
-    loaded = LoadedModel(runner, FakeTokenizer(), FakeChatTemplate(), "stub", 128, "none")
-    engine = Engine(lambda: loaded, slots=2, queue_limit=4, prefill_chunk=8, stall_seconds=0.3).start()
-    assert wait_until(lambda: engine.state == "ok")
-    yield engine, runner
-    runner.gate.set()
-    engine.stop(5)
+    limits = dict(slots=2, queue_limit=4, prefill_chunk=8, stall_seconds=0.3)
+    with engine_over(runner, tokenizer=FakeTokenizer(), template=FakeChatTemplate(), **limits) as engine:
+        yield engine, runner
 
 
 def test_health_turns_503_while_a_step_stalls_and_recovers(fake_runner_engine):

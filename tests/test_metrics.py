@@ -5,7 +5,7 @@ import threading
 from types import SimpleNamespace
 
 import pytest
-from conftest import Clock, drain_outputs, wait_until
+from conftest import Clock, drain_outputs, engine_over, wait_until
 from fakes import FakeRunner
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -237,15 +237,8 @@ def test_history_has_one_point_a_second_for_ten_minutes(metrics, clock):
 @pytest.fixture
 def engine():
     runner = FakeRunner(vocab=8, next_token=lambda last: 3)  # token 3 forever
-    eng = Engine(lambda: LoadedModel(runner, None, None, "fake", 64, "FAKE"), slots=1, queue_limit=4, prefill_chunk=4)
-    eng.start()
-    for _ in range(500):
-        if eng.state != "loading":
-            break
-        threading.Event().wait(0.01)
-    yield eng, runner
-    runner.gate.set()
-    eng.stop(5)
+    with engine_over(runner, context=64, slots=1, queue_limit=4, prefill_chunk=4) as eng:
+        yield eng, runner
 
 
 def test_engine_stats_have_every_promised_field_and_a_live_queue(engine):

@@ -1,15 +1,12 @@
 """Scheduling policy with a fake model: admission, chunked prefill interleaving, slot choice, retire, abort."""
 
-import threading
-
 import pytest
-from conftest import drain_outputs, wait_until
+from conftest import drain_outputs, engine_over, wait_until
 from fakes import FakeRunner
 
-from webapp.engine.engine import Engine, QueueFull
+from webapp.engine.engine import QueueFull
 from webapp.engine.errors import PromptTooLong
 from webapp.engine.kv_cache import SlotTable
-from webapp.engine.loader import LoadedModel
 from webapp.engine.request import Request, SamplingParams, Status
 from webapp.engine.scheduler import Scheduler
 
@@ -22,14 +19,8 @@ def request(prompt, max_tokens=3):
 
 @pytest.fixture
 def engine():
-    runner = FakeRunner(vocab=VOCAB, step_s=0.005)
-    eng = Engine(lambda: LoadedModel(runner, None, None, "fake", 64, "FAKE"), slots=2, queue_limit=3, prefill_chunk=4)
-    eng.start()
-    while eng.state == "loading":
-        threading.Event().wait(0.01)
-    yield eng
-    runner.gate.set()
-    eng.stop(5)
+    with engine_over(FakeRunner(vocab=VOCAB, step_s=0.005), context=64, slots=2, queue_limit=3, prefill_chunk=4) as eng:
+        yield eng
 
 
 def test_slot_choice_prefers_the_longest_cached_prefix_then_lru():
