@@ -160,13 +160,16 @@ def test_kernels_run_inside_a_captured_tinygrad_step():
         np.testing.assert_allclose(got, quantize_activations(2 * x) @ w.T + w[ids][:, :50], rtol=1e-4, atol=1e-3)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128 + 32, 12])  # SIMD in 64-wide slabs, a narrower slab, and scalar
-def test_decode_attention_writes_the_new_keys_then_matches_numpy(library, head_dim):
+@pytest.mark.parametrize(
+    ("head_dim", "positions"),
+    [(64, 40), (128 + 32, 40), (12, 40), (64, 700)],  # 64-wide SIMD slabs, a narrower one, scalar; several 256-key spans
+)
+def test_decode_attention_writes_the_new_keys_then_matches_numpy(library, head_dim, positions):
     """Each lane writes its key and value at its position, rounded to float16 as NumPy rounds, then
     attends its own slot's float16 keys and values up to that position."""
     rng = np.random.default_rng(11)
-    lanes_n, heads, kv_heads, slots, positions = 3, 6, 2, 4, 40
-    slot_of, pos_of = [2, 0, 3], [17, 0, 39]
+    lanes_n, heads, kv_heads, slots = 3, 6, 2, 4
+    slot_of, pos_of = [2, 0, 3], [17, 0, positions - 1] if positions < 256 else [256, 255, positions - 1]
     lanes = np.array(slot_of + pos_of, np.int32)
     shape = np.array([lanes_n, heads, kv_heads, slots, positions, head_dim], np.int32)
     q = rng.standard_normal((lanes_n, heads, head_dim)).astype(np.float32)

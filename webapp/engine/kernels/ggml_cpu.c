@@ -522,8 +522,6 @@ static float half_to_float(uint16_t h) {
   return fp16(b);
 }
 
-enum { KEY_BLOCK = 32 }; /* positions whose keys or values are converted to float32 at a time */
-
 #if TQ_AVX2
 /* e^x for 8 floats with x <= 0 (softmax after subtracting the maximum): x = n ln2 + r, |r| <= ln2/2,
  * e^r by its degree-6 Taylor polynomial (relative error < 2e-7), 2^n put in the exponent bits. */
@@ -545,23 +543,18 @@ static inline __m256 exp_nonpositive(__m256 x) {
 
 static inline __m256 load_half8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
-/* k32 (n, Hd) float32: keys converted once for all the query heads that share them. */
-static void halves_to_floats(const uint16_t *from, int count, float *to) {
-  for (int i = 0; i < count; i += 8) _mm256_storeu_ps(to + i, load_half8(from + i));
-}
-
 /* scores[j] = q . k_j * scale for j < n, four keys at a time (one horizontal sum per four keys). */
-static void attend_scores(const float *q, const float *k, int n, int Hd, float scale, float *scores) {
+static void attend_scores(const float *q, const uint16_t *k, int n, int Hd, float scale, float *scores) {
   int j = 0;
   for (; j + 4 <= n; j += 4) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    const float *kj = k + (size_t)j * Hd;
+    const uint16_t *kj = k + (size_t)j * Hd;
     for (int i = 0; i < Hd; i += 8) {
       const __m256 qv = _mm256_loadu_ps(q + i);
-      a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj + i), a0);
-      a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj + Hd + i), a1);
-      a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj + 2 * Hd + i), a2);
-      a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj + 3 * Hd + i), a3);
+      a0 = _mm256_fmadd_ps(qv, load_half8(kj + i), a0);
+      a1 = _mm256_fmadd_ps(qv, load_half8(kj + Hd + i), a1);
+      a2 = _mm256_fmadd_ps(qv, load_half8(kj + 2 * Hd + i), a2);
+      a3 = _mm256_fmadd_ps(qv, load_half8(kj + 3 * Hd + i), a3);
     }
     const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3)); /* per 128-bit half */
     const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
@@ -569,7 +562,7 @@ static void attend_scores(const float *q, const float *k, int n, int Hd, float s
   }
   for (; j < n; j++) {
     __m256 acc = _mm256_setzero_ps();
-    for (int i = 0; i < Hd; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + (size_t)j * Hd + i), acc);
+    for (int i = 0; i < Hd; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load_half8(k + (size_t)j * Hd + i), acc);
     scores[j] = hsum(acc) * scale;
   }
 }
@@ -602,80 +595,41 @@ static float attend_softmax(float *scores, int n) {
   return hsum(total8);
 }
 
-/* o += sum_j w[j] v_j over a block of n float32 value rows, 64 dimensions at a time in registers. */
-static void attend_values(const float *w, const float *v, int n, int Hd, float *o) {
+/* o = sum_j w[j] v_j / total, 64 dimensions at a time held in registers. */
+static void attend_values(const float *w, const uint16_t *v, int n, int Hd, float total, float *o) {
+  const __m256 inv = _mm256_set1_ps(1.0f / total);
   for (int i0 = 0; i0 < Hd; i0 += 64) {
     const int width = Hd - i0 < 64 ? Hd - i0 : 64;
     __m256 acc[8];
-    for (int c = 0; c < width / 8; c++) acc[c] = _mm256_loadu_ps(o + i0 + 8 * c);
+    for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
     for (int j = 0; j < n; j++) {
       const __m256 p = _mm256_broadcast_ss(w + j);
-      const float *vj = v + (size_t)j * Hd + i0;
-      for (int c = 0; c < width / 8; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8 * c), acc[c]);
+      const uint16_t *vj = v + (size_t)j * Hd + i0;
+      for (int c = 0; c < width / 8; c++) acc[c] = _mm256_fmadd_ps(p, load_half8(vj + 8 * c), acc[c]);
     }
-    for (int c = 0; c < width / 8; c++) _mm256_storeu_ps(o + i0 + 8 * c, acc[c]);
-  }
-}
-
-/* One (lane, kv head): the `group` query heads reading that kv head, whose keys and values are
- * converted from float16 once per block of KEY_BLOCK positions instead of once per query head. */
-static void attend_group(const float *q, const uint16_t *k, const uint16_t *v, int n, int Hd, int group, float *scores, float *rows, float *o) {
-  const float scale = 1.0f / sqrtf((float)Hd);
-  const size_t stride = (size_t)n + 8; /* one head's scores */
-  for (int j0 = 0; j0 < n; j0 += KEY_BLOCK) {
-    const int m = n - j0 < KEY_BLOCK ? n - j0 : KEY_BLOCK;
-    halves_to_floats(k + (size_t)j0 * Hd, m * Hd, rows);
-    for (int g = 0; g < group; g++) attend_scores(q + (size_t)g * Hd, rows, m, Hd, scale, scores + g * stride + j0);
-  }
-  float total[64];
-  for (int g = 0; g < group; g++) total[g] = attend_softmax(scores + g * stride, n);
-  for (int i = 0; i < group * Hd; i++) o[i] = 0.0f;
-  for (int j0 = 0; j0 < n; j0 += KEY_BLOCK) {
-    const int m = n - j0 < KEY_BLOCK ? n - j0 : KEY_BLOCK;
-    halves_to_floats(v + (size_t)j0 * Hd, m * Hd, rows);
-    for (int g = 0; g < group; g++) attend_values(scores + g * stride + j0, rows, m, Hd, o + (size_t)g * Hd);
-  }
-  for (int g = 0; g < group; g++) {
-    const __m256 inv = _mm256_set1_ps(1.0f / total[g]);
-    for (int i = 0; i < Hd; i += 8) _mm256_storeu_ps(o + (size_t)g * Hd + i, _mm256_mul_ps(_mm256_loadu_ps(o + (size_t)g * Hd + i), inv));
+    for (int c = 0; c < width / 8; c++) _mm256_storeu_ps(o + i0 + 8 * c, _mm256_mul_ps(acc[c], inv));
   }
 }
 #endif
-
-/* Items are (lane, kv head) pairs when the SIMD path serves the head size, (lane, query head) else. */
-static int attend_grouped(const int32_t *shape) {
-#if TQ_AVX2
-  return shape[5] % 8 == 0 && shape[1] / shape[2] <= 64;
-#else
-  (void)shape;
-  return 0;
-#endif
-}
 
 static void run_attend(const void *ctx, int first, int last) {
   const attend_t *a = ctx;
   const int B = a->shape[0], H = a->shape[1], KvH = a->shape[2], S = a->shape[3], C = a->shape[4], Hd = a->shape[5];
-  const int group = H / KvH;
   const size_t plane = (size_t)S * KvH * C * Hd; /* keys, then values */
-  float *scores = malloc(sizeof(float) * ((size_t)group * (C + 8) + (size_t)KEY_BLOCK * Hd));
-#if TQ_AVX2
-  if (attend_grouped(a->shape)) {
-    for (int item = first; item < last; item++) {
-      const int b = item / KvH, kvh = item % KvH, slot = a->lanes[b], n = a->lanes[B + b] + 1;
-      const uint16_t *k = a->cache + (((size_t)slot * KvH + kvh) * C) * Hd;
-      const size_t first_head = (size_t)b * H + (size_t)kvh * group;
-      attend_group(a->q + first_head * Hd, k, k + plane, n, Hd, group, scores, scores + (size_t)group * (n + 8), a->out + first_head * Hd);
-    }
-    free(scores);
-    return;
-  }
-#endif
   const float scale = 1.0f / sqrtf((float)Hd);
+  float *scores = malloc(sizeof(float) * (C + 8));
   for (int item = first; item < last; item++) {
-    const int b = item / H, h = item % H, kvh = h / group, slot = a->lanes[b], n = a->lanes[B + b] + 1;
+    const int b = item / H, h = item % H, kvh = h / (H / KvH), slot = a->lanes[b], n = a->lanes[B + b] + 1;
     const float *q = a->q + (size_t)item * Hd;
     const uint16_t *k = a->cache + (((size_t)slot * KvH + kvh) * C) * Hd, *v = k + plane;
     float *o = a->out + (size_t)item * Hd;
+#if TQ_AVX2
+    if (Hd % 8 == 0) {
+      attend_scores(q, k, n, Hd, scale, scores);
+      attend_values(scores, v, n, Hd, attend_softmax(scores, n), o);
+      continue;
+    }
+#endif
     float top = -INFINITY;
     for (int j = 0; j < n; j++) {
       float dot = 0.0f;
@@ -704,7 +658,7 @@ void tq_attend(float *out, const float *q, const float *kv, uint16_t *cache, con
         for (int i = 0; i < Hd; i++) to[i] = half_from_float(from[i]);
       }
   const attend_t a = {out, q, cache, shape, lanes};
-  const job_t j = {run_attend, &a, shape[0] * (attend_grouped(shape) ? KvH : shape[1]), 1};
+  const job_t j = {run_attend, &a, shape[0] * shape[1], 1};
   run_job(&j);
 }
 
