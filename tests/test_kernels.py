@@ -162,7 +162,7 @@ def test_kernels_run_inside_a_captured_tinygrad_step():
 
 @pytest.mark.parametrize(
     ("head_dim", "positions"),
-    [(64, 40), (128 + 32, 40), (12, 40), (64, 700)],  # 64-wide SIMD slabs, a narrower one, scalar; several 256-key spans
+    [(64, 40), (128 + 32, 40), (12, 40), (64, 700)],  # 64-wide SIMD slabs, a narrower one, scalar; a long context
 )
 def test_decode_attention_writes_the_new_keys_then_matches_numpy(library, head_dim, positions):
     """Each lane writes its key and value at its position, rounded to float16 as NumPy rounds, then
