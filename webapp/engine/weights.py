@@ -123,26 +123,28 @@ _SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 1
 
 def read_tensor_table(path: str) -> dict[str, RawTensor]:
     """The 2-D tensors of a GGUF file with their raw bytes, skipping the metadata without decoding it
-    (gguf's GGUFReader decodes every vocabulary string into NumPy views: ~5 s for 49k tokens)."""
-    with open(path, "rb") as f:
-        header = f.read(24)
-        magic, version, n_tensors, n_kv = struct.unpack("<4sIQQ", header)
-        if magic != b"GGUF" or version not in (2, 3):
-            raise ValueError(f"{path} is not a GGUF v2/v3 file")
-        blob = f.read(64 << 20)  # metadata and tensor table (the vocabulary is most of it); the data follows
-
+    (gguf's GGUFReader decodes every vocabulary string into NumPy views: ~5 s for 49k tokens).
+    Everything is read through one memory map: only the pages the header and the used tensors
+    occupy are ever read."""
+    file = np.memmap(path, dtype=np.uint8, mode="r")
     pos, alignment = 0, 32
 
-    def take(fmt: str):
+    def take(fmt: str) -> tuple:
         nonlocal pos
-        values = struct.unpack_from(fmt, blob, pos)
+        values = struct.unpack_from(fmt, file, pos)
         pos += struct.calcsize(fmt)
-        return values if len(values) > 1 else values[0]
+        return values
+
+    def text() -> str:
+        nonlocal pos
+        (length,) = take("<Q")
+        pos += length
+        return bytes(file[pos - length : pos]).decode()
 
     def skip_value(kind: int) -> None:
         nonlocal pos
-        if kind == 8:
-            length = take("<Q")
+        if kind == 8:  # a string: its length, then its bytes
+            (length,) = take("<Q")  # read before `pos +=` loads pos
             pos += length
         elif kind == 9:
             item, count = take("<IQ")
@@ -154,24 +156,22 @@ def read_tensor_table(path: str) -> dict[str, RawTensor]:
         else:
             pos += _SCALAR_BYTES[kind]
 
+    magic, version, n_tensors, n_kv = take("<4sIQQ")
+    if magic != b"GGUF" or version not in (2, 3):
+        raise ValueError(f"{path} is not a GGUF v2/v3 file")
     for _ in range(n_kv):
-        length = take("<Q")
-        key, pos = blob[pos : pos + length].decode(), pos + length
-        kind = take("<I")
+        key, (kind,) = text(), take("<I")
         if key == "general.alignment":
-            alignment = take("<I")
+            (alignment,) = take("<I")
         else:
             skip_value(kind)
     infos = []
     for _ in range(n_tensors):
-        length = take("<Q")
-        name, pos = blob[pos : pos + length].decode(), pos + length
-        dims = take(f"<{take('<I')}Q")
-        dims = (dims,) if isinstance(dims, int) else dims
+        name, (n_dims,) = text(), take("<I")
+        dims = take(f"<{n_dims}Q")
         ggml_type, offset = take("<IQ")
         infos.append((name, dims, ggml_type, offset))
-    data_start = -(-(len(header) + pos) // alignment) * alignment
-    file = np.memmap(path, dtype=np.uint8, mode="r")
+    data_start = -(-pos // alignment) * alignment
     table = {}
     for name, dims, ggml_type, offset in infos:
         if len(dims) != 2:
