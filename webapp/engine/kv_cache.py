@@ -21,6 +21,12 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
     return n
 
 
+def reusable_prefix(cached: list[int], prompt: list[int]) -> int:
+    """How many of `prompt`'s tokens a cache holding `cached` can serve. At least the last prompt
+    token must run through the model: its logits pick the first output."""
+    return min(common_prefix_len(cached, prompt), len(prompt) - 1)
+
+
 @dataclass
 class Slot:
     index: int
@@ -44,9 +50,7 @@ class SlotTable:
         free = self.free
         if not free:
             raise RuntimeError("no free slot")
-        # At least the last prompt token must run through the model: its logits pick the first output.
-        best = max(free, key=lambda s: (min(common_prefix_len(s.tokens, prompt), len(prompt) - 1), -s.last_used))
-        reused = min(common_prefix_len(best.tokens, prompt), len(prompt) - 1)
+        reused, best = max(((reusable_prefix(s.tokens, prompt), s) for s in free), key=lambda pair: (pair[0], -pair[1].last_used))
         del best.tokens[reused:]
         best.owner = owner
         best.last_used = next(self._clock)

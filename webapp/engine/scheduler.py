@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from .kv_cache import Slot, SlotTable, common_prefix_len
+from .kv_cache import Slot, SlotTable, reusable_prefix
 from .request import Request, Status
 
 # Fewer prompt tokens than this are prefilled rather than copied from another slot: one 8-token
@@ -73,16 +73,11 @@ class Scheduler:
         together, prefilled one after another) prefill it once, and a prompt sharing a long system
         prompt with a running request starts from that request's cache.
         """
-        start = self.position(request)
         if request.prefilled_tokens or request.params.prompt_logprobs is not None:
             return None
-        cap = request.prompt_len - 1  # the last prompt token still runs: its logits pick the first output
-        others = [s for s in self.slots.slots if s.index != request.slot]
-        if not others:
-            return None
-        source = max(others, key=lambda s: common_prefix_len(s.tokens, request.prompt_ids))
-        length = min(common_prefix_len(source.tokens, request.prompt_ids), cap)
-        return (source, length) if length - start >= COPY_AT_LEAST else None
+        others = ((reusable_prefix(s.tokens, request.prompt_ids), s) for s in self.slots.slots if s.index != request.slot)
+        length, source = max(others, key=lambda pair: pair[0], default=(0, None))
+        return (source, length) if length - self.position(request) >= COPY_AT_LEAST else None
 
     def copied(self, request: Request, length: int) -> None:
         """The first `length` prompt tokens' K/V were copied into the request's slot."""
