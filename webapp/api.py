@@ -21,7 +21,6 @@ reaches the client as a 503 `server_shutting_down` error (an error event when st
 from __future__ import annotations
 
 import logging
-import queue
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -32,13 +31,13 @@ from flask import Blueprint, Response, current_app, jsonify, request
 from webapp import openai_format as fmt
 from webapp import openai_responses as responses
 from webapp import structured
-from webapp.choices import ChoiceOutputs, interleave
+from webapp.choices import Answer, ChoiceOutputs, ChoiceReader, ClientGone, interleave
 from webapp.engine.constraints import GrammarError
 from webapp.engine.errors import PromptTooLong, completion_room
-from webapp.engine.request import Finished, FinishReason, Request, SamplingParams
+from webapp.engine.request import FinishReason, Request, SamplingParams
 from webapp.lifecycle import RETRY_AFTER_S
 from webapp.openai_format import ApiError
-from webapp.output_text import OutputParser, Piece, StopMatcher, opens_reasoning
+from webapp.output_text import OutputParser, Piece, opens_reasoning
 from webapp.sampling_options import (
     CompletionEcho,
     SamplingOptions,
@@ -50,15 +49,8 @@ from webapp.sampling_options import (
 bp = Blueprint("api", __name__)
 log = logging.getLogger(__name__)
 
-# How often a reader blocked on the output queue checks whether its client is still there.
-_POLL_S = 0.5
 # Not an HTTP status the client will ever see: it has gone. Logs show why the request ended.
 _CLIENT_CLOSED = 499
-_ENGINE_FAILED = "The engine failed while generating this completion."
-
-
-class _ClientGone(Exception):
-    """The HTTP client disconnected while its request was being generated."""
 
 
 @bp.get("/health")
@@ -105,7 +97,7 @@ def chat_completions():
             logprobs = chat_logprobs(engine.tokenizer, entries) if options.logprobs else None
             message = responses.assistant_message(pieces)
             choices.append(responses.chat_choice(index, message, _finish_reason(reader, parser), logprobs))
-    except _ClientGone:
+    except ClientGone:
         return Response(status=_CLIENT_CLOSED)
     finally:
         answer.close()
@@ -147,7 +139,7 @@ def completions():
             text = "".join(reader.texts())
             logprobs = echo.logprobs(reader.completion_tokens)
             choices.append(responses.completion_choice(index, echo.text + text, reader.finish_reason, logprobs))
-    except _ClientGone:
+    except ClientGone:
         return Response(status=_CLIENT_CLOSED)
     finally:
         answer.close()
@@ -196,7 +188,7 @@ def _submit(
     param: str,
     options: SamplingOptions,
     grammar: str | None = None,
-) -> _Answer:
+) -> Answer:
     """Build one engine request per choice and queue them; QueueFull / EngineNotReady go to the
     app handlers, after the choices already queued are aborted."""
     if params.n > engine.n_slots:
@@ -233,7 +225,7 @@ def _submit(
             # the same seed in every choice would give n copies of one answer
             seeded = replace(sampling, seed=None if sampling.seed is None else sampling.seed + index)
             requests.append(Request(prompt_ids, seeded, f"{answer_id}-{index}", outputs.outbox(index), constraint=constraint))
-    answer = _Answer(answer_id, engine, requests, outputs, params.stop)
+    answer = Answer(answer_id, engine, outputs, params.stop, _disconnected(), _lifecycle())
     try:
         for req in requests:
             engine.submit(req)
@@ -244,123 +236,17 @@ def _submit(
     return answer
 
 
-class _Answer:
-    """The readers of one API request's choices, tracked by the lifecycle until `close()`."""
-
-    def __init__(self, answer_id: str, engine, requests: list[Request], outputs: ChoiceOutputs | None, stop):
-        self.id, self.outputs = answer_id, outputs
-        self.created = int(time.time())
-        self.readers: list[_Reader] = []
-        self._make_reader = lambda index, req: _Reader(
-            engine, req, stop, _disconnected(), _lifecycle(), None if outputs is None else partial(outputs.get, index)
-        )
-
-    def submitted(self, req: Request) -> None:
-        self.readers.append(self._make_reader(len(self.readers), req))
-
-    def usage(self) -> dict:
-        first = self.readers[0].request
-        completion = sum(r.completion_tokens for r in self.readers)
-        return responses.usage(first.prompt_len, completion, first.cached_tokens)
-
-    def close(self) -> None:
-        for reader in self.readers:
-            reader.close()
-
-
-class _Reader:
-    """Reads one submitted request's outputs as text, applying stop strings.
-
-    `texts()` yields decoded text as soon as it cannot be part of a stop string and returns when
-    the request is done; `finish_reason` is then "stop" or "length". An engine failure raises a 5xx
-    `ApiError` (503 when the server cancelled it, e.g. for shutdown); a client that disconnects
-    while nothing arrives raises `_ClientGone`. The request is tracked by `lifecycle` until
-    `close()`, which also aborts it unless the engine has already finished it; it is idempotent.
-    """
-
-    def __init__(
-        self,
-        engine,
-        req: Request,
-        stop: tuple[str, ...],
-        disconnected: Callable[[], bool] | None,
-        lifecycle,
-        source: Callable[[float], object] | None = None,
-    ):
-        self.engine = engine
-        self.request = req
-        self._lifecycle = lifecycle
-        lifecycle.track(req)
-        # where the outputs are read: the request's own queue, or its share of its choices' queue
-        self._source = source or (lambda timeout: req.outputs.get(timeout=timeout))
-        self.completion_tokens = 0
-        self.finish_reason: str | None = None
-        self._stop = stop
-        self._disconnected = disconnected
-        self._done = False  # the engine will put nothing more on the queue that we need
-
-    def texts(self) -> Iterator[str]:
-        decoder = self.engine.tokenizer.stream_decoder()
-        matcher = StopMatcher(self._stop)
-        while self.finish_reason is None:
-            item = self._next()
-            if isinstance(item, int):
-                self.completion_tokens += 1
-                text, matched = matcher.feed(decoder.add(item))
-            elif isinstance(item, Finished):
-                self._done = True
-                if item.reason == FinishReason.SHUTDOWN:
-                    raise ApiError(
-                        503,
-                        "The server is shutting down and cancelled this request before it finished.",
-                        code="server_shutting_down",
-                        headers={"Retry-After": str(RETRY_AFTER_S)},
-                    )
-                if item.reason == FinishReason.CANCELLED:  # not by us: we stop reading once we abort
-                    raise ApiError(503, "The server cancelled the request.", code="cancelled")
-                if item.reason not in (FinishReason.STOP, FinishReason.LENGTH):
-                    raise ApiError(500, _ENGINE_FAILED, code="engine_error")
-                text, matched = matcher.feed(decoder.flush())
-                if not matched:
-                    text += matcher.flush()
-                    self.finish_reason = item.reason
-            else:
-                self._done = True
-                # The details are for the log; the client learns only that generation failed.
-                log.error("engine failed request %s: %r", self.request.id, item)
-                raise ApiError(500, _ENGINE_FAILED, code="engine_error")
-            if matched:
-                self.close()  # the engine would go on generating text nobody will see
-                self.finish_reason = FinishReason.STOP
-            if text:
-                yield text
-
-    def _next(self):
-        while True:
-            try:
-                return self._source(_POLL_S)
-            except queue.Empty:
-                if self._disconnected is not None and self._disconnected():
-                    raise _ClientGone from None
-
-    def close(self) -> None:
-        self._lifecycle.forget(self.request)
-        if not self._done:
-            self._done = True
-            self.engine.abort(self.request)
-
-
-def _finish_reason(reader: _Reader, parser: OutputParser) -> str:
+def _finish_reason(reader: ChoiceReader, parser: OutputParser) -> str:
     if parser.tool_calls and reader.finish_reason == FinishReason.STOP:
         return "tool_calls"
     return reader.finish_reason
 
 
-def _event_stream(answer: _Answer, events: Iterator[str]) -> Response:
+def _event_stream(answer: Answer, events: Iterator[str]) -> Response:
     def stream():
         try:
             yield from events
-        except _ClientGone:
+        except ClientGone:
             pass
         except Exception:
             # The status line is long gone; the client can only learn of a bug from the stream.
@@ -379,7 +265,7 @@ def _event_stream(answer: _Answer, events: Iterator[str]) -> Response:
     return response
 
 
-def _ending(answer: _Answer, choices: Iterator[str], usage_chunk: Callable[[dict], dict] | None) -> Iterator[str]:
+def _ending(answer: Answer, choices: Iterator[str], usage_chunk: Callable[[dict], dict] | None) -> Iterator[str]:
     """The choices' events, then the usage chunk when asked, then `[DONE]`; an engine failure
     becomes an error event instead."""
     try:
@@ -393,7 +279,7 @@ def _ending(answer: _Answer, choices: Iterator[str], usage_chunk: Callable[[dict
     yield responses.SSE_DONE
 
 
-def _chat_events(answer: _Answer, parsers: list[OutputParser], parallel: bool, include_usage: bool, model: str) -> Iterator[str]:
+def _chat_events(answer: Answer, parsers: list[OutputParser], parallel: bool, include_usage: bool, model: str) -> Iterator[str]:
     streams = [
         _chat_choice_events(answer, index, reader, parser, parallel, model)
         for index, (reader, parser) in enumerate(zip(answer.readers, parsers))
@@ -402,7 +288,9 @@ def _chat_events(answer: _Answer, parsers: list[OutputParser], parallel: bool, i
     return _ending(answer, interleave(streams, answer.outputs), usage)
 
 
-def _chat_choice_events(answer: _Answer, index: int, reader: _Reader, parser: OutputParser, parallel: bool, model: str) -> Iterator[str]:
+def _chat_choice_events(
+    answer: Answer, index: int, reader: ChoiceReader, parser: OutputParser, parallel: bool, model: str
+) -> Iterator[str]:
     req = reader.request
     sent = 0  # output tokens whose logprobs went out already
 
@@ -425,7 +313,7 @@ def _chat_choice_events(answer: _Answer, index: int, reader: _Reader, parser: Ou
     yield chunk({}, _finish_reason(reader, parser))
 
 
-def _parse(reader: _Reader, parser: OutputParser, parallel: bool) -> Iterator[list[Piece]]:
+def _parse(reader: ChoiceReader, parser: OutputParser, parallel: bool) -> Iterator[list[Piece]]:
     """The parser's pieces as text arrives; without `parallel`, tool calls after the first are dropped."""
     calls = 0
 
@@ -439,7 +327,7 @@ def _parse(reader: _Reader, parser: OutputParser, parallel: bool) -> Iterator[li
     yield [p for p in parser.finish() if keep(p)]
 
 
-def _completion_events(answer: _Answer, echoes: list[CompletionEcho], include_usage: bool, model: str) -> Iterator[str]:
+def _completion_events(answer: Answer, echoes: list[CompletionEcho], include_usage: bool, model: str) -> Iterator[str]:
     streams = [
         _completion_choice_events(answer, index, reader, echo, model) for index, (reader, echo) in enumerate(zip(answer.readers, echoes))
     ]
@@ -447,7 +335,7 @@ def _completion_events(answer: _Answer, echoes: list[CompletionEcho], include_us
     return _ending(answer, interleave(streams, answer.outputs), usage)
 
 
-def _completion_choice_events(answer: _Answer, index: int, reader: _Reader, echo: CompletionEcho, model: str) -> Iterator[str]:
+def _completion_choice_events(answer: Answer, index: int, reader: ChoiceReader, echo: CompletionEcho, model: str) -> Iterator[str]:
     offset = 0  # where the next chunk's text starts in the whole choice's text
 
     def chunk(text: str, finish_reason: str | None = None, scored: bool = True, upto=None) -> str:
