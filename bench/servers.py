@@ -128,13 +128,7 @@ def start_ours(port: int = 0, timeout: float = 900, model: str | None = None) ->
     skips the install step: the bench runs from an installed checkout and must not touch the venv."""
     port = port or free_port()
     argv = ["make", "-s", "-o", "install", "serve", f"HOST={HOST}", f"PORT={port}"]
-    server = Launched("tinyserve", argv, port, {"LLM_MODEL": model} if model else None)
-    try:
-        server.wait_ready(timeout)
-    except BaseException:
-        server.stop()
-        raise
-    return server
+    return _ready(Launched("tinyserve", argv, port, {"LLM_MODEL": model} if model else None), timeout)
 
 
 def start_llama_server(binary: str, model: str, port: int = 0, parallel: int = 8, context: int = 4096, timeout: float = 300) -> Launched:
@@ -144,7 +138,11 @@ def start_llama_server(binary: str, model: str, port: int = 0, parallel: int = 8
         binary, "-m", model, "-np", str(parallel), "-t", str(usable_cores()), "-c", str(parallel * context),
         "--port", str(port), "--host", HOST,
     ]  # fmt: skip
-    server = Launched("llama-server", argv, port)
+    return _ready(Launched("llama-server", argv, port), timeout)
+
+
+def _ready(server: Launched, timeout: float) -> Launched:
+    """`server` once it answers /health; stopped if it never does (or the wait is interrupted)."""
     try:
         server.wait_ready(timeout)
     except BaseException:
