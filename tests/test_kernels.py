@@ -160,37 +160,118 @@ def test_kernels_run_inside_a_captured_tinygrad_step():
         np.testing.assert_allclose(got, quantize_activations(2 * x) @ w.T + w[ids][:, :50], rtol=1e-4, atol=1e-3)
 
 
+def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(np.square(x, dtype=np.float64), axis=-1, keepdims=True) + eps) * weight
+
+
+@pytest.mark.parametrize("tokens", [1, 6])
+def test_fused_linears_match_their_parts(library, tokens):
+    """rms-norm before the product, the residual after it, and silu(gate) * up before it, each inside
+    one kernel, against NumPy doing the same steps around the plain product."""
+    rng = np.random.default_rng(5)
+    rows, cols, eps = 40, 64, 1e-5
+    raw = random_blocks(3, rows, cols, rng)
+    w = dequantize(3, raw, cols)
+    x = rng.standard_normal((tokens, cols)).astype(np.float32)
+    norm = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+    residual = rng.standard_normal((tokens, rows)).astype(np.float32)
+    gate_up = rng.standard_normal((tokens, 2 * cols)).astype(np.float32)
+    eps_bits = int(np.float32(eps).view(np.int32))
+    got = np.empty((tokens, rows), np.float32)
+
+    library.tq_norm_linear(_ptr(got), _ptr(raw), _ptr(x), _ptr(norm), _ptr(np.array([3, rows, cols, tokens, eps_bits], np.int32)))
+    np.testing.assert_allclose(got, quantize_activations(_rms_norm(x, norm, eps)) @ w.T, rtol=1e-4, atol=1e-3)
+
+    library.tq_residual_linear(_ptr(got), _ptr(raw), _ptr(x), _ptr(residual), _ptr(np.array([3, rows, cols, tokens], np.int32)))
+    np.testing.assert_allclose(got, residual + quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-3)
+
+    library.tq_swiglu_linear(_ptr(got), _ptr(raw), _ptr(gate_up), _ptr(residual), _ptr(np.array([3, rows, cols, tokens], np.int32)))
+    gate, up = gate_up[:, :cols].astype(np.float64), gate_up[:, cols:]
+    np.testing.assert_allclose(got, residual + quantize_activations(gate / (1 + np.exp(-gate)) * up) @ w.T, rtol=1e-4, atol=1e-3)
+
+
+def _attend_inputs(rng, lanes_n, heads, kv_heads, head_dim):
+    return rng.standard_normal((lanes_n, (heads + 2 * kv_heads) * head_dim)).astype(np.float32)
+
+
+def _rotate(x: np.ndarray, pos: int, inv_freq: np.ndarray) -> np.ndarray:
+    angle = np.float32(pos) * inv_freq
+    cos, sin = np.cos(angle.astype(np.float64)), np.sin(angle.astype(np.float64))
+    half = len(inv_freq)
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
 @pytest.mark.parametrize(
     ("head_dim", "positions"),
     [(64, 40), (128 + 32, 40), (12, 40), (64, 700)],  # 64-wide SIMD slabs, a narrower one, scalar; a long context
 )
-def test_decode_attention_writes_the_new_keys_then_matches_numpy(library, head_dim, positions):
-    """Each lane writes its key and value at its position, rounded to float16 as NumPy rounds, then
-    attends its own slot's float16 keys and values up to that position."""
+def test_attention_writes_the_new_keys_then_matches_numpy(library, head_dim, positions):
+    """Each lane writes its rotated key and its value at its position, rounded to float16 as NumPy
+    rounds, then attends its own slot's float16 keys and values up to that position."""
     rng = np.random.default_rng(11)
     lanes_n, heads, kv_heads, slots = 3, 6, 2, 4
     slot_of, pos_of = [2, 0, 3], [17, 0, positions - 1] if positions < 256 else [256, 255, positions - 1]
     lanes = np.array(slot_of + pos_of, np.int32)
-    shape = np.array([lanes_n, heads, kv_heads, slots, positions, head_dim], np.int32)
-    q = rng.standard_normal((lanes_n, heads, head_dim)).astype(np.float32)
-    got = np.empty((lanes_n, heads, head_dim), np.float32)
+    q_end, k_end = heads * head_dim, (heads + kv_heads) * head_dim
+    got = np.empty((lanes_n, heads * head_dim), np.float32)
+    no_extras = np.zeros(1, np.float32)
 
-    def step(cache, kv):
+    def step(cache, qkv, inv_freq):
         expected = cache.copy()
         for b, (slot, pos) in enumerate(zip(slot_of, pos_of)):
+            k = qkv[b, q_end:k_end].reshape(kv_heads, head_dim)
+            if inv_freq.any():
+                k = _rotate(k.astype(np.float64), pos, inv_freq).astype(np.float32)
             with np.errstate(over="ignore"):
-                expected[:, slot, :, pos] = kv[:, b].astype(np.float16)
-        library.tq_attend(_ptr(got), _ptr(q), _ptr(kv), _ptr(cache), _ptr(lanes), _ptr(shape))
-        np.testing.assert_array_equal(cache.view(np.uint16), expected.view(np.uint16))
+                expected[0, slot, :, pos] = k.astype(np.float16)
+                expected[1, slot, :, pos] = qkv[b, k_end:].reshape(kv_heads, head_dim).astype(np.float16)
+        shape = np.array([lanes_n, heads, kv_heads, slots, positions, head_dim, 0, 0], np.int32)
+        library.tq_attend(_ptr(got), _ptr(qkv), _ptr(cache), _ptr(lanes), _ptr(inv_freq), _ptr(no_extras), _ptr(shape))
+        # bit for bit without rotation (the rounding); within float32 rounding of the rotation with it
+        np.testing.assert_allclose(cache.astype(np.float32), expected.astype(np.float32), rtol=2e-3 if inv_freq.any() else 0)
 
     cache = rng.standard_normal((2, slots, kv_heads, positions, head_dim)).astype(np.float16)
-    extremes = np.zeros((2, lanes_n, kv_heads, head_dim), np.float32)
-    extremes[0, 0, 0, :8] = [1e-7, -3e-6, 6e-5, 7e4, 65519, 2049, 2051, np.nan]  # subnormals, overflow, ties
-    step(cache, extremes)
-    step(cache, (rng.standard_normal((2, lanes_n, kv_heads, head_dim)) * 3).astype(np.float32))
+    extremes = np.zeros((lanes_n, (heads + 2 * kv_heads) * head_dim), np.float32)
+    extremes[0, q_end : q_end + 8] = [1e-7, -3e-6, 6e-5, 7e4, 65519, 2049, 2051, 1e-30]  # subnormals, overflow, ties
+    step(cache, extremes, np.zeros(head_dim // 2, np.float32))
+    inv_freq = (1.0 / 10000.0 ** (np.arange(head_dim // 2) * 2 / head_dim)).astype(np.float32)
+    qkv = (_attend_inputs(rng, lanes_n, heads, kv_heads, head_dim) * 3).astype(np.float32)
+    step(cache, qkv, inv_freq)
     for b, (slot, pos) in enumerate(zip(slot_of, pos_of)):
         for h in range(heads):
+            q = _rotate(qkv[b, h * head_dim : (h + 1) * head_dim].astype(np.float64), pos, inv_freq)
             k, v = (cache[i, slot, h // (heads // kv_heads), : pos + 1].astype(np.float64) for i in (0, 1))
-            scores = k @ q[b, h] / np.sqrt(head_dim)
+            scores = k @ q / np.sqrt(head_dim)
             probs = np.exp(scores - scores.max())
-            np.testing.assert_allclose(got[b, h], probs / probs.sum() @ v, rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(got[b, h * head_dim : (h + 1) * head_dim], probs / probs.sum() @ v, rtol=1e-4, atol=1e-4)
+
+
+def test_attention_adds_the_bias_and_normalizes_q_and_k_heads(library):
+    """qwen2's qkv bias and qwen3's per-head q/k norms, applied before the rotation: the key written
+    and the output equal attention over the NumPy-prepared heads."""
+    rng = np.random.default_rng(3)
+    heads, kv_heads, head_dim, slots, positions, eps = 4, 2, 16, 2, 8, 1e-6
+    group, width = heads // kv_heads, (heads + 2 * kv_heads) * head_dim
+    qkv = _attend_inputs(rng, 1, heads, kv_heads, head_dim)
+    bias = rng.standard_normal(width).astype(np.float32)
+    q_norm, k_norm = (rng.uniform(0.5, 1.5, head_dim).astype(np.float32) for _ in range(2))
+    inv_freq = (1.0 / 10000.0 ** (np.arange(head_dim // 2) * 2 / head_dim)).astype(np.float32)
+    lanes = np.array([1, 1], np.int32)  # slot 1, position 1: attends the key already at 0 and its own
+    shape = np.array([1, heads, kv_heads, slots, positions, head_dim, 3, int(np.float32(eps).view(np.int32))], np.int32)
+    cache = rng.standard_normal((2, slots, kv_heads, positions, head_dim)).astype(np.float16)
+    got = np.empty((1, heads * head_dim), np.float32)
+    library.tq_attend(
+        _ptr(got), _ptr(qkv), _ptr(cache), _ptr(lanes), _ptr(inv_freq), _ptr(np.concatenate([bias, q_norm, k_norm])), _ptr(shape)
+    )
+
+    x = (qkv[0] + bias).astype(np.float64)
+    q = _rotate(_rms_norm(x[: heads * head_dim].reshape(heads, head_dim), q_norm, eps), 1, inv_freq)
+    k = _rotate(_rms_norm(x[heads * head_dim : (heads + kv_heads) * head_dim].reshape(kv_heads, head_dim), k_norm, eps), 1, inv_freq)
+    np.testing.assert_allclose(cache[0, 1, :, 1], k, rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(cache[1, 1, :, 1], x[(heads + kv_heads) * head_dim :].reshape(kv_heads, head_dim), rtol=2e-3, atol=2e-3)
+    for h in range(heads):
+        keys, values = (cache[i, 1, h // group, :2].astype(np.float64) for i in (0, 1))
+        scores = keys @ q[h] / np.sqrt(head_dim)
+        probs = np.exp(scores - scores.max())
+        np.testing.assert_allclose(got[0, h * head_dim : (h + 1) * head_dim], probs / probs.sum() @ values, rtol=1e-3, atol=1e-3)

@@ -7,10 +7,13 @@ float32). Positions, slots and lengths enter the jitted graphs as bound symbolic
 sequences joining and leaving never trigger a recompile, and each step writes only the cache rows
 it produces.
 
-Every matrix product goes through a `Linear` from weights.py: on the CPU device a quantized matrix
-stays in its GGUF blocks and runs on the multi-core kernels in kernels/ (inside the captured step);
-elsewhere it is float16 on tinygrad's kernels. Activations stay float32 on CPU, which has no float16
-arithmetic. Norms, RoPE, attention and the float16 KV cache are tinygrad's everywhere.
+On the CPU device, with the kernels in kernels/ loaded, a layer is five of their kernels inside the
+captured step (`Block.on_kernels`): norm + qkv product, attention (bias, q/k norms, RoPE, the cache
+write and the softmax), output product + residual, norm + gate/up product, SwiGLU + down product +
+residual. A matrix whose type has no kernel takes tinygrad's float16 product in its place, with the
+surrounding operations in tinygrad too. Every other device runs the whole layer on tinygrad's kernels,
+float16 weights, with tinygrad's attention over the float16 KV cache. Activations stay float32 on
+CPU, which has no float16 arithmetic.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ import numpy as np
 from tinygrad import Device, Tensor, TinyJit, UOp, dtypes
 from tinygrad.llm.gguf import gguf_load
 
-from .kernels.cpu import QuantizedCPU
-from .weights import WeightSource
+from .kernels.cpu import ATTEND_BIAS, ATTEND_QK_NORM, MAX_HEAD_DIM, QuantizedCPU
+from .weights import BlockLinear, WeightSource
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +126,27 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return (x1 * cos - x2 * sin).cat(x2 * cos + x1 * sin, dim=-1)
 
 
+# A layer's products with what surrounds them: one fused kernel when the matrix is in blocks on the
+# CPU kernels, tinygrad's operations around the product otherwise.
+def _after_norm(linear, x: Tensor, norm: Tensor, eps: float) -> Tensor:
+    if isinstance(linear, BlockLinear):
+        return linear.kernels.norm_linear(x, linear.weight, norm, eps)
+    return linear(rms_norm(x, norm, eps))
+
+
+def _plus(linear, x: Tensor, residual: Tensor) -> Tensor:
+    if isinstance(linear, BlockLinear):
+        return linear.kernels.residual_linear(x, linear.weight, residual)
+    return (residual + linear(x)).contiguous()
+
+
+def _swiglu_plus(linear, gate_up: Tensor, residual: Tensor) -> Tensor:
+    if isinstance(linear, BlockLinear):
+        return linear.kernels.swiglu_linear(gate_up, linear.weight, residual)
+    hidden = gate_up.shape[-1] // 2
+    return (residual + linear(gate_up[..., :hidden].silu() * gate_up[..., hidden:])).contiguous()
+
+
 class Block:
     def __init__(self, config: ModelConfig, weights: WeightSource, layer: int, slots: int, context: int, kv_dtype):
         self.c = config
@@ -138,13 +162,19 @@ class Block:
         self.gate_up = weights.linear(p + "ffn_gate.weight", p + "ffn_up.weight")  # D -> 2*F
         self.attn_output = weights.linear(p + "attn_output.weight")  # H*Hd -> D
         self.down = weights.linear(p + "ffn_down.weight")  # F -> D
-        self.kernels = weights.kernels  # decode attention runs on the CPU kernels' pool when they are loaded
+        self.kernels = weights.kernels  # the whole layer runs on the CPU kernels when they are loaded
+        # tq_attend's extras: the qkv bias, then the q and k norm weights, as the model has them
+        extras = ([self.qkv_bias] if self.qkv_bias is not None else []) + (
+            [self.w["attn_q_norm.weight"], self.w["attn_k_norm.weight"]] if config.qk_norm else []
+        )
+        self.attend_extras = Tensor.cat(*extras).float().contiguous() if extras else Tensor.zeros(1).contiguous()
+        self.attend_flags = (ATTEND_BIAS if config.qkv_bias else 0) | (ATTEND_QK_NORM if config.qk_norm else 0)
         # (k|v, slot, kv_head, position, head_dim); the extra last slot is scratch for padding lanes.
         self.cache = Tensor.zeros(2, slots + 1, config.n_kv_heads, context, config.head_dim, dtype=kv_dtype).contiguous()
 
     def tensors(self) -> list[Tensor]:
         own = [*self.qkv.tensors(), *self.gate_up.tensors(), *self.attn_output.tensors(), *self.down.tensors(), self.cache]
-        return own + ([self.qkv_bias] if self.qkv_bias is not None else []) + list(self.w.values())
+        return own + ([self.qkv_bias] if self.qkv_bias is not None else []) + list(self.w.values()) + [self.attend_extras]
 
     def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         c, w = self.c, self.w
@@ -183,20 +213,23 @@ class Block:
         mixed = (gate_up[..., :hidden].silu() * gate_up[..., hidden:]).contiguous()
         return (h + self.down(mixed)).contiguous()
 
-    def prefill(self, x: Tensor, slot: UOp, start: UOp, rotary: tuple[Tensor, Tensor], mask: Tensor, lanes: Tensor) -> Tensor:
-        """x (1, T, D) for positions start..start+T-1 of the sequence in `slot`; `lanes` holds the
-        slot T times, then the positions, as an int32 tensor for the CPU attention kernel."""
+    def on_kernels(self, x: Tensor, lanes: Tensor, inv_freq: Tensor) -> Tensor:
+        """The layer on the CPU kernels, as five of them: x (B, D) for B lanes, each a decode step's
+        sequence or a prefill piece's token, lane b at position lanes[B + b] of slot lanes[b]. Prefill
+        and decode thus compute a position identically, so prompt scoring equals generation."""
+        c, w = self.c, self.w
+        qkv = _after_norm(self.qkv, x, w["attn_norm.weight"], c.norm_eps)
+        attn = self.kernels.attend(qkv, self.cache, lanes, inv_freq, self.attend_extras, c.n_heads, self.attend_flags, c.norm_eps)
+        h = _plus(self.attn_output, attn, x)
+        return _swiglu_plus(self.down, _after_norm(self.gate_up, h, w["ffn_norm.weight"], c.norm_eps), h)
+
+    def prefill(self, x: Tensor, slot: UOp, start: UOp, rotary: tuple[Tensor, Tensor], mask: Tensor) -> Tensor:
+        """x (1, T, D) for positions start..start+T-1 of the sequence in `slot`."""
         T = x.shape[1]
         q, k, v = self._qkv(rms_norm(x, self.w["attn_norm.weight"], self.c.norm_eps))
         # contiguous after RoPE: fusing RoPE into symbolic-length attention overflows tinygrad's rewriter
         q = rope(q, *rotary).contiguous()
         k = rope(k, *rotary)
-        if self.kernels is not None:
-            # the decode step's kernel, each token a lane of the same slot: prefill and decode then
-            # compute a position's logits identically, so prompt scoring equals generation
-            kv = Tensor.stack(k[0], v[0]).permute(0, 2, 1, 3)  # (2, T, KvH, Hd)
-            attn = self.kernels.attend(q[0].transpose(0, 1), kv, self.cache, lanes)  # (T, H*Hd)
-            return self._ffn_and_out(x, attn.reshape(1, T, -1))
         kv = Tensor.stack(k[0], v[0]).cast(self.cache.dtype)  # (2, KvH, T, Hd)
         store = self.cache[:, slot, :, start : start + T, :].uop.store(kv.uop)
         cache = Tensor(self.cache.uop.after(store))
@@ -204,21 +237,11 @@ class Block:
         values = cache[1, slot, :, 0 : start + T, :].unsqueeze(0).float()
         return self._ffn_and_out(x, self._attend(q, keys, values, mask))
 
-    def decode(
-        self, x: Tensor, slots: list[UOp], positions: list[UOp], rotary: tuple[Tensor, Tensor], length: UOp, mask: Tensor, lanes: Tensor
-    ) -> Tensor:
-        """x (B, 1, D): lane b is at position positions[b] of the sequence in slots[b]; keys read up to `length`.
-        `lanes` holds the same slots and positions as an int32 tensor, for the CPU attention kernel."""
+    def decode(self, x: Tensor, slots: list[UOp], positions: list[UOp], rotary: tuple[Tensor, Tensor], length: UOp, mask: Tensor) -> Tensor:
+        """x (B, 1, D): lane b is at position positions[b] of the sequence in slots[b]; keys read up to `length`."""
         q, k, v = self._qkv(rms_norm(x, self.w["attn_norm.weight"], self.c.norm_eps))
         q = rope(q, *rotary).contiguous()
         k = rope(k, *rotary)
-        if self.kernels is not None:
-            # cache writes and every (lane, head) pair's attention in one kernel on the pool, reading
-            # the cache in place: tinygrad copied each lane's keys and values out and ran on one
-            # core, and a step's 240 cache stores cost ~40 s of scheduling at warm-up
-            B = x.shape[0]
-            attn = self.kernels.attend(q[:, :, 0], Tensor.stack(k, v)[:, :, :, 0], self.cache, lanes)
-            return self._ffn_and_out(x, attn.reshape(B, 1, -1))
         kv = Tensor.stack(k, v).cast(self.cache.dtype)  # (2, B, KvH, 1, Hd)
         stores = [self.cache[:, s, :, p : p + 1, :].uop.store(kv[:, b].contiguous().uop) for b, (s, p) in enumerate(zip(slots, positions))]
         cache = Tensor(self.cache.uop.after(*stores))
@@ -245,6 +268,9 @@ class Transformer:
         # a padded prefill chunk may write up to max_chunk - 1 junk positions past the context
         self.blocks = [Block(config, weights, i, slots, context + max_chunk, KV_DTYPE) for i in range(config.n_layers)]
         self.uses_cpu_kernels = weights.uses_kernels  # some matrix runs on the quantized CPU kernels
+        # every layer runs on the CPU kernels when they are loaded (attention always, each product
+        # where its type has one)
+        self.kernels = weights.kernels if config.head_dim % 2 == 0 and config.head_dim <= MAX_HEAD_DIM else None
         # a symbolic-length arange compiles to a reduce over length x length: slice a stored one instead
         self.key_positions = Tensor.arange(context + max_chunk).contiguous()
         # stored, not rebuilt from a Python list inside the jitted step: tinygrad replays such a constant
@@ -269,18 +295,28 @@ class Transformer:
         return self.head(rms_norm(x, self.output_norm, self.config.norm_eps).contiguous())
 
     def _prefill(self, tokens: Tensor, last: Tensor, lanes: Tensor, slot: UOp, start: UOp) -> Tensor:
+        if self.kernels is not None:
+            x = self.embed(tokens[0])  # (T, D)
+            for block in self.blocks:
+                # realized layer by layer: the jit records each piece, and scheduling the whole step as
+                # one graph cost time quadratic in its layers (tinygrad's store-hazard walk per store)
+                x = block.on_kernels(x, lanes, self.inv_freq).realize()
+            return self._logits(last @ x).realize()  # (1, T) one-hot @ (T, D) -> (1, vocab)
         positions = Tensor.arange(tokens.shape[1]) + start  # (T,)
         keys = self.key_positions[0 : start + tokens.shape[1]]
         mask = (keys.reshape(1, -1) > positions.reshape(-1, 1)).where(float("-inf"), 0.0).unsqueeze(0).contiguous()  # (1, T, S)
         rotary = rotation(positions, self.inv_freq)
         x = self.embed(tokens)  # (1, T, D)
         for block in self.blocks:
-            # realized layer by layer: the jit records each piece, and scheduling the whole step as
-            # one graph cost time quadratic in its layers (tinygrad's store-hazard walk per store)
-            x = block.prefill(x, slot, start, rotary, mask, lanes).realize()
+            x = block.prefill(x, slot, start, rotary, mask).realize()  # as on the kernels
         return self._logits(last @ x[0]).realize()  # (1, T) one-hot @ (T, D) -> (1, vocab)
 
     def _decode(self, tokens: Tensor, pos: Tensor, lanes_in: Tensor, length: UOp, *lanes: UOp) -> Tensor:
+        if self.kernels is not None:
+            x = self.embed(tokens)  # (B, D)
+            for block in self.blocks:
+                x = block.on_kernels(x, lanes_in, self.inv_freq).realize()  # as in _prefill
+            return self._logits(x).realize()  # (B, vocab)
         width = tokens.shape[0]
         slots, positions = list(lanes[:width]), list(lanes[width:])
         keys = self.key_positions[0:length].reshape(1, 1, -1)
@@ -288,7 +324,7 @@ class Transformer:
         rotary = rotation(pos.reshape(-1, 1, 1), self.inv_freq)  # (B, 1, 1, half): broadcast over heads
         x = self.embed(tokens).reshape(width, 1, -1)  # (B, 1, D)
         for block in self.blocks:
-            x = block.decode(x, slots, positions, rotary, length, mask, lanes_in).realize()  # as in _prefill
+            x = block.decode(x, slots, positions, rotary, length, mask).realize()  # as in _prefill
         return self._logits(x[:, 0, :]).realize()  # (B, vocab)
 
     def prefill(self, tokens: list[int], slot: int, start: int, chunk: int) -> np.ndarray:

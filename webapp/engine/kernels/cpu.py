@@ -3,8 +3,10 @@
 Contract: `QuantizedCPU.load()` compiles `ggml_cpu.c` once per source and CPU feature set (cached on
 disk, so a restart reuses it) and returns None where it cannot serve (not the CPU device, no clang, an
 architecture without a trampoline). Its `linear(x, weight)` multiplies float32 activations (..., cols)
-by a `BlockWeight` (a GGUF tensor's raw blocks, rows x cols) and `embed(ids, weight)` gathers
-dequantized rows; both return lazy tensors that run inside the surrounding TinyJit.
+by a `BlockWeight` (a GGUF tensor's raw blocks, rows x cols); `norm_linear`, `residual_linear` and
+`swiglu_linear` fuse what surrounds a layer's products into them; `attend` runs a layer's attention
+from its qkv rows; `embed(ids, weight)` gathers dequantized rows. All return lazy tensors that run
+inside the surrounding TinyJit.
 
 How it plugs into tinygrad 0.14: a kernel is an Ops.PROGRAM whose binary is a 12- or 16-byte
 trampoline that jumps to our compiled function. tinygrad's CPU worker calls a program with every
@@ -38,6 +40,9 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("ggml_cpu.c")
 # GGML type ids with a kernel, and (values, bytes) per block
 BLOCK_FORMATS = {2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210)}
+# tq_attend's flags: which of the bias and the q/k norms its `extras` input holds
+ATTEND_BIAS, ATTEND_QK_NORM = 1, 2
+MAX_HEAD_DIM = 512  # tq_attend's rotation buffer
 # Idle pool threads spin this long before sleeping: a decode step's ~120 products come microseconds
 # apart, and a sleeping thread takes tens of microseconds to wake.
 SPIN_US = 100
@@ -120,7 +125,7 @@ class QuantizedCPU:
         self.library, self.threads, self.simd = library, threads, simd
         self._shapes: dict[tuple, Tensor] = {}
         self._programs: dict[str, bytes] = {}
-        for name in ("tq_linear", "tq_embed", "tq_attend"):
+        for name in ("tq_linear", "tq_norm_linear", "tq_residual_linear", "tq_swiglu_linear", "tq_embed", "tq_attend"):
             address = ctypes.cast(getattr(library, name), ctypes.c_void_p).value
             self._programs[name] = _trampoline(address)
         library.tq_start(ctypes.c_long(threads), ctypes.c_long(SPIN_US))
@@ -150,7 +155,11 @@ class QuantizedCPU:
     def _shape(self, *values: int) -> Tensor:
         tensor = self._shapes.get(values)
         if tensor is None:
-            tensor = self._shapes[values] = Tensor(np.array(values, dtype=np.int32)).contiguous().realize()
+            # filled straight into its buffer: a tensor made from NumPy inside a jit's capture becomes a
+            # host copy that the jit replays, waiting for the device, on every step (~0.2 ms each)
+            tensor = self._shapes[values] = Tensor.empty(len(values), dtype=dtypes.int32).realize()
+            buffer = tensor.uop.base.buffer.ensure_allocated()
+            buffer.allocator._copyin(buffer._buf, memoryview(np.array(values, dtype=np.int32)).cast("B"))
         return tensor
 
     def _call(self, name: str, out: Tensor, *inputs: Tensor) -> Tensor:
@@ -174,12 +183,31 @@ class QuantizedCPU:
 
     def linear(self, x: Tensor, weight: BlockWeight) -> Tensor:
         """x (..., cols) float32 @ weight.T -> (..., rows) float32."""
+        return self._linear("tq_linear", x, weight, weight.cols)
+
+    def norm_linear(self, x: Tensor, weight: BlockWeight, norm: Tensor, eps: float) -> Tensor:
+        """rms_norm(x) * norm, then the product: a layer's input norm runs inside its first kernel."""
+        eps_bits = int(np.float32(eps).view(np.int32))
+        return self._linear("tq_norm_linear", x, weight, weight.cols, norm.cast(dtypes.float32).contiguous(), extra_shape=(eps_bits,))
+
+    def residual_linear(self, x: Tensor, weight: BlockWeight, residual: Tensor) -> Tensor:
+        """residual + x @ weight.T: the residual stream's add runs inside the product."""
+        return self._linear("tq_residual_linear", x, weight, weight.cols, self._rows(residual, weight.rows))
+
+    def swiglu_linear(self, gate_up: Tensor, weight: BlockWeight, residual: Tensor) -> Tensor:
+        """residual + (silu(gate) * up) @ weight.T, for gate_up (..., 2 * cols) = gate | up."""
+        return self._linear("tq_swiglu_linear", gate_up, weight, 2 * weight.cols, self._rows(residual, weight.rows))
+
+    def _linear(self, name: str, x: Tensor, weight: BlockWeight, width: int, *extra: Tensor, extra_shape: tuple = ()) -> Tensor:
         lead = x.shape[:-1]
         tokens = int(np.prod(lead)) if lead else 1
         out = Tensor.empty(tokens, weight.rows, dtype=dtypes.float32)
-        flat = x.reshape(tokens, weight.cols).cast(dtypes.float32).contiguous()
-        shape = self._shape(weight.ggml_type, weight.rows, weight.cols, tokens)
-        return self._call("tq_linear", out, weight.raw, flat, shape).reshape(*lead, weight.rows)
+        shape = self._shape(weight.ggml_type, weight.rows, weight.cols, tokens, *extra_shape)
+        return self._call(name, out, weight.raw, self._rows(x, width), *extra, shape).reshape(*lead, weight.rows)
+
+    @staticmethod
+    def _rows(x: Tensor, width: int) -> Tensor:
+        return x.reshape(-1, width).cast(dtypes.float32).contiguous()
 
     def embed(self, ids: Tensor, weight: BlockWeight) -> Tensor:
         """ids (...) int32 -> (..., cols) float32 rows of weight."""
@@ -191,14 +219,18 @@ class QuantizedCPU:
             *lead, weight.cols
         )
 
-    def attend(self, q: Tensor, kv: Tensor, cache: Tensor, lanes: Tensor) -> Tensor:
-        """Attention for B lanes (a decode step's sequences, or a prefill piece's tokens). Writes kv
-        (2, B, kv_heads, Hd), each lane's new key and value, into the float16 KV cache (2, slots,
-        kv_heads, positions, Hd), then attends q (B, H, Hd) over it; lanes (2B,) int32 = each
-        lane's slot, then its position (it attends positions 0..pos). -> (B, H*Hd) float32."""
-        B, H, Hd = q.shape
-        _, slots, kv_heads, positions, _ = cache.shape
-        out = Tensor.empty(B, H, Hd, dtype=dtypes.float32)
-        shape = self._shape(B, H, kv_heads, slots, positions, Hd)
-        q, kv = q.cast(dtypes.float32).contiguous(), kv.cast(dtypes.float32).contiguous()
-        return self._call("tq_attend", out, q, kv, cache, lanes, shape).reshape(B, H * Hd)
+    def attend(
+        self, qkv: Tensor, cache: Tensor, lanes: Tensor, inv_freq: Tensor, extras: Tensor, heads: int, flags: int, eps: float
+    ) -> Tensor:
+        """A layer's attention for B lanes (a decode step's sequences, or a prefill piece's tokens) from
+        its qkv rows (B, (heads + 2 kv_heads) Hd): adds the bias and applies the q/k norms (as `flags`
+        and `extras` say), rotates q and k by RoPE at each lane's position (inverse frequencies
+        `inv_freq`), writes each lane's key and value into the float16 KV cache (2, slots, kv_heads,
+        positions, Hd), then attends over it. lanes (2B,) int32 = each lane's slot, then its position
+        (it attends positions 0..pos). -> (B, heads * Hd) float32."""
+        _, slots, kv_heads, positions, head_dim = cache.shape
+        B = qkv.shape[0]
+        out = Tensor.empty(B, heads * head_dim, dtype=dtypes.float32)
+        eps_bits = int(np.float32(eps).view(np.int32))
+        shape = self._shape(B, heads, kv_heads, slots, positions, head_dim, flags, eps_bits)
+        return self._call("tq_attend", out, self._rows(qkv, (heads + 2 * kv_heads) * head_dim), cache, lanes, inv_freq, extras, shape)

@@ -4,10 +4,15 @@
  *   tq_linear(out, w, x, shape)  out[t][r] = sum_i W[r][i] * x[t][i] for t < tokens, r < rows, where
  *                                W's rows are stored as GGML blocks of `type` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)
  *                                and shape = {type, rows, cols, tokens} (int32).
+ *   tq_norm_linear(out, w, x, norm, shape)          the same over rms_norm(x) * norm; shape[4] = eps's bits
+ *   tq_residual_linear(out, w, x, residual, shape)  residual + the product
+ *   tq_swiglu_linear(out, w, gate_up, residual, shape)  residual + W . (silu(gate) * up), x = gate | up
+ *   tq_attend(out, qkv, cache, lanes, inv_freq, extras, shape)  a layer's attention from its qkv rows:
+ *                                bias, q/k norm, RoPE, the new keys and values into the float16 KV cache,
+ *                                then softmax attention over it (see the attention section)
  *   tq_embed(out, w, ids, shape) out[t] = W[ids[t]] dequantized; shape = {type, rows, cols, tokens}.
  *   tq_start(threads, spin_us)   sizes the thread pool; called once from Python before any product.
- *   tq_attend(out, q, kv, cache, lanes, shape)  one decode step: writes each lane's new key and value
- *                                into the float16 KV cache, then attends over it.
+ * Fused this way, a layer is five kernels and nothing runs on tinygrad's single thread between them.
  * out and x are float32, row-major; every argument arrives as a 64-bit word, as tinygrad's CPU worker
  * passes them to a program.
  *
@@ -33,6 +38,10 @@
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
 enum { MAX_THREADS = 64, MAX_TOKEN_GROUP = 4 };
+/* How far ahead of the block being multiplied the tiles prefetch the weights. From DRAM the hardware
+ * prefetcher alone left a one-token step at 31 ms here; the next tile's rows (1.4 KB ahead for the
+ * default model's small matrices) gave 18.6 ms and 4 KB ahead 16.3 ms (medians of 100 steps). */
+enum { PREFETCH_BYTES = 4096 };
 
 /* One quantized block of 32 activations: x[i] ~ d * q[i]; s = d * sum(q); sum16 = the sums of q over each half. */
 typedef struct {
@@ -186,9 +195,8 @@ static inline __attribute__((always_inline)) void tile32(int type, const uint8_t
     float m[4];
     for (int r = 0; r < R; r++) {
       const uint8_t *blk = w + r * row_bytes + (size_t)b * bb;
-      /* the next tile's rows follow these: fetch them while this one computes (from DRAM, the
-         hardware prefetcher alone left a one-token product at a third of the memory bandwidth) */
-      _mm_prefetch((const char *)(blk + R * row_bytes), _MM_HINT_T0);
+      /* the rows of the tiles after this one follow it: fetch them while this one computes */
+      _mm_prefetch((const char *)(blk + PREFETCH_BYTES), _MM_HINT_T0);
       const float d = fp16(blk);
       dw[r] = _mm256_set1_ps(d);
       if (type == Q8_0) {
@@ -331,6 +339,7 @@ typedef struct {
   float *out;
   const uint8_t *w;
   const xblock *x;
+  const float *residual; /* (tokens, rows) added to the product, or null */
 } linear_t;
 
 /* A job: run(ctx, first, last) over items [0, items), handed out `chunk` at a time. */
@@ -388,6 +397,12 @@ static void run_rows(const void *ctx, int first, int last) {
       row_dot(j->type, j->w + (size_t)r * row_bytes, j->cols, xs, n, acc);
       for (int t = 0; t < n; t++) out[(size_t)t * j->rows + r] = acc[t];
     }
+    if (j->residual)
+      for (int t = 0; t < n; t++) {
+        const float *add = j->residual + (size_t)(t0 + t) * j->rows;
+        float *o = out + (size_t)t * j->rows;
+        for (r = first; r < last; r++) o[r] += add[r];
+      }
   }
 }
 
@@ -472,25 +487,86 @@ static xblock *scratch(size_t n) { /* the activations' int8 copy, grown once and
   return buf;
 }
 
-void tq_linear(float *out, const uint8_t *w, const float *x, const int32_t *shape) {
+static float *scratch_floats(size_t n) { /* one row of transformed activations, or attention's queries */
+  static __thread float *buf;
+  static __thread size_t have;
+  if (n > have) {
+    free(buf);
+    buf = malloc(n * sizeof(float));
+    have = n;
+  }
+  return buf;
+}
+
+/* How a token's row of x becomes the product's input, before quantizing. */
+enum { AS_IS, RMS_NORM, SWIGLU };
+
+static float int_bits_float(int32_t bits) {
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+/* y = x / sqrt(mean(x^2) + eps) * weight */
+static void rms_norm_row(const float *x, const float *weight, int n, float eps, float *y) {
+  float sum = 0.0f;
+  for (int i = 0; i < n; i++) sum += x[i] * x[i];
+  const float inv = 1.0f / sqrtf(sum / n + eps);
+  for (int i = 0; i < n; i++) y[i] = x[i] * inv * weight[i];
+}
+
+/* out (tokens, rows) = [residual +] W . f(x) with f one of AS_IS, RMS_NORM (by `norm`, eps) or
+ * SWIGLU (x holds gate then up, 2 * cols per token: silu(gate) * up). */
+static void linear(float *out, const uint8_t *w, const float *x, const int32_t *shape, int input, const float *norm, const float *residual) {
   const int type = shape[0], rows = shape[1], cols = shape[2], tokens = shape[3];
   xblock *xq8 = scratch((size_t)tokens * (cols / 32));
-  for (int t = 0; t < tokens; t++) quantize_row(x + (size_t)t * cols, cols, xq8 + (size_t)t * (cols / 32));
+  float *row = input == AS_IS ? 0 : scratch_floats((size_t)cols);
+  for (int t = 0; t < tokens; t++) {
+    const float *in = x + (size_t)t * cols;
+    if (input == RMS_NORM) {
+      rms_norm_row(in, norm, cols, int_bits_float(shape[4]), row);
+      in = row;
+    } else if (input == SWIGLU) {
+      const float *gate = x + (size_t)t * 2 * cols, *up = gate + cols;
+      for (int i = 0; i < cols; i++) row[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+      in = row;
+    }
+    quantize_row(in, cols, xq8 + (size_t)t * (cols / 32));
+  }
   /* ~8 chunks a thread balances load without making the counter hot */
   int chunk = rows / (8 * (n_workers + 1));
   chunk = chunk < 16 ? 16 : chunk - chunk % 16;
-  const linear_t lin = {type, rows, cols, tokens, out, w, xq8};
+  const linear_t lin = {type, rows, cols, tokens, out, w, xq8, residual};
   const job_t j = {run_rows, &lin, rows, chunk};
   run_job(&j);
 }
 
-/* ---- decode attention ------------------------------------------------------------------------ */
-/* First kv (2, lanes, kv_heads, Hd) float32 goes to K and V [slot_b][*][pos_b] of the float16 KV cache
- * (2, slots, kv_heads, positions, Hd); then out[b][h] = softmax(q[b][h] . K[slot_b][kv(h)][0..pos_b] /
- * sqrt(Hd)) . V[slot_b][kv(h)][0..pos_b] for every lane b and query head h, reading the cache in
- * place: one (lane, head) pair per item over the pool. shape = {lanes, heads, kv_heads, slots,
- * positions, head_dim}; lanes_in = {slot_0.., pos_0..}. Writing and reading in one kernel keeps the
- * order of the two inside the kernel, where tinygrad cannot reorder them. */
+void tq_linear(float *out, const uint8_t *w, const float *x, const int32_t *shape) { linear(out, w, x, shape, AS_IS, 0, 0); }
+/* shape[4] holds eps's float bits */
+void tq_norm_linear(float *out, const uint8_t *w, const float *x, const float *norm, const int32_t *shape) {
+  linear(out, w, x, shape, RMS_NORM, norm, 0);
+}
+void tq_residual_linear(float *out, const uint8_t *w, const float *x, const float *residual, const int32_t *shape) {
+  linear(out, w, x, shape, AS_IS, 0, residual);
+}
+void tq_swiglu_linear(float *out, const uint8_t *w, const float *gate_up, const float *residual, const int32_t *shape) {
+  linear(out, w, gate_up, shape, SWIGLU, 0, residual);
+}
+
+/* ---- attention ------------------------------------------------------------------------------ */
+/* tq_attend(out, qkv, cache, lanes, inv_freq, extras, shape) runs a layer's attention for B lanes (a
+ * decode step's sequences, or a prefill piece's tokens, each a lane of the same slot), from the qkv
+ * product's rows (B, (H + 2 KvH) Hd) float32 to out (B, H Hd) float32:
+ *   1. on the calling thread, per lane: add the bias, rms-normalize each q and k head (qwen3), rotate
+ *      q and k by RoPE at the lane's position (half-split pairs, angle = pos * inv_freq[i]), and write
+ *      k and v as float16 at that position of the lane's slot in the KV cache (2, slots, KvH,
+ *      positions, Hd);
+ *   2. over the pool, one (lane, query head) pair per item: softmax(q . K[0..pos] / sqrt(Hd)) . V[0..pos],
+ *      reading the cache in place.
+ * shape = {B, H, KvH, slots, positions, Hd, flags, eps bits}; lanes = {slot_0.., pos_0..}; extras holds
+ * the qkv bias (flag 1), then the q and k norm weights (flag 2). Writing and reading in one kernel
+ * keeps their order inside it, where tinygrad cannot reorder them. */
+enum { HAS_BIAS = 1, HAS_QK_NORM = 2, MAX_HEAD_DIM = 512 };
 
 /* float32 -> float16, rounding to nearest even as a hardware or compiler conversion does, so a key
  * written here equals the same key written by tinygrad's cast during prefill. */
@@ -648,17 +724,51 @@ static void run_attend(const void *ctx, int first, int last) {
   free(scores);
 }
 
-void tq_attend(float *out, const float *q, const float *kv, uint16_t *cache, const int32_t *lanes, const int32_t *shape) {
-  const int B = shape[0], KvH = shape[2], S = shape[3], C = shape[4], Hd = shape[5];
-  for (int half = 0; half < 2; half++)
-    for (int b = 0; b < B; b++)
-      for (int h = 0; h < KvH; h++) {
-        const float *from = kv + (((size_t)half * B + b) * KvH + h) * Hd;
-        uint16_t *to = cache + ((((size_t)half * S + lanes[b]) * KvH + h) * C + lanes[B + b]) * Hd;
-        for (int i = 0; i < Hd; i++) to[i] = half_from_float(from[i]);
+/* (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) for the half-split pairs of one head */
+static void rotate_half_pairs(const float *x, const float *cos_sin, int half, float *y) {
+  for (int i = 0; i < half; i++) {
+    const float c = cos_sin[i], s = cos_sin[half + i];
+    y[i] = x[i] * c - x[half + i] * s;
+    y[half + i] = x[half + i] * c + x[i] * s;
+  }
+}
+
+void tq_attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lanes, const float *inv_freq, const float *extras, const int32_t *shape) {
+  const int B = shape[0], H = shape[1], KvH = shape[2], S = shape[3], C = shape[4], Hd = shape[5], flags = shape[6];
+  const float eps = int_bits_float(shape[7]);
+  const int width = (H + 2 * KvH) * Hd, half = Hd / 2;
+  const float *bias = flags & HAS_BIAS ? extras : 0;
+  const float *q_norm = flags & HAS_QK_NORM ? extras + (bias ? width : 0) : 0;
+  float *queries = scratch_floats((size_t)B * H * Hd + width + Hd);
+  float *row = queries + (size_t)B * H * Hd, *cos_sin = row + width, rotated[MAX_HEAD_DIM];
+  for (int b = 0; b < B; b++) {
+    const int slot = lanes[b], pos = lanes[B + b];
+    for (int i = 0; i < width; i++) row[i] = qkv[(size_t)b * width + i] + (bias ? bias[i] : 0.0f);
+    for (int i = 0; i < half; i++) {
+      const float angle = (float)pos * inv_freq[i];
+      cos_sin[i] = cosf(angle);
+      cos_sin[half + i] = sinf(angle);
+    }
+    for (int h = 0; h < H + 2 * KvH; h++) {
+      float *x = row + (size_t)h * Hd;
+      const int is_v = h >= H + KvH;
+      if (q_norm && !is_v) rms_norm_row(x, h < H ? q_norm : q_norm + Hd, Hd, eps, x);
+      if (h < H) {
+        rotate_half_pairs(x, cos_sin, half, queries + ((size_t)b * H + h) * Hd);
+        continue;
       }
-  const attend_t a = {out, q, cache, shape, lanes};
-  const job_t j = {run_attend, &a, shape[0] * shape[1], 1};
+      const float *value = x;
+      if (!is_v) {
+        rotate_half_pairs(x, cos_sin, half, rotated);
+        value = rotated;
+      }
+      const int kvh = is_v ? h - H - KvH : h - H;
+      uint16_t *to = cache + ((((size_t)is_v * S + slot) * KvH + kvh) * C + pos) * Hd;
+      for (int i = 0; i < Hd; i++) to[i] = half_from_float(value[i]);
+    }
+  }
+  const attend_t a = {out, queries, cache, shape, lanes};
+  const job_t j = {run_attend, &a, B * H, 1};
   run_job(&j);
 }
 
