@@ -275,3 +275,27 @@ def test_attention_adds_the_bias_and_normalizes_q_and_k_heads(library):
         scores = keys @ q[h] / np.sqrt(head_dim)
         probs = np.exp(scores - scores.max())
         np.testing.assert_allclose(got[0, h * head_dim : (h + 1) * head_dim], probs / probs.sum() @ values, rtol=1e-3, atol=1e-3)
+
+
+def test_a_lanes_attention_is_the_same_bits_alone_and_among_others(library):
+    """Eight lanes share each kv head's keys among its query heads as one item; one lane alone runs a
+    head per item. A lane's output must not depend on which way it ran (batch invariance)."""
+    rng = np.random.default_rng(8)
+    lanes_n, heads, kv_heads, head_dim, slots, positions = 8, 12, 2, 64, 8, 64
+    qkv = _attend_inputs(rng, lanes_n, heads, kv_heads, head_dim)
+    inv_freq = (1.0 / 10000.0 ** (np.arange(head_dim // 2) * 2 / head_dim)).astype(np.float32)
+    slot_of, pos_of = list(range(lanes_n)), [int(p) for p in rng.integers(0, positions, lanes_n)]
+    cache = rng.standard_normal((2, slots, kv_heads, positions, head_dim)).astype(np.float16)
+    together = np.empty((lanes_n, heads * head_dim), np.float32)
+    shape = np.array([lanes_n, heads, kv_heads, slots, positions, head_dim, 0, 0], np.int32)
+    lanes = np.array(slot_of + pos_of, np.int32)
+    library.tq_attend(
+        _ptr(together), _ptr(qkv), _ptr(cache.copy()), _ptr(lanes), _ptr(inv_freq), _ptr(np.zeros(1, np.float32)), _ptr(shape)
+    )
+    for b in range(lanes_n):
+        alone = np.empty((1, heads * head_dim), np.float32)
+        one = np.array([1, heads, kv_heads, slots, positions, head_dim, 0, 0], np.int32)
+        row = np.ascontiguousarray(qkv[b : b + 1])
+        lane = np.array([slot_of[b], pos_of[b]], np.int32)
+        library.tq_attend(_ptr(alone), _ptr(row), _ptr(cache.copy()), _ptr(lane), _ptr(inv_freq), _ptr(np.zeros(1, np.float32)), _ptr(one))
+        np.testing.assert_array_equal(alone[0].view(np.uint32), together[b].view(np.uint32))

@@ -566,7 +566,7 @@ void tq_swiglu_linear(float *out, const uint8_t *w, const float *gate_up, const 
  * shape = {B, H, KvH, slots, positions, Hd, flags, eps bits}; lanes = {slot_0.., pos_0..}; extras holds
  * the qkv bias (flag 1), then the q and k norm weights (flag 2). Writing and reading in one kernel
  * keeps their order inside it, where tinygrad cannot reorder them. */
-enum { HAS_BIAS = 1, HAS_QK_NORM = 2, MAX_HEAD_DIM = 512 };
+enum { HAS_BIAS = 1, HAS_QK_NORM = 2, MAX_HEAD_DIM = 512, MAX_SHARED_HEADS = 3 };
 
 /* float32 -> float16, rounding to nearest even as a hardware or compiler conversion does, so a key
  * written here equals the same key written by tinygrad's cast during prefill. */
@@ -590,6 +590,7 @@ typedef struct {
   const float *q;
   const uint16_t *cache;
   const int32_t *shape, *lanes;
+  int shared; /* query heads an item attends together over their kv head's keys */
 } attend_t;
 
 static float half_to_float(uint16_t h) {
@@ -619,27 +620,37 @@ static inline __m256 exp_nonpositive(__m256 x) {
 
 static inline __m256 load_half8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
-/* scores[j] = q . k_j * scale for j < n, four keys at a time (one horizontal sum per four keys). */
-static void attend_scores(const float *q, const uint16_t *k, int n, int Hd, float scale, float *scores) {
+/* For the S query heads (1..MAX_SHARED_HEADS) that share one kv head, held contiguously in q:
+ * scores[h * stride + j] = q_h . k_j * scale for j < n. Each key is converted once for all S heads,
+ * four keys at a time (one horizontal sum per four keys). A head's numbers are the same whatever S
+ * is: every (head, key) pair sums its products in the same order. */
+static inline __attribute__((always_inline)) void attend_scores(const float *q, const int S, const uint16_t *k, int n, int Hd, float scale,
+                                                                float *scores, size_t stride) {
   int j = 0;
   for (; j + 4 <= n; j += 4) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m256 acc[MAX_SHARED_HEADS][4];
+    for (int h = 0; h < S; h++)
+      for (int kk = 0; kk < 4; kk++) acc[h][kk] = _mm256_setzero_ps();
     const uint16_t *kj = k + (size_t)j * Hd;
-    for (int i = 0; i < Hd; i += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + i);
-      a0 = _mm256_fmadd_ps(qv, load_half8(kj + i), a0);
-      a1 = _mm256_fmadd_ps(qv, load_half8(kj + Hd + i), a1);
-      a2 = _mm256_fmadd_ps(qv, load_half8(kj + 2 * Hd + i), a2);
-      a3 = _mm256_fmadd_ps(qv, load_half8(kj + 3 * Hd + i), a3);
+    for (int i = 0; i < Hd; i += 8)
+      for (int kk = 0; kk < 4; kk++) {
+        const __m256 key = load_half8(kj + kk * Hd + i);
+        for (int h = 0; h < S; h++) acc[h][kk] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * Hd + i), key, acc[h][kk]);
+      }
+    for (int h = 0; h < S; h++) {
+      const __m256 sums8 = _mm256_hadd_ps(_mm256_hadd_ps(acc[h][0], acc[h][1]), _mm256_hadd_ps(acc[h][2], acc[h][3])); /* per 128-bit half */
+      const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(sums8), _mm256_extractf128_ps(sums8, 1));
+      _mm_storeu_ps(scores + h * stride + j, _mm_mul_ps(sums, _mm_set1_ps(scale)));
     }
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3)); /* per 128-bit half */
-    const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    _mm_storeu_ps(scores + j, _mm_mul_ps(sums, _mm_set1_ps(scale)));
   }
   for (; j < n; j++) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int i = 0; i < Hd; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load_half8(k + (size_t)j * Hd + i), acc);
-    scores[j] = hsum(acc) * scale;
+    __m256 acc[MAX_SHARED_HEADS];
+    for (int h = 0; h < S; h++) acc[h] = _mm256_setzero_ps();
+    for (int i = 0; i < Hd; i += 8) {
+      const __m256 key = load_half8(k + (size_t)j * Hd + i);
+      for (int h = 0; h < S; h++) acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * Hd + i), key, acc[h]);
+    }
+    for (int h = 0; h < S; h++) scores[h * stride + j] = hsum(acc[h]) * scale;
   }
 }
 
@@ -671,54 +682,79 @@ static float attend_softmax(float *scores, int n) {
   return hsum(total8);
 }
 
-/* o = sum_j w[j] v_j / total, 64 dimensions at a time held in registers. */
-static void attend_values(const float *w, const uint16_t *v, int n, int Hd, float total, float *o) {
-  const __m256 inv = _mm256_set1_ps(1.0f / total);
-  for (int i0 = 0; i0 < Hd; i0 += 64) {
-    const int width = Hd - i0 < 64 ? Hd - i0 : 64;
-    __m256 acc[8];
-    for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
+/* o_h = sum_j w[h * stride + j] v_j / totals[h] for the S heads (contiguous in o), 32 dimensions at a
+ * time held in registers; each value vector is converted once for all S heads. */
+static inline __attribute__((always_inline)) void attend_values(const float *w, size_t stride, const int S, const uint16_t *v, int n, int Hd,
+                                                                const float *totals, float *o) {
+  for (int i0 = 0; i0 < Hd; i0 += 32) {
+    const int width = Hd - i0 < 32 ? Hd - i0 : 32;
+    __m256 acc[MAX_SHARED_HEADS][4];
+    for (int h = 0; h < S; h++)
+      for (int c = 0; c < 4; c++) acc[h][c] = _mm256_setzero_ps();
     for (int j = 0; j < n; j++) {
-      const __m256 p = _mm256_broadcast_ss(w + j);
+      __m256 p[MAX_SHARED_HEADS];
+      for (int h = 0; h < S; h++) p[h] = _mm256_broadcast_ss(w + h * stride + j);
       const uint16_t *vj = v + (size_t)j * Hd + i0;
-      for (int c = 0; c < width / 8; c++) acc[c] = _mm256_fmadd_ps(p, load_half8(vj + 8 * c), acc[c]);
+      for (int c = 0; c < width / 8; c++) {
+        const __m256 value = load_half8(vj + 8 * c);
+        for (int h = 0; h < S; h++) acc[h][c] = _mm256_fmadd_ps(p[h], value, acc[h][c]);
+      }
     }
-    for (int c = 0; c < width / 8; c++) _mm256_storeu_ps(o + i0 + 8 * c, _mm256_mul_ps(acc[c], inv));
+    for (int h = 0; h < S; h++) {
+      const __m256 inv = _mm256_set1_ps(1.0f / totals[h]);
+      for (int c = 0; c < width / 8; c++) _mm256_storeu_ps(o + h * Hd + i0 + 8 * c, _mm256_mul_ps(acc[h][c], inv));
+    }
   }
+}
+
+/* The S heads of one item, S a constant in each instance below. */
+static inline __attribute__((always_inline)) void attend_heads(const float *q, const int S, const uint16_t *k, const uint16_t *v, int n, int Hd,
+                                                               float scale, float *scores, size_t stride, float *o) {
+  float totals[MAX_SHARED_HEADS];
+  attend_scores(q, S, k, n, Hd, scale, scores, stride);
+  for (int h = 0; h < S; h++) totals[h] = attend_softmax(scores + h * stride, n);
+  attend_values(scores, stride, S, v, n, Hd, totals, o);
 }
 #endif
 
 static void run_attend(const void *ctx, int first, int last) {
   const attend_t *a = ctx;
   const int B = a->shape[0], H = a->shape[1], KvH = a->shape[2], S = a->shape[3], C = a->shape[4], Hd = a->shape[5];
-  const size_t plane = (size_t)S * KvH * C * Hd; /* keys, then values */
+  const int group = H / KvH, shared = a->shared, parts = (group + shared - 1) / shared;
+  const size_t plane = (size_t)S * KvH * C * Hd, stride = (size_t)C + 8; /* keys, then values */
   const float scale = 1.0f / sqrtf((float)Hd);
-  float *scores = malloc(sizeof(float) * (C + 8));
+  float *scores = malloc(sizeof(float) * stride * MAX_SHARED_HEADS);
   for (int item = first; item < last; item++) {
-    const int b = item / H, h = item % H, kvh = h / (H / KvH), slot = a->lanes[b], n = a->lanes[B + b] + 1;
-    const float *q = a->q + (size_t)item * Hd;
+    /* item = (lane, kv head, part of its query heads), the part `shared` heads wide */
+    const int b = item / (KvH * parts), kvh = item / parts % KvH, h0 = kvh * group + item % parts * shared;
+    const int heads = group - (h0 - kvh * group) < shared ? group - (h0 - kvh * group) : shared;
+    const int slot = a->lanes[b], n = a->lanes[B + b] + 1;
     const uint16_t *k = a->cache + (((size_t)slot * KvH + kvh) * C) * Hd, *v = k + plane;
-    float *o = a->out + (size_t)item * Hd;
+    for (int h = h0; h < h0 + heads; h++) {
+      const float *q = a->q + ((size_t)b * H + h) * Hd;
+      float *o = a->out + ((size_t)b * H + h) * Hd;
 #if TQ_AVX2
-    if (Hd % 8 == 0) {
-      attend_scores(q, k, n, Hd, scale, scores);
-      attend_values(scores, v, n, Hd, attend_softmax(scores, n), o);
-      continue;
-    }
+      if (Hd % 8 == 0) {
+        if (heads == 3) attend_heads(q, 3, k, v, n, Hd, scale, scores, stride, o);
+        else if (heads == 2) attend_heads(q, 2, k, v, n, Hd, scale, scores, stride, o);
+        else attend_heads(q, 1, k, v, n, Hd, scale, scores, stride, o);
+        break; /* all of the item's heads at once */
+      }
 #endif
-    float top = -INFINITY;
-    for (int j = 0; j < n; j++) {
-      float dot = 0.0f;
-      for (int i = 0; i < Hd; i++) dot += q[i] * half_to_float(k[(size_t)j * Hd + i]);
-      scores[j] = dot * scale;
-      top = scores[j] > top ? scores[j] : top;
-    }
-    float total = 0.0f;
-    for (int j = 0; j < n; j++) total += (scores[j] = expf(scores[j] - top));
-    for (int i = 0; i < Hd; i++) o[i] = 0.0f;
-    for (int j = 0; j < n; j++) {
-      const float p = scores[j] / total;
-      for (int i = 0; i < Hd; i++) o[i] += p * half_to_float(v[(size_t)j * Hd + i]);
+      float top = -INFINITY;
+      for (int j = 0; j < n; j++) {
+        float dot = 0.0f;
+        for (int i = 0; i < Hd; i++) dot += q[i] * half_to_float(k[(size_t)j * Hd + i]);
+        scores[j] = dot * scale;
+        top = scores[j] > top ? scores[j] : top;
+      }
+      float total = 0.0f;
+      for (int j = 0; j < n; j++) total += (scores[j] = expf(scores[j] - top));
+      for (int i = 0; i < Hd; i++) o[i] = 0.0f;
+      for (int j = 0; j < n; j++) {
+        const float p = scores[j] / total;
+        for (int i = 0; i < Hd; i++) o[i] += p * half_to_float(v[(size_t)j * Hd + i]);
+      }
     }
   }
   free(scores);
@@ -767,8 +803,16 @@ void tq_attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lan
       for (int i = 0; i < Hd; i++) to[i] = half_from_float(value[i]);
     }
   }
-  const attend_t a = {out, queries, cache, shape, lanes};
-  const job_t j = {run_attend, &a, B * H, 1};
+  /* Query heads sharing a kv head read its keys and values once as one item, up to MAX_SHARED_HEADS
+   * of them, when that still leaves every thread two items or more; else a head per item. A head's
+   * numbers are the same either way. */
+  const int group = H / KvH;
+  int shared = group < MAX_SHARED_HEADS ? group : MAX_SHARED_HEADS;
+  const int parts = (group + shared - 1) / shared;
+  shared = (group + parts - 1) / parts; /* parts of equal width: 4 = 2 + 2, not 3 + 1 */
+  if (B * KvH * parts < 2 * (n_workers + 1)) shared = 1;
+  const attend_t a = {out, queries, cache, shape, lanes, shared};
+  const job_t j = {run_attend, &a, B * KvH * ((group + shared - 1) / shared), 1};
   run_job(&j);
 }
 
