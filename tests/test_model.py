@@ -96,15 +96,26 @@ def test_garbage_file_fails_with_a_clear_message(tmp_path):
         load_model(str(path), slots=1, context=32)
 
 
-@pytest.mark.parametrize("matrix_type", ["Q4_0", "Q4_1", "Q8_0"])
-def test_quantized_matrices_run_on_block_kernels_close_to_the_reference(tmp_path, matrix_type):
+@pytest.mark.parametrize(
+    ("arch", "matrix_type", "float_matrices"),
+    [
+        ("qwen2", "Q4_0", ()),
+        ("qwen2", "Q4_1", ()),
+        ("qwen2", "Q8_0", ()),
+        ("qwen3", "Q4_1", ()),
+        ("qwen2", "Q8_0", ("attn_output.weight", "ffn_down.weight")),  # a layer of five kernels, two of tinygrad's
+    ],
+)
+def test_quantized_matrices_run_on_block_kernels_close_to_the_reference(tmp_path, arch, matrix_type, float_matrices):
     """On the CPU, layer matrices and the head stay in the file's blocks; activations are rounded to int8
-    per 32 values, so logits are close to the float64 reference, not equal."""
+    per 32 values, so logits are close to the float64 reference, not equal. A layer whose matrices are
+    all in blocks runs as one kernel; one with a float matrix, as five kernels around tinygrad's product."""
     use_tinygrad_from_this_thread()
-    path = write_tiny_gguf(str(tmp_path / "q.gguf"), "qwen2", matrix_type=matrix_type)
+    path = write_tiny_gguf(str(tmp_path / "q.gguf"), arch, matrix_type=matrix_type, float_matrices=float_matrices)
     model, _ = load_model(path, slots=2, context=64)
     if Device.DEFAULT == "CPU":
         assert isinstance(model.blocks[0].qkv, BlockLinear) and isinstance(model.head.linear, BlockLinear)
+        assert (model.blocks[0].matrices is None) == bool(float_matrices)
     expected = Reference(path).logits(PROMPT + [42])
     got = model.prefill(PROMPT, slot=0, start=0, chunk=16)[0]
     scale = np.abs(expected).max()

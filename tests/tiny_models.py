@@ -51,9 +51,11 @@ def write_tiny_gguf(
     quantize_embedding: bool = True,
     file_type: int | None = None,
     matrix_type: str | None = None,
+    float_matrices: tuple[str, ...] = (),
 ) -> str:
     """A random-weight GGUF; `matrix_type` ("Q4_0", "Q4_1", "Q8_0") quantizes every layer matrix and the
-    output head into that block format, as real files do (the default model is Q4_1)."""
+    output head into that block format, as real files do (the default model is Q4_1), except those
+    whose names end with one of `float_matrices` (a file mixing types)."""
     rng = np.random.default_rng(seed)
     tok = smollm_tokenizer_fields()
     vocab = len(tok["tokenizer.ggml.tokens"])
@@ -90,7 +92,7 @@ def write_tiny_gguf(
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
     def add_matrix(name, array):
-        if matrix_type is None:
+        if matrix_type is None or name.endswith(float_matrices):
             w.add_tensor(name, array)
         else:
             qtype = gguf.GGMLQuantizationType[matrix_type]

@@ -54,10 +54,10 @@ def load_gguf_model(path: str, slots: int, max_context: int, prefill_chunk: int,
 
     from .chat_template import ChatTemplate
     from .model import load_model
-    from .runner import ModelRunner, prefill_piece
+    from .runner import ModelRunner, prefill_pieces
     from .tokenizer import Tokenizer
 
-    piece = prefill_piece(prefill_chunk)
+    piece = prefill_pieces(prefill_chunk)[0]  # the largest
     model, kv = load_model(path, slots=slots, context=max_context, max_chunk=piece, cpu_kernels=cpu_kernels)
     tokenizer = Tokenizer.from_gguf_metadata(kv)
     template = ChatTemplate(kv.get("tokenizer.chat_template"), bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)

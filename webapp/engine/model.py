@@ -28,7 +28,7 @@ import numpy as np
 from tinygrad import Device, Tensor, TinyJit, UOp, dtypes
 from tinygrad.llm.gguf import gguf_load
 
-from .kernels.cpu import ATTEND_BIAS, ATTEND_QK_NORM, MAX_HEAD_DIM, QuantizedCPU
+from .kernels.cpu import ATTEND_BIAS, ATTEND_QK_NORM, MAX_HEAD_DIM, LayerMatrices, QuantizedCPU
 from .weights import BlockLinear, WeightSource
 
 log = logging.getLogger(__name__)
@@ -169,6 +169,9 @@ class Block:
         )
         self.attend_extras = Tensor.cat(*extras).float().contiguous() if extras else Tensor.zeros(1).contiguous()
         self.attend_flags = (ATTEND_BIAS if config.qkv_bias else 0) | (ATTEND_QK_NORM if config.qk_norm else 0)
+        products = (self.qkv, self.attn_output, self.gate_up, self.down)
+        # every product in blocks: the layer runs as one kernel; else five, tinygrad's products among them
+        self.matrices = LayerMatrices(*(p.weight for p in products)) if all(isinstance(p, BlockLinear) for p in products) else None
         # (k|v, slot, kv_head, position, head_dim); the extra last slot is scratch for padding lanes.
         self.cache = Tensor.zeros(2, slots + 1, config.n_kv_heads, context, config.head_dim, dtype=kv_dtype).contiguous()
 
@@ -214,12 +217,15 @@ class Block:
         return (h + self.down(mixed)).contiguous()
 
     def on_kernels(self, x: Tensor, lanes: Tensor, inv_freq: Tensor) -> Tensor:
-        """The layer on the CPU kernels, as five of them: x (B, D) for B lanes, each a decode step's
+        """The layer on the CPU kernels, as one or five of them: x (B, D) for B lanes, each a decode step's
         sequence or a prefill piece's token, lane b at position lanes[B + b] of slot lanes[b]. Prefill
         and decode thus compute a position identically, so prompt scoring equals generation."""
         c, w = self.c, self.w
+        attention = (self.cache, lanes, inv_freq, self.attend_extras, c.n_heads, self.attend_flags)
+        if self.matrices is not None:  # the common case: one kernel
+            return self.kernels.layer(x, self.matrices, (w["attn_norm.weight"], w["ffn_norm.weight"]), attention, c.norm_eps)
         qkv = _after_norm(self.qkv, x, w["attn_norm.weight"], c.norm_eps)
-        attn = self.kernels.attend(qkv, self.cache, lanes, inv_freq, self.attend_extras, c.n_heads, self.attend_flags, c.norm_eps)
+        attn = self.kernels.attend(qkv, *attention, c.norm_eps)
         h = _plus(self.attn_output, attn, x)
         return _swiglu_plus(self.down, _after_norm(self.gate_up, h, w["ffn_norm.weight"], c.norm_eps), h)
 

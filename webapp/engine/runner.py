@@ -39,14 +39,15 @@ class Runner(Protocol):
         """Compile everything the steps will run, reporting through `progress`; the seconds it took."""
 
 
-# Prompt tokens per compiled prefill call. Every call shape costs 7-22 s of warm-up here, and with
-# tuned kernels 8-token calls ran fastest per token of 8, 16 and 32 (default model, this 2-core VM:
-# 185/157/155 tok/s at position 0, 134/117/117 at 480), so a step's prompt chunk runs as 8-token pieces.
-PREFILL_PIECE = 8
+# Prompt tokens per compiled prefill call: the bulk of a chunk in 32-token pieces, its remainder in
+# 8-token ones, so a short prompt does not pay for 32. On the CPU kernels (default model, this 2-core
+# VM, 512 tokens) 8-token pieces ran 172 tok/s and 32-token ones 209; each size is ~3 s of warm-up.
+PREFILL_PIECES = (32, 8)
 
 
-def prefill_piece(prefill_chunk: int) -> int:
-    return min(PREFILL_PIECE, prefill_chunk)
+def prefill_pieces(prefill_chunk: int) -> list[int]:
+    """The piece sizes a chunk of at most `prefill_chunk` tokens runs as, largest first."""
+    return sorted({min(p, prefill_chunk) for p in PREFILL_PIECES}, reverse=True)
 
 
 def buckets(smallest: int, largest: int) -> list[int]:
@@ -62,15 +63,20 @@ class ModelRunner:
     def __init__(self, model, prefill_chunk: int, beam: int = 0):
         self.model = model
         self.beam = beam  # tinygrad BEAM search width for compiling kernels at warm-up (0: default kernels)
-        self.piece = prefill_piece(prefill_chunk)
-        # widths 1 and 2, then 8 and up: a width-4 step took 39 ms against 48 for width 8 (default
-        # model), too little to pay for another shape's ~9 s of warm-up
-        self.widths = sorted({w for w in buckets(1, model.slots) if w <= 2 or w >= 8} | {model.slots})
+        self.pieces = prefill_pieces(prefill_chunk)
+        self.piece = self.pieces[0]  # the largest: the model's cache has room for its padding
+        # every power of two: a width-4 step took 38 ms against 57 for a padded width 8 (default
+        # model), and on the CPU kernels a width costs ~3 s of warm-up
+        self.widths = buckets(1, model.slots)
 
     def prefill(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
         """Run one chunk of `request`'s prompt, piece by piece; logits (vocab,) of its last token."""
-        for i in range(0, len(tokens), self.piece):
-            logits = self.model.prefill(tokens[i : i + self.piece], request.slot, start + i, self.piece)
+        done = 0
+        while done < len(tokens):
+            rest = len(tokens) - done
+            piece = next((p for p in self.pieces if p <= rest), self.pieces[-1])  # the last one padded
+            logits = self.model.prefill(tokens[done : done + piece], request.slot, start + done, piece)
+            done += min(piece, rest)
         return logits[0]
 
     def prompt_logits(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
@@ -108,11 +114,12 @@ class ModelRunner:
 
     def _compile_all(self, progress) -> float:
         started = time.monotonic()
-        progress(f"warm-up: compiling {self.piece}-token prefill and decode widths {self.widths} (BEAM={self.beam})")
+        progress(f"warm-up: compiling prefill pieces {self.pieces} and decode widths {self.widths} (BEAM={self.beam})")
         scratch = self.model.slots
         # the model's jits capture on the first call; the second call checks the replay
-        for _ in range(2):
-            self.model.prefill([0] * self.piece, scratch, 0, self.piece)
+        for piece in self.pieces:
+            for _ in range(2):
+                self.model.prefill([0] * piece, scratch, 0, piece)
         progress(f"warm-up: prefill ready ({time.monotonic() - started:.1f} s)")
         for width in self.widths:
             for _ in range(2):

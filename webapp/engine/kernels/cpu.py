@@ -125,7 +125,7 @@ class QuantizedCPU:
         self.library, self.threads, self.simd = library, threads, simd
         self._shapes: dict[tuple, Tensor] = {}
         self._programs: dict[str, bytes] = {}
-        for name in ("tq_linear", "tq_norm_linear", "tq_residual_linear", "tq_swiglu_linear", "tq_embed", "tq_attend"):
+        for name in ("tq_linear", "tq_norm_linear", "tq_residual_linear", "tq_swiglu_linear", "tq_embed", "tq_attend", "tq_layer"):
             address = ctypes.cast(getattr(library, name), ctypes.c_void_p).value
             self._programs[name] = _trampoline(address)
         library.tq_start(ctypes.c_long(threads), ctypes.c_long(SPIN_US))
@@ -234,3 +234,28 @@ class QuantizedCPU:
         eps_bits = int(np.float32(eps).view(np.int32))
         shape = self._shape(B, heads, kv_heads, slots, positions, head_dim, flags, eps_bits)
         return self._call("tq_attend", out, self._rows(qkv, (heads + 2 * kv_heads) * head_dim), cache, lanes, inv_freq, extras, shape)
+
+    def layer(self, x: Tensor, matrices: LayerMatrices, norms: tuple[Tensor, Tensor], attention: tuple, eps: float) -> Tensor:
+        """A whole transformer layer as one kernel (see tq_layer): x (B, D) float32 -> (B, D).
+        `attention` = (cache, lanes, inv_freq, extras, heads, flags), as `attend` takes them."""
+        cache, lanes, inv_freq, extras, heads, flags = attention
+        _, slots, kv_heads, positions, head_dim = cache.shape
+        B, D = x.shape
+        out = Tensor.empty(B, D, dtype=dtypes.float32)
+        eps_bits = int(np.float32(eps).view(np.int32))
+        m = matrices
+        types = (m.qkv.ggml_type, m.o.ggml_type, m.gate_up.ggml_type, m.down.ggml_type)
+        shape = self._shape(B, heads, kv_heads, slots, positions, head_dim, flags, eps_bits, D, m.down.cols, *types)
+        weights = (m.qkv.raw, m.o.raw, m.gate_up.raw, m.down.raw)
+        attn_norm, ffn_norm = (n.cast(dtypes.float32).contiguous() for n in norms)
+        return self._call("tq_layer", out, self._rows(x, D), *weights, attn_norm, ffn_norm, cache, lanes, inv_freq, extras, shape)
+
+
+@dataclass(frozen=True)
+class LayerMatrices:
+    """A layer's four products in blocks, for `QuantizedCPU.layer`."""
+
+    qkv: BlockWeight
+    o: BlockWeight
+    gate_up: BlockWeight
+    down: BlockWeight

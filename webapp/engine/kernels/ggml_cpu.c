@@ -12,7 +12,10 @@
  *                                then softmax attention over it (see the attention section)
  *   tq_embed(out, w, ids, shape) out[t] = W[ids[t]] dequantized; shape = {type, rows, cols, tokens}.
  *   tq_start(threads, spin_us)   sizes the thread pool; called once from Python before any product.
- * Fused this way, a layer is five kernels and nothing runs on tinygrad's single thread between them.
+ *   tq_layer(out, x, w_qkv, w_o, w_gate_up, w_down, attn_norm, ffn_norm, cache, lanes, inv_freq, extras,
+ *            shape)              a whole layer: those five in a row
+ * Fused this way, a layer is one kernel (five where a matrix has no kernel) and nothing runs on
+ * tinygrad's single thread between them.
  * out and x are float32, row-major; every argument arrives as a 64-bit word, as tinygrad's CPU worker
  * passes them to a program.
  *
@@ -814,6 +817,38 @@ void tq_attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lan
   const attend_t a = {out, queries, cache, shape, lanes, shared};
   const job_t j = {run_attend, &a, B * KvH * ((group + shared - 1) / shared), 1};
   run_job(&j);
+}
+
+/* ---- a whole layer ---------------------------------------------------------------------------- */
+/* tq_layer(out, x, w_qkv, w_o, w_gate_up, w_down, attn_norm, ffn_norm, cache, lanes, inv_freq, extras,
+ * shape): one transformer layer for B lanes, the five kernels above in a row with their intermediates
+ * in this thread's scratch:
+ *   qkv = W_qkv . rms_norm(x) * attn_norm;  a = attention(qkv);  h = x + W_o . a;
+ *   out = h + W_down . swiglu(W_gate_up . rms_norm(h) * ffn_norm)
+ * One kernel a layer keeps a captured step at ~30 kernels: tinygrad's capture and replay cost grows
+ * with their count. shape = {the attention's 8 (B, H, KvH, slots, positions, Hd, flags, eps bits), D,
+ * F, then the type of each matrix: qkv, o, gate_up, down}. */
+void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w_o, const uint8_t *w_gate_up, const uint8_t *w_down,
+              const float *attn_norm, const float *ffn_norm, uint16_t *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
+              const int32_t *shape) {
+  const int B = shape[0], H = shape[1], KvH = shape[2], Hd = shape[5], eps_bits = shape[7], D = shape[8], F = shape[9];
+  const int width = (H + 2 * KvH) * Hd;
+  static __thread float *buf;
+  static __thread size_t have;
+  const size_t need = (size_t)B * (width + H * Hd + D + 2 * F);
+  if (need > have) {
+    free(buf);
+    buf = malloc(need * sizeof(float));
+    have = need;
+  }
+  float *qkv = buf, *attn = qkv + (size_t)B * width, *h = attn + (size_t)B * H * Hd, *gate_up = h + (size_t)B * D;
+  const int32_t qkv_shape[5] = {shape[10], width, D, B, eps_bits}, o_shape[4] = {shape[11], D, H * Hd, B};
+  const int32_t gate_up_shape[5] = {shape[12], 2 * F, D, B, eps_bits}, down_shape[4] = {shape[13], D, F, B};
+  linear(qkv, w_qkv, x, qkv_shape, RMS_NORM, attn_norm, 0);
+  tq_attend(attn, qkv, cache, lanes, inv_freq, extras, shape);
+  linear(h, w_o, attn, o_shape, AS_IS, 0, x);
+  linear(gate_up, w_gate_up, h, gate_up_shape, RMS_NORM, ffn_norm, 0);
+  linear(out, w_down, gate_up, down_shape, SWIGLU, 0, h);
 }
 
 void tq_embed(float *out, const uint8_t *w, const int32_t *ids, const int32_t *shape) {
