@@ -159,19 +159,25 @@ assert "HCQ2" not in os.environ and HCQ2Compiled._wait_signal is not _wait_witho
 
 
 @pytest.mark.parametrize("matrix_type", ["Q4_1", "Q8_0", None])
-def test_the_tensor_table_reads_what_gguf_reads(tmp_path, matrix_type):
+def test_read_gguf_reads_what_gguf_and_tinygrad_read(tmp_path, matrix_type):
     from gguf import GGUFReader
+    from tinygrad.llm.gguf import gguf_load
 
-    from webapp.engine.weights import read_tensor_table
+    from webapp.engine.weights import read_gguf
 
     path = write_tiny_gguf(str(tmp_path / "t.gguf"), "qwen2", matrix_type=matrix_type)
-    table = read_tensor_table(path)
-    matrices = [t for t in GGUFReader(path).tensors if len(t.shape) == 2]
-    assert set(table) == {t.name for t in matrices}
-    for tensor in matrices:
+    metadata, table = read_gguf(path)
+    expected, _ = gguf_load(path)
+    assert metadata.keys() == expected.keys()
+    for key, value in expected.items():
+        assert metadata[key] == value or isinstance(value, bytes), key  # tinygrad reads uint8 as bytes
+    tensors = GGUFReader(path).tensors
+    assert set(table) == {t.name for t in tensors}
+    for tensor in tensors:
         raw = table[tensor.name]
-        assert (raw.ggml_type, raw.cols, raw.rows) == (int(tensor.tensor_type), *map(int, tensor.shape))
-        if raw.data is not None:  # a block type with a kernel
+        if len(tensor.shape) == 2:
+            assert (raw.ggml_type, raw.cols, raw.rows) == (int(tensor.tensor_type), *map(int, tensor.shape))
+        if raw.data is not None:  # a block type with a kernel, or a float32 vector
             np.testing.assert_array_equal(raw.data.reshape(-1), np.asarray(tensor.data).view(np.uint8).reshape(-1))
-    layer_blocks = [raw.data is not None for name, raw in table.items() if name.startswith("blk.")]
+    layer_blocks = [raw.data is not None for name, raw in table.items() if name.startswith("blk.") and raw.rows > 1]
     assert all(layer_blocks) if matrix_type else not any(layer_blocks)

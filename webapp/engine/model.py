@@ -26,10 +26,9 @@ import numpy as np
 
 # tinygrad reads HCQ2 at import: webapp.engine.tinygrad_setup.prepare_tinygrad() runs before this.
 from tinygrad import Device, Tensor, TinyJit, UOp, dtypes
-from tinygrad.llm.gguf import gguf_load
 
 from .kernels.cpu import ATTEND_BIAS, ATTEND_QK_NORM, MAX_HEAD_DIM, LayerMatrices, QuantizedCPU
-from .weights import BlockLinear, WeightSource
+from .weights import BlockLinear, WeightSource, device_array, read_gguf
 
 log = logging.getLogger(__name__)
 
@@ -164,16 +163,29 @@ class Block:
         self.down = weights.linear(p + "ffn_down.weight")  # F -> D
         self.kernels = weights.kernels  # the whole layer runs on the CPU kernels when they are loaded
         # tq_attend's extras: the qkv bias, then the q and k norm weights, as the model has them
-        extras = ([self.qkv_bias] if self.qkv_bias is not None else []) + (
-            [self.w["attn_q_norm.weight"], self.w["attn_k_norm.weight"]] if config.qk_norm else []
+        names = ([p + f"attn_{n}.bias" for n in "qkv"] if config.qkv_bias else []) + (
+            [p + "attn_q_norm.weight", p + "attn_k_norm.weight"] if config.qk_norm else []
         )
-        self.attend_extras = Tensor.cat(*extras).float().contiguous() if extras else Tensor.zeros(1).contiguous()
+        extras = [weights.vector_values(n) for n in names]
+        if all(e is not None for e in extras):  # read from the file straight into one buffer
+            self.attend_extras = device_array(np.concatenate(extras) if extras else np.zeros(1, np.float32))
+        else:
+            self.attend_extras = (
+                Tensor.cat(*(weights.vector(n) for n in names)).float().contiguous() if names else Tensor.zeros(1).contiguous()
+            )
         self.attend_flags = (ATTEND_BIAS if config.qkv_bias else 0) | (ATTEND_QK_NORM if config.qk_norm else 0)
         products = (self.qkv, self.attn_output, self.gate_up, self.down)
         # every product in blocks: the layer runs as one kernel; else five, tinygrad's products among them
         self.matrices = LayerMatrices(*(p.weight for p in products)) if all(isinstance(p, BlockLinear) for p in products) else None
         # (k|v, slot, kv_head, position, head_dim); the extra last slot is scratch for padding lanes.
-        self.cache = Tensor.zeros(2, slots + 1, config.n_kv_heads, context, config.head_dim, dtype=kv_dtype).contiguous()
+        shape = (2, slots + 1, config.n_kv_heads, context, config.head_dim)
+        if Device.DEFAULT == "CPU":
+            # the CPU allocator maps fresh zero pages: no kernel writes 0.9 GB of zeros at load, and memory
+            # is only committed as positions fill
+            self.cache = Tensor.empty(*shape, dtype=kv_dtype).realize()
+            self.cache.uop.base.buffer.ensure_allocated()
+        else:
+            self.cache = Tensor.zeros(*shape, dtype=kv_dtype).contiguous()
 
     def tensors(self) -> list[Tensor]:
         own = [*self.qkv.tensors(), *self.gate_up.tensors(), *self.attn_output.tensors(), *self.down.tensors(), self.cache]
@@ -422,20 +434,20 @@ def load_model(path: str, slots: int, context: int | None, max_chunk: int = 64, 
     """Read a GGUF file; returns the model and the file's metadata (the tokenizer needs it).
     `cpu_kernels=False` keeps every matrix on tinygrad's float16 path, even where a kernel exists."""
     try:
-        kv, raw = gguf_load(path)
+        kv, table = read_gguf(path)
     except FileNotFoundError:
         raise
     except Exception as e:  # a truncated or foreign file fails deep inside the parser
         raise ModelLoadError(f"cannot parse {path} as GGUF: {e}") from e
-    config = ModelConfig.from_gguf(kv, raw)
-    missing = [n for n in config.required_tensors() if n not in raw]
+    config = ModelConfig.from_gguf(kv, table)
+    missing = [n for n in config.required_tensors() if n not in table]
     if missing:
         raise ModelLoadError(f"GGUF file lacks tensors: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
     context = min(context or config.trained_context, config.trained_context)
     # CPUs here lack float16 arithmetic: compute in float32 there, reading float16 or block weights
     act_dtype = dtypes.float32 if Device.DEFAULT in ("CPU", "PYTHON") else dtypes.float16
     weights = WeightSource(
-        path, raw, config.arch, config.n_heads, config.n_kv_heads, act_dtype, QuantizedCPU.load() if cpu_kernels else None
+        path, table, config.arch, config.n_heads, config.n_kv_heads, act_dtype, QuantizedCPU.load() if cpu_kernels else None
     )
     int8_head = kv.get("general.file_type") not in (None, *FLOAT_FILE_TYPES)
     model = Transformer(config, weights, slots, context, max_chunk, act_dtype=act_dtype, int8_head=int8_head)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from tinygrad import Tensor, dtypes
+from tinygrad.llm.gguf import gguf_load
 
 from .kernels.cpu import BLOCK_FORMATS, BlockWeight, QuantizedCPU
 
@@ -28,6 +29,17 @@ log = logging.getLogger(__name__)
 
 WEIGHT_DTYPE = dtypes.float16
 HEAD_CHUNK = 3072  # lm-head columns per batch entry: one (vocab, D) product is a slow kernel, 16 of these a fast one
+
+
+def device_array(array: np.ndarray) -> Tensor:
+    """A realized tensor holding `array` (uint8 or float32), copied straight into its buffer: realizing
+    Tensor(array) schedules and lowers a copy per tensor, which was most of loading's time."""
+    dtype = {np.dtype(np.uint8): dtypes.uint8, np.dtype(np.float32): dtypes.float32}[array.dtype]
+    tensor = Tensor.empty(*array.shape, dtype=dtype).realize()
+    buffer = tensor.uop.base.buffer.ensure_allocated()
+    source = np.require(array, requirements=["C", "W"])  # the copy-in wants a writable buffer, not the file's map
+    buffer.allocator._copyin(buffer._buf, memoryview(source).cast("B"))
+    return tensor
 
 
 def unpermute_rope_rows(rows, n_heads: int):
@@ -114,20 +126,19 @@ class RawTensor:
     ggml_type: int
     rows: int
     cols: int
-    data: np.ndarray | None  # (rows, bytes per row) uint8; None for a type without a kernel
+    data: np.ndarray | None  # (rows, bytes per row) uint8; None for a type without a kernel (F32 vectors have it)
 
 
-# bytes of one scalar metadata value, by GGUF value type; 8 is a string, 9 an array
-_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+# struct format of one scalar metadata value, by GGUF value type; 8 is a string, 9 an array
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 
 
-def read_tensor_table(path: str) -> dict[str, RawTensor]:
-    """The 2-D tensors of a GGUF file with their raw bytes, skipping the metadata without decoding it
-    (gguf's GGUFReader decodes every vocabulary string into NumPy views: ~5 s for 49k tokens).
-    Everything is read through one memory map: only the pages the header and the used tensors
-    occupy are ever read."""
+def read_gguf(path: str) -> tuple[dict, dict[str, RawTensor]]:
+    """A GGUF file's metadata and its tensors with their raw bytes, through one memory map: only the
+    pages the header and the used tensors occupy are ever read. (tinygrad's gguf_load also builds a
+    lazy tensor per weight: ~2 s here; gguf's GGUFReader ~5 s.)"""
     file = np.memmap(path, dtype=np.uint8, mode="r")
-    pos, alignment = 0, 32
+    pos = 0
 
     def take(fmt: str) -> tuple:
         nonlocal pos
@@ -141,30 +152,24 @@ def read_tensor_table(path: str) -> dict[str, RawTensor]:
         pos += length
         return bytes(file[pos - length : pos]).decode()
 
-    def skip_value(kind: int) -> None:
-        nonlocal pos
-        if kind == 8:  # a string: its length, then its bytes
-            (length,) = take("<Q")  # read before `pos +=` loads pos
-            pos += length
-        elif kind == 9:
+    def value(kind: int):
+        if kind == 8:
+            return text()
+        if kind == 9:
             item, count = take("<IQ")
-            if item in _SCALAR_BYTES:
-                pos += _SCALAR_BYTES[item] * count
-            else:
-                for _ in range(count):
-                    skip_value(item)
-        else:
-            pos += _SCALAR_BYTES[kind]
+            if item in _SCALARS:
+                return list(take(f"<{count}{_SCALARS[item]}"))
+            return [value(item) for _ in range(count)]
+        return take("<" + _SCALARS[kind])[0]
 
     magic, version, n_tensors, n_kv = take("<4sIQQ")
     if magic != b"GGUF" or version not in (2, 3):
         raise ValueError(f"{path} is not a GGUF v2/v3 file")
+    metadata = {}
     for _ in range(n_kv):
         key, (kind,) = text(), take("<I")
-        if key == "general.alignment":
-            (alignment,) = take("<I")
-        else:
-            skip_value(kind)
+        metadata[key] = value(kind)
+    alignment = metadata.get("general.alignment", 32)
     infos = []
     for _ in range(n_tensors):
         name, (n_dims,) = text(), take("<I")
@@ -174,7 +179,12 @@ def read_tensor_table(path: str) -> dict[str, RawTensor]:
     data_start = -(-pos // alignment) * alignment
     table = {}
     for name, dims, ggml_type, offset in infos:
+        if len(dims) == 1 and ggml_type == 0:  # a float32 vector (norms, biases), read as bytes
+            start = data_start + offset
+            table[name] = RawTensor(0, 1, dims[0], file[start : start + 4 * dims[0]].reshape(1, -1))
+            continue
         if len(dims) != 2:
+            table[name] = RawTensor(ggml_type, 1, int(np.prod(dims)), None)
             continue
         cols, rows = dims
         data = None
@@ -184,27 +194,46 @@ def read_tensor_table(path: str) -> dict[str, RawTensor]:
             start = data_start + offset
             data = file[start : start + rows * row_bytes].reshape(rows, row_bytes)
         table[name] = RawTensor(ggml_type, rows, cols, data)
-    return table
+    return metadata, table
 
 
 class WeightSource:
     def __init__(
-        self, path: str, tensors: dict[str, Tensor], arch: str, n_heads: int, n_kv_heads: int, act_dtype, kernels: QuantizedCPU | None
+        self, path: str, table: dict[str, RawTensor], arch: str, n_heads: int, n_kv_heads: int, act_dtype, kernels: QuantizedCPU | None
     ):
-        """`tensors` are tinygrad's lazily dequantized tensors of the file (gguf_load); the raw blocks
-        are read from the file itself when `kernels` is given."""
-        self.tensors, self.act_dtype, self.kernels = tensors, act_dtype, kernels
-        self._raw = read_tensor_table(path) if kernels is not None else {}
+        """`table` is the file's tensors as `read_gguf` gives them; their raw blocks feed `kernels` when
+        given, and tinygrad's lazily dequantized tensors (gguf_load) everything else."""
+        self.path, self.names, self.act_dtype, self.kernels = path, set(table), act_dtype, kernels
+        self._raw = table if kernels is not None else {}
+        self._tinygrad_tensors: dict[str, Tensor] | None = None
         # llama files interleave each head's rotary pairs in q and k rows
         self._rope_heads = {"attn_q.weight": n_heads, "attn_k.weight": n_kv_heads} if arch == "llama" else {}
         self.forms: Counter = Counter()  # which form each matrix took, for the log
         self._blocks: dict[tuple[str, ...], BlockWeight | None] = {}  # a tied head shares the embedding's blocks
 
+    @property
+    def tensors(self) -> dict[str, Tensor]:
+        """tinygrad's lazily dequantized tensors of the file, parsed on first use: a file all on the
+        CPU kernels never needs them."""
+        if self._tinygrad_tensors is None:
+            self._tinygrad_tensors = gguf_load(self.path)[1]
+        return self._tinygrad_tensors
+
     def has(self, name: str) -> bool:
-        return name in self.tensors
+        return name in self.names
 
     def vector(self, name: str) -> Tensor:
+        values = self.vector_values(name)
+        if values is not None:
+            return device_array(values)
         return self.tensors[name].cast(self.act_dtype).contiguous()
+
+    def vector_values(self, name: str) -> np.ndarray | None:
+        """A float32 vector read from the file, on the CPU kernels' path (None elsewhere)."""
+        raw = self._raw.get(name)
+        if raw is None or raw.ggml_type != 0 or self.act_dtype != dtypes.float32:
+            return None
+        return raw.data.view(np.float32)[0]
 
     def _rope_heads_of(self, name: str) -> int | None:
         return next((n for suffix, n in self._rope_heads.items() if name.endswith(suffix)), None)
@@ -233,7 +262,7 @@ class WeightSource:
             heads = self._rope_heads_of(name)
             parts.append(unpermute_rope_rows(rows, heads) if heads else rows)
         stacked = np.ascontiguousarray(np.concatenate(parts) if len(parts) > 1 else parts[0])
-        return BlockWeight(Tensor(stacked), ggml_type, stacked.shape[0], cols)
+        return BlockWeight(device_array(stacked), ggml_type, stacked.shape[0], cols)
 
     def linear(self, *names: str):
         block = self._block(names)
@@ -254,7 +283,7 @@ class WeightSource:
 
     def head(self, vocab: int, int8: bool):
         """x (B, D) -> (B, vocab) float32 logits; the embedding's matrix when the file ties them."""
-        name = "output.weight" if "output.weight" in self.tensors else "token_embd.weight"
+        name = "output.weight" if "output.weight" in self.names else "token_embd.weight"
         block = self._block((name,))
         if block is not None:
             self.forms[f"{block.type_name} blocks"] += 1
