@@ -18,6 +18,7 @@ CPU, which has no float16 arithmetic.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 from dataclasses import dataclass
@@ -312,29 +313,34 @@ class Transformer:
         """x (B, D) -> (B, vocab) float32 logits."""
         return self.head(rms_norm(x, self.output_norm, self.config.norm_eps).contiguous())
 
-    def _prefill(self, tokens: Tensor, last: Tensor, lanes: Tensor, slot: UOp, start: UOp) -> Tensor:
-        if self.kernels is not None:
-            x = self.embed(tokens[0])  # (T, D)
-            for block in self.blocks:
-                # realized layer by layer: the jit records each piece, and scheduling the whole step as
-                # one graph cost time quadratic in its layers (tinygrad's store-hazard walk per store)
-                x = block.on_kernels(x, lanes, self.inv_freq).realize()
-            return self._logits(last @ x).realize()  # (1, T) one-hot @ (T, D) -> (1, vocab)
+    def _prefill_on_kernels(self, tokens: Tensor, last: Tensor, lanes: Tensor) -> Tensor:
+        """The prefill step on the CPU kernels: tokens (T,), lanes (2T,) = the slot T times, then the
+        positions; no symbolic variables, which tinygrad's replay would bind on every call."""
+        x = self.embed(tokens)  # (T, D)
+        for block in self.blocks:
+            # realized layer by layer: the jit records each piece, and scheduling the whole step as
+            # one graph cost time quadratic in its layers (tinygrad's store-hazard walk per store)
+            x = block.on_kernels(x, lanes, self.inv_freq).realize()
+        return self._logits(last @ x).realize()  # (1, T) one-hot @ (T, D) -> (1, vocab)
+
+    def _decode_on_kernels(self, tokens: Tensor, lanes: Tensor) -> Tensor:
+        """The decode step on the CPU kernels: tokens (B,), lanes (2B,) = the slots, then the positions."""
+        x = self.embed(tokens)  # (B, D)
+        for block in self.blocks:
+            x = block.on_kernels(x, lanes, self.inv_freq).realize()  # as in _prefill_on_kernels
+        return self._logits(x).realize()  # (B, vocab)
+
+    def _prefill(self, tokens: Tensor, last: Tensor, slot: UOp, start: UOp) -> Tensor:
         positions = Tensor.arange(tokens.shape[1]) + start  # (T,)
         keys = self.key_positions[0 : start + tokens.shape[1]]
         mask = (keys.reshape(1, -1) > positions.reshape(-1, 1)).where(float("-inf"), 0.0).unsqueeze(0).contiguous()  # (1, T, S)
         rotary = rotation(positions, self.inv_freq)
         x = self.embed(tokens)  # (1, T, D)
         for block in self.blocks:
-            x = block.prefill(x, slot, start, rotary, mask).realize()  # as on the kernels
+            x = block.prefill(x, slot, start, rotary, mask).realize()  # as in _prefill_on_kernels
         return self._logits(last @ x[0]).realize()  # (1, T) one-hot @ (T, D) -> (1, vocab)
 
-    def _decode(self, tokens: Tensor, pos: Tensor, lanes_in: Tensor, length: UOp, *lanes: UOp) -> Tensor:
-        if self.kernels is not None:
-            x = self.embed(tokens)  # (B, D)
-            for block in self.blocks:
-                x = block.on_kernels(x, lanes_in, self.inv_freq).realize()  # as in _prefill
-            return self._logits(x).realize()  # (B, vocab)
+    def _decode(self, tokens: Tensor, pos: Tensor, length: UOp, *lanes: UOp) -> Tensor:
         width = tokens.shape[0]
         slots, positions = list(lanes[:width]), list(lanes[width:])
         keys = self.key_positions[0:length].reshape(1, 1, -1)
@@ -342,7 +348,7 @@ class Transformer:
         rotary = rotation(pos.reshape(-1, 1, 1), self.inv_freq)  # (B, 1, 1, half): broadcast over heads
         x = self.embed(tokens).reshape(width, 1, -1)  # (B, 1, D)
         for block in self.blocks:
-            x = block.decode(x, slots, positions, rotary, length, mask).realize()  # as in _prefill
+            x = block.decode(x, slots, positions, rotary, length, mask).realize()  # as in _prefill_on_kernels
         return self._logits(x[:, 0, :]).realize()  # (B, vocab)
 
     def prefill(self, tokens: list[int], slot: int, start: int, chunk: int) -> np.ndarray:
@@ -352,11 +358,14 @@ class Transformer:
         assert 0 < n <= chunk and start + n <= self.context
         jit = self._prefill_jits.get(chunk)
         if jit is None:
-            jit = self._prefill_jits[chunk] = _capturing_jit(self._prefill)
-        padded = self._inputs.fill("prefill tokens", [tokens + [0] * (chunk - n)], dtypes.int32)
+            jit = self._prefill_jits[chunk] = _capturing_jit(self._prefill if self.kernels is None else self._prefill_on_kernels)
+        padded = tokens + [0] * (chunk - n)
         last = self._inputs.fill("prefill last", [[float(i == n - 1) for i in range(chunk)]], dtypes.float32)
-        lanes = self._inputs.fill("prefill lanes", [slot] * chunk + list(range(start, start + chunk)), dtypes.int32)
-        return jit(padded, last, lanes, self.v_slot.bind(slot), self.v_start.bind(start)).numpy()
+        if self.kernels is not None:
+            lanes = self._inputs.fill("prefill lanes", [slot] * chunk + list(range(start, start + chunk)), dtypes.int32)
+            return jit(self._inputs.fill("prefill tokens", padded, dtypes.int32), last, lanes).numpy()
+        padded_in = self._inputs.fill("prefill tokens", [padded], dtypes.int32)
+        return jit(padded_in, last, self.v_slot.bind(slot), self.v_start.bind(start)).numpy()
 
     def _copy_prefix(self, source: UOp, target: UOp, length: UOp) -> None:
         for block in self.blocks:
@@ -379,16 +388,14 @@ class Transformer:
         tokens, slots, positions = tokens + [0] * pad, slots + [self.slots] * pad, positions + [0] * pad
         jit = self._decode_jits.get(width)
         if jit is None:
-            jit = self._decode_jits[width] = _capturing_jit(self._decode)
+            jit = self._decode_jits[width] = _capturing_jit(self._decode if self.kernels is None else self._decode_on_kernels)
+        tokens_in = self._inputs.fill("decode tokens", tokens, dtypes.int32)
+        if self.kernels is not None:
+            return jit(tokens_in, self._inputs.fill("decode lanes", slots + positions, dtypes.int32)).numpy()
         lanes = [UOp.variable(f"slot{b}", 0, self.slots).bind(s) for b, s in enumerate(slots)]
         lanes += [UOp.variable(f"pos{b}", 0, self.context - 1).bind(p) for b, p in enumerate(positions)]
         length = self.v_length.bind(max(positions) + 1)
-        tokens_in, positions_in, lanes_in = (
-            self._inputs.fill("decode tokens", tokens, dtypes.int32),
-            self._inputs.fill("decode positions", positions, dtypes.int32),
-            self._inputs.fill("decode lanes", slots + positions, dtypes.int32),
-        )
-        return jit(tokens_in, positions_in, lanes_in, length, *lanes).numpy()
+        return jit(tokens_in, self._inputs.fill("decode positions", positions, dtypes.int32), length, *lanes).numpy()
 
 
 class _StepInputs:
@@ -399,12 +406,24 @@ class _StepInputs:
 
     def __init__(self):
         self._tensors: dict[tuple, Tensor] = {}
+        self._host_views: dict[tuple, np.ndarray] = {}
 
     def fill(self, name: str, values: list, dtype) -> Tensor:
         array = np.ascontiguousarray(values, dtype=np.dtype(dtype.fmt))
-        tensor = self._tensors.get((name, array.shape))
+        key = (name, array.shape)
+        tensor = self._tensors.get(key)
         if tensor is None:
-            tensor = self._tensors[(name, array.shape)] = Tensor(array).contiguous().realize()
+            tensor = self._tensors[key] = Tensor(array).contiguous().realize()
+            buffer = tensor.uop.base.realized
+            if Device.DEFAULT == "CPU":  # host memory: later calls write it through a NumPy view
+                address = buffer._buf.va_addr
+                self._host_views[key] = np.ctypeslib.as_array((ctypes.c_uint8 * buffer.nbytes).from_address(address)).view(array.dtype)
+            return tensor
+        view = self._host_views.get(key)
+        if view is not None:
+            # every step that reads these inputs ends by waiting for its logits, so none still runs:
+            # the copy-in's device wait and tinygrad's bookkeeping took ~0.25 ms per input here
+            view[:] = array.reshape(-1)
             return tensor
         buffer = tensor.uop.base.realized
         buffer.allocator._copyin(buffer._buf, memoryview(array).cast("B"))  # waits for the device first
