@@ -144,6 +144,36 @@ static void dequantize_row(int type, const uint8_t *w, int cols, float *y) {
 /* ---- activations ---------------------------------------------------------------------------- */
 
 static void quantize_row(const float *x, int cols, xblock *out) {
+#if TQ_AVX2
+  /* the same numbers 8 at a time: the max is exact in any order, and the conversion rounds to
+     nearest even as lrintf does */
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int b = 0; b < cols / 32; b++, x += 32, out++) {
+    const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8), v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+    __m256 top = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                               _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+    __m128 top4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+    top4 = _mm_max_ps(top4, _mm_movehl_ps(top4, top4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(top4, _mm_movehdup_ps(top4)));
+    const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+    const __m256 scale = _mm256_set1_ps(inv);
+    const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, scale)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, scale));
+    const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, scale)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, scale));
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3)); /* lanes shuffled per 128 bits */
+    _mm256_storeu_si256((__m256i *)out->q, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    int sum[2];
+    for (int half = 0; half < 2; half++) {
+      const __m256i s8 = half ? _mm256_add_epi32(i2, i3) : _mm256_add_epi32(i0, i1);
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+      sum[half] = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1)));
+    }
+    out->d = d;
+    out->s = d * (float)(sum[0] + sum[1]);
+    out->sum16[0] = (int16_t)sum[0];
+    out->sum16[1] = (int16_t)sum[1];
+  }
+#else
   for (int b = 0; b < cols / 32; b++, x += 32, out++) {
     float amax = 0.0f;
     for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
@@ -159,6 +189,7 @@ static void quantize_row(const float *x, int cols, xblock *out) {
     out->sum16[0] = (int16_t)sum[0];
     out->sum16[1] = (int16_t)sum[1];
   }
+#endif
 }
 
 /* ---- one weight row against a group of tokens' activations ---------------------------------- */
@@ -179,6 +210,25 @@ static inline __m256i nibbles(const uint8_t *qs) {  /* 16 bytes -> 32 values: lo
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15));
 }
 static inline __m256i xq(const xblock *x) { return _mm256_loadu_si256((const __m256i *)x->q); }
+
+/* e^x for 8 floats with x <= 0 (softmax after subtracting the maximum): x = n ln2 + r, |r| <= ln2/2,
+ * e^r by its degree-6 Taylor polynomial (relative error < 2e-7), 2^n put in the exponent bits. */
+static inline __m256 exp_nonpositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
 #endif
 
 #if TQ_AVX2
@@ -518,6 +568,23 @@ static void rms_norm_row(const float *x, const float *weight, int n, float eps, 
   for (int i = 0; i < n; i++) y[i] = x[i] * inv * weight[i];
 }
 
+/* y = silu(gate) * up = gate * sigmoid(gate) * up; on the calling thread, so vectorized: the sigmoid
+ * from e = exp(-|gate|) as 1 / (1 + e) or e / (1 + e), by the sign (no overflow either way). */
+static void swiglu_row(const float *gate, const float *up, int n, float *y) {
+  int i = 0;
+#if TQ_AVX2
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = exp_nonpositive(_mm256_or_ps(g, sign)); /* exp(-|g|) */
+    const __m256 numerator = _mm256_blendv_ps(one, e, g);     /* e where g is negative */
+    const __m256 sigmoid = _mm256_div_ps(numerator, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), _mm256_loadu_ps(up + i)));
+  }
+#endif
+  for (; i < n; i++) y[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
 /* out (tokens, rows) = [residual +] W . f(x) with f one of AS_IS, RMS_NORM (by `norm`, eps) or
  * SWIGLU (x holds gate then up, 2 * cols per token: silu(gate) * up). */
 static void linear(float *out, const uint8_t *w, const float *x, const int32_t *shape, int input, const float *norm, const float *residual) {
@@ -531,7 +598,7 @@ static void linear(float *out, const uint8_t *w, const float *x, const int32_t *
       in = row;
     } else if (input == SWIGLU) {
       const float *gate = x + (size_t)t * 2 * cols, *up = gate + cols;
-      for (int i = 0; i < cols; i++) row[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+      swiglu_row(gate, up, cols, row);
       in = row;
     }
     quantize_row(in, cols, xq8 + (size_t)t * (cols / 32));
@@ -603,24 +670,6 @@ static float half_to_float(uint16_t h) {
 }
 
 #if TQ_AVX2
-/* e^x for 8 floats with x <= 0 (softmax after subtracting the maximum): x = n ln2 + r, |r| <= ln2/2,
- * e^r by its degree-6 Taylor polynomial (relative error < 2e-7), 2^n put in the exponent bits. */
-static inline __m256 exp_nonpositive(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 720);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
-
 static inline __m256 load_half8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
 /* For the S query heads (1..MAX_SHARED_HEADS) that share one kv head, held contiguously in q:
