@@ -529,27 +529,23 @@ static void run_job(const job_t *j) {
 
 /* ---- entry points --------------------------------------------------------------------------- */
 
-static xblock *scratch(size_t n) { /* the activations' int8 copy, grown once and reused */
-  static __thread xblock *buf;
-  static __thread size_t have;
-  if (n > have) {
-    free(buf);
-    buf = malloc(n * sizeof(xblock));
-    have = n;
+/* A thread's buffer, grown when a call needs more and reused after. */
+typedef struct {
+  void *data;
+  size_t bytes;
+} scratch_t;
+
+static void *at_least(scratch_t *s, size_t bytes) {
+  if (bytes > s->bytes) {
+    free(s->data);
+    s->data = malloc(bytes);
+    s->bytes = bytes;
   }
-  return buf;
+  return s->data;
 }
 
-static float *scratch_floats(size_t n) { /* one row of transformed activations, or attention's queries */
-  static __thread float *buf;
-  static __thread size_t have;
-  if (n > have) {
-    free(buf);
-    buf = malloc(n * sizeof(float));
-    have = n;
-  }
-  return buf;
-}
+/* the activations' int8 blocks; one row of transformed activations, or attention's queries; a layer's intermediates */
+static __thread scratch_t int8_activations, float_rows, layer_intermediates;
 
 /* How a token's row of x becomes the product's input, before quantizing. */
 enum { AS_IS, RMS_NORM, SWIGLU };
@@ -589,8 +585,8 @@ static void swiglu_row(const float *gate, const float *up, int n, float *y) {
  * SWIGLU (x holds gate then up, 2 * cols per token: silu(gate) * up). */
 static void linear(float *out, const uint8_t *w, const float *x, const int32_t *shape, int input, const float *norm, const float *residual) {
   const int type = shape[0], rows = shape[1], cols = shape[2], tokens = shape[3];
-  xblock *xq8 = scratch((size_t)tokens * (cols / 32));
-  float *row = input == AS_IS ? 0 : scratch_floats((size_t)cols);
+  xblock *xq8 = at_least(&int8_activations, (size_t)tokens * (cols / 32) * sizeof(xblock));
+  float *row = input == AS_IS ? 0 : at_least(&float_rows, (size_t)cols * sizeof(float));
   for (int t = 0; t < tokens; t++) {
     const float *in = x + (size_t)t * cols;
     if (input == RMS_NORM) {
@@ -827,7 +823,7 @@ void tq_attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lan
   const int width = (H + 2 * KvH) * Hd, half = Hd / 2;
   const float *bias = flags & HAS_BIAS ? extras : 0;
   const float *q_norm = flags & HAS_QK_NORM ? extras + (bias ? width : 0) : 0;
-  float *queries = scratch_floats((size_t)B * H * Hd + width + Hd);
+  float *queries = at_least(&float_rows, ((size_t)B * H * Hd + width + Hd) * sizeof(float));
   float *row = queries + (size_t)B * H * Hd, *cos_sin = row + width, rotated[MAX_HEAD_DIM];
   for (int b = 0; b < B; b++) {
     const int slot = lanes[b], pos = lanes[B + b];
@@ -882,15 +878,7 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
               const int32_t *shape) {
   const int B = shape[0], H = shape[1], KvH = shape[2], Hd = shape[5], eps_bits = shape[7], D = shape[8], F = shape[9];
   const int width = (H + 2 * KvH) * Hd;
-  static __thread float *buf;
-  static __thread size_t have;
-  const size_t need = (size_t)B * (width + H * Hd + D + 2 * F);
-  if (need > have) {
-    free(buf);
-    buf = malloc(need * sizeof(float));
-    have = need;
-  }
-  float *qkv = buf, *attn = qkv + (size_t)B * width, *h = attn + (size_t)B * H * Hd, *gate_up = h + (size_t)B * D;
+  float *qkv = at_least(&layer_intermediates, (size_t)B * (width + H * Hd + D + 2 * F) * sizeof(float)), *attn = qkv + (size_t)B * width, *h = attn + (size_t)B * H * Hd, *gate_up = h + (size_t)B * D;
   const int32_t qkv_shape[5] = {shape[10], width, D, B, eps_bits}, o_shape[4] = {shape[11], D, H * Hd, B};
   const int32_t gate_up_shape[5] = {shape[12], 2 * F, D, B, eps_bits}, down_shape[4] = {shape[13], D, F, B};
   linear(qkv, w_qkv, x, qkv_shape, RMS_NORM, attn_norm, 0);
