@@ -3,17 +3,17 @@
 Contract: `Transformer.prefill` runs a chunk of one sequence's prompt into one slot and returns the
 logits of its last token; `Transformer.decode` advances several sequences by one token each, every
 lane at its own position in its own slot, and returns one row of logits per lane (NumPy arrays,
-float32). Positions, slots and lengths enter the jitted graphs as bound symbolic variables, so
-sequences joining and leaving never trigger a recompile, and each step writes only the cache rows
-it produces.
+float32). Positions and slots enter the jitted steps as values, never as shapes, so sequences joining
+and leaving never trigger a recompile, and each step writes only the cache rows it produces: on
+the CPU kernels as an int32 `lanes` tensor the kernels read, elsewhere as bound symbolic variables.
 
-On the CPU device, with the kernels in kernels/ loaded, a layer is five of their kernels inside the
-captured step (`Block.on_kernels`): norm + qkv product, attention (bias, q/k norms, RoPE, the cache
-write and the softmax), output product + residual, norm + gate/up product, SwiGLU + down product +
-residual. A matrix whose type has no kernel takes tinygrad's float16 product in its place, with the
-surrounding operations in tinygrad too. Every other device runs the whole layer on tinygrad's kernels,
-float16 weights, with tinygrad's attention over the float16 KV cache. Activations stay float32 on
-CPU, which has no float16 arithmetic.
+On the CPU device, with the kernels in kernels/ loaded, a layer is one of their kernels inside the
+captured step (`Block.on_kernels`, `tq_layer`): norm + qkv product, attention (bias, q/k norms,
+RoPE, the cache write and the softmax), output product + residual, norm + gate/up product, SwiGLU +
+down product + residual. A layer with a matrix whose type has no kernel runs the same pieces as five
+kernels, with tinygrad's float16 product in that matrix's place. Every other device runs the whole
+layer on tinygrad's kernels, float16 weights, with tinygrad's attention over the float16 KV cache.
+Activations stay float32 on CPU, which has no float16 arithmetic.
 """
 
 from __future__ import annotations
