@@ -41,7 +41,7 @@ class Runner(Protocol):
 
 # Prompt tokens per compiled prefill call: the bulk of a chunk in 32-token pieces, its remainder in
 # 8-token ones, so a short prompt does not pay for 32. On the CPU kernels (default model, this 2-core
-# VM, 512 tokens) 8-token pieces ran 172 tok/s and 32-token ones 209; each size is ~3 s of warm-up.
+# VM, 512 tokens) 8-token pieces ran 172 tok/s and 32-token ones 209; each size is ~2 s of warm-up.
 PREFILL_PIECES = (32, 8)
 
 
@@ -66,7 +66,7 @@ class ModelRunner:
         self.pieces = prefill_pieces(prefill_chunk)
         self.piece = self.pieces[0]  # the largest: the model's cache has room for its padding
         # every power of two: a width-4 step took 38 ms against 57 for a padded width 8 (default
-        # model), and on the CPU kernels a width costs ~3 s of warm-up
+        # model), and on the CPU kernels a width costs ~1.5 s of warm-up
         self.widths = buckets(1, model.slots)
 
     def prefill(self, request: Request, tokens: list[int], start: int) -> np.ndarray:

@@ -5,8 +5,8 @@ disk, so a restart reuses it) and returns None where it cannot serve (not the CP
 architecture without a trampoline). Its `linear(x, weight)` multiplies float32 activations (..., cols)
 by a `BlockWeight` (a GGUF tensor's raw blocks, rows x cols); `norm_linear`, `residual_linear` and
 `swiglu_linear` fuse what surrounds a layer's products into them; `attend` runs a layer's attention
-from its qkv rows; `embed(ids, weight)` gathers dequantized rows. All return lazy tensors that run
-inside the surrounding TinyJit.
+from its qkv rows; `layer` runs all of a layer as one kernel; `embed(ids, weight)` gathers
+dequantized rows. All return lazy tensors that run inside the surrounding TinyJit.
 
 How it plugs into tinygrad 0.14: a kernel is an Ops.PROGRAM whose binary is a 12- or 16-byte
 trampoline that jumps to our compiled function. tinygrad's CPU worker calls a program with every
@@ -43,7 +43,7 @@ BLOCK_FORMATS = {2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34), 
 # tq_attend's flags: which of the bias and the q/k norms its `extras` input holds
 ATTEND_BIAS, ATTEND_QK_NORM = 1, 2
 MAX_HEAD_DIM = 512  # tq_attend's rotation buffer
-# Idle pool threads spin this long before sleeping: a decode step's ~120 products come microseconds
+# Idle pool threads spin this long before sleeping: a decode step's ~150 jobs come microseconds
 # apart, and a sleeping thread takes tens of microseconds to wake.
 SPIN_US = 100
 
@@ -187,8 +187,7 @@ class QuantizedCPU:
 
     def norm_linear(self, x: Tensor, weight: BlockWeight, norm: Tensor, eps: float) -> Tensor:
         """rms_norm(x) * norm, then the product: a layer's input norm runs inside its first kernel."""
-        eps_bits = int(np.float32(eps).view(np.int32))
-        return self._linear("tq_norm_linear", x, weight, weight.cols, norm.cast(dtypes.float32).contiguous(), extra_shape=(eps_bits,))
+        return self._linear("tq_norm_linear", x, weight, weight.cols, norm.cast(dtypes.float32).contiguous(), extra_shape=(_bits(eps),))
 
     def residual_linear(self, x: Tensor, weight: BlockWeight, residual: Tensor) -> Tensor:
         """residual + x @ weight.T: the residual stream's add runs inside the product."""
@@ -231,8 +230,7 @@ class QuantizedCPU:
         _, slots, kv_heads, positions, head_dim = cache.shape
         B = qkv.shape[0]
         out = Tensor.empty(B, heads * head_dim, dtype=dtypes.float32)
-        eps_bits = int(np.float32(eps).view(np.int32))
-        shape = self._shape(B, heads, kv_heads, slots, positions, head_dim, flags, eps_bits)
+        shape = self._shape(B, heads, kv_heads, slots, positions, head_dim, flags, _bits(eps))
         return self._call("tq_attend", out, self._rows(qkv, (heads + 2 * kv_heads) * head_dim), cache, lanes, inv_freq, extras, shape)
 
     def layer(self, x: Tensor, matrices: LayerMatrices, norms: tuple[Tensor, Tensor], attention: tuple, eps: float) -> Tensor:
@@ -242,13 +240,17 @@ class QuantizedCPU:
         _, slots, kv_heads, positions, head_dim = cache.shape
         B, D = x.shape
         out = Tensor.empty(B, D, dtype=dtypes.float32)
-        eps_bits = int(np.float32(eps).view(np.int32))
         m = matrices
         types = (m.qkv.ggml_type, m.o.ggml_type, m.gate_up.ggml_type, m.down.ggml_type)
-        shape = self._shape(B, heads, kv_heads, slots, positions, head_dim, flags, eps_bits, D, m.down.cols, *types)
+        shape = self._shape(B, heads, kv_heads, slots, positions, head_dim, flags, _bits(eps), D, m.down.cols, *types)
         weights = (m.qkv.raw, m.o.raw, m.gate_up.raw, m.down.raw)
         attn_norm, ffn_norm = (n.cast(dtypes.float32).contiguous() for n in norms)
         return self._call("tq_layer", out, self._rows(x, D), *weights, attn_norm, ffn_norm, cache, lanes, inv_freq, extras, shape)
+
+
+def _bits(value: float) -> int:
+    """A float32's bits as an int32, for the kernels' int32 shape arrays."""
+    return int(np.float32(value).view(np.int32))
 
 
 @dataclass(frozen=True)
