@@ -627,8 +627,9 @@ void tq_swiglu_linear(float *out, const uint8_t *w, const float *gate_up, const 
  *      q and k by RoPE at the lane's position (half-split pairs, angle = pos * inv_freq[i]), and write
  *      k and v as float16 at that position of the lane's slot in the KV cache (2, slots, KvH,
  *      positions, Hd);
- *   2. over the pool, one (lane, query head) pair per item: softmax(q . K[0..pos] / sqrt(Hd)) . V[0..pos],
- *      reading the cache in place.
+ *   2. over the pool: softmax(q . K[0..pos] / sqrt(Hd)) . V[0..pos] for every (lane, query head),
+ *      reading the cache in place; an item is a lane's query heads that share a kv head (up to
+ *      MAX_SHARED_HEADS of them), or a single head when that leaves a thread fewer than two items.
  * shape = {B, H, KvH, slots, positions, Hd, flags, eps bits}; lanes = {slot_0.., pos_0..}; extras holds
  * the qkv bias (flag 1), then the q and k norm weights (flag 2). Writing and reading in one kernel
  * keeps their order inside it, where tinygrad cannot reorder them. */
