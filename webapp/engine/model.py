@@ -18,7 +18,6 @@ Activations stay float32 on CPU, which has no float16 arithmetic.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import math
 from dataclasses import dataclass
@@ -28,8 +27,9 @@ import numpy as np
 # tinygrad reads HCQ2 at import: webapp.engine.tinygrad_setup.prepare_tinygrad() runs before this.
 from tinygrad import Device, Tensor, TinyJit, UOp, dtypes
 
+from .device_buffers import StepInputs, device_array
 from .kernels.cpu import ATTEND_BIAS, ATTEND_QK_NORM, MAX_HEAD_DIM, LayerMatrices, QuantizedCPU
-from .weights import BlockLinear, WeightSource, device_array, read_gguf
+from .weights import BlockLinear, WeightSource, read_gguf
 
 log = logging.getLogger(__name__)
 
@@ -158,26 +158,31 @@ class Block:
         }
         # one product for q, k and v and one for gate and up: fewer, larger kernels run faster here
         self.qkv = weights.linear(*(p + f"attn_{n}.weight" for n in "qkv"))  # D -> H*Hd + 2*KvH*Hd
-        self.qkv_bias = Tensor.cat(*(weights.vector(p + f"attn_{n}.bias") for n in "qkv")).contiguous() if config.qkv_bias else None
         self.gate_up = weights.linear(p + "ffn_gate.weight", p + "ffn_up.weight")  # D -> 2*F
         self.attn_output = weights.linear(p + "attn_output.weight")  # H*Hd -> D
         self.down = weights.linear(p + "ffn_down.weight")  # F -> D
-        self.kernels = weights.kernels  # the whole layer runs on the CPU kernels when they are loaded
-        # tq_attend's extras: the qkv bias, then the q and k norm weights, as the model has them
-        names = ([p + f"attn_{n}.bias" for n in "qkv"] if config.qkv_bias else []) + (
-            [p + "attn_q_norm.weight", p + "attn_k_norm.weight"] if config.qk_norm else []
-        )
-        extras = [weights.vector_values(n) for n in names]
-        if all(e is not None for e in extras):  # read from the file straight into one buffer
-            self.attend_extras = device_array(np.concatenate(extras) if extras else np.zeros(1, np.float32))
+        # the whole layer runs on the CPU kernels when they are loaded and can rotate its heads
+        head_dim_ok = config.head_dim % 2 == 0 and config.head_dim <= MAX_HEAD_DIM
+        self.kernels = weights.kernels if head_dim_ok else None
+        bias_names = [p + f"attn_{n}.bias" for n in "qkv"] if config.qkv_bias else []
+        self.qkv_bias = None  # added by tinygrad's product; on the kernels, by the attention kernel
+        self.attend_extras = self.matrices = None
+        if self.kernels is None:
+            if bias_names:
+                self.qkv_bias = Tensor.cat(*(weights.vector(n) for n in bias_names)).contiguous()
         else:
-            self.attend_extras = (
-                Tensor.cat(*(weights.vector(n) for n in names)).float().contiguous() if names else Tensor.zeros(1).contiguous()
-            )
-        self.attend_flags = (ATTEND_BIAS if config.qkv_bias else 0) | (ATTEND_QK_NORM if config.qk_norm else 0)
-        products = (self.qkv, self.attn_output, self.gate_up, self.down)
-        # every product in blocks: the layer runs as one kernel; else five, tinygrad's products among them
-        self.matrices = LayerMatrices(*(p.weight for p in products)) if all(isinstance(p, BlockLinear) for p in products) else None
+            # tq_attend's extras: the qkv bias, then the q and k norm weights, as the model has them
+            names = bias_names + ([p + "attn_q_norm.weight", p + "attn_k_norm.weight"] if config.qk_norm else [])
+            extras = [weights.vector_values(n) for n in names]
+            if all(e is not None for e in extras):  # read from the file straight into one buffer
+                self.attend_extras = device_array(np.concatenate(extras) if extras else np.zeros(1, np.float32))
+            else:
+                self.attend_extras = Tensor.cat(*(weights.vector(n) for n in names)).float().contiguous()
+            self.attend_flags = (ATTEND_BIAS if config.qkv_bias else 0) | (ATTEND_QK_NORM if config.qk_norm else 0)
+            products = (self.qkv, self.attn_output, self.gate_up, self.down)
+            # every product in blocks: the layer runs as one kernel; else five, tinygrad's products among them
+            if all(isinstance(product, BlockLinear) for product in products):
+                self.matrices = LayerMatrices(*(product.weight for product in products))
         # (k|v, slot, kv_head, position, head_dim); the extra last slot is scratch for padding lanes.
         shape = (2, slots + 1, config.n_kv_heads, context, config.head_dim)
         if Device.DEFAULT == "CPU":
@@ -190,7 +195,8 @@ class Block:
 
     def tensors(self) -> list[Tensor]:
         own = [*self.qkv.tensors(), *self.gate_up.tensors(), *self.attn_output.tensors(), *self.down.tensors(), self.cache]
-        return own + ([self.qkv_bias] if self.qkv_bias is not None else []) + list(self.w.values()) + [self.attend_extras]
+        optional = [t for t in (self.qkv_bias, self.attend_extras) if t is not None]
+        return own + optional + list(self.w.values())
 
     def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         c, w = self.c, self.w
@@ -287,9 +293,9 @@ class Transformer:
         # a padded prefill chunk may write up to max_chunk - 1 junk positions past the context
         self.blocks = [Block(config, weights, i, slots, context + max_chunk, KV_DTYPE) for i in range(config.n_layers)]
         self.uses_cpu_kernels = weights.uses_kernels  # some matrix runs on the quantized CPU kernels
-        # every layer runs on the CPU kernels when they are loaded (attention always, each product
-        # where its type has one)
-        self.kernels = weights.kernels if config.head_dim % 2 == 0 and config.head_dim <= MAX_HEAD_DIM else None
+        # every layer runs on the CPU kernels, or none does (attention always, each product where its
+        # type has one)
+        self.kernels = self.blocks[0].kernels
         # a symbolic-length arange compiles to a reduce over length x length: slice a stored one instead
         self.key_positions = Tensor.arange(context + max_chunk).contiguous()
         # stored, not rebuilt from a Python list inside the jitted step: tinygrad replays such a constant
@@ -302,7 +308,7 @@ class Transformer:
         self._decode_jits: dict[int, TinyJit] = {}
         self._copy_jit: TinyJit | None = None
         self.v_source = UOp.variable("source", 0, slots)
-        self._inputs = _StepInputs()
+        self._inputs = StepInputs()
         # a realize per layer: 150 separate ones took ~40% of loading, and one for all of them spent
         # 20 s in tinygrad's lowering of one long command list
         Tensor.realize(*self.embed.tensors(), self.output_norm, *self.head.tensors(), self.key_positions, self.inv_freq)
@@ -313,22 +319,17 @@ class Transformer:
         """x (B, D) -> (B, vocab) float32 logits."""
         return self.head(rms_norm(x, self.output_norm, self.config.norm_eps).contiguous())
 
-    def _prefill_on_kernels(self, tokens: Tensor, last: Tensor, lanes: Tensor) -> Tensor:
-        """The prefill step on the CPU kernels: tokens (T,), lanes (2T,) = the slot T times, then the
-        positions; no symbolic variables, which tinygrad's replay would bind on every call."""
-        x = self.embed(tokens)  # (T, D)
+    def _step_on_kernels(self, tokens: Tensor, lanes: Tensor, last: Tensor | None = None) -> Tensor:
+        """A step on the CPU kernels, its B lanes a decode step's sequences or a prefill piece's tokens:
+        tokens (B,), lanes (2B,) = each lane's slot, then its position. No symbolic variables, which
+        tinygrad's replay would bind on every call. -> (B, vocab) logits; a prefill piece passes the
+        one-hot `last` (1, B) of its last real token and gets (1, vocab)."""
+        x = self.embed(tokens)  # (B, D)
         for block in self.blocks:
             # realized layer by layer: the jit records each piece, and scheduling the whole step as
             # one graph cost time quadratic in its layers (tinygrad's store-hazard walk per store)
             x = block.on_kernels(x, lanes, self.inv_freq).realize()
-        return self._logits(last @ x).realize()  # (1, T) one-hot @ (T, D) -> (1, vocab)
-
-    def _decode_on_kernels(self, tokens: Tensor, lanes: Tensor) -> Tensor:
-        """The decode step on the CPU kernels: tokens (B,), lanes (2B,) = the slots, then the positions."""
-        x = self.embed(tokens)  # (B, D)
-        for block in self.blocks:
-            x = block.on_kernels(x, lanes, self.inv_freq).realize()  # as in _prefill_on_kernels
-        return self._logits(x).realize()  # (B, vocab)
+        return self._logits(x if last is None else last @ x).realize()
 
     def _prefill(self, tokens: Tensor, last: Tensor, slot: UOp, start: UOp) -> Tensor:
         positions = Tensor.arange(tokens.shape[1]) + start  # (T,)
@@ -337,7 +338,7 @@ class Transformer:
         rotary = rotation(positions, self.inv_freq)
         x = self.embed(tokens)  # (1, T, D)
         for block in self.blocks:
-            x = block.prefill(x, slot, start, rotary, mask).realize()  # as in _prefill_on_kernels
+            x = block.prefill(x, slot, start, rotary, mask).realize()  # as in _step_on_kernels
         return self._logits(last @ x[0]).realize()  # (1, T) one-hot @ (T, D) -> (1, vocab)
 
     def _decode(self, tokens: Tensor, pos: Tensor, length: UOp, *lanes: UOp) -> Tensor:
@@ -348,7 +349,7 @@ class Transformer:
         rotary = rotation(pos.reshape(-1, 1, 1), self.inv_freq)  # (B, 1, 1, half): broadcast over heads
         x = self.embed(tokens).reshape(width, 1, -1)  # (B, 1, D)
         for block in self.blocks:
-            x = block.decode(x, slots, positions, rotary, length, mask).realize()  # as in _prefill_on_kernels
+            x = block.decode(x, slots, positions, rotary, length, mask).realize()  # as in _step_on_kernels
         return self._logits(x[:, 0, :]).realize()  # (B, vocab)
 
     def prefill(self, tokens: list[int], slot: int, start: int, chunk: int) -> np.ndarray:
@@ -358,12 +359,12 @@ class Transformer:
         assert 0 < n <= chunk and start + n <= self.context
         jit = self._prefill_jits.get(chunk)
         if jit is None:
-            jit = self._prefill_jits[chunk] = _capturing_jit(self._prefill if self.kernels is None else self._prefill_on_kernels)
+            jit = self._prefill_jits[chunk] = _capturing_jit(self._prefill if self.kernels is None else self._step_on_kernels)
         padded = tokens + [0] * (chunk - n)
         last = self._inputs.fill("prefill last", [[float(i == n - 1) for i in range(chunk)]], dtypes.float32)
         if self.kernels is not None:
             lanes = self._inputs.fill("prefill lanes", [slot] * chunk + list(range(start, start + chunk)), dtypes.int32)
-            return jit(self._inputs.fill("prefill tokens", padded, dtypes.int32), last, lanes).numpy()
+            return jit(self._inputs.fill("prefill tokens", padded, dtypes.int32), lanes, last).numpy()
         padded_in = self._inputs.fill("prefill tokens", [padded], dtypes.int32)
         return jit(padded_in, last, self.v_slot.bind(slot), self.v_start.bind(start)).numpy()
 
@@ -388,7 +389,7 @@ class Transformer:
         tokens, slots, positions = tokens + [0] * pad, slots + [self.slots] * pad, positions + [0] * pad
         jit = self._decode_jits.get(width)
         if jit is None:
-            jit = self._decode_jits[width] = _capturing_jit(self._decode if self.kernels is None else self._decode_on_kernels)
+            jit = self._decode_jits[width] = _capturing_jit(self._decode if self.kernels is None else self._step_on_kernels)
         tokens_in = self._inputs.fill("decode tokens", tokens, dtypes.int32)
         if self.kernels is not None:
             return jit(tokens_in, self._inputs.fill("decode lanes", slots + positions, dtypes.int32)).numpy()
@@ -396,38 +397,6 @@ class Transformer:
         lanes += [UOp.variable(f"pos{b}", 0, self.context - 1).bind(p) for b, p in enumerate(positions)]
         length = self.v_length.bind(max(positions) + 1)
         return jit(tokens_in, self._inputs.fill("decode positions", positions, dtypes.int32), length, *lanes).numpy()
-
-
-class _StepInputs:
-    """Realized tensors that the jitted steps read their per-call values from, rewritten in place.
-
-    Fresh input tensors built from Python lists went through tinygrad's scheduler on every call:
-    3.4 ms of the model thread per decode step, before the step could start."""
-
-    def __init__(self):
-        self._tensors: dict[tuple, Tensor] = {}
-        self._host_views: dict[tuple, np.ndarray] = {}
-
-    def fill(self, name: str, values: list, dtype) -> Tensor:
-        array = np.ascontiguousarray(values, dtype=np.dtype(dtype.fmt))
-        key = (name, array.shape)
-        tensor = self._tensors.get(key)
-        if tensor is None:
-            tensor = self._tensors[key] = Tensor(array).contiguous().realize()
-            buffer = tensor.uop.base.realized
-            if Device.DEFAULT == "CPU":  # host memory: later calls write it through a NumPy view
-                address = buffer._buf.va_addr
-                self._host_views[key] = np.ctypeslib.as_array((ctypes.c_uint8 * buffer.nbytes).from_address(address)).view(array.dtype)
-            return tensor
-        view = self._host_views.get(key)
-        if view is not None:
-            # every step that reads these inputs ends by waiting for its logits, so none still runs:
-            # the copy-in's device wait and tinygrad's bookkeeping took ~0.25 ms per input here
-            view[:] = array.reshape(-1)
-            return tensor
-        buffer = tensor.uop.base.realized
-        buffer.allocator._copyin(buffer._buf, memoryview(array).cast("B"))  # waits for the device first
-        return tensor
 
 
 def use_tinygrad_from_this_thread() -> None:

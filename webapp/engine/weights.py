@@ -23,23 +23,13 @@ import numpy as np
 from tinygrad import Tensor, dtypes
 from tinygrad.llm.gguf import gguf_load
 
+from .device_buffers import device_array
 from .kernels.cpu import BLOCK_FORMATS, BlockWeight, QuantizedCPU
 
 log = logging.getLogger(__name__)
 
 WEIGHT_DTYPE = dtypes.float16
 HEAD_CHUNK = 3072  # lm-head columns per batch entry: one (vocab, D) product is a slow kernel, 16 of these a fast one
-
-
-def device_array(array: np.ndarray) -> Tensor:
-    """A realized tensor holding `array` (uint8 or float32), copied straight into its buffer: realizing
-    Tensor(array) schedules and lowers a copy per tensor, which was most of loading's time."""
-    dtype = {np.dtype(np.uint8): dtypes.uint8, np.dtype(np.float32): dtypes.float32}[array.dtype]
-    tensor = Tensor.empty(*array.shape, dtype=dtype).realize()
-    buffer = tensor.uop.base.buffer.ensure_allocated()
-    source = np.require(array, requirements=["C", "W"])  # the copy-in wants a writable buffer, not the file's map
-    buffer.allocator._copyin(buffer._buf, memoryview(source).cast("B"))
-    return tensor
 
 
 def unpermute_rope_rows(rows, n_heads: int):

@@ -35,6 +35,8 @@ import numpy as np
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.uop.ops import KernelInfo, Ops, ProgramInfo, UOp
 
+from ..device_buffers import device_array
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("ggml_cpu.c")
@@ -155,11 +157,9 @@ class QuantizedCPU:
     def _shape(self, *values: int) -> Tensor:
         tensor = self._shapes.get(values)
         if tensor is None:
-            # filled straight into its buffer: a tensor made from NumPy inside a jit's capture becomes a
-            # host copy that the jit replays, waiting for the device, on every step (~0.2 ms each)
-            tensor = self._shapes[values] = Tensor.empty(len(values), dtype=dtypes.int32).realize()
-            buffer = tensor.uop.base.buffer.ensure_allocated()
-            buffer.allocator._copyin(buffer._buf, memoryview(np.array(values, dtype=np.int32)).cast("B"))
+            # not Tensor(array): one made from NumPy inside a jit's capture becomes a host copy that the
+            # jit replays, waiting for the device, on every step (~0.2 ms each)
+            tensor = self._shapes[values] = device_array(np.array(values, dtype=np.int32))
         return tensor
 
     def _call(self, name: str, out: Tensor, *inputs: Tensor) -> Tensor:
