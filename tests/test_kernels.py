@@ -190,6 +190,10 @@ def test_fused_linears_match_their_parts(library, tokens):
     np.testing.assert_allclose(got, residual + quantize_activations(gate / (1 + np.exp(-gate)) * up) @ w.T, rtol=1e-4, atol=1e-3)
 
 
+def _inverse_frequencies(head_dim: int) -> np.ndarray:
+    return (1.0 / 10000.0 ** (np.arange(head_dim // 2) * 2 / head_dim)).astype(np.float32)
+
+
 def _attend_inputs(rng, lanes_n, heads, kv_heads, head_dim):
     return rng.standard_normal((lanes_n, (heads + 2 * kv_heads) * head_dim)).astype(np.float32)
 
@@ -235,7 +239,7 @@ def test_attention_writes_the_new_keys_then_matches_numpy(library, head_dim, pos
     extremes = np.zeros((lanes_n, (heads + 2 * kv_heads) * head_dim), np.float32)
     extremes[0, q_end : q_end + 8] = [1e-7, -3e-6, 6e-5, 7e4, 65519, 2049, 2051, 1e-30]  # subnormals, overflow, ties
     step(cache, extremes, np.zeros(head_dim // 2, np.float32))
-    inv_freq = (1.0 / 10000.0 ** (np.arange(head_dim // 2) * 2 / head_dim)).astype(np.float32)
+    inv_freq = _inverse_frequencies(head_dim)
     qkv = (_attend_inputs(rng, lanes_n, heads, kv_heads, head_dim) * 3).astype(np.float32)
     step(cache, qkv, inv_freq)
     for b, (slot, pos) in enumerate(zip(slot_of, pos_of)):
@@ -256,7 +260,7 @@ def test_attention_adds_the_bias_and_normalizes_q_and_k_heads(library):
     qkv = _attend_inputs(rng, 1, heads, kv_heads, head_dim)
     bias = rng.standard_normal(width).astype(np.float32)
     q_norm, k_norm = (rng.uniform(0.5, 1.5, head_dim).astype(np.float32) for _ in range(2))
-    inv_freq = (1.0 / 10000.0 ** (np.arange(head_dim // 2) * 2 / head_dim)).astype(np.float32)
+    inv_freq = _inverse_frequencies(head_dim)
     lanes = np.array([1, 1], np.int32)  # slot 1, position 1: attends the key already at 0 and its own
     shape = np.array([1, heads, kv_heads, slots, positions, head_dim, 3, int(np.float32(eps).view(np.int32))], np.int32)
     cache = rng.standard_normal((2, slots, kv_heads, positions, head_dim)).astype(np.float16)
@@ -283,7 +287,7 @@ def test_a_lanes_attention_is_the_same_bits_alone_and_among_others(library):
     rng = np.random.default_rng(8)
     lanes_n, heads, kv_heads, head_dim, slots, positions = 8, 12, 2, 64, 8, 64
     qkv = _attend_inputs(rng, lanes_n, heads, kv_heads, head_dim)
-    inv_freq = (1.0 / 10000.0 ** (np.arange(head_dim // 2) * 2 / head_dim)).astype(np.float32)
+    inv_freq = _inverse_frequencies(head_dim)
     slot_of, pos_of = list(range(lanes_n)), [int(p) for p in rng.integers(0, positions, lanes_n)]
     cache = rng.standard_normal((2, slots, kv_heads, positions, head_dim)).astype(np.float16)
     together = np.empty((lanes_n, heads * head_dim), np.float32)
