@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit
 
-from webapp.engine.kernels.cpu import BLOCK_FORMATS, BlockWeight, QuantizedCPU, compile_library, simd_flags
+from webapp.engine.kernels.cpu import BLOCK_FORMATS, INTERLEAVED, BlockWeight, QuantizedCPU, compile_library, simd_flags
 from webapp.engine.model import use_tinygrad_from_this_thread
 
 TYPES = sorted(BLOCK_FORMATS)
@@ -137,6 +137,44 @@ def test_each_token_row_is_independent_of_the_others(library):
     library.tq_linear(_ptr(together), _ptr(raw), _ptr(x), shape(6))
     for t in range(6):
         library.tq_linear(_ptr(alone), _ptr(raw), _ptr(np.ascontiguousarray(x[t : t + 1])), shape(1))
+        assert np.array_equal(alone[0], together[t])
+
+
+def _repack(library, raw: np.ndarray, ggml_type: int, cols: int) -> tuple[np.ndarray, int]:
+    packed = np.empty_like(raw)
+    stored_type = library.tq_repack(_ptr(packed), _ptr(raw), _ptr(np.array([ggml_type, raw.shape[0], cols], np.int32)))
+    return packed, stored_type
+
+
+@pytest.mark.parametrize("ggml_type", [2, 3])
+@pytest.mark.parametrize("rows", [40, 37])
+def test_interleaved_rows_give_the_same_products_rows_and_invariance(library, ggml_type, rows):
+    """Q4_0 and Q4_1 with rows in eights are stored interleaved where the SIMD kernels serve (other row
+    counts and the portable build keep the file's layout): every product, dequantized row and embedding
+    lookup stays that of the file's blocks, and a token's row is the same alone or among others."""
+    rng = np.random.default_rng(rows + ggml_type)
+    cols = 96
+    raw = random_blocks(ggml_type, rows, cols, rng)
+    packed, stored_type = _repack(library, raw, ggml_type, cols)
+    interleaved = library.tq_simd() and rows % 8 == 0
+    assert stored_type == (INTERLEAVED + ggml_type if interleaved else ggml_type)
+    assert np.array_equal(packed, raw) != interleaved and np.array_equal(np.sort(packed, axis=None), np.sort(raw, axis=None))
+    w = dequantize(ggml_type, raw, cols)
+    rows_out = np.empty((rows, cols), np.float32)
+    library.tq_dequantize(_ptr(rows_out), _ptr(packed), _ptr(np.array([stored_type, rows, cols, 1], np.int32)))
+    np.testing.assert_allclose(rows_out, w, rtol=1e-6, atol=1e-7)
+    ids = np.array([rows - 1, 0, 9], np.int32)
+    embedded = np.empty((3, cols), np.float32)
+    library.tq_embed(_ptr(embedded), _ptr(packed), _ptr(ids), _ptr(np.array([stored_type, rows, cols, 3], np.int32)))
+    np.testing.assert_allclose(embedded, w[ids], rtol=1e-6, atol=1e-7)
+    x = rng.standard_normal((9, cols)).astype(np.float32)
+    together, alone = np.empty((9, rows), np.float32), np.empty((1, rows), np.float32)
+    library.tq_linear(_ptr(together), _ptr(packed), _ptr(x), _ptr(np.array([stored_type, rows, cols, 9], np.int32)))
+    np.testing.assert_allclose(together, quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
+    for t in (0, 4, 8):
+        library.tq_linear(
+            _ptr(alone), _ptr(packed), _ptr(np.ascontiguousarray(x[t : t + 1])), _ptr(np.array([stored_type, rows, cols, 1], np.int32))
+        )
         assert np.array_equal(alone[0], together[t])
 
 

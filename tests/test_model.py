@@ -108,14 +108,16 @@ def test_garbage_file_fails_with_a_clear_message(tmp_path):
 )
 def test_quantized_matrices_run_on_block_kernels_close_to_the_reference(tmp_path, arch, matrix_type, float_matrices):
     """On the CPU, layer matrices and the head stay in the file's blocks; activations are rounded to int8
-    per 32 values, so logits are close to the float64 reference, not equal. A layer whose matrices are
-    all in blocks runs as one kernel; one with a float matrix, as five kernels around tinygrad's product."""
+    per 32 values, so logits are close to the float64 reference, not equal. A model whose matrices are
+    all in blocks runs a step as one kernel; a layer with a float matrix, as five kernels around
+    tinygrad's product."""
     use_tinygrad_from_this_thread()
     path = write_tiny_gguf(str(tmp_path / "q.gguf"), arch, matrix_type=matrix_type, float_matrices=float_matrices)
     model, _ = load_model(path, slots=2, context=64)
     if Device.DEFAULT == "CPU":
         assert isinstance(model.blocks[0].qkv, BlockLinear) and isinstance(model.head.linear, BlockLinear)
-        assert (model.blocks[0].matrices is None) == bool(float_matrices)
+        assert (model.blocks[0].layer_tensors is None) == bool(float_matrices)
+        assert (model.whole_model is None) == bool(float_matrices)  # else a step is one kernel
     expected = Reference(path).logits(PROMPT + [42])
     got = model.prefill(PROMPT, slot=0, start=0, chunk=16)[0]
     scale = np.abs(expected).max()
@@ -128,6 +130,11 @@ def test_quantized_matrices_run_on_block_kernels_close_to_the_reference(tmp_path
     for start in range(0, len(PROMPT), 5):
         chunked = model.prefill(PROMPT[start : start + 5], slot=1, start=start, chunk=8)[0]
     np.testing.assert_allclose(chunked, whole, atol=1e-4, rtol=1e-4)
+    # a prefix copied by tinygrad's kernels is there for the next step, which may run outside its queue
+    model.prefill([9] * len(PROMPT), slot=0, start=0, chunk=16)
+    model.copy_prefix(1, 0, len(PROMPT))
+    copied, source = (model.decode([42], slots=[s], positions=[len(PROMPT)], width=1)[0] for s in (0, 1))
+    np.testing.assert_array_equal(copied, source)
 
 
 def test_importing_the_model_changes_nothing_until_prepare_tinygrad_is_called():

@@ -7,11 +7,12 @@ float32). Positions and slots enter the jitted steps as values, never as shapes,
 and leaving never trigger a recompile, and each step writes only the cache rows it produces: on
 the CPU kernels as an int32 `lanes` tensor the kernels read, elsewhere as bound symbolic variables.
 
-On the CPU device, with the kernels in kernels/ loaded, a layer is one of their kernels inside the
-captured step (`Block.on_kernels`, `tq_layer`): norm + qkv product, attention (bias, q/k norms,
-RoPE, the cache write and the softmax), output product + residual, norm + gate/up product, SwiGLU +
-down product + residual. A layer with a matrix whose type has no kernel runs the same pieces as five
-kernels, with tinygrad's float16 product in that matrix's place. Every other device runs the whole
+On the CPU device, with the kernels in kernels/ loaded and every matrix in blocks they read, a step
+is one direct call into them (`QuantizedCPU.step`, `tq_forward`): the embedding, then per layer norm
++ qkv product, attention (bias, q/k norms, RoPE, the cache write and the softmax), output product +
+residual, norm + gate/up product, SwiGLU + down product + residual, then the final norm and the head.
+Where some matrix's type has no kernel, the step is a TinyJit of kernels: a layer is one (`tq_layer`)
+or, with such a matrix, five around tinygrad's float16 product. Every other device runs the whole
 layer on tinygrad's kernels, float16 weights, with tinygrad's attention over the float16 KV cache.
 Activations stay float32 on CPU, which has no float16 arithmetic.
 """
@@ -27,8 +28,8 @@ import numpy as np
 # tinygrad reads HCQ2 at import: webapp.engine.tinygrad_setup.prepare_tinygrad() runs before this.
 from tinygrad import Device, Tensor, TinyJit, UOp, dtypes
 
-from .device_buffers import StepInputs, device_array
-from .kernels.cpu import ATTEND_BIAS, ATTEND_QK_NORM, MAX_HEAD_DIM, LayerMatrices, QuantizedCPU
+from .device_buffers import StepBuffers, device_array
+from .kernels.cpu import ATTEND_BIAS, ATTEND_QK_NORM, MAX_HEAD_DIM, BlockWeight, LayerMatrices, LayerTensors, QuantizedCPU
 from .weights import BlockLinear, WeightSource, read_gguf
 
 log = logging.getLogger(__name__)
@@ -166,7 +167,8 @@ class Block:
         self.kernels = weights.kernels if head_dim_ok else None
         bias_names = [p + f"attn_{n}.bias" for n in "qkv"] if config.qkv_bias else []
         self.qkv_bias = None  # added by tinygrad's product; on the kernels, by the attention kernel
-        self.attend_extras = self.matrices = None
+        self.attend_extras = self.layer_tensors = None
+        matrices = None
         if self.kernels is None:
             if bias_names:
                 self.qkv_bias = Tensor.cat(*(weights.vector(n) for n in bias_names)).contiguous()
@@ -182,7 +184,7 @@ class Block:
             products = (self.qkv, self.attn_output, self.gate_up, self.down)
             # every product in blocks: the layer runs as one kernel; else five, tinygrad's products among them
             if all(isinstance(product, BlockLinear) for product in products):
-                self.matrices = LayerMatrices(*(product.weight for product in products))
+                matrices = LayerMatrices(*(product.weight for product in products))
         # (k|v, slot, kv_head, position, head_dim); the extra last slot is scratch for padding lanes.
         shape = (2, slots + 1, config.n_kv_heads, context, config.head_dim)
         if Device.DEFAULT == "CPU":
@@ -192,6 +194,9 @@ class Block:
             self.cache.uop.base.buffer.ensure_allocated()
         else:
             self.cache = Tensor.zeros(*shape, dtype=kv_dtype).contiguous()
+        if matrices is not None:
+            norms = (self.w["attn_norm.weight"], self.w["ffn_norm.weight"])
+            self.layer_tensors = LayerTensors(matrices, *norms, self.cache, self.attend_extras, config.n_heads, self.attend_flags)
 
     def tensors(self) -> list[Tensor]:
         own = [*self.qkv.tensors(), *self.gate_up.tensors(), *self.attn_output.tensors(), *self.down.tensors(), self.cache]
@@ -240,9 +245,9 @@ class Block:
         sequence or a prefill piece's token, lane b at position lanes[B + b] of slot lanes[b]. Prefill
         and decode thus compute a position identically, so prompt scoring equals generation."""
         c, w = self.c, self.w
+        if self.layer_tensors is not None:  # every product in blocks: one kernel
+            return self.kernels.layer(x, self.layer_tensors, lanes, inv_freq, c.norm_eps)
         attention = (self.cache, lanes, inv_freq, self.attend_extras, c.n_heads, self.attend_flags)
-        if self.matrices is not None:  # the common case: one kernel
-            return self.kernels.layer(x, self.matrices, (w["attn_norm.weight"], w["ffn_norm.weight"]), attention, c.norm_eps)
         qkv = _after_norm(self.qkv, x, w["attn_norm.weight"], c.norm_eps)
         attn = self.kernels.attend(qkv, *attention, c.norm_eps)
         h = _plus(self.attn_output, attn, x)
@@ -308,28 +313,38 @@ class Transformer:
         self._decode_jits: dict[int, TinyJit] = {}
         self._copy_jit: TinyJit | None = None
         self.v_source = UOp.variable("source", 0, slots)
-        self._inputs = StepInputs()
+        self._buffers = StepBuffers()
         # a realize per layer: 150 separate ones took ~40% of loading, and one for all of them spent
         # 20 s in tinygrad's lowering of one long command list
         Tensor.realize(*self.embed.tensors(), self.output_norm, *self.head.tensors(), self.key_positions, self.inv_freq)
         for block in self.blocks:
             Tensor.realize(*block.tensors())
+        self.whole_model = self._whole_model()
+
+    def _whole_model(self):
+        """The model for `QuantizedCPU.forward` (a whole step as one kernel) when the embedding, the head
+        and every layer's products are in blocks on the kernels; else None (a kernel or five a layer)."""
+        embed, head = getattr(self.embed, "weight", None), getattr(self.head, "weight", None)
+        layers = [block.layer_tensors for block in self.blocks]
+        if self.kernels is None or not isinstance(embed, BlockWeight) or not isinstance(head, BlockWeight) or None in layers:
+            return None
+        return self.kernels.whole_model(embed, self.output_norm, head, self.inv_freq, layers, self.config.norm_eps)
 
     def _logits(self, x: Tensor) -> Tensor:
         """x (B, D) -> (B, vocab) float32 logits."""
-        return self.head(rms_norm(x, self.output_norm, self.config.norm_eps).contiguous())
+        return self.head(rms_norm(x, self.output_norm, self.config.norm_eps).contiguous()).contiguous()
 
-    def _step_on_kernels(self, tokens: Tensor, lanes: Tensor, last: Tensor | None = None) -> Tensor:
+    def _step_on_kernels(self, tokens: Tensor, lanes: Tensor, picks: Tensor) -> Tensor:
         """A step on the CPU kernels, its B lanes a decode step's sequences or a prefill piece's tokens:
-        tokens (B,), lanes (2B,) = each lane's slot, then its position. No symbolic variables, which
-        tinygrad's replay would bind on every call. -> (B, vocab) logits; a prefill piece passes the
-        one-hot `last` (1, B) of its last real token and gets (1, vocab)."""
+        tokens (B,), lanes (2B,) = each lane's slot, then its position, picks (R,) = the lanes whose
+        logits are wanted (a decode step's every lane, a prefill piece's last real token). No symbolic
+        variables, which tinygrad's replay would bind on every call. -> (R, vocab) logits."""
         x = self.embed(tokens)  # (B, D)
         for block in self.blocks:
             # realized layer by layer: the jit records each piece, and scheduling the whole step as
             # one graph cost time quadratic in its layers (tinygrad's store-hazard walk per store)
             x = block.on_kernels(x, lanes, self.inv_freq).realize()
-        return self._logits(x if last is None else last @ x).realize()
+        return self._logits(x[picks]).realize()
 
     def _prefill(self, tokens: Tensor, last: Tensor, slot: UOp, start: UOp) -> Tensor:
         positions = Tensor.arange(tokens.shape[1]) + start  # (T,)
@@ -357,16 +372,19 @@ class Transformer:
         kernels ~3x faster here than a symbolic length); logits (1, vocab) of the last real token."""
         n = len(tokens)
         assert 0 < n <= chunk and start + n <= self.context
+        if self.whole_model is not None:  # one call, no padding: no compiled shapes to fit
+            return self.kernels.step(self.whole_model, tokens, [slot] * n + list(range(start, start + n)), [n - 1])
         jit = self._prefill_jits.get(chunk)
         if jit is None:
             jit = self._prefill_jits[chunk] = _capturing_jit(self._prefill if self.kernels is None else self._step_on_kernels)
         padded = tokens + [0] * (chunk - n)
-        last = self._inputs.fill("prefill last", [[float(i == n - 1) for i in range(chunk)]], dtypes.float32)
         if self.kernels is not None:
-            lanes = self._inputs.fill("prefill lanes", [slot] * chunk + list(range(start, start + chunk)), dtypes.int32)
-            return jit(self._inputs.fill("prefill tokens", padded, dtypes.int32), lanes, last).numpy()
-        padded_in = self._inputs.fill("prefill tokens", [padded], dtypes.int32)
-        return jit(padded_in, last, self.v_slot.bind(slot), self.v_start.bind(start)).numpy()
+            lanes = self._buffers.fill("prefill lanes", [slot] * chunk + list(range(start, start + chunk)), dtypes.int32)
+            picks = self._buffers.fill("prefill picks", [n - 1], dtypes.int32)
+            return self._buffers.read(jit(self._buffers.fill("prefill tokens", padded, dtypes.int32), lanes, picks), 1)
+        last = self._buffers.fill("prefill last", [[float(i == n - 1) for i in range(chunk)]], dtypes.float32)
+        padded_in = self._buffers.fill("prefill tokens", [padded], dtypes.int32)
+        return self._buffers.read(jit(padded_in, last, self.v_slot.bind(slot), self.v_start.bind(start)), 1)
 
     def _copy_prefix(self, source: UOp, target: UOp, length: UOp) -> None:
         for block in self.blocks:
@@ -380,23 +398,29 @@ class Transformer:
         if self._copy_jit is None:
             self._copy_jit = _capturing_jit(self._copy_prefix)
         self._copy_jit(self.v_source.bind(source), self.v_slot.bind(target), self.v_length.bind(length))
+        if self.whole_model is not None:  # its steps read the caches outside tinygrad's queue
+            Device[Device.DEFAULT].synchronize()
 
     def decode(self, tokens: list[int], slots: list[int], positions: list[int], width: int) -> np.ndarray:
-        """One token for each lane; lanes past len(tokens) are padding written to the scratch slot."""
+        """One token for each lane; lanes past len(tokens) are padding written to the scratch slot. -> logits
+        (len(tokens), vocab)."""
         n = len(tokens)
         assert 0 < n <= width
+        if self.whole_model is not None:
+            return self.kernels.step(self.whole_model, tokens, slots + positions, list(range(n)))
         pad = width - n
         tokens, slots, positions = tokens + [0] * pad, slots + [self.slots] * pad, positions + [0] * pad
         jit = self._decode_jits.get(width)
         if jit is None:
             jit = self._decode_jits[width] = _capturing_jit(self._decode if self.kernels is None else self._step_on_kernels)
-        tokens_in = self._inputs.fill("decode tokens", tokens, dtypes.int32)
+        tokens_in = self._buffers.fill("decode tokens", tokens, dtypes.int32)
         if self.kernels is not None:
-            return jit(tokens_in, self._inputs.fill("decode lanes", slots + positions, dtypes.int32)).numpy()
+            lanes_in = self._buffers.fill("decode lanes", slots + positions, dtypes.int32)
+            return self._buffers.read(jit(tokens_in, lanes_in, self._buffers.fill("decode picks", list(range(width)), dtypes.int32)), n)
         lanes = [UOp.variable(f"slot{b}", 0, self.slots).bind(s) for b, s in enumerate(slots)]
         lanes += [UOp.variable(f"pos{b}", 0, self.context - 1).bind(p) for b, p in enumerate(positions)]
         length = self.v_length.bind(max(positions) + 1)
-        return jit(tokens_in, self._inputs.fill("decode positions", positions, dtypes.int32), length, *lanes).numpy()
+        return self._buffers.read(jit(tokens_in, self._buffers.fill("decode positions", positions, dtypes.int32), length, *lanes), n)
 
 
 def use_tinygrad_from_this_thread() -> None:

@@ -251,8 +251,7 @@ class WeightSource:
             rows = raw.data  # (rows, bytes per row)
             heads = self._rope_heads_of(name)
             parts.append(unpermute_rope_rows(rows, heads) if heads else rows)
-        stacked = np.ascontiguousarray(np.concatenate(parts) if len(parts) > 1 else parts[0])
-        return BlockWeight(device_array(stacked), ggml_type, stacked.shape[0], cols)
+        return self.kernels.block_weight(np.concatenate(parts) if len(parts) > 1 else parts[0], ggml_type, cols)
 
     def linear(self, *names: str):
         block = self._block(names)
@@ -314,7 +313,7 @@ class _BlockEmbedding:
 
 class _BlockHead:
     def __init__(self, linear: BlockLinear):
-        self.linear = linear
+        self.linear, self.weight = linear, linear.weight
 
     def __call__(self, x: Tensor) -> Tensor:
         return self.linear(x).float()

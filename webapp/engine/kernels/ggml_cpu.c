@@ -14,8 +14,11 @@
  *   tq_start(threads, spin_us)   sizes the thread pool; called once from Python before any product.
  *   tq_layer(out, x, w_qkv, w_o, w_gate_up, w_down, attn_norm, ffn_norm, cache, lanes, inv_freq, extras,
  *            shape)              a whole layer: those five in a row
- * Fused this way, a layer is one kernel (five where a matrix has no kernel) and nothing runs on
- * tinygrad's single thread between them.
+ *   tq_forward(logits, tokens, lanes, picks, model, shape)  a whole step: embedding, every layer, the
+ *                                final norm and the head, the model's tensors passed by address
+ *   tq_repack(dst, src, shape)   a Q4_0 or Q4_1 matrix into the interleaved layout its products use
+ * Fused this way, a step is one call (a layer five kernels where a matrix has no kernel) and nothing
+ * runs on tinygrad's single thread between them.
  * out and x are float32, row-major; every argument arrives as a 64-bit word, as tinygrad's CPU worker
  * passes them to a program.
  *
@@ -40,6 +43,9 @@
 #endif
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
+/* Q4_0 and Q4_1 with eight rows' blocks side by side (see "interleaved rows" below): not GGUF types,
+ * made from them at load by tq_repack */
+enum { INTERLEAVED = 100, Q4_0x8 = INTERLEAVED + Q4_0, Q4_1x8 = INTERLEAVED + Q4_1 };
 enum { MAX_THREADS = 64, MAX_TOKEN_GROUP = 4 };
 /* How far ahead of the block being multiplied the tiles prefetch the weights. From DRAM the hardware
  * prefetcher alone left a one-token step at 31 ms here; the next tile's rows (1.4 KB ahead for the
@@ -75,7 +81,7 @@ static float fp16(const uint8_t *p) {
 
 static int block_values(int type) { return type == Q4_K || type == Q6_K ? 256 : 32; }
 static int block_bytes(int type) {
-  switch (type) {
+  switch (type % INTERLEAVED) {
     case Q4_0: return 18;
     case Q4_1: return 20;
     case Q8_0: return 34;
@@ -138,6 +144,62 @@ static void dequantize_row(int type, const uint8_t *w, int cols, float *y) {
         }
       }
     }
+  }
+}
+
+/* ---- interleaved rows ------------------------------------------------------------------------ */
+/* A Q4_0 or Q4_1 matrix whose rows come in eights is stored with each group of eight rows' blocks side
+ * by side, the same bytes in another order: per block, the eight rows' scales (float16), for Q4_1 their
+ * eight mins, then four slices of 32 bytes, slice k holding bytes 4k..4k+3 of each row's 16 quant bytes
+ * (row after row). A slice's low nibbles are values 4k..4k+3 of the eight rows, its high nibbles values
+ * 16+4k..19+4k: one load, masked and shifted, gives 8 rows x 4 values, each a lane of a register that
+ * maddubs multiplies with 4 activations broadcast to every lane. A block's 256 multiply-adds for eight
+ * rows then take eight maddubs and one madd, where a row at a time took eight of each; and a lane is
+ * a row, so no horizontal sums. */
+
+static int header_bytes(int type) { return type % INTERLEAVED == Q4_1 ? 4 : 2; } /* scale (and min) per row */
+
+/* tq_repack(dst, src, shape): src's rows (shape = {type, rows, cols}) into the interleaved layout;
+ * returns the type written: the interleaved one where the SIMD kernels have it and rows % 8 == 0, else
+ * the same type (a plain copy). */
+int tq_repack(uint8_t *dst, const uint8_t *src, const int32_t *shape) {
+  const int type = shape[0], rows = shape[1], cols = shape[2], bb = block_bytes(type), nb = cols / 32;
+  const size_t row_bytes = (size_t)nb * bb;
+  if (!TQ_AVX2 || (type != Q4_0 && type != Q4_1) || rows % 8 != 0) {
+    memcpy(dst, src, (size_t)rows * row_bytes);
+    return type;
+  }
+  const int hdr = header_bytes(type);
+  for (int g = 0; g < rows / 8; g++)
+    for (int b = 0; b < nb; b++) {
+      uint8_t *out = dst + ((size_t)g * nb + b) * 8 * bb, *quants = out + 8 * hdr;
+      for (int i = 0; i < 8; i++) {
+        const uint8_t *blk = src + (size_t)(8 * g + i) * row_bytes + (size_t)b * bb;
+        memcpy(out + 2 * i, blk, 2);
+        if (hdr == 4) memcpy(out + 16 + 2 * i, blk + 2, 2);
+        for (int k = 0; k < 4; k++) memcpy(quants + 32 * k + 4 * i, blk + hdr + 4 * k, 4);
+      }
+    }
+  return INTERLEAVED + type;
+}
+
+/* Row r of a matrix of `type` dequantized, whatever its layout. */
+static void row_values(int type, const uint8_t *w, int r, int cols, float *y) {
+  const size_t row_bytes = (size_t)cols / block_values(type) * block_bytes(type);
+  if (type < INTERLEAVED) {
+    dequantize_row(type, w + (size_t)r * row_bytes, cols, y);
+    return;
+  }
+  const int bb = block_bytes(type), hdr = header_bytes(type), lane = r % 8;
+  const uint8_t *blk = w + (size_t)(r / 8) * 8 * row_bytes;
+  for (int b = 0; b < cols / 32; b++, blk += 8 * bb, y += 32) {
+    const float d = fp16(blk + 2 * lane), m = hdr == 4 ? fp16(blk + 16 + 2 * lane) : -8.0f * d;
+    for (int k = 0; k < 4; k++)
+      for (int j = 0; j < 4; j++) {
+        const uint8_t q = blk[8 * hdr + 32 * k + 4 * lane + j];
+        y[4 * k + j] = d * (q & 15) + m;
+        y[16 + 4 * k + j] = d * (q >> 4) + m;
+      }
   }
 }
 
@@ -282,6 +344,47 @@ static inline __attribute__((always_inline)) void tile32(int type, const uint8_t
   }
 TILE32(4, 1) TILE32(2, 2) TILE32(2, 3) TILE32(2, 4) TILE32(1, 1) TILE32(1, 2) TILE32(1, 3) TILE32(1, 4)
 typedef void (*tile_fn)(int, const uint8_t *, size_t, const xblock *const *, int, float *, size_t);
+
+/* Eight interleaved rows (one group) times N tokens: out[t * out_stride + i] for row i of the group.
+ * The unpacked quants are shared by the N tokens; a token's 32 activations enter four at a time,
+ * broadcast. A block's eight maddubs sums stay within int16: each is at most 2 * 15 * 127 in size. */
+static inline __attribute__((always_inline)) void tile_x8(int type, const uint8_t *g, const xblock *const *xs, int N, int nb, float *out,
+                                                          size_t out_stride) {
+  const int hdr = header_bytes(type), group_bytes = 8 * block_bytes(type);
+  const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  __m256 acc[MAX_TOKEN_GROUP];
+  for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; b++, g += group_bytes) {
+    for (int ahead = 0; ahead < group_bytes; ahead += 64) _mm_prefetch((const char *)(g + PREFETCH_BYTES + ahead), _MM_HINT_T0);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
+    const __m256 m = hdr == 4 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16))) : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+    __m256i q[8];
+    for (int k = 0; k < 4; k++) {
+      const __m256i raw = _mm256_loadu_si256((const __m256i *)(g + 8 * hdr + 32 * k));
+      q[k] = _mm256_and_si256(raw, low);
+      q[4 + k] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+    }
+    for (int t = 0; t < N; t++) {
+      const xblock *x = &xs[t][b];
+      int32_t four[8];
+      memcpy(four, x->q, 32);
+      __m256i sum = _mm256_maddubs_epi16(q[0], _mm256_set1_epi32(four[0]));
+      for (int k = 1; k < 8; k++) sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(q[k], _mm256_set1_epi32(four[k])));
+      const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum, ones));
+      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(&x->d)), dot, acc[t]);
+      acc[t] = _mm256_fmadd_ps(m, _mm256_broadcast_ss(&x->s), acc[t]);
+    }
+  }
+  for (int t = 0; t < N; t++) _mm256_storeu_ps(out + t * out_stride, acc[t]);
+}
+
+#define TILE_X8(N)                                                                                                           \
+  static void tile_x8_##N(int type, const uint8_t *g, const xblock *const *xs, int nb, float *out, size_t stride) {         \
+    if (type == Q4_1x8) tile_x8(Q4_1x8, g, xs, N, nb, out, stride);                                                         \
+    else tile_x8(Q4_0x8, g, xs, N, nb, out, stride);                                                                        \
+  }
+TILE_X8(1) TILE_X8(2) TILE_X8(3) TILE_X8(4)
+typedef void (*group_fn)(int, const uint8_t *, const xblock *const *, int, float *, size_t);
 #endif
 
 static void row_dot(int type, const uint8_t *w, int cols, const xblock *const *xs, int n, float *acc) {
@@ -437,6 +540,10 @@ static void run_rows(const void *ctx, int first, int last) {
     float *out = j->out + (size_t)t0 * j->rows;
     int r = first;
 #if TQ_AVX2
+    if (j->type > INTERLEAVED) { /* first and last are multiples of 8: chunks are of 16 rows */
+      static const group_fn groups[5] = {0, tile_x8_1, tile_x8_2, tile_x8_3, tile_x8_4};
+      for (; r < last; r += 8) groups[n](j->type, j->w + r * row_bytes, xs, nb, out + r, j->rows);
+    }
     if (tiled) {
       static const tile_fn wide[5] = {0, tile32_4x1, tile32_2x2, tile32_2x3, tile32_2x4};
       static const tile_fn narrow[5] = {0, tile32_1x1, tile32_1x2, tile32_1x3, tile32_1x4};
@@ -891,18 +998,54 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
 
 void tq_embed(float *out, const uint8_t *w, const int32_t *ids, const int32_t *shape) {
   const int type = shape[0], rows = shape[1], cols = shape[2], tokens = shape[3];
-  const size_t row_bytes = (size_t)cols / block_values(type) * block_bytes(type);
   for (int t = 0; t < tokens; t++) {
     const int id = ids[t] < 0 || ids[t] >= rows ? 0 : ids[t];
-    dequantize_row(type, w + (size_t)id * row_bytes, cols, out + (size_t)t * cols);
+    row_values(type, w, id, cols, out + (size_t)t * cols);
   }
+}
+
+/* ---- a whole step --------------------------------------------------------------------------- */
+/* tq_forward(logits, tokens, lanes, picks, model, shape): a whole step for B lanes, from token ids to
+ * the logits of the lanes in `picks` (R of them: every lane of a decode step, a prefill piece's last
+ * real token): embedding, every layer as tq_layer, then the final norm and the output head.
+ * `model` holds the model's tensors by address (uint64): the embedding matrix, the final norm, the
+ * head matrix, the RoPE inverse frequencies, then per layer its qkv, o, gate_up and down matrices, its
+ * two norms, its KV cache and its attention extras (the order of the LAYER_* entries below). shape =
+ * {the attention's 8 (as tq_attend), D, F, layers, vocab, embedding type, head type, R, then each
+ * layer's 4 matrix types}. cpu.py calls it directly, on the model thread, which then works through
+ * the pool's jobs itself: replayed inside a TinyJit, the same one-kernel step took 2.8 ms longer of
+ * 15.5 (Python before it started, tinygrad's worker thread running it, noticing its end). */
+enum { MODEL_EMBED, MODEL_NORM, MODEL_HEAD, MODEL_INV_FREQ, MODEL_LAYERS };
+enum { LAYER_QKV, LAYER_O, LAYER_GATE_UP, LAYER_DOWN, LAYER_ATTN_NORM, LAYER_FFN_NORM, LAYER_CACHE, LAYER_EXTRAS, LAYER_ENTRIES };
+static __thread scratch_t step_rows;
+
+void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, const int32_t *picks, const uint64_t *model, const int32_t *shape) {
+  const int B = shape[0], D = shape[8], layers = shape[10], vocab = shape[11], R = shape[14];
+  float *x = at_least(&step_rows, (size_t)(B + R) * D * sizeof(float)), *picked = x + (size_t)B * D;
+  const float *inv_freq = (const float *)(uintptr_t)model[MODEL_INV_FREQ];
+  const int32_t embed_shape[4] = {shape[12], vocab, D, B};
+  tq_embed(x, (const uint8_t *)(uintptr_t)model[MODEL_EMBED], tokens, embed_shape);
+  int32_t layer_shape[14];
+  memcpy(layer_shape, shape, 10 * sizeof(int32_t));
+  for (int l = 0; l < layers; l++) {
+    const uint64_t *m = model + MODEL_LAYERS + (size_t)l * LAYER_ENTRIES;
+    memcpy(layer_shape + 10, shape + 15 + 4 * l, 4 * sizeof(int32_t));
+#define AT(type, entry) ((type)(uintptr_t)m[entry])
+    /* in place: tq_layer reads x for the last time (the attention's residual) before it writes out */
+    tq_layer(x, x, AT(const uint8_t *, LAYER_QKV), AT(const uint8_t *, LAYER_O), AT(const uint8_t *, LAYER_GATE_UP), AT(const uint8_t *, LAYER_DOWN),
+             AT(const float *, LAYER_ATTN_NORM), AT(const float *, LAYER_FFN_NORM), AT(uint16_t *, LAYER_CACHE), lanes, inv_freq,
+             AT(const float *, LAYER_EXTRAS), layer_shape);
+#undef AT
+  }
+  for (int r = 0; r < R; r++) memcpy(picked + (size_t)r * D, x + (size_t)(picks[r] < 0 || picks[r] >= B ? 0 : picks[r]) * D, D * sizeof(float));
+  const int32_t head_shape[5] = {shape[13], vocab, D, R, shape[7]};
+  linear(logits, (const uint8_t *)(uintptr_t)model[MODEL_HEAD], picked, head_shape, RMS_NORM, (const float *)(uintptr_t)model[MODEL_NORM], 0);
 }
 
 /* For the tests: the dequantized row, and the products through the portable path. */
 void tq_dequantize(float *out, const uint8_t *w, const int32_t *shape) {
   const int type = shape[0], rows = shape[1], cols = shape[2];
-  const size_t row_bytes = (size_t)cols / block_values(type) * block_bytes(type);
-  for (int r = 0; r < rows; r++) dequantize_row(type, w + r * row_bytes, cols, out + (size_t)r * cols);
+  for (int r = 0; r < rows; r++) row_values(type, w, r, cols, out + (size_t)r * cols);
 }
 
 int tq_simd(void) { return TQ_AVX2; }
