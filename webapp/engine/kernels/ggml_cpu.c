@@ -45,7 +45,7 @@
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
 /* Q4_0 and Q4_1 with eight rows' blocks side by side (see "interleaved rows" below): not GGUF types,
  * made from them at load by tq_repack */
-enum { INTERLEAVED = 100, Q4_0x8 = INTERLEAVED + Q4_0, Q4_1x8 = INTERLEAVED + Q4_1 };
+enum { INTERLEAVED = 100, Q4_0x8 = INTERLEAVED + Q4_0, Q4_1x8 = INTERLEAVED + Q4_1, Q8_0x8 = INTERLEAVED + Q8_0 };
 enum { MAX_THREADS = 64, MAX_TOKEN_GROUP = 4 };
 /* How far ahead of the block being multiplied the tiles prefetch the weights. From DRAM the hardware
  * prefetcher alone left a one-token step at 31 ms here; the next tile's rows (1.4 KB ahead for the
@@ -148,16 +148,18 @@ static void dequantize_row(int type, const uint8_t *w, int cols, float *y) {
 }
 
 /* ---- interleaved rows ------------------------------------------------------------------------ */
-/* A Q4_0 or Q4_1 matrix whose rows come in eights is stored with each group of eight rows' blocks side
- * by side, the same bytes in another order: per block, the eight rows' scales (float16), for Q4_1 their
- * eight mins, then four slices of 32 bytes, slice k holding bytes 4k..4k+3 of each row's 16 quant bytes
- * (row after row). A slice's low nibbles are values 4k..4k+3 of the eight rows, its high nibbles values
- * 16+4k..19+4k: one load, masked and shifted, gives 8 rows x 4 values, each a lane of a register that
- * maddubs multiplies with 4 activations broadcast to every lane. A block's 256 multiply-adds for eight
- * rows then take eight maddubs and one madd, where a row at a time took eight of each; and a lane is
- * a row, so no horizontal sums. */
+/* A Q4_0, Q4_1 or Q8_0 matrix whose rows come in eights is stored with each group of eight rows'
+ * blocks side by side, the same bytes in another order: per block, the eight rows' scales (float16),
+ * for Q4_1 their eight mins, then slices of 32 bytes, slice k holding bytes 4k..4k+3 of each row's
+ * quant bytes (row after row): four slices of nibbles, eight of Q8_0's bytes. A Q4 slice's low
+ * nibbles are values 4k..4k+3 of the eight rows, its high nibbles values 16+4k..19+4k. One load
+ * (masked and shifted) thus gives 8 rows x 4 values, each row a lane of a register, which maddubs
+ * multiplies with 4 activations broadcast to every lane. A block's 256 multiply-adds for eight rows
+ * then take eight maddubs and one madd (Q8_0: eight of each), where a row at a time took eight of
+ * each and a horizontal sum per row; and as a lane is a row, no horizontal sums at all. */
 
 static int header_bytes(int type) { return type % INTERLEAVED == Q4_1 ? 4 : 2; } /* scale (and min) per row */
+static int slices(int type) { return type % INTERLEAVED == Q8_0 ? 8 : 4; }
 
 /* tq_repack(dst, src, shape): src's rows (shape = {type, rows, cols}) into the interleaved layout;
  * returns the type written: the interleaved one where the SIMD kernels have it and rows % 8 == 0, else
@@ -165,7 +167,7 @@ static int header_bytes(int type) { return type % INTERLEAVED == Q4_1 ? 4 : 2; }
 int tq_repack(uint8_t *dst, const uint8_t *src, const int32_t *shape) {
   const int type = shape[0], rows = shape[1], cols = shape[2], bb = block_bytes(type), nb = cols / 32;
   const size_t row_bytes = (size_t)nb * bb;
-  if (!TQ_AVX2 || (type != Q4_0 && type != Q4_1) || rows % 8 != 0) {
+  if (!TQ_AVX2 || (type != Q4_0 && type != Q4_1 && type != Q8_0) || rows % 8 != 0) {
     memcpy(dst, src, (size_t)rows * row_bytes);
     return type;
   }
@@ -177,7 +179,7 @@ int tq_repack(uint8_t *dst, const uint8_t *src, const int32_t *shape) {
         const uint8_t *blk = src + (size_t)(8 * g + i) * row_bytes + (size_t)b * bb;
         memcpy(out + 2 * i, blk, 2);
         if (hdr == 4) memcpy(out + 16 + 2 * i, blk + 2, 2);
-        for (int k = 0; k < 4; k++) memcpy(quants + 32 * k + 4 * i, blk + hdr + 4 * k, 4);
+        for (int k = 0; k < slices(type); k++) memcpy(quants + 32 * k + 4 * i, blk + hdr + 4 * k, 4);
       }
     }
   return INTERLEAVED + type;
@@ -194,6 +196,10 @@ static void row_values(int type, const uint8_t *w, int r, int cols, float *y) {
   const uint8_t *blk = w + (size_t)(r / 8) * 8 * row_bytes;
   for (int b = 0; b < cols / 32; b++, blk += 8 * bb, y += 32) {
     const float d = fp16(blk + 2 * lane), m = hdr == 4 ? fp16(blk + 16 + 2 * lane) : -8.0f * d;
+    if (type == Q8_0x8) {
+      for (int i = 0; i < 32; i++) y[i] = d * (int8_t)blk[16 + 32 * (i / 4) + 4 * lane + i % 4];
+      continue;
+    }
     for (int k = 0; k < 4; k++)
       for (int j = 0; j < 4; j++) {
         const uint8_t q = blk[8 * hdr + 32 * k + 4 * lane + j];
@@ -378,9 +384,41 @@ static inline __attribute__((always_inline)) void tile_x8(int type, const uint8_
   for (int t = 0; t < N; t++) _mm256_storeu_ps(out + t * out_stride, acc[t]);
 }
 
+/* The same for Q8_0's signed quants: maddubs takes one unsigned operand, so the activations take the
+ * weights' signs (|w| <= 128 then); a slice's pair sums reach 2 * 128 * 127, so each is widened to
+ * int32 on its own. */
+static inline __attribute__((always_inline)) void tile_x8_q8(const uint8_t *g, const xblock *const *xs, int N, int nb, float *out, size_t out_stride) {
+  const int group_bytes = 8 * 34;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[MAX_TOKEN_GROUP];
+  for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; b++, g += group_bytes) {
+    for (int ahead = 0; ahead < group_bytes; ahead += 64) _mm_prefetch((const char *)(g + PREFETCH_BYTES + ahead), _MM_HINT_T0);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
+    __m256i q[8], magnitude[8];
+    for (int k = 0; k < 8; k++) {
+      q[k] = _mm256_loadu_si256((const __m256i *)(g + 16 + 32 * k));
+      magnitude[k] = _mm256_sign_epi8(q[k], q[k]);
+    }
+    for (int t = 0; t < N; t++) {
+      const xblock *x = &xs[t][b];
+      int32_t four[8];
+      memcpy(four, x->q, 32);
+      __m256i sum = _mm256_setzero_si256();
+      for (int k = 0; k < 8; k++) {
+        const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(four[k]), q[k]);
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude[k], signed_x), ones));
+      }
+      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(&x->d)), _mm256_cvtepi32_ps(sum), acc[t]);
+    }
+  }
+  for (int t = 0; t < N; t++) _mm256_storeu_ps(out + t * out_stride, acc[t]);
+}
+
 #define TILE_X8(N)                                                                                                           \
   static void tile_x8_##N(int type, const uint8_t *g, const xblock *const *xs, int nb, float *out, size_t stride) {         \
-    if (type == Q4_1x8) tile_x8(Q4_1x8, g, xs, N, nb, out, stride);                                                         \
+    if (type == Q8_0x8) tile_x8_q8(g, xs, N, nb, out, stride);                                                              \
+    else if (type == Q4_1x8) tile_x8(Q4_1x8, g, xs, N, nb, out, stride);                                                    \
     else tile_x8(Q4_0x8, g, xs, N, nb, out, stride);                                                                        \
   }
 TILE_X8(1) TILE_X8(2) TILE_X8(3) TILE_X8(4)
