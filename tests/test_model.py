@@ -130,6 +130,11 @@ def test_quantized_matrices_run_on_block_kernels_close_to_the_reference(tmp_path
     for start in range(0, len(PROMPT), 5):
         chunked = model.prefill(PROMPT[start : start + 5], slot=1, start=start, chunk=8)[0]
     np.testing.assert_allclose(chunked, whole, atol=1e-4, rtol=1e-4)
+    # prompt scoring: every position's logits, the last one's as prefill gives it (in one call on the
+    # kernels' whole step, bit for bit; tinygrad's product rounds per shape)
+    scored = model.score(PROMPT, slot=1, start=0)
+    assert scored.shape == (len(PROMPT), len(got))
+    np.testing.assert_allclose(scored[-1], whole, atol=0 if model.whole_model else 1e-4, rtol=0 if model.whole_model else 1e-4)
     # a prefix copied by tinygrad's kernels is there for the next step, which may run outside its queue
     model.prefill([9] * len(PROMPT), slot=0, start=0, chunk=16)
     model.copy_prefix(1, 0, len(PROMPT))
