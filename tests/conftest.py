@@ -126,8 +126,16 @@ def running_server(app, threads: int = 16, **adjustments):
         yield SimpleNamespace(host="127.0.0.1", port=srv.effective_port, url=f"http://127.0.0.1:{srv.effective_port}")
     finally:
         srv.task_dispatcher.shutdown(timeout=5)
-        # Sockets are closed on the loop's own thread, so its select() never sees a closed descriptor.
-        srv.trigger.pull_trigger(lambda: wasyncore.close_all(srv._map))
+        try:
+            # Sockets are closed on the loop's own thread, so its select() never sees a closed descriptor.
+            srv.trigger.pull_trigger(lambda: wasyncore.close_all(srv._map))
+        except OSError:
+            # Its trigger is closed already: the server closed itself (Waitress closes a dispatcher
+            # whose handler raised, and the listening one takes the trigger with it; seen in 2 of ~10
+            # full runs). Whatever is left in its map is closed from here.
+            if not srv.trigger._closed:
+                raise
+            wasyncore.close_all(srv._map, ignore_all=True)
         thread.join(timeout=5)
 
 

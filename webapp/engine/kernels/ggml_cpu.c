@@ -690,7 +690,7 @@ static void *at_least(scratch_t *s, size_t bytes) {
 }
 
 /* the activations' int8 blocks; one row of transformed activations, or attention's queries; a layer's intermediates */
-static __thread scratch_t int8_activations, float_rows, layer_intermediates;
+static __thread scratch_t int8_activations, float_rows, layer_intermediates, attend_partials;
 
 /* How a token's row of x becomes the product's input, before quantizing. */
 enum { AS_IS, RMS_NORM, SWIGLU };
@@ -773,12 +773,17 @@ void tq_swiglu_linear(float *out, const uint8_t *w, const float *gate_up, const 
  *      k and v as float16 at that position of the lane's slot in the KV cache (2, slots, KvH,
  *      positions, Hd);
  *   2. over the pool: softmax(q . K[0..pos] / sqrt(Hd)) . V[0..pos] for every (lane, query head),
- *      reading the cache in place; an item is a lane's query heads that share a kv head (up to
- *      MAX_SHARED_HEADS of them), or a single head when that leaves a thread fewer than two items.
+ *      reading the cache in place, in chunks of KEY_CHUNK keys; an item is a chunk of keys for a
+ *      lane's query heads that share a kv head (up to MAX_SHARED_HEADS of them), or for a single head
+ *      when that leaves a thread fewer than two items. Each chunk keeps its own max, sum and
+ *      unnormalized output; 3. the calling thread combines a lane's chunks in order. The chunks are
+ *      fixed by position alone, so a lane's numbers never depend on the other lanes, and one long
+ *      sequence spreads over every core (a single lane at position 1,000 had 3 items for 2 threads,
+ *      each streaming a whole kv head).
  * shape = {B, H, KvH, slots, positions, Hd, flags, eps bits}; lanes = {slot_0.., pos_0..}; extras holds
  * the qkv bias (flag 1), then the q and k norm weights (flag 2). Writing and reading in one kernel
  * keeps their order inside it, where tinygrad cannot reorder them. */
-enum { HAS_BIAS = 1, HAS_QK_NORM = 2, MAX_HEAD_DIM = 512, MAX_SHARED_HEADS = 3 };
+enum { HAS_BIAS = 1, HAS_QK_NORM = 2, MAX_HEAD_DIM = 512, MAX_SHARED_HEADS = 3, KEY_CHUNK = 256 };
 
 /* float32 -> float16, rounding to nearest even as a hardware or compiler conversion does, so a key
  * written here equals the same key written by tinygrad's cast during prefill. */
@@ -798,11 +803,12 @@ static uint16_t half_from_float(float f) {
 }
 
 typedef struct {
-  float *out;
   const float *q;
   const uint16_t *cache;
   const int32_t *shape, *lanes;
   int shared; /* query heads an item attends together over their kv head's keys */
+  int chunks; /* chunks of KEY_CHUNK keys of the lane with the most */
+  float *partials; /* (B, H, chunks, Hd + 2): each chunk's unnormalized output, its scores' max and sum */
 } attend_t;
 
 static float half_to_float(uint16_t h) {
@@ -848,8 +854,8 @@ static inline __attribute__((always_inline)) void attend_scores(const float *q, 
   }
 }
 
-/* scores[0..n) <- e^(scores - max); returns their sum. */
-static float attend_softmax(float *scores, int n) {
+/* scores[0..n) <- e^(scores - max); returns their sum, and the max in *top_out. */
+static float attend_softmax(float *scores, int n, float *top_out) {
   __m256 top8 = _mm256_set1_ps(-INFINITY);
   int j = 0;
   for (; j + 8 <= n; j += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(scores + j));
@@ -873,13 +879,14 @@ static float attend_softmax(float *scores, int n) {
     for (int i = j; i < n; i++) scores[i] = tail[i - j];
     total8 = _mm256_add_ps(total8, e);
   }
+  *top_out = top;
   return hsum(total8);
 }
 
-/* o_h = sum_j w[h * stride + j] v_j / totals[h] for the S heads (contiguous in o), 32 dimensions at a
- * time held in registers; each value vector is converted once for all S heads. */
+/* o_h = sum_j w[h * stride + j] v_j for the S heads (head h's at o + h * o_stride), 32 dimensions at
+ * a time held in registers; each value vector is converted once for all S heads. */
 static inline __attribute__((always_inline)) void attend_values(const float *w, size_t stride, const int S, const uint16_t *v, int n, int Hd,
-                                                                const float *totals, float *o) {
+                                                                float *o, size_t o_stride) {
   for (int i0 = 0; i0 < Hd; i0 += 32) {
     const int width = Hd - i0 < 32 ? Hd - i0 : 32;
     __m256 acc[MAX_SHARED_HEADS][4];
@@ -894,44 +901,45 @@ static inline __attribute__((always_inline)) void attend_values(const float *w, 
         for (int h = 0; h < S; h++) acc[h][c] = _mm256_fmadd_ps(p[h], value, acc[h][c]);
       }
     }
-    for (int h = 0; h < S; h++) {
-      const __m256 inv = _mm256_set1_ps(1.0f / totals[h]);
-      for (int c = 0; c < width / 8; c++) _mm256_storeu_ps(o + h * Hd + i0 + 8 * c, _mm256_mul_ps(acc[h][c], inv));
-    }
+    for (int h = 0; h < S; h++)
+      for (int c = 0; c < width / 8; c++) _mm256_storeu_ps(o + h * o_stride + i0 + 8 * c, acc[h][c]);
   }
 }
 
-/* The S heads of one item, S a constant in each instance below. */
+/* The S heads of one item over n keys, S a constant in each instance below: head h's unnormalized
+ * output at part + h * part_stride, then its scores' max and its sum of e^(score - max). */
 static inline __attribute__((always_inline)) void attend_heads(const float *q, const int S, const uint16_t *k, const uint16_t *v, int n, int Hd,
-                                                               float scale, float *scores, size_t stride, float *o) {
-  float totals[MAX_SHARED_HEADS];
+                                                               float scale, float *scores, size_t stride, float *part, size_t part_stride) {
   attend_scores(q, S, k, n, Hd, scale, scores, stride);
-  for (int h = 0; h < S; h++) totals[h] = attend_softmax(scores + h * stride, n);
-  attend_values(scores, stride, S, v, n, Hd, totals, o);
+  for (int h = 0; h < S; h++) part[h * part_stride + Hd + 1] = attend_softmax(scores + h * stride, n, &part[h * part_stride + Hd]);
+  attend_values(scores, stride, S, v, n, Hd, part, part_stride);
 }
 #endif
 
 static void run_attend(const void *ctx, int first, int last) {
   const attend_t *a = ctx;
-  const int B = a->shape[0], H = a->shape[1], KvH = a->shape[2], S = a->shape[3], C = a->shape[4], Hd = a->shape[5];
-  const int group = H / KvH, shared = a->shared, parts = (group + shared - 1) / shared;
-  const size_t plane = (size_t)S * KvH * C * Hd, stride = (size_t)C + 8; /* keys, then values */
+  const int B = a->shape[0], H = a->shape[1], KvH = a->shape[2], C = a->shape[4], Hd = a->shape[5];
+  const int group = H / KvH, shared = a->shared, parts = (group + shared - 1) / shared, chunks = a->chunks;
+  const size_t plane = (size_t)a->shape[3] * KvH * C * Hd, stride = KEY_CHUNK + 8, part_stride = (size_t)chunks * (Hd + 2);
   const float scale = 1.0f / sqrtf((float)Hd);
-  float *scores = malloc(sizeof(float) * stride * MAX_SHARED_HEADS);
+  float scores[MAX_SHARED_HEADS * (KEY_CHUNK + 8)];
+  (void)stride; /* the portable path keeps one head's scores at a time */
   for (int item = first; item < last; item++) {
-    /* item = (lane, kv head, part of its query heads), the part `shared` heads wide */
-    const int b = item / (KvH * parts), kvh = item / parts % KvH, h0 = kvh * group + item % parts * shared;
+    /* item = ((lane, kv head, part of its query heads), chunk of keys), the part `shared` heads wide */
+    const int chunk = item % chunks, rest = item / chunks;
+    const int b = rest / (KvH * parts), kvh = rest / parts % KvH, h0 = kvh * group + rest % parts * shared;
     const int heads = group - (h0 - kvh * group) < shared ? group - (h0 - kvh * group) : shared;
-    const int slot = a->lanes[b], n = a->lanes[B + b] + 1;
-    const uint16_t *k = a->cache + (((size_t)slot * KvH + kvh) * C) * Hd, *v = k + plane;
+    const int slot = a->lanes[b], j0 = chunk * KEY_CHUNK, n = a->lanes[B + b] + 1 - j0 < KEY_CHUNK ? a->lanes[B + b] + 1 - j0 : KEY_CHUNK;
+    if (n <= 0) continue; /* past this lane's position */
+    const uint16_t *k = a->cache + (((size_t)slot * KvH + kvh) * C + j0) * Hd, *v = k + plane;
     for (int h = h0; h < h0 + heads; h++) {
       const float *q = a->q + ((size_t)b * H + h) * Hd;
-      float *o = a->out + ((size_t)b * H + h) * Hd;
+      float *part = a->partials + ((size_t)b * H + h) * part_stride + (size_t)chunk * (Hd + 2);
 #if TQ_AVX2
       if (Hd % 8 == 0) {
-        if (heads == 3) attend_heads(q, 3, k, v, n, Hd, scale, scores, stride, o);
-        else if (heads == 2) attend_heads(q, 2, k, v, n, Hd, scale, scores, stride, o);
-        else attend_heads(q, 1, k, v, n, Hd, scale, scores, stride, o);
+        if (heads == 3) attend_heads(q, 3, k, v, n, Hd, scale, scores, stride, part, part_stride);
+        else if (heads == 2) attend_heads(q, 2, k, v, n, Hd, scale, scores, stride, part, part_stride);
+        else attend_heads(q, 1, k, v, n, Hd, scale, scores, stride, part, part_stride);
         break; /* all of the item's heads at once */
       }
 #endif
@@ -944,14 +952,28 @@ static void run_attend(const void *ctx, int first, int last) {
       }
       float total = 0.0f;
       for (int j = 0; j < n; j++) total += (scores[j] = expf(scores[j] - top));
-      for (int i = 0; i < Hd; i++) o[i] = 0.0f;
-      for (int j = 0; j < n; j++) {
-        const float p = scores[j] / total;
-        for (int i = 0; i < Hd; i++) o[i] += p * half_to_float(v[(size_t)j * Hd + i]);
-      }
+      for (int i = 0; i < Hd; i++) part[i] = 0.0f;
+      for (int j = 0; j < n; j++)
+        for (int i = 0; i < Hd; i++) part[i] += scores[j] * half_to_float(v[(size_t)j * Hd + i]);
+      part[Hd] = top;
+      part[Hd + 1] = total;
     }
   }
-  free(scores);
+}
+
+/* out = the lane's chunks' outputs, each weighted by e^(its max - the overall max), over their sums
+ * weighted alike: the softmax over all the keys, whatever the chunks. */
+static void combine_chunks(const float *parts, int chunks, int Hd, float *out) {
+  float top = -INFINITY, total = 0.0f;
+  for (int c = 0; c < chunks; c++) top = parts[c * (Hd + 2) + Hd] > top ? parts[c * (Hd + 2) + Hd] : top;
+  for (int i = 0; i < Hd; i++) out[i] = 0.0f;
+  for (int c = 0; c < chunks; c++) {
+    const float *part = parts + (size_t)c * (Hd + 2), weight = expf(part[Hd] - top);
+    total += weight * part[Hd + 1];
+    for (int i = 0; i < Hd; i++) out[i] += weight * part[i];
+  }
+  const float inv = 1.0f / total;
+  for (int i = 0; i < Hd; i++) out[i] *= inv;
 }
 
 /* (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) for the half-split pairs of one head */
@@ -1004,10 +1026,16 @@ void tq_attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lan
   int shared = group < MAX_SHARED_HEADS ? group : MAX_SHARED_HEADS;
   const int parts = (group + shared - 1) / shared;
   shared = (group + parts - 1) / parts; /* parts of equal width: 4 = 2 + 2, not 3 + 1 */
-  if (B * KvH * parts < 2 * (n_workers + 1)) shared = 1;
-  const attend_t a = {out, queries, cache, shape, lanes, shared};
-  const job_t j = {run_attend, &a, B * KvH * ((group + shared - 1) / shared), 1};
+  int chunks = 1;
+  for (int b = 0; b < B; b++) chunks = (lanes[B + b] + KEY_CHUNK) / KEY_CHUNK > chunks ? (lanes[B + b] + KEY_CHUNK) / KEY_CHUNK : chunks;
+  if (B * KvH * parts * chunks < 2 * (n_workers + 1)) shared = 1;
+  float *partials = at_least(&attend_partials, (size_t)B * H * chunks * (Hd + 2) * sizeof(float));
+  const attend_t a = {queries, cache, shape, lanes, shared, chunks, partials};
+  const job_t j = {run_attend, &a, B * KvH * ((group + shared - 1) / shared) * chunks, 1};
   run_job(&j);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < H; h++)
+      combine_chunks(partials + ((size_t)b * H + h) * chunks * (Hd + 2), (lanes[B + b] + KEY_CHUNK) / KEY_CHUNK, Hd, out + ((size_t)b * H + h) * Hd);
 }
 
 /* ---- a whole layer ---------------------------------------------------------------------------- */
