@@ -322,8 +322,9 @@ class Transformer:
         self.whole_model = self._whole_model()
 
     def _whole_model(self):
-        """The model for `QuantizedCPU.forward` (a whole step as one kernel) when the embedding, the head
-        and every layer's products are in blocks on the kernels; else None (a kernel or five a layer)."""
+        """The model for `QuantizedCPU.step` (a whole step as one call) when the embedding, the head and
+        every layer's products are in blocks on the kernels; else None (jitted steps of a kernel or five
+        a layer)."""
         embed, head = getattr(self.embed, "weight", None), getattr(self.head, "weight", None)
         layers = [block.layer_tensors for block in self.blocks]
         if self.kernels is None or not isinstance(embed, BlockWeight) or not isinstance(head, BlockWeight) or None in layers:

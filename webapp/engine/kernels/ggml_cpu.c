@@ -16,7 +16,7 @@
  *            shape)              a whole layer: those five in a row
  *   tq_forward(logits, tokens, lanes, picks, model, shape)  a whole step: embedding, every layer, the
  *                                final norm and the head, the model's tensors passed by address
- *   tq_repack(dst, src, shape)   a Q4_0 or Q4_1 matrix into the interleaved layout its products use
+ *   tq_repack(dst, src, shape)   a Q4_0, Q4_1 or Q8_0 matrix into the interleaved layout its products use
  * Fused this way, a step is one call (a layer five kernels where a matrix has no kernel) and nothing
  * runs on tinygrad's single thread between them.
  * out and x are float32, row-major; every argument arrives as a 64-bit word, as tinygrad's CPU worker
@@ -43,8 +43,8 @@
 #endif
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
-/* Q4_0 and Q4_1 with eight rows' blocks side by side (see "interleaved rows" below): not GGUF types,
- * made from them at load by tq_repack */
+/* Q4_0, Q4_1 and Q8_0 with eight rows' blocks side by side (see "interleaved rows" below): not GGUF
+ * types, made from them at load by tq_repack */
 enum { INTERLEAVED = 100, Q4_0x8 = INTERLEAVED + Q4_0, Q4_1x8 = INTERLEAVED + Q4_1, Q8_0x8 = INTERLEAVED + Q8_0 };
 enum { MAX_THREADS = 64, MAX_TOKEN_GROUP = 4 };
 /* How far ahead of the block being multiplied the tiles prefetch the weights. From DRAM the hardware
@@ -353,7 +353,8 @@ typedef void (*tile_fn)(int, const uint8_t *, size_t, const xblock *const *, int
 
 /* Eight interleaved rows (one group) times N tokens: out[t * out_stride + i] for row i of the group.
  * The unpacked quants are shared by the N tokens; a token's 32 activations enter four at a time,
- * broadcast. A block's eight maddubs sums stay within int16: each is at most 2 * 15 * 127 in size. */
+ * broadcast. A block's eight maddubs results add up within int16: each lane is at most 2 * 15 * 127 in
+ * size, eight of them 30,480. */
 static inline __attribute__((always_inline)) void tile_x8(int type, const uint8_t *g, const xblock *const *xs, int N, int nb, float *out,
                                                           size_t out_stride) {
   const int hdr = header_bytes(type), group_bytes = 8 * block_bytes(type);
@@ -1016,7 +1017,11 @@ void tq_attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lan
       }
       const int kvh = is_v ? h - H - KvH : h - H;
       uint16_t *to = cache + ((((size_t)is_v * S + slot) * KvH + kvh) * C + pos) * Hd;
-      for (int i = 0; i < Hd; i++) to[i] = half_from_float(value[i]);
+      int i = 0;
+#if TQ_AVX2 /* the same rounding as half_from_float, 8 at a time */
+      for (; i + 8 <= Hd; i += 8) _mm_storeu_si128((__m128i *)(to + i), _mm256_cvtps_ph(_mm256_loadu_ps(value + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+      for (; i < Hd; i++) to[i] = half_from_float(value[i]);
     }
   }
   /* Query heads sharing a kv head read its keys and values once as one item, up to MAX_SHARED_HEADS
