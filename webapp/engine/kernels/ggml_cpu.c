@@ -933,6 +933,15 @@ static void run_attend(const void *ctx, int first, int last) {
     const int slot = a->lanes[b], j0 = chunk * KEY_CHUNK, n = a->lanes[B + b] + 1 - j0 < KEY_CHUNK ? a->lanes[B + b] + 1 - j0 : KEY_CHUNK;
     if (n <= 0) continue; /* past this lane's position */
     const uint16_t *k = a->cache + (((size_t)slot * KvH + kvh) * C + j0) * Hd, *v = k + plane;
+#if TQ_AVX2
+    /* An item's keys and values are a few KB to 64 KB each: ask for all of them at once rather than
+       wait for the hardware prefetcher to notice each stream. The B=8 step's attention at position
+       100 went from 6.1-7.0 to 5.0-5.6 ms (4 alternating pairs, every layer's cache from DRAM). */
+    for (size_t at = 0; at < (size_t)n * Hd * 2; at += 64) {
+      _mm_prefetch((const char *)k + at, _MM_HINT_T0);
+      _mm_prefetch((const char *)v + at, _MM_HINT_T0);
+    }
+#endif
     for (int h = h0; h < h0 + heads; h++) {
       const float *q = a->q + ((size_t)b * H + h) * Hd;
       float *part = a->partials + ((size_t)b * H + h) * part_stride + (size_t)chunk * (Hd + 2);
