@@ -475,8 +475,11 @@ def load_model(path: str, slots: int, context: int | None, max_chunk: int = 64, 
     )
     int8_head = kv.get("general.file_type") not in (None, *FLOAT_FILE_TYPES)
     model = Transformer(config, weights, slots, context, max_chunk, act_dtype=act_dtype, int8_head=int8_head)
+    steps = (
+        "one call each on the CPU kernels" if model.whole_model else "jitted, on " + ("the CPU kernels" if model.kernels else "tinygrad")
+    )
     log.info(
-        "loaded %s: %s, %d layers, dim %d, %d slots x %d positions; weights: %s",
+        "loaded %s: %s, %d layers, dim %d, %d slots x %d positions; weights: %s; steps: %s",
         path,
         config.arch,
         config.n_layers,
@@ -484,5 +487,6 @@ def load_model(path: str, slots: int, context: int | None, max_chunk: int = 64, 
         slots,
         context,
         weights.describe(),
+        steps,
     )
     return model, kv

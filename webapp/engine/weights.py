@@ -256,7 +256,7 @@ class WeightSource:
     def linear(self, *names: str):
         block = self._block(names)
         if block is not None:
-            self.forms[f"{block.type_name} blocks"] += len(names)
+            self.forms[block.form] += len(names)
             return BlockLinear(self.kernels, block)
         self.forms["float16"] += len(names)
         return FloatLinear(Tensor.cat(*(self._float(n) for n in names)) if len(names) > 1 else self._float(names[0]))
@@ -265,7 +265,7 @@ class WeightSource:
         """token ids (...) -> (..., D) activations."""
         block = self._block(("token_embd.weight",))
         if block is not None:
-            self.forms[f"{block.type_name} blocks"] += 1
+            self.forms[block.form] += 1
             return _BlockEmbedding(self.kernels, block, self.act_dtype)
         self.forms["float16"] += 1
         return _FloatEmbedding(self.tensors["token_embd.weight"].cast(WEIGHT_DTYPE).contiguous(), self.act_dtype)
@@ -275,7 +275,7 @@ class WeightSource:
         name = "output.weight" if "output.weight" in self.names else "token_embd.weight"
         block = self._block((name,))
         if block is not None:
-            self.forms[f"{block.type_name} blocks"] += 1
+            self.forms[block.form] += 1
             linear = BlockLinear(self.kernels, block)
             return _BlockHead(linear)
         self.forms["int8 head" if int8 else "float16"] += 1

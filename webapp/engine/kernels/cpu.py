@@ -121,6 +121,11 @@ class BlockWeight:
         """The file's type, e.g. "Q4_1"."""
         return BLOCK_FORMATS[self.ggml_type % INTERLEAVED][0]
 
+    @property
+    def form(self) -> str:
+        """How the start-up log names this matrix's form, e.g. "Q4_1 blocks (rows interleaved)"."""
+        return f"{self.type_name} blocks" + (" (rows interleaved)" if self.ggml_type > INTERLEAVED else "")
+
     @staticmethod
     def supports(ggml_type: int, cols: int) -> bool:
         return ggml_type in BLOCK_FORMATS and cols % BLOCK_FORMATS[ggml_type][1] == 0
