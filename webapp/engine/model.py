@@ -374,13 +374,13 @@ class Transformer:
         n = len(tokens)
         assert 0 < n <= chunk and start + n <= self.context
         if self.whole_model is not None:  # one call, no padding: no compiled shapes to fit
-            return self.kernels.step(self.whole_model, tokens, [slot] * n + list(range(start, start + n)), [n - 1])
+            return self.kernels.step(self.whole_model, tokens, _prompt_lanes(slot, start, n), [n - 1])
         jit = self._prefill_jits.get(chunk)
         if jit is None:
             jit = self._prefill_jits[chunk] = _capturing_jit(self._prefill if self.kernels is None else self._step_on_kernels)
         padded = tokens + [0] * (chunk - n)
         if self.kernels is not None:
-            lanes = self._buffers.fill("prefill lanes", [slot] * chunk + list(range(start, start + chunk)), dtypes.int32)
+            lanes = self._buffers.fill("prefill lanes", _prompt_lanes(slot, start, chunk), dtypes.int32)
             picks = self._buffers.fill("prefill picks", [n - 1], dtypes.int32)
             return self._buffers.read(jit(self._buffers.fill("prefill tokens", padded, dtypes.int32), lanes, picks), 1)
         last = self._buffers.fill("prefill last", [[float(i == n - 1) for i in range(chunk)]], dtypes.float32)
@@ -395,7 +395,7 @@ class Transformer:
         assert tokens and start + len(tokens) <= self.context
         if self.whole_model is not None:
             n = len(tokens)
-            return self.kernels.step(self.whole_model, tokens, [slot] * n + list(range(start, start + n)), list(range(n)))
+            return self.kernels.step(self.whole_model, tokens, _prompt_lanes(slot, start, n), list(range(n)))
         return np.stack([self.decode([t], [slot], [start + i], 1)[0] for i, t in enumerate(tokens)])
 
     def _copy_prefix(self, source: UOp, target: UOp, length: UOp) -> None:
@@ -433,6 +433,11 @@ class Transformer:
         lanes += [UOp.variable(f"pos{b}", 0, self.context - 1).bind(p) for b, p in enumerate(positions)]
         length = self.v_length.bind(max(positions) + 1)
         return self._buffers.read(jit(tokens_in, self._buffers.fill("decode positions", positions, dtypes.int32), length, *lanes), n)
+
+
+def _prompt_lanes(slot: int, start: int, n: int) -> list[int]:
+    """The kernels' lanes for n prompt tokens of `slot` from position `start`: their slots, then their positions."""
+    return [slot] * n + list(range(start, start + n))
 
 
 def use_tinygrad_from_this_thread() -> None:

@@ -264,9 +264,9 @@ class QuantizedCPU:
         B, D = x.shape
         out = Tensor.empty(B, D, dtype=dtypes.float32)
         m = layer.matrices
-        types = (m.qkv.ggml_type, m.o.ggml_type, m.gate_up.ggml_type, m.down.ggml_type)
+        types = tuple(w.ggml_type for w in m.in_order)
         shape = self._shape(B, layer.heads, kv_heads, slots, positions, head_dim, layer.flags, _bits(eps), D, m.down.cols, *types)
-        weights = (m.qkv.raw, m.o.raw, m.gate_up.raw, m.down.raw)
+        weights = tuple(w.raw for w in m.in_order)
         attn_norm, ffn_norm = (n.cast(dtypes.float32).contiguous() for n in (layer.attn_norm, layer.ffn_norm))
         extras = (layer.cache, lanes, inv_freq, layer.extras, shape)
         return self._call("tq_layer", out, self._rows(x, D), *weights, attn_norm, ffn_norm, *extras)
@@ -280,13 +280,10 @@ class QuantizedCPU:
         _, slots, kv_heads, positions, head_dim = first.cache.shape
         tensors = [embed.raw, norm, head.raw, inv_freq]
         for layer in layers:
-            m = layer.matrices
-            tensors += [m.qkv.raw, m.o.raw, m.gate_up.raw, m.down.raw, layer.attn_norm, layer.ffn_norm, layer.cache, layer.extras]
+            tensors += [w.raw for w in layer.matrices.in_order] + [layer.attn_norm, layer.ffn_norm, layer.cache, layer.extras]
         dims = (first.heads, kv_heads, slots, positions, head_dim, first.flags, _bits(eps), embed.cols, first.matrices.down.cols)
         dims += (len(layers), head.rows, embed.ggml_type, head.ggml_type)
-        types = tuple(
-            w.ggml_type for layer in layers for w in (layer.matrices.qkv, layer.matrices.o, layer.matrices.gate_up, layer.matrices.down)
-        )
+        types = tuple(w.ggml_type for layer in layers for w in layer.matrices.in_order)
         table = np.array([host_address(t) for t in tensors], dtype=np.uint64)
         return WholeModel(table, dims, types, tuple(tensors))
 
@@ -321,6 +318,11 @@ class LayerMatrices:
     o: BlockWeight
     gate_up: BlockWeight
     down: BlockWeight
+
+    @property
+    def in_order(self) -> tuple[BlockWeight, BlockWeight, BlockWeight, BlockWeight]:
+        """The four as the kernels take them: qkv, o, gate_up, down."""
+        return (self.qkv, self.o, self.gate_up, self.down)
 
 
 @dataclass(frozen=True)

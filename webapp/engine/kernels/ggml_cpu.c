@@ -971,6 +971,9 @@ static void run_attend(const void *ctx, int first, int last) {
   }
 }
 
+/* The chunks of keys a lane at position pos attends (keys 0..pos). */
+static int key_chunks(int pos) { return (pos + KEY_CHUNK) / KEY_CHUNK; }
+
 /* out = the lane's chunks' outputs, each weighted by e^(its max - the overall max), over their sums
  * weighted alike: the softmax over all the keys, whatever the chunks. */
 static void combine_chunks(const float *parts, int chunks, int Hd, float *out) {
@@ -1041,7 +1044,7 @@ void tq_attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lan
   const int parts = (group + shared - 1) / shared;
   shared = (group + parts - 1) / parts; /* parts of equal width: 4 = 2 + 2, not 3 + 1 */
   int chunks = 1;
-  for (int b = 0; b < B; b++) chunks = (lanes[B + b] + KEY_CHUNK) / KEY_CHUNK > chunks ? (lanes[B + b] + KEY_CHUNK) / KEY_CHUNK : chunks;
+  for (int b = 0; b < B; b++) chunks = key_chunks(lanes[B + b]) > chunks ? key_chunks(lanes[B + b]) : chunks;
   if (B * KvH * parts * chunks < 2 * (n_workers + 1)) shared = 1;
   float *partials = at_least(&attend_partials, (size_t)B * H * chunks * (Hd + 2) * sizeof(float));
   const attend_t a = {queries, cache, shape, lanes, shared, chunks, partials};
@@ -1049,7 +1052,7 @@ void tq_attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lan
   run_job(&j);
   for (int b = 0; b < B; b++)
     for (int h = 0; h < H; h++)
-      combine_chunks(partials + ((size_t)b * H + h) * chunks * (Hd + 2), (lanes[B + b] + KEY_CHUNK) / KEY_CHUNK, Hd, out + ((size_t)b * H + h) * Hd);
+      combine_chunks(partials + ((size_t)b * H + h) * chunks * (Hd + 2), key_chunks(lanes[B + b]), Hd, out + ((size_t)b * H + h) * Hd);
 }
 
 /* ---- a whole layer ---------------------------------------------------------------------------- */
