@@ -246,7 +246,7 @@ def _rotate(x: np.ndarray, pos: int, inv_freq: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize(
     ("head_dim", "positions"),
-    [(64, 40), (128 + 32, 40), (12, 40), (64, 700)],  # 64-wide SIMD slabs, a narrower one, scalar; a long context
+    [(64, 40), (128 + 40, 40), (12, 40), (64, 700)],  # 32-wide value columns, then 8-wide ones too, scalar; a long context
 )
 def test_attention_writes_the_new_keys_then_matches_numpy(library, head_dim, positions):
     """Each lane writes its rotated key and its value at its position, rounded to float16 as NumPy
