@@ -1,10 +1,12 @@
 """Continuous batching vs one-at-a-time, and prefix reuse, on the real default model (engine in-process).
 
-Usage: DEV=CPU .venv/bin/python bench/throughput.py [--tokens 128] [--levels 1,2,4,8] [--slots 8]
+Usage: DEV=CPU .venv/bin/python bench/throughput.py [--tokens 128] [--levels 1,2,4,8] [--slots 8] [--repeat 3]
 
 Table 1: for each concurrency C, C streams of --tokens generated tokens each, all submitted at once
 (batched), beside the same C streams run strictly one after another (FCFS, one request at a time),
-measured in the same run. Table 2: time to first token of a cold ~1,500-token conversation vs its
+measured in the same run, --repeat times in alternation; the table gives the medians, and each
+level's ratios follow it (a shared machine's speed drifts between two measurements a few seconds
+apart, which the alternation and the median wash out). Table 2: time to first token of a cold ~1,500-token conversation vs its
 follow-up turn, which reuses the cached prefix. Numbers are wall-clock on this machine.
 """
 
@@ -89,6 +91,7 @@ def main():
     ap.add_argument("--levels", default="1,2,4,8")
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--skip-prefix", action="store_true")
+    ap.add_argument("--repeat", type=int, default=3, help="alternating batched / one-at-a-time measurements per level")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
 
@@ -107,11 +110,14 @@ def main():
 
     rows = []
     for c in levels:
-        # distinct salts so no run reuses another's cached prompt beyond the shared system prompt
-        batched = measure([Stream(engine, prompt(i, f"b{c}"), args.tokens) for i in range(c)], concurrent=True)
-        alone = measure([Stream(engine, prompt(i, f"a{c}"), args.tokens) for i in range(c)], concurrent=False)
-        rows.append((c, batched, alone))
-        print(f"  measured concurrency {c}", file=sys.stderr)
+        pairs = []
+        for r in range(args.repeat):
+            # distinct salts so no run reuses another's cached prompt beyond the shared system prompt
+            batched = measure([Stream(engine, prompt(i, f"b{c}.{r}"), args.tokens) for i in range(c)], concurrent=True)
+            alone = measure([Stream(engine, prompt(i, f"a{c}.{r}"), args.tokens) for i in range(c)], concurrent=False)
+            pairs.append((batched, alone))
+            print(f"  measured concurrency {c} ({r + 1} of {args.repeat})", file=sys.stderr)
+        rows.append((c, pairs))
 
     print(f"\nMachine: {platform.machine()}, {os.cpu_count()} cores, {platform.python_implementation()} {platform.python_version()}")
     print(
@@ -124,12 +130,20 @@ def main():
         "| per-stream tok/s | TTFT p50 / p95 (s) | ITL p50 / p95 (ms) |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for c, b, a in rows:
+    ratios = {}
+    for c, pairs in rows:
+        b = {k: statistics.median(p[0][k] for p in pairs) for k in pairs[0][0]}
+        a = {k: statistics.median(p[1][k] for p in pairs) for k in pairs[0][1]}
+        ratios[c] = [p[0]["agg"] / p[1]["agg"] for p in pairs]
+        decode_ratio = statistics.median(p[0]["decode_agg"] / p[1]["decode_agg"] for p in pairs)
         print(
-            f"| {c} | {b['agg']:.1f} | {a['agg']:.1f} | {b['agg'] / a['agg']:.2f}x | {b['decode_agg']:.1f} | {a['decode_agg']:.1f} | "
-            f"{b['decode_agg'] / a['decode_agg']:.2f}x | {b['per_stream']:.1f} | "
+            f"| {c} | {b['agg']:.1f} | {a['agg']:.1f} | {statistics.median(ratios[c]):.2f}x | {b['decode_agg']:.1f} | {a['decode_agg']:.1f} | "
+            f"{decode_ratio:.2f}x | {b['per_stream']:.1f} | "
             f"{b['ttft50']:.2f} / {b['ttft95']:.2f} | {b['itl50'] * 1000:.0f} / {b['itl95'] * 1000:.0f} |"
         )
+    print(f"\nMedians of {args.repeat} alternating measurements; each ratio is one batched run over the one-at-a-time run after it.")
+    for c, values in ratios.items():
+        print(f"  {c} streams, agg ratio of each pair: {', '.join(f'{v:.2f}x' for v in values)}")
 
     if not args.skip_prefix:
         history = []

@@ -263,10 +263,12 @@ class FakeRunner:
     is raised by every decode step (an `Exception` fails the step's requests, a `BaseException`
     kills the model thread); `step_s` stretches each decode step. `calls` records every step:
     ("prefill", request id, start, n tokens), ("copy", request id, source slot, length) and
-    ("decode", request ids).
+    ("decode", request ids); with `mixes`, a prompt chunk run with a decode step is ("mixed", request id,
+    start, n tokens, the decoding request ids).
     """
 
-    def __init__(self, vocab: int = 50, next_token: Callable[[int], int] | None = None, step_s: float = 0.0):
+    def __init__(self, vocab: int = 50, next_token: Callable[[int], int] | None = None, step_s: float = 0.0, mixes: bool = False):
+        self.mixes = mixes
         self.vocab = vocab
         self.next_token = next_token or (lambda last: (last + 1) % vocab)
         self.step_s = step_s
@@ -304,6 +306,14 @@ class FakeRunner:
             time.sleep(self.step_s)  # a model step takes time; lets requests overlap
         self.calls.append(("decode", tuple(r.id for r in batch)))
         return np.stack([self._logits(r.output_ids[-1]) for r in batch])  # (B, vocab)
+
+    def prefill_and_decode(self, request: Request, tokens: list[int], start: int, batch: list[Request], positions: list[int]):
+        assert self.mixes
+        if self.fault is not None:
+            raise self.fault
+        self.gate.wait(30)
+        self.calls.append(("mixed", request.id, start, len(tokens), tuple(r.id for r in batch)))
+        return self._logits(tokens[-1]), np.stack([self._logits(r.output_ids[-1]) for r in batch])
 
 
 # --- sample tool definitions and model outputs (the API and output-text tests share them) ----------

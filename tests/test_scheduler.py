@@ -78,6 +78,39 @@ def test_prefill_is_chunked_and_interleaved_with_decode(engine):
     assert len(between) >= 3
 
 
+def test_a_mixing_runner_gets_each_chunk_with_the_decode_step():
+    """Where the runner mixes steps, a prompt chunk and the running requests' tokens are one call,
+    and every token is the one separate calls give."""
+    with engine_over(FakeRunner(vocab=VOCAB, step_s=0.005, mixes=True), context=64, slots=2, queue_limit=3, prefill_chunk=4) as engine:
+        short = request([1, 2], max_tokens=40)
+        engine.submit(short)
+        assert isinstance(short.outputs.get(timeout=5), int)  # short is decoding now
+        long = request(list(range(20, 33)), max_tokens=3)
+        engine.submit(long)
+        assert drain_outputs(long) == ([33, 34, 35], "length")
+        assert drain_outputs(short)[0][-1] == (2 + 40) % VOCAB
+        chunks = [c for c in engine.loaded.runner.calls if c[1] == long.id and c[0] in ("prefill", "mixed")]
+        assert chunks == [("mixed", long.id, start, n, (short.id,)) for start, n in [(0, 4), (4, 4), (8, 4), (12, 1)]]
+
+
+def test_a_failing_mixed_step_runs_again_apart():
+    runner = FakeRunner(vocab=VOCAB, step_s=0.005, mixes=True)
+
+    def broken(*args):
+        raise RuntimeError("injected mixed-step fault")
+
+    runner.prefill_and_decode = broken
+    with engine_over(runner, context=64, slots=2, queue_limit=3, prefill_chunk=4) as engine:
+        short = request([1, 2], max_tokens=20)
+        engine.submit(short)
+        assert isinstance(short.outputs.get(timeout=5), int)
+        long = request(list(range(20, 27)), max_tokens=3)
+        engine.submit(long)
+        assert drain_outputs(long) == ([27, 28, 29], "length")
+        assert drain_outputs(short)[1] == "length"
+        assert [c[:4] for c in runner.calls if c[1] == long.id] == [("prefill", long.id, 0, 4), ("prefill", long.id, 4, 3)]
+
+
 def test_retire_on_length_and_tokens_follow_the_model(engine):
     r = request([5], max_tokens=4)
     engine.submit(r)

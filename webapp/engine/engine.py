@@ -205,8 +205,7 @@ class Engine:
             if changed or now - last_publish >= PUBLISH_EVERY_S:
                 self._publish()
                 last_publish = now
-            self._prefill_step()
-            self._decode_step()
+            self._step()
             self.metrics.on_step()
         self._publish()
 
@@ -220,19 +219,49 @@ class Engine:
         except queue.Empty:
             pass
 
-    def _prefill_step(self) -> None:
+    def _step(self) -> None:
+        """One pass's model work: the next prompt chunk, then a token for every decoding request. Where
+        the runner mixes steps, both go in one model step (the weights are read once for both); should
+        that step fail, they run again apart, so a failure stays with the request that caused it."""
+        work = self._next_prefill()
+        batch = self._decoding()
+        if work is not None and batch and self.loaded.runner.mixes and work[0].params.prompt_logprobs is None:
+            request, tokens, start = work
+            try:
+                first, rows = self.loaded.runner.prefill_and_decode(request, tokens, start, batch, self._positions(batch))
+            except Exception:
+                log.warning("a mixed step failed; running its prompt chunk and decode step apart", exc_info=True)
+            else:
+                self._prefilled(request, tokens, first)
+                self._decoded(batch, rows)
+                return
+        if work is not None:
+            self._prefill(*work)
+        batch = self._decoding()  # with a request whose prompt just finished
+        if batch:
+            self._decode(batch)
+
+    def _next_prefill(self) -> tuple[Request, list[int], int] | None:
+        """The next prompt chunk to run, after copying its prefix from another slot where that saves work."""
         work = self.scheduler.next_prefill()
         if work is None:
-            return
-        request, tokens, start = work
+            return None
+        request = work[0]
+        shared = self.scheduler.prefix_elsewhere(request)
+        if shared is None:
+            return work
+        source, length = shared
         try:
-            shared = self.scheduler.prefix_elsewhere(request)
-            if shared is not None:
-                source, length = shared
-                self.loaded.runner.copy_prefix(request, source.index, length)
-                self.metrics.on_cached(length - request.cached_tokens)
-                self.scheduler.copied(request, length)
-                request, tokens, start = self.scheduler.next_prefill()
+            self.loaded.runner.copy_prefix(request, source.index, length)
+        except Exception as e:
+            self._fail([request], e)
+            return None
+        self.metrics.on_cached(length - request.cached_tokens)
+        self.scheduler.copied(request, length)
+        return self.scheduler.next_prefill()
+
+    def _prefill(self, request: Request, tokens: list[int], start: int) -> None:
+        try:
             if request.params.prompt_logprobs is None:
                 logits = self.loaded.runner.prefill(request, tokens, start)
             else:
@@ -240,6 +269,9 @@ class Engine:
         except Exception as e:
             self._fail([request], e)
             return
+        self._prefilled(request, tokens, logits)
+
+    def _prefilled(self, request: Request, tokens: list[int], logits: np.ndarray) -> None:
         self.metrics.on_prefill(len(tokens))
         if self.scheduler.prefilled(request, tokens):
             if request.params.max_tokens == 0:  # prompt scoring only
@@ -264,16 +296,21 @@ class Engine:
             return
         self._emit(request, token, logprobs)
 
-    def _decode_step(self) -> None:
-        batch = [r for r in self.scheduler.decoding() if r.output_ids]
-        if not batch:
-            return
-        positions = [self.scheduler.position(r) for r in batch]
+    def _decoding(self) -> list[Request]:
+        return [r for r in self.scheduler.decoding() if r.output_ids]
+
+    def _positions(self, batch: list[Request]) -> list[int]:
+        return [self.scheduler.position(r) for r in batch]
+
+    def _decode(self, batch: list[Request]) -> None:
         try:
-            logits = self.loaded.runner.decode(batch, positions)
+            logits = self.loaded.runner.decode(batch, self._positions(batch))
         except Exception as e:
             self._fail(batch, e)
             return
+        self._decoded(batch, logits)
+
+    def _decoded(self, batch: list[Request], logits: np.ndarray) -> None:
         for request, row in zip(batch, logits):
             self.scheduler.decoded(request)
             if request.status is Status.DECODE:

@@ -387,6 +387,26 @@ class Transformer:
         padded_in = self._buffers.fill("prefill tokens", [padded], dtypes.int32)
         return self._buffers.read(jit(padded_in, last, self.v_slot.bind(slot), self.v_start.bind(start)), 1)
 
+    @property
+    def mixes_steps(self) -> bool:
+        """Whether a prompt chunk and a decode step can run as one step (`prefill_and_decode`): on the
+        CPU kernels' one-call steps, where lanes of any slot and position share a call."""
+        return self.whole_model is not None
+
+    def prefill_and_decode(
+        self, tokens: list[int], slot: int, start: int, decoding: list[int], slots: list[int], positions: list[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`prefill(tokens, slot, start)` and `decode(decoding, slots, positions)` as one step, which reads
+        the weights once for both: logits (vocab,) of the chunk's last token, and (len(decoding), vocab).
+        A lane's numbers are those of either call alone: every lane's keys are written before any lane
+        attends, and lanes never mix."""
+        assert self.mixes_steps and tokens and decoding and slot not in slots
+        n = len(tokens)
+        prompt = _prompt_lanes(slot, start, n)
+        lanes = prompt[:n] + slots + prompt[n:] + positions
+        logits = self.kernels.step(self.whole_model, tokens + decoding, lanes, [n - 1, *range(n, n + len(decoding))])
+        return logits[0], logits[1:]
+
     def score(self, tokens: list[int], slot: int, start: int) -> np.ndarray:
         """Like `prefill`, but logits (len(tokens), vocab) for every token (prompt scoring). On the CPU
         kernels' one-call steps, one call; elsewhere, whose prefill keeps only the last token's logits,

@@ -32,6 +32,14 @@ class Runner(Protocol):
     def decode(self, batch: list[Request], positions: list[int]) -> np.ndarray:
         """Feed each request's last output token at its position; logits (len(batch), vocab)."""
 
+    # True when `prefill_and_decode` runs as one model step; the engine calls it only then
+    mixes: bool
+
+    def prefill_and_decode(
+        self, request: Request, tokens: list[int], start: int, batch: list[Request], positions: list[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`prefill(request, tokens, start)` and `decode(batch, positions)` in one model step."""
+
     def copy_prefix(self, request: Request, source_slot: int, length: int) -> None:
         """Copy the K/V of positions 0..length-1 from `source_slot` into `request`'s slot."""
 
@@ -69,8 +77,14 @@ class ModelRunner:
         # model), and on the CPU kernels a width costs ~1.5 s of warm-up
         self.widths = buckets(1, model.slots)
 
+    @property
+    def mixes(self) -> bool:
+        return self.model.mixes_steps
+
     def prefill(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
         """Run one chunk of `request`'s prompt, piece by piece; logits (vocab,) of its last token."""
+        if self.model.whole_model is not None:  # no compiled shapes: the chunk as one call reads the weights once
+            return self.model.prefill(tokens, request.slot, start, len(tokens))[0]
         done = 0
         while done < len(tokens):
             rest = len(tokens) - done
@@ -89,6 +103,14 @@ class ModelRunner:
         tokens = [r.output_ids[-1] for r in batch]
         logits = self.model.decode(tokens, [r.slot for r in batch], positions, width)
         return logits[: len(batch)]
+
+    def prefill_and_decode(
+        self, request: Request, tokens: list[int], start: int, batch: list[Request], positions: list[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """A prompt chunk and a decode step as one model step (only where `mixes`): the chunk's last
+        token's logits (vocab,) and the batch's (len(batch), vocab)."""
+        decoding, slots = [r.output_ids[-1] for r in batch], [r.slot for r in batch]
+        return self.model.prefill_and_decode(tokens, request.slot, start, decoding, slots, positions)
 
     def copy_prefix(self, request: Request, source_slot: int, length: int) -> None:
         self.model.copy_prefix(source_slot, request.slot, length)

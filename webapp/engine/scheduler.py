@@ -2,8 +2,9 @@
 
 Pure bookkeeping on the model thread, no tensors: the engine asks `next_prefill()` for at most one
 prompt chunk and `decoding()` for the batch to advance by one token, runs them, and reports back with
-`prefilled()` and `finish()`. One prefill chunk per step, interleaved with the batched decode step,
-keeps a long new prompt from freezing the streams already running.
+`prefilled()` and `finish()`. One prefill chunk per step beside the batched decode step (in the same
+model call where the runner mixes steps) keeps a long new prompt from freezing the streams already
+running.
 """
 
 from __future__ import annotations
