@@ -702,10 +702,18 @@ static float int_bits_float(int32_t bits) {
   return f;
 }
 
-/* y = x / sqrt(mean(x^2) + eps) * weight */
+/* y = x / sqrt(mean(x^2) + eps) * weight. The squares are summed 32 at a time in four registers:
+ * one float sum in order was a chain of n dependent adds, ~1 us a 576-wide row, 0.5 ms of a B=8 step. */
 static void rms_norm_row(const float *x, const float *weight, int n, float eps, float *y) {
   float sum = 0.0f;
-  for (int i = 0; i < n; i++) sum += x[i] * x[i];
+  int i = 0;
+#if TQ_AVX2
+  __m256 sums[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (; i + 32 <= n; i += 32)
+    for (int k = 0; k < 4; k++) sums[k] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8 * k), _mm256_loadu_ps(x + i + 8 * k), sums[k]);
+  sum = hsum(_mm256_add_ps(_mm256_add_ps(sums[0], sums[1]), _mm256_add_ps(sums[2], sums[3])));
+#endif
+  for (; i < n; i++) sum += x[i] * x[i];
   const float inv = 1.0f / sqrtf(sum / n + eps);
   for (int i = 0; i < n; i++) y[i] = x[i] * inv * weight[i];
 }
