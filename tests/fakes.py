@@ -263,8 +263,8 @@ class FakeRunner:
     is raised by every decode step (an `Exception` fails the step's requests, a `BaseException`
     kills the model thread); `step_s` stretches each decode step. `calls` records every step:
     ("prefill", request id, start, n tokens), ("copy", request id, source slot, length) and
-    ("decode", request ids); with `mixes`, a prompt chunk run with a decode step is ("mixed", request id,
-    start, n tokens, the decoding request ids).
+    ("decode", request ids); with `mixes`, prompt chunks run with a decode step are ("mixed", ((request id,
+    start, n tokens), ...), the decoding request ids).
     """
 
     def __init__(self, vocab: int = 50, next_token: Callable[[int], int] | None = None, step_s: float = 0.0, mixes: bool = False):
@@ -307,13 +307,26 @@ class FakeRunner:
         self.calls.append(("decode", tuple(r.id for r in batch)))
         return np.stack([self._logits(r.output_ids[-1]) for r in batch])  # (B, vocab)
 
-    def prefill_and_decode(self, request: Request, tokens: list[int], start: int, batch: list[Request], positions: list[int]):
+    def prompt_calls(self) -> list[tuple]:
+        """`calls`' prompt work in order: copies, and each prompt chunk as ("prefill", request id, start,
+        n tokens), whether it ran alone or in a mixed step."""
+        flat = []
+        for call in self.calls:
+            if call[0] == "mixed":
+                flat += [("prefill", *chunk) for chunk in call[1]]
+            elif call[0] in ("prefill", "copy"):
+                flat.append(call)
+        return flat
+
+    def prefill_and_decode(self, chunks: list[tuple[Request, list[int], int]], batch: list[Request], positions: list[int]):
         assert self.mixes
         if self.fault is not None:
             raise self.fault
         self.gate.wait(30)
-        self.calls.append(("mixed", request.id, start, len(tokens), tuple(r.id for r in batch)))
-        return self._logits(tokens[-1]), np.stack([self._logits(r.output_ids[-1]) for r in batch])
+        prompts = tuple((r.id, start, len(tokens)) for r, tokens, start in chunks)
+        self.calls.append(("mixed", prompts, tuple(r.id for r in batch)))
+        rows = [self._logits(r.output_ids[-1]) for r in batch]
+        return [self._logits(tokens[-1]) for _, tokens, _ in chunks], np.stack(rows) if rows else np.zeros((0, self.vocab), np.float32)
 
 
 # --- sample tool definitions and model outputs (the API and output-text tests share them) ----------

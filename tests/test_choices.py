@@ -105,14 +105,15 @@ def test_interleave_sends_whichever_choice_has_output():
 # --- the engine: one prefill, then copies --------------------------------------------------------
 
 
-@pytest.fixture
-def runner_engine():
-    runner = FakeRunner(vocab=50)
+@pytest.fixture(params=[False, True], ids=["apart", "mixed"])
+def runner_engine(request):
+    runner = FakeRunner(vocab=50, mixes=request.param)
     with engine_over(runner, slots=3, queue_limit=8, prefill_chunk=16) as engine:
         yield engine, runner
 
 
 def test_choices_prefill_the_prompt_once_and_copy_it(runner_engine):
+    """Where steps mix, the other choices wait for the first one's prompt rather than run beside it."""
     engine, runner = runner_engine
     prompt = list(range(1, 31))  # two 16-token chunks
     runner.gate.clear()  # admit all three before any step runs
@@ -123,7 +124,7 @@ def test_choices_prefill_the_prompt_once_and_copy_it(runner_engine):
     runner.gate.set()
     assert [drain_outputs(r)[0] for r in choices] == [[31, 32]] * 3
     first, *others = choices
-    prefills = [c for c in runner.calls if c[0] in ("prefill", "copy")]
+    prefills = runner.prompt_calls()
     assert prefills[:2] == [("prefill", first.id, 0, 16), ("prefill", first.id, 16, 14)]
     for request in others:
         assert ("copy", request.id, first.slot, 29) in prefills

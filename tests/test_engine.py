@@ -136,14 +136,22 @@ def test_queue_limit_rejects_at_once(engine):
 
 
 def test_a_failing_step_fails_only_its_requests(engine):
-    original = engine.loaded.runner.prefill
+    """A mixed step holding the failing prompt beside a good one runs again apart: only the bad one fails."""
+    runner = engine.loaded.runner
+    original, original_mixed = runner.prefill, runner.prefill_and_decode
+    assert runner.mixes  # the CPU kernels' one-call steps
 
     def broken_prefill(request, tokens, start):
         if request.prompt_ids[1] == 666:
             raise RuntimeError("injected fault")
         return original(request, tokens, start)
 
-    engine.loaded.runner.prefill = broken_prefill
+    def broken_mixed(chunks, batch, positions):
+        if any(request.prompt_ids[1] == 666 for request, _, _ in chunks):
+            raise RuntimeError("injected fault")
+        return original_mixed(chunks, batch, positions)
+
+    runner.prefill, runner.prefill_and_decode = broken_prefill, broken_mixed
     try:
         bad = run(engine, [1, 666, 2])
         good = run(engine, PROMPTS[0])
@@ -152,7 +160,7 @@ def test_a_failing_step_fails_only_its_requests(engine):
         assert bad.finish_reason == "error"
         assert len(collect(good)[0]) == 12
     finally:
-        engine.loaded.runner.prefill = original
+        runner.prefill, runner.prefill_and_decode = original, original_mixed
     assert engine.health()["status"] == "ok"
     assert len(collect(run(engine, PROMPTS[1]))[0]) == 12
 
@@ -193,7 +201,9 @@ def test_choices_sharing_a_copied_prompt_match_their_seeds_run_alone(engine):
     seeds = [SamplingParams(max_tokens=10, temperature=0.9, seed=s) for s in (5, 6, 7)]
     choices = [run(engine, prompt, params) for params in seeds]
     together = [collect(r)[0] for r in choices]
-    assert [r.cached_tokens for r in choices[1:]] == [len(prompt) - 1] * 2  # copied from the first's slot
+    # copied: from the first's slot once it is prefilled, or (when a slot already holds all but a few
+    # of its tokens) from that slot, prefilling the rest beside the first in the same step
+    assert all(r.cached_tokens >= len(PROMPTS[2]) for r in choices[1:])
     alone = [collect(run(engine, prompt, params))[0] for params in seeds]
     assert together == alone
     assert len({tuple(t) for t in together}) > 1

@@ -141,12 +141,12 @@ def test_quantized_matrices_run_on_block_kernels_close_to_the_reference(tmp_path
     copied, source = (model.decode([42], slots=[s], positions=[len(PROMPT)], width=1)[0] for s in (0, 1))
     np.testing.assert_array_equal(copied, source)
     assert model.mixes_steps == (model.whole_model is not None)
-    if model.mixes_steps:  # a prompt chunk and a decode step as one call: each lane as in its own call
-        chunk_alone = model.prefill(PROMPT[:7], slot=0, start=0, chunk=8)[0]
-        first, rows = model.prefill_and_decode(PROMPT[:7], 0, 0, [42, 7], [1, 2], [len(PROMPT), 0])
-        np.testing.assert_array_equal(first, chunk_alone)
+    if model.mixes_steps:  # prompt chunks and a decode step as one call: each lane as in its own call
+        chunks_alone = [model.prefill(PROMPT[:7], slot=0, start=0, chunk=8)[0], model.prefill([7, 8], slot=2, start=0, chunk=8)[0]]
+        firsts, rows = model.prefill_and_decode([(PROMPT[:7], 0, 0), ([7, 8], 2, 0)], [42], [1], [len(PROMPT)])
+        for got, alone in zip(firsts, chunks_alone, strict=True):
+            np.testing.assert_array_equal(got, alone)
         np.testing.assert_array_equal(rows[0], source)
-        np.testing.assert_array_equal(rows[1], model.decode([7], slots=[2], positions=[0], width=1)[0])
 
 
 def test_importing_the_model_changes_nothing_until_prepare_tinygrad_is_called():

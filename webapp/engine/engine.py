@@ -220,45 +220,64 @@ class Engine:
             pass
 
     def _step(self) -> None:
-        """One pass's model work: the next prompt chunk, then a token for every decoding request. Where
-        the runner mixes steps, both go in one model step (the weights are read once for both); should
-        that step fail, they run again apart, so a failure stays with the request that caused it."""
-        work = self._next_prefill()
+        """One pass's model work: prompt chunks (at most the prefill chunk's tokens in all), then a token
+        for every decoding request. Where the runner mixes steps, all of it is one model step (the
+        weights are read once for everything); should that step fail, the parts run again apart, so a
+        failure stays with the request that caused it."""
+        runner = self.loaded.runner
+        chunks = self._next_chunks(several=runner.mixes)
         batch = self._decoding()
-        if work is not None and batch and self.loaded.runner.mixes and work[0].params.prompt_logprobs is None:
-            request, tokens, start = work
+        if runner.mixes and chunks and (batch or len(chunks) > 1) and chunks[0][0].params.prompt_logprobs is None:
             try:
-                first, rows = self.loaded.runner.prefill_and_decode(request, tokens, start, batch, self._positions(batch))
+                firsts, rows = runner.prefill_and_decode(chunks, batch, self._positions(batch))
             except Exception:
-                log.warning("a mixed step failed; running its prompt chunk and decode step apart", exc_info=True)
+                log.warning("a mixed step failed; running its parts apart", exc_info=True)
             else:
-                self._prefilled(request, tokens, first)
+                for (request, tokens, _), first in zip(chunks, firsts):
+                    self._prefilled(request, tokens, first)
                 self._decoded(batch, rows)
                 return
-        if work is not None:
-            self._prefill(*work)
-        batch = self._decoding()  # with a request whose prompt just finished
+        for chunk in chunks:
+            self._prefill(*chunk)
+        batch = self._decoding()  # with requests whose prompts just finished
         if batch:
             self._decode(batch)
 
-    def _next_prefill(self) -> tuple[Request, list[int], int] | None:
-        """The next prompt chunk to run, after copying its prefix from another slot where that saves work."""
-        work = self.scheduler.next_prefill()
-        if work is None:
-            return None
-        request = work[0]
+    def _next_chunks(self, several: bool) -> list[tuple[Request, list[int], int]]:
+        """This step's prompt chunks, oldest request first, at most the prefill chunk's tokens in all:
+        one request's unless `several`. A request first copies its prefix from another slot where
+        that saves work; one that could copy more from a request chunked here waits for it. A prompt
+        being scored (prompt_logprobs) runs alone."""
+        chunks, budget = [], self.scheduler.prefill_chunk
+        for request in self.scheduler.prefilling():
+            if chunks and (not several or budget <= 0 or request.params.prompt_logprobs is not None):
+                break
+            if self.scheduler.would_copy_from(request, [c[0] for c in chunks]):
+                continue
+            if not self._copy_prefix(request):
+                continue
+            tokens, start = self.scheduler.next_chunk(request, budget)
+            chunks.append((request, tokens, start))
+            budget -= len(tokens)
+            if request.params.prompt_logprobs is not None:
+                break
+        return chunks
+
+    def _copy_prefix(self, request: Request) -> bool:
+        """Copy the request's prompt prefix from another slot where that saves prefill work; False if
+        the copy failed (the request has failed then)."""
         shared = self.scheduler.prefix_elsewhere(request)
         if shared is None:
-            return work
+            return True
         source, length = shared
         try:
             self.loaded.runner.copy_prefix(request, source.index, length)
         except Exception as e:
             self._fail([request], e)
-            return None
+            return False
         self.metrics.on_cached(length - request.cached_tokens)
         self.scheduler.copied(request, length)
-        return self.scheduler.next_prefill()
+        return True
 
     def _prefill(self, request: Request, tokens: list[int], start: int) -> None:
         try:

@@ -389,23 +389,29 @@ class Transformer:
 
     @property
     def mixes_steps(self) -> bool:
-        """Whether a prompt chunk and a decode step can run as one step (`prefill_and_decode`): on the
+        """Whether prompt chunks and a decode step can run as one step (`prefill_and_decode`): on the
         CPU kernels' one-call steps, where lanes of any slot and position share a call."""
         return self.whole_model is not None
 
     def prefill_and_decode(
-        self, tokens: list[int], slot: int, start: int, decoding: list[int], slots: list[int], positions: list[int]
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """`prefill(tokens, slot, start)` and `decode(decoding, slots, positions)` as one step, which reads
-        the weights once for both: logits (vocab,) of the chunk's last token, and (len(decoding), vocab).
-        A lane's numbers are those of either call alone: every lane's keys are written before any lane
-        attends, and lanes never mix."""
-        assert self.mixes_steps and tokens and decoding and slot not in slots
-        n = len(tokens)
-        prompt = _prompt_lanes(slot, start, n)
-        lanes = prompt[:n] + slots + prompt[n:] + positions
-        logits = self.kernels.step(self.whole_model, tokens + decoding, lanes, [n - 1, *range(n, n + len(decoding))])
-        return logits[0], logits[1:]
+        self, chunks: list[tuple[list[int], int, int]], decoding: list[int], slots: list[int], positions: list[int]
+    ) -> tuple[list[np.ndarray], np.ndarray]:
+        """Prompt chunks (tokens, slot, start), each as `prefill` runs it, and `decode(decoding, slots,
+        positions)` as one step, which reads the weights once for all of them: each chunk's last
+        token's logits (vocab,), and the decode lanes' (len(decoding), vocab). A lane's numbers are
+        those of a call of its own: every lane's keys are written before any lane attends, and lanes
+        never mix. Each chunk's slot is its own."""
+        chunk_slots = [slot for _, slot, _ in chunks]
+        assert self.mixes_steps and chunks and all(t for t, _, _ in chunks) and len(set(chunk_slots + slots)) == len(chunk_slots + slots)
+        tokens, lane_slots, lane_positions, picks = [], [], [], []
+        for chunk, slot, start in chunks:
+            tokens += chunk
+            lane_slots += [slot] * len(chunk)
+            lane_positions += range(start, start + len(chunk))
+            picks.append(len(tokens) - 1)
+        picks += range(len(tokens), len(tokens) + len(decoding))
+        logits = self.kernels.step(self.whole_model, tokens + decoding, lane_slots + slots + lane_positions + positions, picks)
+        return list(logits[: len(chunks)]), logits[len(chunks) :]
 
     def score(self, tokens: list[int], slot: int, start: int) -> np.ndarray:
         """Like `prefill`, but logits (len(tokens), vocab) for every token (prompt scoring). On the CPU

@@ -36,9 +36,10 @@ class Runner(Protocol):
     mixes: bool
 
     def prefill_and_decode(
-        self, request: Request, tokens: list[int], start: int, batch: list[Request], positions: list[int]
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """`prefill(request, tokens, start)` and `decode(batch, positions)` in one model step."""
+        self, chunks: list[tuple[Request, list[int], int]], batch: list[Request], positions: list[int]
+    ) -> tuple[list[np.ndarray], np.ndarray]:
+        """`prefill(request, tokens, start)` for each chunk and `decode(batch, positions)` in one model
+        step: each chunk's logits (vocab,), and the batch's (len(batch), vocab)."""
 
     def copy_prefix(self, request: Request, source_slot: int, length: int) -> None:
         """Copy the K/V of positions 0..length-1 from `source_slot` into `request`'s slot."""
@@ -105,12 +106,12 @@ class ModelRunner:
         return logits[: len(batch)]
 
     def prefill_and_decode(
-        self, request: Request, tokens: list[int], start: int, batch: list[Request], positions: list[int]
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """A prompt chunk and a decode step as one model step (only where `mixes`): the chunk's last
+        self, chunks: list[tuple[Request, list[int], int]], batch: list[Request], positions: list[int]
+    ) -> tuple[list[np.ndarray], np.ndarray]:
+        """Prompt chunks and a decode step as one model step (only where `mixes`): each chunk's last
         token's logits (vocab,) and the batch's (len(batch), vocab)."""
         decoding, slots = [r.output_ids[-1] for r in batch], [r.slot for r in batch]
-        return self.model.prefill_and_decode(tokens, request.slot, start, decoding, slots, positions)
+        return self.model.prefill_and_decode([(t, r.slot, s) for r, t, s in chunks], decoding, slots, positions)
 
     def copy_prefix(self, request: Request, source_slot: int, length: int) -> None:
         self.model.copy_prefix(source_slot, request.slot, length)

@@ -1,10 +1,11 @@
 """Continuous-batching policy: who waits, who runs, and what the next engine step computes.
 
-Pure bookkeeping on the model thread, no tensors: the engine asks `next_prefill()` for at most one
-prompt chunk and `decoding()` for the batch to advance by one token, runs them, and reports back with
-`prefilled()` and `finish()`. One prefill chunk per step beside the batched decode step (in the same
-model call where the runner mixes steps) keeps a long new prompt from freezing the streams already
-running.
+Pure bookkeeping on the model thread, no tensors: the engine takes prompt chunks from `prefilling()`
+and `next_chunk()` (at most `prefill_chunk` tokens a step, from one request or, where the runner mixes
+steps, several) and `decoding()` for the batch to advance by one token, runs them, and reports back
+with `prefilled()` and `finish()`. A bounded prompt budget per step beside the batched decode step (in
+the same model call where the runner mixes steps) keeps a long new prompt from freezing the streams
+already running.
 """
 
 from __future__ import annotations
@@ -58,13 +59,24 @@ class Scheduler:
             admitted.append(request)
         return admitted
 
-    def next_prefill(self) -> tuple[Request, list[int], int] | None:
-        """The oldest admitted request still prefilling, with its next chunk of tokens and their start position."""
-        for request in self.running:
-            if request.status is Status.PREFILL:
-                start = self.position(request)
-                return request, request.prompt_ids[start : start + self.prefill_chunk], start
-        return None
+    def prefilling(self) -> list[Request]:
+        """Admitted requests whose prompts are not all in the cache yet, oldest first."""
+        return [r for r in self.running if r.status is Status.PREFILL]
+
+    def next_chunk(self, request: Request, budget: int) -> tuple[list[int], int]:
+        """The request's next prompt tokens, at most `budget` of them, and the position of the first."""
+        start = self.position(request)
+        return request.prompt_ids[start : start + budget], start
+
+    def would_copy_from(self, request: Request, others: list[Request]) -> bool:
+        """Whether `request` could copy a prompt prefix from one of `others` once they are prefilled,
+        beyond what it can copy now: then it waits for them rather than prefill that prefix again
+        beside them (the `n` choices of a request, a second chat on the same long document)."""
+        have = self.position(request)
+        shared = self.prefix_elsewhere(request)
+        if shared is not None:
+            have = max(have, shared[1])
+        return any(reusable_prefix(other.prompt_ids, request.prompt_ids) - have >= COPY_AT_LEAST for other in others)
 
     def prefix_elsewhere(self, request: Request) -> tuple[Slot, int] | None:
         """Another slot, busy or free, caching more of this request's prompt than its own slot does,
