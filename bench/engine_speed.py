@@ -69,10 +69,11 @@ SCHEMA = {
 }
 
 
-def run(engine, prompt, max_tokens, constraint=None):
+def run(engine, prompt, max_tokens, constraint=None, **sampling):
     # a constrained request keeps its stop tokens (the grammar decides when it may end); free ones run to max_tokens
     stops = frozenset(engine.tokenizer.stop_ids) if constraint else frozenset()
-    request = Request(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, stop_token_ids=stops), constraint=constraint)
+    params = SamplingParams(max_tokens=max_tokens, stop_token_ids=stops, **{"temperature": 0.0, **sampling})
+    request = Request(prompt, params, constraint=constraint)
     started = time.monotonic()
     engine.submit(request)
     times = []
@@ -136,7 +137,8 @@ class TimedSampler(RequestSampler):
 
 
 def constrained_rows(engine):
-    """Per generated token after the first: step time and sampling time, free vs constrained by SCHEMA."""
+    """Per generated token after the first: step time and sampling time, free (greedy), drawn at
+    temperature 0.7 with top-p 0.9 (seeded), and constrained by SCHEMA."""
     from webapp.engine.constraints import json_schema_grammar
 
     prompt = engine.tokenizer.encode(
@@ -146,9 +148,14 @@ def constrained_rows(engine):
     rows = {}
     engine_module.RequestSampler = TimedSampler  # the engine builds one per admitted request
     try:
-        for name, constraint in (("free", None), ("JSON schema", engine.grammars.matcher(grammar))):
+        drawn = {"temperature": 0.7, "top_p": 0.9, "seed": 1}
+        for name, constraint, sampling in (
+            ("free", None, {}),
+            ("temperature 0.7, top-p 0.9", None, drawn),
+            ("JSON schema", engine.grammars.matcher(grammar), {}),
+        ):
             TimedSampler.seconds = 0.0
-            _, times, _ = run(engine, prompt, 65, constraint)
+            _, times, _ = run(engine, prompt, 65, constraint, **sampling)
             per_token = (times[-1] - times[0]) / max(len(times) - 1, 1) * 1000
             rows[f"decode ms/token, {name} ({len(times)} tokens)"] = per_token
             rows[f"sampling ms/token, {name}"] = TimedSampler.seconds / len(times) * 1000

@@ -55,6 +55,40 @@ def test_min_p_drops_tokens_below_its_share_of_the_best():
     assert drawn == {0, 1}  # 0.1 < 0.25 * 0.5
 
 
+def reference_distribution(logits, temperature, top_k=0, top_p=1.0, min_p=0.0):
+    """The probabilities the sampler should draw from, by the definitions: full sort, full softmax."""
+    x = logits.astype(np.float64) / temperature
+    order = np.argsort(-x, kind="stable")
+    keep = order[:top_k] if top_k else order
+    p = np.exp(x[keep] - x[keep].max())
+    if top_p < 1.0:
+        head = int(np.searchsorted(np.cumsum(p / p.sum()), top_p)) + 1
+        keep, p = keep[:head], p[:head]
+    if min_p:
+        keep, p = keep[p >= min_p], p[p >= min_p]
+    dist = np.zeros(logits.shape[0])
+    dist[keep] = p / p.sum()
+    return dist
+
+
+@pytest.mark.parametrize("vocab", [50, 3000])  # one block of the draw's running sums, and several
+@pytest.mark.parametrize("cuts", [{}, {"top_k": 7}, {"top_p": 0.8}, {"top_k": 20, "top_p": 0.9}, {"top_p": 0.95, "min_p": 0.02}], ids=str)
+def test_draws_follow_the_cut_softmax(vocab, cuts):
+    logits = np.random.default_rng(vocab).standard_normal(vocab).astype(np.float32) * 2
+    logits[:10] += 6  # a peaked head, as language models' rows are
+    params = SamplingParams(temperature=0.8, **cuts)
+    rng = np.random.default_rng(2)
+    draws = np.bincount([sample(logits, params, rng) for _ in range(8000)], minlength=vocab) / 8000
+    expected = reference_distribution(logits, 0.8, **cuts)
+    assert set(np.flatnonzero(draws)) <= set(np.flatnonzero(expected))  # nothing outside the cuts
+    # the ten most likely tokens each, the rest in 20 ranges of ids (a long tail of rare tokens
+    # would measure the draws' noise, not the sampler)
+    groups = np.minimum(np.arange(vocab), 10)
+    groups[10:] += np.arange(vocab - 10) * 20 // (vocab - 10)
+    by_group = [np.bincount(groups, weights=d) for d in (draws, expected)]
+    assert 0.5 * np.abs(by_group[0] - by_group[1]).sum() < 0.03  # total variation distance
+
+
 def test_masked_tokens_are_never_drawn():
     logits = row()
     logits[::2] = -np.inf
