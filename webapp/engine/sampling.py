@@ -97,20 +97,18 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     return int(drawn if ids is None else ids[drawn])
 
 
-def _candidates(weights: np.ndarray, enough) -> np.ndarray:
-    """The positions whose weight is at least a threshold, the threshold falling step by step
-    until `enough(positions)` holds (at the end, every position). Every position outside them weighs
-    less than every one inside, so any cut they satisfy is the cut of the whole row."""
+def _candidate_sets(weights: np.ndarray):
+    """Growing sets of positions: those whose weight is at least a threshold, the threshold falling
+    step by step, then every position. Every position outside a set weighs less than every one
+    inside, so a cut that a set satisfies is the cut of the whole row."""
     for floor in (1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-8, 1e-10, 1e-12):
-        found = np.flatnonzero(weights >= floor)
-        if enough(found):
-            return found
-    return np.arange(weights.shape[0])
+        yield np.flatnonzero(weights >= floor)
+    yield np.arange(weights.shape[0])
 
 
 def _top_k(x: np.ndarray, weights: np.ndarray, k: int) -> np.ndarray:
     """Positions of the k largest logits."""
-    found = _candidates(weights, lambda c: c.shape[0] >= k)
+    found = next(c for c in _candidate_sets(weights) if c.shape[0] >= k)
     return found[np.argpartition(-x[found], k - 1)[:k]]
 
 
@@ -119,17 +117,11 @@ def _top_p(x: np.ndarray, weights: np.ndarray, top_p: float, among: np.ndarray |
     probability reaches `top_p`, at least one; ties in order of position, as a stable sort of the
     whole row orders them."""
     total = weights.sum(dtype=np.float64)
-    head: np.ndarray = np.empty(0, dtype=np.int64)
-
-    def reaches(found: np.ndarray) -> bool:
-        nonlocal head
+    for found in _candidate_sets(weights):
         head = found[np.argsort(-x[found], kind="stable")]
-        return bool(np.cumsum(weights[head], dtype=np.float64)[-1] >= top_p * total)
-
-    found = _candidates(weights, reaches)
-    if found.shape[0] != head.shape[0]:  # every position, never checked
-        head = found[np.argsort(-x[found], kind="stable")]
-    mass = np.cumsum(weights[head], dtype=np.float64) / total
+        mass = np.cumsum(weights[head], dtype=np.float64) / total
+        if mass[-1] >= top_p or head.shape[0] == x.shape[0]:
+            break
     head = head[: int(np.searchsorted(mass, top_p)) + 1]
     return head if among is None else among[head]
 
