@@ -1024,8 +1024,12 @@ static void rotate_half_pairs(const float *x, const float *cos_sin, int half, fl
   }
 }
 
-/* rotations[b * Hd ..] = the cosines, then the sines, of lane b's RoPE angles (pos * inv_freq[i]) */
-static void rope_rotations(const int32_t *lanes, int B, const float *inv_freq, int Hd, float *rotations) {
+static __thread scratch_t rotation_rows;
+
+/* In this thread's scratch: rotations[b * Hd ..] = the cosines, then the sines, of lane b's RoPE
+ * angles (pos * inv_freq[i]), for B lanes. */
+static const float *rope_rotations(const int32_t *lanes, int B, const float *inv_freq, int Hd) {
+  float *rotations = at_least(&rotation_rows, (size_t)B * Hd * sizeof(float));
   const int half = Hd / 2;
   for (int b = 0; b < B; b++)
     for (int i = 0; i < half; i++) {
@@ -1033,6 +1037,7 @@ static void rope_rotations(const int32_t *lanes, int B, const float *inv_freq, i
       rotations[(size_t)b * Hd + i] = cosf(angle);
       rotations[(size_t)b * Hd + half + i] = sinf(angle);
     }
+  return rotations;
 }
 
 /* tq_attend with each lane's rotations already computed (rope_rotations): a step computes them once
@@ -1091,12 +1096,8 @@ static void attend(float *out, const float *qkv, uint16_t *cache, const int32_t 
       combine_chunks(partials + ((size_t)b * H + h) * chunks * (Hd + 2), key_chunks(lanes[B + b]), Hd, out + ((size_t)b * H + h) * Hd);
 }
 
-static __thread scratch_t rotation_rows;
-
 void tq_attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lanes, const float *inv_freq, const float *extras, const int32_t *shape) {
-  float *rotations = at_least(&rotation_rows, (size_t)shape[0] * shape[5] * sizeof(float));
-  rope_rotations(lanes, shape[0], inv_freq, shape[5], rotations);
-  attend(out, qkv, cache, lanes, rotations, extras, shape);
+  attend(out, qkv, cache, lanes, rope_rotations(lanes, shape[0], inv_freq, shape[5]), extras, shape);
 }
 
 /* ---- a whole layer ---------------------------------------------------------------------------- */
@@ -1140,8 +1141,7 @@ static void layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_
 void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w_o, const uint8_t *w_gate_up, const uint8_t *w_down,
               const float *attn_norm, const float *ffn_norm, uint16_t *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
               const int32_t *shape) {
-  float *rotations = at_least(&rotation_rows, (size_t)shape[0] * shape[5] * sizeof(float));
-  rope_rotations(lanes, shape[0], inv_freq, shape[5], rotations);
+  const float *rotations = rope_rotations(lanes, shape[0], inv_freq, shape[5]);
   layer(out, x, w_qkv, w_o, w_gate_up, w_down, attn_norm, ffn_norm, cache, lanes, rotations, extras, shape);
 }
 
@@ -1171,8 +1171,7 @@ static __thread scratch_t step_rows;
 void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, const int32_t *picks, const uint64_t *model, const int32_t *shape) {
   const int B = shape[0], D = shape[8], layers = shape[10], vocab = shape[11], R = shape[14];
   float *x = at_least(&step_rows, (size_t)(B + R) * D * sizeof(float)), *picked = x + (size_t)B * D;
-  float *rotations = at_least(&rotation_rows, (size_t)B * shape[5] * sizeof(float));
-  rope_rotations(lanes, B, (const float *)(uintptr_t)model[MODEL_INV_FREQ], shape[5], rotations);
+  const float *rotations = rope_rotations(lanes, B, (const float *)(uintptr_t)model[MODEL_INV_FREQ], shape[5]);
   const int32_t embed_shape[4] = {shape[12], vocab, D, B};
   tq_embed(x, (const uint8_t *)(uintptr_t)model[MODEL_EMBED], tokens, embed_shape);
   int32_t layer_shape[14];
