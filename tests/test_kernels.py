@@ -342,3 +342,39 @@ def test_a_lanes_attention_is_the_same_bits_alone_and_among_others(library):
         lane = np.array([slot_of[b], pos_of[b]], np.int32)
         library.tq_attend(_ptr(alone), _ptr(row), _ptr(cache.copy()), _ptr(lane), _ptr(inv_freq), _ptr(np.zeros(1, np.float32)), _ptr(one))
         np.testing.assert_array_equal(alone[0].view(np.uint32), together[b].view(np.uint32))
+
+
+@pytest.mark.parametrize(
+    ("ggml_type", "rows", "cols"),
+    [(14, 49_152, 2_048), (12, 4_096, 2_048), (14, 151_936, 1_024), (12, 4_100, 1_280)],
+    ids=["Q6_K 1.7B embedding", "Q4_K 1.7B qkv", "Q6_K Qwen vocabulary", "Q4_K rows not in eights"],
+)
+def test_k_quant_matrices_at_real_shapes_store_and_multiply_whole(ggml_type, rows, cols):
+    """Q4_K_M files' matrices at the sizes that crashed the loader (a Qwen3-1.7B-shaped file's tied Q6_K
+    embedding, its stacked Q4_K q/k/v): stored as the file's bytes, and every row's product right."""
+    use_tinygrad_from_this_thread()
+    kernels = QuantizedCPU.load()
+    assert kernels is not None
+    rng = np.random.default_rng(rows)
+    raw = random_blocks(ggml_type, rows, cols, rng)
+    weight = kernels.block_weight(raw, ggml_type, cols)
+    assert (weight.ggml_type, weight.rows, weight.cols) == (ggml_type, rows, cols)
+    assert np.array_equal(weight.raw.numpy(), raw)
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    got = kernels.linear(Tensor(x), weight).numpy()
+    picked = np.sort(rng.choice(rows, 64, replace=False))
+    picked[-1] = rows - 1
+    w = dequantize(ggml_type, raw[picked], cols)
+    np.testing.assert_allclose(got[0, picked], quantize_activations(x)[0] @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
+
+
+def test_a_matrix_whose_bytes_do_not_fit_its_shape_is_refused_before_the_kernels_see_it():
+    kernels = QuantizedCPU.load()
+    assert kernels is not None
+    raw = random_blocks(14, 16, 512, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="Q6_K matrix of 512 columns"):
+        kernels.block_weight(raw[:, :-1], 14, 512)
+    with pytest.raises(ValueError, match="Q6_K matrix of 500 columns"):
+        kernels.block_weight(raw, 14, 500)
+    with pytest.raises(ValueError, match="no CPU kernel"):
+        kernels.block_weight(raw, 13, 512)

@@ -96,6 +96,14 @@ def test_garbage_file_fails_with_a_clear_message(tmp_path):
         load_model(str(path), slots=1, context=32)
 
 
+def test_a_truncated_file_names_the_tensor_that_runs_past_its_end(tmp_path):
+    path = write_tiny_gguf(str(tmp_path / "cut.gguf"), "qwen3", matrix_type="Q4_1")
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 1000)
+    with pytest.raises(ModelLoadError, match="past the file's end"):
+        load_model(path, slots=1, context=32)
+
+
 @pytest.mark.parametrize(
     ("arch", "matrix_type", "float_matrices"),
     [
@@ -113,11 +121,31 @@ def test_quantized_matrices_run_on_block_kernels_close_to_the_reference(tmp_path
     tinygrad's product."""
     use_tinygrad_from_this_thread()
     path = write_tiny_gguf(str(tmp_path / "q.gguf"), arch, matrix_type=matrix_type, float_matrices=float_matrices)
-    model, _ = load_model(path, slots=2, context=64)
+    model, _ = load_model(path, slots=3, context=64)
     if Device.DEFAULT == "CPU":
         assert isinstance(model.blocks[0].qkv, BlockLinear) and isinstance(model.head.linear, BlockLinear)
         assert (model.blocks[0].layer_tensors is None) == bool(float_matrices)
         assert (model.whole_model is None) == bool(float_matrices)  # else a step is one kernel
+    _check_against_the_reference(model, path)
+
+
+@pytest.mark.parametrize(
+    ("arch", "matrix_type", "tied"),
+    [("llama", "Q4_K", False), ("qwen3", "Q6_K", False), ("qwen3", "Q4_K_M", True), ("llama", "Q4_K_M", False)],
+)
+def test_k_quant_files_run_on_block_kernels_close_to_the_reference(tmp_path, arch, matrix_type, tied):
+    """Q4_K and Q6_K matrices (256 values a block) as Q4_K_M files mix them: every layer matrix and the
+    head in their blocks, the layers whose v matrix differs from q and k in type included."""
+    use_tinygrad_from_this_thread()
+    shape = dict(n_layers=3, dim=256, hidden=512, n_heads=4, n_kv_heads=2)
+    path = write_tiny_gguf(str(tmp_path / "k.gguf"), arch, matrix_type=matrix_type, tied=tied, **shape)
+    model, _ = load_model(path, slots=3, context=64)
+    if Device.DEFAULT == "CPU":
+        assert isinstance(model.head.linear, BlockLinear) and all(isinstance(b.down, BlockLinear) for b in model.blocks)
+    _check_against_the_reference(model, path)
+
+
+def _check_against_the_reference(model, path: str) -> None:
     expected = Reference(path).logits(PROMPT + [42])
     got = model.prefill(PROMPT, slot=0, start=0, chunk=16)[0]
     scale = np.abs(expected).max()

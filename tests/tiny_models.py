@@ -15,6 +15,7 @@ from functools import lru_cache
 
 import gguf
 import numpy as np
+from k_quants import QUANTIZERS, q4_k_m_type
 
 SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FLOAT_TYPES = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
@@ -52,14 +53,20 @@ def write_tiny_gguf(
     file_type: int | None = None,
     matrix_type: str | None = None,
     float_matrices: tuple[str, ...] = (),
+    tied: bool = False,
+    head_dim: int | None = None,
 ) -> str:
-    """A random-weight GGUF; `matrix_type` ("Q4_0", "Q4_1", "Q8_0") quantizes every layer matrix and the
-    output head into that block format, as real files do (the default model is Q4_1), except those
-    whose names end with one of `float_matrices` (a file mixing types)."""
+    """A random-weight GGUF; `matrix_type` ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K") quantizes every layer
+    matrix and the output head into that block format, as real files do (the default model is Q4_1),
+    except those whose names end with one of `float_matrices` (a file mixing types). "Q4_K_M" gives each
+    matrix, the embedding too, the type llama-quantize gives it in a Q4_K_M file. `tied` leaves out
+    output.weight (the head is the embedding); `head_dim` other than dim / n_heads is written as
+    attention.key_length, as Qwen3 files do."""
     rng = np.random.default_rng(seed)
     tok = smollm_tokenizer_fields()
     vocab = len(tok["tokenizer.ggml.tokens"])
-    head_dim = dim // n_heads
+    explicit_head_dim = head_dim is not None
+    head_dim = head_dim or dim // n_heads
     w = gguf.GGUFWriter(path, arch)
     w.add_block_count(n_layers)
     w.add_context_length(context)
@@ -68,6 +75,9 @@ def write_tiny_gguf(
     w.add_head_count(n_heads)
     w.add_head_count_kv(n_kv_heads)
     w.add_layer_norm_rms_eps(1e-5)
+    if explicit_head_dim:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     if file_type is not None:
         w.add_file_type(file_type)
     w.add_rope_freq_base(10000.0)
@@ -91,39 +101,46 @@ def write_tiny_gguf(
     def norm(n):
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
-    def add_matrix(name, array):
+    def add_matrix(name, array, layer=None):
         if matrix_type is None or name.endswith(float_matrices):
             w.add_tensor(name, array)
+            return
+        if matrix_type == "Q4_K_M":
+            qtype = gguf.GGMLQuantizationType(q4_k_m_type(name, layer, n_layers, tied))
         else:
             qtype = gguf.GGMLQuantizationType[matrix_type]
-            w.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+        blocks = QUANTIZERS[qtype](array) if qtype in QUANTIZERS else gguf.quants.quantize(array, qtype)
+        w.add_tensor(name, blocks, raw_dtype=qtype)
 
     embd = mat(vocab, dim, scale=1.0)
-    if quantize_embedding:
+    if matrix_type == "Q4_K_M":
+        add_matrix("token_embd.weight", embd)
+    elif quantize_embedding:
         w.add_tensor(
             "token_embd.weight", gguf.quants.quantize(embd, gguf.GGMLQuantizationType.Q8_0), raw_dtype=gguf.GGMLQuantizationType.Q8_0
         )
     else:
         w.add_tensor("token_embd.weight", embd)
     w.add_tensor("output_norm.weight", norm(dim))
-    add_matrix("output.weight", mat(vocab, dim))
+    if not tied:
+        add_matrix("output.weight", mat(vocab, dim))
     for i in range(n_layers):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", norm(dim))
-        add_matrix(p + "attn_q.weight", mat(n_heads * head_dim, dim))
-        add_matrix(p + "attn_k.weight", mat(n_kv_heads * head_dim, dim))
-        add_matrix(p + "attn_v.weight", mat(n_kv_heads * head_dim, dim))
+        add_matrix(p + "attn_q.weight", mat(n_heads * head_dim, dim), i)
+        add_matrix(p + "attn_k.weight", mat(n_kv_heads * head_dim, dim), i)
+        add_matrix(p + "attn_v.weight", mat(n_kv_heads * head_dim, dim), i)
         if arch == "qwen2":
             for name, n in (("q", n_heads), ("k", n_kv_heads), ("v", n_kv_heads)):
                 w.add_tensor(p + f"attn_{name}.bias", (0.1 * rng.standard_normal(n * head_dim)).astype(np.float32))
         if arch == "qwen3":
             w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
-        add_matrix(p + "attn_output.weight", mat(dim, n_heads * head_dim))
+        add_matrix(p + "attn_output.weight", mat(dim, n_heads * head_dim), i)
         w.add_tensor(p + "ffn_norm.weight", norm(dim))
-        add_matrix(p + "ffn_gate.weight", mat(hidden, dim))
-        add_matrix(p + "ffn_up.weight", mat(hidden, dim))
-        add_matrix(p + "ffn_down.weight", mat(dim, hidden))
+        add_matrix(p + "ffn_gate.weight", mat(hidden, dim), i)
+        add_matrix(p + "ffn_up.weight", mat(hidden, dim), i)
+        add_matrix(p + "ffn_down.weight", mat(dim, hidden), i)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

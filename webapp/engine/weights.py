@@ -168,10 +168,15 @@ def read_gguf(path: str) -> tuple[dict, dict[str, RawTensor]]:
         infos.append((name, dims, ggml_type, offset))
     data_start = -(-pos // alignment) * alignment
     table = {}
+
+    def extent(name: str, start: int, nbytes: int) -> np.ndarray:
+        if start + nbytes > len(file):
+            raise ValueError(f"tensor {name!r} ends at byte {start + nbytes}, past the file's end ({len(file)} bytes)")
+        return file[start : start + nbytes]
+
     for name, dims, ggml_type, offset in infos:
         if len(dims) == 1 and ggml_type == 0:  # a float32 vector (norms, biases), read as bytes
-            start = data_start + offset
-            table[name] = RawTensor(0, 1, dims[0], file[start : start + 4 * dims[0]].reshape(1, -1))
+            table[name] = RawTensor(0, 1, dims[0], extent(name, data_start + offset, 4 * dims[0]).reshape(1, -1))
             continue
         if len(dims) != 2:
             table[name] = RawTensor(ggml_type, 1, int(np.prod(dims)), None)
@@ -181,8 +186,7 @@ def read_gguf(path: str) -> tuple[dict, dict[str, RawTensor]]:
         if ggml_type in BLOCK_FORMATS and cols % BLOCK_FORMATS[ggml_type][1] == 0:
             _, values, nbytes = BLOCK_FORMATS[ggml_type]
             row_bytes = cols // values * nbytes
-            start = data_start + offset
-            data = file[start : start + rows * row_bytes].reshape(rows, row_bytes)
+            data = extent(name, data_start + offset, rows * row_bytes).reshape(rows, row_bytes)
         table[name] = RawTensor(ggml_type, rows, cols, data)
     return metadata, table
 

@@ -173,6 +173,12 @@ class QuantizedCPU:
         Q4 products ran 2.7-3.2x faster here at 1 to 32 tokens, Q8_0 1.4-1.9x), other types as the
         file has them."""
         source = np.ascontiguousarray(rows)
+        if ggml_type not in BLOCK_FORMATS:
+            raise ValueError(f"GGML type {ggml_type} has no CPU kernel")
+        name, values, nbytes = BLOCK_FORMATS[ggml_type]
+        # the C side trusts these: a row of another size would read and write past the buffers
+        if cols % values or source.ndim != 2 or source.dtype != np.uint8 or source.shape[1] != cols // values * nbytes:
+            raise ValueError(f"{name} matrix of {cols} columns cannot be stored as {source.dtype} {source.shape} bytes")
         stored = Tensor.empty(*source.shape, dtype=dtypes.uint8).realize()  # written in place, from the file's map
         shape = np.array([ggml_type, source.shape[0], cols], dtype=np.int32)
         stored_type = self._repack(host_address(stored), source.ctypes.data, shape.ctypes.data)

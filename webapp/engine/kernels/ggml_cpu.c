@@ -165,7 +165,9 @@ static int slices(int type) { return type % INTERLEAVED == Q8_0 ? 8 : 4; }
  * returns the type written: the interleaved one where the SIMD kernels have it and rows % 8 == 0, else
  * the same type (a plain copy). */
 int tq_repack(uint8_t *dst, const uint8_t *src, const int32_t *shape) {
-  const int type = shape[0], rows = shape[1], cols = shape[2], bb = block_bytes(type), nb = cols / 32;
+  const int type = shape[0], rows = shape[1], cols = shape[2], bb = block_bytes(type), nb = cols / block_values(type);
+  /* a row is cols / block_values blocks: Q4_K and Q6_K hold 256 values a block, and counting 32 here
+   * copied eight times each matrix's size, past both buffers' ends */
   const size_t row_bytes = (size_t)nb * bb;
   if (!TQ_AVX2 || (type != Q4_0 && type != Q4_1 && type != Q8_0) || rows % 8 != 0) {
     memcpy(dst, src, (size_t)rows * row_bytes);

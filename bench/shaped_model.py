@@ -1,0 +1,126 @@
+"""Random-weight GGUFs with real models' shapes, for the benches: speed depends on shapes, not numbers.
+
+Usage: .venv/bin/python bench/shaped_model.py SHAPE OUT.gguf [--type Q4_K_M] [--llama-quantize PATH] [--layers N]
+       .venv/bin/python bench/shaped_model.py --list
+
+Writes OUT as float16 matrices (float32 norms) with SHAPE's widths, depth, heads, QK-norm and tied
+embedding, and the default model's tokenizer (its 49,152-token vocabulary stands in for the real
+one, as the issue's repro did). With --type, llama.cpp's own `llama-quantize` then turns it into that
+block mix (Q4_K_M, Q5_K_M, Q6_K, Q8_0, Q4_0, IQ4_XS, ...), as users' downloads are made, and the
+float16 file is removed. Random weights give flat logits, so the final norm is scaled (x6) to make
+greedy choices decided rather than coin flips.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+import gguf
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+
+from tiny_models import smollm_tokenizer_fields  # noqa: E402
+
+# (arch, layers, dim, FFN, heads, KV heads, head dim, tied, rope theta): the published configs
+SHAPES = {
+    "qwen3-0.6b": ("qwen3", 28, 1024, 3072, 16, 8, 128, True, 1e6),
+    "qwen3-1.7b": ("qwen3", 28, 2048, 6144, 16, 8, 128, True, 1e6),
+    "qwen3-4b": ("qwen3", 36, 2560, 9728, 32, 8, 128, True, 1e6),
+    "llama3.2-1b": ("llama", 16, 2048, 8192, 32, 8, 64, True, 5e5),
+    "llama3.2-3b": ("llama", 28, 3072, 8192, 24, 8, 128, True, 5e5),
+    "smollm2-135m": ("llama", 30, 576, 1536, 9, 3, 64, True, 1e5),
+}
+FINAL_NORM_SCALE = 6.0
+
+
+def write_shaped(shape: str, path: str, layers: int | None = None, seed: int = 0) -> str:
+    arch, n_layers, dim, ffn, heads, kv_heads, head_dim, tied, theta = SHAPES[shape]
+    n_layers = layers or n_layers
+    rng = np.random.default_rng(seed)
+    tok = smollm_tokenizer_fields()
+    vocab = len(tok["tokenizer.ggml.tokens"])
+    w = gguf.GGUFWriter(path, arch)
+    w.add_block_count(n_layers)
+    w.add_context_length(32768)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(theta)
+    w.add_rope_dimension_count(head_dim)
+    w.add_file_type(1)  # mostly F16
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(tok["tokenizer.ggml.pre"])
+    w.add_token_list(tok["tokenizer.ggml.tokens"])
+    w.add_token_merges(tok["tokenizer.ggml.merges"])
+    w.add_token_types(tok["tokenizer.ggml.token_type"])
+    w.add_bos_token_id(tok["tokenizer.ggml.bos_token_id"])
+    w.add_eos_token_id(tok["tokenizer.ggml.eos_token_id"])
+    w.add_add_bos_token(False)
+    w.add_chat_template(tok["tokenizer.chat_template"])
+
+    def matrix(rows: int, cols: int, scale: float | None = None) -> np.ndarray:
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * (scale or cols**-0.5)).astype(np.float16)
+
+    def norm(n: int, scale: float = 1.0) -> np.ndarray:
+        return (scale * (1.0 + 0.1 * rng.standard_normal(n))).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", matrix(vocab, dim, scale=1.0))
+    w.add_tensor("output_norm.weight", norm(dim, FINAL_NORM_SCALE))
+    if not tied:
+        w.add_tensor("output.weight", matrix(vocab, dim))
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", norm(dim))
+        w.add_tensor(p + "attn_q.weight", matrix(heads * head_dim, dim))
+        w.add_tensor(p + "attn_k.weight", matrix(kv_heads * head_dim, dim))
+        w.add_tensor(p + "attn_v.weight", matrix(kv_heads * head_dim, dim))
+        if arch == "qwen3":
+            w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
+            w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
+        w.add_tensor(p + "attn_output.weight", matrix(dim, heads * head_dim))
+        w.add_tensor(p + "ffn_norm.weight", norm(dim))
+        w.add_tensor(p + "ffn_gate.weight", matrix(ffn, dim))
+        w.add_tensor(p + "ffn_up.weight", matrix(ffn, dim))
+        w.add_tensor(p + "ffn_down.weight", matrix(dim, ffn))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("shape", nargs="?", choices=sorted(SHAPES))
+    parser.add_argument("out", nargs="?")
+    parser.add_argument("--type", help="a llama-quantize type (Q4_K_M, Q8_0, ...); default: keep float16")
+    parser.add_argument("--llama-quantize", default="llama-quantize", help="path of llama.cpp's llama-quantize")
+    parser.add_argument("--layers", type=int, help="fewer layers than the real model (same widths)")
+    parser.add_argument("--list", action="store_true")
+    args = parser.parse_args()
+    if args.list or not (args.shape and args.out):
+        for name, (arch, layers, dim, ffn, heads, kv, hd, tied, _) in SHAPES.items():
+            print(f"{name:14} {arch:6} {layers} layers, dim {dim}, FFN {ffn}, {heads}/{kv} heads of {hd}{', tied' if tied else ''}")
+        return
+    if not args.type:
+        write_shaped(args.shape, args.out, args.layers)
+        return
+    f16 = args.out + ".f16.tmp"
+    write_shaped(args.shape, f16, args.layers)
+    try:
+        subprocess.run([args.llama_quantize, f16, args.out, args.type], check=True, capture_output=True, text=True)
+    finally:
+        os.unlink(f16)
+    print(f"{args.out}: {os.path.getsize(args.out) / 2**20:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
