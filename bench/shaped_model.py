@@ -35,6 +35,7 @@ SHAPES = {
     "smollm2-135m": ("llama", 30, 576, 1536, 9, 3, 64, True, 1e5),
 }
 FINAL_NORM_SCALE = 6.0
+EMBEDDING_STD = 0.02
 
 
 def write_shaped(shape: str, path: str, layers: int | None = None, seed: int = 0) -> str:
@@ -72,7 +73,9 @@ def write_shaped(shape: str, path: str, layers: int | None = None, seed: int = 0
     def norm(n: int, scale: float = 1.0) -> np.ndarray:
         return (scale * (1.0 + 0.1 * rng.standard_normal(n))).astype(np.float32)
 
-    w.add_tensor("token_embd.weight", matrix(vocab, dim, scale=1.0))
+    # real embeddings are small beside what the layers add (std ~0.02): a large random one, tied to the
+    # head, makes every greedy choice an echo of the last token
+    w.add_tensor("token_embd.weight", matrix(vocab, dim, scale=EMBEDDING_STD))
     w.add_tensor("output_norm.weight", norm(dim, FINAL_NORM_SCALE))
     if not tied:
         w.add_tensor("output.weight", matrix(vocab, dim))

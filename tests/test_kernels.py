@@ -146,14 +146,14 @@ def _repack(library, raw: np.ndarray, ggml_type: int, cols: int) -> tuple[np.nda
     return packed, stored_type
 
 
-@pytest.mark.parametrize("ggml_type", [2, 3, 8])
+@pytest.mark.parametrize("ggml_type", [2, 3, 8, 12, 14])
 @pytest.mark.parametrize("rows", [40, 37])
 def test_interleaved_rows_give_the_same_products_rows_and_invariance(library, ggml_type, rows):
-    """Q4_0, Q4_1 and Q8_0 with rows in eights are stored interleaved where the SIMD kernels serve (other row
-    counts and the portable build keep the file's layout): every product, dequantized row and embedding
-    lookup stays that of the file's blocks, and a token's row is the same alone or among others."""
+    """Q4_0, Q4_1, Q8_0, Q4_K and Q6_K with rows in eights are stored interleaved where the SIMD kernels serve
+    (other row counts and the portable build keep the file's layout): every product, dequantized row and
+    embedding lookup stays that of the file's blocks, and a token's row is the same alone or among others."""
     rng = np.random.default_rng(rows + ggml_type)
-    cols = 96
+    cols = 96 if BLOCK_FORMATS[ggml_type][1] == 32 else 512
     raw = random_blocks(ggml_type, rows, cols, rng)
     packed, stored_type = _repack(library, raw, ggml_type, cols)
     interleaved = library.tq_simd() and rows % 8 == 0
@@ -358,8 +358,10 @@ def test_k_quant_matrices_at_real_shapes_store_and_multiply_whole(ggml_type, row
     rng = np.random.default_rng(rows)
     raw = random_blocks(ggml_type, rows, cols, rng)
     weight = kernels.block_weight(raw, ggml_type, cols)
-    assert (weight.ggml_type, weight.rows, weight.cols) == (ggml_type, rows, cols)
-    assert np.array_equal(weight.raw.numpy(), raw)
+    interleaved = rows % 8 == 0 and kernels.simd
+    assert (weight.ggml_type, weight.rows, weight.cols) == (ggml_type + (INTERLEAVED if interleaved else 0), rows, cols)
+    stored = weight.raw.numpy()
+    assert np.array_equal(stored, raw) if not interleaved else np.array_equal(np.sort(stored, axis=None), np.sort(raw, axis=None))
     x = rng.standard_normal((1, cols)).astype(np.float32)
     got = kernels.linear(Tensor(x), weight).numpy()
     picked = np.sort(rng.choice(rows, 64, replace=False))
@@ -378,3 +380,30 @@ def test_a_matrix_whose_bytes_do_not_fit_its_shape_is_refused_before_the_kernels
         kernels.block_weight(raw, 14, 500)
     with pytest.raises(ValueError, match="no CPU kernel"):
         kernels.block_weight(raw, 13, 512)
+
+
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_a_stack_of_types_multiplies_as_its_parts_would(tokens):
+    """A matrix stacked from parts of different types (Q4_K_M's q and k in Q4_K over v in Q6_K; a Q8_0
+    part of 16 rows, stored interleaved): the product, with the norm before it and the residual after,
+    equals the parts' own products side by side, bit for bit, and a token's row is the same alone."""
+    use_tinygrad_from_this_thread()
+    kernels = QuantizedCPU.load()
+    assert kernels is not None
+    rng = np.random.default_rng(tokens)
+    cols, parts = 512, [(12, 40), (14, 37), (8, 16)]
+    raws = [random_blocks(t, rows, cols, rng) for t, rows in parts]
+    stacked = kernels.stacked_weight([(raw, t) for raw, (t, _) in zip(raws, parts)], cols)
+    assert stacked.rows == 93 and stacked.type_name == "Q4_K+Q6_K+Q8_0"
+    alone = [kernels.block_weight(raw, t, cols) for raw, (t, _) in zip(raws, parts)]
+    x = rng.standard_normal((tokens, cols)).astype(np.float32)
+    norm = Tensor(rng.uniform(0.5, 1.5, cols).astype(np.float32))
+    residual = rng.standard_normal((tokens, 93)).astype(np.float32)
+    got = kernels.residual_linear(Tensor(x), stacked, Tensor(residual)).numpy()
+    expected = np.concatenate([kernels.linear(Tensor(x), w).numpy() for w in alone], axis=1) + residual
+    np.testing.assert_array_equal(got, expected)
+    normed = kernels.norm_linear(Tensor(x), stacked, norm, 1e-6).numpy()
+    np.testing.assert_array_equal(normed, np.concatenate([kernels.norm_linear(Tensor(x), w, norm, 1e-6).numpy() for w in alone], axis=1))
+    w = np.concatenate([dequantize(t, raw, cols) for raw, (t, _) in zip(raws, parts)])
+    np.testing.assert_allclose(got - residual, quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
+    np.testing.assert_array_equal(kernels.linear(Tensor(x[:1]), stacked).numpy()[0], kernels.linear(Tensor(x), stacked).numpy()[0])

@@ -243,24 +243,41 @@ class WeightSource:
         return self._blocks[names]
 
     def _read_blocks(self, names: tuple[str, ...]) -> BlockWeight | None:
-        """The matrices' blocks stacked by rows, when all share one type with a kernel."""
+        """The matrices' blocks stacked by rows, when each has a type with a kernel: one matrix of that
+        type when they share it, else a stacked one of parts (Q4_K_M files store some layers' v in
+        Q6_K beside q and k in Q4_K)."""
         if self.kernels is None or any(n not in self._raw for n in names):
             return None
         raws = [self._raw[n] for n in names]
         ggml_type, cols = raws[0].ggml_type, raws[0].cols
-        if any(r.ggml_type != ggml_type or r.cols != cols or r.data is None for r in raws):
+        if any(r.cols != cols or r.data is None for r in raws):
             return None
         parts = []
         for name, raw in zip(names, raws):
             rows = raw.data  # (rows, bytes per row)
             heads = self._rope_heads_of(name)
             parts.append(unpermute_rope_rows(rows, heads) if heads else rows)
-        return self.kernels.block_weight(np.concatenate(parts) if len(parts) > 1 else parts[0], ggml_type, cols)
+        if len(parts) == 1:
+            return self.kernels.block_weight(parts[0], ggml_type, cols)
+        if all(r.ggml_type == ggml_type for r in raws):
+            return self.kernels.block_weight(np.concatenate(parts), ggml_type, cols)
+        # consecutive parts of one type stay one part (q and k of a Q4_K_M layer)
+        merged: list[tuple[list[np.ndarray], int]] = []
+        for rows, raw in zip(parts, raws):
+            if merged and merged[-1][1] == raw.ggml_type:
+                merged[-1][0].append(rows)
+            else:
+                merged.append(([rows], raw.ggml_type))
+        return self.kernels.stacked_weight([(np.concatenate(rows), t) for rows, t in merged], cols)
 
     def linear(self, *names: str):
         block = self._block(names)
         if block is not None:
-            self.forms[block.form] += len(names)
+            if block.parts:  # stacked: each matrix under its own type
+                for name in names:
+                    self.forms[f"{BLOCK_FORMATS[self._raw[name].ggml_type][0]} blocks (stacked)"] += 1
+            else:
+                self.forms[block.form] += len(names)
             return BlockLinear(self.kernels, block)
         self.forms["float16"] += len(names)
         return FloatLinear(Tensor.cat(*(self._float(n) for n in names)) if len(names) > 1 else self._float(names[0]))
@@ -287,7 +304,7 @@ class WeightSource:
 
     @property
     def uses_kernels(self) -> bool:
-        return any(form.endswith("blocks") for form in self.forms)
+        return any("blocks" in form for form in self.forms)
 
     def describe(self) -> str:
         return ", ".join(f"{n} {form}" for form, n in self.forms.most_common())

@@ -45,6 +45,9 @@ SOURCE = Path(__file__).with_name("ggml_cpu.c")
 BLOCK_FORMATS = {2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210)}
 # tq_repack's types: a GGUF type plus this, for matrices stored with eight rows' blocks side by side
 INTERLEAVED = 100
+# a matrix stacked from parts of different types, its bytes opening with a header of the parts'
+# count, types and rows (int32: count, MAX_PARTS types, MAX_PARTS rows, padding): ggml_cpu.c's stack_header
+STACKED, MAX_PARTS, STACK_HEADER_BYTES = 1000, 7, 64
 # tq_attend's flags: which of the bias and the q/k norms its `extras` input holds
 ATTEND_BIAS, ATTEND_QK_NORM = 1, 2
 MAX_HEAD_DIM = 512  # tq_attend's rotation buffer
@@ -115,16 +118,19 @@ class BlockWeight:
     ggml_type: int
     rows: int
     cols: int
+    parts: tuple[tuple[int, int], ...] = ()  # a STACKED matrix's parts: (stored type, rows) each
 
     @property
     def type_name(self) -> str:
-        """The file's type, e.g. "Q4_1"."""
+        """The file's type, e.g. "Q4_1"; a stacked matrix's parts' types, e.g. "Q4_K+Q4_K+Q6_K"."""
+        if self.parts:
+            return "+".join(BLOCK_FORMATS[t % INTERLEAVED][0] for t, _ in self.parts)
         return BLOCK_FORMATS[self.ggml_type % INTERLEAVED][0]
 
     @property
     def form(self) -> str:
         """How the start-up log names this matrix's form, e.g. "Q4_1 blocks (rows interleaved)"."""
-        return f"{self.type_name} blocks" + (" (rows interleaved)" if self.ggml_type > INTERLEAVED else "")
+        return f"{self.type_name} blocks" + (" (rows interleaved)" if INTERLEAVED < self.ggml_type < STACKED else "")
 
     @staticmethod
     def supports(ggml_type: int, cols: int) -> bool:
@@ -169,20 +175,34 @@ class QuantizedCPU:
 
     def block_weight(self, rows: np.ndarray, ggml_type: int, cols: int) -> BlockWeight:
         """A matrix's blocks (rows, bytes per row) onto the device, in the layout its products run
-        fastest from: Q4_0, Q4_1 and Q8_0 with rows in eights interleave them (tq_repack, same bytes;
-        Q4 products ran 2.7-3.2x faster here at 1 to 32 tokens, Q8_0 1.4-1.9x), other types as the
-        file has them."""
-        source = np.ascontiguousarray(rows)
-        if ggml_type not in BLOCK_FORMATS:
-            raise ValueError(f"GGML type {ggml_type} has no CPU kernel")
-        name, values, nbytes = BLOCK_FORMATS[ggml_type]
-        # the C side trusts these: a row of another size would read and write past the buffers
-        if cols % values or source.ndim != 2 or source.dtype != np.uint8 or source.shape[1] != cols // values * nbytes:
-            raise ValueError(f"{name} matrix of {cols} columns cannot be stored as {source.dtype} {source.shape} bytes")
+        fastest from: Q4_0, Q4_1, Q8_0, Q4_K and Q6_K with rows in eights interleave them (tq_repack,
+        same bytes; Q4 products ran 2.7-3.2x faster here at 1 to 32 tokens, Q8_0 1.4-1.9x, and a
+        Q4_K_M file's decode 2.5x), other row counts as the file has them."""
+        source = _checked_blocks(rows, ggml_type, cols)
         stored = Tensor.empty(*source.shape, dtype=dtypes.uint8).realize()  # written in place, from the file's map
         shape = np.array([ggml_type, source.shape[0], cols], dtype=np.int32)
         stored_type = self._repack(host_address(stored), source.ctypes.data, shape.ctypes.data)
         return BlockWeight(stored, stored_type, source.shape[0], cols)
+
+    def stacked_weight(self, parts: list[tuple[np.ndarray, int]], cols: int) -> BlockWeight:
+        """Matrices of different types (blocks, type) stacked by rows into one (STACKED): each part in
+        the layout `block_weight` gives it, behind a header naming the parts' types and rows, so a Q4_K_M
+        layer's q and k (Q4_K) and v (Q6_K) stay one product in its blocks, not a float16 copy."""
+        sources = [(_checked_blocks(rows, ggml_type, cols), ggml_type) for rows, ggml_type in parts]
+        if not 1 < len(sources) <= MAX_PARTS:
+            raise ValueError(f"a stacked matrix has 2 to {MAX_PARTS} parts, not {len(sources)}")
+        stored = Tensor.empty(1, STACK_HEADER_BYTES + sum(s.nbytes for s, _ in sources), dtype=dtypes.uint8).realize()
+        address, offset, stored_parts = host_address(stored), STACK_HEADER_BYTES, []
+        for source, ggml_type in sources:
+            shape = np.array([ggml_type, source.shape[0], cols], dtype=np.int32)
+            stored_parts.append((self._repack(address + offset, source.ctypes.data, shape.ctypes.data), source.shape[0]))
+            offset += source.nbytes
+        header = np.zeros(STACK_HEADER_BYTES // 4, dtype=np.int32)
+        header[0] = len(stored_parts)
+        for i, (stored_type, part_rows) in enumerate(stored_parts):
+            header[1 + i], header[1 + MAX_PARTS + i] = stored_type, part_rows
+        ctypes.memmove(address, header.ctypes.data, STACK_HEADER_BYTES)
+        return BlockWeight(stored, STACKED, sum(r for _, r in stored_parts), cols, tuple(stored_parts))
 
     def _shape(self, *values: int) -> Tensor:
         tensor = self._shapes.get(values)
@@ -309,6 +329,18 @@ class QuantizedCPU:
             out.ctypes.data, ids.ctypes.data, lane_values.ctypes.data, rows.ctypes.data, model.table.ctypes.data, shape.ctypes.data
         )
         return out
+
+
+def _checked_blocks(rows: np.ndarray, ggml_type: int, cols: int) -> np.ndarray:
+    """rows as a C-contiguous (rows, bytes per row) uint8 array, or ValueError: the C side trusts the
+    shape it is given, and a row of another size would read and write past the buffers."""
+    if ggml_type not in BLOCK_FORMATS:
+        raise ValueError(f"GGML type {ggml_type} has no CPU kernel")
+    name, values, nbytes = BLOCK_FORMATS[ggml_type]
+    source = np.ascontiguousarray(rows)
+    if cols % values or source.ndim != 2 or source.dtype != np.uint8 or source.shape[1] != cols // values * nbytes:
+        raise ValueError(f"{name} matrix of {cols} columns cannot be stored as {source.dtype} {source.shape} bytes")
+    return source
 
 
 def _bits(value: float) -> int:

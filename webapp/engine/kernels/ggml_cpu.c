@@ -2,8 +2,8 @@
  *
  * Contract (see cpu.py, which compiles and loads this file):
  *   tq_linear(out, w, x, shape)  out[t][r] = sum_i W[r][i] * x[t][i] for t < tokens, r < rows, where
- *                                W's rows are stored as GGML blocks of `type` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)
- *                                and shape = {type, rows, cols, tokens} (int32).
+ *                                W's rows are stored as GGML blocks of `type` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K),
+ *                                or as parts of several (STACKED), and shape = {type, rows, cols, tokens} (int32).
  *   tq_norm_linear(out, w, x, norm, shape)          the same over rms_norm(x) * norm; shape[4] = eps's bits
  *   tq_residual_linear(out, w, x, residual, shape)  residual + the product
  *   tq_swiglu_linear(out, w, gate_up, residual, shape)  residual + W . (silu(gate) * up), x = gate | up
@@ -16,7 +16,7 @@
  *            shape)              a whole layer: those five in a row
  *   tq_forward(logits, tokens, lanes, picks, model, shape)  a whole step: embedding, every layer, the
  *                                final norm and the head, the model's tensors passed by address
- *   tq_repack(dst, src, shape)   a Q4_0, Q4_1 or Q8_0 matrix into the interleaved layout its products use
+ *   tq_repack(dst, src, shape)   a Q4_0, Q4_1, Q8_0, Q4_K or Q6_K matrix into the interleaved layout its products use
  * Fused this way, a step is one call (a layer five kernels where a matrix has no kernel) and nothing
  * runs on tinygrad's single thread between them.
  * out and x are float32, row-major; every argument arrives as a 64-bit word, as tinygrad's CPU worker
@@ -43,9 +43,18 @@
 #endif
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
-/* Q4_0, Q4_1 and Q8_0 with eight rows' blocks side by side (see "interleaved rows" below): not GGUF
+/* Q4_0, Q4_1, Q8_0, Q4_K and Q6_K with eight rows' blocks side by side (see "interleaved rows" below): not GGUF
  * types, made from them at load by tq_repack */
-enum { INTERLEAVED = 100, Q4_0x8 = INTERLEAVED + Q4_0, Q4_1x8 = INTERLEAVED + Q4_1, Q8_0x8 = INTERLEAVED + Q8_0 };
+enum { INTERLEAVED = 100, Q4_0x8 = INTERLEAVED + Q4_0, Q4_1x8 = INTERLEAVED + Q4_1, Q8_0x8 = INTERLEAVED + Q8_0, Q4_Kx8 = INTERLEAVED + Q4_K,
+       Q6_Kx8 = INTERLEAVED + Q6_K };
+/* A matrix stacked by rows from parts of different types (a Q4_K_M layer's q and k in Q4_K over its v in
+ * Q6_K), made at load by cpu.py: its bytes open with a stack_header (STACK_HEADER_BYTES), then each
+ * part's blocks in turn, each in its own layout (interleaved or not). Products run a part at a time. */
+enum { STACKED = 1000, MAX_PARTS = 7, STACK_HEADER_BYTES = 64 };
+typedef struct {
+  int32_t parts, types[MAX_PARTS], rows[MAX_PARTS], unused;
+} stack_header;
+_Static_assert(sizeof(stack_header) == STACK_HEADER_BYTES, "the header cpu.py writes");
 enum { MAX_THREADS = 64, MAX_TOKEN_GROUP = 4 };
 /* How far ahead of the block being multiplied the tiles prefetch the weights. From DRAM the hardware
  * prefetcher alone left a one-token step at 31 ms here; the next tile's rows (1.4 KB ahead for the
@@ -79,7 +88,7 @@ static float fp16(const uint8_t *p) {
 
 /* ---- block formats: bytes per block, values per block --------------------------------------- */
 
-static int block_values(int type) { return type == Q4_K || type == Q6_K ? 256 : 32; }
+static int block_values(int type) { return type % INTERLEAVED == Q4_K || type % INTERLEAVED == Q6_K ? 256 : 32; }
 static int block_bytes(int type) {
   switch (type % INTERLEAVED) {
     case Q4_0: return 18;
@@ -161,6 +170,66 @@ static void dequantize_row(int type, const uint8_t *w, int cols, float *y) {
 static int header_bytes(int type) { return type % INTERLEAVED == Q4_1 ? 4 : 2; } /* scale (and min) per row */
 static int slices(int type) { return type % INTERLEAVED == Q8_0 ? 8 : 4; }
 
+/* Q4_K's eight rows side by side, per 256-value block (1,152 bytes, the same bytes in another order):
+ * the eight rows' scales (float16), their eight mins, then the 12 packed scale bytes as twelve
+ * 8-byte rows (byte i of each row's 12), then for each of the four 32-byte groups of quants (sub-blocks
+ * 2p in the low nibbles, 2p + 1 in the high) eight slices, slice k holding bytes 4k..4k+3 of each row's
+ * group. A slice's low nibbles are values 4k..4k+3 of sub-block 2p for the eight rows, its high
+ * nibbles those of sub-block 2p + 1: the Q4_0 tile's pattern, with the eight rows' 6-bit scales and
+ * mins unpacked eight at a time as one 64-bit word each. */
+enum { Q4K_D = 0, Q4K_DMIN = 16, Q4K_SCALES = 32, Q4K_QUANTS = 128 };
+
+static void repack_q4_k(uint8_t *dst, const uint8_t *src, int rows, int nb) {
+  const size_t row_bytes = (size_t)nb * 144;
+  for (int g = 0; g < rows / 8; g++)
+    for (int b = 0; b < nb; b++) {
+      uint8_t *out = dst + ((size_t)g * nb + b) * 8 * 144;
+      for (int i = 0; i < 8; i++) {
+        const uint8_t *blk = src + (size_t)(8 * g + i) * row_bytes + (size_t)b * 144;
+        memcpy(out + Q4K_D + 2 * i, blk, 2);
+        memcpy(out + Q4K_DMIN + 2 * i, blk + 2, 2);
+        for (int k = 0; k < 12; k++) out[Q4K_SCALES + 8 * k + i] = blk[4 + k];
+        for (int k = 0; k < 32; k++) memcpy(out + Q4K_QUANTS + 32 * k + 4 * i, blk + 16 + 4 * k, 4);
+      }
+    }
+}
+
+/* Row `lane` of a Q4_Kx8 block back in Q4_K's own 144 bytes. */
+static void q4k_x8_block(const uint8_t *group, int lane, uint8_t *blk) {
+  memcpy(blk, group + Q4K_D + 2 * lane, 2);
+  memcpy(blk + 2, group + Q4K_DMIN + 2 * lane, 2);
+  for (int k = 0; k < 12; k++) blk[4 + k] = group[Q4K_SCALES + 8 * k + lane];
+  for (int k = 0; k < 32; k++) memcpy(blk + 16 + 4 * k, group + Q4K_QUANTS + 32 * k + 4 * lane, 4);
+}
+
+/* Q6_K's eight rows side by side, per 256-value block (1,680 bytes): the eight rows' scales (float16),
+ * their sixteen int8 sub-scales as sixteen 8-byte rows, then the low-nibble bytes (ql) as 32 slices
+ * and the high-pair bytes (qh) as 16, slice k holding bytes 4k..4k+3 of each row's ql (or qh). */
+enum { Q6K_D = 0, Q6K_SCALES = 16, Q6K_LOW = 144, Q6K_HIGH = 144 + 1024 };
+
+static void repack_q6_k(uint8_t *dst, const uint8_t *src, int rows, int nb) {
+  const size_t row_bytes = (size_t)nb * 210;
+  for (int g = 0; g < rows / 8; g++)
+    for (int b = 0; b < nb; b++) {
+      uint8_t *out = dst + ((size_t)g * nb + b) * 8 * 210;
+      for (int i = 0; i < 8; i++) {
+        const uint8_t *blk = src + (size_t)(8 * g + i) * row_bytes + (size_t)b * 210;
+        memcpy(out + Q6K_D + 2 * i, blk + 208, 2);
+        for (int k = 0; k < 16; k++) out[Q6K_SCALES + 8 * k + i] = blk[192 + k];
+        for (int k = 0; k < 32; k++) memcpy(out + Q6K_LOW + 32 * k + 4 * i, blk + 4 * k, 4);
+        for (int k = 0; k < 16; k++) memcpy(out + Q6K_HIGH + 32 * k + 4 * i, blk + 128 + 4 * k, 4);
+      }
+    }
+}
+
+/* Row `lane` of a Q6_Kx8 block back in Q6_K's own 210 bytes. */
+static void q6k_x8_block(const uint8_t *group, int lane, uint8_t *blk) {
+  memcpy(blk + 208, group + Q6K_D + 2 * lane, 2);
+  for (int k = 0; k < 16; k++) blk[192 + k] = group[Q6K_SCALES + 8 * k + lane];
+  for (int k = 0; k < 32; k++) memcpy(blk + 4 * k, group + Q6K_LOW + 32 * k + 4 * lane, 4);
+  for (int k = 0; k < 16; k++) memcpy(blk + 128 + 4 * k, group + Q6K_HIGH + 32 * k + 4 * lane, 4);
+}
+
 /* tq_repack(dst, src, shape): src's rows (shape = {type, rows, cols}) into the interleaved layout;
  * returns the type written: the interleaved one where the SIMD kernels have it and rows % 8 == 0, else
  * the same type (a plain copy). */
@@ -169,9 +238,13 @@ int tq_repack(uint8_t *dst, const uint8_t *src, const int32_t *shape) {
   /* a row is cols / block_values blocks: Q4_K and Q6_K hold 256 values a block, and counting 32 here
    * copied eight times each matrix's size, past both buffers' ends */
   const size_t row_bytes = (size_t)nb * bb;
-  if (!TQ_AVX2 || (type != Q4_0 && type != Q4_1 && type != Q8_0) || rows % 8 != 0) {
+  if (!TQ_AVX2 || (type != Q4_0 && type != Q4_1 && type != Q8_0 && type != Q4_K && type != Q6_K) || rows % 8 != 0) {
     memcpy(dst, src, (size_t)rows * row_bytes);
     return type;
+  }
+  if (type == Q4_K || type == Q6_K) {
+    (type == Q4_K ? repack_q4_k : repack_q6_k)(dst, src, rows, nb);
+    return INTERLEAVED + type;
   }
   const int hdr = header_bytes(type);
   for (int g = 0; g < rows / 8; g++)
@@ -196,6 +269,14 @@ static void row_values(int type, const uint8_t *w, int r, int cols, float *y) {
   }
   const int bb = block_bytes(type), hdr = header_bytes(type), lane = r % 8;
   const uint8_t *blk = w + (size_t)(r / 8) * 8 * row_bytes;
+  if (type == Q4_Kx8 || type == Q6_Kx8) {
+    uint8_t own[210];
+    for (int b = 0; b < cols / 256; b++, blk += 8 * bb, y += 256) {
+      (type == Q4_Kx8 ? q4k_x8_block : q6k_x8_block)(blk, lane, own);
+      dequantize_row(type - INTERLEAVED, own, 256, y);
+    }
+    return;
+  }
   for (int b = 0; b < cols / 32; b++, blk += 8 * bb, y += 32) {
     const float d = fp16(blk + 2 * lane), m = hdr == 4 ? fp16(blk + 16 + 2 * lane) : -8.0f * d;
     if (type == Q8_0x8) {
@@ -418,9 +499,105 @@ static inline __attribute__((always_inline)) void tile_x8_q8(const uint8_t *g, c
   for (int t = 0; t < N; t++) _mm256_storeu_ps(out + t * out_stride, acc[t]);
 }
 
+/* Q4_Kx8 times N tokens: per 256-value block and pair of sub-blocks, the low nibbles of eight slices
+ * against sub-block 2p's activations and the high nibbles against 2p + 1's, as tile_x8 does with a
+ * Q4_0 block; each sub-block's product scaled by the eight rows' d * scale, less their dmin * min times
+ * the activations' sum. `nb` counts 32-value blocks, as for the other tiles. */
+static inline __attribute__((always_inline)) void tile_q4_k_x8(const uint8_t *g, const xblock *const *xs, int N, int nb, float *out,
+                                                               size_t out_stride) {
+  const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  __m256 acc[MAX_TOKEN_GROUP];
+  for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();
+  for (int sb = 0; sb < nb / 8; sb++, g += 8 * 144) {
+    for (int ahead = 0; ahead < 8 * 144; ahead += 64) _mm_prefetch((const char *)(g + PREFETCH_BYTES + ahead), _MM_HINT_T0);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + Q4K_D)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + Q4K_DMIN)));
+    uint64_t packed[12], scale[8], min[8];
+    memcpy(packed, g + Q4K_SCALES, sizeof packed);
+    const uint64_t six = 0x3f3f3f3f3f3f3f3fULL, four = 0x0f0f0f0f0f0f0f0fULL, two = 0x0303030303030303ULL;
+    for (int j = 0; j < 4; j++) { /* q4k_scale_min, eight rows a word */
+      scale[j] = packed[j] & six;
+      min[j] = packed[j + 4] & six;
+      scale[j + 4] = (packed[j + 8] & four) | (((packed[j] >> 6) & two) << 4);
+      min[j + 4] = ((packed[j + 8] >> 4) & four) | (((packed[j + 4] >> 6) & two) << 4);
+    }
+    for (int j = 0; j < 8; j++) {
+      const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)scale[j])));
+      const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)min[j])));
+      const __m256 row_scale = _mm256_mul_ps(d, sc), row_min = _mm256_mul_ps(dmin, mn);
+      const uint8_t *slices = g + Q4K_QUANTS + 256 * (j / 2);
+      __m256i q[8];
+      for (int k = 0; k < 8; k++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(slices + 32 * k));
+        q[k] = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(raw, 4) : raw, low);
+      }
+      for (int t = 0; t < N; t++) {
+        const xblock *x = &xs[t][8 * sb + j];
+        int32_t fours[8];
+        memcpy(fours, x->q, 32);
+        __m256i sum = _mm256_maddubs_epi16(q[0], _mm256_set1_epi32(fours[0]));
+        for (int k = 1; k < 8; k++) sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(q[k], _mm256_set1_epi32(fours[k])));
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum, ones));
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(row_scale, _mm256_broadcast_ss(&x->d)), dot, acc[t]);
+        acc[t] = _mm256_fnmadd_ps(row_min, _mm256_broadcast_ss(&x->s), acc[t]);
+      }
+    }
+  }
+  for (int t = 0; t < N; t++) _mm256_storeu_ps(out + t * out_stride, acc[t]);
+}
+
+/* Q6_Kx8 times N tokens. Activation block c = 4h + k of a 256-value block (h the half, k 0..3) takes
+ * its 6-bit values from ql slices 16h + 8(k & 1) + m (nibble k >> 1) and qh slices 8h + m (bits 2k,
+ * 2k + 1), m = 0..7 for its values 4m..4m+3; its first 16 values share sub-scale 8h + 2k, the last 16
+ * the next one. Values are stored plus 32: a sub-block's dot is sum(q * x) - 32 * sum(x), the latter
+ * from the activations' half sums. Two maddubs (each at most 2 * 63 * 127) still fit an int16 lane. */
+static inline __attribute__((always_inline)) void tile_q6_k_x8(const uint8_t *g, const xblock *const *xs, int N, int nb, float *out,
+                                                               size_t out_stride) {
+  const __m256i low = _mm256_set1_epi8(15), pair = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
+  __m256 acc[MAX_TOKEN_GROUP];
+  for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();
+  for (int sb = 0; sb < nb / 8; sb++, g += 8 * 210) {
+    for (int ahead = 0; ahead < 8 * 210; ahead += 64) _mm_prefetch((const char *)(g + PREFETCH_BYTES + ahead), _MM_HINT_T0);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + Q6K_D)));
+    for (int c = 0; c < 8; c++) {
+      const int h = c / 4, k = c % 4;
+      const __m256i scale_a = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(g + Q6K_SCALES + 8 * (8 * h + 2 * k))));
+      const __m256i scale_b = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(g + Q6K_SCALES + 8 * (8 * h + 2 * k + 1))));
+      const uint8_t *ql = g + Q6K_LOW + 32 * (16 * h + 8 * (k & 1)), *qh = g + Q6K_HIGH + 32 * (8 * h);
+      __m256i q[8];
+      for (int m = 0; m < 8; m++) {
+        const __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * m)), hi = _mm256_loadu_si256((const __m256i *)(qh + 32 * m));
+        const __m256i nibble = _mm256_and_si256(k >> 1 ? _mm256_srli_epi16(l, 4) : l, low);
+        const __m256i top = _mm256_and_si256(_mm256_srli_epi16(hi, 2 * k), pair);
+        q[m] = _mm256_or_si256(nibble, _mm256_slli_epi16(top, 4));
+      }
+      for (int t = 0; t < N; t++) {
+        const xblock *x = &xs[t][8 * sb + c];
+        int32_t fours[8];
+        memcpy(fours, x->q, 32);
+        __m256i half_dot[2];
+        for (int part = 0; part < 2; part++) {
+          const int m = 4 * part;
+          const __m256i s0 = _mm256_add_epi16(_mm256_maddubs_epi16(q[m], _mm256_set1_epi32(fours[m])),
+                                              _mm256_maddubs_epi16(q[m + 1], _mm256_set1_epi32(fours[m + 1])));
+          const __m256i s1 = _mm256_add_epi16(_mm256_maddubs_epi16(q[m + 2], _mm256_set1_epi32(fours[m + 2])),
+                                              _mm256_maddubs_epi16(q[m + 3], _mm256_set1_epi32(fours[m + 3])));
+          const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones));
+          half_dot[part] = _mm256_sub_epi32(dot, _mm256_set1_epi32(32 * x->sum16[part]));
+        }
+        const __m256i scaled = _mm256_add_epi32(_mm256_mullo_epi32(half_dot[0], scale_a), _mm256_mullo_epi32(half_dot[1], scale_b));
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(&x->d)), _mm256_cvtepi32_ps(scaled), acc[t]);
+      }
+    }
+  }
+  for (int t = 0; t < N; t++) _mm256_storeu_ps(out + t * out_stride, acc[t]);
+}
+
 #define TILE_X8(N)                                                                                                           \
   static void tile_x8_##N(int type, const uint8_t *g, const xblock *const *xs, int nb, float *out, size_t stride) {         \
     if (type == Q8_0x8) tile_x8_q8(g, xs, N, nb, out, stride);                                                              \
+    else if (type == Q4_Kx8) tile_q4_k_x8(g, xs, N, nb, out, stride);                                                       \
+    else if (type == Q6_Kx8) tile_q6_k_x8(g, xs, N, nb, out, stride);                                                       \
     else if (type == Q4_1x8) tile_x8(Q4_1x8, g, xs, N, nb, out, stride);                                                    \
     else tile_x8(Q4_0x8, g, xs, N, nb, out, stride);                                                                        \
   }
@@ -533,6 +710,7 @@ static void row_dot(int type, const uint8_t *w, int cols, const xblock *const *x
 
 typedef struct {
   int type, rows, cols, tokens;
+  size_t stride; /* floats from one token's output row to the next: rows, or a stacked matrix's rows */
   float *out;
   const uint8_t *w;
   const xblock *x;
@@ -578,30 +756,30 @@ static void run_rows(const void *ctx, int first, int last) {
     const int n = j->tokens - t0 < MAX_TOKEN_GROUP ? j->tokens - t0 : MAX_TOKEN_GROUP;
     const xblock *xs[MAX_TOKEN_GROUP];
     for (int t = 0; t < n; t++) xs[t] = j->x + (size_t)(t0 + t) * nb;
-    float *out = j->out + (size_t)t0 * j->rows;
+    float *out = j->out + (size_t)t0 * j->stride;
     int r = first;
 #if TQ_AVX2
     if (j->type > INTERLEAVED) { /* first and last are multiples of 8: chunks are of 16 rows */
       static const group_fn groups[5] = {0, tile_x8_1, tile_x8_2, tile_x8_3, tile_x8_4};
-      for (; r < last; r += 8) groups[n](j->type, j->w + r * row_bytes, xs, nb, out + r, j->rows);
+      for (; r < last; r += 8) groups[n](j->type, j->w + r * row_bytes, xs, nb, out + r, j->stride);
     }
     if (tiled) {
       static const tile_fn wide[5] = {0, tile32_4x1, tile32_2x2, tile32_2x3, tile32_2x4};
       static const tile_fn narrow[5] = {0, tile32_1x1, tile32_1x2, tile32_1x3, tile32_1x4};
       const int step = n == 1 ? 4 : 2;
-      for (; r + step <= last; r += step) wide[n](j->type, j->w + r * row_bytes, row_bytes, xs, nb, out + r, j->rows);
-      for (; r < last; r++) narrow[n](j->type, j->w + r * row_bytes, row_bytes, xs, nb, out + r, j->rows);
+      for (; r + step <= last; r += step) wide[n](j->type, j->w + r * row_bytes, row_bytes, xs, nb, out + r, j->stride);
+      for (; r < last; r++) narrow[n](j->type, j->w + r * row_bytes, row_bytes, xs, nb, out + r, j->stride);
     }
 #endif
     for (; r < last; r++) {
       float acc[MAX_TOKEN_GROUP] = {0};
       row_dot(j->type, j->w + (size_t)r * row_bytes, j->cols, xs, n, acc);
-      for (int t = 0; t < n; t++) out[(size_t)t * j->rows + r] = acc[t];
+      for (int t = 0; t < n; t++) out[(size_t)t * j->stride + r] = acc[t];
     }
     if (j->residual)
       for (int t = 0; t < n; t++) {
-        const float *add = j->residual + (size_t)(t0 + t) * j->rows;
-        float *o = out + (size_t)t * j->rows;
+        const float *add = j->residual + (size_t)(t0 + t) * j->stride;
+        float *o = out + (size_t)t * j->stride;
         for (r = first; r < last; r++) o[r] += add[r];
       }
   }
@@ -748,6 +926,16 @@ static void swiglu_row(const float *gate, const float *up, int n, float *y) {
   for (; i < n; i++) y[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
+/* One matrix's product over the pool: out[t * stride + r] = [residual[t * stride + r] +] W[r] . x[t]. */
+static void product(int type, int rows, int cols, int tokens, size_t stride, float *out, const uint8_t *w, const xblock *xq8, const float *residual) {
+  /* ~8 chunks a thread balances load without making the counter hot */
+  int chunk = rows / (8 * (n_workers + 1));
+  chunk = chunk < 16 ? 16 : chunk - chunk % 16;
+  const linear_t lin = {type, rows, cols, tokens, stride, out, w, xq8, residual};
+  const job_t j = {run_rows, &lin, rows, chunk};
+  run_job(&j);
+}
+
 /* out (tokens, rows) = [residual +] W . f(x) with f one of AS_IS, RMS_NORM (by `norm`, eps) or
  * SWIGLU (x holds gate then up, 2 * cols per token: silu(gate) * up). */
 static void linear(float *out, const uint8_t *w, const float *x, const int32_t *shape, int input, const float *norm, const float *residual) {
@@ -767,12 +955,17 @@ static void linear(float *out, const uint8_t *w, const float *x, const int32_t *
     }
     quantize_row(in, cols, xq8 + (size_t)t * (cols / 32));
   }
-  /* ~8 chunks a thread balances load without making the counter hot */
-  int chunk = rows / (8 * (n_workers + 1));
-  chunk = chunk < 16 ? 16 : chunk - chunk % 16;
-  const linear_t lin = {type, rows, cols, tokens, out, w, xq8, residual};
-  const job_t j = {run_rows, &lin, rows, chunk};
-  run_job(&j);
+  if (type != STACKED) {
+    product(type, rows, cols, tokens, rows, out, w, xq8, residual);
+    return;
+  }
+  /* a part at a time, each into its rows of every token's output, from the same int8 activations */
+  const stack_header *header = (const stack_header *)w;
+  const uint8_t *part = w + STACK_HEADER_BYTES;
+  for (int p = 0, first = 0; p < header->parts; first += header->rows[p], p++) {
+    product(header->types[p], header->rows[p], cols, tokens, rows, out + first, part, xq8, residual ? residual + first : 0);
+    part += (size_t)header->rows[p] * (cols / block_values(header->types[p])) * block_bytes(header->types[p]);
+  }
 }
 
 void tq_linear(float *out, const uint8_t *w, const float *x, const int32_t *shape) { linear(out, w, x, shape, AS_IS, 0, 0); }
