@@ -4,7 +4,7 @@ Usage: .venv/bin/python bench/shaped_model.py SHAPE OUT.gguf [--type Q4_K_M] [--
        .venv/bin/python bench/shaped_model.py --list
 
 Writes OUT as float16 matrices (float32 norms) with SHAPE's widths, depth, heads, QK-norm and tied
-embedding, and the default model's tokenizer (its 49,152-token vocabulary stands in for the real
+embedding (Llama 3.2 shapes with their rope_freqs.weight), and the default model's tokenizer (its 49,152-token vocabulary stands in for the real
 one, as the issue's repro did). With --type, llama.cpp's own `llama-quantize` then turns it into that
 block mix (Q4_K_M, Q5_K_M, Q6_K, Q8_0, Q4_0, IQ4_XS, ...), as users' downloads are made, and the
 float16 file is removed. Random weights give flat logits, so the final norm is scaled (x6) to make
@@ -36,6 +36,15 @@ SHAPES = {
 }
 FINAL_NORM_SCALE = 6.0
 EMBEDDING_STD = 0.02
+
+
+def llama3_rope_factors(head_dim: int, theta: float, factor=32.0, low=1.0, high=4.0, original_context=8192) -> np.ndarray:
+    """rope_freqs.weight as Llama 3.2's converter computes it (its published rope_scaling): wavelengths
+    beyond the original context divided by `factor`, those under a quarter of it kept, a ramp between."""
+    inv = 1.0 / theta ** (np.arange(0, head_dim, 2) / head_dim)
+    wavelength = 2 * np.pi / inv
+    smooth = np.clip((original_context / wavelength - low) / (high - low), 0.0, 1.0)
+    return (1.0 / ((1 - smooth) / factor + smooth)).astype(np.float32)
 
 
 def write_shaped(shape: str, path: str, layers: int | None = None, seed: int = 0) -> str:
@@ -77,6 +86,8 @@ def write_shaped(shape: str, path: str, layers: int | None = None, seed: int = 0
     # head, makes every greedy choice an echo of the last token
     w.add_tensor("token_embd.weight", matrix(vocab, dim, scale=EMBEDDING_STD))
     w.add_tensor("output_norm.weight", norm(dim, FINAL_NORM_SCALE))
+    if shape.startswith("llama3"):
+        w.add_tensor("rope_freqs.weight", llama3_rope_factors(head_dim, theta))
     if not tied:
         w.add_tensor("output.weight", matrix(vocab, dim))
     for i in range(n_layers):

@@ -55,13 +55,17 @@ def write_tiny_gguf(
     float_matrices: tuple[str, ...] = (),
     tied: bool = False,
     head_dim: int | None = None,
+    rope_factors: np.ndarray | None = None,
+    metadata: dict | None = None,
 ) -> str:
     """A random-weight GGUF; `matrix_type` ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K") quantizes every layer
     matrix and the output head into that block format, as real files do (the default model is Q4_1),
     except those whose names end with one of `float_matrices` (a file mixing types). "Q4_K_M" gives each
     matrix, the embedding too, the type llama-quantize gives it in a Q4_K_M file. `tied` leaves out
     output.weight (the head is the embedding); `head_dim` other than dim / n_heads is written as
-    attention.key_length, as Qwen3 files do."""
+    attention.key_length, as Qwen3 files do. `rope_factors` (head_dim / 2,) is written as
+    rope_freqs.weight, as Llama 3.1/3.2 files carry it; `metadata` adds or replaces keys (the
+    architecture's prefix added), e.g. {"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}."""
     rng = np.random.default_rng(seed)
     tok = smollm_tokenizer_fields()
     vocab = len(tok["tokenizer.ggml.tokens"])
@@ -82,6 +86,13 @@ def write_tiny_gguf(
         w.add_file_type(file_type)
     w.add_rope_freq_base(10000.0)
     w.add_rope_dimension_count(head_dim)
+    for key, value in (metadata or {}).items():
+        if isinstance(value, str):
+            w.add_string(f"{arch}.{key}", value)
+        elif isinstance(value, float):
+            w.add_float32(f"{arch}.{key}", value)
+        else:
+            w.add_uint32(f"{arch}.{key}", value)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(tok["tokenizer.ggml.pre"])
     w.add_token_list(tok["tokenizer.ggml.tokens"])
@@ -122,6 +133,8 @@ def write_tiny_gguf(
     else:
         w.add_tensor("token_embd.weight", embd)
     w.add_tensor("output_norm.weight", norm(dim))
+    if rope_factors is not None:
+        w.add_tensor("rope_freqs.weight", np.asarray(rope_factors, dtype=np.float32))
     if not tied:
         add_matrix("output.weight", mat(vocab, dim))
     for i in range(n_layers):
@@ -157,6 +170,8 @@ class Reference:
         f = lambda key: reader.fields[f"{self.arch}.{key}"].contents()  # noqa: E731
         self.n_layers, self.n_heads, self.n_kv = f("block_count"), f("attention.head_count"), f("attention.head_count_kv")
         self.eps, self.theta = f("attention.layer_norm_rms_epsilon"), f("rope.freq_base")
+        scaling = reader.fields.get(f"{self.arch}.rope.scaling.factor")
+        self.linear_scale = float(scaling.contents()) if scaling is not None else 1.0
         self.w = {}
         for t in reader.tensors:
             arr = gguf.quants.dequantize(t.data, t.tensor_type)
@@ -172,7 +187,7 @@ class Reference:
 
     def _rope(self, x, positions):  # x (T, H, hd)
         hd = x.shape[-1]
-        freqs = self.theta ** (-np.arange(0, hd, 2) / hd)  # (hd/2,)
+        freqs = self.theta ** (-np.arange(0, hd, 2) / hd) / self.w.get("rope_freqs.weight", 1.0) / self.linear_scale  # (hd/2,)
         ang = positions[:, None, None] * freqs[None, None, :]
         cos, sin = np.cos(ang), np.sin(ang)
         if self.arch == "llama":  # interleaved pairs

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .engine import Engine
+from .model_config import ModelLoadError
 from .settings import engine_settings
 from .tinygrad_setup import prepare_tinygrad
 
@@ -59,8 +60,11 @@ def load_gguf_model(path: str, slots: int, max_context: int, prefill_chunk: int,
 
     piece = prefill_pieces(prefill_chunk)[0]  # the largest
     model, kv = load_model(path, slots=slots, context=max_context, max_chunk=piece, cpu_kernels=cpu_kernels)
-    tokenizer = Tokenizer.from_gguf_metadata(kv)
-    template = ChatTemplate(kv.get("tokenizer.chat_template"), bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+    try:  # the tokenizer's metadata and the template are the file's too: untrusted, refused in one line
+        tokenizer = Tokenizer.from_gguf_metadata(kv)
+        template = ChatTemplate(kv.get("tokenizer.chat_template"), bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+    except (ValueError, TypeError, KeyError, IndexError) as e:
+        raise ModelLoadError(f"{os.path.basename(path)}: {type(e).__name__}: {e}".replace("\n", " ")) from e
     beam = beam_for(tuning_key(path, slots, model.context, piece, model.uses_cpu_kernels), beam)
     return LoadedModel(
         runner=ModelRunner(model, prefill_chunk, beam=beam),

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,72 +29,11 @@ from tinygrad import Device, Tensor, TinyJit, UOp, dtypes
 
 from .device_buffers import StepBuffers, device_array
 from .kernels.cpu import ATTEND_BIAS, ATTEND_QK_NORM, MAX_HEAD_DIM, BlockWeight, LayerMatrices, LayerTensors, QuantizedCPU
+from .model_config import ModelConfig, ModelLoadError, check_tensors
+from .rope import RopeUnsupported, inverse_frequencies
 from .weights import BlockLinear, WeightSource, read_gguf
 
 log = logging.getLogger(__name__)
-
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
-
-
-class ModelLoadError(ValueError):
-    """The GGUF file cannot be served: unsupported architecture, missing key or tensor."""
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    arch: str
-    n_layers: int
-    dim: int
-    hidden_dim: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    norm_eps: float
-    vocab_size: int
-    rope_theta: float
-    trained_context: int
-    qkv_bias: bool
-    qk_norm: bool
-
-    @classmethod
-    def from_gguf(cls, kv: dict, weights: dict) -> ModelConfig:
-        arch = kv.get("general.architecture")
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ModelLoadError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
-
-        def need(key: str):
-            if key not in kv:
-                raise ModelLoadError(f"GGUF metadata is missing {key!r}")
-            return kv[key]
-
-        dim, n_heads = need(f"{arch}.embedding_length"), need(f"{arch}.attention.head_count")
-        return cls(
-            arch=arch,
-            n_layers=need(f"{arch}.block_count"),
-            dim=dim,
-            hidden_dim=need(f"{arch}.feed_forward_length"),
-            n_heads=n_heads,
-            n_kv_heads=kv.get(f"{arch}.attention.head_count_kv", n_heads),
-            head_dim=kv.get(f"{arch}.attention.key_length", dim // n_heads),
-            norm_eps=need(f"{arch}.attention.layer_norm_rms_epsilon"),
-            vocab_size=len(need("tokenizer.ggml.tokens")),
-            rope_theta=float(kv.get(f"{arch}.rope.freq_base", 10000.0)),
-            trained_context=need(f"{arch}.context_length"),
-            qkv_bias="blk.0.attn_q.bias" in weights,
-            qk_norm="blk.0.attn_q_norm.weight" in weights,
-        )
-
-    def required_tensors(self) -> list[str]:
-        names = ["token_embd.weight", "output_norm.weight"]
-        for i in range(self.n_layers):
-            parts = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"]
-            if self.qk_norm:
-                parts += ["attn_q_norm", "attn_k_norm"]
-            names += [f"blk.{i}.{p}.weight" for p in parts]
-            if self.qkv_bias:
-                names += [f"blk.{i}.attn_{p}.bias" for p in "qkv"]
-        return names
-
 
 # half the KV memory of float32 (0.86 instead of 1.7 GB for 8 slots x 4,096 positions of the default
 # model), at the same speed as measured here
@@ -108,10 +46,6 @@ FLOAT_FILE_TYPES = (0, 1, 32)
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return x * (x.square().mean(-1, keepdim=True) + eps).rsqrt() * weight
-
-
-def rotary_inverse_frequencies(head_dim: int, theta: float) -> Tensor:
-    return Tensor([1.0 / theta ** (2 * i / head_dim) for i in range(head_dim // 2)]).contiguous()
 
 
 def rotation(pos: Tensor, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
@@ -290,7 +224,10 @@ class Transformer:
         max_chunk: int,
         act_dtype=dtypes.float32,
         int8_head: bool = False,
+        inv_freq: np.ndarray | None = None,
     ):
+        """`inv_freq` (head_dim / 2,) float32 are RoPE's inverse frequencies (rope.py); by default the
+        plain ones of the config's base."""
         self.config, self.slots, self.context, self.act_dtype = config, slots, context, act_dtype
         self.embed = weights.embedding()  # token ids -> (..., D)
         self.output_norm = weights.vector("output_norm.weight")
@@ -305,7 +242,9 @@ class Transformer:
         self.key_positions = Tensor.arange(context + max_chunk).contiguous()
         # stored, not rebuilt from a Python list inside the jitted step: tinygrad replays such a constant
         # as a host copy that waits for the device, which was 60 full stalls per decode step
-        self.inv_freq = rotary_inverse_frequencies(config.head_dim, config.rope_theta)
+        if inv_freq is None:
+            inv_freq = inverse_frequencies({f"{config.arch}.rope.freq_base": config.rope_theta}, config.arch, config.head_dim)
+        self.inv_freq = Tensor(np.ascontiguousarray(inv_freq, dtype=np.float32)).contiguous()
         self.v_slot = UOp.variable("slot", 0, slots)
         self.v_start = UOp.variable("start", 0, context - 1)
         self.v_length = UOp.variable("length", 1, context)
@@ -485,6 +424,17 @@ def _capturing_jit(fn) -> TinyJit:
     return jit
 
 
+def _rope_frequencies(kv: dict, table: dict, config: ModelConfig) -> np.ndarray:
+    """RoPE's inverse frequencies for this file, Llama 3's rope_freqs.weight factors applied (rope.py)."""
+    factors = table.get("rope_freqs.weight")
+    if factors is not None and (factors.ggml_type != 0 or factors.data is None):
+        raise ModelLoadError(f"rope_freqs.weight is stored as GGML type {factors.ggml_type}; float32 expected")
+    try:
+        return inverse_frequencies(kv, config.arch, config.head_dim, None if factors is None else factors.data.view(np.float32)[0])
+    except RopeUnsupported as e:
+        raise ModelLoadError(str(e)) from e
+
+
 def load_model(path: str, slots: int, context: int | None, max_chunk: int = 64, cpu_kernels: bool = True) -> tuple[Transformer, dict]:
     """Read a GGUF file; returns the model and the file's metadata (the tokenizer needs it).
     `cpu_kernels=False` keeps every matrix on tinygrad's float16 path, even where a kernel exists."""
@@ -495,9 +445,7 @@ def load_model(path: str, slots: int, context: int | None, max_chunk: int = 64, 
     except Exception as e:  # a truncated or foreign file fails deep inside the parser
         raise ModelLoadError(f"cannot parse {path} as GGUF: {e}") from e
     config = ModelConfig.from_gguf(kv, table)
-    missing = [n for n in config.required_tensors() if n not in table]
-    if missing:
-        raise ModelLoadError(f"GGUF file lacks tensors: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    check_tensors(config, table)
     context = min(context or config.trained_context, config.trained_context)
     # CPUs here lack float16 arithmetic: compute in float32 there, reading float16 or block weights
     act_dtype = dtypes.float32 if Device.DEFAULT in ("CPU", "PYTHON") else dtypes.float16
@@ -505,7 +453,8 @@ def load_model(path: str, slots: int, context: int | None, max_chunk: int = 64, 
         path, table, config.arch, config.n_heads, config.n_kv_heads, act_dtype, QuantizedCPU.load() if cpu_kernels else None
     )
     int8_head = kv.get("general.file_type") not in (None, *FLOAT_FILE_TYPES)
-    model = Transformer(config, weights, slots, context, max_chunk, act_dtype=act_dtype, int8_head=int8_head)
+    inv_freq = _rope_frequencies(kv, table, config)
+    model = Transformer(config, weights, slots, context, max_chunk, act_dtype=act_dtype, int8_head=int8_head, inv_freq=inv_freq)
     steps = (
         "one call each on the CPU kernels" if model.whole_model else "jitted, on " + ("the CPU kernels" if model.kernels else "tinygrad")
     )

@@ -15,16 +15,18 @@ Contract: `WeightSource(path, ...)` opens a GGUF file; `linear(*names)` returns 
 from __future__ import annotations
 
 import logging
+import pathlib
 import struct
 from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
-from tinygrad import Tensor, dtypes
-from tinygrad.llm.gguf import gguf_load
+from tinygrad import Device, Tensor, dtypes
+from tinygrad.llm.gguf import ggml_data_to_tensor
 
 from .device_buffers import device_array
 from .kernels.cpu import BLOCK_FORMATS, BlockWeight, QuantizedCPU
+from .model_config import TYPE_SIZES
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +119,9 @@ class RawTensor:
     rows: int
     cols: int
     data: np.ndarray | None  # (rows, bytes per row) uint8; None for a type without a kernel (F32 vectors have it)
+    shape: tuple[int, ...] = ()  # as tinygrad's tensors have it: the file's dimensions, last first
+    start: int = 0  # where its bytes lie in the file
+    nbytes: int = 0
 
 
 # struct format of one scalar metadata value, by GGUF value type; 8 is a string, 9 an array
@@ -128,41 +133,63 @@ def read_gguf(path: str) -> tuple[dict, dict[str, RawTensor]]:
     pages the header and the used tensors occupy are ever read. (tinygrad's gguf_load also builds a
     lazy tensor per weight: ~2 s here; gguf's GGUFReader ~5 s.)"""
     file = np.memmap(path, dtype=np.uint8, mode="r")
-    pos = 0
+    pos, where = 0, "the header"
 
     def take(fmt: str) -> tuple:
         nonlocal pos
+        size = struct.calcsize(fmt)
+        if pos + size > len(file):
+            raise ValueError(f"the file ends at byte {len(file)}, inside {where}")
         values = struct.unpack_from(fmt, file, pos)
-        pos += struct.calcsize(fmt)
+        pos += size
         return values
 
     def text() -> str:
         nonlocal pos
         (length,) = take("<Q")
+        if pos + length > len(file):
+            raise ValueError(f"a string of {length} bytes in {where} runs past the file's end")
         pos += length
-        return bytes(file[pos - length : pos]).decode()
+        try:
+            return bytes(file[pos - length : pos]).decode()
+        except UnicodeDecodeError:
+            raise ValueError(f"a string in {where} is not UTF-8") from None
 
     def value(kind: int):
         if kind == 8:
             return text()
         if kind == 9:
             item, count = take("<IQ")
+            if count > len(file) - pos:  # every item takes a byte at least
+                raise ValueError(f"an array of {count} items in {where} is longer than the file")
             if item in _SCALARS:
                 return list(take(f"<{count}{_SCALARS[item]}"))
             return [value(item) for _ in range(count)]
+        if kind not in _SCALARS:
+            raise ValueError(f"{where} has value type {kind}, which GGUF does not define")
         return take("<" + _SCALARS[kind])[0]
 
     magic, version, n_tensors, n_kv = take("<4sIQQ")
     if magic != b"GGUF" or version not in (2, 3):
         raise ValueError(f"{path} is not a GGUF v2/v3 file")
+    if n_kv > len(file) // 12 or n_tensors > len(file) // 24:  # the smallest entry of each
+        raise ValueError(f"the header claims {n_kv} metadata entries and {n_tensors} tensors, more than {len(file)} bytes can hold")
     metadata = {}
-    for _ in range(n_kv):
-        key, (kind,) = text(), take("<I")
+    for i in range(n_kv):
+        where = f"metadata entry {i}"
+        key = text()
+        where = f"metadata entry {i} ({key!r})"
+        (kind,) = take("<I")
         metadata[key] = value(kind)
     alignment = metadata.get("general.alignment", 32)
+    if not isinstance(alignment, int) or not 1 <= alignment <= 1 << 16:
+        raise ValueError(f"general.alignment = {alignment!r}: expected a small positive whole number")
     infos = []
-    for _ in range(n_tensors):
+    for i in range(n_tensors):
+        where = f"tensor {i}'s entry"
         name, (n_dims,) = text(), take("<I")
+        if n_dims > 4:
+            raise ValueError(f"tensor {name!r} has {n_dims} dimensions; GGUF allows at most 4")
         dims = take(f"<{n_dims}Q")
         ggml_type, offset = take("<IQ")
         infos.append((name, dims, ggml_type, offset))
@@ -175,19 +202,20 @@ def read_gguf(path: str) -> tuple[dict, dict[str, RawTensor]]:
         return file[start : start + nbytes]
 
     for name, dims, ggml_type, offset in infos:
+        values, block_bytes = TYPE_SIZES.get(ggml_type, (1, 0))
+        elements, start, shape = int(np.prod(dims, dtype=object)), data_start + offset, tuple(reversed(dims))
+        if elements % values:
+            raise ValueError(f"tensor {name!r} of {elements} values is not whole blocks of {values}")
+        nbytes = elements // values * block_bytes
+        data = extent(name, start, nbytes)  # every readable tensor lies inside the file
         if len(dims) == 1 and ggml_type == 0:  # a float32 vector (norms, biases), read as bytes
-            table[name] = RawTensor(0, 1, dims[0], extent(name, data_start + offset, 4 * dims[0]).reshape(1, -1))
-            continue
-        if len(dims) != 2:
-            table[name] = RawTensor(ggml_type, 1, int(np.prod(dims)), None)
-            continue
-        cols, rows = dims
-        data = None
-        if ggml_type in BLOCK_FORMATS and cols % BLOCK_FORMATS[ggml_type][1] == 0:
-            _, values, nbytes = BLOCK_FORMATS[ggml_type]
-            row_bytes = cols // values * nbytes
-            data = extent(name, data_start + offset, rows * row_bytes).reshape(rows, row_bytes)
-        table[name] = RawTensor(ggml_type, rows, cols, data)
+            table[name] = RawTensor(0, 1, dims[0], data.reshape(1, -1), shape, start, nbytes)
+        elif len(dims) != 2:
+            table[name] = RawTensor(ggml_type, 1, elements, None, shape, start, nbytes)
+        else:
+            cols, rows = dims
+            blocks = data.reshape(rows, -1) if ggml_type in BLOCK_FORMATS and cols % BLOCK_FORMATS[ggml_type][1] == 0 else None
+            table[name] = RawTensor(ggml_type, rows, cols, blocks, shape, start, nbytes)
     return metadata, table
 
 
@@ -196,22 +224,25 @@ class WeightSource:
         self, path: str, table: dict[str, RawTensor], arch: str, n_heads: int, n_kv_heads: int, act_dtype, kernels: QuantizedCPU | None
     ):
         """`table` is the file's tensors as `read_gguf` gives them; their raw blocks feed `kernels` when
-        given, and tinygrad's lazily dequantized tensors (gguf_load) everything else."""
+        given, and tinygrad's lazily dequantized tensors everything else."""
         self.path, self.names, self.act_dtype, self.kernels = path, set(table), act_dtype, kernels
+        self._table = table
         self._raw = table if kernels is not None else {}
-        self._tinygrad_tensors: dict[str, Tensor] | None = None
+        self._file: Tensor | None = None
         # llama files interleave each head's rotary pairs in q and k rows
         self._rope_heads = {"attn_q.weight": n_heads, "attn_k.weight": n_kv_heads} if arch == "llama" else {}
         self.forms: Counter = Counter()  # which form each matrix took, for the log
         self._blocks: dict[tuple[str, ...], BlockWeight | None] = {}  # a tied head shares the embedding's blocks
 
-    @property
-    def tensors(self) -> dict[str, Tensor]:
-        """tinygrad's lazily dequantized tensors of the file, parsed on first use: a file all on the
-        CPU kernels never needs them."""
-        if self._tinygrad_tensors is None:
-            self._tinygrad_tensors = gguf_load(self.path)[1]
-        return self._tinygrad_tensors
+    def tinygrad_tensor(self, name: str) -> Tensor:
+        """One tensor of the file as tinygrad dequantizes it, lazily, from its bytes alone: only they are
+        copied from the file (tinygrad's gguf_load copies the whole file to the device first, and
+        parses it again after read_gguf checked it)."""
+        raw = self._table[name]
+        if self._file is None:
+            self._file = Tensor(pathlib.Path(self.path))
+        data = self._file[raw.start : raw.start + raw.nbytes].to(Device.DEFAULT)
+        return ggml_data_to_tensor(data, int(np.prod(raw.shape)), raw.ggml_type).reshape(raw.shape)
 
     def has(self, name: str) -> bool:
         return name in self.names
@@ -220,7 +251,7 @@ class WeightSource:
         values = self.vector_values(name)
         if values is not None:
             return device_array(values)
-        return self.tensors[name].cast(self.act_dtype).contiguous()
+        return self.tinygrad_tensor(name).cast(self.act_dtype).contiguous()
 
     def vector_values(self, name: str) -> np.ndarray | None:
         """A float32 vector read from the file, on the CPU kernels' path (None elsewhere)."""
@@ -233,7 +264,7 @@ class WeightSource:
         return next((n for suffix, n in self._rope_heads.items() if name.endswith(suffix)), None)
 
     def _float(self, name: str) -> Tensor:
-        t = self.tensors[name]
+        t = self.tinygrad_tensor(name)
         heads = self._rope_heads_of(name)
         return unpermute_rope_rows(t, heads) if heads else t
 
@@ -289,7 +320,7 @@ class WeightSource:
             self.forms[block.form] += 1
             return _BlockEmbedding(self.kernels, block, self.act_dtype)
         self.forms["float16"] += 1
-        return _FloatEmbedding(self.tensors["token_embd.weight"].cast(WEIGHT_DTYPE).contiguous(), self.act_dtype)
+        return _FloatEmbedding(self.tinygrad_tensor("token_embd.weight").cast(WEIGHT_DTYPE).contiguous(), self.act_dtype)
 
     def head(self, vocab: int, int8: bool):
         """x (B, D) -> (B, vocab) float32 logits; the embedding's matrix when the file ties them."""
@@ -300,7 +331,7 @@ class WeightSource:
             linear = BlockLinear(self.kernels, block)
             return _BlockHead(linear)
         self.forms["int8 head" if int8 else "float16"] += 1
-        return FloatHead(self.tensors[name], vocab, int8)
+        return FloatHead(self.tinygrad_tensor(name), vocab, int8)
 
     @property
     def uses_kernels(self) -> bool:
