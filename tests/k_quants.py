@@ -1,16 +1,16 @@
-"""Q4_K and Q6_K blocks from float matrices, in NumPy, for test files (gguf-py dequantizes K-quants but
+"""Q4_K, Q5_K and Q6_K blocks from float matrices, in NumPy, for test files (gguf-py dequantizes K-quants but
 cannot write them, and llama-quantize is a bench tool, not a test dependency).
 
 Plain min/max rounding, not llama.cpp's search for the best scales: the blocks are exact GGUF blocks
 of values close to the matrix, which is all a test of how they are read and multiplied needs.
-`q4_k_m_type(name, layer, layers)` is llama-quantize's choice of type per tensor for a Q4_K_M file.
+`k_m_type(name, layer, layers, tied, base)` is llama-quantize's choice of type per tensor for a Q4_K_M or Q5_K_M file.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-Q4_K, Q6_K = 12, 14
+Q4_K, Q5_K, Q6_K = 12, 13, 14
 
 
 def _fp16(values: np.ndarray) -> np.ndarray:
@@ -42,6 +42,30 @@ def quantize_q4_k(x: np.ndarray) -> np.ndarray:
     return blocks.reshape(rows, cols // 256 * 144)
 
 
+def quantize_q5_k(x: np.ndarray) -> np.ndarray:
+    """(rows, cols) float -> (rows, cols / 256 * 176) uint8: Q4_K's scales and mins, then each value's
+    fifth bit (bit j of byte i for value i of sub-block j, 32 bytes), then the low 4 bits as Q4_K packs them."""
+    rows, cols = x.shape
+    sub = x.astype(np.float32).reshape(-1, 8, 32)
+    low = np.minimum(sub.min(-1), 0.0)  # x ~ d * sc * q - dmin * m, q in 0..31
+    scale = (sub.max(-1) - low) / 31
+    d, dmin = _fp16(scale.max(-1) / 63), _fp16(-low.min(-1) / 63)
+    dd, dm = d.astype(np.float32)[:, None], dmin.astype(np.float32)[:, None]
+    sc = np.clip(np.rint(np.divide(scale, dd, out=np.zeros_like(scale), where=dd > 0)), 0, 63).astype(np.uint8)
+    mn = np.clip(np.rint(np.divide(-low, dm, out=np.zeros_like(low), where=dm > 0)), 0, 63).astype(np.uint8)
+    step = (dd * sc)[..., None]
+    q = np.clip(np.rint(np.divide(sub + (dm * mn)[..., None], step, out=np.zeros_like(sub), where=step > 0)), 0, 31).astype(np.uint8)
+    packed = np.empty((len(sub), 12), np.uint8)
+    packed[:, 0:4] = sc[:, 0:4] | ((sc[:, 4:8] >> 4) << 6)
+    packed[:, 4:8] = mn[:, 0:4] | ((mn[:, 4:8] >> 4) << 6)
+    packed[:, 8:12] = (sc[:, 4:8] & 15) | ((mn[:, 4:8] & 15) << 4)
+    high = ((q >> 4) << np.arange(8, dtype=np.uint8)[None, :, None]).sum(axis=1, dtype=np.uint8)  # (blocks, 32)
+    pairs = (q & 15).reshape(-1, 4, 2, 32)
+    quants = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(-1, 128)
+    blocks = np.concatenate([d.view(np.uint8).reshape(-1, 2), dmin.view(np.uint8).reshape(-1, 2), packed, high, quants], axis=1)
+    return blocks.reshape(rows, cols // 256 * 176)
+
+
 def quantize_q6_k(x: np.ndarray) -> np.ndarray:
     """(rows, cols) float -> (rows, cols / 256 * 210) uint8: per 256 values 6-bit quants as low nibbles
     (128 bytes) and high pairs (64 bytes), sixteen int8 sub-scales (one per 16 values), a float16 scale."""
@@ -63,7 +87,7 @@ def quantize_q6_k(x: np.ndarray) -> np.ndarray:
     return blocks.reshape(rows, cols // 256 * 210)
 
 
-QUANTIZERS = {Q4_K: quantize_q4_k, Q6_K: quantize_q6_k}
+QUANTIZERS = {Q4_K: quantize_q4_k, Q5_K: quantize_q5_k, Q6_K: quantize_q6_k}
 
 
 def _more_bits(layer: int, layers: int) -> bool:
@@ -71,11 +95,12 @@ def _more_bits(layer: int, layers: int) -> bool:
     return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
 
 
-def q4_k_m_type(name: str, layer: int | None, layers: int, tied: bool) -> int:
-    """The type llama-quantize gives a matrix of a Q4_K_M file: Q6_K for the output head (the
-    embedding when the file ties them), and for attn_v and ffn_down of the layers `_more_bits` picks."""
+def k_m_type(name: str, layer: int | None, layers: int, tied: bool, base: int = Q4_K) -> int:
+    """The type llama-quantize gives a matrix of a Q4_K_M file (base Q4_K) or a Q5_K_M one (Q5_K): Q6_K
+    for the output head (the embedding when the file ties them), and for attn_v and ffn_down of the
+    layers `_more_bits` picks; `base` for the rest."""
     if name == "output.weight" or (name == "token_embd.weight" and tied):
         return Q6_K
     if layer is not None and name.endswith(("attn_v.weight", "ffn_down.weight")) and _more_bits(layer, layers):
         return Q6_K
-    return Q4_K
+    return base

@@ -31,7 +31,7 @@ def random_blocks(ggml_type: int, rows: int, cols: int, rng: np.random.Generator
         blocks[..., 0:2] = scales()
     if ggml_type == 3:
         blocks[..., 2:4] = _fp16_bytes(rng.uniform(-0.2, 0.2, size=(rows, cols // values)))
-    if ggml_type == 12:
+    if ggml_type in (12, 13):
         blocks[..., 0:2], blocks[..., 2:4] = scales(), scales()
     if ggml_type == 14:
         blocks[..., 208:210] = scales()
@@ -50,12 +50,14 @@ def dequantize(ggml_type: int, raw: np.ndarray, cols: int) -> np.ndarray:
         out = nib(b[:, 4:20]) * f16(0) + f16(2)
     elif ggml_type == 8:
         out = b[:, 2:34].view(np.int8).astype(np.float64) * f16(0)
-    elif ggml_type == 12:
+    elif ggml_type in (12, 13):  # Q5_K: Q4_K plus a fifth bit per value, bit j of byte i for value i of sub-block j
         s = b[:, 4:16].astype(np.int64)
         sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)], axis=1)
         mn = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=1)
-        qs = b[:, 16:144].reshape(-1, 4, 32)
+        qs = b[:, 16:144].reshape(-1, 4, 32) if ggml_type == 12 else b[:, 48:176].reshape(-1, 4, 32)
         q = np.stack([qs & 15, qs >> 4], axis=2).reshape(-1, 8, 32).astype(np.float64)
+        if ggml_type == 13:
+            q += 16 * ((b[:, None, 16:48] >> np.arange(8)[None, :, None]) & 1)
         out = (f16(0)[:, :, None] * sc[:, :, None] * q - f16(2)[:, :, None] * mn[:, :, None]).reshape(-1, 256)
     else:  # Q6_K
         ql, qh = b[:, 0:128].astype(np.int64), b[:, 128:192].astype(np.int64)
@@ -146,10 +148,10 @@ def _repack(library, raw: np.ndarray, ggml_type: int, cols: int) -> tuple[np.nda
     return packed, stored_type
 
 
-@pytest.mark.parametrize("ggml_type", [2, 3, 8, 12, 14])
+@pytest.mark.parametrize("ggml_type", [2, 3, 8, 12, 13, 14])
 @pytest.mark.parametrize("rows", [40, 37])
 def test_interleaved_rows_give_the_same_products_rows_and_invariance(library, ggml_type, rows):
-    """Q4_0, Q4_1, Q8_0, Q4_K and Q6_K with rows in eights are stored interleaved where the SIMD kernels serve
+    """Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K with rows in eights are stored interleaved where the SIMD kernels serve
     (other row counts and the portable build keep the file's layout): every product, dequantized row and
     embedding lookup stays that of the file's blocks, and a token's row is the same alone or among others."""
     rng = np.random.default_rng(rows + ggml_type)
@@ -379,7 +381,7 @@ def test_a_matrix_whose_bytes_do_not_fit_its_shape_is_refused_before_the_kernels
     with pytest.raises(ValueError, match="Q6_K matrix of 500 columns"):
         kernels.block_weight(raw, 14, 500)
     with pytest.raises(ValueError, match="no CPU kernel"):
-        kernels.block_weight(raw, 13, 512)
+        kernels.block_weight(raw, 10, 512)
 
 
 @pytest.mark.parametrize("tokens", [1, 5])

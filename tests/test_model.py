@@ -131,11 +131,19 @@ def test_quantized_matrices_run_on_block_kernels_close_to_the_reference(tmp_path
 
 @pytest.mark.parametrize(
     ("arch", "matrix_type", "tied"),
-    [("llama", "Q4_K", False), ("qwen3", "Q6_K", False), ("qwen3", "Q4_K_M", True), ("llama", "Q4_K_M", False)],
+    [
+        ("llama", "Q4_K", False),
+        ("qwen3", "Q6_K", False),
+        ("qwen3", "Q4_K_M", True),
+        ("llama", "Q4_K_M", False),
+        ("qwen3", "Q5_K", False),
+        ("llama", "Q5_K_M", True),
+    ],
 )
 def test_k_quant_files_run_on_block_kernels_close_to_the_reference(tmp_path, arch, matrix_type, tied):
-    """Q4_K and Q6_K matrices (256 values a block) as Q4_K_M files mix them: every layer matrix and the
-    head in their blocks, the layers whose v matrix differs from q and k in type included."""
+    """Q4_K, Q5_K and Q6_K matrices (256 values a block), and Q4_K_M and Q5_K_M files' mixes of them:
+    every layer matrix and the head in their blocks, the layers whose v differs from q and k in type
+    included."""
     use_tinygrad_from_this_thread()
     shape = dict(n_layers=3, dim=256, hidden=512, n_heads=4, n_kv_heads=2)
     path = write_tiny_gguf(str(tmp_path / "k.gguf"), arch, matrix_type=matrix_type, tied=tied, **shape)

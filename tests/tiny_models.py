@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import gguf
 import numpy as np
-from k_quants import QUANTIZERS, q4_k_m_type
+from k_quants import Q4_K, Q5_K, QUANTIZERS, k_m_type
 
 SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FLOAT_TYPES = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
@@ -57,15 +57,17 @@ def write_tiny_gguf(
     head_dim: int | None = None,
     rope_factors: np.ndarray | None = None,
     metadata: dict | None = None,
+    tokenizer_pre: str | None = None,
 ) -> str:
-    """A random-weight GGUF; `matrix_type` ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K") quantizes every layer
+    """A random-weight GGUF; `matrix_type` ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K") quantizes every layer
     matrix and the output head into that block format, as real files do (the default model is Q4_1),
-    except those whose names end with one of `float_matrices` (a file mixing types). "Q4_K_M" gives each
-    matrix, the embedding too, the type llama-quantize gives it in a Q4_K_M file. `tied` leaves out
+    except those whose names end with one of `float_matrices` (a file mixing types). "Q4_K_M" and "Q5_K_M" give
+    each matrix, the embedding too, the type llama-quantize gives it in such a file. `tied` leaves out
     output.weight (the head is the embedding); `head_dim` other than dim / n_heads is written as
     attention.key_length, as Qwen3 files do. `rope_factors` (head_dim / 2,) is written as
     rope_freqs.weight, as Llama 3.1/3.2 files carry it; `metadata` adds or replaces keys (the
-    architecture's prefix added), e.g. {"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}."""
+    architecture's prefix added), e.g. {"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}.
+    `tokenizer_pre` names another pre-tokenizer (tokenizer.ggml.pre) over SmolLM2's vocabulary."""
     rng = np.random.default_rng(seed)
     tok = smollm_tokenizer_fields()
     vocab = len(tok["tokenizer.ggml.tokens"])
@@ -94,7 +96,7 @@ def write_tiny_gguf(
         else:
             w.add_uint32(f"{arch}.{key}", value)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(tok["tokenizer.ggml.pre"])
+    w.add_tokenizer_pre(tokenizer_pre or tok["tokenizer.ggml.pre"])
     w.add_token_list(tok["tokenizer.ggml.tokens"])
     w.add_token_merges(tok["tokenizer.ggml.merges"])
     w.add_token_types(tok["tokenizer.ggml.token_type"])
@@ -116,15 +118,15 @@ def write_tiny_gguf(
         if matrix_type is None or name.endswith(float_matrices):
             w.add_tensor(name, array)
             return
-        if matrix_type == "Q4_K_M":
-            qtype = gguf.GGMLQuantizationType(q4_k_m_type(name, layer, n_layers, tied))
+        if matrix_type in ("Q4_K_M", "Q5_K_M"):
+            qtype = gguf.GGMLQuantizationType(k_m_type(name, layer, n_layers, tied, Q4_K if matrix_type == "Q4_K_M" else Q5_K))
         else:
             qtype = gguf.GGMLQuantizationType[matrix_type]
         blocks = QUANTIZERS[qtype](array) if qtype in QUANTIZERS else gguf.quants.quantize(array, qtype)
         w.add_tensor(name, blocks, raw_dtype=qtype)
 
     embd = mat(vocab, dim, scale=1.0)
-    if matrix_type == "Q4_K_M":
+    if matrix_type in ("Q4_K_M", "Q5_K_M"):
         add_matrix("token_embd.weight", embd)
     elif quantize_embedding:
         w.add_tensor(

@@ -28,7 +28,8 @@ import numpy as np
 from tinygrad import Device, Tensor, TinyJit, UOp, dtypes
 
 from .device_buffers import StepBuffers, device_array
-from .kernels.cpu import ATTEND_BIAS, ATTEND_QK_NORM, MAX_HEAD_DIM, BlockWeight, LayerMatrices, LayerTensors, QuantizedCPU
+from .kernels.cpu import ATTEND_BIAS, ATTEND_QK_NORM, BLOCK_FORMATS, MAX_HEAD_DIM, BlockWeight, LayerMatrices, LayerTensors, QuantizedCPU
+from .memory import plan as memory_plan
 from .model_config import ModelConfig, ModelLoadError, check_tensors
 from .rope import RopeUnsupported, inverse_frequencies
 from .weights import BlockLinear, WeightSource, read_gguf
@@ -449,9 +450,11 @@ def load_model(path: str, slots: int, context: int | None, max_chunk: int = 64, 
     context = min(context or config.trained_context, config.trained_context)
     # CPUs here lack float16 arithmetic: compute in float32 there, reading float16 or block weights
     act_dtype = dtypes.float32 if Device.DEFAULT in ("CPU", "PYTHON") else dtypes.float16
-    weights = WeightSource(
-        path, table, config.arch, config.n_heads, config.n_kv_heads, act_dtype, QuantizedCPU.load() if cpu_kernels else None
-    )
+    kernels = QuantizedCPU.load() if cpu_kernels else None
+    memory = memory_plan(config, table, slots, context + max_chunk, set(BLOCK_FORMATS) if kernels is not None else set())
+    memory.check()  # before any weight is read
+    log.info("%s", memory.describe())
+    weights = WeightSource(path, table, config.arch, config.n_heads, config.n_kv_heads, act_dtype, kernels)
     int8_head = kv.get("general.file_type") not in (None, *FLOAT_FILE_TYPES)
     inv_freq = _rope_frequencies(kv, table, config)
     model = Transformer(config, weights, slots, context, max_chunk, act_dtype=act_dtype, int8_head=int8_head, inv_freq=inv_freq)

@@ -42,7 +42,9 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("ggml_cpu.c")
 # GGML type ids with a kernel, and (values, bytes) per block
-BLOCK_FORMATS = {2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210)}
+BLOCK_FORMATS = {
+    2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210),
+}  # fmt: skip
 # tq_repack's types: a GGUF type plus this, for matrices stored with eight rows' blocks side by side
 INTERLEAVED = 100
 # a matrix stacked from parts of different types, its bytes opening with a header of the parts'
@@ -175,7 +177,7 @@ class QuantizedCPU:
 
     def block_weight(self, rows: np.ndarray, ggml_type: int, cols: int) -> BlockWeight:
         """A matrix's blocks (rows, bytes per row) onto the device, in the layout its products run
-        fastest from: Q4_0, Q4_1, Q8_0, Q4_K and Q6_K with rows in eights interleave them (tq_repack,
+        fastest from: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K with rows in eights interleave them (tq_repack,
         same bytes; Q4 products ran 2.7-3.2x faster here at 1 to 32 tokens, Q8_0 1.4-1.9x, and a
         Q4_K_M file's decode 2.5x), other row counts as the file has them."""
         source = _checked_blocks(rows, ggml_type, cols)

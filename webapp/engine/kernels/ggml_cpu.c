@@ -2,7 +2,7 @@
  *
  * Contract (see cpu.py, which compiles and loads this file):
  *   tq_linear(out, w, x, shape)  out[t][r] = sum_i W[r][i] * x[t][i] for t < tokens, r < rows, where
- *                                W's rows are stored as GGML blocks of `type` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K),
+ *                                W's rows are stored as GGML blocks of `type` (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K),
  *                                or as parts of several (STACKED), and shape = {type, rows, cols, tokens} (int32).
  *   tq_norm_linear(out, w, x, norm, shape)          the same over rms_norm(x) * norm; shape[4] = eps's bits
  *   tq_residual_linear(out, w, x, residual, shape)  residual + the product
@@ -16,7 +16,7 @@
  *            shape)              a whole layer: those five in a row
  *   tq_forward(logits, tokens, lanes, picks, model, shape)  a whole step: embedding, every layer, the
  *                                final norm and the head, the model's tensors passed by address
- *   tq_repack(dst, src, shape)   a Q4_0, Q4_1, Q8_0, Q4_K or Q6_K matrix into the interleaved layout its products use
+ *   tq_repack(dst, src, shape)   a Q4_0, Q4_1, Q8_0, Q4_K, Q5_K or Q6_K matrix into the interleaved layout its products use
  * Fused this way, a step is one call (a layer five kernels where a matrix has no kernel) and nothing
  * runs on tinygrad's single thread between them.
  * out and x are float32, row-major; every argument arrives as a 64-bit word, as tinygrad's CPU worker
@@ -42,10 +42,11 @@
 #define TQ_AVX2 0
 #endif
 
-enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
-/* Q4_0, Q4_1, Q8_0, Q4_K and Q6_K with eight rows' blocks side by side (see "interleaved rows" below): not GGUF
+enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+/* Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K with eight rows' blocks side by side (see "interleaved rows" below): not GGUF
  * types, made from them at load by tq_repack */
 enum { INTERLEAVED = 100, Q4_0x8 = INTERLEAVED + Q4_0, Q4_1x8 = INTERLEAVED + Q4_1, Q8_0x8 = INTERLEAVED + Q8_0, Q4_Kx8 = INTERLEAVED + Q4_K,
+       Q5_Kx8 = INTERLEAVED + Q5_K,
        Q6_Kx8 = INTERLEAVED + Q6_K };
 /* A matrix stacked by rows from parts of different types (a Q4_K_M layer's q and k in Q4_K over its v in
  * Q6_K), made at load by cpu.py: its bytes open with a stack_header (STACK_HEADER_BYTES), then each
@@ -88,13 +89,17 @@ static float fp16(const uint8_t *p) {
 
 /* ---- block formats: bytes per block, values per block --------------------------------------- */
 
-static int block_values(int type) { return type % INTERLEAVED == Q4_K || type % INTERLEAVED == Q6_K ? 256 : 32; }
+static int block_values(int type) {
+  const int base = type % INTERLEAVED;
+  return base == Q4_K || base == Q5_K || base == Q6_K ? 256 : 32;
+}
 static int block_bytes(int type) {
   switch (type % INTERLEAVED) {
     case Q4_0: return 18;
     case Q4_1: return 20;
     case Q8_0: return 34;
     case Q4_K: return 144;
+    case Q5_K: return 176;
     case Q6_K: return 210;
   }
   return 0;
@@ -126,16 +131,18 @@ static void dequantize_row(int type, const uint8_t *w, int cols, float *y) {
     } else if (type == Q8_0) {
       const float d = fp16(w);
       for (int i = 0; i < 32; i++) y[i] = d * (int8_t)w[2 + i];
-    } else if (type == Q4_K) {
+    } else if (type == Q4_K || type == Q5_K) {
+      /* Q5_K: Q4_K's scales, then 32 bytes whose bit j of byte i is value i of sub-block j's fifth bit */
       const float d = fp16(w), dmin = fp16(w + 2);
-      const uint8_t *qs = w + 16;
+      const uint8_t *qh = w + 16, *qs = w + (type == Q5_K ? 48 : 16);
       for (int j = 0; j < 8; j += 2, qs += 32) {
         int sc0, m0, sc1, m1;
         q4k_scale_min(w + 4, j, &sc0, &m0);
         q4k_scale_min(w + 4, j + 1, &sc1, &m1);
         for (int i = 0; i < 32; i++) {
-          y[32 * j + i] = d * sc0 * (qs[i] & 15) - dmin * m0;
-          y[32 * j + 32 + i] = d * sc1 * (qs[i] >> 4) - dmin * m1;
+          const int h0 = type == Q5_K ? ((qh[i] >> j) & 1) << 4 : 0, h1 = type == Q5_K ? ((qh[i] >> (j + 1)) & 1) << 4 : 0;
+          y[32 * j + i] = d * sc0 * ((qs[i] & 15) | h0) - dmin * m0;
+          y[32 * j + 32 + i] = d * sc1 * ((qs[i] >> 4) | h1) - dmin * m1;
         }
       }
     } else if (type == Q6_K) {
@@ -194,6 +201,34 @@ static void repack_q4_k(uint8_t *dst, const uint8_t *src, int rows, int nb) {
     }
 }
 
+/* Q5_K's eight rows: Q4_Kx8's layout with the fifth bits' 32 bytes a row between the scales and the
+ * quants, as eight slices (slice k: bytes 4k..4k+3 of each row's fifth bits), 1,408 bytes a block. */
+enum { Q5K_HIGH = 128, Q5K_QUANTS = 128 + 256 };
+
+static void repack_q5_k(uint8_t *dst, const uint8_t *src, int rows, int nb) {
+  const size_t row_bytes = (size_t)nb * 176;
+  for (int g = 0; g < rows / 8; g++)
+    for (int b = 0; b < nb; b++) {
+      uint8_t *out = dst + ((size_t)g * nb + b) * 8 * 176;
+      for (int i = 0; i < 8; i++) {
+        const uint8_t *blk = src + (size_t)(8 * g + i) * row_bytes + (size_t)b * 176;
+        memcpy(out + Q4K_D + 2 * i, blk, 2);
+        memcpy(out + Q4K_DMIN + 2 * i, blk + 2, 2);
+        for (int k = 0; k < 12; k++) out[Q4K_SCALES + 8 * k + i] = blk[4 + k];
+        for (int k = 0; k < 8; k++) memcpy(out + Q5K_HIGH + 32 * k + 4 * i, blk + 16 + 4 * k, 4);
+        for (int k = 0; k < 32; k++) memcpy(out + Q5K_QUANTS + 32 * k + 4 * i, blk + 48 + 4 * k, 4);
+      }
+    }
+}
+
+static void q5k_x8_block(const uint8_t *group, int lane, uint8_t *blk) {
+  memcpy(blk, group + Q4K_D + 2 * lane, 2);
+  memcpy(blk + 2, group + Q4K_DMIN + 2 * lane, 2);
+  for (int k = 0; k < 12; k++) blk[4 + k] = group[Q4K_SCALES + 8 * k + lane];
+  for (int k = 0; k < 8; k++) memcpy(blk + 16 + 4 * k, group + Q5K_HIGH + 32 * k + 4 * lane, 4);
+  for (int k = 0; k < 32; k++) memcpy(blk + 48 + 4 * k, group + Q5K_QUANTS + 32 * k + 4 * lane, 4);
+}
+
 /* Row `lane` of a Q4_Kx8 block back in Q4_K's own 144 bytes. */
 static void q4k_x8_block(const uint8_t *group, int lane, uint8_t *blk) {
   memcpy(blk, group + Q4K_D + 2 * lane, 2);
@@ -238,12 +273,12 @@ int tq_repack(uint8_t *dst, const uint8_t *src, const int32_t *shape) {
   /* a row is cols / block_values blocks: Q4_K and Q6_K hold 256 values a block, and counting 32 here
    * copied eight times each matrix's size, past both buffers' ends */
   const size_t row_bytes = (size_t)nb * bb;
-  if (!TQ_AVX2 || (type != Q4_0 && type != Q4_1 && type != Q8_0 && type != Q4_K && type != Q6_K) || rows % 8 != 0) {
+  if (!TQ_AVX2 || (type != Q4_0 && type != Q4_1 && type != Q8_0 && type != Q4_K && type != Q5_K && type != Q6_K) || rows % 8 != 0) {
     memcpy(dst, src, (size_t)rows * row_bytes);
     return type;
   }
-  if (type == Q4_K || type == Q6_K) {
-    (type == Q4_K ? repack_q4_k : repack_q6_k)(dst, src, rows, nb);
+  if (type == Q4_K || type == Q5_K || type == Q6_K) {
+    (type == Q4_K ? repack_q4_k : type == Q5_K ? repack_q5_k : repack_q6_k)(dst, src, rows, nb);
     return INTERLEAVED + type;
   }
   const int hdr = header_bytes(type);
@@ -269,10 +304,10 @@ static void row_values(int type, const uint8_t *w, int r, int cols, float *y) {
   }
   const int bb = block_bytes(type), hdr = header_bytes(type), lane = r % 8;
   const uint8_t *blk = w + (size_t)(r / 8) * 8 * row_bytes;
-  if (type == Q4_Kx8 || type == Q6_Kx8) {
+  if (type == Q4_Kx8 || type == Q5_Kx8 || type == Q6_Kx8) {
     uint8_t own[210];
     for (int b = 0; b < cols / 256; b++, blk += 8 * bb, y += 256) {
-      (type == Q4_Kx8 ? q4k_x8_block : q6k_x8_block)(blk, lane, own);
+      (type == Q4_Kx8 ? q4k_x8_block : type == Q5_Kx8 ? q5k_x8_block : q6k_x8_block)(blk, lane, own);
       dequantize_row(type - INTERLEAVED, own, 256, y);
     }
     return;
@@ -504,12 +539,13 @@ static inline __attribute__((always_inline)) void tile_x8_q8(const uint8_t *g, c
  * Q4_0 block; each sub-block's product scaled by the eight rows' d * scale, less their dmin * min times
  * the activations' sum. `nb` counts 32-value blocks, as for the other tiles. */
 static inline __attribute__((always_inline)) void tile_q4_k_x8(const uint8_t *g, const xblock *const *xs, int N, int nb, float *out,
-                                                               size_t out_stride) {
-  const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+                                                               size_t out_stride, const int five) {
+  const int block_bytes = five ? 8 * 176 : 8 * 144, quants = five ? Q5K_QUANTS : Q4K_QUANTS;
+  const __m256i low = _mm256_set1_epi8(15), bit = _mm256_set1_epi8(1), ones = _mm256_set1_epi16(1);
   __m256 acc[MAX_TOKEN_GROUP];
   for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();
-  for (int sb = 0; sb < nb / 8; sb++, g += 8 * 144) {
-    for (int ahead = 0; ahead < 8 * 144; ahead += 64) _mm_prefetch((const char *)(g + PREFETCH_BYTES + ahead), _MM_HINT_T0);
+  for (int sb = 0; sb < nb / 8; sb++, g += block_bytes) {
+    for (int ahead = 0; ahead < block_bytes; ahead += 64) _mm_prefetch((const char *)(g + PREFETCH_BYTES + ahead), _MM_HINT_T0);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + Q4K_D)));
     const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + Q4K_DMIN)));
     uint64_t packed[12], scale[8], min[8];
@@ -525,19 +561,35 @@ static inline __attribute__((always_inline)) void tile_q4_k_x8(const uint8_t *g,
       const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)scale[j])));
       const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)min[j])));
       const __m256 row_scale = _mm256_mul_ps(d, sc), row_min = _mm256_mul_ps(dmin, mn);
-      const uint8_t *slices = g + Q4K_QUANTS + 256 * (j / 2);
+      const uint8_t *slices = g + quants + 256 * (j / 2);
       __m256i q[8];
       for (int k = 0; k < 8; k++) {
         const __m256i raw = _mm256_loadu_si256((const __m256i *)(slices + 32 * k));
         q[k] = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(raw, 4) : raw, low);
+        if (five) { /* bit j of each fifth-bit byte, to bit 4 */
+          const __m256i high = _mm256_loadu_si256((const __m256i *)(g + Q5K_HIGH + 32 * k));
+          q[k] = _mm256_or_si256(q[k], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, j), bit), 4));
+        }
       }
       for (int t = 0; t < N; t++) {
         const xblock *x = &xs[t][8 * sb + j];
         int32_t fours[8];
         memcpy(fours, x->q, 32);
-        __m256i sum = _mm256_maddubs_epi16(q[0], _mm256_set1_epi32(fours[0]));
-        for (int k = 1; k < 8; k++) sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(q[k], _mm256_set1_epi32(fours[k])));
-        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum, ones));
+        __m256i dots;
+        if (five) { /* values to 31: four maddubs (at most 2 * 31 * 127 each) fill an int16 lane */
+          __m256i half[2];
+          for (int part = 0; part < 2; part++) {
+            __m256i sum = _mm256_maddubs_epi16(q[4 * part], _mm256_set1_epi32(fours[4 * part]));
+            for (int k = 1; k < 4; k++) sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(q[4 * part + k], _mm256_set1_epi32(fours[4 * part + k])));
+            half[part] = _mm256_madd_epi16(sum, ones);
+          }
+          dots = _mm256_add_epi32(half[0], half[1]);
+        } else {
+          __m256i sum = _mm256_maddubs_epi16(q[0], _mm256_set1_epi32(fours[0]));
+          for (int k = 1; k < 8; k++) sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(q[k], _mm256_set1_epi32(fours[k])));
+          dots = _mm256_madd_epi16(sum, ones);
+        }
+        const __m256 dot = _mm256_cvtepi32_ps(dots);
         acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(row_scale, _mm256_broadcast_ss(&x->d)), dot, acc[t]);
         acc[t] = _mm256_fnmadd_ps(row_min, _mm256_broadcast_ss(&x->s), acc[t]);
       }
@@ -596,7 +648,8 @@ static inline __attribute__((always_inline)) void tile_q6_k_x8(const uint8_t *g,
 #define TILE_X8(N)                                                                                                           \
   static void tile_x8_##N(int type, const uint8_t *g, const xblock *const *xs, int nb, float *out, size_t stride) {         \
     if (type == Q8_0x8) tile_x8_q8(g, xs, N, nb, out, stride);                                                              \
-    else if (type == Q4_Kx8) tile_q4_k_x8(g, xs, N, nb, out, stride);                                                       \
+    else if (type == Q4_Kx8) tile_q4_k_x8(g, xs, N, nb, out, stride, 0);                                                    \
+    else if (type == Q5_Kx8) tile_q4_k_x8(g, xs, N, nb, out, stride, 1);                                                    \
     else if (type == Q6_Kx8) tile_q6_k_x8(g, xs, N, nb, out, stride);                                                       \
     else if (type == Q4_1x8) tile_x8(Q4_1x8, g, xs, N, nb, out, stride);                                                    \
     else tile_x8(Q4_0x8, g, xs, N, nb, out, stride);                                                                        \
@@ -605,8 +658,28 @@ TILE_X8(1) TILE_X8(2) TILE_X8(3) TILE_X8(4)
 typedef void (*group_fn)(int, const uint8_t *, const xblock *const *, int, float *, size_t);
 #endif
 
+/* The portable product: the same integer products one value at a time, from dequantized blocks; the
+ * SIMD build's path for a type without a row kernel of its own (Q5_K, whose rows come in eights in
+ * real files and so are interleaved) */
+static void row_dot_dequantized(int type, const uint8_t *w, int cols, const xblock *const *xs, int n, float *acc) {
+  float row[256];
+  const int bv = block_values(type), bb = block_bytes(type);
+  for (int b = 0; b < cols / bv; b++, w += bb) {
+    dequantize_row(type, w, bv, row);
+    for (int t = 0; t < n; t++) {
+      float s = 0.0f;
+      for (int i = 0; i < bv; i++) s += row[i] * xs[t][b * bv / 32 + i / 32].q[i % 32] * xs[t][b * bv / 32 + i / 32].d;
+      acc[t] += s;
+    }
+  }
+}
+
 static void row_dot(int type, const uint8_t *w, int cols, const xblock *const *xs, int n, float *acc) {
   const int nb = cols / 32;
+  if (!TQ_AVX2 || type == Q5_K) {
+    row_dot_dequantized(type, w, cols, xs, n, acc);
+    return;
+  }
 #if TQ_AVX2
   const size_t row_bytes = (size_t)cols / block_values(type) * block_bytes(type);
   for (size_t off = 0; off < row_bytes; off += 64) _mm_prefetch((const char *)(w + row_bytes + off), _MM_HINT_T0); /* the next row */
@@ -685,17 +758,6 @@ static void row_dot(int type, const uint8_t *w, int cols, const xblock *const *x
   }
   for (int t = 0; t < n; t++) acc[t] += hsum(sum[t]) + extra[t];
 #else
-  /* portable path: the same integer products, one value at a time */
-  float row[256];
-  const int bv = block_values(type), bb = block_bytes(type);
-  for (int b = 0; b < cols / bv; b++, w += bb) {
-    dequantize_row(type, w, bv, row);
-    for (int t = 0; t < n; t++) {
-      float s = 0.0f;
-      for (int i = 0; i < bv; i++) s += row[i] * xs[t][b * bv / 32 + i / 32].q[i % 32] * xs[t][b * bv / 32 + i / 32].d;
-      acc[t] += s;
-    }
-  }
   (void)nb;
 #endif
 }

@@ -1,0 +1,42 @@
+"""The memory plan said before loading: weights as the file stores them (block formats kept) or as
+float16, the KV cache when full, and a model whose weights cannot fit refused in one line."""
+
+import os
+
+import numpy as np
+import pytest
+from tiny_models import write_tiny_gguf
+
+from webapp.engine import memory
+from webapp.engine.model import ModelLoadError, load_model, use_tinygrad_from_this_thread
+from webapp.engine.model_config import ModelConfig
+from webapp.engine.weights import read_gguf
+
+
+def test_weights_count_the_files_bytes_or_float16_and_the_cache_every_position(tmp_path):
+    path = write_tiny_gguf(str(tmp_path / "q.gguf"), "qwen3", matrix_type="Q8_0")
+    kv, table = read_gguf(path)
+    config = ModelConfig.from_gguf(kv, table)
+    kept = memory.plan(config, table, slots=4, positions=100, kept_types={8})
+    tensor_bytes = sum(t.nbytes for t in table.values())
+    assert kept.weights == tensor_bytes  # every tensor the model reads, in the file's bytes
+    as_float16 = memory.plan(config, table, slots=4, positions=100, kept_types=set())
+    matrices = [t for t in table.values() if t.rows > 1]
+    assert as_float16.weights == tensor_bytes - sum(t.nbytes for t in matrices) + sum(2 * t.rows * t.cols for t in matrices)
+    per_position = config.n_layers * 2 * config.n_kv_heads * config.head_dim * 2
+    assert kept.kv_cache == 5 * 100 * per_position  # the scratch slot too
+    assert "4 slots x 100 positions" in kept.describe()
+
+
+def test_a_model_that_cannot_fit_is_refused_before_loading(tmp_path, monkeypatch):
+    use_tinygrad_from_this_thread()
+    path = write_tiny_gguf(str(tmp_path / "q.gguf"), "llama", matrix_type="Q4_1")
+    monkeypatch.setattr(memory, "available_bytes", lambda: 100_000)
+    with pytest.raises(ModelLoadError, match=r"needs 0\.\d GiB for its weights and 0\.0 GiB is available"):
+        load_model(path, slots=1, context=32)
+
+
+def test_available_memory_is_this_machines():
+    available = memory.available_bytes()
+    assert available is not None and 0 < available <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert np.isfinite(available)

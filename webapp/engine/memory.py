@@ -1,0 +1,80 @@
+"""What a model will take in memory, said before its weights are read.
+
+Contract: `plan(config, table, slots, positions, kept_types)` returns a `MemoryPlan` (weights bytes,
+the KV cache's bytes when every slot is full, the memory available to this process); `check()` raises
+`ModelLoadError` in one line when the weights alone cannot fit, and `describe()` is the start-up
+log's line. Weights in `kept_types` stay in the file's bytes (the CPU kernels' block formats);
+every other matrix becomes float16. The KV cache's pages are committed only as positions fill
+(model.py maps zero pages), so a full cache beyond what is available is logged as a warning, not
+refused: short conversations never need it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .model_config import ModelConfig, ModelLoadError
+
+GIB = 1 << 30
+KV_BYTES = 2  # float16 keys and values
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    weights: int
+    kv_cache: int
+    available: int | None
+    slots: int
+    positions: int
+
+    def check(self) -> None:
+        if self.available is not None and self.weights > self.available:
+            raise ModelLoadError(
+                f"the model needs {self.weights / GIB:.1f} GiB for its weights and {self.available / GIB:.1f} GiB is available: "
+                "a smaller file (a lower-bit quantization) or a bigger machine is needed"
+            )
+
+    def describe(self) -> str:
+        line = (
+            f"memory: weights {self.weights / GIB:.2f} GiB, KV cache {self.slots} slots x {self.positions} positions = "
+            f"{self.kv_cache / GIB:.2f} GiB when full (committed as positions fill)"
+        )
+        if self.available is not None:
+            line += f", {self.available / GIB:.1f} GiB available"
+            if self.weights + self.kv_cache > self.available:
+                line += "; a full cache would not fit: lower LLM_SLOTS or LLM_MAX_CONTEXT if long requests fail"
+        return line
+
+
+def kv_bytes_per_position(config: ModelConfig) -> int:
+    return config.n_layers * 2 * config.n_kv_heads * config.head_dim * KV_BYTES
+
+
+def plan(config: ModelConfig, table: dict, slots: int, positions: int, kept_types: set[int]) -> MemoryPlan:
+    weights = 0
+    for name in [*config.tensor_shapes(), "output.weight"]:
+        raw = table.get(name)
+        if raw is None:
+            continue
+        kept = raw.ggml_type in kept_types or raw.rows == 1  # vectors are read as they are
+        weights += raw.nbytes if kept else 2 * raw.rows * raw.cols
+    return MemoryPlan(weights, (slots + 1) * positions * kv_bytes_per_position(config), available_bytes(), slots, positions)
+
+
+def available_bytes() -> int | None:
+    """MemAvailable, or what the process's cgroup still allows if that is less; None off Linux."""
+    try:
+        with open("/proc/meminfo") as f:
+            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read().strip())
+        if limit != "max":
+            available = min(available, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return max(0, available)
