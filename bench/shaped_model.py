@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
-from tiny_models import smollm_tokenizer_fields  # noqa: E402
+from tiny_models import add_smollm_tokenizer, smollm_tokenizer_fields  # noqa: E402
 
 # (arch, layers, dim, FFN, heads, KV heads, head dim, tied, rope theta): the published configs
 SHAPES = {
@@ -66,14 +66,7 @@ def write_shaped(shape: str, path: str, layers: int | None = None, seed: int = 0
     w.add_rope_freq_base(theta)
     w.add_rope_dimension_count(head_dim)
     w.add_file_type(1)  # mostly F16
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(tok["tokenizer.ggml.pre"])
-    w.add_token_list(tok["tokenizer.ggml.tokens"])
-    w.add_token_merges(tok["tokenizer.ggml.merges"])
-    w.add_token_types(tok["tokenizer.ggml.token_type"])
-    w.add_bos_token_id(tok["tokenizer.ggml.bos_token_id"])
-    w.add_eos_token_id(tok["tokenizer.ggml.eos_token_id"])
-    w.add_add_bos_token(False)
+    add_smollm_tokenizer(w)
     w.add_chat_template(tok["tokenizer.chat_template"])
 
     def matrix(rows: int, cols: int, scale: float | None = None) -> np.ndarray:

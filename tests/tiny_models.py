@@ -37,6 +37,19 @@ def smollm_tokenizer_fields() -> dict:
     return out
 
 
+def add_smollm_tokenizer(w: gguf.GGUFWriter, pre: str | None = None) -> None:
+    """The default model's byte-level BPE vocabulary and merges, under its own pre-tokenizer or `pre`."""
+    tok = smollm_tokenizer_fields()
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre or tok["tokenizer.ggml.pre"])
+    w.add_token_list(tok["tokenizer.ggml.tokens"])
+    w.add_token_merges(tok["tokenizer.ggml.merges"])
+    w.add_token_types(tok["tokenizer.ggml.token_type"])
+    w.add_bos_token_id(tok["tokenizer.ggml.bos_token_id"])
+    w.add_eos_token_id(tok["tokenizer.ggml.eos_token_id"])
+    w.add_add_bos_token(False)
+
+
 def write_tiny_gguf(
     path: str,
     arch: str = "llama",
@@ -95,14 +108,7 @@ def write_tiny_gguf(
             w.add_float32(f"{arch}.{key}", value)
         else:
             w.add_uint32(f"{arch}.{key}", value)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(tokenizer_pre or tok["tokenizer.ggml.pre"])
-    w.add_token_list(tok["tokenizer.ggml.tokens"])
-    w.add_token_merges(tok["tokenizer.ggml.merges"])
-    w.add_token_types(tok["tokenizer.ggml.token_type"])
-    w.add_bos_token_id(tok["tokenizer.ggml.bos_token_id"])
-    w.add_eos_token_id(tok["tokenizer.ggml.eos_token_id"])
-    w.add_add_bos_token(False)
+    add_smollm_tokenizer(w, tokenizer_pre)
     if chat_template == "from-smollm":
         w.add_chat_template(tok["tokenizer.chat_template"])
     elif chat_template:

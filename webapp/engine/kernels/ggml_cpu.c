@@ -164,105 +164,63 @@ static void dequantize_row(int type, const uint8_t *w, int cols, float *y) {
 }
 
 /* ---- interleaved rows ------------------------------------------------------------------------ */
-/* A Q4_0, Q4_1 or Q8_0 matrix whose rows come in eights is stored with each group of eight rows'
- * blocks side by side, the same bytes in another order: per block, the eight rows' scales (float16),
- * for Q4_1 their eight mins, then slices of 32 bytes, slice k holding bytes 4k..4k+3 of each row's
- * quant bytes (row after row): four slices of nibbles, eight of Q8_0's bytes. A Q4 slice's low
- * nibbles are values 4k..4k+3 of the eight rows, its high nibbles values 16+4k..19+4k. One load
- * (masked and shifted) thus gives 8 rows x 4 values, each row a lane of a register, which maddubs
- * multiplies with 4 activations broadcast to every lane. A block's 256 multiply-adds for eight rows
- * then take eight maddubs and one madd (Q8_0: eight of each), where a row at a time took eight of
- * each and a horizontal sum per row; and as a lane is a row, no horizontal sums at all. */
+/* A matrix whose rows come in eights is stored with each group of eight rows' blocks side by side,
+ * the same bytes in another order. A block's bytes are a few fields (its scale, its min, packed
+ * sub-scales, quants); each field is laid out as the eight rows' pieces of `width` bytes in turn:
+ * piece k of every row, then piece k + 1. For 32-value blocks: the eight rows' scales (float16), for
+ * Q4_1 their eight mins, then slices of 32 bytes, slice k holding bytes 4k..4k+3 of each row's quant
+ * bytes: four slices of nibbles, eight of Q8_0's bytes. A Q4 slice's low nibbles are values 4k..4k+3
+ * of the eight rows, its high nibbles values 16+4k..19+4k. One load (masked and shifted) thus gives
+ * 8 rows x 4 values, each row a lane of a register, which maddubs multiplies with 4 activations
+ * broadcast to every lane. A block's 256 multiply-adds for eight rows then take eight maddubs and one
+ * madd (Q8_0: eight of each), where a row at a time took eight of each and a horizontal sum per row;
+ * and as a lane is a row, no horizontal sums at all. The K-quants' 256-value blocks follow the same
+ * plan: Q4_K and Q5_K keep their 12 packed 6-bit scale bytes as twelve 8-byte rows (byte k of each
+ * row's 12), so one 64-bit word unpacks a sub-block's scales or mins for all eight rows; their quants
+ * (32 bytes per pair of sub-blocks: 2p in the low nibbles, 2p + 1 in the high) and Q5_K's fifth bits
+ * (bit j of byte i: value i of sub-block j) come as 4-byte slices, as do Q6_K's low nibbles and high
+ * pairs, with its sixteen int8 sub-scales as sixteen 8-byte rows. */
 
-static int header_bytes(int type) { return type % INTERLEAVED == Q4_1 ? 4 : 2; } /* scale (and min) per row */
-static int slices(int type) { return type % INTERLEAVED == Q8_0 ? 8 : 4; }
+typedef struct {
+  int from, bytes, width, to; /* its place in a row's block, its size, its pieces' size (1, 2 or 4), its place in the group */
+} field;
+typedef struct {
+  int type, fields;
+  field field[5];
+} interleaving;
 
-/* Q4_K's eight rows side by side, per 256-value block (1,152 bytes, the same bytes in another order):
- * the eight rows' scales (float16), their eight mins, then the 12 packed scale bytes as twelve
- * 8-byte rows (byte i of each row's 12), then for each of the four 32-byte groups of quants (sub-blocks
- * 2p in the low nibbles, 2p + 1 in the high) eight slices, slice k holding bytes 4k..4k+3 of each row's
- * group. A slice's low nibbles are values 4k..4k+3 of sub-block 2p for the eight rows, its high
- * nibbles those of sub-block 2p + 1: the Q4_0 tile's pattern, with the eight rows' 6-bit scales and
- * mins unpacked eight at a time as one 64-bit word each. */
 enum { Q4K_D = 0, Q4K_DMIN = 16, Q4K_SCALES = 32, Q4K_QUANTS = 128 };
-
-static void repack_q4_k(uint8_t *dst, const uint8_t *src, int rows, int nb) {
-  const size_t row_bytes = (size_t)nb * 144;
-  for (int g = 0; g < rows / 8; g++)
-    for (int b = 0; b < nb; b++) {
-      uint8_t *out = dst + ((size_t)g * nb + b) * 8 * 144;
-      for (int i = 0; i < 8; i++) {
-        const uint8_t *blk = src + (size_t)(8 * g + i) * row_bytes + (size_t)b * 144;
-        memcpy(out + Q4K_D + 2 * i, blk, 2);
-        memcpy(out + Q4K_DMIN + 2 * i, blk + 2, 2);
-        for (int k = 0; k < 12; k++) out[Q4K_SCALES + 8 * k + i] = blk[4 + k];
-        for (int k = 0; k < 32; k++) memcpy(out + Q4K_QUANTS + 32 * k + 4 * i, blk + 16 + 4 * k, 4);
-      }
-    }
-}
-
-/* Q5_K's eight rows: Q4_Kx8's layout with the fifth bits' 32 bytes a row between the scales and the
- * quants, as eight slices (slice k: bytes 4k..4k+3 of each row's fifth bits), 1,408 bytes a block. */
 enum { Q5K_HIGH = 128, Q5K_QUANTS = 128 + 256 };
-
-static void repack_q5_k(uint8_t *dst, const uint8_t *src, int rows, int nb) {
-  const size_t row_bytes = (size_t)nb * 176;
-  for (int g = 0; g < rows / 8; g++)
-    for (int b = 0; b < nb; b++) {
-      uint8_t *out = dst + ((size_t)g * nb + b) * 8 * 176;
-      for (int i = 0; i < 8; i++) {
-        const uint8_t *blk = src + (size_t)(8 * g + i) * row_bytes + (size_t)b * 176;
-        memcpy(out + Q4K_D + 2 * i, blk, 2);
-        memcpy(out + Q4K_DMIN + 2 * i, blk + 2, 2);
-        for (int k = 0; k < 12; k++) out[Q4K_SCALES + 8 * k + i] = blk[4 + k];
-        for (int k = 0; k < 8; k++) memcpy(out + Q5K_HIGH + 32 * k + 4 * i, blk + 16 + 4 * k, 4);
-        for (int k = 0; k < 32; k++) memcpy(out + Q5K_QUANTS + 32 * k + 4 * i, blk + 48 + 4 * k, 4);
-      }
-    }
-}
-
-static void q5k_x8_block(const uint8_t *group, int lane, uint8_t *blk) {
-  memcpy(blk, group + Q4K_D + 2 * lane, 2);
-  memcpy(blk + 2, group + Q4K_DMIN + 2 * lane, 2);
-  for (int k = 0; k < 12; k++) blk[4 + k] = group[Q4K_SCALES + 8 * k + lane];
-  for (int k = 0; k < 8; k++) memcpy(blk + 16 + 4 * k, group + Q5K_HIGH + 32 * k + 4 * lane, 4);
-  for (int k = 0; k < 32; k++) memcpy(blk + 48 + 4 * k, group + Q5K_QUANTS + 32 * k + 4 * lane, 4);
-}
-
-/* Row `lane` of a Q4_Kx8 block back in Q4_K's own 144 bytes. */
-static void q4k_x8_block(const uint8_t *group, int lane, uint8_t *blk) {
-  memcpy(blk, group + Q4K_D + 2 * lane, 2);
-  memcpy(blk + 2, group + Q4K_DMIN + 2 * lane, 2);
-  for (int k = 0; k < 12; k++) blk[4 + k] = group[Q4K_SCALES + 8 * k + lane];
-  for (int k = 0; k < 32; k++) memcpy(blk + 16 + 4 * k, group + Q4K_QUANTS + 32 * k + 4 * lane, 4);
-}
-
-/* Q6_K's eight rows side by side, per 256-value block (1,680 bytes): the eight rows' scales (float16),
- * their sixteen int8 sub-scales as sixteen 8-byte rows, then the low-nibble bytes (ql) as 32 slices
- * and the high-pair bytes (qh) as 16, slice k holding bytes 4k..4k+3 of each row's ql (or qh). */
 enum { Q6K_D = 0, Q6K_SCALES = 16, Q6K_LOW = 144, Q6K_HIGH = 144 + 1024 };
+static const interleaving INTERLEAVINGS[] = {
+    {Q4_0, 2, {{0, 2, 2, 0}, {2, 16, 4, 16}}},
+    {Q4_1, 3, {{0, 2, 2, 0}, {2, 2, 2, 16}, {4, 16, 4, 32}}},
+    {Q8_0, 2, {{0, 2, 2, 0}, {2, 32, 4, 16}}},
+    {Q4_K, 4, {{0, 2, 2, Q4K_D}, {2, 2, 2, Q4K_DMIN}, {4, 12, 1, Q4K_SCALES}, {16, 128, 4, Q4K_QUANTS}}},
+    {Q5_K, 5, {{0, 2, 2, Q4K_D}, {2, 2, 2, Q4K_DMIN}, {4, 12, 1, Q4K_SCALES}, {16, 32, 4, Q5K_HIGH}, {48, 128, 4, Q5K_QUANTS}}},
+    {Q6_K, 4, {{208, 2, 2, Q6K_D}, {192, 16, 1, Q6K_SCALES}, {0, 128, 4, Q6K_LOW}, {128, 64, 4, Q6K_HIGH}}},
+};
 
-static void repack_q6_k(uint8_t *dst, const uint8_t *src, int rows, int nb) {
-  const size_t row_bytes = (size_t)nb * 210;
-  for (int g = 0; g < rows / 8; g++)
-    for (int b = 0; b < nb; b++) {
-      uint8_t *out = dst + ((size_t)g * nb + b) * 8 * 210;
-      for (int i = 0; i < 8; i++) {
-        const uint8_t *blk = src + (size_t)(8 * g + i) * row_bytes + (size_t)b * 210;
-        memcpy(out + Q6K_D + 2 * i, blk + 208, 2);
-        for (int k = 0; k < 16; k++) out[Q6K_SCALES + 8 * k + i] = blk[192 + k];
-        for (int k = 0; k < 32; k++) memcpy(out + Q6K_LOW + 32 * k + 4 * i, blk + 4 * k, 4);
-        for (int k = 0; k < 16; k++) memcpy(out + Q6K_HIGH + 32 * k + 4 * i, blk + 128 + 4 * k, 4);
-      }
-    }
+static const interleaving *interleaving_of(int type) {
+  for (size_t i = 0; i < sizeof INTERLEAVINGS / sizeof *INTERLEAVINGS; i++)
+    if (INTERLEAVINGS[i].type == type % INTERLEAVED) return &INTERLEAVINGS[i];
+  return 0;
 }
 
-/* Row `lane` of a Q6_Kx8 block back in Q6_K's own 210 bytes. */
-static void q6k_x8_block(const uint8_t *group, int lane, uint8_t *blk) {
-  memcpy(blk + 208, group + Q6K_D + 2 * lane, 2);
-  for (int k = 0; k < 16; k++) blk[192 + k] = group[Q6K_SCALES + 8 * k + lane];
-  for (int k = 0; k < 32; k++) memcpy(blk + 4 * k, group + Q6K_LOW + 32 * k + 4 * lane, 4);
-  for (int k = 0; k < 16; k++) memcpy(blk + 128 + 4 * k, group + Q6K_HIGH + 32 * k + 4 * lane, 4);
+/* Row `lane`'s block into its group's block (into_group: from a row's block to the group), or back. */
+static void move_block(const interleaving *layout, const uint8_t *from, uint8_t *to, int lane, int into_group) {
+  for (int f = 0; f < layout->fields; f++) {
+    const field *x = &layout->field[f];
+    for (int k = 0; k < x->bytes / x->width; k++) {
+      const size_t in_group = x->to + 8 * x->width * k + x->width * lane, in_row = x->from + x->width * k;
+      uint8_t *dst = to + (into_group ? in_group : in_row);
+      const uint8_t *src = from + (into_group ? in_row : in_group);
+      /* sizes the compiler knows: a load and a store each, not a call (loading took ~25% longer) */
+      if (x->width == 4) memcpy(dst, src, 4);
+      else if (x->width == 2) memcpy(dst, src, 2);
+      else *dst = *src;
+    }
+  }
 }
 
 /* tq_repack(dst, src, shape): src's rows (shape = {type, rows, cols}) into the interleaved layout;
@@ -273,25 +231,15 @@ int tq_repack(uint8_t *dst, const uint8_t *src, const int32_t *shape) {
   /* a row is cols / block_values blocks: Q4_K and Q6_K hold 256 values a block, and counting 32 here
    * copied eight times each matrix's size, past both buffers' ends */
   const size_t row_bytes = (size_t)nb * bb;
-  if (!TQ_AVX2 || (type != Q4_0 && type != Q4_1 && type != Q8_0 && type != Q4_K && type != Q5_K && type != Q6_K) || rows % 8 != 0) {
+  const interleaving *layout = interleaving_of(type);
+  if (!TQ_AVX2 || !layout || rows % 8 != 0) {
     memcpy(dst, src, (size_t)rows * row_bytes);
     return type;
   }
-  if (type == Q4_K || type == Q5_K || type == Q6_K) {
-    (type == Q4_K ? repack_q4_k : type == Q5_K ? repack_q5_k : repack_q6_k)(dst, src, rows, nb);
-    return INTERLEAVED + type;
-  }
-  const int hdr = header_bytes(type);
   for (int g = 0; g < rows / 8; g++)
-    for (int b = 0; b < nb; b++) {
-      uint8_t *out = dst + ((size_t)g * nb + b) * 8 * bb, *quants = out + 8 * hdr;
-      for (int i = 0; i < 8; i++) {
-        const uint8_t *blk = src + (size_t)(8 * g + i) * row_bytes + (size_t)b * bb;
-        memcpy(out + 2 * i, blk, 2);
-        if (hdr == 4) memcpy(out + 16 + 2 * i, blk + 2, 2);
-        for (int k = 0; k < slices(type); k++) memcpy(quants + 32 * k + 4 * i, blk + hdr + 4 * k, 4);
-      }
-    }
+    for (int b = 0; b < nb; b++)
+      for (int i = 0; i < 8; i++)
+        move_block(layout, src + (size_t)(8 * g + i) * row_bytes + (size_t)b * bb, dst + ((size_t)g * nb + b) * 8 * bb, i, 1);
   return INTERLEAVED + type;
 }
 
@@ -302,28 +250,13 @@ static void row_values(int type, const uint8_t *w, int r, int cols, float *y) {
     dequantize_row(type, w + (size_t)r * row_bytes, cols, y);
     return;
   }
-  const int bb = block_bytes(type), hdr = header_bytes(type), lane = r % 8;
-  const uint8_t *blk = w + (size_t)(r / 8) * 8 * row_bytes;
-  if (type == Q4_Kx8 || type == Q5_Kx8 || type == Q6_Kx8) {
-    uint8_t own[210];
-    for (int b = 0; b < cols / 256; b++, blk += 8 * bb, y += 256) {
-      (type == Q4_Kx8 ? q4k_x8_block : type == Q5_Kx8 ? q5k_x8_block : q6k_x8_block)(blk, lane, own);
-      dequantize_row(type - INTERLEAVED, own, 256, y);
-    }
-    return;
-  }
-  for (int b = 0; b < cols / 32; b++, blk += 8 * bb, y += 32) {
-    const float d = fp16(blk + 2 * lane), m = hdr == 4 ? fp16(blk + 16 + 2 * lane) : -8.0f * d;
-    if (type == Q8_0x8) {
-      for (int i = 0; i < 32; i++) y[i] = d * (int8_t)blk[16 + 32 * (i / 4) + 4 * lane + i % 4];
-      continue;
-    }
-    for (int k = 0; k < 4; k++)
-      for (int j = 0; j < 4; j++) {
-        const uint8_t q = blk[8 * hdr + 32 * k + 4 * lane + j];
-        y[4 * k + j] = d * (q & 15) + m;
-        y[16 + 4 * k + j] = d * (q >> 4) + m;
-      }
+  const int bb = block_bytes(type), bv = block_values(type);
+  const interleaving *layout = interleaving_of(type);
+  const uint8_t *group = w + (size_t)(r / 8) * 8 * row_bytes;
+  uint8_t own[256];
+  for (int b = 0; b < cols / bv; b++, group += 8 * bb, y += bv) {
+    move_block(layout, group, own, r % 8, 0);
+    dequantize_row(type - INTERLEAVED, own, bv, y);
   }
 }
 
@@ -475,7 +408,7 @@ typedef void (*tile_fn)(int, const uint8_t *, size_t, const xblock *const *, int
  * size, eight of them 30,480. */
 static inline __attribute__((always_inline)) void tile_x8(int type, const uint8_t *g, const xblock *const *xs, int N, int nb, float *out,
                                                           size_t out_stride) {
-  const int hdr = header_bytes(type), group_bytes = 8 * block_bytes(type);
+  const int hdr = type == Q4_1x8 ? 4 : 2, group_bytes = 8 * block_bytes(type); /* scale (and min) per row */
   const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
   __m256 acc[MAX_TOKEN_GROUP];
   for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();
