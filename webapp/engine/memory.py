@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .model_config import ModelConfig, ModelLoadError
+from .model_config import ModelConfig, ModelLoadError, used_tensors
 
 GIB = 1 << 30
 KV_BYTES = 2  # float16 keys and values
@@ -52,10 +52,8 @@ def kv_bytes_per_position(config: ModelConfig) -> int:
 
 def plan(config: ModelConfig, table: dict, slots: int, positions: int, kept_types: set[int]) -> MemoryPlan:
     weights = 0
-    for name in [*config.tensor_shapes(), "output.weight"]:
-        raw = table.get(name)
-        if raw is None:
-            continue
+    for name in used_tensors(config, table):
+        raw = table[name]
         kept = raw.ggml_type in kept_types or raw.rows == 1  # vectors are read as they are
         weights += raw.nbytes if kept else 2 * raw.rows * raw.cols
     return MemoryPlan(weights, (slots + 1) * positions * kv_bytes_per_position(config), available_bytes(), slots, positions)

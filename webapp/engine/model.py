@@ -223,12 +223,11 @@ class Transformer:
         slots: int,
         context: int,
         max_chunk: int,
+        inv_freq: np.ndarray,
         act_dtype=dtypes.float32,
         int8_head: bool = False,
-        inv_freq: np.ndarray | None = None,
     ):
-        """`inv_freq` (head_dim / 2,) float32 are RoPE's inverse frequencies (rope.py); by default the
-        plain ones of the config's base."""
+        """`inv_freq` (head_dim / 2,) float32 are RoPE's inverse frequencies, as the file asks (rope.py)."""
         self.config, self.slots, self.context, self.act_dtype = config, slots, context, act_dtype
         self.embed = weights.embedding()  # token ids -> (..., D)
         self.output_norm = weights.vector("output_norm.weight")
@@ -243,8 +242,6 @@ class Transformer:
         self.key_positions = Tensor.arange(context + max_chunk).contiguous()
         # stored, not rebuilt from a Python list inside the jitted step: tinygrad replays such a constant
         # as a host copy that waits for the device, which was 60 full stalls per decode step
-        if inv_freq is None:
-            inv_freq = inverse_frequencies({f"{config.arch}.rope.freq_base": config.rope_theta}, config.arch, config.head_dim)
         self.inv_freq = Tensor(np.ascontiguousarray(inv_freq, dtype=np.float32)).contiguous()
         self.v_slot = UOp.variable("slot", 0, slots)
         self.v_start = UOp.variable("start", 0, context - 1)
@@ -457,7 +454,7 @@ def load_model(path: str, slots: int, context: int | None, max_chunk: int = 64, 
     weights = WeightSource(path, table, config.arch, config.n_heads, config.n_kv_heads, act_dtype, kernels)
     int8_head = kv.get("general.file_type") not in (None, *FLOAT_FILE_TYPES)
     inv_freq = _rope_frequencies(kv, table, config)
-    model = Transformer(config, weights, slots, context, max_chunk, act_dtype=act_dtype, int8_head=int8_head, inv_freq=inv_freq)
+    model = Transformer(config, weights, slots, context, max_chunk, inv_freq, act_dtype=act_dtype, int8_head=int8_head)
     steps = (
         "one call each on the CPU kernels" if model.whole_model else "jitted, on " + ("the CPU kernels" if model.kernels else "tinygrad")
     )

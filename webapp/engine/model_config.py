@@ -13,22 +13,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .ggml_types import GGML_TYPES, UNREADABLE_TYPES
+
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
-# GGML types a matrix may have: those with a CPU kernel (kernels/cpu.py) and those tinygrad's gguf
-# loader dequantizes; by name, for messages
-READABLE_TYPES = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K",
-    18: "IQ3_XXS", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 30: "BF16",
-    39: "MXFP4",
-}  # fmt: skip
-OTHER_TYPES = {9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 19: "IQ1_S", 20: "IQ4_NL", 29: "IQ1_M"}
-# (values, bytes) per block of each readable type; a plain number type is a block of one value
-TYPE_SIZES = {
-    0: (1, 4), 1: (1, 2), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 30: (1, 2),
-    2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 12: (256, 144), 13: (256, 176), 14: (256, 210),
-    18: (256, 98), 21: (256, 110), 22: (256, 82), 23: (256, 136), 39: (32, 17),
-}  # fmt: skip
 # far past any real model: a file claiming more is corrupt, and would ask for absurd buffers
 LIMITS = {"block_count": 1024, "embedding_length": 1 << 17, "feed_forward_length": 1 << 20, "attention.head_count": 1024}
 
@@ -127,29 +115,31 @@ class ModelConfig:
                 shapes |= {p + "attn_q.bias": (1, q), p + "attn_k.bias": (1, kv), p + "attn_v.bias": (1, kv)}
         return shapes
 
-    def required_tensors(self) -> list[str]:
-        return list(self.tensor_shapes())
+
+def used_tensors(config: ModelConfig, table: dict) -> dict[str, tuple[int, int]]:
+    """Every tensor the model reads from this file with the shape it must have: the config's, and the
+    output head when the file has one of its own (else the embedding is the head)."""
+    shapes = config.tensor_shapes()
+    if "output.weight" in table:
+        shapes["output.weight"] = (config.vocab_size, config.dim)
+    return shapes
 
 
 def check_tensors(config: ModelConfig, table: dict) -> None:
     """`table` as weights.read_gguf gives it (name -> RawTensor with ggml_type, rows, cols)."""
-    shapes = config.tensor_shapes()
-    if "output.weight" in table:
-        shapes["output.weight"] = (config.vocab_size, config.dim)
+    shapes = used_tensors(config, table)
     missing = [n for n in shapes if n not in table]
     if missing:
         raise ModelLoadError(f"GGUF file lacks tensors: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
     for name, expected in shapes.items():
         raw = table[name]
-        if raw.ggml_type not in READABLE_TYPES:
-            known = OTHER_TYPES.get(raw.ggml_type, f"unknown type {raw.ggml_type}")
+        if raw.ggml_type not in GGML_TYPES:
+            known = UNREADABLE_TYPES.get(raw.ggml_type, f"unknown type {raw.ggml_type}")
             raise ModelLoadError(f"tensor {name!r} is stored as {known}, which this server cannot read yet")
         if (raw.rows, raw.cols) != expected:
             raise ModelLoadError(
                 f"tensor {name!r} has shape {raw.rows} x {raw.cols}; the file's metadata implies {expected[0]} x {expected[1]}"
             )
-        values = TYPE_SIZES[raw.ggml_type][0]
+        type_name, values, _ = GGML_TYPES[raw.ggml_type]
         if raw.cols % values:
-            raise ModelLoadError(
-                f"tensor {name!r}: rows of {raw.cols} values are not whole {READABLE_TYPES[raw.ggml_type]} blocks of {values}"
-            )
+            raise ModelLoadError(f"tensor {name!r}: rows of {raw.cols} values are not whole {type_name} blocks of {values}")

@@ -25,8 +25,8 @@ from tinygrad import Device, Tensor, dtypes
 from tinygrad.llm.gguf import ggml_data_to_tensor
 
 from .device_buffers import device_array
+from .ggml_types import GGML_TYPES
 from .kernels.cpu import BLOCK_FORMATS, BlockWeight, QuantizedCPU
-from .model_config import TYPE_SIZES
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ def read_gguf(path: str) -> tuple[dict, dict[str, RawTensor]]:
         return file[start : start + nbytes]
 
     for name, dims, ggml_type, offset in infos:
-        values, block_bytes = TYPE_SIZES.get(ggml_type, (1, 0))
+        _, values, block_bytes = GGML_TYPES.get(ggml_type, (None, 1, 0))  # a type it cannot read: no bytes to check
         elements, start, shape = int(np.prod(dims, dtype=object)), data_start + offset, tuple(reversed(dims))
         if elements % values:
             raise ValueError(f"tensor {name!r} of {elements} values is not whole blocks of {values}")
@@ -280,7 +280,7 @@ class WeightSource:
         if self.kernels is None or any(n not in self._raw for n in names):
             return None
         raws = [self._raw[n] for n in names]
-        ggml_type, cols = raws[0].ggml_type, raws[0].cols
+        cols = raws[0].cols
         if any(r.cols != cols or r.data is None for r in raws):
             return None
         parts = []
@@ -288,18 +288,17 @@ class WeightSource:
             rows = raw.data  # (rows, bytes per row)
             heads = self._rope_heads_of(name)
             parts.append(unpermute_rope_rows(rows, heads) if heads else rows)
-        if len(parts) == 1:
-            return self.kernels.block_weight(parts[0], ggml_type, cols)
-        if all(r.ggml_type == ggml_type for r in raws):
-            return self.kernels.block_weight(np.concatenate(parts), ggml_type, cols)
-        # consecutive parts of one type stay one part (q and k of a Q4_K_M layer)
+        # consecutive matrices of one type are one part (q and k of a Q4_K_M layer; all of them, mostly)
         merged: list[tuple[list[np.ndarray], int]] = []
         for rows, raw in zip(parts, raws):
             if merged and merged[-1][1] == raw.ggml_type:
                 merged[-1][0].append(rows)
             else:
                 merged.append(([rows], raw.ggml_type))
-        return self.kernels.stacked_weight([(np.concatenate(rows), t) for rows, t in merged], cols)
+        stacked = [(np.concatenate(rows) if len(rows) > 1 else rows[0], t) for rows, t in merged]
+        if len(stacked) == 1:
+            return self.kernels.block_weight(*stacked[0], cols)
+        return self.kernels.stacked_weight(stacked, cols)
 
     def linear(self, *names: str):
         block = self._block(names)

@@ -37,14 +37,13 @@ from tinygrad import Device, Tensor, dtypes
 from tinygrad.uop.ops import KernelInfo, Ops, ProgramInfo, UOp
 
 from ..device_buffers import device_array, host_address
+from ..ggml_types import GGML_TYPES
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("ggml_cpu.c")
-# GGML type ids with a kernel, and (values, bytes) per block
-BLOCK_FORMATS = {
-    2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210),
-}  # fmt: skip
+# GGML type ids with a kernel: (name, values, bytes) per block
+BLOCK_FORMATS = {ggml_type: GGML_TYPES[ggml_type] for ggml_type in (2, 3, 8, 12, 13, 14)}  # Q4_0 Q4_1 Q8_0 Q4_K Q5_K Q6_K
 # tq_repack's types: a GGUF type plus this, for matrices stored with eight rows' blocks side by side
 INTERLEAVED = 100
 # a matrix stacked from parts of different types, its bytes opening with a header of the parts'
