@@ -10,7 +10,7 @@ THREADS ?= 96
 # LLM_MAX_CONTENT_LENGTH (4 MiB) so that ordinary oversized bodies get the API's JSON 413.
 MAX_BODY ?= 8388608
 export DEV ?= CPU
-# tinygrad's runtime that replays each captured step as one command buffer (see webapp/engine/tinygrad_setup.py)
+# tinygrad's runtime that replays each captured step as one command buffer (see webapp/engine/model/tinygrad_setup.py)
 export HCQ2 ?= 1
 
 STAMP := $(VENV)/.installed
@@ -65,7 +65,7 @@ format: install
 
 # Once per machine and configuration (same LLM_* settings as serve): BEAM-search the server's kernels.
 tune: install
-	$(VENV)/bin/python -m webapp.engine.tuning
+	$(VENV)/bin/python -m webapp.engine.model.tuning
 
 bench: install
 	$(VENV)/bin/python bench/throughput.py

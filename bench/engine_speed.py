@@ -30,17 +30,17 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bench.servers import rss_mb, usable_cores  # noqa: E402
-from webapp.engine.tinygrad_setup import prepare_tinygrad  # noqa: E402
+from webapp.engine.model.tinygrad_setup import prepare_tinygrad  # noqa: E402
 
 prepare_tinygrad()  # before the model module imports tinygrad, which reads HCQ2 then
 
-from webapp.engine import engine as engine_module  # noqa: E402
-from webapp.engine.engine import Engine  # noqa: E402
-from webapp.engine.loader import load_gguf_model  # noqa: E402
-from webapp.engine.model import use_tinygrad_from_this_thread  # noqa: E402
-from webapp.engine.request import Finished, Request, SamplingParams  # noqa: E402
-from webapp.engine.sampling import RequestSampler  # noqa: E402
-from webapp.engine.settings import default_model_path  # noqa: E402
+from webapp.engine.decoding.sampling import RequestSampler  # noqa: E402
+from webapp.engine.model.loader import load_gguf_model  # noqa: E402
+from webapp.engine.model.transformer import use_tinygrad_from_this_thread  # noqa: E402
+from webapp.engine.serving import engine as engine_module  # noqa: E402
+from webapp.engine.serving.engine import Engine  # noqa: E402
+from webapp.engine.serving.request import Finished, Request, SamplingParams  # noqa: E402
+from webapp.engine.serving.settings import default_model_path  # noqa: E402
 
 SLOTS, CONTEXT, CHUNK = 8, 4096, 32
 RSS_BEFORE, RSS_AFTER = "resident memory before loading (MiB)", "resident memory after warm-up (MiB)"
@@ -139,7 +139,7 @@ class TimedSampler(RequestSampler):
 def constrained_rows(engine):
     """Per generated token after the first: step time and sampling time, free (greedy), drawn at
     temperature 0.7 with top-p 0.9 (seeded), and constrained by SCHEMA."""
-    from webapp.engine.constraints import json_schema_grammar
+    from webapp.engine.decoding.constraints import json_schema_grammar
 
     prompt = engine.tokenizer.encode(
         engine.chat_template.render([{"role": "user", "content": "List five people with their ages as JSON."}])

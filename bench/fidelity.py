@@ -35,12 +35,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bench.servers import HOST, exit_on_sigterm, start_llama_server, usable_cores  # noqa: E402
 from bench.workload import QUESTIONS  # noqa: E402
-from webapp.engine.tinygrad_setup import prepare_tinygrad  # noqa: E402
+from webapp.engine.model.tinygrad_setup import prepare_tinygrad  # noqa: E402
 
 prepare_tinygrad()  # before anything imports tinygrad, which reads HCQ2 then
 
-from webapp.engine.loader import load_gguf_model  # noqa: E402
-from webapp.engine.settings import default_model_path  # noqa: E402
+from webapp.engine.model.loader import load_gguf_model  # noqa: E402
+from webapp.engine.serving.settings import default_model_path  # noqa: E402
 
 SLOTS, CONTEXT, CHUNK = 8, 4096, 32  # the server's defaults (engine_settings)
 PROMPTS = 8

@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.start_ours:
         targets.append(("tinyserve", lambda: start_ours(model=args.model)))
     if args.start_llama_server:
-        from webapp.engine.settings import default_model_path
+        from webapp.engine.serving.settings import default_model_path
 
         model = args.model or os.environ.get("LLM_MODEL") or default_model_path()
         targets.append(("llama-server", lambda: start_llama_server(args.start_llama_server, model)))

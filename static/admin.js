@@ -2,7 +2,7 @@
 // /admin/stats.json once a second and redraws the same elements: every [data-stat] value, the
 // plots (plain SVG paths, one x unit per second) and the slot and recent-request tables.
 // format(), plotPaths() and kvSegments() mirror format_value, plot_paths and slot_row in
-// webapp/admin.py. Every string from the server goes in through textContent or an attribute.
+// webapp/http/admin.py. Every string from the server goes in through textContent or an attribute.
 "use strict";
 
 const POLL_MS = 1000;

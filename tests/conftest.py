@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from webapp.engine.tinygrad_setup import prepare_tinygrad
+from webapp.engine.model.tinygrad_setup import prepare_tinygrad
 
 # tinygrad reads HCQ2 at import, and some test modules import it before the engine loads a model
 prepare_tinygrad()
@@ -26,7 +26,7 @@ from fakes import FakeEngine  # noqa: E402
 from waitress import wasyncore  # noqa: E402
 
 from webapp import create_app  # noqa: E402
-from webapp.engine.request import Finished  # noqa: E402
+from webapp.engine.serving.request import Finished  # noqa: E402
 
 HELLO = [{"role": "user", "content": "hello"}]
 USAGE = {"stream_options": {"include_usage": True}}
@@ -98,8 +98,8 @@ def slowed_decode(engine, seconds: float):
 @contextlib.contextmanager
 def engine_over(runner, context: int = 128, tokenizer=None, template=None, **settings):
     """The real engine over a fake runner (tests/fakes.FakeRunner), started and ready; stopped after."""
-    from webapp.engine.engine import Engine
-    from webapp.engine.loader import LoadedModel
+    from webapp.engine.model.loader import LoadedModel
+    from webapp.engine.serving.engine import Engine
 
     engine = Engine(lambda: LoadedModel(runner, tokenizer, template, "fake", context, "FAKE"), **settings).start()
     assert wait_until(lambda: engine.state == "ok")
@@ -143,9 +143,9 @@ def running_server(app, threads: int = 16, **adjustments):
 def tiny_engine_server(path: str, slots: int, queue_limit: int, context: int = 256):
     """The real engine on the GGUF at `path` (prefill chunks of 8) behind a real Waitress server,
     ready to serve; yields (engine, server)."""
-    from webapp.engine.engine import Engine
-    from webapp.engine.loader import load_gguf_model
-    from webapp.engine.model import use_tinygrad_from_this_thread
+    from webapp.engine.model.loader import load_gguf_model
+    from webapp.engine.model.transformer import use_tinygrad_from_this_thread
+    from webapp.engine.serving.engine import Engine
 
     use_tinygrad_from_this_thread()
     engine = Engine(lambda: load_gguf_model(path, slots, context, 8), slots=slots, queue_limit=queue_limit, prefill_chunk=8)

@@ -1,6 +1,6 @@
 """Test doubles for the web layer: a byte tokenizer, a plain chat template and a scripted engine.
 
-`FakeEngine` implements the interface `webapp/api.py` programs against (model_name, max_context,
+`FakeEngine` implements the interface `webapp/http/api.py` programs against (model_name, max_context,
 tokenizer, chat_template, submit, abort, health, stats) without a model. Each submitted request
 plays the next queued `Reply` (or `default_reply`) on its own daemon thread, putting token ids
 and then one `Finished` (or an exception) on `request.outputs`, exactly as the real engine's
@@ -8,7 +8,7 @@ contract says; like the engine, it ends a request at a stop token id without out
 request's own cancel reason, as the real engine does), and records what it saw:
 `submitted`, `aborted`, plus Events a test can wait on instead of sleeping.
 
-`FakeRunner` stands in for the model runner under the real `Engine` (see `webapp.engine.runner.Runner`):
+`FakeRunner` stands in for the model runner under the real `Engine` (see `webapp.engine.model.runner.Runner`):
 its logits make greedy sampling pick `next_token(last token fed)`, and a test can hold its steps
 (`gate`) or make its decode steps fail (`fault`).
 
@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from webapp.engine.constraints import GrammarCompiler
-from webapp.engine.errors import EngineNotReady, QueueFull, completion_room
-from webapp.engine.request import Finished, FinishReason, Request, Status
-from webapp.engine.sampling import TokenLogprobs
+from webapp.engine.decoding.constraints import GrammarCompiler
+from webapp.engine.decoding.sampling import TokenLogprobs
+from webapp.engine.serving.errors import EngineNotReady, QueueFull, completion_room
+from webapp.engine.serving.request import Finished, FinishReason, Request, Status
 
 # What the fake "model" reports as every token's logprob (and the prompt's, when scored).
 FAKE_LOGPROB = -0.5
@@ -90,7 +90,7 @@ class FakeTokenizer:
 
 
 class FakeTemplateError(ValueError):
-    """Stands in for webapp.engine.chat_template.TemplateError (also a ValueError)."""
+    """Stands in for webapp.engine.text.chat_template.TemplateError (also a ValueError)."""
 
 
 class FakeChatTemplate:

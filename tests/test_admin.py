@@ -13,9 +13,9 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from webapp import create_app
-from webapp.admin import format_value, nice_max, plot_paths, slot_row
-from webapp.engine.metrics import EngineMetrics
-from webapp.engine.request import Request, SamplingParams, Status
+from webapp.engine.serving.metrics import EngineMetrics
+from webapp.engine.serving.request import Request, SamplingParams, Status
+from webapp.http.admin import format_value, nice_max, plot_paths, slot_row
 
 
 class StatsEngine(FakeEngine):

@@ -16,8 +16,8 @@ from conftest import HELLO, assert_error_shape
 from fakes import BOS, EOS, HERMES, TOOLS, XML, Reply
 
 from webapp import create_app
-from webapp.engine.request import Finished
-from webapp.engine.settings import ENGINE_DEFAULTS, engine_settings
+from webapp.engine.serving.request import Finished
+from webapp.engine.serving.settings import ENGINE_DEFAULTS, engine_settings
 
 
 def chat(client, stream=False, messages=HELLO, **kw):

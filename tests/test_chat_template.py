@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from webapp.engine.chat_template import ChatTemplate, TemplateError
+from webapp.engine.text.chat_template import ChatTemplate, TemplateError
 
 CONVERSATION = [
     {"role": "user", "content": "What is 2+2?"},

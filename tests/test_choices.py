@@ -9,9 +9,9 @@ import pytest
 from conftest import HELLO, Stream, drain_outputs, engine_over, wait_until
 from fakes import FakeRunner, Reply
 
-from webapp.choices import ChoiceOutputs, interleave
-from webapp.engine.request import Finished, Request, SamplingParams
-from webapp.engine.scheduler import COPY_AT_LEAST
+from webapp.engine.serving.request import Finished, Request, SamplingParams
+from webapp.engine.serving.scheduler import COPY_AT_LEAST
+from webapp.openai.choices import ChoiceOutputs, interleave
 
 
 def test_chat_choices_each_get_their_own_reply_and_seed(openai_client, engine):

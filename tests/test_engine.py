@@ -6,10 +6,10 @@ import pytest
 from conftest import wait_until
 from tiny_models import write_tiny_gguf
 
-from webapp.engine.engine import Engine, QueueFull
-from webapp.engine.loader import load_gguf_model
-from webapp.engine.model import use_tinygrad_from_this_thread
-from webapp.engine.request import Finished, Request, SamplingParams
+from webapp.engine.model.loader import load_gguf_model
+from webapp.engine.model.transformer import use_tinygrad_from_this_thread
+from webapp.engine.serving.engine import Engine, QueueFull
+from webapp.engine.serving.request import Finished, Request, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
 PROMPTS = [
@@ -166,7 +166,7 @@ def test_a_failing_step_fails_only_its_requests(engine):
 
 
 def test_constrained_and_free_requests_share_steps_and_each_matches_alone(engine):
-    from webapp.engine.constraints import json_schema_grammar
+    from webapp.engine.decoding.constraints import json_schema_grammar
 
     grammar = json_schema_grammar({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
     stops = frozenset(engine.tokenizer.stop_ids)

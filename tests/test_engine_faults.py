@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from tiny_models import write_tiny_gguf
 
 from webapp import create_app
-from webapp.engine.request import Finished, Request, SamplingParams
+from webapp.engine.serving.request import Finished, Request, SamplingParams
 
 # --- the watchdog (real engine loop, fake runner) ---------------------------------------------
 

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from webapp import create_app
-from webapp.openai_format import ROLES
+from webapp.openai.requests import ROLES
 
 HANG_S = 120  # far beyond any example; only a real hang gets here
 

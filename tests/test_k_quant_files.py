@@ -10,7 +10,7 @@ import pytest
 from conftest import get, tiny_engine_server
 from tiny_models import Reference, write_tiny_gguf
 
-from webapp.engine.model import load_model, use_tinygrad_from_this_thread
+from webapp.engine.model.transformer import load_model, use_tinygrad_from_this_thread
 
 QWEN3_1_7B = dict(dim=2048, hidden=6144, n_heads=16, n_kv_heads=8, head_dim=128)
 PROMPT = [1, 504, 3458, 282, 4649, 314, 253]

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from tiny_models import write_tiny_gguf
 
-from webapp.engine import memory
-from webapp.engine.model import ModelLoadError, load_model, use_tinygrad_from_this_thread
-from webapp.engine.model_config import ModelConfig
-from webapp.engine.weights import read_gguf
+from webapp.engine.model import memory
+from webapp.engine.model.config import ModelConfig
+from webapp.engine.model.transformer import ModelLoadError, load_model, use_tinygrad_from_this_thread
+from webapp.engine.model.weights import read_gguf
 
 
 def test_weights_count_the_files_bytes_or_float16_and_the_cache_every_position(tmp_path):

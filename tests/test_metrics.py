@@ -10,10 +10,10 @@ from fakes import FakeRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from webapp import create_app
-from webapp.engine.engine import Engine
-from webapp.engine.errors import QueueFull
-from webapp.engine.loader import LoadedModel
-from webapp.engine.metrics import (
+from webapp.engine.model.loader import LoadedModel
+from webapp.engine.serving.engine import Engine
+from webapp.engine.serving.errors import QueueFull
+from webapp.engine.serving.metrics import (
     HISTORY_S,
     ITL_BUCKETS,
     REQUEST_OUTCOMES,
@@ -21,7 +21,7 @@ from webapp.engine.metrics import (
     Histogram,
     percentile,
 )
-from webapp.engine.request import FINISH_REASONS, FinishReason, Request, SamplingParams, Status
+from webapp.engine.serving.request import FINISH_REASONS, FinishReason, Request, SamplingParams, Status
 
 STATIC = {"model": "m", "context": 100, "device": "TEST"}
 

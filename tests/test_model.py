@@ -9,8 +9,8 @@ import pytest
 from tiny_models import Reference, write_tiny_gguf
 from tinygrad import Device, dtypes
 
-from webapp.engine.model import ModelLoadError, load_model, use_tinygrad_from_this_thread
-from webapp.engine.weights import BlockLinear
+from webapp.engine.model.transformer import ModelLoadError, load_model, use_tinygrad_from_this_thread
+from webapp.engine.model.weights import BlockLinear
 
 PROMPT = [1, 504, 3458, 282, 4649, 314, 253, 77, 88, 99, 1234, 5]
 
@@ -192,7 +192,7 @@ def test_importing_the_model_changes_nothing_until_prepare_tinygrad_is_called():
     script = """
 import os
 os.environ.pop("HCQ2", None)
-from webapp.engine.tinygrad_setup import prepare_tinygrad, _wait_without_spinning
+from webapp.engine.model.tinygrad_setup import prepare_tinygrad, _wait_without_spinning
 prepare_tinygrad()
 assert os.environ["HCQ2"] == "1"
 from tinygrad.runtime.support.hcq2 import HCQ2Compiled
@@ -203,9 +203,9 @@ assert HCQ2Compiled._wait_signal is _wait_without_spinning
     untouched = """
 import os
 os.environ.pop("HCQ2", None)
-import webapp.engine.model
+import webapp.engine.model.transformer
 from tinygrad.runtime.support.hcq2 import HCQ2Compiled
-from webapp.engine.tinygrad_setup import _wait_without_spinning
+from webapp.engine.model.tinygrad_setup import _wait_without_spinning
 assert "HCQ2" not in os.environ and HCQ2Compiled._wait_signal is not _wait_without_spinning
 """
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -219,7 +219,7 @@ def test_read_gguf_reads_what_gguf_and_tinygrad_read(tmp_path, matrix_type):
     from gguf import GGUFReader
     from tinygrad.llm.gguf import gguf_load
 
-    from webapp.engine.weights import read_gguf
+    from webapp.engine.model.weights import read_gguf
 
     path = write_tiny_gguf(str(tmp_path / "t.gguf"), "qwen2", matrix_type=matrix_type)
     metadata, table = read_gguf(path)

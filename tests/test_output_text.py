@@ -8,7 +8,7 @@ import json
 import pytest
 from fakes import HERMES, TOOLS, XML
 
-from webapp.output_text import OutputParser, Piece, StopMatcher, opens_reasoning, parse_tool_call
+from webapp.openai.output_text import OutputParser, Piece, StopMatcher, opens_reasoning, parse_tool_call
 
 
 def _merged(pieces):

@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_admin import StatsEngine
 
 from webapp import DEFAULTS, create_app
-from webapp.lifecycle import RETRY_AFTER_S
-from webapp.waitress_settings import HEADROOM_THREADS, missing_flags, waitress_adjustments, warn_if_underprovisioned
+from webapp.ops.lifecycle import RETRY_AFTER_S
+from webapp.ops.waitress_settings import HEADROOM_THREADS, missing_flags, waitress_adjustments, warn_if_underprovisioned
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = {"SLOTS": DEFAULTS["SLOTS"], "QUEUE_LIMIT": DEFAULTS["QUEUE_LIMIT"]}
@@ -27,7 +27,7 @@ NEEDED = DEFAULTS["SLOTS"] + DEFAULTS["QUEUE_LIMIT"] + HEADROOM_THREADS
 
 
 def test_the_plain_invocation_gets_one_loud_warning_with_the_exact_flags(caplog):
-    with caplog.at_level(logging.WARNING, logger="webapp.waitress_settings"):
+    with caplog.at_level(logging.WARNING, logger="webapp.ops.waitress_settings"):
         flags = warn_if_underprovisioned(CONFIG, ["/venv/bin/waitress-serve", "wsgi:app"])
     assert flags == [f"--threads={NEEDED}", "--channel-request-lookahead=1"]
     [record] = caplog.records

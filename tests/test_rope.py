@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from tiny_models import Reference, write_tiny_gguf
 
-from webapp.engine.model import ModelLoadError, load_model, use_tinygrad_from_this_thread
-from webapp.engine.rope import RopeUnsupported, inverse_frequencies
+from webapp.engine.model.rope import RopeUnsupported, inverse_frequencies
+from webapp.engine.model.transformer import ModelLoadError, load_model, use_tinygrad_from_this_thread
 
 HEAD_DIM = 16
 PLAIN = 1.0 / 10000.0 ** (np.arange(0, HEAD_DIM, 2) / HEAD_DIM)

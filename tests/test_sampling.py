@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from tiny_models import smollm_tokenizer_fields
 
-from webapp.engine.constraints import GrammarCompiler, GrammarError, json_schema_grammar, lark_grammar
-from webapp.engine.request import SamplingParams
-from webapp.engine.sampling import RequestSampler, log_softmax, sample, token_logprobs
-from webapp.engine.tokenizer import Tokenizer
+from webapp.engine.decoding.constraints import GrammarCompiler, GrammarError, json_schema_grammar, lark_grammar
+from webapp.engine.decoding.sampling import RequestSampler, log_softmax, sample, token_logprobs
+from webapp.engine.serving.request import SamplingParams
+from webapp.engine.text.tokenizer import Tokenizer
 
 V = 50
 

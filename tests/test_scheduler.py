@@ -4,11 +4,11 @@ import pytest
 from conftest import drain_outputs, engine_over, wait_until
 from fakes import FakeRunner
 
-from webapp.engine.engine import QueueFull
-from webapp.engine.errors import PromptTooLong
-from webapp.engine.kv_cache import SlotTable
-from webapp.engine.request import Request, SamplingParams, Status
-from webapp.engine.scheduler import Scheduler
+from webapp.engine.serving.engine import QueueFull
+from webapp.engine.serving.errors import PromptTooLong
+from webapp.engine.serving.kv_cache import SlotTable
+from webapp.engine.serving.request import Request, SamplingParams, Status
+from webapp.engine.serving.scheduler import Scheduler
 
 VOCAB = 50
 

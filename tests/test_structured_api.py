@@ -8,7 +8,7 @@ import openai
 import pytest
 from fakes import EOS, FAKE_LOGPROB, Reply
 
-from webapp.engine.chat_template import ChatTemplate
+from webapp.engine.text.chat_template import ChatTemplate
 
 HELLO = [{"role": "user", "content": "Hi"}]
 WEATHER = {

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from webapp.engine.tokenizer import _BYTE_TO_CHAR, _PRE_TOKENIZERS, Tokenizer
+from webapp.engine.text.tokenizer import _BYTE_TO_CHAR, _PRE_TOKENIZERS, Tokenizer
 
 
 def _smollm2_path() -> pathlib.Path | None:
@@ -213,7 +213,7 @@ def test_bpe_applies_lowest_rank_first_and_leftmost_on_ties():
 
 
 def test_unknown_pre_tokenizer_falls_back_to_gpt2_with_warning(caplog):
-    with caplog.at_level(logging.WARNING, logger="webapp.engine.tokenizer"):
+    with caplog.at_level(logging.WARNING, logger="webapp.engine.text.tokenizer"):
         tok = Tokenizer.from_gguf_metadata(synthetic_kv("brand-new-model", merges=["3 4", "1 2"], extra=["34", "12"]))
     assert "brand-new-model" in caplog.text
     assert pieces(tok, "1234") == ["12", "34"]

@@ -3,7 +3,7 @@
 The tiny models borrow the real SmolLM2 vocabulary, merges and chat template from the installed
 default model (so tokenization and templates are real) but have random weights of a few hundred
 kilobytes per layer. Nothing is downloaded. The reference implements the GGUF conventions
-independently of webapp.engine.model: llama files store rotary pairs interleaved (rotate x[2i],
+independently of webapp.engine.model.transformer: llama files store rotary pairs interleaved (rotate x[2i],
 x[2i+1]); qwen2/qwen3 files store them split in halves.
 """
 

@@ -3,14 +3,14 @@
 `create_app(config=None, engine=None)` builds the app: defaults, then `LLM_*` environment variables
 (`app.config.from_prefixed_env("LLM")`, values parsed as JSON so `LLM_SLOTS=4` is an int), then
 `config`. The engine lives in `app.extensions["engine"]`; when none is passed, the real one is
-built by `webapp.engine.loader.build_engine(app.config)`, imported only then so that tests with a
+built by `webapp.engine.model.loader.build_engine(app.config)`, imported only then so that tests with a
 fake engine never load the model code. The engine's settings and their defaults are
-`webapp.engine.settings.ENGINE_DEFAULTS`; the web layer's own are below.
+`webapp.engine.serving.settings.ENGINE_DEFAULTS`; the web layer's own are below.
 
 Secrets (`LLM_API_KEY`, `LLM_ADMIN_TOKEN`) are taken from the environment verbatim, never parsed as
-JSON (a key like `1e3` must stay that string). `webapp.security` guards /v1 with the API key and
+JSON (a key like `1e3` must stay that string). `webapp.http.security` guards /v1 with the API key and
 /admin, /metrics with the admin token, and sets security headers on every response;
-`webapp.lifecycle` counts accepted API requests and drains them on shutdown
+`webapp.ops.lifecycle` counts accepted API requests and drains them on shutdown
 (`app.extensions["lifecycle"]`).
 
 Every error leaves as OpenAI-shaped JSON, `{"error": {"message", "type", "param", "code"}}`:
@@ -27,11 +27,12 @@ from pathlib import Path
 from flask import Flask, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from webapp import admin, api, chat, prometheus, security
-from webapp.engine.errors import EngineNotReady, PromptTooLong, QueueFull
-from webapp.engine.settings import ENGINE_DEFAULTS
-from webapp.lifecycle import Lifecycle
-from webapp.openai_format import ApiError, error_body, error_type
+from webapp.engine.serving.errors import EngineNotReady, PromptTooLong, QueueFull
+from webapp.engine.serving.settings import ENGINE_DEFAULTS
+from webapp.http import admin, api, chat, security
+from webapp.openai.requests import ApiError, error_body, error_type
+from webapp.ops import prometheus
+from webapp.ops.lifecycle import Lifecycle
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,7 +45,7 @@ DEFAULTS = {
     "MAX_MESSAGES": 1000,  # messages per chat request
     "MAX_PROMPT_TOKENS": None,  # prompt tokens per request; None: whatever the context allows
     "DRAIN_SECONDS": 30,  # on SIGTERM/SIGINT, how long running requests may take to finish
-    "METRICS_COMPAT": None,  # "vllm": /metrics also exports vLLM's metric names (webapp.vllm_metrics)
+    "METRICS_COMPAT": None,  # "vllm": /metrics also exports vLLM's metric names (webapp.ops.vllm_metrics)
 }
 SECRETS = ("API_KEY", "ADMIN_TOKEN")
 
@@ -63,7 +64,7 @@ def create_app(config: dict | None = None, engine=None) -> Flask:
     app.json.sort_keys = False  # keep OpenAI's field order; it reads better in logs and curl
 
     if engine is None:
-        from webapp.engine.loader import build_engine
+        from webapp.engine.model.loader import build_engine
 
         engine = build_engine(app.config).start()  # loads and warms up on the model thread
     app.extensions["engine"] = engine

@@ -36,8 +36,8 @@ import numpy as np
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.uop.ops import KernelInfo, Ops, ProgramInfo, UOp
 
-from ..device_buffers import device_array, host_address
-from ..ggml_types import GGML_TYPES
+from webapp.engine.model.device_buffers import device_array, host_address
+from webapp.engine.model.ggml_types import GGML_TYPES
 
 log = logging.getLogger(__name__)
 

@@ -32,14 +32,14 @@ from urllib.parse import urlsplit
 
 from flask import Blueprint, Flask, current_app, g, redirect, render_template, request, url_for
 
-from webapp.openai_format import ApiError
-from webapp.waitress_settings import waitress_adjustments
+from webapp.openai.requests import ApiError
+from webapp.ops.waitress_settings import waitress_adjustments
 
 log = logging.getLogger(__name__)
 
 bp = Blueprint("security", __name__)
 
-API_PREFIX = "/v1/"  # the OpenAI API: guarded by API_KEY here, counted and drained by webapp.lifecycle
+API_PREFIX = "/v1/"  # the OpenAI API: guarded by API_KEY here, counted and drained by webapp.ops.lifecycle
 ADMIN_PREFIXES = ("/admin", "/metrics")
 COOKIE = "llm_admin"
 PUBLIC_ADMIN_ENDPOINTS = frozenset({"security.login", "security.logout"})

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .model_config import ModelConfig, ModelLoadError, used_tensors
+from webapp.engine.model.config import ModelConfig, ModelLoadError, used_tensors
 
 GIB = 1 << 30
 KV_BYTES = 2  # float16 keys and values

@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from .kv_cache import Slot, SlotTable, reusable_prefix
-from .request import Request, Status
+from webapp.engine.serving.kv_cache import Slot, SlotTable, reusable_prefix
+from webapp.engine.serving.request import Request, Status
 
 # Fewer prompt tokens than this are prefilled rather than copied from another slot: one 8-token
 # prefill piece costs about what the copy's 30 small kernels do.

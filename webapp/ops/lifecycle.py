@@ -22,7 +22,7 @@ Contract:
   request has been answered.
 
 No Flask objects (it runs outside the app, as WSGI middleware) and no tinygrad; the API prefix
-and the headers every response carries are `webapp.security`'s. Waiting is on a `threading.Condition`,
+and the headers every response carries are `webapp.http.security`'s. Waiting is on a `threading.Condition`,
 never a polling sleep.
 """
 
@@ -40,9 +40,9 @@ import time
 
 from werkzeug.wsgi import ClosingIterator
 
-from webapp.engine.request import FinishReason
-from webapp.openai_format import error_body
-from webapp.security import API_PREFIX, COMMON_HEADERS
+from webapp.engine.serving.request import FinishReason
+from webapp.http.security import API_PREFIX, COMMON_HEADERS
+from webapp.openai.requests import error_body
 
 log = logging.getLogger(__name__)
 

@@ -3,9 +3,9 @@
 Each app gets its own `CollectorRegistry` holding one `EngineCollector`, which turns a fresh
 `engine.stats()` into metric families at every scrape: nothing is counted twice and the global
 registry of `prometheus_client` is never touched. Names share the `llm_` prefix, after vLLM's
-`vllm:` ones; with `METRICS_COMPAT` "vllm" (`LLM_METRICS_COMPAT=vllm`) `webapp.vllm_metrics` adds
+`vllm:` ones; with `METRICS_COMPAT` "vllm" (`LLM_METRICS_COMPAT=vllm`) `webapp.ops.vllm_metrics` adds
 vLLM's own names beside them, for gateways and dashboards that read those. Counters are exposed
-with the `_total` suffix; token counts are in tokens, times in seconds. `webapp.security` guards
+with the `_total` suffix; token counts are in tokens, times in seconds. `webapp.http.security` guards
 it with `ADMIN_TOKEN`, like the dashboard.
 """
 
@@ -24,7 +24,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import choose_encoder
 
-from webapp.engine.metrics import REQUEST_OUTCOMES
+from webapp.engine.serving.metrics import REQUEST_OUTCOMES
 
 bp = Blueprint("prometheus", __name__)
 PREFIX = "llm_"
@@ -109,7 +109,7 @@ def _install(state) -> None:
     registry.register(EngineCollector(stats))
     compat = app.config.get("METRICS_COMPAT")
     if compat:
-        from webapp.vllm_metrics import MODES, VllmCollector  # it reuses this module's helpers
+        from webapp.ops.vllm_metrics import MODES, VllmCollector  # it reuses this module's helpers
 
         if compat not in MODES:
             raise ValueError(f"LLM_METRICS_COMPAT={compat!r}: the supported value is {' or '.join(MODES)}")

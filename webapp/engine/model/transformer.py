@@ -24,15 +24,24 @@ import math
 
 import numpy as np
 
-# tinygrad reads HCQ2 at import: webapp.engine.tinygrad_setup.prepare_tinygrad() runs before this.
+# tinygrad reads HCQ2 at import: webapp.engine.model.tinygrad_setup.prepare_tinygrad() runs before this.
 from tinygrad import Device, Tensor, TinyJit, UOp, dtypes
 
-from .device_buffers import StepBuffers, device_array
-from .kernels.cpu import ATTEND_BIAS, ATTEND_QK_NORM, BLOCK_FORMATS, MAX_HEAD_DIM, BlockWeight, LayerMatrices, LayerTensors, QuantizedCPU
-from .memory import plan as memory_plan
-from .model_config import ModelConfig, ModelLoadError, check_tensors
-from .rope import RopeUnsupported, inverse_frequencies
-from .weights import BlockLinear, WeightSource, read_gguf
+from webapp.engine.kernels.cpu import (
+    ATTEND_BIAS,
+    ATTEND_QK_NORM,
+    BLOCK_FORMATS,
+    MAX_HEAD_DIM,
+    BlockWeight,
+    LayerMatrices,
+    LayerTensors,
+    QuantizedCPU,
+)
+from webapp.engine.model.config import ModelConfig, ModelLoadError, check_tensors
+from webapp.engine.model.device_buffers import StepBuffers, device_array
+from webapp.engine.model.memory import plan as memory_plan
+from webapp.engine.model.rope import RopeUnsupported, inverse_frequencies
+from webapp.engine.model.weights import BlockLinear, WeightSource, read_gguf
 
 log = logging.getLogger(__name__)
 

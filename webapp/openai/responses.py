@@ -1,8 +1,8 @@
 """The OpenAI wire format, responses: plain dicts in the shapes the `openai` client parses.
 
-Pure functions, like `webapp.openai_format` (the requests): `chat_chunk`, `chat_completion`,
+Pure functions, like `webapp.openai.requests` (the requests): `chat_chunk`, `chat_completion`,
 `completion_chunk`, ... build response bodies, `sse` frames one as a server-sent event, and
-`chat_delta` / `assistant_message` shape `webapp.output_text.Piece`s as OpenAI deltas and messages.
+`chat_delta` / `assistant_message` shape `webapp.openai.output_text.Piece`s as OpenAI deltas and messages.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import uuid
 from typing import Any
 
-from webapp.output_text import Piece
+from webapp.openai.output_text import Piece
 
 
 def sse(obj: dict | str) -> str:

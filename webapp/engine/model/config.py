@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .ggml_types import GGML_TYPES, UNREADABLE_TYPES
+from webapp.engine.model.ggml_types import GGML_TYPES, UNREADABLE_TYPES
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 

@@ -21,11 +21,11 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 
-from webapp import openai_responses as responses
-from webapp.engine.request import Finished, FinishReason, Request
-from webapp.lifecycle import RETRY_AFTER_S
-from webapp.openai_format import ApiError
-from webapp.output_text import StopMatcher
+from webapp.engine.serving.request import Finished, FinishReason, Request
+from webapp.openai import responses
+from webapp.openai.output_text import StopMatcher
+from webapp.openai.requests import ApiError
+from webapp.ops.lifecycle import RETRY_AFTER_S
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """What the model's output text means, decided as it streams: stop strings, reasoning, tool calls.
 
-Small state machines fed strings, with no Flask, HTTP or engine in sight; `webapp.api` feeds them
+Small state machines fed strings, with no Flask, HTTP or engine in sight; `webapp.http.api` feeds them
 the incrementally decoded text of one request.
 
 - `StopMatcher` finds stop strings in streamed text and holds back any tail that could still grow
@@ -8,7 +8,7 @@ the incrementally decoded text of one request.
 - `OutputParser` routes `<think>...</think>` to reasoning and turns `<tool_call>...</tool_call>`
   blocks (hermes JSON or `<function=...>` XML, read by `parse_tool_call`) into OpenAI tool calls,
   holding back text that could be the start of a tag so that no part of one ever leaks out as
-  content. It yields `Piece`s, which `webapp.openai_format` shapes as deltas and messages.
+  content. It yields `Piece`s, which `webapp.openai.requests` shapes as deltas and messages.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import json
 
-from webapp.engine.constraints import gbnf_grammar, grammar_problem, json_schema_grammar, lark_grammar
-from webapp.openai_format import ApiError
+from webapp.engine.decoding.constraints import gbnf_grammar, grammar_problem, json_schema_grammar, lark_grammar
+from webapp.openai.requests import ApiError
 
 # The JSON compiler's options, as a schema's "x-guidance" entry, for schemas embedded in Lark.
 _JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}

@@ -4,9 +4,9 @@
 Contract: `load_gguf_model(path, ...)` returns a `LoadedModel` (a `Runner`, the GGUF's tokenizer
 and chat template, its name and context); it runs on the model thread, which from then on is the
 only thread that touches tinygrad. `build_engine(config)` is the engine described by the app's
-settings (`webapp.engine.settings`), not yet started.
+settings (`webapp.engine.serving.settings`), not yet started.
 
-The tuning stamp: `python -m webapp.engine.tuning` (`make tune`) BEAM-searches exactly the kernels
+The tuning stamp: `python -m webapp.engine.model.tuning` (`make tune`) BEAM-searches exactly the kernels
 the server compiles and leaves a stamp next to tinygrad's kernel cache, keyed by everything that
 changes those kernels (`tuning_key`). At load, `beam_for` compiles with the stamped BEAM value, which
 then only reads the searched kernels back from tinygrad's disk cache; without a stamp it uses
@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .engine import Engine
-from .model_config import ModelLoadError
-from .settings import engine_settings
-from .tinygrad_setup import prepare_tinygrad
+from webapp.engine.model.config import ModelLoadError
+from webapp.engine.model.tinygrad_setup import prepare_tinygrad
+from webapp.engine.serving.engine import Engine
+from webapp.engine.serving.settings import engine_settings
 
 if TYPE_CHECKING:
-    from .runner import Runner
+    from webapp.engine.model.runner import Runner
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +53,10 @@ def load_gguf_model(path: str, slots: int, max_context: int, prefill_chunk: int,
     prepare_tinygrad()  # before tinygrad's first import: it reads HCQ2 then
     from tinygrad import Device
 
-    from .chat_template import ChatTemplate
-    from .model import load_model
-    from .runner import ModelRunner, prefill_pieces
-    from .tokenizer import Tokenizer
+    from webapp.engine.model.runner import ModelRunner, prefill_pieces
+    from webapp.engine.model.transformer import load_model
+    from webapp.engine.text.chat_template import ChatTemplate
+    from webapp.engine.text.tokenizer import Tokenizer
 
     piece = prefill_pieces(prefill_chunk)[0]  # the largest
     model, kv = load_model(path, slots=slots, context=max_context, max_chunk=piece, cpu_kernels=cpu_kernels)

@@ -2,7 +2,7 @@
 
 Nothing here touches Flask, HTTP or the engine; every function is pure, so all of it is testable
 without a server. What the model's text means (stop strings, reasoning, tool calls) is
-`webapp.output_text`'s.
+`webapp.openai.output_text`'s.
 
 - `parse_chat_request` / `parse_completion_request` turn a decoded JSON body into frozen
   `ChatParams` / `CompletionParams`, or raise `ApiError` (status, message, param, code, type)
@@ -11,7 +11,7 @@ without a server. What the model's text means (stop strings, reasoning, tool cal
   at most `max_messages` messages (default `MAX_MESSAGES`), `MAX_TOOLS` tools, `MAX_STOP_STRINGS`
   stop strings of at most `MAX_STOP_LENGTH` characters each; `parse_json_body` refuses bodies
   nested deeper than `MAX_JSON_DEPTH` or holding text that is not valid Unicode (lone surrogates).
-- The response shapes are `webapp.openai_responses`'s.
+- The response shapes are `webapp.openai.responses`'s.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ _COMMON_FIELDS = _INERT_FIELDS | frozenset(
     "model max_tokens temperature top_p top_k seed stop stream stream_options n "
     "frequency_penalty presence_penalty logprobs ignore_eos min_p repetition_penalty logit_bias".split()
 )
-# validated by webapp/sampling_options.py (sampling, logprobs) and webapp/structured.py (grammars)
+# validated by webapp/openai/sampling_options.py (sampling, logprobs) and webapp/openai/structured.py (grammars)
 _CHAT_FIELDS = _COMMON_FIELDS | frozenset(
     "messages max_completion_tokens tools tool_choice response_format top_logprobs parallel_tool_calls grammar".split()
 )

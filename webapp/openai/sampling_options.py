@@ -5,7 +5,7 @@ Pure functions, no Flask. `parse_sampling_options(body, chat)` validates `presen
 (token id -> -100..100, at most `MAX_LOGIT_BIAS` entries) and the log-probability fields: in chat
 `logprobs` (bool) with `top_logprobs` (0..`MAX_TOP_LOGPROBS_CHAT`); in completions `logprobs`
 (0..`MAX_TOP_LOGPROBS_COMPLETIONS`, the number of alternatives) and `echo`. Every refusal is an
-`ApiError` 400 naming the field. What each option does is in webapp/engine/sampling.py.
+`ApiError` 400 naming the field. What each option does is in webapp/engine/decoding/sampling.py.
 
 The builders turn the engine's `TokenLogprobs` into the response fields: `chat_logprobs` gives a
 choice's `{"content": [...], "refusal": None}` (token text, logprob, UTF-8 bytes, top
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from webapp.openai_format import ApiError, _opt_bool, _opt_int, _opt_number
+from webapp.openai.requests import ApiError, _opt_bool, _opt_int, _opt_number
 
 MAX_TOP_LOGPROBS_CHAT = 20  # OpenAI's limits
 MAX_TOP_LOGPROBS_COMPLETIONS = 5

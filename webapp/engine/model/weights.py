@@ -24,9 +24,9 @@ import numpy as np
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.llm.gguf import ggml_data_to_tensor
 
-from .device_buffers import device_array
-from .ggml_types import GGML_TYPES
-from .kernels.cpu import BLOCK_FORMATS, BlockWeight, QuantizedCPU
+from webapp.engine.kernels.cpu import BLOCK_FORMATS, BlockWeight, QuantizedCPU
+from webapp.engine.model.device_buffers import device_array
+from webapp.engine.model.ggml_types import GGML_TYPES
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from types import MappingProxyType
 
-from .request import FINISH_REASONS
+from webapp.engine.serving.request import FINISH_REASONS
 
 WINDOW_S = 10  # "recent" rates and prefix reuse
 HISTORY_S = 600  # one-second samples kept for the plots

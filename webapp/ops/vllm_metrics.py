@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from webapp.engine.request import FinishReason
-from webapp.prometheus import histogram_buckets, kv_cache_usage
+from webapp.engine.serving.request import FinishReason
+from webapp.ops.prometheus import histogram_buckets, kv_cache_usage
 
 MODES = ("vllm",)  # accepted values of LLM_METRICS_COMPAT
 PREFIX = "vllm:"

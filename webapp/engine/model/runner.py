@@ -3,7 +3,7 @@
 `Runner` is the contract the engine programs against (`LoadedModel.runner`); `ModelRunner` fulfils
 it with the tinygrad model, the tests' `FakeRunner` without one. Decode batches are
 padded up to a few fixed widths so each width compiles once (at warm-up) and is replayed after.
-Sampling happens elsewhere (webapp/engine/sampling.py), on the NumPy logits rows returned here.
+Sampling happens elsewhere (webapp/engine/decoding/sampling.py), on the NumPy logits rows returned here.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .request import Request
+from webapp.engine.serving.request import Request
 
 log = logging.getLogger(__name__)
 

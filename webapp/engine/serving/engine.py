@@ -9,8 +9,8 @@ only the requests in that step; the thread keeps serving. `health()` is the watc
 "error" when the model thread has died and "stalled" when one pass of its loop, with work to do,
 has been running for longer than `stall_seconds`.
 
-What `loader` returns, the real GGUF loader and `build_engine` live in `webapp.engine.loader`; the
-settings and their defaults in `webapp.engine.settings`.
+What `loader` returns, the real GGUF loader and `build_engine` live in `webapp.engine.model.loader`; the
+settings and their defaults in `webapp.engine.serving.settings`.
 """
 
 from __future__ import annotations
@@ -24,17 +24,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .constraints import GrammarCompiler
-from .errors import EngineNotReady, QueueFull, completion_room
-from .kv_cache import SlotTable
-from .metrics import REJECTED, EngineMetrics
-from .request import Finished, FinishReason, Request, Status
-from .sampling import RequestSampler, score_prompt
-from .scheduler import Scheduler
-from .settings import ENGINE_DEFAULTS
+from webapp.engine.decoding.constraints import GrammarCompiler
+from webapp.engine.decoding.sampling import RequestSampler, score_prompt
+from webapp.engine.serving.errors import EngineNotReady, QueueFull, completion_room
+from webapp.engine.serving.kv_cache import SlotTable
+from webapp.engine.serving.metrics import REJECTED, EngineMetrics
+from webapp.engine.serving.request import Finished, FinishReason, Request, Status
+from webapp.engine.serving.scheduler import Scheduler
+from webapp.engine.serving.settings import ENGINE_DEFAULTS
 
 if TYPE_CHECKING:
-    from .loader import LoadedModel
+    from webapp.engine.model.loader import LoadedModel
 
 __all__ = ["Engine", "EngineNotReady", "QueueFull"]
 

@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .request import SamplingParams
+from webapp.engine.serving.request import SamplingParams
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat; completions allow 5
 

@@ -49,7 +49,7 @@ class SamplingParams:
     # Tokens that end the request without being output (the tokenizer's end-of-turn ids; none when
     # the client asked for ignore_eos). The engine never puts one on `outputs`.
     stop_token_ids: frozenset[int] = frozenset()
-    # what each one does, and in which order: webapp/engine/sampling.py
+    # what each one does, and in which order: webapp/engine/decoding/sampling.py
     min_p: float = 0.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -89,8 +89,8 @@ class Request:
     cached_tokens: int = 0
     prefilled_tokens: int = 0
     slot: int | None = None
-    constraint: object = None  # a grammar's TokenConstraint (webapp/engine/constraints.py), set before submitting
-    sampler: object = None  # the request's RequestSampler (webapp/engine/sampling.py), made at admission
+    constraint: object = None  # a grammar's TokenConstraint (webapp/engine/decoding/constraints.py), set before submitting
+    sampler: object = None  # the request's RequestSampler (webapp/engine/decoding/sampling.py), made at admission
     # Written by the model thread before the token (or the Finished) they describe is put on `outputs`.
     logprobs: list = field(default_factory=list)  # TokenLogprobs per output token, when params.logprobs
     prompt_logprobs: list | None = None  # TokenLogprobs per prompt token after the first, when asked

@@ -12,7 +12,7 @@ last `data: {"error": ...}` event followed by `data: [DONE]`. Whenever this side
 request before the engine has finished it (a stop string matched, the client went away, the
 stream was never started) the request is aborted, so its slot is freed.
 
-Authentication (`webapp.security`) and admission during shutdown (`webapp.lifecycle`) happen
+Authentication (`webapp.http.security`) and admission during shutdown (`webapp.ops.lifecycle`) happen
 before these views run. Every request being read is registered with the lifecycle, so a drain
 that runs out of time can cancel it; the engine then finishes it with reason "shutdown", which
 reaches the client as a 503 `server_shutting_down` error (an error event when streaming).
@@ -28,23 +28,22 @@ from functools import partial
 
 from flask import Blueprint, Response, current_app, jsonify, request
 
-from webapp import openai_format as fmt
-from webapp import openai_responses as responses
-from webapp import structured
-from webapp.choices import Answer, ChoiceOutputs, ChoiceReader, ClientGone, interleave
-from webapp.engine.constraints import GrammarError
-from webapp.engine.errors import PromptTooLong, completion_room
-from webapp.engine.request import FinishReason, Request, SamplingParams
-from webapp.lifecycle import RETRY_AFTER_S
-from webapp.openai_format import ApiError
-from webapp.output_text import OutputParser, Piece, opens_reasoning
-from webapp.sampling_options import (
+from webapp.engine.decoding.constraints import GrammarError
+from webapp.engine.serving.errors import PromptTooLong, completion_room
+from webapp.engine.serving.request import FinishReason, Request, SamplingParams
+from webapp.openai import requests as fmt
+from webapp.openai import responses, structured
+from webapp.openai.choices import Answer, ChoiceOutputs, ChoiceReader, ClientGone, interleave
+from webapp.openai.output_text import OutputParser, Piece, opens_reasoning
+from webapp.openai.requests import ApiError
+from webapp.openai.sampling_options import (
     CompletionEcho,
     SamplingOptions,
     chat_logprobs,
     check_token_ids,
     parse_sampling_options,
 )
+from webapp.ops.lifecycle import RETRY_AFTER_S
 
 bp = Blueprint("api", __name__)
 log = logging.getLogger(__name__)
