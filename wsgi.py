@@ -13,7 +13,7 @@ import logging
 import sys
 
 from webapp import create_app
-from webapp.http.security import listen_hosts, warn_if_exposed
+from webapp.ops.exposure import listen_hosts, warn_if_exposed
 from webapp.ops.waitress_settings import warn_if_underprovisioned
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

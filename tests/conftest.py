@@ -98,8 +98,8 @@ def slowed_decode(engine, seconds: float):
 @contextlib.contextmanager
 def engine_over(runner, context: int = 128, tokenizer=None, template=None, **settings):
     """The real engine over a fake runner (tests/fakes.FakeRunner), started and ready; stopped after."""
-    from webapp.engine.model.loader import LoadedModel
     from webapp.engine.serving.engine import Engine
+    from webapp.engine.serving.loaded_model import LoadedModel
 
     engine = Engine(lambda: LoadedModel(runner, tokenizer, template, "fake", context, "FAKE"), **settings).start()
     assert wait_until(lambda: engine.state == "ok")

@@ -241,7 +241,7 @@ def test_a_busy_server_is_retried_after_retry_after(chat, engine, pages):
     chat.wait_for_function("() => document.getElementById('notice').textContent.includes('busy')")
     assert "Trying again in 1 s" in chat.inner_text("#notice")
     engine.queue_full_retry_after = None
-    engine.status = "loading"  # then the model is not ready (503, Retry-After: 5)
+    engine.status = "loading"  # then the model is not ready (503 with Retry-After)
     chat.wait_for_function("() => document.getElementById('notice').textContent.includes('not ready')")
     engine.status = "ok"
     chat.wait_for_function(REPLY_DONE, timeout=15_000)

@@ -9,8 +9,8 @@ from tiny_models import write_tiny_gguf
 
 from webapp.engine.model import memory
 from webapp.engine.model.config import ModelConfig
+from webapp.engine.model.gguf import read_gguf
 from webapp.engine.model.transformer import ModelLoadError, load_model, use_tinygrad_from_this_thread
-from webapp.engine.model.weights import read_gguf
 
 
 def test_weights_count_the_files_bytes_or_float16_and_the_cache_every_position(tmp_path):

@@ -10,11 +10,10 @@ from fakes import FakeRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from webapp import create_app
-from webapp.engine.model.loader import LoadedModel
 from webapp.engine.serving.engine import Engine
 from webapp.engine.serving.errors import QueueFull
+from webapp.engine.serving.loaded_model import LoadedModel
 from webapp.engine.serving.metrics import (
-    HISTORY_S,
     ITL_BUCKETS,
     REQUEST_OUTCOMES,
     EngineMetrics,
@@ -22,6 +21,7 @@ from webapp.engine.serving.metrics import (
     percentile,
 )
 from webapp.engine.serving.request import FINISH_REASONS, FinishReason, Request, SamplingParams, Status
+from webapp.engine.serving.timeline import HISTORY_S
 
 STATIC = {"model": "m", "context": 100, "device": "TEST"}
 

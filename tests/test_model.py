@@ -219,7 +219,7 @@ def test_read_gguf_reads_what_gguf_and_tinygrad_read(tmp_path, matrix_type):
     from gguf import GGUFReader
     from tinygrad.llm.gguf import gguf_load
 
-    from webapp.engine.model.weights import read_gguf
+    from webapp.engine.model.gguf import read_gguf
 
     path = write_tiny_gguf(str(tmp_path / "t.gguf"), "qwen2", matrix_type=matrix_type)
     metadata, table = read_gguf(path)

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_admin import StatsEngine
 
 from webapp import DEFAULTS, create_app
-from webapp.ops.lifecycle import RETRY_AFTER_S
+from webapp.engine.serving.errors import RETRY_AFTER_S
 from webapp.ops.waitress_settings import HEADROOM_THREADS, missing_flags, waitress_adjustments, warn_if_underprovisioned
 
 ROOT = Path(__file__).resolve().parent.parent

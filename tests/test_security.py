@@ -19,7 +19,7 @@ from conftest import (
 from fakes import Reply
 
 from webapp import create_app
-from webapp.http.security import listen_hosts, warn_if_exposed
+from webapp.ops.exposure import listen_hosts, warn_if_exposed
 
 TOKEN = "letmein-admin"
 
@@ -163,12 +163,12 @@ def test_without_an_admin_token_the_pages_are_open_and_login_steps_aside(engine)
 
 
 def test_the_start_up_warns_loudly_when_exposed_without_an_admin_token(caplog):
-    with caplog.at_level(logging.WARNING, logger="webapp.http.security"):
+    with caplog.at_level(logging.WARNING, logger="webapp.ops.exposure"):
         assert warn_if_exposed({"ADMIN_TOKEN": None, "API_KEY": None}, ["0.0.0.0"])
     text = caplog.text
     assert "LLM_ADMIN_TOKEN is not set" in text and "0.0.0.0" in text and "LLM_API_KEY" in text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="webapp.http.security"):
+    with caplog.at_level(logging.WARNING, logger="webapp.ops.exposure"):
         assert not warn_if_exposed({"ADMIN_TOKEN": None}, ["127.0.0.1", "::1"])
         assert not warn_if_exposed({"ADMIN_TOKEN": None}, ["unix"])
         assert not warn_if_exposed({"ADMIN_TOKEN": None, "HOST": "127.0.0.1"}, None)

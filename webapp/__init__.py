@@ -8,8 +8,8 @@ fake engine never load the model code. The engine's settings and their defaults 
 `webapp.engine.serving.settings.ENGINE_DEFAULTS`; the web layer's own are below.
 
 Secrets (`LLM_API_KEY`, `LLM_ADMIN_TOKEN`) are taken from the environment verbatim, never parsed as
-JSON (a key like `1e3` must stay that string). `webapp.http.security` guards /v1 with the API key and
-/admin, /metrics with the admin token, and sets security headers on every response;
+JSON (a key like `1e3` must stay that string). `webapp.http.auth` guards /v1 with the API key and
+/admin, /metrics with the admin token, `webapp.http.headers` sets security headers on every response;
 `webapp.ops.lifecycle` counts accepted API requests and drains them on shutdown
 (`app.extensions["lifecycle"]`).
 
@@ -27,11 +27,10 @@ from pathlib import Path
 from flask import Flask, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from webapp.engine.serving.errors import EngineNotReady, PromptTooLong, QueueFull
+from webapp.engine.serving.errors import RETRY_AFTER_S, EngineNotReady, PromptTooLong, QueueFull
 from webapp.engine.serving.settings import ENGINE_DEFAULTS
-from webapp.http import admin, api, chat, security
-from webapp.openai.requests import ApiError, error_body, error_type
-from webapp.ops import prometheus
+from webapp.http import admin, api, auth, chat, headers, metrics
+from webapp.openai.errors import ApiError, error_body, error_type
 from webapp.ops.lifecycle import Lifecycle
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,8 +71,9 @@ def create_app(config: dict | None = None, engine=None) -> Flask:
     app.extensions["lifecycle"] = lifecycle
     app.wsgi_app = lifecycle.wrap(app.wsgi_app)
 
-    security.install(app)  # app-level hooks: they hold for every blueprint below
-    for blueprint in (api.bp, chat.bp, admin.bp, prometheus.bp):
+    auth.install(app)  # app-level hooks: they hold for every blueprint below
+    headers.install(app)
+    for blueprint in (api.bp, chat.bp, admin.bp, metrics.bp):
         app.register_blueprint(blueprint)
     _register_error_handlers(app)
     return app
@@ -102,7 +102,7 @@ def _register_error_handlers(app: Flask) -> None:
     @app.errorhandler(EngineNotReady)
     def engine_not_ready(e: EngineNotReady):
         message = str(e) or "The model is not ready yet."
-        return _error(503, message, code="engine_not_ready", headers={"Retry-After": "5"})
+        return _error(503, message, code="engine_not_ready", headers={"Retry-After": str(RETRY_AFTER_S)})
 
     @app.errorhandler(HTTPException)
     def http_error(e: HTTPException):

@@ -6,7 +6,7 @@ tiles, tables and the SVG plots are rendered here, and a `<noscript>` refresh re
 seconds. With JavaScript, `static/admin.js` polls stats.json every second and redraws the same
 elements (those marked `data-stat`, the tables and the plots) from the JSON.
 
-Access control is not here: `webapp.http.security` guards everything under /admin and /metrics with
+Access control is not here: `webapp.http.auth` guards everything under /admin and /metrics with
 `ADMIN_TOKEN` at the app level.
 """
 
@@ -24,7 +24,7 @@ from flask import (
 )
 
 from webapp.engine.serving.metrics import REQUEST_OUTCOMES
-from webapp.http.security import PAGE_CSP
+from webapp.http.headers import PAGE_CSP
 
 bp = Blueprint("admin", __name__, url_prefix="/admin")
 

@@ -12,7 +12,7 @@ last `data: {"error": ...}` event followed by `data: [DONE]`. Whenever this side
 request before the engine has finished it (a stop string matched, the client went away, the
 stream was never started) the request is aborted, so its slot is freed.
 
-Authentication (`webapp.http.security`) and admission during shutdown (`webapp.ops.lifecycle`) happen
+Authentication (`webapp.http.auth`) and admission during shutdown (`webapp.ops.lifecycle`) happen
 before these views run. Every request being read is registered with the lifecycle, so a drain
 that runs out of time can cancel it; the engine then finishes it with reason "shutdown", which
 reaches the client as a 503 `server_shutting_down` error (an error event when streaming).
@@ -29,13 +29,13 @@ from functools import partial
 from flask import Blueprint, Response, current_app, jsonify, request
 
 from webapp.engine.decoding.constraints import GrammarError
-from webapp.engine.serving.errors import PromptTooLong, completion_room
+from webapp.engine.serving.errors import RETRY_AFTER_S, PromptTooLong, completion_room
 from webapp.engine.serving.request import FinishReason, Request, SamplingParams
 from webapp.openai import requests as fmt
 from webapp.openai import responses, structured
 from webapp.openai.choices import Answer, ChoiceOutputs, ChoiceReader, ClientGone, interleave
+from webapp.openai.errors import ApiError, error_body
 from webapp.openai.output_text import OutputParser, Piece, opens_reasoning
-from webapp.openai.requests import ApiError
 from webapp.openai.sampling_options import (
     CompletionEcho,
     SamplingOptions,
@@ -43,7 +43,6 @@ from webapp.openai.sampling_options import (
     check_token_ids,
     parse_sampling_options,
 )
-from webapp.ops.lifecycle import RETRY_AFTER_S
 
 bp = Blueprint("api", __name__)
 log = logging.getLogger(__name__)
@@ -250,7 +249,7 @@ def _event_stream(answer: Answer, events: Iterator[str]) -> Response:
         except Exception:
             # The status line is long gone; the client can only learn of a bug from the stream.
             log.exception("streaming %s failed", answer.id)
-            yield responses.sse(fmt.error_body("Internal server error.", "server_error", None, "internal_error"))
+            yield responses.sse(error_body("Internal server error.", "server_error", None, "internal_error"))
             yield responses.SSE_DONE
         finally:
             # Under Waitress a closed connection surfaces here as GeneratorExit: free the slots.

@@ -4,7 +4,7 @@ The page is a static shell: `static/chat/main.js` keeps conversations in the bro
 (localStorage) and talks to /v1/chat/completions like any other API client, so the page needs
 nothing from the server beyond the API itself. User text is rendered as text; model text as
 markdown that DOMPurify sanitizes (libraries vendored under static/vendor/, served from here). The
-page is served with `webapp.http.security.CHAT_CSP`: same-origin scripts, styles and requests only, no
+page is served with `webapp.http.headers.CHAT_CSP`: same-origin scripts, styles and requests only, no
 inline script, no eval, no other origin.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, make_response, render_template
 
-from webapp.http.security import CHAT_CSP
+from webapp.http.headers import CHAT_CSP
 
 bp = Blueprint("chat", __name__)
 

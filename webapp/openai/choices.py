@@ -21,11 +21,11 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 
+from webapp.engine.serving.errors import RETRY_AFTER_S
 from webapp.engine.serving.request import Finished, FinishReason, Request
 from webapp.openai import responses
+from webapp.openai.errors import ApiError
 from webapp.openai.output_text import StopMatcher
-from webapp.openai.requests import ApiError
-from webapp.ops.lifecycle import RETRY_AFTER_S
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The OpenAI wire format, requests: validation into frozen parameters and the error shape.
+"""The OpenAI wire format, requests: validation into frozen parameters.
 
 Nothing here touches Flask, HTTP or the engine; every function is pure, so all of it is testable
 without a server. What the model's text means (stop strings, reasoning, tool calls) is
@@ -21,43 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-# --- errors -------------------------------------------------------------------------------------
-
-
-class ApiError(Exception):
-    """A request the API refuses; rendered as `{"error": {...}}` with `status`."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        code: str | None = None,
-        type: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.type = type or error_type(status)
-        self.headers = headers or {}  # extra response headers, e.g. Retry-After on a 503
-
-    def body(self) -> dict:
-        return error_body(self.message, self.type, self.param, self.code)
-
-
-def error_type(status: int) -> str:
-    """The OpenAI error `type` for an HTTP status."""
-    if status == 429:
-        return "rate_limit_exceeded"
-    return "server_error" if status >= 500 else "invalid_request_error"
-
-
-def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
-
+from webapp.openai.errors import ApiError
 
 MAX_JSON_DEPTH = 64
 _TOO_DEEP = f"The request body is nested more than {MAX_JSON_DEPTH} levels deep."
@@ -171,9 +135,9 @@ def parse_chat_request(body: dict, max_messages: int = MAX_MESSAGES) -> ChatPara
     """Validate a /v1/chat/completions body."""
     body = _present(body)
     _reject_unknown(body, _CHAT_FIELDS)
-    max_tokens = _opt_int(body, "max_tokens", minimum=1)
+    max_tokens = opt_int(body, "max_tokens", minimum=1)
     # The newer name wins; OpenAI deprecates max_tokens for chat.
-    max_tokens = _opt_int(body, "max_completion_tokens", minimum=1) or max_tokens
+    max_tokens = opt_int(body, "max_completion_tokens", minimum=1) or max_tokens
     tools = _parse_tools(body.get("tools"))
     tool_choice, forced_tool = _parse_tool_choice(body.get("tool_choice", "auto"), tools)
     return ChatParams(
@@ -212,10 +176,10 @@ def parse_completion_request(body: dict) -> CompletionParams:
     body = _present(body)
     _reject_unknown(body, _COMPLETION_FIELDS)
     # max_tokens 0 with echo scores the prompt without generating (evaluation harnesses do this)
-    echo = _opt_bool(body, "echo", False)
+    echo = opt_bool(body, "echo", False)
     return CompletionParams(
         **_generation_fields(body),
-        max_tokens=_opt_int(body, "max_tokens", minimum=0 if echo else 1),
+        max_tokens=opt_int(body, "max_tokens", minimum=0 if echo else 1),
         prompt=_parse_prompt(body.get("prompt")),
     )
 
@@ -234,24 +198,24 @@ def _generation_fields(body: dict) -> dict:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, f"'model' must be a string, not {_json_type(model)}.", "model")
-    stream = _opt_bool(body, "stream", False)
+    stream = opt_bool(body, "stream", False)
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object.", "stream_options")
-    include_usage = _opt_bool(options, "include_usage", False, "stream_options.include_usage")
-    top_p = _opt_number(body, "top_p", 0.0, 1.0, low_open=True)
-    temperature = _opt_number(body, "temperature", 0.0, 2.0)
+    include_usage = opt_bool(options, "include_usage", False, "stream_options.include_usage")
+    top_p = opt_number(body, "top_p", 0.0, 1.0, low_open=True)
+    temperature = opt_number(body, "temperature", 0.0, 2.0)
     return dict(
         model=model,
         temperature=1.0 if temperature is None else float(temperature),
         top_p=1.0 if top_p is None else float(top_p),
-        top_k=_opt_int(body, "top_k", minimum=0) or 0,
-        seed=_opt_int(body, "seed", minimum=-(2**63), maximum=2**64 - 1),
+        top_k=opt_int(body, "top_k", minimum=0) or 0,
+        seed=opt_int(body, "seed", minimum=-(2**63), maximum=2**64 - 1),
         stop=_parse_stop(body.get("stop")),
         stream=stream,
         include_usage=stream and include_usage,
-        ignore_eos=_opt_bool(body, "ignore_eos", False),
-        n=_opt_int(body, "n", minimum=1) or 1,
+        ignore_eos=opt_bool(body, "ignore_eos", False),
+        n=opt_int(body, "n", minimum=1) or 1,
     )
 
 
@@ -269,7 +233,7 @@ def _json_type(value: Any) -> str:
     return "an array" if isinstance(value, list) else "an object"
 
 
-def _opt_int(body: dict, key: str, minimum: int | None = None, maximum: int | None = None):
+def opt_int(body: dict, key: str, minimum: int | None = None, maximum: int | None = None):
     value = body.get(key)
     if value is None:
         return None
@@ -283,7 +247,7 @@ def _opt_int(body: dict, key: str, minimum: int | None = None, maximum: int | No
     return value
 
 
-def _opt_number(body: dict, key: str, low: float, high: float, low_open: bool = False):
+def opt_number(body: dict, key: str, low: float, high: float, low_open: bool = False):
     value = body.get(key)
     if value is None:
         return None
@@ -295,7 +259,7 @@ def _opt_number(body: dict, key: str, low: float, high: float, low_open: bool = 
     return value
 
 
-def _opt_bool(body: dict, key: str, default: bool, param: str | None = None) -> bool:
+def opt_bool(body: dict, key: str, default: bool, param: str | None = None) -> bool:
     value = body.get(key)
     if value is None:
         return default

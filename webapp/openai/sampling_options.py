@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from webapp.openai.requests import ApiError, _opt_bool, _opt_int, _opt_number
+from webapp.openai.errors import ApiError
+from webapp.openai.requests import opt_bool, opt_int, opt_number
 
 MAX_TOP_LOGPROBS_CHAT = 20  # OpenAI's limits
 MAX_TOP_LOGPROBS_COMPLETIONS = 5
@@ -53,22 +54,22 @@ class SamplingOptions:
 
 def parse_sampling_options(body: dict, chat: bool) -> SamplingOptions:
     body = {k: v for k, v in body.items() if v is not None}
-    number = lambda key, low, high, default: _float(_opt_number(body, key, low, high), default)  # noqa: E731
+    number = lambda key, low, high, default: _float(opt_number(body, key, low, high), default)  # noqa: E731
     repetition = number("repetition_penalty", 0.0, 10.0, 1.0)
     if repetition <= 0:
         raise ApiError(400, "'repetition_penalty' must be greater than 0.", "repetition_penalty")
     if chat:
-        logprobs = _opt_bool(body, "logprobs", False)
-        top = _opt_int(body, "top_logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS_CHAT)
+        logprobs = opt_bool(body, "logprobs", False)
+        top = opt_int(body, "top_logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS_CHAT)
         if top is not None and not logprobs:
             raise ApiError(400, "'top_logprobs' needs 'logprobs' set to true.", "top_logprobs")
         echo = False
     else:
         if isinstance(body.get("logprobs"), bool):  # some clients send chat's boolean here
             body["logprobs"] = 0 if body["logprobs"] else None
-        top = _opt_int(body, "logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS_COMPLETIONS)
+        top = opt_int(body, "logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS_COMPLETIONS)
         logprobs = top is not None
-        echo = _opt_bool(body, "echo", False)
+        echo = opt_bool(body, "echo", False)
     return SamplingOptions(
         min_p=number("min_p", 0.0, 1.0, 0.0),
         presence_penalty=number("presence_penalty", -2.0, 2.0, 0.0),

@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import json
 
-from webapp.engine.decoding.constraints import gbnf_grammar, grammar_problem, json_schema_grammar, lark_grammar
-from webapp.openai.requests import ApiError
+from webapp.engine.decoding.constraints import JSON_STYLE, gbnf_grammar, grammar_problem, json_schema_grammar, lark_grammar
+from webapp.openai.errors import ApiError
 
-# The JSON compiler's options, as a schema's "x-guidance" entry, for schemas embedded in Lark.
-_JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 TOOL_CALL_FORMAT = '<tool_call>\n{"name": <function name>, "arguments": <arguments as a JSON object>}\n</tool_call>'
 
 
@@ -112,7 +110,7 @@ def tool_call_grammar(tools: list[dict], parallel: bool) -> str:
                 "additionalProperties": False,
             }
         )
-    body = json.dumps({"anyOf": options, "x-guidance": _JSON_STYLE})
+    body = json.dumps({"anyOf": options, "x-guidance": JSON_STYLE})
     repeat = ' ("\\n" call)*' if parallel else ""
     source = f'start: call{repeat}\ncall: "<tool_call>\\n" body "\\n</tool_call>"\nbody: %json {body}\n'
     grammar = lark_grammar(source)

@@ -22,7 +22,7 @@ Contract:
   request has been answered.
 
 No Flask objects (it runs outside the app, as WSGI middleware) and no tinygrad; the API prefix
-and the headers every response carries are `webapp.http.security`'s. Waiting is on a `threading.Condition`,
+and the headers every response carries are `webapp.http.headers`'s. Waiting is on a `threading.Condition`,
 never a polling sleep.
 """
 
@@ -40,9 +40,11 @@ import time
 
 from werkzeug.wsgi import ClosingIterator
 
+from webapp.engine.serving.errors import RETRY_AFTER_S
 from webapp.engine.serving.request import FinishReason
-from webapp.http.security import API_PREFIX, COMMON_HEADERS
-from webapp.openai.requests import error_body
+from webapp.http.auth import API_PREFIX
+from webapp.http.headers import COMMON_HEADERS
+from webapp.openai.errors import error_body
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,6 @@ CANCEL_WAIT_S = 5.0  # how long cancelled requests get to send their last event
 # After the last response has been handed to the server, its main loop still has to write it out;
 # leaving the loop earlier would close sockets with the tail of a stream (`[DONE]`) unsent.
 FLUSH_GRACE_S = 1.0
-RETRY_AFTER_S = 10
 EXIT_GRACE_S = 5.0  # how long the interpreter's teardown may take once the drain is done
 
 

@@ -1,20 +1,15 @@
-"""`GET /metrics`: the engine's counters in the Prometheus text format (OpenMetrics when asked for).
+"""The engine's counters as Prometheus metric families, for `GET /metrics` (`webapp.http.metrics`).
 
-Each app gets its own `CollectorRegistry` holding one `EngineCollector`, which turns a fresh
-`engine.stats()` into metric families at every scrape: nothing is counted twice and the global
-registry of `prometheus_client` is never touched. Names share the `llm_` prefix, after vLLM's
-`vllm:` ones; with `METRICS_COMPAT` "vllm" (`LLM_METRICS_COMPAT=vllm`) `webapp.ops.vllm_metrics` adds
-vLLM's own names beside them, for gateways and dashboards that read those. Counters are exposed
-with the `_total` suffix; token counts are in tokens, times in seconds. `webapp.http.security` guards
-it with `ADMIN_TOKEN`, like the dashboard.
+`EngineCollector` turns a fresh `engine.stats()` into metric families at every scrape. Names share
+the `llm_` prefix, after vLLM's `vllm:` ones; with `METRICS_COMPAT` "vllm" (`LLM_METRICS_COMPAT=vllm`)
+`webapp.ops.vllm_metrics` adds vLLM's own names beside them, for gateways and dashboards that read
+those. Counters are exposed with the `_total` suffix; token counts are in tokens, times in seconds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from flask import Blueprint, Response, current_app, request
-from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -22,11 +17,9 @@ from prometheus_client.core import (
     InfoMetricFamily,
     Metric,
 )
-from prometheus_client.exposition import choose_encoder
 
-from webapp.engine.serving.metrics import REQUEST_OUTCOMES
+from webapp.engine.serving.metrics import REQUEST_OUTCOMES, counted
 
-bp = Blueprint("prometheus", __name__)
 PREFIX = "llm_"
 
 # name (without prefix), help, key in engine.stats()
@@ -61,7 +54,7 @@ class EngineCollector:
         ready = GaugeMetricFamily(PREFIX + "engine_ready", "1 when the model is loaded and serving, else 0.")
         ready.add_metric([], 1.0 if stats.get("state") == "ok" else 0.0)
         yield ready
-        if "slots_total" not in stats:  # still loading, or failed to load: nothing is counted yet
+        if not counted(stats):
             return
         yield InfoMetricFamily(
             PREFIX + "model",
@@ -97,32 +90,3 @@ def kv_cache_usage(stats: dict) -> float:
 def histogram_buckets(h: dict) -> list[tuple[str, int]]:
     """A stats histogram's cumulative buckets as Prometheus wants them, `+Inf` last."""
     return [(repr(float(le)), count) for le, count in h["buckets"]] + [("+Inf", h["count"])]
-
-
-def _install(state) -> None:
-    app = state.app
-    registry = CollectorRegistry(auto_describe=False)
-
-    def stats() -> dict:
-        return app.extensions["engine"].stats()
-
-    registry.register(EngineCollector(stats))
-    compat = app.config.get("METRICS_COMPAT")
-    if compat:
-        from webapp.ops.vllm_metrics import MODES, VllmCollector  # it reuses this module's helpers
-
-        if compat not in MODES:
-            raise ValueError(f"LLM_METRICS_COMPAT={compat!r}: the supported value is {' or '.join(MODES)}")
-        registry.register(VllmCollector(stats))
-    app.extensions["prometheus_registry"] = registry
-
-
-bp.record_once(_install)
-
-
-@bp.get("/metrics")
-def metrics():
-    """The engine's metrics for a Prometheus scrape."""
-    encode, content_type = choose_encoder(request.headers.get("Accept", ""))
-    body = encode(current_app.extensions["prometheus_registry"])
-    return Response(body, content_type=content_type, headers={"Cache-Control": "no-store"})

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from webapp.engine.serving.metrics import counted
 from webapp.engine.serving.request import FinishReason
 from webapp.ops.prometheus import histogram_buckets, kv_cache_usage
 
@@ -64,7 +65,7 @@ class VllmCollector:
 
     def collect(self) -> Iterator[Metric]:
         stats = self._stats()
-        if "slots_total" not in stats:
+        if not counted(stats):
             return
         model = [str(stats.get("model"))]
         for name, doc, key in GAUGES:

@@ -29,8 +29,6 @@ import numpy as np
 
 from webapp.engine.serving.request import SamplingParams
 
-MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat; completions allow 5
-
 
 class TokenLogprobs(NamedTuple):
     """The log-probability of one chosen token, and the `top` most likely (id, logprob) pairs."""

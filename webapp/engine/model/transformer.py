@@ -41,7 +41,8 @@ from webapp.engine.model.config import ModelConfig, ModelLoadError, check_tensor
 from webapp.engine.model.device_buffers import StepBuffers, device_array
 from webapp.engine.model.memory import plan as memory_plan
 from webapp.engine.model.rope import RopeUnsupported, inverse_frequencies
-from webapp.engine.model.weights import BlockLinear, WeightSource, read_gguf
+from webapp.engine.model.gguf import read_gguf
+from webapp.engine.model.weights import BlockLinear, WeightSource
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 `python -m webapp.engine.model.tuning` loads the model with the same LLM_* settings as the server,
 compiles every prefill piece and decode width with BEAM search (LLM_BEAM when it is a number, else
-TUNE_BEAM), and leaves the stamp that `webapp.engine.model.loader.beam_for` looks for at start-up. With a
+TUNE_BEAM), and leaves the stamp that `webapp.engine.model.tuning_stamp.beam_for` looks for at start-up. With a
 stamp for its exact configuration the server compiles with the same BEAM value, which then only
 reads the searched kernels back from tinygrad's disk cache (seconds). Searching happens here and
 at warm-up only, never inside a user's request.
@@ -15,7 +15,8 @@ import os
 import sys
 import time
 
-from webapp.engine.model.loader import load_gguf_model, mark_tuned, tuning_key
+from webapp.engine.model.loader import load_gguf_model
+from webapp.engine.model.tuning_stamp import mark_tuned, tuning_key
 from webapp.engine.serving.settings import engine_settings
 
 log = logging.getLogger(__name__)

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import logging
 import pathlib
-import struct
 from collections import Counter
-from dataclasses import dataclass
 
 import numpy as np
 from tinygrad import Device, Tensor, dtypes
@@ -26,7 +24,7 @@ from tinygrad.llm.gguf import ggml_data_to_tensor
 
 from webapp.engine.kernels.cpu import BLOCK_FORMATS, BlockWeight, QuantizedCPU
 from webapp.engine.model.device_buffers import device_array
-from webapp.engine.model.ggml_types import GGML_TYPES
+from webapp.engine.model.gguf import RawTensor
 
 log = logging.getLogger(__name__)
 
@@ -109,114 +107,6 @@ def _int8_rows(w: Tensor) -> tuple[Tensor, Tensor]:
     scale = w.abs().max(axis=1, keepdim=True) / 127.0  # (vocab, 1)
     q = (w / scale.maximum(1e-30)).round().cast(dtypes.int8)
     return q, scale
-
-
-@dataclass(frozen=True)
-class RawTensor:
-    """One tensor of a GGUF file as stored: ggml type, (rows, cols), and its bytes (memory-mapped)."""
-
-    ggml_type: int
-    rows: int
-    cols: int
-    data: np.ndarray | None  # (rows, bytes per row) uint8; None for a type without a kernel (F32 vectors have it)
-    shape: tuple[int, ...] = ()  # as tinygrad's tensors have it: the file's dimensions, last first
-    start: int = 0  # where its bytes lie in the file
-    nbytes: int = 0
-
-
-# struct format of one scalar metadata value, by GGUF value type; 8 is a string, 9 an array
-_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-
-
-def read_gguf(path: str) -> tuple[dict, dict[str, RawTensor]]:
-    """A GGUF file's metadata and its tensors with their raw bytes, through one memory map: only the
-    pages the header and the used tensors occupy are ever read. (tinygrad's gguf_load also builds a
-    lazy tensor per weight: ~2 s here; gguf's GGUFReader ~5 s.)"""
-    file = np.memmap(path, dtype=np.uint8, mode="r")
-    pos, where = 0, "the header"
-
-    def take(fmt: str) -> tuple:
-        nonlocal pos
-        size = struct.calcsize(fmt)
-        if pos + size > len(file):
-            raise ValueError(f"the file ends at byte {len(file)}, inside {where}")
-        values = struct.unpack_from(fmt, file, pos)
-        pos += size
-        return values
-
-    def text() -> str:
-        nonlocal pos
-        (length,) = take("<Q")
-        if pos + length > len(file):
-            raise ValueError(f"a string of {length} bytes in {where} runs past the file's end")
-        pos += length
-        try:
-            return bytes(file[pos - length : pos]).decode()
-        except UnicodeDecodeError:
-            raise ValueError(f"a string in {where} is not UTF-8") from None
-
-    def value(kind: int):
-        if kind == 8:
-            return text()
-        if kind == 9:
-            item, count = take("<IQ")
-            if count > len(file) - pos:  # every item takes a byte at least
-                raise ValueError(f"an array of {count} items in {where} is longer than the file")
-            if item in _SCALARS:
-                return list(take(f"<{count}{_SCALARS[item]}"))
-            return [value(item) for _ in range(count)]
-        if kind not in _SCALARS:
-            raise ValueError(f"{where} has value type {kind}, which GGUF does not define")
-        return take("<" + _SCALARS[kind])[0]
-
-    magic, version, n_tensors, n_kv = take("<4sIQQ")
-    if magic != b"GGUF" or version not in (2, 3):
-        raise ValueError(f"{path} is not a GGUF v2/v3 file")
-    if n_kv > len(file) // 12 or n_tensors > len(file) // 24:  # the smallest entry of each
-        raise ValueError(f"the header claims {n_kv} metadata entries and {n_tensors} tensors, more than {len(file)} bytes can hold")
-    metadata = {}
-    for i in range(n_kv):
-        where = f"metadata entry {i}"
-        key = text()
-        where = f"metadata entry {i} ({key!r})"
-        (kind,) = take("<I")
-        metadata[key] = value(kind)
-    alignment = metadata.get("general.alignment", 32)
-    if not isinstance(alignment, int) or not 1 <= alignment <= 1 << 16:
-        raise ValueError(f"general.alignment = {alignment!r}: expected a small positive whole number")
-    infos = []
-    for i in range(n_tensors):
-        where = f"tensor {i}'s entry"
-        name, (n_dims,) = text(), take("<I")
-        if n_dims > 4:
-            raise ValueError(f"tensor {name!r} has {n_dims} dimensions; GGUF allows at most 4")
-        dims = take(f"<{n_dims}Q")
-        ggml_type, offset = take("<IQ")
-        infos.append((name, dims, ggml_type, offset))
-    data_start = -(-pos // alignment) * alignment
-    table = {}
-
-    def extent(name: str, start: int, nbytes: int) -> np.ndarray:
-        if start + nbytes > len(file):
-            raise ValueError(f"tensor {name!r} ends at byte {start + nbytes}, past the file's end ({len(file)} bytes)")
-        return file[start : start + nbytes]
-
-    for name, dims, ggml_type, offset in infos:
-        _, values, block_bytes = GGML_TYPES.get(ggml_type, (None, 1, 0))  # a type it cannot read: no bytes to check
-        elements, start, shape = int(np.prod(dims, dtype=object)), data_start + offset, tuple(reversed(dims))
-        if elements % values:
-            raise ValueError(f"tensor {name!r} of {elements} values is not whole blocks of {values}")
-        nbytes = elements // values * block_bytes
-        data = extent(name, start, nbytes)  # every readable tensor lies inside the file
-        if len(dims) == 1 and ggml_type == 0:  # a float32 vector (norms, biases), read as bytes
-            table[name] = RawTensor(0, 1, dims[0], data.reshape(1, -1), shape, start, nbytes)
-        elif len(dims) != 2:
-            table[name] = RawTensor(ggml_type, 1, elements, None, shape, start, nbytes)
-        else:
-            cols, rows = dims
-            blocks = data.reshape(rows, -1) if ggml_type in BLOCK_FORMATS and cols % BLOCK_FORMATS[ggml_type][1] == 0 else None
-            table[name] = RawTensor(ggml_type, rows, cols, blocks, shape, start, nbytes)
-    return metadata, table
 
 
 class WeightSource:

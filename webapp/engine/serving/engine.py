@@ -20,7 +20,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,13 +27,11 @@ from webapp.engine.decoding.constraints import GrammarCompiler
 from webapp.engine.decoding.sampling import RequestSampler, score_prompt
 from webapp.engine.serving.errors import EngineNotReady, QueueFull, completion_room
 from webapp.engine.serving.kv_cache import SlotTable
+from webapp.engine.serving.loaded_model import LoadedModel
 from webapp.engine.serving.metrics import REJECTED, EngineMetrics
 from webapp.engine.serving.request import Finished, FinishReason, Request, Status
 from webapp.engine.serving.scheduler import Scheduler
 from webapp.engine.serving.settings import ENGINE_DEFAULTS
-
-if TYPE_CHECKING:
-    from webapp.engine.model.loader import LoadedModel
 
 __all__ = ["Engine", "EngineNotReady", "QueueFull"]
 

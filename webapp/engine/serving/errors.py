@@ -1,6 +1,6 @@
 """Exceptions the engine raises at its submit boundary; the web layer maps them to HTTP statuses.
 
-`QueueFull` -> 429 with a `Retry-After` header, `EngineNotReady` -> 503, `PromptTooLong` -> 400
+`QueueFull` -> 429 with a `Retry-After` header, `EngineNotReady` -> 503 with `RETRY_AFTER_S`, `PromptTooLong` -> 400
 `context_length_exceeded`. Stdlib only, so the web layer and its tests can import these without
 pulling in the model code.
 
@@ -10,6 +10,11 @@ the cache, so both refuse with the same error and the same words.
 """
 
 from __future__ import annotations
+
+# How long a client should wait before trying again while this server does not serve at all (the
+# model still loading, or a drain under way): a 503's Retry-After, wherever it is sent. A full queue
+# instead says how long its own queue takes to move (`QueueFull.retry_after`).
+RETRY_AFTER_S = 10
 
 
 class EngineNotReady(Exception):

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from types import MappingProxyType
 
 from webapp.engine.serving.request import FINISH_REASONS
+from webapp.engine.serving.stats_view import stats_view
+from webapp.engine.serving.timeline import CACHED, DECODE, PREFILL, PROMPT, Timeline
 
-WINDOW_S = 10  # "recent" rates and prefix reuse
-HISTORY_S = 600  # one-second samples kept for the plots
 RECENT_REQUESTS = 50
 REJECTED = "rejected"  # refused at submit with a full queue: counted, though it never became a request
 REQUEST_OUTCOMES = (*FINISH_REASONS, REJECTED)  # the keys of "requests_total"
@@ -31,9 +31,6 @@ REQUEST_OUTCOMES = (*FINISH_REASONS, REJECTED)  # the keys of "requests_total"
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-
-# Layout of a timeline bucket: counters are summed within the second, gauges keep peak and last.
-SEC, PREFILL, DECODE, PROMPT, CACHED, QUEUE_MAX, RUNNING_MAX, QUEUE_LAST, RUNNING_LAST = range(9)
 
 
 def percentile(values, q: float) -> float | None:
@@ -74,38 +71,6 @@ class Histogram:
             total += n
             cumulative.append((bound, total))
         return {"buckets": tuple(cumulative), "count": total + self.counts[-1], "sum": self.sum}
-
-
-class Timeline:
-    """One bucket per second: prefill / decode / admitted prompt / cache-served tokens, and queue
-    depth and running requests (peak and last value seen). Seconds without any event have no bucket:
-    nothing happened, and the gauges kept their last value."""
-
-    def __init__(self):
-        self.closed: deque[tuple] = deque(maxlen=HISTORY_S + WINDOW_S)
-        self.current: list | None = None
-        self._closed_tuple: tuple = ()  # rebuilt once a second, not at every publish
-
-    def bucket(self, now: float) -> list:
-        sec = int(now)
-        if self.current is None or self.current[SEC] != sec:
-            queue, running = (self.current[QUEUE_LAST], self.current[RUNNING_LAST]) if self.current else (0, 0)
-            if self.current is not None:
-                self.closed.append(tuple(self.current))
-                self._closed_tuple = tuple(self.closed)
-            self.current = [sec, 0, 0, 0, 0, queue, running, queue, running]
-        return self.current
-
-    def add(self, now: float, field: int, n: int) -> None:
-        self.bucket(now)[field] += n
-
-    def gauges(self, now: float, queue: int, running: int) -> None:
-        b = self.bucket(now)
-        b[QUEUE_MAX], b[RUNNING_MAX] = max(b[QUEUE_MAX], queue), max(b[RUNNING_MAX], running)
-        b[QUEUE_LAST], b[RUNNING_LAST] = queue, running
-
-    def frozen(self) -> tuple[tuple, ...]:
-        return self._closed_tuple + ((tuple(self.current),) if self.current else ())
 
 
 class EngineMetrics:
@@ -249,83 +214,6 @@ def _slot(slot) -> MappingProxyType:
     )
 
 
-def stats_view(snap, now: float) -> dict:
-    """A snapshot as the pages and /metrics see it at monotonic time `now`: plain dicts and lists,
-    rates over the last WINDOW_S seconds and since start, slot ages and the per-second history."""
-    if not snap:
-        return {}
-    timeline = snap["timeline"]
-    uptime = max(now - snap["started_at"], 1e-9)
-    # whole seconds int(now)-WINDOW_S+1 .. now: between WINDOW_S-1 and WINDOW_S seconds, never more than uptime
-    first = int(now) - WINDOW_S + 1
-    span = min(now - first, uptime)
-    window = [b for b in timeline if b[SEC] >= first]
-    prompt, cached = sum(b[PROMPT] for b in window), sum(b[CACHED] for b in window)
-    out = {k: v for k, v in snap.items() if k not in _RAW_KEYS}
-    out.update(
-        uptime_s=uptime,
-        prefill_tokens_per_s=sum(b[PREFILL] for b in window) / span,
-        decode_tokens_per_s=sum(b[DECODE] for b in window) / span,
-        prefill_tokens_per_s_avg=snap["prefill_tokens_total"] / uptime,
-        decode_tokens_per_s_avg=snap["generated_tokens_total"] / uptime,
-        prefix_reuse=cached / prompt if prompt else None,
-        prefix_reuse_total=snap["cached_tokens_total"] / snap["prompt_tokens_total"] if snap["prompt_tokens_total"] else None,
-        seconds_since_step=now - snap["last_step_at"],
-        kv_tokens=sum(s["tokens_cached"] for s in snap["slots"]),
-        requests_total=dict(snap["requests_total"]),
-        slots=[_slot_view(s, now) for s in snap["slots"]],
-        recent_requests=[dict(r) for r in snap["recent_requests"]],
-        history=history(timeline, now, snap["started_at"]),
-        histograms={name: {**h, "buckets": [list(b) for b in h["buckets"]]} for name, h in snap["histograms"].items()},
-    )
-    return out
-
-
-_RAW_KEYS = frozenset({"published_at", "started_at", "last_step_at", "timeline"})
-
-
-def _slot_view(slot, now: float) -> dict:
-    view = {k: v for k, v in slot.items() if k != "submitted_at"}
-    view["age_s"] = now - slot["submitted_at"] if slot["submitted_at"] is not None else None
-    return view
-
-
-def history(timeline: tuple[tuple, ...], now: float, started: float) -> dict:
-    """The last HISTORY_S complete seconds as columns, oldest first; None before the engine started.
-
-    Token rates are that second's totals; queue depth and running are the peak seen in that second;
-    prefix reuse is over the WINDOW_S seconds ending there (None when no prompt was admitted)."""
-    by_sec = {b[SEC]: b for b in timeline}
-    end = int(now)  # the current second is incomplete: leave it out
-    first = end - HISTORY_S
-    lead_in = first - WINDOW_S + 1  # seconds before the range that the first prefix-reuse value covers
-    start_sec = int(started)
-    cols = {k: [] for k in ("prefill_tokens_per_s", "decode_tokens_per_s", "queue_depth", "running", "prefix_reuse")}
-    # gauges carry over seconds without a bucket: start from the last value before the lead-in
-    earlier = [b for b in timeline if b[SEC] < lead_in]
-    queue, running = (earlier[-1][QUEUE_LAST], earlier[-1][RUNNING_LAST]) if earlier else (0, 0)
-    prompts: deque[int] = deque()
-    cached: deque[int] = deque()
-    for sec in range(lead_in, end):
-        b = by_sec.get(sec)
-        prompts.append(b[PROMPT] if b else 0)
-        cached.append(b[CACHED] if b else 0)
-        if len(prompts) > WINDOW_S:
-            prompts.popleft()
-            cached.popleft()
-        peak_queue, peak_running = (b[QUEUE_MAX], b[RUNNING_MAX]) if b else (queue, running)
-        if b is not None:
-            queue, running = b[QUEUE_LAST], b[RUNNING_LAST]
-        if sec < first:
-            continue
-        if sec < start_sec:
-            for col in cols.values():
-                col.append(None)
-            continue
-        cols["prefill_tokens_per_s"].append(b[PREFILL] if b else 0)
-        cols["decode_tokens_per_s"].append(b[DECODE] if b else 0)
-        cols["queue_depth"].append(peak_queue)
-        cols["running"].append(peak_running)
-        p = sum(prompts)
-        cols["prefix_reuse"].append(round(sum(cached) / p, 4) if p else None)
-    return {"step_s": 1, "points": HISTORY_S, **cols}
+def counted(stats: dict) -> bool:
+    """Whether `engine.stats()` carries counters: a loading or failed engine's stats hold only its state."""
+    return "slots_total" in stats

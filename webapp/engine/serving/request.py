@@ -108,10 +108,6 @@ class Request:
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
 
-    @property
-    def all_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
-
     def cancel(self, reason: str = FinishReason.CANCELLED) -> None:
         """Ask the engine to retire this request; safe from any thread, idempotent."""
         if self.cancel_reason is None:

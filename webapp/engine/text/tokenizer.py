@@ -29,7 +29,6 @@ import regex
 log = logging.getLogger(__name__)
 
 # GGUF token types (llama.cpp's llama_token_type).
-TOKEN_TYPE_NORMAL = 1
 TOKEN_TYPE_CONTROL = 3
 TOKEN_TYPE_USER_DEFINED = 4
 _SPECIAL_TYPES = (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)

@@ -1,0 +1,24 @@
+"""What loading a model yields, as the engine sees it: a runner that runs the model, the file's
+tokenizer and chat template, its name, context and device. Defined on the engine's side so that
+the engine needs no import of the loader (which builds engines).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from webapp.engine.model.runner import Runner
+
+
+@dataclass
+class LoadedModel:
+    """What loading a model yields; the runner is the only part that runs the model."""
+
+    runner: Runner
+    tokenizer: object
+    chat_template: object
+    name: str
+    context: int
+    device: str

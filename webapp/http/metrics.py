@@ -1,0 +1,46 @@
+"""`GET /metrics`: the engine's counters in the Prometheus text format (OpenMetrics when asked for).
+
+Each app gets its own `CollectorRegistry` holding one `EngineCollector` (and, with
+`LLM_METRICS_COMPAT=vllm`, a `VllmCollector`), so nothing is counted twice and the global registry
+of `prometheus_client` is never touched. `webapp.http.auth` guards it with `ADMIN_TOKEN`, like the
+dashboard.
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, current_app, request
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from webapp.ops.prometheus import EngineCollector
+
+bp = Blueprint("prometheus", __name__)
+
+
+def _install(state) -> None:
+    app = state.app
+    registry = CollectorRegistry(auto_describe=False)
+
+    def stats() -> dict:
+        return app.extensions["engine"].stats()
+
+    registry.register(EngineCollector(stats))
+    compat = app.config.get("METRICS_COMPAT")
+    if compat:
+        from webapp.ops.vllm_metrics import MODES, VllmCollector
+
+        if compat not in MODES:
+            raise ValueError(f"LLM_METRICS_COMPAT={compat!r}: the supported value is {' or '.join(MODES)}")
+        registry.register(VllmCollector(stats))
+    app.extensions["prometheus_registry"] = registry
+
+
+bp.record_once(_install)
+
+
+@bp.get("/metrics")
+def metrics():
+    """The engine's metrics for a Prometheus scrape."""
+    encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+    body = encode(current_app.extensions["prometheus_registry"])
+    return Response(body, content_type=content_type, headers={"Cache-Control": "no-store"})
