@@ -36,7 +36,7 @@ prepare_tinygrad()  # before the model module imports tinygrad, which reads HCQ2
 
 from webapp.engine.decoding.sampling import RequestSampler  # noqa: E402
 from webapp.engine.model.loader import load_gguf_model  # noqa: E402
-from webapp.engine.model.transformer import use_tinygrad_from_this_thread  # noqa: E402
+from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread  # noqa: E402
 from webapp.engine.serving import engine as engine_module  # noqa: E402
 from webapp.engine.serving.engine import Engine  # noqa: E402
 from webapp.engine.serving.request import Finished, Request, SamplingParams  # noqa: E402
@@ -111,13 +111,12 @@ def ours(path, cpu_kernels=True):
 
     engine.stop(5)
     use_tinygrad_from_this_thread()  # the model is ours now, no longer the stopped model thread's
-    runner = engine.loaded.runner
+    model_steps = engine.loaded.runner.steps
     for lanes in (1, 2, 4, 8):
-        width = next(w for w in runner.widths if w >= lanes)  # the compiled width the server pads to
         steps = []
         for i in range(8):
             t = time.monotonic()
-            runner.model.decode([5] * lanes, list(range(lanes)), [100 + i] * lanes, width)
+            model_steps.decode([5] * lanes, list(range(lanes)), [100 + i] * lanes)  # padded as the server pads
             steps.append(time.monotonic() - t)
         out[f"batched decode B={lanes}: tok/s (step ms)"] = (lanes / min(steps), min(steps) * 1000)
     return out, chat

@@ -13,9 +13,10 @@ token, that token is in its list and is compared too. `--save FILE` keeps the pr
 tokens as JSON; `--continuations FILE` replays them without llama.cpp, so a before/after pair of
 engines is judged against the very same tokens.
 
-Our side uses only `load_gguf_model(...)` and two calls on `runner.model`: `prefill(tokens, slot,
-start, piece)` (logits (1, vocab) of the last token) and `decode(tokens, slots, positions, width)`
-(one logits row per lane), with the server's default slots, context and prefill chunk. Kernels are
+Our side uses only `load_gguf_model(...)` and two calls on its step strategy, `runner.steps`:
+`prefill(tokens, slot, start)` (logits (vocab,) of the last token), one prefill chunk at a time, and
+`decode(tokens, slots, positions)` (one logits row per lane), with the server's default slots,
+context and prefill chunk. Kernels are
 compiled on first use with this process's settings (tinygrad's defaults unless BEAM is set).
 """
 
@@ -71,15 +72,15 @@ def llama_continuation(port: int, prompt: list[int], n: int) -> tuple[list[int],
         conn.close()
 
 
-def teacher_forced_matches(model, piece: int, prompt: list[int], theirs: list[int]) -> list[bool]:
+def teacher_forced_matches(steps, chunk: int, prompt: list[int], theirs: list[int]) -> list[bool]:
     """Prefill `prompt`, then feed `theirs` one token at a time; whether our argmax equals theirs at each position."""
-    for start in range(0, len(prompt), piece):
-        logits = model.prefill(prompt[start : start + piece], SLOT, start, piece)  # (1, vocab)
+    for start in range(0, len(prompt), chunk):
+        logits = steps.prefill(prompt[start : start + chunk], SLOT, start)  # (vocab,)
     matches = []
     for i, expected in enumerate(theirs):
-        matches.append(int(np.argmax(logits[0])) == expected)
+        matches.append(int(np.argmax(logits)) == expected)
         if i + 1 < len(theirs):
-            logits = model.decode([expected], [SLOT], [len(prompt) + i], 1)  # (1, vocab)
+            logits = steps.decode([expected], [SLOT], [len(prompt) + i])[0]  # (vocab,)
     return matches
 
 
@@ -118,10 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.save, "w") as f:
             json.dump({"model": os.path.basename(path), "tokens": args.tokens, "prompts": prompts, "continuations": continuations}, f)
 
-    model, piece = loaded.runner.model, loaded.runner.piece
+    steps = loaded.runner.steps
     rows = []
     for i, (prompt, (theirs, stop)) in enumerate(zip(prompts, continuations)):
-        matches = teacher_forced_matches(model, piece, prompt, theirs)
+        matches = teacher_forced_matches(steps, CHUNK, prompt, theirs)
         first_miss = matches.index(False) if False in matches else None
         rows.append((i, len(prompt), len(theirs), stop, sum(matches), first_miss))
         print(f"  prompt {i}: {sum(matches)}/{len(matches)}", file=sys.stderr)

@@ -144,7 +144,7 @@ def tiny_engine_server(path: str, slots: int, queue_limit: int, context: int = 2
     """The real engine on the GGUF at `path` (prefill chunks of 8) behind a real Waitress server,
     ready to serve; yields (engine, server)."""
     from webapp.engine.model.loader import load_gguf_model
-    from webapp.engine.model.transformer import use_tinygrad_from_this_thread
+    from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
     from webapp.engine.serving.engine import Engine
 
     use_tinygrad_from_this_thread()

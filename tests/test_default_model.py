@@ -13,7 +13,7 @@ import pytest
 from conftest import running_server
 
 from webapp import create_app
-from webapp.engine.model.transformer import use_tinygrad_from_this_thread
+from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from conftest import wait_until
 from tiny_models import write_tiny_gguf
 
 from webapp.engine.model.loader import load_gguf_model
-from webapp.engine.model.transformer import use_tinygrad_from_this_thread
+from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.serving.engine import Engine, QueueFull
 from webapp.engine.serving.request import Finished, Request, SamplingParams
 

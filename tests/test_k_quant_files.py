@@ -8,9 +8,9 @@ import numpy as np
 import openai
 import pytest
 from conftest import get, tiny_engine_server
-from tiny_models import Reference, write_tiny_gguf
+from tiny_models import Reference, load_steps, write_tiny_gguf
 
-from webapp.engine.model.transformer import load_model, use_tinygrad_from_this_thread
+from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 
 QWEN3_1_7B = dict(dim=2048, hidden=6144, n_heads=16, n_kv_heads=8, head_dim=128)
 PROMPT = [1, 504, 3458, 282, 4649, 314, 253]
@@ -24,9 +24,9 @@ def q4_k_m_file(tmp_path_factory) -> str:
 
 def test_the_real_shape_loads_and_follows_the_reference(q4_k_m_file):
     use_tinygrad_from_this_thread()
-    model, _ = load_model(q4_k_m_file, slots=2, context=128)
+    steps = load_steps(q4_k_m_file, slots=2, context=128)
     expected = Reference(q4_k_m_file).logits(PROMPT + [42])
-    got = np.concatenate([model.prefill(PROMPT, slot=0, start=0, chunk=8), model.decode([42], [0], [len(PROMPT)], 1)])
+    got = np.stack([steps.prefill(PROMPT, slot=0, start=0), steps.decode([42], [0], [len(PROMPT)])[0]])
     want = expected[len(PROMPT) - 1 :]
     for row, reference in zip(got, want, strict=True):
         assert np.abs(row - reference).max() < 0.03 * np.abs(reference).max()

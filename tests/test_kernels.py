@@ -13,7 +13,7 @@ import pytest
 from tinygrad import Tensor, TinyJit
 
 from webapp.engine.kernels.cpu import BLOCK_FORMATS, INTERLEAVED, BlockWeight, QuantizedCPU, compile_library, simd_flags
-from webapp.engine.model.transformer import use_tinygrad_from_this_thread
+from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 
 TYPES = sorted(BLOCK_FORMATS)
 

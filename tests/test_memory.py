@@ -10,7 +10,8 @@ from tiny_models import write_tiny_gguf
 from webapp.engine.model import memory
 from webapp.engine.model.config import ModelConfig
 from webapp.engine.model.gguf import read_gguf
-from webapp.engine.model.transformer import ModelLoadError, load_model, use_tinygrad_from_this_thread
+from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
+from webapp.engine.model.transformer import ModelLoadError, load_model
 
 
 def test_weights_count_the_files_bytes_or_float16_and_the_cache_every_position(tmp_path):

@@ -6,10 +6,12 @@ import sys
 
 import numpy as np
 import pytest
-from tiny_models import Reference, write_tiny_gguf
+from tiny_models import Reference, load_steps, write_tiny_gguf
 from tinygrad import Device, dtypes
 
-from webapp.engine.model.transformer import ModelLoadError, load_model, use_tinygrad_from_this_thread
+from webapp.engine.model.steps import OneCallSteps
+from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
+from webapp.engine.model.transformer import ModelLoadError, load_model
 from webapp.engine.model.weights import BlockLinear
 
 PROMPT = [1, 504, 3458, 282, 4649, 314, 253, 77, 88, 99, 1234, 5]
@@ -19,57 +21,57 @@ PROMPT = [1, 504, 3458, 282, 4649, 314, 253, 77, 88, 99, 1234, 5]
 def tiny(request, tmp_path_factory):
     use_tinygrad_from_this_thread()
     path = write_tiny_gguf(str(tmp_path_factory.mktemp("m") / f"{request.param}.gguf"), request.param)
-    model, _ = load_model(path, slots=3, context=64)
-    return model, Reference(path)
+    steps = load_steps(path, slots=3, context=64)
+    return steps, Reference(path)
 
 
 def test_prefill_and_decode_match_float64_reference(tiny):
-    model, ref = tiny
+    steps, ref = tiny
     expected = ref.logits(PROMPT + [42, 7])
-    got = model.prefill(PROMPT, slot=0, start=0, chunk=16)[0]
+    got = steps.prefill(PROMPT, slot=0, start=0)
     np.testing.assert_allclose(got, expected[len(PROMPT) - 1], atol=1e-3, rtol=1e-3)
-    got = model.decode([42], slots=[0], positions=[len(PROMPT)], width=1)[0]
+    got = steps.decode([42], slots=[0], positions=[len(PROMPT)])[0]
     np.testing.assert_allclose(got, expected[len(PROMPT)], atol=1e-3, rtol=1e-3)
-    got = model.decode([7], slots=[0], positions=[len(PROMPT) + 1], width=2)[0]
+    got = steps.decode([7], slots=[0], positions=[len(PROMPT) + 1])[0]
     np.testing.assert_allclose(got, expected[len(PROMPT) + 1], atol=1e-3, rtol=1e-3)
 
 
 def test_chunked_prefill_equals_single_chunk(tiny):
-    model, _ = tiny
-    whole = model.prefill(PROMPT, slot=1, start=0, chunk=16)[0]
+    steps, _ = tiny
+    whole = steps.prefill(PROMPT, slot=1, start=0)
     for start in range(0, len(PROMPT), 5):
-        chunked = model.prefill(PROMPT[start : start + 5], slot=2, start=start, chunk=8)[0]
+        chunked = steps.prefill(PROMPT[start : start + 5], slot=2, start=start)
     np.testing.assert_allclose(chunked, whole, atol=1e-4, rtol=1e-4)
 
 
 def test_lanes_at_different_positions_and_slots_match_their_own_sequences(tiny):
-    model, ref = tiny
+    steps, ref = tiny
     prompts = [PROMPT[:3], PROMPT[:9]]
     for slot, prompt in enumerate(prompts):
-        model.prefill(prompt, slot=slot, start=0, chunk=16)
-    got = model.decode([11, 12], slots=[0, 1], positions=[3, 9], width=4)
+        steps.prefill(prompt, slot=slot, start=0)
+    got = steps.decode([11, 12], slots=[0, 1], positions=[3, 9])
     for row, prompt, token in zip(got, prompts, [11, 12]):
         np.testing.assert_allclose(row, ref.logits(prompt + [token])[-1], atol=1e-3, rtol=1e-3)
 
 
 def test_a_copied_prefix_continues_like_the_source_sequence(tiny):
-    model, ref = tiny
-    model.prefill(PROMPT, slot=0, start=0, chunk=16)
-    model.prefill([9, 9, 9, 9], slot=2, start=0, chunk=8)  # stale rows the copy must overwrite
-    model.copy_prefix(0, 2, len(PROMPT) - 2)
-    got = model.prefill(PROMPT[-2:], slot=2, start=len(PROMPT) - 2, chunk=8)[0]
+    steps, ref = tiny
+    steps.prefill(PROMPT, slot=0, start=0)
+    steps.prefill([9, 9, 9, 9], slot=2, start=0)  # stale rows the copy must overwrite
+    steps.copy_prefix(0, 2, len(PROMPT) - 2)
+    got = steps.prefill(PROMPT[-2:], slot=2, start=len(PROMPT) - 2)
     np.testing.assert_allclose(got, ref.logits(PROMPT)[-1], atol=1e-3, rtol=1e-3)
-    got = model.decode([42], slots=[2], positions=[len(PROMPT)], width=1)[0]
+    got = steps.decode([42], slots=[2], positions=[len(PROMPT)])[0]
     np.testing.assert_allclose(got, ref.logits(PROMPT + [42])[-1], atol=1e-3, rtol=1e-3)
 
 
 def test_quantized_file_gets_an_int8_head_close_to_the_reference(tmp_path):
     use_tinygrad_from_this_thread()
     path = write_tiny_gguf(str(tmp_path / "q8.gguf"), "llama", file_type=7)  # 7: mostly Q8_0
-    model, _ = load_model(path, slots=1, context=64)
-    assert model.head.w.dtype == dtypes.int8
+    steps = load_steps(path, slots=1, context=64)
+    assert steps.model.head.w.dtype == dtypes.int8
     expected = Reference(path).logits(PROMPT)[-1]
-    got = model.prefill(PROMPT, slot=0, start=0, chunk=16)[0]
+    got = steps.prefill(PROMPT, slot=0, start=0)
     # int8 rounding of each head row, not exactness: measured 0.03 at most on logits up to 4.2
     np.testing.assert_allclose(got, expected, atol=0.05)
     assert set(np.argsort(got)[-5:]) == set(np.argsort(expected)[-5:])
@@ -78,8 +80,8 @@ def test_quantized_file_gets_an_int8_head_close_to_the_reference(tmp_path):
 
 def test_float_file_keeps_an_exact_float16_head(tmp_path):
     use_tinygrad_from_this_thread()
-    model, _ = load_model(write_tiny_gguf(str(tmp_path / "f16.gguf"), "llama", file_type=1), slots=1, context=64)
-    assert model.head.w.dtype == dtypes.float16 and model.head.scale is None
+    steps = load_steps(write_tiny_gguf(str(tmp_path / "f16.gguf"), "llama", file_type=1), slots=1, context=64)
+    assert steps.model.head.w.dtype == dtypes.float16 and steps.model.head.scale is None
 
 
 def test_unsupported_architecture_fails_with_a_clear_message(tmp_path):
@@ -121,12 +123,12 @@ def test_quantized_matrices_run_on_block_kernels_close_to_the_reference(tmp_path
     tinygrad's product."""
     use_tinygrad_from_this_thread()
     path = write_tiny_gguf(str(tmp_path / "q.gguf"), arch, matrix_type=matrix_type, float_matrices=float_matrices)
-    model, _ = load_model(path, slots=3, context=64)
+    steps = load_steps(path, slots=3, context=64)
     if Device.DEFAULT == "CPU":
-        assert isinstance(model.blocks[0].qkv, BlockLinear) and isinstance(model.head.linear, BlockLinear)
-        assert (model.blocks[0].layer_tensors is None) == bool(float_matrices)
-        assert (model.whole_model is None) == bool(float_matrices)  # else a step is one kernel
-    _check_against_the_reference(model, path)
+        assert isinstance(steps.model.blocks[0].qkv, BlockLinear) and isinstance(steps.model.head.linear, BlockLinear)
+        assert (steps.model.blocks[0].layer_tensors is None) == bool(float_matrices)
+        assert isinstance(steps, OneCallSteps) != bool(float_matrices)  # else a step is one kernel
+    _check_against_the_reference(steps, path)
 
 
 @pytest.mark.parametrize(
@@ -147,40 +149,42 @@ def test_k_quant_files_run_on_block_kernels_close_to_the_reference(tmp_path, arc
     use_tinygrad_from_this_thread()
     shape = dict(n_layers=3, dim=256, hidden=512, n_heads=4, n_kv_heads=2)
     path = write_tiny_gguf(str(tmp_path / "k.gguf"), arch, matrix_type=matrix_type, tied=tied, **shape)
-    model, _ = load_model(path, slots=3, context=64)
+    steps = load_steps(path, slots=3, context=64)
     if Device.DEFAULT == "CPU":
-        assert isinstance(model.head.linear, BlockLinear) and all(isinstance(b.qkv, BlockLinear) for b in model.blocks)
-        assert model.whole_model is not None  # a step is one call, mixed q/k/v types and all
-    _check_against_the_reference(model, path)
+        assert isinstance(steps.model.head.linear, BlockLinear) and all(isinstance(b.qkv, BlockLinear) for b in steps.model.blocks)
+        assert isinstance(steps, OneCallSteps)  # a step is one call, mixed q/k/v types and all
+    _check_against_the_reference(steps, path)
 
 
-def _check_against_the_reference(model, path: str) -> None:
+def _check_against_the_reference(steps, path: str) -> None:
     expected = Reference(path).logits(PROMPT + [42])
-    got = model.prefill(PROMPT, slot=0, start=0, chunk=16)[0]
+    got = steps.prefill(PROMPT, slot=0, start=0)
     scale = np.abs(expected).max()
     assert np.abs(got - expected[len(PROMPT) - 1]).max() < 0.03 * scale
     assert np.argmax(got) == np.argmax(expected[len(PROMPT) - 1])
-    got = model.decode([42], slots=[0], positions=[len(PROMPT)], width=2)[0]
+    got = steps.decode([42], slots=[0], positions=[len(PROMPT)])[0]
     assert np.abs(got - expected[len(PROMPT)]).max() < 0.03 * scale
     # chunked prefill and decode lanes see exactly the numbers a single chunk does
-    whole = model.prefill(PROMPT, slot=1, start=0, chunk=16)[0]
+    whole = steps.prefill(PROMPT, slot=1, start=0)
     for start in range(0, len(PROMPT), 5):
-        chunked = model.prefill(PROMPT[start : start + 5], slot=1, start=start, chunk=8)[0]
+        chunked = steps.prefill(PROMPT[start : start + 5], slot=1, start=start)
     np.testing.assert_allclose(chunked, whole, atol=1e-4, rtol=1e-4)
     # prompt scoring: every position's logits, the last one's as prefill gives it (in one call on the
     # kernels' whole step, bit for bit; tinygrad's product rounds per shape)
-    scored = model.score(PROMPT, slot=1, start=0)
+    scored = steps.score(PROMPT, slot=1, start=0)
     assert scored.shape == (len(PROMPT), len(got))
-    np.testing.assert_allclose(scored[-1], whole, atol=0 if model.whole_model else 1e-4, rtol=0 if model.whole_model else 1e-4)
+    np.testing.assert_allclose(
+        scored[-1], whole, atol=0 if isinstance(steps, OneCallSteps) else 1e-4, rtol=0 if isinstance(steps, OneCallSteps) else 1e-4
+    )
     # a prefix copied by tinygrad's kernels is there for the next step, which may run outside its queue
-    model.prefill([9] * len(PROMPT), slot=0, start=0, chunk=16)
-    model.copy_prefix(1, 0, len(PROMPT))
-    copied, source = (model.decode([42], slots=[s], positions=[len(PROMPT)], width=1)[0] for s in (0, 1))
+    steps.prefill([9] * len(PROMPT), slot=0, start=0)
+    steps.copy_prefix(1, 0, len(PROMPT))
+    copied, source = (steps.decode([42], slots=[s], positions=[len(PROMPT)])[0] for s in (0, 1))
     np.testing.assert_array_equal(copied, source)
-    assert model.mixes_steps == (model.whole_model is not None)
-    if model.mixes_steps:  # prompt chunks and a decode step as one call: each lane as in its own call
-        chunks_alone = [model.prefill(PROMPT[:7], slot=0, start=0, chunk=8)[0], model.prefill([7, 8], slot=2, start=0, chunk=8)[0]]
-        firsts, rows = model.prefill_and_decode([(PROMPT[:7], 0, 0), ([7, 8], 2, 0)], [42], [1], [len(PROMPT)])
+    assert steps.mixes == (isinstance(steps, OneCallSteps))
+    if steps.mixes:  # prompt chunks and a decode step as one call: each lane as in its own call
+        chunks_alone = [steps.prefill(PROMPT[:7], slot=0, start=0), steps.prefill([7, 8], slot=2, start=0)]
+        firsts, rows = steps.prefill_and_decode([(PROMPT[:7], 0, 0), ([7, 8], 2, 0)], [42], [1], [len(PROMPT)])
         for got, alone in zip(firsts, chunks_alone, strict=True):
             np.testing.assert_array_equal(got, alone)
         np.testing.assert_array_equal(rows[0], source)
@@ -237,3 +241,30 @@ def test_read_gguf_reads_what_gguf_and_tinygrad_read(tmp_path, matrix_type):
             np.testing.assert_array_equal(raw.data.reshape(-1), np.asarray(tensor.data).view(np.uint8).reshape(-1))
     layer_blocks = [raw.data is not None for name, raw in table.items() if name.startswith("blk.") and raw.rows > 1]
     assert all(layer_blocks) if matrix_type else not any(layer_blocks)
+
+
+def test_the_start_up_log_says_how_steps_run_and_whether_make_tune_can_change_them(tmp_path, caplog):
+    """One strategy per way of running a step, chosen once at load; only steps that run tinygrad's
+    kernels are offered `make tune`."""
+    import logging
+
+    from webapp.engine.model.loader import load_gguf_model
+    from webapp.engine.model.steps import KernelJitSteps, TinygradJitSteps
+
+    use_tinygrad_from_this_thread()
+    blocks = write_tiny_gguf(str(tmp_path / "q.gguf"), "qwen2", matrix_type="Q8_0")
+    mixed = write_tiny_gguf(str(tmp_path / "f.gguf"), "qwen2", matrix_type="Q8_0", float_matrices=("ffn_down.weight",))
+    with caplog.at_level(logging.INFO, logger="webapp.engine.model"):
+        plain = load_gguf_model(blocks, slots=1, max_context=32, prefill_chunk=8, cpu_kernels=False)
+    assert isinstance(plain.runner.steps, TinygradJitSteps)
+    assert "steps: jitted, on tinygrad" in caplog.text and "make tune` (once) BEAM-searches them" in caplog.text
+    if Device.DEFAULT != "CPU":
+        return
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="webapp.engine.model"):
+        one = load_gguf_model(blocks, slots=1, max_context=32, prefill_chunk=8)
+        one.runner.warm_up(logging.getLogger("webapp.engine.model.runner").info)
+    assert isinstance(one.runner.steps, OneCallSteps) and one.runner.beam == 0
+    assert "steps: one call each on the CPU kernels (no tinygrad kernel in a step" in caplog.text
+    assert "not tuned" not in caplog.text and "compiling" not in caplog.text
+    assert isinstance(load_gguf_model(mixed, slots=1, max_context=32, prefill_chunk=8).runner.steps, KernelJitSteps)

@@ -3,10 +3,11 @@ what the kernels do not run. Files with each go through the model against the fl
 
 import numpy as np
 import pytest
-from tiny_models import Reference, write_tiny_gguf
+from tiny_models import Reference, load_steps, write_tiny_gguf
 
 from webapp.engine.model.rope import RopeUnsupported, inverse_frequencies
-from webapp.engine.model.transformer import ModelLoadError, load_model, use_tinygrad_from_this_thread
+from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
+from webapp.engine.model.transformer import ModelLoadError, load_model
 
 HEAD_DIM = 16
 PLAIN = 1.0 / 10000.0 ** (np.arange(0, HEAD_DIM, 2) / HEAD_DIM)
@@ -50,8 +51,8 @@ PROMPT = list(range(300, 340))  # long enough that the low frequencies' angles m
 def test_scaled_rope_files_follow_the_reference_that_scales_too(tmp_path, arch, options):
     use_tinygrad_from_this_thread()
     path = write_tiny_gguf(str(tmp_path / "r.gguf"), arch, n_heads=4, dim=64, **options)
-    model, _ = load_model(path, slots=1, context=64)
-    got = model.score(PROMPT, slot=0, start=0)
+    steps = load_steps(path, slots=1, context=64)
+    got = steps.score(PROMPT, slot=0, start=0)
     reference = Reference(path)
     expected = reference.logits(PROMPT)
     scale = np.abs(expected).max()

@@ -169,6 +169,15 @@ def write_tiny_gguf(
     return path
 
 
+def load_steps(path: str, slots: int, context: int, prefill_chunk: int = 16):
+    """The file's model behind the step strategy the server would choose (`steps.model` is the model)."""
+    from webapp.engine.model.steps import steps_for
+    from webapp.engine.model.transformer import load_model
+
+    model, _ = load_model(path, slots=slots, context=context)
+    return steps_for(model, prefill_chunk)
+
+
 class Reference:
     """Float64 forward pass over a whole token sequence, straight from the GGUF file."""
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
 
 from webapp.engine.model.config import ModelLoadError
 from webapp.engine.model.tinygrad_setup import prepare_tinygrad
@@ -22,9 +21,6 @@ from webapp.engine.model.tuning_stamp import beam_for, tuning_key
 from webapp.engine.serving.engine import Engine
 from webapp.engine.serving.loaded_model import LoadedModel
 from webapp.engine.serving.settings import engine_settings
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +30,9 @@ def load_gguf_model(path: str, slots: int, max_context: int, prefill_chunk: int,
     prepare_tinygrad()  # before tinygrad's first import: it reads HCQ2 then
     from tinygrad import Device
 
-    from webapp.engine.model.runner import ModelRunner, prefill_pieces
+    from webapp.engine.model.runner import ModelRunner
+    from webapp.engine.model.steps import steps_for
+    from webapp.engine.model.steps.jitted import prefill_pieces
     from webapp.engine.model.transformer import load_model
     from webapp.engine.text.chat_template import ChatTemplate
     from webapp.engine.text.tokenizer import Tokenizer
@@ -46,9 +44,15 @@ def load_gguf_model(path: str, slots: int, max_context: int, prefill_chunk: int,
         template = ChatTemplate(kv.get("tokenizer.chat_template"), bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
     except (ValueError, TypeError, KeyError, IndexError) as e:
         raise ModelLoadError(f"{os.path.basename(path)}: {type(e).__name__}: {e}".replace("\n", " ")) from e
-    beam = beam_for(tuning_key(path, slots, model.context, piece, model.uses_cpu_kernels), beam)
+    steps = steps_for(model, prefill_chunk)
+    if steps.tunable:
+        beam = beam_for(tuning_key(path, slots, model.context, piece, model.uses_cpu_kernels), beam)
+        log.info("steps: %s", steps.how)
+    else:
+        beam = 0
+        log.info("steps: %s (no tinygrad kernel in a step: `make tune` has nothing to search)", steps.how)
     return LoadedModel(
-        runner=ModelRunner(model, prefill_chunk, beam=beam),
+        runner=ModelRunner(steps, beam=beam),
         tokenizer=tokenizer,
         chat_template=template,
         name=os.path.basename(path).removesuffix(".gguf"),

@@ -60,3 +60,13 @@ def _wait_without_spinning(device, signal, value, timeout=None):
             seen, since = now, time.perf_counter()
         elif time.perf_counter() - since > limit:
             device.on_device_hang()
+
+
+def use_tinygrad_from_this_thread() -> None:
+    """tinygrad keeps one sqlite connection for its kernel cache, usable only by the thread that opened
+    it. The server touches tinygrad from its model thread only; tests and benchmarks that also use it
+    from another thread (the main thread, then an engine's model thread) drop the connection so the
+    next user reopens it."""
+    import tinygrad.helpers
+
+    tinygrad.helpers._db_connection = None

@@ -16,6 +16,7 @@ import sys
 import time
 
 from webapp.engine.model.loader import load_gguf_model
+from webapp.engine.model.steps.jitted import prefill_pieces
 from webapp.engine.model.tuning_stamp import mark_tuned, tuning_key
 from webapp.engine.serving.settings import engine_settings
 
@@ -33,10 +34,19 @@ def main() -> int:
     loaded = load_gguf_model(
         settings["path"], settings["slots"], settings["context"], settings["prefill_chunk"], beam=beam, cpu_kernels=settings["cpu_kernels"]
     )
+    if not loaded.runner.steps.tunable:
+        log.info("steps run %s: no tinygrad kernel to tune", loaded.runner.steps.how)
+        return 0
     loaded.runner.warm_up(log.info)
     seconds = time.monotonic() - started
     stamp = mark_tuned(
-        tuning_key(settings["path"], settings["slots"], loaded.context, loaded.runner.piece, loaded.runner.model.uses_cpu_kernels),
+        tuning_key(
+            settings["path"],
+            settings["slots"],
+            loaded.context,
+            prefill_pieces(settings["prefill_chunk"])[0],
+            loaded.runner.steps.model.uses_cpu_kernels,
+        ),
         beam,
         seconds,
     )

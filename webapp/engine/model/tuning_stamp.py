@@ -51,7 +51,7 @@ def beam_for(key: dict, configured) -> int:
     stamp = _stamp(key)
     if stamp.exists():
         return int(json.loads(stamp.read_text())["beam"])
-    log.info("kernels are not tuned for this configuration: default kernels; `make tune` (once) makes them about 4x faster")
+    log.info("tinygrad's kernels are not tuned for this configuration: default kernels; `make tune` (once) BEAM-searches them")
     return 0
 
 

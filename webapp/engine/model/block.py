@@ -1,0 +1,183 @@
+"""A llama-family layer: attention with a KV cache of many slots, then a SwiGLU feed-forward.
+
+Contract: `TransformerBlock(config, weights, layer, slots, context, kv_dtype)` holds the layer's
+products in the form `WeightSource` chose and its float16 KV cache (2, slots + 1, kv_heads,
+context, head_dim); the extra last slot is scratch for padding lanes. The step strategies
+(`webapp.engine.model.steps`) call `prefill` / `decode` on tinygrad's path and `on_kernels` on the
+CPU kernels' path; `layer_tensors` is set when every product is in blocks, so the layer runs as one
+kernel (and, for the whole model, inside one call).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from tinygrad import Device, Tensor, UOp
+
+from webapp.engine.kernels.cpu import ATTEND_BIAS, ATTEND_QK_NORM, MAX_HEAD_DIM, LayerMatrices, LayerTensors
+from webapp.engine.model.config import ModelConfig
+from webapp.engine.model.device_buffers import device_array
+from webapp.engine.model.ops import rms_norm, rope
+from webapp.engine.model.weights import BlockLinear, WeightSource
+
+
+# A layer's products with what surrounds them: one fused kernel when the matrix is in blocks on the
+# CPU kernels, tinygrad's operations around the product otherwise.
+def _after_norm(linear, x: Tensor, norm: Tensor, eps: float) -> Tensor:
+    if isinstance(linear, BlockLinear):
+        return linear.kernels.norm_linear(x, linear.weight, norm, eps)
+    return linear(rms_norm(x, norm, eps))
+
+
+def _plus(linear, x: Tensor, residual: Tensor) -> Tensor:
+    if isinstance(linear, BlockLinear):
+        return linear.kernels.residual_linear(x, linear.weight, residual)
+    return (residual + linear(x)).contiguous()
+
+
+def _swiglu_plus(linear, gate_up: Tensor, residual: Tensor) -> Tensor:
+    if isinstance(linear, BlockLinear):
+        return linear.kernels.swiglu_linear(gate_up, linear.weight, residual)
+    hidden = gate_up.shape[-1] // 2
+    return (residual + linear(gate_up[..., :hidden].silu() * gate_up[..., hidden:])).contiguous()
+
+
+class TransformerBlock:
+    """One pre-norm attention + SwiGLU layer (llama, qwen2, qwen3): its weights, its slice of the KV
+    cache, and its computation on tinygrad (`prefill`, `decode`) and on the CPU kernels (`on_kernels`)."""
+
+    def __init__(self, config: ModelConfig, weights: WeightSource, layer: int, slots: int, context: int, kv_dtype):
+        self.c = config
+        p = f"blk.{layer}."
+        self.w = {
+            name: weights.vector(p + name)
+            for name in ("attn_norm.weight", "ffn_norm.weight", "attn_q_norm.weight", "attn_k_norm.weight")
+            if weights.has(p + name)
+        }
+        # one product for q, k and v and one for gate and up: fewer, larger kernels run faster here
+        self.qkv = weights.linear(*(p + f"attn_{n}.weight" for n in "qkv"))  # D -> H*Hd + 2*KvH*Hd
+        self.gate_up = weights.linear(p + "ffn_gate.weight", p + "ffn_up.weight")  # D -> 2*F
+        self.attn_output = weights.linear(p + "attn_output.weight")  # H*Hd -> D
+        self.down = weights.linear(p + "ffn_down.weight")  # F -> D
+        # the whole layer runs on the CPU kernels when they are loaded and can rotate its heads
+        head_dim_ok = config.head_dim % 2 == 0 and config.head_dim <= MAX_HEAD_DIM
+        self.kernels = weights.kernels if head_dim_ok else None
+        bias_names = [p + f"attn_{n}.bias" for n in "qkv"] if config.qkv_bias else []
+        self.qkv_bias = None  # added by tinygrad's product; on the kernels, by the attention kernel
+        self.attend_extras = self.layer_tensors = None
+        matrices = None
+        if self.kernels is None:
+            if bias_names:
+                self.qkv_bias = Tensor.cat(*(weights.vector(n) for n in bias_names)).contiguous()
+        else:
+            # tq_attend's extras: the qkv bias, then the q and k norm weights, as the model has them
+            names = bias_names + ([p + "attn_q_norm.weight", p + "attn_k_norm.weight"] if config.qk_norm else [])
+            extras = [weights.vector_values(n) for n in names]
+            if all(e is not None for e in extras):  # read from the file straight into one buffer
+                self.attend_extras = device_array(np.concatenate(extras) if extras else np.zeros(1, np.float32))
+            else:
+                self.attend_extras = Tensor.cat(*(weights.vector(n) for n in names)).float().contiguous()
+            self.attend_flags = (ATTEND_BIAS if config.qkv_bias else 0) | (ATTEND_QK_NORM if config.qk_norm else 0)
+            products = (self.qkv, self.attn_output, self.gate_up, self.down)
+            # every product in blocks: the layer runs as one kernel; else five, tinygrad's products among them
+            if all(isinstance(product, BlockLinear) for product in products):
+                matrices = LayerMatrices(*(product.weight for product in products))
+        # (k|v, slot, kv_head, position, head_dim); the extra last slot is scratch for padding lanes.
+        shape = (2, slots + 1, config.n_kv_heads, context, config.head_dim)
+        if Device.DEFAULT == "CPU":
+            # the CPU allocator maps fresh zero pages: no kernel writes 0.9 GB of zeros at load, and memory
+            # is only committed as positions fill
+            self.cache = Tensor.empty(*shape, dtype=kv_dtype).realize()
+            self.cache.uop.base.buffer.ensure_allocated()
+        else:
+            self.cache = Tensor.zeros(*shape, dtype=kv_dtype).contiguous()
+        if matrices is not None:
+            norms = (self.w["attn_norm.weight"], self.w["ffn_norm.weight"])
+            self.layer_tensors = LayerTensors(matrices, *norms, self.cache, self.attend_extras, config.n_heads, self.attend_flags)
+
+    def tensors(self) -> list[Tensor]:
+        own = [*self.qkv.tensors(), *self.gate_up.tensors(), *self.attn_output.tensors(), *self.down.tensors(), self.cache]
+        optional = [t for t in (self.qkv_bias, self.attend_extras) if t is not None]
+        return own + optional + list(self.w.values())
+
+    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        c, w = self.c, self.w
+        B, T, _ = x.shape
+        qkv = self.qkv(x, self.qkv_bias).contiguous()  # (B, T, H*Hd + 2*KvH*Hd)
+        q_end, k_end = c.n_heads * c.head_dim, (c.n_heads + c.n_kv_heads) * c.head_dim
+        q, k, v = qkv[..., :q_end], qkv[..., q_end:k_end], qkv[..., k_end:]
+        q = q.reshape(B, T, c.n_heads, c.head_dim).transpose(1, 2)  # (B, H, T, Hd)
+        k = k.reshape(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, KvH, T, Hd)
+        v = v.reshape(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, KvH, T, Hd)
+        if c.qk_norm:
+            q, k = rms_norm(q, w["attn_q_norm.weight"], c.norm_eps), rms_norm(k, w["attn_k_norm.weight"], c.norm_eps)
+        return q, k, v
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        """q (B, H, T, Hd) over k, v (B, KvH, S, Hd) with an additive mask (B or 1, T, S).
+
+        Query heads sharing a kv head get their own axis and k, v broadcast over it: no reshape
+        ever touches the symbolic S axis, which tinygrad would index with a division and a modulo
+        by S on every load (the product with v ran 14x slower that way).
+        """
+        c = self.c
+        B, H, T, Hd = q.shape
+        group = c.n_heads // c.n_kv_heads
+        q = q.reshape(B, c.n_kv_heads, group, T, Hd)
+        scores = q @ k.unsqueeze(2).transpose(-1, -2) * (1.0 / math.sqrt(Hd))  # (B, KvH, group, T, S)
+        probs = (scores + mask.unsqueeze(1).unsqueeze(1)).softmax(-1)
+        out = (probs @ v.unsqueeze(2)).reshape(B, H, T, Hd)
+        return out.transpose(1, 2).reshape(B, T, H * Hd)
+
+    def _ffn_and_out(self, x: Tensor, attn: Tensor) -> Tensor:
+        h = x + self.attn_output(attn)
+        n = rms_norm(h, self.w["ffn_norm.weight"], self.c.norm_eps)
+        return (h + self.feed_forward(n)).contiguous()
+
+    def feed_forward(self, n: Tensor) -> Tensor:
+        """The normed residual stream n (B, T, D) through SwiGLU -> (B, T, D); the hook an architecture
+        with another feed-forward (a mixture of experts) overrides."""
+        gate_up = self.gate_up(n).contiguous()  # (B, T, 2*F)
+        hidden = self.c.hidden_dim
+        mixed = (gate_up[..., :hidden].silu() * gate_up[..., hidden:]).contiguous()
+        return self.down(mixed)
+
+    def on_kernels(self, x: Tensor, lanes: Tensor, inv_freq: Tensor) -> Tensor:
+        """The layer on the CPU kernels, as one or five of them: x (B, D) for B lanes, each a decode step's
+        sequence or a prefill piece's token, lane b at position lanes[B + b] of slot lanes[b]. Prefill
+        and decode thus compute a position identically, so prompt scoring equals generation."""
+        c, w = self.c, self.w
+        if self.layer_tensors is not None:  # every product in blocks: one kernel
+            return self.kernels.layer(x, self.layer_tensors, lanes, inv_freq, c.norm_eps)
+        attention = (self.cache, lanes, inv_freq, self.attend_extras, c.n_heads, self.attend_flags)
+        qkv = _after_norm(self.qkv, x, w["attn_norm.weight"], c.norm_eps)
+        attn = self.kernels.attend(qkv, *attention, c.norm_eps)
+        h = _plus(self.attn_output, attn, x)
+        return _swiglu_plus(self.down, _after_norm(self.gate_up, h, w["ffn_norm.weight"], c.norm_eps), h)
+
+    def prefill(self, x: Tensor, slot: UOp, start: UOp, rotary: tuple[Tensor, Tensor], mask: Tensor) -> Tensor:
+        """x (1, T, D) for positions start..start+T-1 of the sequence in `slot`."""
+        T = x.shape[1]
+        q, k, v = self._qkv(rms_norm(x, self.w["attn_norm.weight"], self.c.norm_eps))
+        # contiguous after RoPE: fusing RoPE into symbolic-length attention overflows tinygrad's rewriter
+        q = rope(q, *rotary).contiguous()
+        k = rope(k, *rotary)
+        kv = Tensor.stack(k[0], v[0]).cast(self.cache.dtype)  # (2, KvH, T, Hd)
+        store = self.cache[:, slot, :, start : start + T, :].uop.store(kv.uop)
+        cache = Tensor(self.cache.uop.after(store))
+        keys = cache[0, slot, :, 0 : start + T, :].unsqueeze(0).float()  # (1, KvH, start+T, Hd)
+        values = cache[1, slot, :, 0 : start + T, :].unsqueeze(0).float()
+        return self._ffn_and_out(x, self._attend(q, keys, values, mask))
+
+    def decode(self, x: Tensor, slots: list[UOp], positions: list[UOp], rotary: tuple[Tensor, Tensor], length: UOp, mask: Tensor) -> Tensor:
+        """x (B, 1, D): lane b is at position positions[b] of the sequence in slots[b]; keys read up to `length`."""
+        q, k, v = self._qkv(rms_norm(x, self.w["attn_norm.weight"], self.c.norm_eps))
+        q = rope(q, *rotary).contiguous()
+        k = rope(k, *rotary)
+        kv = Tensor.stack(k, v).cast(self.cache.dtype)  # (2, B, KvH, 1, Hd)
+        stores = [self.cache[:, s, :, p : p + 1, :].uop.store(kv[:, b].contiguous().uop) for b, (s, p) in enumerate(zip(slots, positions))]
+        cache = Tensor(self.cache.uop.after(*stores))
+        keys = Tensor.stack(*[cache[0, s, :, 0:length, :] for s in slots]).float()  # (B, KvH, length, Hd)
+        values = Tensor.stack(*[cache[1, s, :, 0:length, :] for s in slots]).float()
+        return self._ffn_and_out(x, self._attend(q, keys, values, mask))

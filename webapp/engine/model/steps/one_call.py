@@ -1,0 +1,84 @@
+"""Steps as one direct call into the CPU kernels (`QuantizedCPU.step`, `tq_forward`): the embedding,
+every layer and the head, for lanes of any slot and position.
+
+Chosen when the embedding, the head and every layer's products are in blocks the kernels read
+(`fits`). Nothing is compiled and nothing padded: a chunk runs as the call it is, and prompt chunks
+and decode lanes share one call (`mixes`), which reads the weights once for all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from webapp.engine.kernels.cpu import BlockWeight
+from webapp.engine.model.steps.base import Chunk, Steps, prompt_lanes
+
+WARM_UP_TOKENS = 32  # one prompt piece: the first user's step then finds every weight page mapped in
+
+
+class OneCallSteps(Steps):
+    how = "one call each on the CPU kernels"
+    tunable = False  # no tinygrad kernel runs in a step
+    mixes = True
+
+    @staticmethod
+    def fits(model) -> bool:
+        embed, head = getattr(model.embed, "weight", None), getattr(model.head, "weight", None)
+        layers = [block.layer_tensors for block in model.blocks]
+        return model.kernels is not None and isinstance(embed, BlockWeight) and isinstance(head, BlockWeight) and None not in layers
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.kernels = model.kernels
+        layers = [block.layer_tensors for block in model.blocks]
+        self.whole_model = self.kernels.whole_model(
+            model.embed.weight, model.output_norm, model.head.weight, model.inv_freq, layers, model.config.norm_eps
+        )
+        self._prefix_copy.synchronize = True
+
+    def _step(self, tokens: list[int], lanes: list[int], picks: list[int]) -> np.ndarray:
+        return self.kernels.step(self.whole_model, tokens, lanes, picks)
+
+    def prefill(self, tokens: list[int], slot: int, start: int) -> np.ndarray:
+        n = len(tokens)
+        assert n > 0 and start + n <= self.model.context
+        return self._step(tokens, prompt_lanes(slot, start, n), [n - 1])[0]
+
+    def decode(self, tokens: list[int], slots: list[int], positions: list[int]) -> np.ndarray:
+        assert tokens
+        return self._step(tokens, slots + positions, list(range(len(tokens))))
+
+    def score(self, tokens: list[int], slot: int, start: int) -> np.ndarray:
+        """One call: every token's logits, as generating them would give."""
+        n = len(tokens)
+        assert tokens and start + n <= self.model.context
+        return self._step(tokens, prompt_lanes(slot, start, n), list(range(n)))
+
+    def prefill_and_decode(
+        self, chunks: list[Chunk], decoding: list[int], slots: list[int], positions: list[int]
+    ) -> tuple[list[np.ndarray], np.ndarray]:
+        """Prompt chunks (tokens, slot, start), each as `prefill` runs it, and `decode(decoding, slots,
+        positions)` as one call: each chunk's last token's logits (vocab,), and the decode lanes'
+        (len(decoding), vocab). A lane's numbers are those of a call of its own: every lane's keys are
+        written before any lane attends, and lanes never mix. Each chunk's slot is its own."""
+        chunk_slots = [slot for _, slot, _ in chunks]
+        assert chunks and all(t for t, _, _ in chunks) and len(set(chunk_slots + slots)) == len(chunk_slots + slots)
+        tokens, lane_slots, lane_positions, picks = [], [], [], []
+        for chunk, slot, start in chunks:
+            tokens += chunk
+            lane_slots += [slot] * len(chunk)
+            lane_positions += range(start, start + len(chunk))
+            picks.append(len(tokens) - 1)
+        picks += range(len(tokens), len(tokens) + len(decoding))
+        logits = self._step(tokens + decoding, lane_slots + slots + lane_positions + positions, picks)
+        return list(logits[: len(chunks)]), logits[len(chunks) :]
+
+    def warm_up(self, progress: Callable[[str], None]) -> None:
+        scratch = self.model.slots
+        progress("warm-up: nothing to compile (steps are one call each on the CPU kernels); one step reads every weight once")
+        self.prefill([0] * WARM_UP_TOKENS, scratch, 0)
+        self.decode([0], [scratch], [0])
+        for _ in range(2):  # the prefix copy's jit captures on the first call; the second checks the replay
+            self.copy_prefix(0, scratch, 1)
