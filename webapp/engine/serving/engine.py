@@ -30,7 +30,7 @@ from webapp.engine.serving.kv_cache import SlotTable
 from webapp.engine.serving.loaded_model import LoadedModel
 from webapp.engine.serving.metrics import REJECTED, EngineMetrics
 from webapp.engine.serving.request import Finished, FinishReason, Request, Status
-from webapp.engine.serving.scheduler import Scheduler
+from webapp.engine.serving.scheduler import PromptChunk, Scheduler
 from webapp.engine.serving.settings import ENGINE_DEFAULTS
 
 __all__ = ["Engine", "EngineNotReady", "QueueFull"]
@@ -191,10 +191,6 @@ class Engine:
                 with self._lock:
                     self._waiting -= 1
                 request.sampler = RequestSampler(request.params, request.prompt_ids, request.constraint)
-                if request.params.prompt_logprobs is not None and request.cached_tokens:
-                    # scoring needs every prompt position's logits: nothing may come from the cache
-                    self.scheduler.slot_of(request).tokens.clear()
-                    request.cached_tokens = 0
                 self.metrics.on_admit(request)
                 changed = True
             # publish before the step too, so pages show who is running during a long step
@@ -217,68 +213,42 @@ class Engine:
             pass
 
     def _step(self) -> None:
-        """One pass's model work: prompt chunks (at most the prefill chunk's tokens in all), then a token
-        for every decoding request. Where the runner mixes steps, all of it is one model step (the
-        weights are read once for everything); should that step fail, the parts run again apart, so a
-        failure stays with the request that caused it."""
+        """Run the scheduler's plan for one pass: prefix copies, then prompt chunks and decode lanes.
+        A mixed plan is one model step (the weights are read once for everything); should that step
+        fail, the parts run again apart, so a failure stays with the request that caused it."""
         runner = self.loaded.runner
-        chunks = self._next_chunks(several=runner.mixes)
-        batch = self._decoding()
-        if runner.mixes and chunks and (batch or len(chunks) > 1) and chunks[0][0].params.prompt_logprobs is None:
+        plan = self.scheduler.plan(mixes=runner.mixes)
+        chunks = [c for c in plan.chunks if c.copy is None or self._copy_prefix(c)]
+        if plan.mixed and len(chunks) == len(plan.chunks):
             try:
-                firsts, rows = runner.prefill_and_decode(chunks, batch, self._positions(batch))
+                parts = [(c.request, c.tokens, c.start) for c in chunks]
+                firsts, rows = runner.prefill_and_decode(parts, list(plan.decode), self._positions(plan.decode))
             except Exception:
                 log.warning("a mixed step failed; running its parts apart", exc_info=True)
             else:
-                for (request, tokens, _), first in zip(chunks, firsts):
-                    self._prefilled(request, tokens, first)
-                self._decoded(batch, rows)
+                for chunk, first in zip(chunks, firsts):
+                    self._prefilled(chunk.request, chunk.tokens, first)
+                self._decoded(list(plan.decode), rows)
                 return
         for chunk in chunks:
-            self._prefill(*chunk)
-        batch = self._decoding()  # with requests whose prompts just finished
+            self._prefill(chunk.request, chunk.tokens, chunk.start)
+        batch = plan.lanes_after_prefill()
         if batch:
             self._decode(batch)
 
-    def _next_chunks(self, several: bool) -> list[tuple[Request, list[int], int]]:
-        """This step's prompt chunks, oldest request first, at most the prefill chunk's tokens in all:
-        one request's unless `several`. A request first copies its prefix from another slot where
-        that saves work; one that could copy more from a request chunked here waits for it. A prompt
-        being scored (prompt_logprobs) runs alone."""
-        chunks, budget = [], self.scheduler.prefill_chunk
-        for request in self.scheduler.prefilling():
-            if chunks and (not several or budget <= 0 or request.params.prompt_logprobs is not None):
-                break
-            if self.scheduler.would_copy_from(request, [c[0] for c in chunks]):
-                continue
-            if not self._copy_prefix(request):
-                continue
-            tokens, start = self.scheduler.next_chunk(request, budget)
-            chunks.append((request, tokens, start))
-            budget -= len(tokens)
-            if request.params.prompt_logprobs is not None:
-                break
-        return chunks
-
-    def _copy_prefix(self, request: Request) -> bool:
-        """Copy the request's prompt prefix from another slot where that saves prefill work; False if
-        the copy failed (the request has failed then)."""
-        shared = self.scheduler.prefix_elsewhere(request)
-        if shared is None:
-            return True
-        source, length = shared
+    def _copy_prefix(self, chunk: PromptChunk) -> bool:
+        """Run the chunk's prefix copy; False if it failed (the request has failed then)."""
         try:
-            self.loaded.runner.copy_prefix(request, source.index, length)
+            self.loaded.runner.copy_prefix(chunk.request, chunk.copy.source, chunk.copy.length)
         except Exception as e:
-            self._fail([request], e)
+            self._fail([chunk.request], e)
             return False
-        self.metrics.on_cached(length - request.cached_tokens)
-        self.scheduler.copied(request, length)
+        self.metrics.on_cached(chunk.copy.saved)
         return True
 
     def _prefill(self, request: Request, tokens: list[int], start: int) -> None:
         try:
-            if request.params.prompt_logprobs is None:
+            if not request.scores_prompt:
                 logits = self.loaded.runner.prefill(request, tokens, start)
             else:
                 logits = self._score_prompt_chunk(request, tokens, start)
@@ -312,10 +282,7 @@ class Engine:
             return
         self._emit(request, token, logprobs)
 
-    def _decoding(self) -> list[Request]:
-        return [r for r in self.scheduler.decoding() if r.output_ids]
-
-    def _positions(self, batch: list[Request]) -> list[int]:
+    def _positions(self, batch) -> list[int]:
         return [self.scheduler.position(r) for r in batch]
 
     def _decode(self, batch: list[Request]) -> None:

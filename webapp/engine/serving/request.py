@@ -108,6 +108,11 @@ class Request:
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
 
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether the prompt's own tokens get logprobs (`prompt_logprobs`): every position's logits are needed."""
+        return self.params.prompt_logprobs is not None
+
     def cancel(self, reason: str = FinishReason.CANCELLED) -> None:
         """Ask the engine to retire this request; safe from any thread, idempotent."""
         if self.cancel_reason is None:

@@ -1,17 +1,19 @@
 """Continuous-batching policy: who waits, who runs, and what the next engine step computes.
 
-Pure bookkeeping on the model thread, no tensors: the engine takes prompt chunks from `prefilling()`
-and `next_chunk()` (at most `prefill_chunk` tokens a step, from one request or, where the runner mixes
-steps, several) and `decoding()` for the batch to advance by one token, runs them, and reports back
-with `prefilled()` and `finish()`. A bounded prompt budget per step beside the batched decode step (in
-the same model call where the runner mixes steps) keeps a long new prompt from freezing the streams
-already running.
+Pure bookkeeping on the model thread, no tensors. `plan(mixes)` returns the whole of the next step
+as a `StepPlan`: the prompt chunks (at most `prefill_chunk` tokens in all, from one request or, where
+the runner mixes steps, several; each with the prefix copy that must run before it), the decode
+lanes to advance by one token, and whether chunks and lanes run as one model step. The engine runs
+the plan and reports back with `prefilled()`, `decoded()` and `finish()`. A bounded prompt budget
+per step beside the batched decode step (in the same model call where the runner mixes steps) keeps
+a long new prompt from freezing the streams already running.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 
 from webapp.engine.serving.kv_cache import Slot, SlotTable, reusable_prefix
 from webapp.engine.serving.request import Request, Status
@@ -19,6 +21,36 @@ from webapp.engine.serving.request import Request, Status
 # Fewer prompt tokens than this are prefilled rather than copied from another slot: one 8-token
 # prefill piece costs about what the copy's 30 small kernels do.
 COPY_AT_LEAST = 8
+
+
+@dataclass(frozen=True)
+class PrefixCopy:
+    """K/V rows to copy into a request's slot before its chunk runs."""
+
+    source: int  # the slot holding them
+    length: int  # positions 0..length-1
+    saved: int  # prompt tokens the copy spares beyond what the request's own slot cached
+
+
+@dataclass(frozen=True)
+class PromptChunk:
+    request: Request
+    tokens: list[int]
+    start: int  # the position of tokens[0]
+    copy: PrefixCopy | None = None  # run first; already counted in the slot's tokens
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    chunks: tuple[PromptChunk, ...]
+    decode: tuple[Request, ...]  # the lanes decoding now, each with a token to feed
+    mixed: bool  # chunks and lanes as one model step (`Runner.prefill_and_decode`)
+
+    def lanes_after_prefill(self) -> list[Request]:
+        """The lanes of a step whose chunks ran on their own: those decoding before, and the requests
+        whose prompts the chunks completed (their first token sampled), less any that ended meanwhile."""
+        joined = [c.request for c in self.chunks if c.request.output_ids]
+        return [r for r in (*self.decode, *joined) if r.status is Status.DECODE]
 
 
 class Scheduler:
@@ -53,6 +85,9 @@ class Scheduler:
         while self.waiting and self.slots.free:
             request = self.waiting.popleft()
             slot, reused = self.slots.acquire(request, request.prompt_ids)
+            if request.scores_prompt and reused:  # scoring needs every prompt position's logits: none from the cache
+                slot.tokens.clear()
+                reused = 0
             request.slot, request.cached_tokens = slot.index, reused
             request.status, request.admitted_at = Status.PREFILL, time.monotonic()
             self.running.append(request)
@@ -63,10 +98,40 @@ class Scheduler:
         """Admitted requests whose prompts are not all in the cache yet, oldest first."""
         return [r for r in self.running if r.status is Status.PREFILL]
 
-    def next_chunk(self, request: Request, budget: int) -> tuple[list[int], int]:
-        """The request's next prompt tokens, at most `budget` of them, and the position of the first."""
-        start = self.position(request)
-        return request.prompt_ids[start : start + budget], start
+    def plan(self, mixes: bool) -> StepPlan:
+        """The next step. Where the runner `mixes`, prompt chunks and decode lanes run as one model
+        step whenever there is more than one part, unless the chunk scores its prompt (which needs
+        every position's logits, so it runs alone)."""
+        chunks = self._chunks(several=mixes)
+        lanes = tuple(r for r in self.decoding() if r.output_ids)
+        mixed = mixes and bool(chunks) and (bool(lanes) or len(chunks) > 1) and not chunks[0].request.scores_prompt
+        return StepPlan(tuple(chunks), lanes, mixed)
+
+    def _chunks(self, several: bool) -> list[PromptChunk]:
+        """This step's prompt chunks, oldest request first, at most the prefill chunk's tokens in all:
+        one request's unless `several`. A request first copies its prefix from another slot where
+        that saves work; one that could copy more from a request chunked here waits for it. A prompt
+        being scored runs alone."""
+        chunks: list[PromptChunk] = []
+        budget = self.prefill_chunk
+        for request in self.prefilling():
+            if chunks and (not several or budget <= 0 or request.scores_prompt):
+                break
+            if self.would_copy_from(request, [c.request for c in chunks]):
+                continue
+            copy = None
+            shared = self.prefix_elsewhere(request)
+            if shared is not None:
+                source, length = shared
+                copy = PrefixCopy(source.index, length, length - request.cached_tokens)
+                self.copied(request, length)  # the engine runs the copy before the chunk, or fails the request
+            start = self.position(request)
+            tokens = request.prompt_ids[start : start + budget]
+            chunks.append(PromptChunk(request, tokens, start, copy))
+            budget -= len(tokens)
+            if request.scores_prompt:
+                break
+        return chunks
 
     def would_copy_from(self, request: Request, others: list[Request]) -> bool:
         """Whether `request` could copy a prompt prefix from one of `others` once they are prefilled,
@@ -86,7 +151,7 @@ class Scheduler:
         together, prefilled one after another) prefill it once, and a prompt sharing a long system
         prompt with a running request starts from that request's cache.
         """
-        if request.prefilled_tokens or request.params.prompt_logprobs is not None:
+        if request.prefilled_tokens or request.scores_prompt:
             return None
         others = ((reusable_prefix(s.tokens, request.prompt_ids), s) for s in self.slots.slots if s.index != request.slot)
         length, source = max(others, key=lambda pair: pair[0], default=(0, None))
