@@ -657,5 +657,5 @@ def test_a_zero_setting_is_a_value_not_a_missing_one(engine, monkeypatch, tmp_pa
     app = create_app({"QUEUE_LIMIT": 0, "MAX_CONTEXT": None}, engine=engine)
     settings = engine_settings(app.config)
     assert (settings["beam"], settings["queue_limit"]) == (0, 0)
-    assert settings["context"] == ENGINE_DEFAULTS["MAX_CONTEXT"]  # None is unset
+    assert ENGINE_DEFAULTS["MAX_CONTEXT"] == "auto" and settings["context"] is None  # None is unset: sized at load
     assert engine_settings({"MODEL": str(model), "BEAM": ""})["beam"] == "auto"

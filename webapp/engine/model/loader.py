@@ -25,7 +25,9 @@ from webapp.engine.serving.settings import engine_settings
 log = logging.getLogger(__name__)
 
 
-def load_gguf_model(path: str, slots: int, max_context: int, prefill_chunk: int, beam="auto", cpu_kernels: bool = True) -> LoadedModel:
+def load_gguf_model(
+    path: str, slots: int, max_context: int | None, prefill_chunk: int, beam="auto", cpu_kernels: bool = True
+) -> LoadedModel:
     """The real loader: tinygrad model, GGUF tokenizer and the file's chat template."""
     prepare_tinygrad()  # before tinygrad's first import: it reads HCQ2 then
     from tinygrad import Device

@@ -1,6 +1,8 @@
 """What a model will take in memory, said before its weights are read.
 
-Contract: `plan(config, table, slots, positions, kept_types)` returns a `MemoryPlan` (weights bytes,
+Contract: `auto_context(config, table, slots, kept_types, device)` is the context a slot gets when
+`LLM_MAX_CONTEXT` is "auto", with the reason in words for the start-up log.
+`plan(config, table, slots, positions, kept_types)` returns a `MemoryPlan` (weights bytes,
 the KV cache's bytes when every slot is full, the memory available to this process); `check()` raises
 `ModelLoadError` in one line when the weights alone cannot fit, and `describe()` is the start-up
 log's line. Weights in `kept_types` stay in the file's bytes (the CPU kernels' block formats);
@@ -17,6 +19,13 @@ from webapp.engine.model.config import ModelConfig, ModelLoadError, used_tensors
 
 GIB = 1 << 30
 KV_BYTES = 2  # float16 keys and values
+# "auto" context: the slots' caches may take this share of the memory the weights leave free...
+KV_SHARE = 0.5
+# ...up to this many positions a slot: room for a coding agent's tools and history (Codex CLI sends
+# ~10k tokens before the task), not a 128k trained context in every slot
+AUTO_CONTEXT_CAP = 32768
+AUTO_CONTEXT_FLOOR = 2048  # below this a chat is cut short: take it, and the memory plan warns
+FIXED_CONTEXT = 4096  # where the memory the cache would live in is not known (other devices)
 
 
 @dataclass(frozen=True)
@@ -50,13 +59,40 @@ def kv_bytes_per_position(config: ModelConfig) -> int:
     return config.n_layers * 2 * config.n_kv_heads * config.head_dim * KV_BYTES
 
 
-def plan(config: ModelConfig, table: dict, slots: int, positions: int, kept_types: set[int]) -> MemoryPlan:
+def weight_bytes(config: ModelConfig, table: dict, kept_types: set[int]) -> int:
     weights = 0
     for name in used_tensors(config, table):
         raw = table[name]
         kept = raw.ggml_type in kept_types or raw.rows == 1  # vectors are read as they are
         weights += raw.nbytes if kept else 2 * raw.rows * raw.cols
+    return weights
+
+
+def plan(config: ModelConfig, table: dict, slots: int, positions: int, kept_types: set[int]) -> MemoryPlan:
+    weights = weight_bytes(config, table, kept_types)
     return MemoryPlan(weights, (slots + 1) * positions * kv_bytes_per_position(config), available_bytes(), slots, positions)
+
+
+def auto_context(config: ModelConfig, table: dict, slots: int, kept_types: set[int], device: str) -> tuple[int, str]:
+    """Positions a slot for `LLM_MAX_CONTEXT=auto`: what KV_SHARE of the memory left after the
+    weights holds for every slot (and the scratch slot), in steps of 256, within the model's trained
+    context and AUTO_CONTEXT_CAP; and why, in words."""
+    trained = config.trained_context
+    cap = min(trained, AUTO_CONTEXT_CAP)
+    available = available_bytes() if device in ("CPU", "PYTHON") else None
+    if available is None:
+        where = "this machine's" if device in ("CPU", "PYTHON") else f"{device}'s"
+        return min(cap, FIXED_CONTEXT), f"{where} free memory is not known"
+    free = max(0, available - weight_bytes(config, table, kept_types))
+    per_position = (slots + 1) * kv_bytes_per_position(config)
+    fits = int(free * KV_SHARE) // per_position // 256 * 256
+    positions = max(min(cap, fits), min(cap, AUTO_CONTEXT_FLOOR))
+    why = f"{slots} slots' caches in at most {KV_SHARE:.0%} of the {free / GIB:.1f} GiB the weights leave free hold {fits} positions each"
+    if positions == cap:
+        why += f"; capped at {cap} ({'the trained context' if cap == trained else 'the most the server picks by itself'})"
+    elif positions > fits:
+        why += f"; {positions} at the least"
+    return positions, why
 
 
 def available_bytes() -> int | None:

