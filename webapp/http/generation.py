@@ -1,0 +1,173 @@
+"""What every generating view shares, whatever API it speaks: reading the body, the prompt's token
+ids, one engine request per choice, reading the answer back as parsed pieces, and the event stream
+that frees the slots when the client goes away.
+
+Flask glue around `webapp.openai.choices`; each API's views (`api.py` for OpenAI's,
+`anthropic_api.py` for Anthropic's) shape what these return into their own wire format.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+from flask import Response, current_app, request
+
+from webapp.engine.decoding.constraints import GrammarError
+from webapp.engine.serving.errors import PromptTooLong, completion_room
+from webapp.engine.serving.request import Request, SamplingParams
+from webapp.openai import requests as fmt
+from webapp.openai import responses, structured
+from webapp.openai.choices import Answer, ChoiceOutputs, ChoiceReader, ClientGone
+from webapp.openai.errors import ApiError, error_body
+from webapp.openai.output_text import OutputParser, Piece
+from webapp.openai.sampling_options import SamplingOptions, check_token_ids
+
+log = logging.getLogger(__name__)
+
+# Not an HTTP status the client will ever see: it has gone. Logs show why the request ended.
+CLIENT_CLOSED = 499
+
+
+def render_chat(template, messages: list[dict], tools: list[dict] | None) -> str:
+    """The prompt text; tools a template would silently drop go into the system prompt instead."""
+    try:
+        without = template.render(messages, tools=None, add_generation_prompt=True) if tools else None
+        prompt = template.render(messages, tools=tools, add_generation_prompt=True)
+        if prompt == without:
+            messages = structured.with_tools_in_system_prompt(messages, tools)
+            prompt = template.render(messages, tools=None, add_generation_prompt=True)
+    except ValueError as e:  # the template's TemplateError: these messages do not fit the model
+        raise ApiError(400, f"The chat template rejected the messages: {e}", "messages") from e
+    return prompt
+
+
+def engine():
+    return current_app.extensions["engine"]
+
+
+def lifecycle():
+    return current_app.extensions["lifecycle"]
+
+
+def disconnected() -> Callable[[], bool] | None:
+    return request.environ.get("waitress.client_disconnected")
+
+
+def json_body() -> dict:
+    # Over MAX_CONTENT_LENGTH, get_data raises the 413 itself.
+    return fmt.parse_json_body(request.get_data(cache=False))
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    ids = tokenizer.encode(text, special=True)
+    bos = tokenizer.bos_id
+    if tokenizer.add_bos and bos is not None and ids[:1] != [bos]:
+        ids = [bos, *ids]
+    if not ids:
+        raise ApiError(400, "The prompt is empty.", "prompt")
+    return ids
+
+
+def prompt_token_ids(tokenizer, ids: tuple[int, ...]) -> list[int]:
+    vocab_size = getattr(tokenizer, "vocab_size", None)
+    if vocab_size is not None and max(ids) >= vocab_size:
+        raise ApiError(400, f"Token id {max(ids)} is outside the vocabulary (size {vocab_size}).", "prompt")
+    return list(ids)
+
+
+def submit(
+    engine,
+    prompt_ids: list[int],
+    params: fmt.GenerationParams,
+    answer_id: str,
+    param: str,
+    options: SamplingOptions,
+    grammar: str | None = None,
+) -> Answer:
+    """Build one engine request per choice and queue them; QueueFull / EngineNotReady go to the
+    app handlers, after the choices already queued are aborted."""
+    if params.n > engine.n_slots:
+        raise ApiError(400, f"n is {params.n}; this server runs at most {engine.n_slots} sequences at once.", "n")
+    try:
+        room = completion_room(len(prompt_ids), engine.max_context, current_app.config.get("MAX_PROMPT_TOKENS"))
+    except PromptTooLong as e:
+        raise ApiError(400, str(e), param, "context_length_exceeded") from e
+    max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+    check_token_ids(options, engine.tokenizer.vocab_size)
+    sampling = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        seed=params.seed,
+        stop_token_ids=frozenset() if params.ignore_eos else frozenset(engine.tokenizer.stop_ids),
+        **options.engine_fields(),
+    )
+    if grammar is not None and params.ignore_eos:
+        raise ApiError(400, "ignore_eos cannot be combined with constrained output.", "ignore_eos")
+    outputs = ChoiceOutputs(params.n) if params.n > 1 else None
+    requests = []
+    for index in range(params.n):
+        constraint = None
+        if grammar is not None:
+            try:
+                constraint = engine.grammars.matcher(grammar)  # one each: a matcher follows its own output
+            except GrammarError as e:
+                raise ApiError(400, f"The output constraint does not compile: {e}") from e
+        if outputs is None:
+            requests.append(Request(prompt_ids, sampling, id=answer_id, constraint=constraint))
+        else:
+            # the same seed in every choice would give n copies of one answer
+            seeded = replace(sampling, seed=None if sampling.seed is None else sampling.seed + index)
+            requests.append(Request(prompt_ids, seeded, f"{answer_id}-{index}", outputs.outbox(index), constraint=constraint))
+    answer = Answer(answer_id, engine, outputs, params.stop, disconnected(), lifecycle())
+    try:
+        for req in requests:
+            engine.submit(req)
+            answer.submitted(req)
+    except Exception:
+        answer.close()
+        raise
+    return answer
+
+
+def event_stream(answer: Answer, events: Iterator[str], error_event: Callable[[], str] | None = None) -> Response:
+    def stream():
+        try:
+            yield from events
+        except ClientGone:
+            pass
+        except Exception:
+            # The status line is long gone; the client can only learn of a bug from the stream.
+            log.exception("streaming %s failed", answer.id)
+            if error_event is not None:
+                yield error_event()
+            else:
+                yield responses.sse(error_body("Internal server error.", "server_error", None, "internal_error"))
+                yield responses.SSE_DONE
+        finally:
+            # Under Waitress a closed connection surfaces here as GeneratorExit: free the slots.
+            answer.close()
+
+    response = Response(stream(), mimetype="text/event-stream")
+    response.headers["Cache-Control"] = "no-cache"
+    response.headers["X-Accel-Buffering"] = "no"  # reverse proxies must not buffer the stream
+    # A generator that is closed before it ever started runs no `finally`; this still aborts.
+    response.call_on_close(answer.close)
+    return response
+
+
+def parse(reader: ChoiceReader, parser: OutputParser, parallel: bool) -> Iterator[list[Piece]]:
+    """The parser's pieces as text arrives; without `parallel`, tool calls after the first are dropped."""
+    calls = 0
+
+    def keep(piece: Piece) -> bool:
+        nonlocal calls
+        calls += piece.kind == "tool_call"
+        return parallel or piece.kind != "tool_call" or calls == 1
+
+    for text in reader.texts():
+        yield [p for p in parser.feed(text) if keep(p)]
+    yield [p for p in parser.finish() if keep(p)]
