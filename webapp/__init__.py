@@ -13,7 +13,8 @@ JSON (a key like `1e3` must stay that string). `webapp.http.auth` guards /v1 wit
 `webapp.ops.lifecycle` counts accepted API requests and drains them on shutdown
 (`app.extensions["lifecycle"]`).
 
-Every error leaves as OpenAI-shaped JSON, `{"error": {"message", "type", "param", "code"}}`:
+Every error leaves as OpenAI-shaped JSON, `{"error": {"message", "type", "param", "code"}}` (under
+/v1/messages in Anthropic's shape, `{"type": "error", "error": {"type", "message"}}`):
 unknown routes (404), wrong methods (405), oversized bodies (413), refused requests (`ApiError`),
 a prompt too long for the context (400), a full queue (429 with `Retry-After`), an engine still loading (503) and unexpected failures (500).
 """
@@ -27,9 +28,10 @@ from pathlib import Path
 from flask import Flask, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from webapp.anthropic import events as anthropic_events
 from webapp.engine.serving.errors import RETRY_AFTER_S, EngineNotReady, PromptTooLong, QueueFull
 from webapp.engine.serving.settings import ENGINE_DEFAULTS
-from webapp.http import admin, api, auth, chat, headers, metrics
+from webapp.http import admin, anthropic_api, api, auth, chat, headers, metrics
 from webapp.openai.errors import ApiError, error_body, error_type
 from webapp.ops.lifecycle import Lifecycle
 
@@ -73,14 +75,18 @@ def create_app(config: dict | None = None, engine=None) -> Flask:
 
     auth.install(app)  # app-level hooks: they hold for every blueprint below
     headers.install(app)
-    for blueprint in (api.bp, chat.bp, admin.bp, metrics.bp):
+    for blueprint in (api.bp, anthropic_api.bp, chat.bp, admin.bp, metrics.bp):
         app.register_blueprint(blueprint)
     _register_error_handlers(app)
     return app
 
 
 def _error(status: int, message: str, param=None, code=None, type=None, headers=None):
-    response = jsonify(error_body(message, type or error_type(status), param, code))
+    if request.path == anthropic_api.PREFIX or request.path.startswith(anthropic_api.PREFIX + "/"):
+        body = anthropic_events.error_body(status, message)  # the API the client speaks, in its own shape
+    else:
+        body = error_body(message, type or error_type(status), param, code)
+    response = jsonify(body)
     response.status_code = status
     response.headers.update(headers or {})
     return response

@@ -2,7 +2,8 @@
 
 Contract:
 - `install(app)` adds an app-level hook, so it holds for every blueprint, present or future:
-  - With `API_KEY` set, every `/v1/*` request needs `Authorization: Bearer <API_KEY>`; otherwise
+  - With `API_KEY` set, every `/v1/*` request needs `Authorization: Bearer <API_KEY>` (or
+    `x-api-key: <API_KEY>`, as Anthropic's clients send it); otherwise
     a 401 OpenAI error (`invalid_api_key`). `/health` and the pages stay open.
   - With `ADMIN_TOKEN` set, `/admin*` and `/metrics*` need `Authorization: Bearer <ADMIN_TOKEN>`
     (or HTTP Basic with the token as password), or the session cookie that `POST /admin/login`
@@ -50,7 +51,7 @@ def _guard():
     rule = request.url_rule.rule if request.url_rule is not None else ""
     if path.startswith(API_PREFIX) or rule.startswith(API_PREFIX):
         key = current_app.config.get("API_KEY")
-        if key and not _bearer_matches(str(key)):
+        if key and not (_bearer_matches(str(key)) or _header_matches("X-Api-Key", str(key))):
             raise ApiError(
                 401,
                 "Invalid or missing API key. Send it as 'Authorization: Bearer <key>'.",
@@ -91,6 +92,11 @@ def _bearer_matches(secret: str) -> bool:
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     valid = hmac.compare_digest(token.strip().encode(), secret.encode())
     return scheme.lower() == "bearer" and valid
+
+
+def _header_matches(name: str, secret: str) -> bool:
+    """The Anthropic SDK sends its key as `x-api-key`, not as a bearer token."""
+    return hmac.compare_digest(request.headers.get(name, "").strip().encode(), secret.encode())
 
 
 def _basic_password_matches(secret: str) -> bool:

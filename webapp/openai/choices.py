@@ -149,6 +149,7 @@ class ChoiceReader:
         self._source = source or (lambda timeout: req.outputs.get(timeout=timeout))
         self.completion_tokens = 0
         self.finish_reason: str | None = None
+        self.stop_sequence: str | None = None  # the stop string that ended it, if one did
         self._stop = stop
         self._disconnected = disconnected
         self._done = False  # the engine will put nothing more on the queue that we need
@@ -185,7 +186,7 @@ class ChoiceReader:
                 raise ApiError(500, _ENGINE_FAILED, code="engine_error")
             if matched:
                 self.close()  # the engine would go on generating text nobody will see
-                self.finish_reason = FinishReason.STOP
+                self.finish_reason, self.stop_sequence = FinishReason.STOP, matcher.matched
             if text:
                 yield text
 

@@ -40,15 +40,17 @@ class StopMatcher:
     def __init__(self, stops: tuple[str, ...] | list[str]) -> None:
         self._stops = tuple(s for s in stops if s)
         self._held = ""
+        self.matched: str | None = None  # the stop string found, once one is
 
     def feed(self, text: str) -> tuple[str, bool]:
         if not self._stops:
             return text, False
         buf = self._held + text
-        hits = [i for i in (buf.find(s) for s in self._stops) if i >= 0]
+        hits = [(i, s) for s in self._stops if (i := buf.find(s)) >= 0]
         if hits:
             self._held = ""
-            return buf[: min(hits)], True
+            at, self.matched = min(hits, key=lambda hit: hit[0])
+            return buf[:at], True
         keep = _partial_tail(buf, self._stops)
         self._held = buf[len(buf) - keep :]
         return buf[: len(buf) - keep], False
