@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 bp = Blueprint("auth", __name__)
 
 API_PREFIX = "/v1/"  # the OpenAI API: guarded by API_KEY here, counted and drained by webapp.ops.lifecycle
+TOKEN_PATHS = ("/tokenize", "/detokenize")  # outside /v1, as llama-server and vLLM serve them; guarded alike
 ADMIN_PREFIXES = ("/admin", "/metrics")
 COOKIE = "llm_admin"
 PUBLIC_ADMIN_ENDPOINTS = frozenset({"auth.login", "auth.logout"})
@@ -49,7 +50,7 @@ def install(app: Flask) -> None:
 def _guard():
     path = _normalised(request.path)
     rule = request.url_rule.rule if request.url_rule is not None else ""
-    if path.startswith(API_PREFIX) or rule.startswith(API_PREFIX):
+    if path.startswith(API_PREFIX) or rule.startswith(API_PREFIX) or path in TOKEN_PATHS:
         key = current_app.config.get("API_KEY")
         if key and not (_bearer_matches(str(key)) or _header_matches("X-Api-Key", str(key))):
             raise ApiError(
