@@ -139,3 +139,26 @@ def test_codexs_request_shape_is_accepted_with_its_non_function_tools_skipped():
 def test_bad_bodies_are_400s_in_openais_shape(server, body, field):
     status, _, error = post(server, "/v1/responses", body)
     assert status == 400 and error["error"]["type"] == "invalid_request_error" and field in error["error"]["message"]
+
+
+def test_the_agents_sdk_runs_an_agent_with_a_tool_in_its_default_responses_mode(server, engine):
+    """The OpenAI Agents SDK as its users run it: an Agent with a function tool; the model calls the
+    tool, the SDK runs it and sends its output back, and the final answer ends the run."""
+    from agents import Agent, OpenAIResponsesModel, RunConfig, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)  # its traces would go to OpenAI's servers
+    seen = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        seen.append(city)
+        return "sunny"
+
+    engine.replies.extend([Reply.text(CALL), Reply.text("It is sunny in Paris.")])
+    client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="local", max_retries=0)
+    agent = Agent(name="weather", instructions="Answer with the tool.", tools=[get_weather], model=OpenAIResponsesModel("any", client))
+    result = Runner.run_sync(agent, "Weather in Paris?", run_config=RunConfig(tracing_disabled=True))
+    assert seen == ["Paris"] and result.final_output == "It is sunny in Paris."
+    rendered = engine.chat_template.calls[-1]["messages"]
+    assert [m["role"] for m in rendered] == ["system", "user", "assistant", "tool"] and rendered[-1]["content"] == "sunny"
