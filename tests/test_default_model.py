@@ -10,14 +10,15 @@ import numpy as np
 import openai
 import pydantic
 import pytest
-from conftest import running_server
+from support import running_server
 
 from webapp import create_app
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 
 
 @pytest.fixture(scope="module")
-def client():
+def default_model_client():
+    """The real `openai` client of the real default model (2 slots, 1,024 positions) behind Waitress."""
     use_tinygrad_from_this_thread()
     app = create_app({"TESTING": True, "SLOTS": 2, "MAX_CONTEXT": 1024})
     engine = app.extensions["engine"]
@@ -31,12 +32,12 @@ def client():
     engine.stop(5)
 
 
-def test_capital_of_france_then_germany(client):
+def test_capital_of_france_then_germany(default_model_client):
     # A 135M model's greedy answer to a terse question flips with rounding: to "What is the capital
     # of France?" llama.cpp itself answers "L'Étoile, la Marseillaise, ...". Asked for one short
     # sentence, llama.cpp answers "The capital of France is Paris.", and so does this server.
     messages = [{"role": "user", "content": "What is the capital of France? Answer in one short sentence."}]
-    first = client.chat.completions.create(model="default", messages=messages, temperature=0, max_tokens=40)
+    first = default_model_client.chat.completions.create(model="default", messages=messages, temperature=0, max_tokens=40)
     answer = first.choices[0].message.content
     assert "Paris" in answer
 
@@ -44,7 +45,7 @@ def test_capital_of_france_then_germany(client):
         {"role": "assistant", "content": answer},
         {"role": "user", "content": "And what is the capital of Germany? Answer in one short sentence."},
     ]
-    stream = client.chat.completions.create(
+    stream = default_model_client.chat.completions.create(
         model="default", messages=messages, temperature=0, max_tokens=40, stream=True, stream_options={"include_usage": True}
     )
     chunks = list(stream)
@@ -83,9 +84,9 @@ PARSE_CASES = [
 ]
 
 
-def test_parse_returns_a_valid_instance_for_ten_prompts(client):
+def test_parse_returns_a_valid_instance_for_ten_prompts(default_model_client):
     for model, prompt in PARSE_CASES:
-        reply = client.chat.completions.parse(
+        reply = default_model_client.chat.completions.parse(
             model="default",
             messages=[{"role": "user", "content": prompt}],
             response_format=model,
@@ -114,9 +115,9 @@ WEATHER = {
 }
 
 
-def test_forced_tool_call_has_arguments_that_validate(client):
+def test_forced_tool_call_has_arguments_that_validate(default_model_client):
     for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
-        reply = client.chat.completions.create(
+        reply = default_model_client.chat.completions.create(
             model="default",
             messages=[{"role": "user", "content": "Is it raining in Lisbon?"}],
             tools=[WEATHER],
@@ -134,36 +135,41 @@ def test_forced_tool_call_has_arguments_that_validate(client):
         assert arguments["unit"] in ("celsius", "fahrenheit")
 
 
-def test_echo_logprobs_scoring_matches_one_request_at_a_time(client):
+def test_echo_logprobs_scoring_matches_one_request_at_a_time(default_model_client):
     prompts = ["The capital of France is Paris.", "Two plus two equals four.", "The quick brown fox jumps."]
-    together = client.completions.create(model="default", prompt=prompts[0], max_tokens=0, echo=True, logprobs=2)
+    together = default_model_client.completions.create(model="default", prompt=prompts[0], max_tokens=0, echo=True, logprobs=2)
     scored = together.choices[0]
     assert scored.text == prompts[0]
     assert scored.logprobs.token_logprobs[0] is None and len(scored.logprobs.tokens) > 3
     assert all(lp <= 0 for lp in scored.logprobs.token_logprobs[1:])
     # the same prompt scored while other requests generate, and again alone: the same numbers
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        busy = [pool.submit(client.completions.create, model="default", prompt=p, max_tokens=30, temperature=0) for p in prompts[1:]]
-        again = client.completions.create(model="default", prompt=prompts[0], max_tokens=0, echo=True, logprobs=2)
+        busy = [
+            pool.submit(default_model_client.completions.create, model="default", prompt=p, max_tokens=30, temperature=0)
+            for p in prompts[1:]
+        ]
+        again = default_model_client.completions.create(model="default", prompt=prompts[0], max_tokens=0, echo=True, logprobs=2)
         for f in busy:
             f.result()
     np.testing.assert_allclose(again.choices[0].logprobs.token_logprobs[1:], scored.logprobs.token_logprobs[1:], atol=2e-3)
     # and the first generated token's logprob is the same as scoring it as part of the prompt
-    gen = client.completions.create(model="default", prompt=prompts[0][:-1], max_tokens=1, temperature=0, logprobs=0)
-    full = client.completions.create(model="default", prompt=prompts[0][:-1] + gen.choices[0].text, max_tokens=0, echo=True, logprobs=0)
+    gen = default_model_client.completions.create(model="default", prompt=prompts[0][:-1], max_tokens=1, temperature=0, logprobs=0)
+    full = default_model_client.completions.create(
+        model="default", prompt=prompts[0][:-1] + gen.choices[0].text, max_tokens=0, echo=True, logprobs=0
+    )
     np.testing.assert_allclose(full.choices[0].logprobs.token_logprobs[-1], gen.choices[0].logprobs.token_logprobs[0], atol=2e-3)
 
 
-def test_two_choices_are_their_seeds_answers_streamed_or_not(client):
+def test_two_choices_are_their_seeds_answers_streamed_or_not(default_model_client):
     ask = dict(model="default", messages=[{"role": "user", "content": "Name a fruit."}], temperature=1.0, max_tokens=12)
-    both = client.chat.completions.create(n=2, seed=41, **ask)
+    both = default_model_client.chat.completions.create(n=2, seed=41, **ask)
     assert [c.index for c in both.choices] == [0, 1]
-    alone = [client.chat.completions.create(seed=seed, **ask).choices[0].message.content for seed in (41, 42)]
+    alone = [default_model_client.chat.completions.create(seed=seed, **ask).choices[0].message.content for seed in (41, 42)]
     assert [c.message.content for c in both.choices] == alone
     streamed = {0: "", 1: ""}
-    for chunk in client.chat.completions.create(n=2, seed=41, stream=True, **ask):
+    for chunk in default_model_client.chat.completions.create(n=2, seed=41, stream=True, **ask):
         for choice in chunk.choices:
             streamed[choice.index] += choice.delta.content or ""
     assert list(streamed.values()) == alone
     with pytest.raises(openai.BadRequestError, match="n is 3"):
-        client.chat.completions.create(n=3, **ask)  # this server has 2 slots
+        default_model_client.chat.completions.create(n=3, **ask)  # this server has 2 slots

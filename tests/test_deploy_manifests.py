@@ -25,11 +25,11 @@ import kubernetes_validate
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from test_admin import StatsEngine
+from support import ROOT
+from support.fakes import StatsEngine
 
 from webapp import DEFAULTS, create_app
 
-ROOT = Path(__file__).resolve().parent.parent
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 K8S_VERSION = "1.32.0"  # the oldest version still supported upstream when this was written
 BIN = Path(sys.executable).parent

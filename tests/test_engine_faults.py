@@ -9,7 +9,9 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from conftest import (
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support import (
     HELLO,
     USAGE,
     Stream,
@@ -23,10 +25,8 @@ from conftest import (
     unread_stream,
     wait_until,
 )
-from fakes import FakeChatTemplate, FakeRunner, FakeTokenizer
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from tiny_models import write_tiny_gguf
+from support.fakes import FakeChatTemplate, FakeRunner, FakeTokenizer
+from support.tiny_models import write_tiny_gguf
 
 from webapp import create_app
 from webapp.engine.serving.request import Finished, Request, SamplingParams
@@ -39,15 +39,16 @@ class ThreadKiller(BaseException):
 
 
 @pytest.fixture
-def fake_runner_engine():
+def watchdog_engine():
+    """The real engine over a FakeRunner, its watchdog's bound 0.3 s: (engine, runner)."""
     runner = FakeRunner(vocab=258, next_token=lambda last: 0)  # token 0 every time
     limits = dict(slots=2, queue_limit=4, prefill_chunk=8, stall_seconds=0.3)
     with engine_over(runner, tokenizer=FakeTokenizer(), template=FakeChatTemplate(), **limits) as engine:
         yield engine, runner
 
 
-def test_health_turns_503_while_a_step_stalls_and_recovers(fake_runner_engine):
-    engine, runner = fake_runner_engine
+def test_health_turns_503_while_a_step_stalls_and_recovers(watchdog_engine):
+    engine, runner = watchdog_engine
     client = create_app({"TESTING": True}, engine=engine).test_client()
     time.sleep(0.5)  # idle for longer than the bound: sleeping on an empty inbox is no stall
     assert client.get("/health").status_code == 200
@@ -64,8 +65,8 @@ def test_health_turns_503_while_a_step_stalls_and_recovers(fake_runner_engine):
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-def test_health_turns_503_when_the_model_thread_dies(fake_runner_engine):
-    engine, runner = fake_runner_engine
+def test_health_turns_503_when_the_model_thread_dies(watchdog_engine):
+    engine, runner = watchdog_engine
     client = create_app({"TESTING": True}, engine=engine).test_client()
     runner.fault = ThreadKiller()
     engine.submit(Request([1, 2, 3], SamplingParams(max_tokens=3, temperature=0)))
@@ -102,7 +103,9 @@ ATTACKS = ["mro", "globals", "mutate", "format", "range", "raise"]
 
 
 @pytest.fixture(scope="module")
-def tiny_server(tmp_path_factory):
+def hostile_template_server(tmp_path_factory):
+    """The real engine on a tiny llama whose chat template attempts attacks, behind Waitress:
+    (engine, server, the file an attack would create)."""
     tmp = tmp_path_factory.mktemp("hardening")
     marker = str(tmp / "pwned")
     path = write_tiny_gguf(str(tmp / "hostile.gguf"), "llama", context=256, chat_template=hostile_template(marker))
@@ -111,9 +114,9 @@ def tiny_server(tmp_path_factory):
 
 
 @pytest.fixture
-def patch_runner(tiny_server):
+def patch_runner(hostile_template_server):
     """Replace runner methods for one test: `patch_runner("decode", fn)`; restored afterwards."""
-    runner = tiny_server.engine.loaded.runner
+    runner = hostile_template_server.engine.loaded.runner
     saved = {}
 
     def patch(name, make):
@@ -126,8 +129,8 @@ def patch_runner(tiny_server):
 
 
 @pytest.mark.parametrize("attack", ATTACKS)
-def test_a_hostile_chat_template_is_a_400_and_the_server_keeps_serving(tiny_server, attack):
-    srv = tiny_server.server
+def test_a_hostile_chat_template_is_a_400_and_the_server_keeps_serving(hostile_template_server, attack):
+    srv = hostile_template_server.server
     status, _, body = post(
         srv,
         "/v1/chat/completions",
@@ -136,14 +139,14 @@ def test_a_hostile_chat_template_is_a_400_and_the_server_keeps_serving(tiny_serv
     assert status == 400
     assert_error_shape(body)
     assert body["error"]["param"] == "messages"
-    assert not os.path.exists(tiny_server.marker)
+    assert not os.path.exists(hostile_template_server.marker)
     status, _, body = post(srv, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 3, "temperature": 0})
     assert status == 200 and body["choices"][0]["finish_reason"] in ("stop", "length")
     assert get(srv, "/health")[0] == 200
 
 
-def test_a_failing_prefill_fails_only_its_request(tiny_server, patch_runner):
-    engine, srv = tiny_server.engine, tiny_server.server
+def test_a_failing_prefill_fails_only_its_request(hostile_template_server, patch_runner):
+    engine, srv = hostile_template_server.engine, hostile_template_server.server
 
     def broken(original):
         def prefill(request, tokens, start):
@@ -189,8 +192,8 @@ def test_a_failing_prefill_fails_only_its_request(tiny_server, patch_runner):
     assert wait_until(lambda: slots_idle(engine))
 
 
-def test_a_failing_decode_fails_its_step_and_the_next_requests_succeed(tiny_server, patch_runner):
-    engine, srv = tiny_server.engine, tiny_server.server
+def test_a_failing_decode_fails_its_step_and_the_next_requests_succeed(hostile_template_server, patch_runner):
+    engine, srv = hostile_template_server.engine, hostile_template_server.server
 
     def broken(original):
         def decode(batch, positions):
@@ -213,8 +216,8 @@ def test_a_failing_decode_fails_its_step_and_the_next_requests_succeed(tiny_serv
     assert wait_until(lambda: slots_idle(engine))
 
 
-def test_a_client_that_never_reads_stalls_neither_the_model_nor_others(tiny_server):
-    engine, srv = tiny_server.engine, tiny_server.server
+def test_a_client_that_never_reads_stalls_neither_the_model_nor_others(hostile_template_server):
+    engine, srv = hostile_template_server.engine, hostile_template_server.server
     ran_out = engine.stats()["requests_total"]["length"]
     sock = unread_stream(srv, "/v1/completions", {"prompt": "Never read me", "max_tokens": 150, "ignore_eos": True})
     try:
@@ -245,8 +248,8 @@ def test_a_client_that_never_reads_stalls_neither_the_model_nor_others(tiny_serv
         ]
     )
 )
-def test_odd_text_through_the_real_tokenizer_and_template(tiny_server, text):
-    srv = tiny_server.server
+def test_odd_text_through_the_real_tokenizer_and_template(hostile_template_server, text):
+    srv = hostile_template_server.server
     for path, body in (
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}),
         ("/v1/completions", {"prompt": text}),

@@ -17,9 +17,9 @@ import socket
 import sys
 
 import pytest
-from conftest import running_server
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from support import running_server
 
 from webapp import create_app
 from webapp.openai.requests import ROLES
@@ -239,13 +239,14 @@ def hang_guard():
 
 
 @pytest.fixture
-def fuzz_client(engine):
+def fuzz_client(fake_engine):
     # A small context so that random max_tokens values hit the cap and prompts can overflow it.
-    engine.max_context = 512
-    return create_app({"TESTING": True, "MAX_MESSAGES": 4}, engine=engine).test_client()
+    fake_engine.max_context = 512
+    return create_app({"TESTING": True, "MAX_MESSAGES": 4}, engine=fake_engine).test_client()
 
 
-def post(client, path, data: bytes):
+def answer_of(client, path, data: bytes):
+    """(status, content type, body) of a POST through Flask's test client."""
     response = client.post(path, data=data, content_type="application/json")
     return response.status_code, response.content_type, response.get_data()
 
@@ -257,35 +258,35 @@ def post(client, path, data: bytes):
 @given(body=chat_bodies)
 def test_malformed_chat_bodies(fuzz_client, body):
     with hang_guard():
-        check_answer(*post(fuzz_client, "/v1/chat/completions", json.dumps(body).encode()))
+        check_answer(*answer_of(fuzz_client, "/v1/chat/completions", json.dumps(body).encode()))
 
 
 @settings(FUZZ, max_examples=600)
 @given(body=plausible_chat_bodies)
 def test_chat_parameter_combinations(fuzz_client, body):
     with hang_guard():
-        check_answer(*post(fuzz_client, "/v1/chat/completions", json.dumps(body).encode()))
+        check_answer(*answer_of(fuzz_client, "/v1/chat/completions", json.dumps(body).encode()))
 
 
 @settings(FUZZ, max_examples=400)
 @given(body=completion_bodies)
 def test_malformed_completion_bodies(fuzz_client, body):
     with hang_guard():
-        check_answer(*post(fuzz_client, "/v1/completions", json.dumps(body).encode()))
+        check_answer(*answer_of(fuzz_client, "/v1/completions", json.dumps(body).encode()))
 
 
 @settings(FUZZ, max_examples=500)
 @given(body=plausible_completion_bodies)
 def test_completion_parameter_combinations(fuzz_client, body):
     with hang_guard():
-        check_answer(*post(fuzz_client, "/v1/completions", json.dumps(body).encode()))
+        check_answer(*answer_of(fuzz_client, "/v1/completions", json.dumps(body).encode()))
 
 
 @settings(FUZZ, max_examples=600)
 @given(path=endpoints, data=raw_bodies)
 def test_raw_bodies(fuzz_client, path, data):
     with hang_guard():
-        check_answer(*post(fuzz_client, path, data))
+        check_answer(*answer_of(fuzz_client, path, data))
 
 
 @settings(FUZZ, max_examples=300)
@@ -295,8 +296,8 @@ def test_raw_bodies(fuzz_client, path, data):
     path=st.from_regex(r"\A/(v1/|admin|metrics|static/|health)?[a-zA-Z0-9_./%-]{0,20}\Z").filter(lambda p: not p.startswith("//")),
     auth=st.sampled_from([None, "Bearer x", "Bearer k", "Basic Og==", "bearer", "\u00e9"]),
 )
-def test_any_route_any_method(engine, method, path, auth):
-    client = create_app({"TESTING": True, "API_KEY": "k", "ADMIN_TOKEN": "t"}, engine=engine).test_client()
+def test_any_route_any_method(fake_engine, method, path, auth):
+    client = create_app({"TESTING": True, "API_KEY": "k", "ADMIN_TOKEN": "t"}, engine=fake_engine).test_client()
     headers = {"Authorization": auth} if auth else {}
     with hang_guard():
         response = client.open(path, method=method, headers=headers, data=b"{}", content_type="application/json")
@@ -310,15 +311,17 @@ def test_any_route_any_method(engine, method, path, auth):
 
 
 @pytest.fixture
-def waitress_server(engine):
-    engine.max_context = 512
-    app = create_app({"TESTING": True, "MAX_MESSAGES": 4}, engine=engine)
+def fuzz_server(fake_engine):
+    """A real Waitress server for an app set up as `fuzz_client`'s, over `fake_engine`."""
+    fake_engine.max_context = 512
+    app = create_app({"TESTING": True, "MAX_MESSAGES": 4}, engine=fake_engine)
     with running_server(app) as srv:
         yield srv
-        engine.close()
+        fake_engine.close()
 
 
-def http_post(server, path: str, data: bytes):
+def answer_over_http(server, path: str, data: bytes):
+    """(status, content type, body) of a POST over a real connection."""
     conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
     try:
         conn.request("POST", path, data, {"Content-Type": "application/json"})
@@ -334,9 +337,9 @@ def http_post(server, path: str, data: bytes):
     body=st.one_of(chat_bodies, plausible_chat_bodies, completion_bodies, plausible_completion_bodies).map(json.dumps).map(str.encode)
     | raw_bodies,
 )
-def test_bodies_through_waitress(waitress_server, path, body):
+def test_bodies_through_waitress(fuzz_server, path, body):
     with hang_guard():
-        check_answer(*http_post(waitress_server, path, body))
+        check_answer(*answer_over_http(fuzz_server, path, body))
 
 
 @settings(FUZZ, max_examples=100)
@@ -370,9 +373,9 @@ def test_bodies_through_waitress(waitress_server, path, body):
         ),
     )
 )
-def test_garbage_http_leaves_the_server_serving(waitress_server, request):
+def test_garbage_http_leaves_the_server_serving(fuzz_server, request):
     with hang_guard():
-        sock = socket.create_connection((waitress_server.host, waitress_server.port), timeout=5)
+        sock = socket.create_connection((fuzz_server.host, fuzz_server.port), timeout=5)
         try:
             sock.sendall(request)
             sock.shutdown(socket.SHUT_WR)
@@ -381,7 +384,7 @@ def test_garbage_http_leaves_the_server_serving(waitress_server, request):
                     pass
         finally:
             sock.close()
-        conn = http.client.HTTPConnection(waitress_server.host, waitress_server.port, timeout=10)
+        conn = http.client.HTTPConnection(fuzz_server.host, fuzz_server.port, timeout=10)
         conn.request("GET", "/health")
         assert conn.getresponse().status == 200
         conn.close()

@@ -10,7 +10,7 @@ import struct
 
 import gguf
 import numpy as np
-from tiny_models import smollm_tokenizer_fields
+from support.tiny_models import smollm_tokenizer_fields
 
 from webapp.engine.model.loader import load_gguf_model
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread

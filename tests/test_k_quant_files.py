@@ -7,8 +7,8 @@ its logits follow the float64 reference, and a real server answers the openai cl
 import numpy as np
 import openai
 import pytest
-from conftest import get, tiny_engine_server
-from tiny_models import Reference, load_steps, write_tiny_gguf
+from support import get, tiny_engine_server
+from support.tiny_models import Reference, load_steps, write_tiny_gguf
 
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 

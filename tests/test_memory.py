@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 import pytest
-from tiny_models import write_tiny_gguf
+from support.tiny_models import write_tiny_gguf
 
 from webapp.engine.model import memory
 from webapp.engine.model.config import ModelConfig

@@ -5,9 +5,8 @@ import threading
 from types import SimpleNamespace
 
 import pytest
-from conftest import Clock, drain_outputs, engine_over, wait_until
-from fakes import FakeRunner
-from prometheus_client.parser import text_string_to_metric_families
+from support import drain_outputs, engine_over, metric_families, wait_until
+from support.fakes import Clock, FakeRunner
 
 from webapp import create_app
 from webapp.engine.serving.engine import Engine
@@ -235,14 +234,15 @@ def test_history_has_one_point_a_second_for_ten_minutes(metrics, clock):
 
 
 @pytest.fixture
-def engine():
+def one_slot_engine():
+    """The real engine over a FakeRunner that answers token 3 forever, one slot: (engine, runner)."""
     runner = FakeRunner(vocab=8, next_token=lambda last: 3)  # token 3 forever
     with engine_over(runner, context=64, slots=1, queue_limit=4, prefill_chunk=4) as eng:
         yield eng, runner
 
 
-def test_engine_stats_have_every_promised_field_and_a_live_queue(engine):
-    eng, runner = engine
+def test_engine_stats_have_every_promised_field_and_a_live_queue(one_slot_engine):
+    eng, runner = one_slot_engine
     runner.gate.clear()  # the model thread stalls inside its first step
     first = Request([1, 2, 3], SamplingParams(max_tokens=5, temperature=0.0))
     eng.submit(first)
@@ -309,7 +309,7 @@ def test_every_finish_reason_the_engine_produces_is_counted_in_metrics():
         assert sorted(reasons) == sorted(FINISH_REASONS)
         assert wait_until(lambda: sum(engine.stats()["requests_total"].values()) == len(FINISH_REASONS) + 1)
         assert engine.stats()["requests_total"] == dict.fromkeys(REQUEST_OUTCOMES, 1)
-        families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").get_data(as_text=True))}
+        families = metric_families(client)
         counted = {s.labels["finish_reason"]: s.value for s in families["llm_requests"].samples}
         assert counted == dict.fromkeys(REQUEST_OUTCOMES, 1.0)
     finally:

@@ -6,7 +6,8 @@ import sys
 
 import numpy as np
 import pytest
-from tiny_models import Reference, load_steps, write_tiny_gguf
+from support import ROOT
+from support.tiny_models import Reference, load_steps, write_tiny_gguf
 from tinygrad import Device, dtypes
 
 from webapp.engine.model.steps import OneCallSteps
@@ -18,15 +19,16 @@ PROMPT = [1, 504, 3458, 282, 4649, 314, 253, 77, 88, 99, 1234, 5]
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
-def tiny(request, tmp_path_factory):
+def tiny_steps_and_reference(request, tmp_path_factory):
+    """A tiny random-weight model of each architecture behind its steps, and its float64 reference."""
     use_tinygrad_from_this_thread()
     path = write_tiny_gguf(str(tmp_path_factory.mktemp("m") / f"{request.param}.gguf"), request.param)
     steps = load_steps(path, slots=3, context=64)
     return steps, Reference(path)
 
 
-def test_prefill_and_decode_match_float64_reference(tiny):
-    steps, ref = tiny
+def test_prefill_and_decode_match_float64_reference(tiny_steps_and_reference):
+    steps, ref = tiny_steps_and_reference
     expected = ref.logits(PROMPT + [42, 7])
     got = steps.prefill(PROMPT, slot=0, start=0)
     np.testing.assert_allclose(got, expected[len(PROMPT) - 1], atol=1e-3, rtol=1e-3)
@@ -36,16 +38,16 @@ def test_prefill_and_decode_match_float64_reference(tiny):
     np.testing.assert_allclose(got, expected[len(PROMPT) + 1], atol=1e-3, rtol=1e-3)
 
 
-def test_chunked_prefill_equals_single_chunk(tiny):
-    steps, _ = tiny
+def test_chunked_prefill_equals_single_chunk(tiny_steps_and_reference):
+    steps, _ = tiny_steps_and_reference
     whole = steps.prefill(PROMPT, slot=1, start=0)
     for start in range(0, len(PROMPT), 5):
         chunked = steps.prefill(PROMPT[start : start + 5], slot=2, start=start)
     np.testing.assert_allclose(chunked, whole, atol=1e-4, rtol=1e-4)
 
 
-def test_lanes_at_different_positions_and_slots_match_their_own_sequences(tiny):
-    steps, ref = tiny
+def test_lanes_at_different_positions_and_slots_match_their_own_sequences(tiny_steps_and_reference):
+    steps, ref = tiny_steps_and_reference
     prompts = [PROMPT[:3], PROMPT[:9]]
     for slot, prompt in enumerate(prompts):
         steps.prefill(prompt, slot=slot, start=0)
@@ -54,8 +56,8 @@ def test_lanes_at_different_positions_and_slots_match_their_own_sequences(tiny):
         np.testing.assert_allclose(row, ref.logits(prompt + [token])[-1], atol=1e-3, rtol=1e-3)
 
 
-def test_a_copied_prefix_continues_like_the_source_sequence(tiny):
-    steps, ref = tiny
+def test_a_copied_prefix_continues_like_the_source_sequence(tiny_steps_and_reference):
+    steps, ref = tiny_steps_and_reference
     steps.prefill(PROMPT, slot=0, start=0)
     steps.prefill([9, 9, 9, 9], slot=2, start=0)  # stale rows the copy must overwrite
     steps.copy_prefix(0, 2, len(PROMPT) - 2)
@@ -212,9 +214,8 @@ from tinygrad.runtime.support.hcq2 import HCQ2Compiled
 from webapp.engine.model.tinygrad_setup import _wait_without_spinning
 assert "HCQ2" not in os.environ and HCQ2Compiled._wait_signal is not _wait_without_spinning
 """
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for code in (script, untouched):
-        done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+        done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
 
 

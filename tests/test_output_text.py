@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from fakes import HERMES, TOOLS, XML
+from support.fakes import HERMES, TOOLS, XML
 
 from webapp.openai.output_text import OutputParser, Piece, StopMatcher, opens_reasoning, parse_tool_call
 

@@ -7,18 +7,15 @@ import logging
 import re
 import shlex
 import threading
-from pathlib import Path
 
 import pytest
-from fakes import FakeEngine
-from prometheus_client.parser import text_string_to_metric_families
-from test_admin import StatsEngine
+from support import ROOT, metric_families
+from support.fakes import FakeEngine, StatsEngine
 
 from webapp import DEFAULTS, create_app
 from webapp.engine.serving.errors import RETRY_AFTER_S
 from webapp.ops.waitress_settings import HEADROOM_THREADS, missing_flags, waitress_adjustments, warn_if_underprovisioned
 
-ROOT = Path(__file__).resolve().parent.parent
 CONFIG = {"SLOTS": DEFAULTS["SLOTS"], "QUEUE_LIMIT": DEFAULTS["QUEUE_LIMIT"]}
 NEEDED = DEFAULTS["SLOTS"] + DEFAULTS["QUEUE_LIMIT"] + HEADROOM_THREADS
 
@@ -66,17 +63,16 @@ def test_make_serve_and_the_container_start_waitress_well():
 # --- vLLM metric aliases ----------------------------------------------------------------------------
 
 
-def scrape(client) -> dict:
-    text = client.get("/metrics").get_data(as_text=True)
-    return {s.name: s for f in text_string_to_metric_families(text) for s in f.samples if not s.labels.get("le")} | {
-        (s.name, s.labels.get("le")): s for f in text_string_to_metric_families(text) for s in f.samples if s.labels.get("le")
-    }
+def samples(client) -> dict:
+    """/metrics' samples by name, and histogram buckets by (name, le)."""
+    found = [s for f in metric_families(client).values() for s in f.samples]
+    return {s.name: s for s in found if not s.labels.get("le")} | {(s.name, s.labels["le"]): s for s in found if s.labels.get("le")}
 
 
 def test_vllm_aliases_mirror_our_metrics_with_the_model_name_label():
     engine = StatsEngine()
     client = create_app({"TESTING": True, "METRICS_COMPAT": "vllm"}, engine=engine).test_client()
-    m = scrape(client)
+    m = samples(client)
     pairs = {
         "vllm:num_requests_waiting": "llm_num_requests_waiting",
         "vllm:num_requests_running": "llm_num_requests_running",

@@ -3,7 +3,7 @@ what the kernels do not run. Files with each go through the model against the fl
 
 import numpy as np
 import pytest
-from tiny_models import Reference, load_steps, write_tiny_gguf
+from support.tiny_models import Reference, load_steps, write_tiny_gguf
 
 from webapp.engine.model.rope import RopeUnsupported, inverse_frequencies
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread

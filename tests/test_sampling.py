@@ -5,12 +5,10 @@ import json
 
 import numpy as np
 import pytest
-from tiny_models import smollm_tokenizer_fields
 
 from webapp.engine.decoding.constraints import GrammarCompiler, GrammarError, json_schema_grammar, lark_grammar
 from webapp.engine.decoding.sampling import RequestSampler, log_softmax, sample, token_logprobs
 from webapp.engine.serving.request import SamplingParams
-from webapp.engine.text.tokenizer import Tokenizer
 
 V = 50
 
@@ -122,13 +120,8 @@ def test_sampler_reports_logprobs_of_the_raw_row_when_asked():
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return Tokenizer.from_gguf_metadata({**smollm_tokenizer_fields(), "tokenizer.ggml.model": "gpt2"})
-
-
-@pytest.fixture(scope="module")
-def compiler(tokenizer):
-    return GrammarCompiler(tokenizer)
+def compiler(smollm2_tokenizer):
+    return GrammarCompiler(smollm2_tokenizer)
 
 
 def walk(constraint, ids, width):
@@ -147,29 +140,29 @@ SCHEMA = {
 }
 
 
-def test_json_schema_constraint_accepts_a_valid_document_then_only_stop(tokenizer, compiler):
+def test_json_schema_constraint_accepts_a_valid_document_then_only_stop(smollm2_tokenizer, compiler):
     c = compiler.matcher(json_schema_grammar(SCHEMA))
     doc = json.dumps({"name": "Ada", "n": 3, "tags": ["a", "b"]})
-    width = tokenizer.vocab_size + 7  # a padded output head: ids past the vocabulary are never allowed
-    end = walk(c, tokenizer.encode(doc, special=False), width)
-    assert set(np.flatnonzero(end)) <= set(tokenizer.stop_ids) and end.any()
+    width = smollm2_tokenizer.vocab_size + 7  # a padded output head: ids past the vocabulary are never allowed
+    end = walk(c, smollm2_tokenizer.encode(doc, special=False), width)
+    assert set(np.flatnonzero(end)) <= set(smollm2_tokenizer.stop_ids) and end.any()
 
 
-def test_json_schema_constraint_forbids_what_the_schema_forbids(tokenizer, compiler):
+def test_json_schema_constraint_forbids_what_the_schema_forbids(smollm2_tokenizer, compiler):
     c = compiler.matcher(json_schema_grammar(SCHEMA))
-    mask = walk(c, tokenizer.encode('{"name": "Ada", "n": ', special=False), tokenizer.vocab_size)
-    assert not mask[tokenizer.encode('"', special=False)[0]]  # n is an integer
-    assert mask[tokenizer.encode("4", special=False)[0]]
-    assert not mask[sorted(tokenizer.special_ids)[0]]  # special tokens never spell grammar text
+    mask = walk(c, smollm2_tokenizer.encode('{"name": "Ada", "n": ', special=False), smollm2_tokenizer.vocab_size)
+    assert not mask[smollm2_tokenizer.encode('"', special=False)[0]]  # n is an integer
+    assert mask[smollm2_tokenizer.encode("4", special=False)[0]]
+    assert not mask[sorted(smollm2_tokenizer.special_ids)[0]]  # special tokens never spell grammar text
 
 
-def test_any_json_object_and_lark_grammars(tokenizer, compiler):
+def test_any_json_object_and_lark_grammars(smollm2_tokenizer, compiler):
     c = compiler.matcher(json_schema_grammar({"type": "object"}))
-    mask = c.allowed(tokenizer.vocab_size)
-    assert mask[tokenizer.encode("{", special=False)[0]] and not mask[tokenizer.encode("[", special=False)[0]]
+    mask = c.allowed(smollm2_tokenizer.vocab_size)
+    assert mask[smollm2_tokenizer.encode("{", special=False)[0]] and not mask[smollm2_tokenizer.encode("[", special=False)[0]]
     yes_no = compiler.matcher(lark_grammar('start: "yes" | "no"'))
-    end = walk(yes_no, tokenizer.encode("no", special=False), tokenizer.vocab_size)
-    assert set(np.flatnonzero(end)) <= set(tokenizer.stop_ids)
+    end = walk(yes_no, smollm2_tokenizer.encode("no", special=False), smollm2_tokenizer.vocab_size)
+    assert set(np.flatnonzero(end)) <= set(smollm2_tokenizer.stop_ids)
 
 
 def test_bad_grammar_raises(compiler):
@@ -177,10 +170,10 @@ def test_bad_grammar_raises(compiler):
         compiler.matcher(lark_grammar("start: ("))
 
 
-def test_constrained_sampler_draws_only_allowed_tokens(tokenizer, compiler):
-    params = SamplingParams(temperature=1.0, seed=5, stop_token_ids=frozenset(tokenizer.stop_ids))
+def test_constrained_sampler_draws_only_allowed_tokens(smollm2_tokenizer, compiler):
+    params = SamplingParams(temperature=1.0, seed=5, stop_token_ids=frozenset(smollm2_tokenizer.stop_ids))
     sampler = RequestSampler(params, [1], compiler.matcher(json_schema_grammar(SCHEMA)))
     rng = np.random.default_rng(0)
     # random logits: every draw must still be a token the grammar allows (accept() raises otherwise)
-    out = [sampler.choose(rng.standard_normal(tokenizer.vocab_size).astype(np.float32))[0] for _ in range(12)]
-    assert tokenizer.decode(out).startswith('{"name": "')
+    out = [sampler.choose(rng.standard_normal(smollm2_tokenizer.vocab_size).astype(np.float32))[0] for _ in range(12)]
+    assert smollm2_tokenizer.decode(out).startswith('{"name": "')

@@ -1,8 +1,8 @@
 """Scheduling policy with a fake model: admission, chunked prefill interleaving, slot choice, retire, abort."""
 
 import pytest
-from conftest import drain_outputs, engine_over, wait_until
-from fakes import FakeRunner
+from support import drain_outputs, engine_over, wait_until
+from support.fakes import FakeRunner
 
 from webapp.engine.serving.engine import QueueFull
 from webapp.engine.serving.errors import PromptTooLong
@@ -18,7 +18,8 @@ def request(prompt, max_tokens=3):
 
 
 @pytest.fixture
-def engine():
+def two_slot_engine():
+    """The real engine over a FakeRunner: two slots, a queue of 3, prefill chunks of 4, 64 positions."""
     with engine_over(FakeRunner(vocab=VOCAB, step_s=0.005), context=64, slots=2, queue_limit=3, prefill_chunk=4) as eng:
         yield eng
 
@@ -61,13 +62,13 @@ def test_admission_is_fcfs_and_bounded_by_slots():
     assert reqs[0].status is Status.PREFILL
 
 
-def test_prefill_is_chunked_and_interleaved_with_decode(engine):
-    runner = engine.loaded.runner
+def test_prefill_is_chunked_and_interleaved_with_decode(two_slot_engine):
+    runner = two_slot_engine.loaded.runner
     short = request([1, 2], max_tokens=40)
-    engine.submit(short)
+    two_slot_engine.submit(short)
     assert isinstance(short.outputs.get(timeout=5), int)  # short is decoding now
     long = request(list(range(20, 33)), max_tokens=2)  # 13 tokens: chunks of 4, 4, 4, 1
-    engine.submit(long)
+    two_slot_engine.submit(long)
     drain_outputs(long)
     drain_outputs(short)
     prefills = [c for c in runner.calls if c[0] == "prefill" and c[1] == long.id]
@@ -129,40 +130,40 @@ def test_a_failing_mixed_step_runs_again_apart():
         ]
 
 
-def test_retire_on_length_and_tokens_follow_the_model(engine):
+def test_retire_on_length_and_tokens_follow_the_model(two_slot_engine):
     r = request([5], max_tokens=4)
-    engine.submit(r)
+    two_slot_engine.submit(r)
     assert drain_outputs(r) == ([6, 7, 8, 9], "length")
-    assert r.status is Status.FINISHED and all(s.owner is None for s in engine.scheduler.slots.slots)
+    assert r.status is Status.FINISHED and all(s.owner is None for s in two_slot_engine.scheduler.slots.slots)
 
 
-def test_abort_of_a_waiting_request_and_queue_limit(engine):
-    engine.loaded.runner.gate.clear()  # freeze the model thread inside its next call
+def test_abort_of_a_waiting_request_and_queue_limit(two_slot_engine):
+    two_slot_engine.loaded.runner.gate.clear()  # freeze the model thread inside its next call
     running = [request([1, i], max_tokens=50) for i in range(2)]
     for r in running:
-        engine.submit(r)
+        two_slot_engine.submit(r)
     waiting = [request([2, i]) for i in range(3)]
     assert wait_until(lambda: all(r.admitted_at for r in running))
     for r in waiting:
-        engine.submit(r)
+        two_slot_engine.submit(r)
     with pytest.raises(QueueFull):
-        engine.submit(request([3, 3]))
-    engine.abort(waiting[0])
+        two_slot_engine.submit(request([3, 3]))
+    two_slot_engine.abort(waiting[0])
     for r in running:
-        engine.abort(r)
-    engine.loaded.runner.gate.set()
+        two_slot_engine.abort(r)
+    two_slot_engine.loaded.runner.gate.set()
     assert drain_outputs(waiting[0])[1] == "cancelled"
     assert [drain_outputs(r)[1] for r in running] == ["cancelled", "cancelled"]
     assert [drain_outputs(r)[1] for r in waiting[1:]] == ["length", "length"]
-    assert engine.stats()["requests_total"]["rejected"] == 1
-    assert engine._waiting == 0
+    assert two_slot_engine.stats()["requests_total"]["rejected"] == 1
+    assert two_slot_engine._waiting == 0
 
 
-def test_a_prompt_that_leaves_no_room_is_refused_at_submit(engine):
+def test_a_prompt_that_leaves_no_room_is_refused_at_submit(two_slot_engine):
     with pytest.raises(PromptTooLong, match="maximum context length is 64"):
-        engine.submit(request(range(1, 65)))  # 64 tokens in a 64-token context
-    assert engine.stats()["queue_depth"] == 0
+        two_slot_engine.submit(request(range(1, 65)))  # 64 tokens in a 64-token context
+    assert two_slot_engine.stats()["queue_depth"] == 0
     last = request(range(1, 64), max_tokens=5)
-    engine.submit(last)
+    two_slot_engine.submit(last)
     tokens, reason = drain_outputs(last)
     assert reason == "length" and len(tokens) == 1  # 63 + 1 fills the context

@@ -10,13 +10,13 @@ import json
 import logging
 
 import pytest
-from conftest import (
+from support import (
     HELLO,
     assert_error_shape,
     get,
     running_server,
 )
-from fakes import Reply
+from support.fakes import Reply
 
 from webapp import create_app
 from webapp.ops.exposure import listen_hosts, warn_if_exposed
@@ -27,8 +27,8 @@ TOKEN = "letmein-admin"
 # --- authentication -------------------------------------------------------------------------------
 
 
-def test_api_key_guards_every_v1_route_but_not_health(engine):
-    client = create_app({"TESTING": True, "API_KEY": "sekret"}, engine=engine).test_client()
+def test_api_key_guards_every_v1_route_but_not_health(fake_engine):
+    client = create_app({"TESTING": True, "API_KEY": "sekret"}, engine=fake_engine).test_client()
     routes = [
         ("GET", "/v1/models"),
         ("POST", "/v1/chat/completions"),
@@ -56,19 +56,19 @@ def test_api_key_guards_every_v1_route_but_not_health(engine):
     assert client.get("/").status_code == 200
 
 
-def test_secrets_from_the_environment_are_taken_verbatim(engine, monkeypatch):
+def test_secrets_from_the_environment_are_taken_verbatim(fake_engine, monkeypatch):
     monkeypatch.setenv("LLM_API_KEY", "1e3")  # JSON would make this the float 1000.0
     monkeypatch.setenv("LLM_ADMIN_TOKEN", "true")
-    app = create_app({"TESTING": True}, engine=engine)
+    app = create_app({"TESTING": True}, engine=fake_engine)
     assert (app.config["API_KEY"], app.config["ADMIN_TOKEN"]) == ("1e3", "true")
     assert app.test_client().get("/v1/models", headers={"Authorization": "Bearer 1e3"}).status_code == 200
 
 
 @pytest.fixture
-def admin_client(engine):
+def admin_client(fake_engine):
     """An app with an admin token and probe routes of its own under both guarded prefixes, so these
     tests depend only on the guard, not on what the dashboard blueprints do."""
-    app = create_app({"TESTING": True, "ADMIN_TOKEN": TOKEN}, engine=engine)
+    app = create_app({"TESTING": True, "ADMIN_TOKEN": TOKEN}, engine=fake_engine)
     app.add_url_rule("/admin/probe", "admin_probe", lambda: "admin ok")
     app.add_url_rule("/metrics/probe", "metrics_probe", lambda: "metrics ok")
     return app.test_client()
@@ -130,8 +130,8 @@ def test_a_browser_is_sent_to_the_login_form_and_its_cookie_opens_both_prefixes(
     assert admin_client.get("/admin/probe", headers={"Accept": "application/json"}).status_code == 401
 
 
-def test_doubled_slashes_do_not_slip_past_the_guard(engine):
-    app = create_app({"TESTING": True, "ADMIN_TOKEN": TOKEN}, engine=engine)
+def test_doubled_slashes_do_not_slip_past_the_guard(fake_engine):
+    app = create_app({"TESTING": True, "ADMIN_TOKEN": TOKEN}, engine=fake_engine)
     app.add_url_rule("/admin/probe", "admin_probe", lambda: "admin ok")
     with running_server(app) as srv:
         for path in ("//admin/probe", "/admin//probe", "///metrics", "//admin"):
@@ -153,8 +153,8 @@ def test_login_only_redirects_within_the_site(admin_client, target):
     assert r.status_code == 303 and r.headers["Location"] == "/admin"
 
 
-def test_without_an_admin_token_the_pages_are_open_and_login_steps_aside(engine):
-    app = create_app({"TESTING": True}, engine=engine)
+def test_without_an_admin_token_the_pages_are_open_and_login_steps_aside(fake_engine):
+    app = create_app({"TESTING": True}, engine=fake_engine)
     app.add_url_rule("/admin/probe", "admin_probe", lambda: "admin ok")
     client = app.test_client()
     assert client.get("/admin/probe").status_code == 200
@@ -198,26 +198,26 @@ def test_listen_hosts_reads_the_waitress_command_line(argv, hosts):
 # --- headers and HTML -----------------------------------------------------------------------------
 
 
-def test_every_response_carries_security_headers(client):
+def test_every_response_carries_security_headers(fake_client):
     for path in ("/", "/admin/login", "/health", "/v1/models", "/no/such/page"):
-        r = client.get(path)
+        r = fake_client.get(path)
         assert r.headers["X-Content-Type-Options"] == "nosniff", path
         assert r.headers["X-Frame-Options"] == "DENY", path
         assert r.headers["Referrer-Policy"] == "no-referrer", path
     for path in ("/", "/admin/login"):
-        csp = client.get(path).headers["Content-Security-Policy"]
+        csp = fake_client.get(path).headers["Content-Security-Policy"]
         assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp and "unsafe-inline" not in csp
 
 
-def test_user_text_never_comes_back_as_html(engine):
-    app = create_app({"TESTING": True, "ADMIN_TOKEN": TOKEN}, engine=engine)
+def test_user_text_never_comes_back_as_html(fake_engine):
+    app = create_app({"TESTING": True, "ADMIN_TOKEN": TOKEN}, engine=fake_engine)
     client = app.test_client()
     evil = '/x"><script>alert(1)</script>'
     html = client.get("/admin/login", query_string={"next": evil}).get_data(as_text=True)
     assert "<script>alert(1)" not in html and "&lt;script&gt;" in html
     r = client.get("/<script>alert(1)</script>")
     assert r.status_code == 404 and r.mimetype == "application/json"
-    engine.replies.append(Reply.text("<img src=x onerror=alert(1)>"))
+    fake_engine.replies.append(Reply.text("<img src=x onerror=alert(1)>"))
     r = client.post("/v1/chat/completions", json={"messages": HELLO})
     assert r.mimetype == "application/json"
 
@@ -225,8 +225,8 @@ def test_user_text_never_comes_back_as_html(engine):
 # --- limits ---------------------------------------------------------------------------------------
 
 
-def test_too_many_messages_is_400(engine):
-    client = create_app({"TESTING": True, "MAX_MESSAGES": 3}, engine=engine).test_client()
+def test_too_many_messages_is_400(fake_engine):
+    client = create_app({"TESTING": True, "MAX_MESSAGES": 3}, engine=fake_engine).test_client()
     assert client.post("/v1/chat/completions", json={"messages": HELLO * 3}).status_code == 200
     r = client.post("/v1/chat/completions", json={"messages": HELLO * 4})
     assert r.status_code == 400
@@ -234,8 +234,8 @@ def test_too_many_messages_is_400(engine):
     assert r.get_json()["error"]["param"] == "messages"
 
 
-def test_default_message_limit(client):
-    r = client.post("/v1/chat/completions", json={"messages": HELLO * 1001})
+def test_default_message_limit(fake_client):
+    r = fake_client.post("/v1/chat/completions", json={"messages": HELLO * 1001})
     assert r.status_code == 400 and r.get_json()["error"]["code"] == "array_above_max_length"
 
 
@@ -250,26 +250,26 @@ def test_default_message_limit(client):
         ),
     ],
 )
-def test_oversized_parameters_are_400(client, body, param):
-    r = client.post("/v1/chat/completions", json={"messages": HELLO, **body})
+def test_oversized_parameters_are_400(fake_client, body, param):
+    r = fake_client.post("/v1/chat/completions", json={"messages": HELLO, **body})
     assert r.status_code == 400
     assert_error_shape(r.get_json())
     assert r.get_json()["error"]["param"] == param
 
 
-def test_longest_stop_string_is_accepted(client):
-    assert client.post("/v1/chat/completions", json={"messages": HELLO, "stop": ["x" * 256] * 4}).status_code == 200
+def test_longest_stop_string_is_accepted(fake_client):
+    assert fake_client.post("/v1/chat/completions", json={"messages": HELLO, "stop": ["x" * 256] * 4}).status_code == 200
 
 
-def test_max_tokens_is_capped_to_the_context(client, engine):
-    r = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 10**12})
+def test_max_tokens_is_capped_to_the_context(fake_client, fake_engine):
+    r = fake_client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 10**12})
     assert r.status_code == 200
-    request = engine.submitted[-1]
-    assert request.params.max_tokens == engine.max_context - request.prompt_len
+    request = fake_engine.submitted[-1]
+    assert request.params.max_tokens == fake_engine.max_context - request.prompt_len
 
 
-def test_prompt_token_limit(engine):
-    client = create_app({"TESTING": True, "MAX_PROMPT_TOKENS": 16}, engine=engine).test_client()
+def test_prompt_token_limit(fake_engine):
+    client = create_app({"TESTING": True, "MAX_PROMPT_TOKENS": 16}, engine=fake_engine).test_client()
     assert client.post("/v1/completions", json={"prompt": "x" * 15}).status_code == 200  # + BOS = 16
     r = client.post("/v1/completions", json={"prompt": "x" * 16})
     assert r.status_code == 400
@@ -287,15 +287,15 @@ def test_prompt_token_limit(engine):
         b'{"prompt": "x", "metadata": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # beyond the C decoder
     ],
 )
-def test_malformed_json_values_are_400(client, raw):
+def test_malformed_json_values_are_400(fake_client, raw):
     for path in ("/v1/chat/completions", "/v1/completions"):
-        r = client.post(path, data=raw, content_type="application/json")
+        r = fake_client.post(path, data=raw, content_type="application/json")
         assert r.status_code == 400, r.get_json()
         assert_error_shape(r.get_json(), code="invalid_json")
 
 
-def test_chunked_body_over_the_limit_is_413(engine):
-    app = create_app({"TESTING": True, "MAX_CONTENT_LENGTH": 64 * 1024}, engine=engine)
+def test_chunked_body_over_the_limit_is_413(fake_engine):
+    app = create_app({"TESTING": True, "MAX_CONTENT_LENGTH": 64 * 1024}, engine=fake_engine)
     with running_server(app) as srv:
         conn = http.client.HTTPConnection(srv.host, srv.port, timeout=10)
         body = json.dumps({"prompt": "x" * 100_000}).encode()

@@ -1,32 +1,26 @@
 """The real engine on a tiny random GGUF behind a real Waitress server: openai client, prefix reuse
 through the API, a client that disconnects mid-stream, and overload."""
 
-import json
-import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import openai
 import pytest
-from conftest import slots_idle, slowed_decode, tiny_engine_server, wait_until
-from tiny_models import write_tiny_gguf
+from support import TINY_QUEUE_LIMIT, TINY_SLOTS, before_each_decode, get, post, raw_request, slots_idle, slowed_decode, wait_until
 
-SLOTS, QUEUE_LIMIT = 2, 2
+SLOTS, QUEUE_LIMIT = TINY_SLOTS, TINY_QUEUE_LIMIT
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory):
-    path = write_tiny_gguf(str(tmp_path_factory.mktemp("m") / "llama.gguf"), "llama", context=256)
-    with tiny_engine_server(path, SLOTS, QUEUE_LIMIT) as (engine, srv):
-        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=60)
-        yield engine, srv, client
-        client.close()
+def tiny_openai_client(tiny_llama_server):
+    """The real `openai` client pointed at `tiny_llama_server`."""
+    _, srv = tiny_llama_server
+    with openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=60) as client:
+        yield client
 
 
-def test_chat_stream_and_follow_up_reuse_the_cache(real):
-    engine, _, client = real
+def test_chat_stream_and_follow_up_reuse_the_cache(tiny_openai_client):
+    client = tiny_openai_client
     messages = [{"role": "user", "content": "Tell me a story about a cat."}]
     first = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0)
     assert first.choices[0].finish_reason == "length"
@@ -45,21 +39,22 @@ def test_chat_stream_and_follow_up_reuse_the_cache(real):
 
 
 @pytest.fixture
-def slow_decode(real):
-    with slowed_decode(real[0], 0.03):
+def slowed_steps(tiny_llama_server):
+    """Stretch the tiny model's decode steps by 30 ms each."""
+    with slowed_decode(tiny_llama_server[0], 0.03):
         yield
 
 
-def test_disconnecting_mid_stream_frees_the_slot(real, slow_decode):
-    engine, srv, _ = real
-    body = json.dumps(
-        {"model": "tiny", "messages": [{"role": "user", "content": "Go on forever"}], "max_tokens": 200, "stream": True, "ignore_eos": True}
-    )
-    sock = socket.create_connection((srv.host, srv.port), timeout=30)
-    sock.sendall(
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {srv.host}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
-    )
+def test_disconnecting_mid_stream_frees_the_slot(tiny_llama_server, slowed_steps):
+    engine, srv = tiny_llama_server
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Go on forever"}],
+        "max_tokens": 200,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    sock = raw_request(srv, "/v1/chat/completions", body, timeout=30)
     stream = sock.makefile("rb")
     assert b" 200 " in stream.readline()
     headers = iter(stream.readline, b"\r\n")
@@ -74,18 +69,15 @@ def test_disconnecting_mid_stream_frees_the_slot(real, slow_decode):
     assert engine.stats()["requests_total"]["cancelled"] >= 1
 
 
-def test_overload_gets_429_with_retry_after_and_health_still_answers(real):
-    engine, srv, client = real
+def test_overload_gets_429_with_retry_after_and_health_still_answers(tiny_llama_server, tiny_openai_client):
+    (engine, srv), client = tiny_llama_server, tiny_openai_client
     gate = threading.Event()
-    decode = engine.loaded.runner.decode
 
-    def stalled_decode(batch, positions):
+    def stall_once_full(batch):
         if len(batch) == SLOTS:  # stall once every slot is taken, so all of them get admitted first
             gate.wait(30)
         time.sleep(0.02)  # keep early requests running until the others arrive
-        return decode(batch, positions)
 
-    engine.loaded.runner.decode = stalled_decode
     results = []
 
     def ask(i):
@@ -97,37 +89,33 @@ def test_overload_gets_429_with_retry_after_and_health_still_answers(real):
         except openai.APIError as e:
             results.append(e)
 
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(SLOTS + QUEUE_LIMIT)]
     try:
-        threads = [threading.Thread(target=ask, args=(i,)) for i in range(SLOTS)]
-        for t in threads:
-            t.start()
-        assert wait_until(lambda: engine.stats()["running"] == SLOTS)
-        threads += [threading.Thread(target=ask, args=(i,)) for i in range(SLOTS, SLOTS + QUEUE_LIMIT)]
-        for t in threads[SLOTS:]:
-            t.start()
-        assert wait_until(lambda: engine._waiting == QUEUE_LIMIT)
+        with before_each_decode(engine, stall_once_full):
+            try:
+                for t in threads[:SLOTS]:
+                    t.start()
+                assert wait_until(lambda: engine.stats()["running"] == SLOTS)
+                for t in threads[SLOTS:]:
+                    t.start()
+                assert wait_until(lambda: engine._waiting == QUEUE_LIMIT)
 
-        request = urllib.request.Request(
-            f"{srv.url}/v1/chat/completions",
-            json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "one too many"}]}).encode(),
-            {"Content-Type": "application/json"},
-        )
-        started = time.monotonic()
-        with pytest.raises(urllib.error.HTTPError) as excinfo:
-            urllib.request.urlopen(request, timeout=5)
-        assert time.monotonic() - started < 1.0
-        assert excinfo.value.code == 429
-        assert int(excinfo.value.headers["Retry-After"]) >= 1
-        assert json.load(excinfo.value)["error"]["code"] == "queue_full"
+                started = time.monotonic()
+                status, headers, body = post(
+                    srv, "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "one too many"}]}, timeout=5
+                )
+                assert time.monotonic() - started < 1.0
+                assert status == 429 and int(headers["Retry-After"]) >= 1
+                assert body["error"]["code"] == "queue_full"
 
-        started = time.monotonic()
-        with urllib.request.urlopen(f"{srv.url}/health", timeout=5) as health:
-            assert json.load(health)["status"] == "ok"
-        assert time.monotonic() - started < 1.0
+                started = time.monotonic()
+                assert get(srv, "/health", timeout=5)[2]["status"] == "ok"
+                assert time.monotonic() - started < 1.0
+            finally:
+                gate.set()
     finally:
-        gate.set()
-        engine.loaded.runner.decode = decode
         for t in threads:
-            t.join(30)
+            if t.ident is not None:
+                t.join(30)
     assert results == ["length"] * (SLOTS + QUEUE_LIMIT)
     assert wait_until(lambda: slots_idle(engine))

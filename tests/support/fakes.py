@@ -14,6 +14,9 @@ its logits make greedy sampling pick `next_token(last token fed)`, and a test ca
 
 `FakeTokenizer` is byte-level: ids 0-255 are the UTF-8 bytes, so every multi-byte character and
 every tag is split across tokens, plus BOS (256, "<s>") and EOS (257, "</s>").
+
+`StatsEngine` is a `FakeEngine` whose stats() come from a real `EngineMetrics` fed by hand (the pages'
+and /metrics' numbers), on a settable `Clock`.
 """
 
 from __future__ import annotations
@@ -27,13 +30,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 
 from webapp.engine.decoding.constraints import GrammarCompiler
 from webapp.engine.decoding.sampling import TokenLogprobs
 from webapp.engine.serving.errors import EngineNotReady, QueueFull, completion_room
-from webapp.engine.serving.request import Finished, FinishReason, Request, Status
+from webapp.engine.serving.metrics import EngineMetrics
+from webapp.engine.serving.request import Finished, FinishReason, Request, SamplingParams, Status
 
 # What the fake "model" reports as every token's logprob (and the prompt's, when scored).
 FAKE_LOGPROB = -0.5
@@ -253,6 +258,55 @@ class FakeEngine:
         with self._lock:
             del self._wake[request.id]
         request.outputs.put(last)
+
+
+class Clock:
+    """A settable clock for code that takes one (`EngineMetrics(clock=...)`)."""
+
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class StatsEngine(FakeEngine):
+    """FakeEngine whose stats() are a real EngineMetrics view: two finished requests, one decoding
+    in slot 0 with a reused prefix, an idle slot that keeps a cached prefix, two requests queued."""
+
+    def __init__(self):
+        super().__init__(max_context=256)
+        clock = self.clock = Clock(5000.0)
+        m = self.metrics = EngineMetrics({"model": self.model_name, "context": 256, "device": "TEST"}, clock=clock)
+        for i, (prompt, cached, reason) in enumerate([(40, 0, "stop"), (60, 36, "length")]):
+            r = Request([1] * prompt, SamplingParams(), id=f"chatcmpl-done{i}")
+            r.submitted_at, r.cached_tokens = clock.now, cached
+            clock.now += 0.05
+            r.admitted_at = clock.now
+            m.on_admit(r)
+            m.on_prefill(prompt - cached)
+            for _ in range(10):
+                clock.now += 0.02
+                m.on_token(r, clock.now)
+                r.first_token_at = r.first_token_at or clock.now
+                r.last_token_at = clock.now
+                r.output_ids.append(5)
+            r.status, r.finish_reason, r.finished_at = Status.FINISHED, reason, clock.now
+            m.on_finish(r)
+        live = Request([1] * 50, SamplingParams(), id="chatcmpl-live")
+        live.submitted_at, live.cached_tokens, live.status = clock.now, 30, Status.DECODE
+        live.output_ids = [5, 5, 5]
+        slots = [
+            SimpleNamespace(index=0, owner=live, tokens=[0] * 53),
+            SimpleNamespace(index=1, owner=None, tokens=[0] * 70),
+        ]
+        m.publish(2, [live], slots)
+        clock.now += 1.5
+
+    def stats(self):
+        stats = self.metrics.current()
+        stats["state"] = self.status
+        return stats
 
 
 class FakeRunner:
