@@ -1,4 +1,5 @@
-"""The deployment files, checked without a cluster, a Docker daemon or a running proxy:
+"""The deployment files, checked by the tools that read them, without a cluster, a Docker daemon or a
+running proxy:
 
 - `kubectl kustomize deploy/kubernetes` renders every object;
 - built-in objects (Deployment, Service, ConfigMap, RBAC) pass the official Kubernetes schemas in
@@ -7,14 +8,13 @@
   runs here only when one answers;
 - the Gateway API objects (InferencePool, HTTPRoute), which no offline schema knows, are checked
   against the fields their v1 APIs define (required fields present, no unknown ones);
-- `hadolint` accepts the Dockerfile, whose install steps mirror `make install` line for line;
-- `.dockerignore` lets through what the Dockerfile copies; compose's files and grace period fit;
-- Debian's nginx accepts deploy/nginx (when installed);
-- every metric the Grafana dashboard reads is one /metrics exports.
+- `hadolint` accepts the Dockerfile;
+- Debian's nginx accepts deploy/nginx (when installed).
+
+The checks that only read the files are tests/unit/test_deploy_files.py.
 """
 
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -24,11 +24,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 from support import ROOT
-from support.fakes import StatsEngine
-
-from webapp import DEFAULTS, create_app
 
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 K8S_VERSION = "1.32.0"  # the oldest version still supported upstream when this was written
@@ -201,54 +197,12 @@ def test_the_model_pods_drain_before_they_are_killed(rendered):
     assert {probes[p]["httpGet"]["path"] for p in ("startupProbe", "readinessProbe", "livenessProbe")} == {"/health"}
 
 
-# --- the image ---------------------------------------------------------------------------------------
+# --- the image and the proxy -------------------------------------------------------------------------
 
 
 def test_hadolint_accepts_the_dockerfile():
     out = subprocess.run([tool("hadolint"), str(ROOT / "Dockerfile")], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
-
-
-def commands(text: str) -> list[str]:
-    """Shell commands of a recipe or of RUN steps: continuation lines joined, split at &&."""
-    text = text.replace("\\\n", " ")
-    return [" ".join(c.split()) for line in text.splitlines() for c in line.split("&&") if c.strip()]
-
-
-def test_the_dockerfile_installs_what_make_install_installs():
-    makefile = (ROOT / "Makefile").read_text()
-    recipe = re.search(r"^\$\(STAMP\):.*\n((?:\t.*\n)+)", makefile, re.M).group(1)
-    make_steps = [c for c in commands(recipe) if re.search(r"apt-get install|-m venv|pip install", c)]
-    dockerfile = (ROOT / "Dockerfile").read_text()
-    runs = "\n".join(m.group(1) for m in re.finditer(r"^RUN ((?:.*\\\n)*.*)$", dockerfile, re.M))
-    docker_steps = [c for c in commands(runs) if re.search(r"apt-get install|-m venv|pip install", c)]
-
-    def same(step: str) -> str:  # the image's venv is /opt/venv and it carries no test tools
-        step = re.sub(r"^.*?(apt-get install)", r"\1", step)  # drop the Makefile's `if ...; then` guard
-        step = step.split(" >/dev/null")[0].replace("$(VENV)", "/opt/venv").replace("$(PYTHON)", "python3")
-        step = step.replace("test -x /opt/venv/bin/python || ", "").replace("requirements-dev.txt", "requirements.txt")
-        step = step.replace(" --no-install-recommends", "")
-        return step
-
-    assert [same(s) for s in make_steps] == [same(s) for s in docker_steps]
-    assert len(make_steps) == 4
-
-
-def test_dockerignore_lets_through_what_the_dockerfile_copies():
-    allowed = {line[1:].rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines() if line.startswith("!")}
-    copied = {src for m in re.finditer(r"^COPY (.+) \S+$", (ROOT / "Dockerfile").read_text(), re.M) for src in m.group(1).split()}
-    assert copied == allowed
-    assert all((ROOT / name).exists() for name in copied)
-
-
-def test_compose_runs_replicas_behind_nginx_with_a_drain_long_enough():
-    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
-    app, proxy = compose["services"]["tinyserve"], compose["services"]["nginx"]
-    assert app["deploy"]["replicas"] == "${REPLICAS:-2}" and app["build"] == "."
-    assert int(app["stop_grace_period"].rstrip("s")) > app["environment"]["LLM_DRAIN_SECONDS"]
-    assert proxy["depends_on"]["tinyserve"]["condition"] == "service_healthy"
-    for mount in proxy["volumes"]:
-        assert (ROOT / mount.split(":")[0]).is_file(), mount
 
 
 def test_nginx_accepts_the_proxy_config(tmp_path):
@@ -265,20 +219,3 @@ def test_nginx_accepts_the_proxy_config(tmp_path):
         [nginx, "-t", "-q", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")], capture_output=True, text=True, timeout=30
     )
     assert out.returncode == 0, out.stderr
-
-
-# --- the dashboard ------------------------------------------------------------------------------------
-
-
-def test_the_grafana_dashboard_reads_only_metrics_we_export():
-    dashboard = json.loads((ROOT / "deploy" / "grafana" / "tinyserve.json").read_text())
-    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
-    exprs.append(dashboard["templating"]["list"][1]["definition"])
-    read = {name for e in exprs for name in re.findall(r"\bllm_\w+", e)}
-    engine = StatsEngine()
-    text = create_app({"TESTING": True}, engine=engine).test_client().get("/metrics").get_data(as_text=True)
-    exported = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
-    engine.close()
-    assert read and read <= exported, read - exported
-    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
-    assert DEFAULTS["METRICS_COMPAT"] is None  # the dashboard needs no aliases

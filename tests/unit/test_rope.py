@@ -1,12 +1,12 @@
 """RoPE as the file asks for it: the base, Llama 3's rope_freqs factors, linear scaling; refusals for
-what the kernels do not run. Files with each go through the model against the float64 reference."""
+what the kernels do not run, a yarn file's at load. Files with each go through the model against
+the float64 reference in tests/integration/test_rope_files.py."""
 
 import numpy as np
 import pytest
-from support.tiny_models import Reference, load_steps, write_tiny_gguf
+from support.tiny_models import write_tiny_gguf
 
 from webapp.engine.model.rope import RopeUnsupported, inverse_frequencies
-from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.model.transformer import ModelLoadError, load_model
 
 HEAD_DIM = 16
@@ -36,31 +36,6 @@ def test_plain_llama3_and_linear_frequencies():
 def test_what_the_kernels_cannot_run_is_refused_by_name(extra, factors, words):
     with pytest.raises(RopeUnsupported, match=words):
         inverse_frequencies({"llama.rope.freq_base": 10000.0, **extra}, "llama", HEAD_DIM, factors)
-
-
-PROMPT = list(range(300, 340))  # long enough that the low frequencies' angles matter
-
-
-@pytest.mark.parametrize(
-    ("arch", "options"),
-    [
-        ("llama", {"rope_factors": np.linspace(1, 8, HEAD_DIM // 2)}),  # Llama 3.1 / 3.2 files
-        ("qwen3", {"metadata": {"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}}),
-    ],
-)
-def test_scaled_rope_files_follow_the_reference_that_scales_too(tmp_path, arch, options):
-    use_tinygrad_from_this_thread()
-    path = write_tiny_gguf(str(tmp_path / "r.gguf"), arch, n_heads=4, dim=64, **options)
-    steps = load_steps(path, slots=1, context=64)
-    got = steps.score(PROMPT, slot=0, start=0)
-    reference = Reference(path)
-    expected = reference.logits(PROMPT)
-    scale = np.abs(expected).max()
-    assert np.abs(got - expected).max() < 0.03 * scale
-    # the scaling matters here: a reference that ignores it is further off than ours
-    reference.w.pop("rope_freqs.weight", None)
-    reference.linear_scale = 1.0
-    assert np.abs(reference.logits(PROMPT) - expected).max() > 3 * np.abs(got - expected).max()
 
 
 def test_a_yarn_file_fails_at_load_with_the_setting_named(tmp_path):

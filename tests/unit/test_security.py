@@ -1,20 +1,17 @@
 """A server on a network, seen from the web layer (scripted FakeEngine): the API key and the admin
 token, the login form, the start-up warning when exposed, the security headers and the limits on
-what a request may hold."""
+what a request may hold. What only a real connection can send is
+tests/integration/test_security_on_the_wire.py."""
 
 from __future__ import annotations
 
 import base64
-import http.client
-import json
 import logging
 
 import pytest
 from support import (
     HELLO,
     assert_error_shape,
-    get,
-    running_server,
 )
 from support.fakes import Reply
 
@@ -128,20 +125,6 @@ def test_a_browser_is_sent_to_the_login_form_and_its_cookie_opens_both_prefixes(
     out = admin_client.post("/admin/logout")
     assert out.status_code == 303
     assert admin_client.get("/admin/probe", headers={"Accept": "application/json"}).status_code == 401
-
-
-def test_doubled_slashes_do_not_slip_past_the_guard(fake_engine):
-    app = create_app({"TESTING": True, "ADMIN_TOKEN": TOKEN}, engine=fake_engine)
-    app.add_url_rule("/admin/probe", "admin_probe", lambda: "admin ok")
-    with running_server(app) as srv:
-        for path in ("//admin/probe", "/admin//probe", "///metrics", "//admin"):
-            conn = http.client.HTTPConnection(srv.host, srv.port, timeout=10)
-            conn.request("GET", path, headers={"Accept": "application/json"})
-            response = conn.getresponse()
-            body = response.read()
-            conn.close()
-            assert response.status in (308, 401), (path, response.status)
-            assert b"admin ok" not in body
 
 
 @pytest.mark.parametrize(
@@ -292,23 +275,3 @@ def test_malformed_json_values_are_400(fake_client, raw):
         r = fake_client.post(path, data=raw, content_type="application/json")
         assert r.status_code == 400, r.get_json()
         assert_error_shape(r.get_json(), code="invalid_json")
-
-
-def test_chunked_body_over_the_limit_is_413(fake_engine):
-    app = create_app({"TESTING": True, "MAX_CONTENT_LENGTH": 64 * 1024}, engine=fake_engine)
-    with running_server(app) as srv:
-        conn = http.client.HTTPConnection(srv.host, srv.port, timeout=10)
-        body = json.dumps({"prompt": "x" * 100_000}).encode()
-        chunks = (body[i : i + 8192] for i in range(0, len(body), 8192))
-        conn.request(
-            "POST",
-            "/v1/completions",
-            chunks,
-            {"Content-Type": "application/json"},
-            encode_chunked=True,
-        )
-        response = conn.getresponse()
-        assert response.status == 413
-        assert_error_shape(json.loads(response.read()))
-        conn.close()
-        assert get(srv, "/health")[0] == 200
