@@ -21,6 +21,7 @@ import sys
 import gguf
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 from support.tiny_models import add_smollm_tokenizer, smollm_tokenizer_fields  # noqa: E402
