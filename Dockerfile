@@ -1,5 +1,5 @@
 # tinyserve: the OpenAI-compatible server on tinygrad's CPU backend, one replica per container.
-# Its install steps mirror `make install` line for line (tests/test_deploy_manifests.py checks it),
+# Its install steps mirror `make install` line for line (tests/unit/test_deploy_files.py checks it),
 # with requirements.txt in place of requirements-dev.txt: the image carries no test tools.
 FROM python:3.11-slim-bookworm
 

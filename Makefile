@@ -15,7 +15,7 @@ export HCQ2 ?= 1
 
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test test-deploy lint format tune bench clean
+.PHONY: install serve test test-fast test-deploy lint format tune bench clean
 
 install: $(STAMP)
 
@@ -45,6 +45,10 @@ test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/python -m pytest -q tests
+
+# The unit tests alone (tests/unit: fakes and tiny models, no server, no browser), in under a minute.
+test-fast: install
+	$(VENV)/bin/python -m pytest -q tests/unit
 
 # Two real replicas behind Debian's nginx (deploy/tests): minutes, so not part of `make test`.
 test-deploy: install

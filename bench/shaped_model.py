@@ -21,9 +21,10 @@ import sys
 import gguf
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
-from tiny_models import add_smollm_tokenizer, smollm_tokenizer_fields  # noqa: E402
+from support.tiny_models import add_smollm_tokenizer, smollm_tokenizer_fields  # noqa: E402
 
 # (arch, layers, dim, FFN, heads, KV heads, head dim, tied, rope theta): the published configs
 SHAPES = {

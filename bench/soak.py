@@ -72,7 +72,7 @@ OUTCOMES = ("completed", "cancelled", "rejected", "errors", "lost")
 def tiny_model(directory: str) -> str:
     """A tiny random-weight llama GGUF with the SmolLM2 tokenizer (the tests' own model writer)."""
     sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from tiny_models import write_tiny_gguf
+    from support.tiny_models import write_tiny_gguf
 
     return write_tiny_gguf(os.path.join(directory, "tiny.gguf"), "llama", context=256)
 

@@ -25,7 +25,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
-from tiny_models import write_tiny_gguf  # noqa: E402
+from support.tiny_models import write_tiny_gguf  # noqa: E402
 
 from bench.servers import HOST, exit_on_sigterm, start_llama_server  # noqa: E402
 from webapp.engine.model.gguf import read_gguf  # noqa: E402

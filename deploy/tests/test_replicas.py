@@ -1,6 +1,6 @@
 """Two real replicas behind a real nginx, on loopback (`make test-deploy`; minutes, not in `make test`).
 
-Two `waitress-serve wsgi:app` processes serve a tiny random-weight GGUF (tests/tiny_models.py);
+Two `waitress-serve wsgi:app` processes serve a tiny random-weight GGUF (tests/support/tiny_models.py);
 Debian's nginx runs deploy/nginx/tinyserve.conf in front of them, changed only in its listen port
 and log path. Clients are the real `openai` package, without retries: whatever nginx answers is
 what a user would see. Which replica served what, after which retries, comes from nginx's own
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from tiny_models import write_tiny_gguf
+from support.tiny_models import write_tiny_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
 SLOTS, QUEUE_LIMIT, CONTEXT = 8, 4, 1024

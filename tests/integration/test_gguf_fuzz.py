@@ -1,0 +1,193 @@
+"""GGUF files are untrusted input: a valid tiny file, mutated a few thousand ways in its header, its
+metadata, its tensor table (types, shapes, offsets) and its length, either loads (model, tokenizer and
+template, through the server's own loader) or stops with one `ModelLoadError` naming what is wrong.
+Never another exception, and never a crash in the C kernels, which trust every size they are given.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import gguf
+import numpy as np
+from support.tiny_models import smollm_tokenizer_fields
+
+from webapp.engine.model.loader import load_gguf_model
+from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
+from webapp.engine.model.transformer import ModelLoadError
+
+CASES = 2000
+VOCAB = 512
+# struct formats of GGUF's scalar value types (8: string, 9: array)
+SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+EXTREMES = [0, 1, 2, 3, 7, 31, 32, 255, 256, 1000, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**63 - 1, 2**64 - 1]
+
+
+def _small_vocabulary() -> dict:
+    """The default model's first 512 tokens, with the merges among them: a real byte-level BPE."""
+    tok = smollm_tokenizer_fields()
+    tokens = list(tok["tokenizer.ggml.tokens"][:VOCAB])
+    known = set(tokens)
+    merges = [m for m in tok["tokenizer.ggml.merges"] if "".join(m.split(" ")) in known and all(p in known for p in m.split(" "))]
+    return {
+        "tokens": tokens,
+        "types": list(tok["tokenizer.ggml.token_type"][:VOCAB]),
+        "merges": merges,
+        "template": tok["tokenizer.chat_template"],
+    }
+
+
+def write_fixture(path: str) -> None:
+    rng = np.random.default_rng(0)
+    vocab = _small_vocabulary()
+    dim, hidden, heads, kv_heads, head_dim = 64, 128, 4, 2, 16
+    w = gguf.GGUFWriter(path, "qwen3")
+    w.add_block_count(1)
+    w.add_context_length(64)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(hidden)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1e6)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(vocab["tokens"])
+    w.add_token_merges(vocab["merges"])
+    w.add_token_types(vocab["types"])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_chat_template(vocab["template"])
+
+    def matrix(name: str, rows: int, cols: int, q8: bool = True) -> None:
+        values = (rng.standard_normal((rows, cols)) * cols**-0.5).astype(np.float32)
+        if q8:
+            w.add_tensor(name, gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q8_0), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(name, values.astype(np.float16))
+
+    def norm(name: str, n: int) -> None:
+        w.add_tensor(name, (1 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    matrix("token_embd.weight", VOCAB, dim)
+    norm("output_norm.weight", dim)
+    matrix("output.weight", VOCAB, dim, q8=False)
+    norm("blk.0.attn_norm.weight", dim)
+    matrix("blk.0.attn_q.weight", heads * head_dim, dim)
+    matrix("blk.0.attn_k.weight", kv_heads * head_dim, dim)
+    matrix("blk.0.attn_v.weight", kv_heads * head_dim, dim, q8=False)
+    norm("blk.0.attn_q_norm.weight", head_dim)
+    norm("blk.0.attn_k_norm.weight", head_dim)
+    matrix("blk.0.attn_output.weight", dim, heads * head_dim)
+    norm("blk.0.ffn_norm.weight", dim)
+    matrix("blk.0.ffn_gate.weight", hidden, dim)
+    matrix("blk.0.ffn_up.weight", hidden, dim)
+    matrix("blk.0.ffn_down.weight", dim, hidden)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def field_positions(data: bytes) -> dict[str, list]:
+    """Where each mutable field of the file lies: (offset, struct format) for the header's counts, every
+    metadata value's type and scalar value, every string length and array count, and each tensor's
+    dimension count, dimensions, type and offset."""
+    pos, fields = 24, {"header": [(4, "<I"), (8, "<Q"), (16, "<Q")], "meta": [], "lengths": [], "tensor": []}
+
+    def skip_string() -> str:
+        nonlocal pos
+        fields["lengths"].append((pos, "<Q"))
+        (n,) = struct.unpack_from("<Q", data, pos)
+        pos += 8 + n
+        return data[pos - n : pos].decode()
+
+    def skip_value(kind: int) -> None:
+        nonlocal pos
+        if kind == 8:
+            skip_string()
+        elif kind == 9:
+            item, count = struct.unpack_from("<IQ", data, pos)
+            fields["meta"].append((pos, "<I"))
+            fields["lengths"].append((pos + 4, "<Q"))
+            pos += 12
+            for _ in range(count):
+                skip_value(item)
+        else:
+            fields["meta"].append((pos, "<" + SCALARS[kind]))
+            pos += struct.calcsize(SCALARS[kind])
+
+    (n_tensors, n_kv) = struct.unpack_from("<QQ", data, 8)
+    for _ in range(n_kv):
+        skip_string()
+        fields["meta"].append((pos, "<I"))
+        (kind,) = struct.unpack_from("<I", data, pos)
+        pos += 4
+        skip_value(kind)
+    for _ in range(n_tensors):
+        skip_string()
+        (n_dims,) = struct.unpack_from("<I", data, pos)
+        fields["tensor"].append((pos, "<I"))
+        pos += 4
+        fields["tensor"] += [(pos + 8 * i, "<Q") for i in range(n_dims)]
+        pos += 8 * n_dims
+        fields["tensor"] += [(pos, "<I"), (pos + 4, "<Q")]
+        pos += 12
+    fields["end_of_table"] = pos
+    return fields
+
+
+def mutate(data: bytes, fields: dict, rng: np.random.Generator) -> bytes:
+    out = bytearray(data)
+    kind = rng.choice(["header", "meta", "lengths", "tensor", "tensor", "truncate", "flip"])
+    if kind == "truncate":
+        return bytes(out[: int(rng.integers(0, len(out)))])
+    if kind == "flip":
+        for _ in range(int(rng.integers(1, 8))):
+            out[int(rng.integers(0, fields["end_of_table"]))] = int(rng.integers(0, 256))
+        return bytes(out)
+    offset, fmt = fields[kind][int(rng.integers(0, len(fields[kind])))]
+    size = struct.calcsize(fmt)
+    (old,) = struct.unpack_from(fmt, out, offset)
+    if fmt[1] in "fd":
+        new = float(rng.choice([0.0, -1.0, 1e-30, 1e30, float("nan"), float("inf"), old * 2]))
+    elif fmt[1] == "?":
+        new = not old
+    else:
+        choice = rng.integers(0, 4)
+        if choice == 0:
+            new = int(rng.choice(EXTREMES))
+        elif choice == 1:
+            new = int(old) + int(rng.integers(-40, 41))
+        elif choice == 2:
+            new = int(old) * 2 if rng.integers(0, 2) else int(old) // 2
+        else:
+            new = int(rng.integers(0, 42))  # a type id, a small count
+        new %= 1 << (8 * size)
+        if fmt[1] in "bhiq" and new >= 1 << (8 * size - 1):
+            new -= 1 << (8 * size)
+    struct.pack_into(fmt, out, offset, new)
+    return bytes(out)
+
+
+def test_mutated_gguf_files_load_or_fail_with_a_model_load_error(tmp_path):
+    use_tinygrad_from_this_thread()
+    source = tmp_path / "valid.gguf"
+    write_fixture(str(source))
+    data = source.read_bytes()
+    fields = field_positions(data)
+    assert load_gguf_model(str(source), slots=1, max_context=32, prefill_chunk=8).context == 32
+    rng = np.random.default_rng(2026)
+    target, outcomes = tmp_path / "mutated.gguf", {"loaded": 0, "refused": 0}
+    messages = set()
+    for _ in range(CASES):
+        target.write_bytes(mutate(data, fields, rng))
+        try:
+            load_gguf_model(str(target), slots=1, max_context=32, prefill_chunk=8)
+            outcomes["loaded"] += 1
+        except ModelLoadError as e:
+            outcomes["refused"] += 1
+            messages.add(str(e).split(":")[0][:60])
+            assert str(e) and "\n" not in str(e)
+    assert outcomes["refused"] > CASES // 2, outcomes
+    assert len(messages) > 20  # the refusals name many different faults

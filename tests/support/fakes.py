@@ -1,0 +1,409 @@
+"""Test doubles for the web layer: a byte tokenizer, a plain chat template and a scripted engine.
+
+`FakeEngine` implements the interface `webapp/http/api.py` programs against (model_name, max_context,
+tokenizer, chat_template, submit, abort, health, stats) without a model. Each submitted request
+plays the next queued `Reply` (or `default_reply`) on its own daemon thread, putting token ids
+and then one `Finished` (or an exception) on `request.outputs`, exactly as the real engine's
+contract says; like the engine, it ends a request at a stop token id without outputting it. It refuses a prompt that leaves no room with the engine's own check, and honours `max_tokens`, stop token ids and cancellation (finishing with the
+request's own cancel reason, as the real engine does), and records what it saw:
+`submitted`, `aborted`, plus Events a test can wait on instead of sleeping.
+
+`FakeRunner` stands in for the model runner under the real `Engine` (see `webapp.engine.model.runner.Runner`):
+its logits make greedy sampling pick `next_token(last token fed)`, and a test can hold its steps
+(`gate`) or make its decode steps fail (`fault`).
+
+`FakeTokenizer` is byte-level: ids 0-255 are the UTF-8 bytes, so every multi-byte character and
+every tag is split across tokens, plus BOS (256, "<s>") and EOS (257, "</s>").
+
+`StatsEngine` is a `FakeEngine` whose stats() come from a real `EngineMetrics` fed by hand (the pages'
+and /metrics' numbers), on a settable `Clock`.
+"""
+
+from __future__ import annotations
+
+import codecs
+import collections
+import itertools
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+
+from webapp.engine.decoding.constraints import GrammarCompiler
+from webapp.engine.decoding.sampling import TokenLogprobs
+from webapp.engine.serving.errors import EngineNotReady, QueueFull, completion_room
+from webapp.engine.serving.metrics import EngineMetrics
+from webapp.engine.serving.request import Finished, FinishReason, Request, SamplingParams, Status
+
+# What the fake "model" reports as every token's logprob (and the prompt's, when scored).
+FAKE_LOGPROB = -0.5
+
+BOS, EOS = 256, 257
+SPECIALS = {BOS: "<s>", EOS: "</s>"}
+_SPECIAL_RE = re.compile("|".join(re.escape(t) for t in SPECIALS.values()))
+_SPECIAL_IDS = {text: i for i, text in SPECIALS.items()}
+
+
+class _StreamDecoder:
+    def __init__(self) -> None:
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def add(self, token_id: int) -> str:
+        if token_id in SPECIALS:
+            return self.flush() + SPECIALS[token_id]
+        return self._utf8.decode(bytes([token_id]))
+
+    def flush(self) -> str:
+        text = self._utf8.decode(b"", final=True)
+        self._utf8.reset()
+        return text
+
+
+class FakeTokenizer:
+    bos_id = BOS
+    eos_id = EOS
+    add_bos = True
+    stop_ids = frozenset({EOS})
+    special_ids = frozenset(SPECIALS)
+    vocab_size = 258
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return SPECIALS[token_id].encode() if token_id in SPECIALS else bytes([token_id])
+
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        if not special:
+            return list(text.encode())
+        ids: list[int] = []
+        pos = 0
+        for m in _SPECIAL_RE.finditer(text):
+            ids += text[pos : m.start()].encode()
+            ids.append(_SPECIAL_IDS[m.group()])
+            pos = m.end()
+        return ids + list(text[pos:].encode())
+
+    def decode(self, ids: list[int]) -> str:
+        decoder = self.stream_decoder()
+        return "".join(decoder.add(i) for i in ids) + decoder.flush()
+
+    def stream_decoder(self) -> _StreamDecoder:
+        return _StreamDecoder()
+
+
+class FakeTemplateError(ValueError):
+    """Stands in for webapp.engine.text.chat_template.TemplateError (also a ValueError)."""
+
+
+class FakeChatTemplate:
+    """Renders `<|role|>content` lines; content "!template-error" makes it raise like a template."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+        self.think = False  # end the generation prompt with "<think>\n", as thinking templates do
+
+    def render(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        self.calls.append({"messages": messages, "tools": tools})
+        parts = [f"<|tools|>{json.dumps(tools)}\n"] if tools else []
+        for m in messages:
+            if m["content"] == "!template-error":
+                raise FakeTemplateError("roles must alternate user/assistant")
+            calls = "".join(json.dumps(c["function"]) for c in m.get("tool_calls", []))
+            parts.append(f"<|{m['role']}|>{m['content']}{calls}\n")
+        if add_generation_prompt:
+            parts.append("<|assistant|>" + ("<think>\n" if self.think else ""))
+        return "".join(parts)
+
+
+@dataclass
+class Reply:
+    """What the fake model generates for one request.
+
+    `tokens` are played in order; an exception instance among them is put on the output queue in
+    place of `Finished` (an engine failure). After the last token the request finishes with
+    `finish`. `forever` cycles the tokens until the request is cancelled or hits max_tokens.
+    """
+
+    tokens: list = field(default_factory=list)
+    delay: float = 0.0  # seconds before each token
+    hold: bool = False  # generate nothing until `FakeEngine.release` (or an abort)
+    finish: str = "stop"
+    forever: bool = False
+    cached_tokens: int = 0
+
+    @classmethod
+    def text(cls, text: str, eos: bool = True, **kw) -> Reply:
+        return cls(list(text.encode()) + ([EOS] if eos else []), **kw)
+
+
+class FakeEngine:
+    model_name = "fake-model"
+
+    def __init__(self, max_context: int = 4096, n_slots: int = 4) -> None:
+        self.max_context, self.n_slots = max_context, n_slots
+        self.tokenizer = FakeTokenizer()
+        self.chat_template = FakeChatTemplate()
+        self.grammars = GrammarCompiler(self.tokenizer)
+        self.replies: collections.deque[Reply] = collections.deque()
+        self.default_reply = Reply.text("Hello from the fake engine.")
+        self.status = "ok"  # "loading": submit raises EngineNotReady and health says so
+        self.queue_full_retry_after: int | None = None  # set: submit raises QueueFull
+        self.submitted: list[Request] = []
+        self.aborted: list[Request] = []
+        self.submitted_event = threading.Event()
+        self.aborted_event = threading.Event()
+        self._lock = threading.Lock()
+        self._wake: dict[str, threading.Event] = {}  # per running request; removed when it ends
+        self._threads: list[threading.Thread] = []
+
+    def submit(self, request: Request) -> None:
+        if self.status != "ok":
+            raise EngineNotReady("The model is still loading.")
+        completion_room(request.prompt_len, self.max_context)  # PromptTooLong, as the engine says
+        if self.queue_full_retry_after is not None:
+            raise QueueFull(self.queue_full_retry_after)
+        reply = self.replies.popleft() if self.replies else self.default_reply
+        wake = threading.Event()
+        with self._lock:
+            self.submitted.append(request)
+            self._wake[request.id] = wake
+        thread = threading.Thread(target=self._play, args=(request, reply, wake), daemon=True)
+        self._threads.append(thread)
+        thread.start()
+        self.submitted_event.set()
+
+    def abort(self, request: Request) -> None:
+        request.cancel("cancelled")
+        with self._lock:
+            self.aborted.append(request)
+            wake = self._wake.get(request.id)
+        if wake is not None:
+            wake.set()
+        self.aborted_event.set()
+
+    def release(self, request: Request) -> None:
+        """Let a request whose reply has `hold` start generating."""
+        with self._lock:
+            wake = self._wake.get(request.id)
+        if wake is not None:
+            wake.set()
+
+    def health(self) -> dict:
+        return {"status": self.status, "model": self.model_name}
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {
+                "submitted": len(self.submitted),
+                "aborted": len(self.aborted),
+                "running": len(self._wake),
+            }
+
+    def close(self) -> None:
+        with self._lock:
+            running = [(r, self._wake[r.id]) for r in self.submitted if r.id in self._wake]
+        for request, wake in running:
+            request.cancel("shutdown")
+            wake.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    def _play(self, request: Request, reply: Reply, wake: threading.Event) -> None:
+        request.cached_tokens = reply.cached_tokens
+        request.status = Status.DECODE
+        if request.params.prompt_logprobs is not None:  # as if scored while prefilling
+            request.prompt_logprobs = [TokenLogprobs(t, FAKE_LOGPROB, ()) for t in request.prompt_ids[1:]]
+        if request.params.max_tokens == 0:
+            self._retire(request, Finished(FinishReason.LENGTH))
+            return
+        tokens = itertools.cycle(reply.tokens) if reply.forever else iter(reply.tokens)
+        reason = reply.finish
+        if reply.hold:
+            wake.wait()
+            wake.clear()
+        for item in tokens:
+            if reply.delay:
+                wake.wait(reply.delay)
+            if request.cancel_reason is not None:
+                break
+            if isinstance(item, BaseException):
+                self._retire(request, item)
+                return
+            if item in request.params.stop_token_ids:  # ends the request; never output, as in the engine
+                reason = FinishReason.STOP
+                break
+            request.output_ids.append(item)
+            if request.params.logprobs:
+                top = ((item, FAKE_LOGPROB),) * min(request.params.top_logprobs, 1)
+                request.logprobs.append(TokenLogprobs(item, FAKE_LOGPROB, top))
+            request.outputs.put(item)
+            if len(request.output_ids) >= request.params.max_tokens:
+                reason = FinishReason.LENGTH
+                break
+        if request.cancel_reason is not None:
+            reason = request.cancel_reason  # "cancelled" by an abort, "shutdown" by a drain
+        self._retire(request, Finished(reason))
+
+    def _retire(self, request: Request, last: Finished | BaseException) -> None:
+        request.status = Status.FINISHED
+        request.finish_reason = last.reason if isinstance(last, Finished) else FinishReason.ERROR
+        with self._lock:
+            del self._wake[request.id]
+        request.outputs.put(last)
+
+
+class Clock:
+    """A settable clock for code that takes one (`EngineMetrics(clock=...)`)."""
+
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class StatsEngine(FakeEngine):
+    """FakeEngine whose stats() are a real EngineMetrics view: two finished requests, one decoding
+    in slot 0 with a reused prefix, an idle slot that keeps a cached prefix, two requests queued."""
+
+    def __init__(self):
+        super().__init__(max_context=256)
+        clock = self.clock = Clock(5000.0)
+        m = self.metrics = EngineMetrics({"model": self.model_name, "context": 256, "device": "TEST"}, clock=clock)
+        for i, (prompt, cached, reason) in enumerate([(40, 0, "stop"), (60, 36, "length")]):
+            r = Request([1] * prompt, SamplingParams(), id=f"chatcmpl-done{i}")
+            r.submitted_at, r.cached_tokens = clock.now, cached
+            clock.now += 0.05
+            r.admitted_at = clock.now
+            m.on_admit(r)
+            m.on_prefill(prompt - cached)
+            for _ in range(10):
+                clock.now += 0.02
+                m.on_token(r, clock.now)
+                r.first_token_at = r.first_token_at or clock.now
+                r.last_token_at = clock.now
+                r.output_ids.append(5)
+            r.status, r.finish_reason, r.finished_at = Status.FINISHED, reason, clock.now
+            m.on_finish(r)
+        live = Request([1] * 50, SamplingParams(), id="chatcmpl-live")
+        live.submitted_at, live.cached_tokens, live.status = clock.now, 30, Status.DECODE
+        live.output_ids = [5, 5, 5]
+        slots = [
+            SimpleNamespace(index=0, owner=live, tokens=[0] * 53),
+            SimpleNamespace(index=1, owner=None, tokens=[0] * 70),
+        ]
+        m.publish(2, [live], slots)
+        clock.now += 1.5
+
+    def stats(self):
+        stats = self.metrics.current()
+        stats["state"] = self.status
+        return stats
+
+
+class FakeRunner:
+    """A runner without a model: each logits row is one-hot at `next_token(last token fed)`
+    ((token + 1) % vocab unless given), so greedy sampling is predictable.
+
+    `gate` (set at first) holds every prefill and decode step while it is clear; `fault`, when set,
+    is raised by every decode step (an `Exception` fails the step's requests, a `BaseException`
+    kills the model thread); `step_s` stretches each decode step. `calls` records every step:
+    ("prefill", request id, start, n tokens), ("copy", request id, source slot, length) and
+    ("decode", request ids); with `mixes`, prompt chunks run with a decode step are ("mixed", ((request id,
+    start, n tokens), ...), the decoding request ids).
+    """
+
+    def __init__(self, vocab: int = 50, next_token: Callable[[int], int] | None = None, step_s: float = 0.0, mixes: bool = False):
+        self.mixes = mixes
+        self.vocab = vocab
+        self.next_token = next_token or (lambda last: (last + 1) % vocab)
+        self.step_s = step_s
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fault: BaseException | None = None
+        self.calls: list[tuple] = []
+
+    def _logits(self, last: int) -> np.ndarray:
+        row = np.zeros(self.vocab, dtype=np.float32)  # (vocab,)
+        row[self.next_token(last)] = 1.0
+        return row
+
+    def warm_up(self, progress) -> float:
+        return 0.0
+
+    def prefill(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
+        self.gate.wait(30)
+        self.calls.append(("prefill", request.id, start, len(tokens)))
+        return self._logits(tokens[-1])
+
+    def prompt_logits(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
+        self.gate.wait(30)
+        self.calls.append(("prompt_logits", request.id, start, len(tokens)))
+        return np.stack([self._logits(t) for t in tokens])  # (T, vocab)
+
+    def copy_prefix(self, request: Request, source_slot: int, length: int) -> None:
+        self.calls.append(("copy", request.id, source_slot, length))
+
+    def decode(self, batch: list[Request], positions: list[int]) -> np.ndarray:
+        if self.fault is not None:
+            raise self.fault
+        self.gate.wait(30)
+        if self.step_s:
+            time.sleep(self.step_s)  # a model step takes time; lets requests overlap
+        self.calls.append(("decode", tuple(r.id for r in batch)))
+        return np.stack([self._logits(r.output_ids[-1]) for r in batch])  # (B, vocab)
+
+    def prompt_calls(self) -> list[tuple]:
+        """`calls`' prompt work in order: copies, and each prompt chunk as ("prefill", request id, start,
+        n tokens), whether it ran alone or in a mixed step."""
+        flat = []
+        for call in self.calls:
+            if call[0] == "mixed":
+                flat += [("prefill", *chunk) for chunk in call[1]]
+            elif call[0] in ("prefill", "copy"):
+                flat.append(call)
+        return flat
+
+    def prefill_and_decode(self, chunks: list[tuple[Request, list[int], int]], batch: list[Request], positions: list[int]):
+        assert self.mixes
+        if self.fault is not None:
+            raise self.fault
+        self.gate.wait(30)
+        prompts = tuple((r.id, start, len(tokens)) for r, tokens, start in chunks)
+        self.calls.append(("mixed", prompts, tuple(r.id for r in batch)))
+        rows = [self._logits(r.output_ids[-1]) for r in batch]
+        return [self._logits(tokens[-1]) for _, tokens, _ in chunks], np.stack(rows) if rows else np.zeros((0, self.vocab), np.float32)
+
+
+# --- sample tool definitions and model outputs (the API and output-text tests share them) ----------
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather forecast for a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+HERMES = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
+XML = (
+    "Let me check.\n<tool_call>\n<function=get_weather>\n"
+    "<parameter=city>\nSan Francisco\n</parameter>\n"
+    "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n"
+    "<parameter=city>\n2024\n</parameter>\n</function>\n</tool_call>"
+)

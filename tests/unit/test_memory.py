@@ -1,0 +1,70 @@
+"""The memory plan said before loading: weights as the file stores them (block formats kept) or as
+float16, the KV cache when full, and a model whose weights cannot fit refused in one line."""
+
+import os
+
+import numpy as np
+import pytest
+from support.tiny_models import write_tiny_gguf
+
+from webapp.engine.model import memory
+from webapp.engine.model.config import ModelConfig
+from webapp.engine.model.gguf import read_gguf
+from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
+from webapp.engine.model.transformer import ModelLoadError, load_model
+
+
+def test_weights_count_the_files_bytes_or_float16_and_the_cache_every_position(tmp_path):
+    path = write_tiny_gguf(str(tmp_path / "q.gguf"), "qwen3", matrix_type="Q8_0")
+    kv, table = read_gguf(path)
+    config = ModelConfig.from_gguf(kv, table)
+    kept = memory.plan(config, table, slots=4, positions=100, kept_types={8})
+    tensor_bytes = sum(t.nbytes for t in table.values())
+    assert kept.weights == tensor_bytes  # every tensor the model reads, in the file's bytes
+    as_float16 = memory.plan(config, table, slots=4, positions=100, kept_types=set())
+    matrices = [t for t in table.values() if t.rows > 1]
+    assert as_float16.weights == tensor_bytes - sum(t.nbytes for t in matrices) + sum(2 * t.rows * t.cols for t in matrices)
+    per_position = config.n_layers * 2 * config.n_kv_heads * config.head_dim * 2
+    assert kept.kv_cache == 5 * 100 * per_position  # the scratch slot too
+    assert "4 slots x 100 positions" in kept.describe()
+
+
+def test_a_model_that_cannot_fit_is_refused_before_loading(tmp_path, monkeypatch):
+    use_tinygrad_from_this_thread()
+    path = write_tiny_gguf(str(tmp_path / "q.gguf"), "llama", matrix_type="Q4_1")
+    monkeypatch.setattr(memory, "available_bytes", lambda: 100_000)
+    with pytest.raises(ModelLoadError, match=r"needs 0\.\d GiB for its weights and 0\.0 GiB is available"):
+        load_model(path, slots=1, context=32)
+
+
+def test_available_memory_is_this_machines():
+    available = memory.available_bytes()
+    assert available is not None and 0 < available <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert np.isfinite(available)
+
+
+def test_auto_context_fills_half_the_memory_the_weights_leave_within_the_trained_context(tmp_path, monkeypatch):
+    path = write_tiny_gguf(str(tmp_path / "q.gguf"), "qwen3", matrix_type="Q8_0", context=8192)
+    kv, table = read_gguf(path)
+    config = ModelConfig.from_gguf(kv, table)
+    weights, per_position = memory.weight_bytes(config, table, {8}), 5 * memory.kv_bytes_per_position(config)
+    monkeypatch.setattr(memory, "available_bytes", lambda: weights + 2 * 3000 * per_position)
+    positions, why = memory.auto_context(config, table, 4, {8}, "CPU")
+    assert positions == 2816 and "hold 2816 positions each" in why  # 3000 in steps of 256
+    monkeypatch.setattr(memory, "available_bytes", lambda: weights + 2 * 100_000 * per_position)
+    assert memory.auto_context(config, table, 4, {8}, "CPU") == (8192, memory.auto_context(config, table, 4, {8}, "CPU")[1])
+    assert "capped at 8192 (the trained context)" in memory.auto_context(config, table, 4, {8}, "CPU")[1]
+    monkeypatch.setattr(memory, "available_bytes", lambda: weights)  # nothing left: the floor, and the plan warns
+    assert memory.auto_context(config, table, 4, {8}, "CPU")[0] == memory.AUTO_CONTEXT_FLOOR
+    assert memory.auto_context(config, table, 4, {8}, "CUDA") == (memory.FIXED_CONTEXT, "CUDA's free memory is not known")
+
+
+def test_a_model_loaded_without_a_context_says_what_it_chose(tmp_path, caplog):
+    import logging
+
+    use_tinygrad_from_this_thread()
+    path = write_tiny_gguf(str(tmp_path / "q.gguf"), "llama", matrix_type="Q4_1", context=1024)
+    with caplog.at_level(logging.INFO, logger="webapp.engine.model"):
+        model, _ = load_model(path, slots=1, context=None)
+    assert model.context == 1024  # a tiny model: its trained context fits many times over
+    assert "context: 1024 positions a slot (" in caplog.text and "LLM_MAX_CONTEXT sets it" in caplog.text
