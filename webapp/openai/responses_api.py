@@ -94,10 +94,10 @@ def chat_body(body: dict, history: list[dict]) -> dict:
     for ours, theirs in (("model", "model"), ("temperature", "temperature"), ("top_p", "top_p"), ("max_tokens", "max_output_tokens")):
         if body.get(theirs) is not None:
             out[ours] = body[theirs]
-    tools = [_tool(t, f"tools[{i}]") for i, t in enumerate(body.get("tools") or [])]
     if body.get("tools") is not None and not isinstance(body["tools"], list):
         raise ApiError(400, "'tools' must be an array.", "tools")
-    tools = [t for t in tools if t is not None]
+    functions = (_tool(tool, f"tools[{i}]") for i, tool in enumerate(body.get("tools") or []))
+    tools = [t for t in functions if t is not None]
     if tools:
         out["tools"] = tools
     choice = body.get("tool_choice")
