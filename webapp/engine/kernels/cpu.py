@@ -1,6 +1,6 @@
 """Quantized matrix products on every CPU core, as kernels inside tinygrad's captured steps.
 
-Contract: `QuantizedCPU.load()` compiles `ggml_cpu.c` once per source and CPU feature set (cached on
+Contract: `QuantizedCPU.load()` compiles the kernels in `c/` once per source and CPU feature set (cached on
 disk, so a restart reuses it) and returns None where it cannot serve (not the CPU device, no clang, an
 architecture without a trampoline). Its `linear(x, weight)` multiplies float32 activations (..., cols)
 by a `BlockWeight` (a GGUF tensor's raw blocks, rows x cols); `norm_linear`, `residual_linear` and
@@ -41,13 +41,16 @@ from ..ggml_types import GGML_TYPES
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("ggml_cpu.c")
+# the kernels' sources: c/tq.c includes every other file of the folder (one translation unit, so the
+# compiler inlines across them), and the build's hash covers every file in it
+SOURCES = Path(__file__).with_name("c")
+SOURCE = SOURCES / "tq.c"
 # GGML type ids with a kernel: (name, values, bytes) per block
 BLOCK_FORMATS = {ggml_type: GGML_TYPES[ggml_type] for ggml_type in (2, 3, 8, 12, 13, 14)}  # Q4_0 Q4_1 Q8_0 Q4_K Q5_K Q6_K
 # tq_repack's types: a GGUF type plus this, for matrices stored with eight rows' blocks side by side
 INTERLEAVED = 100
 # a matrix stacked from parts of different types, its bytes opening with a header of the parts'
-# count, types and rows (int32: count, MAX_PARTS types, MAX_PARTS rows, padding): ggml_cpu.c's stack_header
+# count, types and rows (int32: count, MAX_PARTS types, MAX_PARTS rows, padding): tq.h's stack_header
 STACKED, MAX_PARTS, STACK_HEADER_BYTES = 1000, 7, 64
 # tq_attend's flags: which of the bias and the q/k norms its `extras` input holds
 ATTEND_BIAS, ATTEND_QK_NORM = 1, 2
@@ -91,12 +94,20 @@ def _cache_dir() -> Path:
     return Path(root) / "tinyserve"
 
 
+def source_hash() -> bytes:
+    """A hash of every file under SOURCES, names and bytes: a change to any of them is a new build."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in SOURCES.rglob("*") if p.is_file()):
+        name, data = path.relative_to(SOURCES).as_posix().encode(), path.read_bytes()
+        digest.update(len(name).to_bytes(4, "little") + name + len(data).to_bytes(8, "little") + data)
+    return digest.digest()
+
+
 def compile_library(flags: list[str]) -> Path:
-    """Build ggml_cpu.c into a shared library, once per source and flags."""
-    source = SOURCE.read_bytes()
+    """Build the kernels (SOURCE and what it includes) into a shared library, once per source and flags."""
     command = ["clang", "-O3", "-shared", "-fPIC", "-fno-math-errno", *flags]
-    key = hashlib.sha256(source + " ".join(command).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"ggml_cpu-{key}.so"
+    key = hashlib.sha256(source_hash() + " ".join(command).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"tq-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
