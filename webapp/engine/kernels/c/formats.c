@@ -1,21 +1,3 @@
-static float fp16(const uint8_t *p) {
-  uint16_t h;
-  memcpy(&h, p, 2);
-#if TQ_AVX2
-  return _cvtsh_ss(h);
-#else
-  uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31, mant = h & 1023, bits;
-  if (exp == 0) {
-    float v = ldexpf((float)mant, -24);
-    return sign ? -v : v;
-  }
-  bits = exp == 31 ? sign | 0x7f800000u | (mant << 13) : sign | ((exp + 112) << 23) | (mant << 13);
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
-#endif
-}
-
 /* ---- block formats: bytes per block, values per block --------------------------------------- */
 
 static int block_values(int type) {
@@ -153,7 +135,7 @@ static void move_block(const interleaving *layout, const uint8_t *from, uint8_t 
 }
 
 /* tq_repack(dst, src, shape): src's rows (shape = {type, rows, cols}) into the interleaved layout;
- * returns the type written: the interleaved one where the SIMD kernels have it and rows % 8 == 0, else
+ * returns the type written: the interleaved one where the build's kernels read it and rows % 8 == 0, else
  * the same type (a plain copy). */
 int tq_repack(uint8_t *dst, const uint8_t *src, const int32_t *shape) {
   const int type = shape[0], rows = shape[1], cols = shape[2], bb = block_bytes(type), nb = cols / block_values(type);
@@ -161,7 +143,7 @@ int tq_repack(uint8_t *dst, const uint8_t *src, const int32_t *shape) {
    * copied eight times each matrix's size, past both buffers' ends */
   const size_t row_bytes = (size_t)nb * bb;
   const interleaving *layout = interleaving_of(type);
-  if (!TQ_AVX2 || !layout || rows % 8 != 0) {
+  if (!layout || !interleaves(type) || rows % 8 != 0) {
     memcpy(dst, src, (size_t)rows * row_bytes);
     return type;
   }

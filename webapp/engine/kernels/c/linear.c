@@ -11,28 +11,12 @@ static void run_rows(const void *ctx, int first, int last) {
   const linear_t *j = ctx;
   const int nb = j->cols / 32;
   const size_t row_bytes = (size_t)j->cols / block_values(j->type) * block_bytes(j->type);
-#if TQ_AVX2
-  const int tiled = j->type == Q4_0 || j->type == Q4_1 || j->type == Q8_0;
-#endif
   for (int t0 = 0; t0 < j->tokens; t0 += MAX_TOKEN_GROUP) {
     const int n = j->tokens - t0 < MAX_TOKEN_GROUP ? j->tokens - t0 : MAX_TOKEN_GROUP;
     const xblock *xs[MAX_TOKEN_GROUP];
     for (int t = 0; t < n; t++) xs[t] = j->x + (size_t)(t0 + t) * nb;
     float *out = j->out + (size_t)t0 * j->stride;
-    int r = first;
-#if TQ_AVX2
-    if (j->type > INTERLEAVED) { /* first and last are multiples of 8: chunks are of 16 rows */
-      static const group_fn groups[5] = {0, tile_x8_1, tile_x8_2, tile_x8_3, tile_x8_4};
-      for (; r < last; r += 8) groups[n](j->type, j->w + r * row_bytes, xs, nb, out + r, j->stride);
-    }
-    if (tiled) {
-      static const tile_fn wide[5] = {0, tile32_4x1, tile32_2x2, tile32_2x3, tile32_2x4};
-      static const tile_fn narrow[5] = {0, tile32_1x1, tile32_1x2, tile32_1x3, tile32_1x4};
-      const int step = n == 1 ? 4 : 2;
-      for (; r + step <= last; r += step) wide[n](j->type, j->w + r * row_bytes, row_bytes, xs, nb, out + r, j->stride);
-      for (; r < last; r++) narrow[n](j->type, j->w + r * row_bytes, row_bytes, xs, nb, out + r, j->stride);
-    }
-#endif
+    int r = tile_rows(j->type, j->w, row_bytes, nb, xs, n, out, j->stride, first, last);
     for (; r < last; r++) {
       float acc[MAX_TOKEN_GROUP] = {0};
       row_dot(j->type, j->w + (size_t)r * row_bytes, j->cols, xs, n, acc);
@@ -101,23 +85,6 @@ static void rms_norm_row(const float *x, const float *weight, int n, float eps, 
   float sum;
   square_sums(x, 1, n, &sum);
   rms_scale_row(x, sum, weight, n, eps, y);
-}
-
-/* y = silu(gate) * up = gate * sigmoid(gate) * up; on the calling thread, so vectorized: the sigmoid
- * from e = exp(-|gate|) as 1 / (1 + e) or e / (1 + e), by the sign (no overflow either way). */
-static void swiglu_row(const float *gate, const float *up, int n, float *y) {
-  int i = 0;
-#if TQ_AVX2
-  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
-  for (; i + 8 <= n; i += 8) {
-    const __m256 g = _mm256_loadu_ps(gate + i);
-    const __m256 e = exp_nonpositive(_mm256_or_ps(g, sign)); /* exp(-|g|) */
-    const __m256 numerator = _mm256_blendv_ps(one, e, g);     /* e where g is negative */
-    const __m256 sigmoid = _mm256_div_ps(numerator, _mm256_add_ps(one, e));
-    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), _mm256_loadu_ps(up + i)));
-  }
-#endif
-  for (; i < n; i++) y[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
 /* One matrix's product over the pool: out[t * stride + r] = [residual[t * stride + r] +] W[r] . x[t]. */

@@ -30,11 +30,11 @@ static long now_ns(void) {
   return ts.tv_sec * 1000000000L + ts.tv_nsec;
 }
 
-static inline void relax(void) {
 #if defined(__x86_64__)
-  __builtin_ia32_pause();
+static inline void relax(void) { __builtin_ia32_pause(); }
+#else
+static inline void relax(void) {}
 #endif
-}
 
 /* Claim and run chunks of generation g's job until none is left (or a newer job was published). */
 static void take_items(unsigned g) {

@@ -80,5 +80,3 @@ void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, cons
   const int32_t head_shape[5] = {shape[13], vocab, D, R, shape[7]};
   linear(logits, (const uint8_t *)(uintptr_t)model[MODEL_HEAD], picked, head_shape, RMS_NORM, (const float *)(uintptr_t)model[MODEL_NORM], 0);
 }
-
-int tq_simd(void) { return TQ_AVX2; }

@@ -43,9 +43,18 @@
 #endif
 
 #include "tq.h"
+#include "isa.h"
+#include "fallback.h"
 #include "formats.c"
-#include "products.c"
+#include "generic.c"
+#if TQ_AVX2
+#include "x86_avx2.c"
+#include "x86_avx2_products.c"
+#include "x86_avx2_attention.c"
+#endif
 #include "pool.c"
 #include "linear.c"
 #include "attention.c"
 #include "step.c"
+
+int tq_simd(void) { return TQ_AVX2; }

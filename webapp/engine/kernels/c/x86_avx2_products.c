@@ -1,107 +1,11 @@
-enum { MAX_TOKEN_GROUP = 4 };
+/* The AVX2 products: tiles of rows times tokens for the 32-value formats, tiles of eight interleaved
+ * rows for every format, and a row at a time for the rest (tile_rows, row_dot of isa.h). */
+
 /* How far ahead of the block being multiplied the tiles prefetch the weights. From DRAM the hardware
  * prefetcher alone left a one-token step at 31 ms here; the next tile's rows (1.4 KB ahead for the
  * default model's small matrices) gave 18.6 ms and 4 KB ahead 16.3 ms (medians of 100 steps). */
 enum { PREFETCH_BYTES = 4096 };
 
-/* One quantized block of 32 activations: x[i] ~ d * q[i]; s = d * sum(q); sum16 = the sums of q over each half. */
-typedef struct {
-  float d, s;
-  int16_t sum16[2];
-  int8_t q[32];
-} xblock;
-
-/* ---- activations ---------------------------------------------------------------------------- */
-
-static void quantize_row(const float *x, int cols, xblock *out) {
-#if TQ_AVX2
-  /* the same numbers 8 at a time: the max is exact in any order, and the conversion rounds to
-     nearest even as lrintf does */
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  for (int b = 0; b < cols / 32; b++, x += 32, out++) {
-    const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8), v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
-    __m256 top = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
-                               _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
-    __m128 top4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
-    top4 = _mm_max_ps(top4, _mm_movehl_ps(top4, top4));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(top4, _mm_movehdup_ps(top4)));
-    const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
-    const __m256 scale = _mm256_set1_ps(inv);
-    const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, scale)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, scale));
-    const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, scale)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, scale));
-    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3)); /* lanes shuffled per 128 bits */
-    _mm256_storeu_si256((__m256i *)out->q, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-    int sum[2];
-    for (int half = 0; half < 2; half++) {
-      const __m256i s8 = half ? _mm256_add_epi32(i2, i3) : _mm256_add_epi32(i0, i1);
-      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
-      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-      sum[half] = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1)));
-    }
-    out->d = d;
-    out->s = d * (float)(sum[0] + sum[1]);
-    out->sum16[0] = (int16_t)sum[0];
-    out->sum16[1] = (int16_t)sum[1];
-  }
-#else
-  for (int b = 0; b < cols / 32; b++, x += 32, out++) {
-    float amax = 0.0f;
-    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
-    const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
-    int sum[2] = {0, 0};
-    for (int i = 0; i < 32; i++) {
-      const int q = (int)lrintf(x[i] * inv);
-      out->q[i] = (int8_t)q;
-      sum[i / 16] += q;
-    }
-    out->d = d;
-    out->s = d * (float)(sum[0] + sum[1]);
-    out->sum16[0] = (int16_t)sum[0];
-    out->sum16[1] = (int16_t)sum[1];
-  }
-#endif
-}
-
-/* ---- one weight row against a group of tokens' activations ---------------------------------- */
-/* acc[t] += W_row . x[t] for t < n; xs[t] points at token t's blocks (cols / 32 of them). */
-
-#if TQ_AVX2
-static inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-/* 32 unsigned weights (0..127) times 32 signed activations, as 8 int32 partial sums */
-static inline __m256i dot_u8(__m256i w, __m256i x) { return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)); }
-/* signed times signed: move w's sign onto x */
-static inline __m256i dot_s8(__m256i w, __m256i x) { return dot_u8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)); }
-static inline __m256i nibbles(const uint8_t *qs) {  /* 16 bytes -> 32 values: low nibbles first, then high */
-  const __m128i raw = _mm_loadu_si128((const __m128i *)qs);
-  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15));
-}
-static inline __m256i xq(const xblock *x) { return _mm256_loadu_si256((const __m256i *)x->q); }
-
-/* e^x for 8 floats with x <= 0 (softmax after subtracting the maximum): x = n ln2 + r, |r| <= ln2/2,
- * e^r by its degree-6 Taylor polynomial (relative error < 2e-7), 2^n put in the exponent bits. */
-static inline __m256 exp_nonpositive(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 720);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
-
-#endif
-
-#if TQ_AVX2
 /* A tile of R weight rows times N tokens for the 32-value formats (Q4_0, Q4_1, Q8_0): each weight
  * block is unpacked once for N tokens and each activation block loaded once for R rows, with R*N
  * independent accumulators in registers. R and N are constants in every instance below. */
@@ -340,31 +244,31 @@ static inline __attribute__((always_inline)) void tile_q6_k_x8(const uint8_t *g,
   }
 TILE_X8(1) TILE_X8(2) TILE_X8(3) TILE_X8(4)
 typedef void (*group_fn)(int, const uint8_t *, const xblock *const *, int, float *, size_t);
-#endif
 
-/* The portable product: the same integer products one value at a time, from dequantized blocks; the
- * SIMD build's path for a type without a row kernel of its own (Q5_K, whose rows come in eights in
- * real files and so are interleaved) */
-static void row_dot_dequantized(int type, const uint8_t *w, int cols, const xblock *const *xs, int n, float *acc) {
-  float row[256];
-  const int bv = block_values(type), bb = block_bytes(type);
-  for (int b = 0; b < cols / bv; b++, w += bb) {
-    dequantize_row(type, w, bv, row);
-    for (int t = 0; t < n; t++) {
-      float s = 0.0f;
-      for (int i = 0; i < bv; i++) s += row[i] * xs[t][b * bv / 32 + i / 32].q[i % 32] * xs[t][b * bv / 32 + i / 32].d;
-      acc[t] += s;
-    }
+static int tile_rows(int type, const uint8_t *w, size_t row_bytes, int nb, const xblock *const *xs, int n, float *out, size_t stride,
+                     int first, int last) {
+  int r = first;
+  if (type > INTERLEAVED) { /* first and last are multiples of 8: chunks are of 16 rows */
+    static const group_fn groups[5] = {0, tile_x8_1, tile_x8_2, tile_x8_3, tile_x8_4};
+    for (; r < last; r += 8) groups[n](type, w + r * row_bytes, xs, nb, out + r, stride);
   }
+  if (type == Q4_0 || type == Q4_1 || type == Q8_0) {
+    static const tile_fn wide[5] = {0, tile32_4x1, tile32_2x2, tile32_2x3, tile32_2x4};
+    static const tile_fn narrow[5] = {0, tile32_1x1, tile32_1x2, tile32_1x3, tile32_1x4};
+    const int step = n == 1 ? 4 : 2;
+    for (; r + step <= last; r += step) wide[n](type, w + r * row_bytes, row_bytes, xs, nb, out + r, stride);
+    for (; r < last; r++) narrow[n](type, w + r * row_bytes, row_bytes, xs, nb, out + r, stride);
+  }
+  return r;
 }
 
+/* Q5_K has no row kernel here: its rows come in eights in real files, and so are interleaved. */
 static void row_dot(int type, const uint8_t *w, int cols, const xblock *const *xs, int n, float *acc) {
   const int nb = cols / 32;
-  if (!TQ_AVX2 || type == Q5_K) {
-    row_dot_dequantized(type, w, cols, xs, n, acc);
+  if (type == Q5_K) {
+    row_dot_generic(type, w, cols, xs, n, acc);
     return;
   }
-#if TQ_AVX2
   const size_t row_bytes = (size_t)cols / block_values(type) * block_bytes(type);
   for (size_t off = 0; off < row_bytes; off += 64) _mm_prefetch((const char *)(w + row_bytes + off), _MM_HINT_T0); /* the next row */
   __m256 sum[MAX_TOKEN_GROUP];
@@ -441,7 +345,4 @@ static void row_dot(int type, const uint8_t *w, int cols, const xblock *const *x
     }
   }
   for (int t = 0; t < n; t++) acc[t] += hsum(sum[t]) + extra[t];
-#else
-  (void)nb;
-#endif
 }
