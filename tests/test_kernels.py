@@ -6,13 +6,15 @@ called directly and inside a captured tinygrad step.
 """
 
 import ctypes
+import platform
+import subprocess
 
 import gguf
 import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit
 
-from webapp.engine.kernels.cpu import BLOCK_FORMATS, INTERLEAVED, BlockWeight, QuantizedCPU, compile_library, simd_flags
+from webapp.engine.kernels.cpu import BLOCK_FORMATS, INTERLEAVED, SOURCE, BlockWeight, QuantizedCPU, compile_library, simd_flags
 from webapp.engine.model import use_tinygrad_from_this_thread
 
 TYPES = sorted(BLOCK_FORMATS)
@@ -409,3 +411,19 @@ def test_a_stack_of_types_multiplies_as_its_parts_would(tokens):
     w = np.concatenate([dequantize(t, raw, cols) for raw, (t, _) in zip(raws, parts)])
     np.testing.assert_allclose(got - residual, quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
     np.testing.assert_array_equal(kernels.linear(Tensor(x[:1]), stacked).numpy()[0], kernels.linear(Tensor(x), stacked).numpy()[0])
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="an x86 build")
+def test_an_avx_vnni_build_compiles_its_integer_dots_to_dpbusd():
+    """dot_u8_add and dot_u8_quads are the one place the integer dot's instructions are chosen: built
+    for AVX-VNNI, every tile takes dpbusd with no kernel of its own. Compiled only: this CPU need not
+    run it."""
+    build = subprocess.run(
+        ["clang", "-O3", "-S", "-o", "-", "-fno-math-errno", "-mavx2", "-mfma", "-mf16c", "-mavxvnni", str(SOURCE)],
+        capture_output=True,
+        text=True,
+    )
+    if build.returncode != 0 and "avxvnni" in build.stderr:
+        pytest.skip(f"this clang has no AVX-VNNI: {build.stderr.strip()}")
+    assert build.returncode == 0, build.stderr
+    assert "vpdpbusd" in build.stdout

@@ -13,8 +13,33 @@ static inline float hsum(__m256 v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
-/* 32 unsigned weights (0..127) times 32 signed activations, as 8 int32 partial sums */
-static inline __m256i dot_u8(__m256i w, __m256i x) { return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)); }
+/* The integer dot products every tile and row kernel is made of, and the one place their instructions
+ * are chosen: with AVX-VNNI, dpbusd multiplies unsigned by signed bytes and adds each four products
+ * into an int32 lane, one instruction; with AVX2 alone, maddubs adds pairs into int16 lanes and madd
+ * adds those pairs into int32. The callers keep every int16 sum in range (see each), so both give the
+ * same integers, and a kernel gains VNNI without a copy of its own. */
+#if defined(__AVXVNNI__)
+/* acc + the dot products of 32 unsigned weights (0..128) and 32 signed activations, per four, as 8 int32 */
+static inline __m256i dot_u8_add(__m256i acc, __m256i w, __m256i x) { return _mm256_dpbusd_avx_epi32(acc, w, x); }
+/* sum over k < K of q[k] times the four activations fours[k] broadcast to every lane, as 8 int32 */
+static inline __attribute__((always_inline)) __m256i dot_u8_quads(const __m256i *q, const int32_t *fours, const int K) {
+  __m256i sum = _mm256_setzero_si256();
+  for (int k = 0; k < K; k++) sum = _mm256_dpbusd_avx_epi32(sum, q[k], _mm256_set1_epi32(fours[k]));
+  return sum;
+}
+#else
+static inline __m256i dot_u8_add(__m256i acc, __m256i w, __m256i x) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+}
+/* the K maddubs add up within int16 lanes, one madd widens them: K + 1 instructions, not 2K */
+static inline __attribute__((always_inline)) __m256i dot_u8_quads(const __m256i *q, const int32_t *fours, const int K) {
+  __m256i sum = _mm256_maddubs_epi16(q[0], _mm256_set1_epi32(fours[0]));
+  for (int k = 1; k < K; k++) sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(q[k], _mm256_set1_epi32(fours[k])));
+  return _mm256_madd_epi16(sum, _mm256_set1_epi16(1));
+}
+#endif
+/* 32 unsigned weights (0..128) times 32 signed activations, as 8 int32 partial sums */
+static inline __m256i dot_u8(__m256i w, __m256i x) { return dot_u8_add(_mm256_setzero_si256(), w, x); }
 /* signed times signed: move w's sign onto x */
 static inline __m256i dot_s8(__m256i w, __m256i x) { return dot_u8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)); }
 static inline __m256i nibbles(const uint8_t *qs) {  /* 16 bytes -> 32 values: low nibbles first, then high */

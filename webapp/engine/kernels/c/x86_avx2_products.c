@@ -64,7 +64,7 @@ typedef void (*tile_fn)(int, const uint8_t *, size_t, const xblock *const *, int
 static inline __attribute__((always_inline)) void tile_x8(int type, const uint8_t *g, const xblock *const *xs, int N, int nb, float *out,
                                                           size_t out_stride) {
   const int hdr = type == Q4_1x8 ? 4 : 2, group_bytes = 8 * block_bytes(type); /* scale (and min) per row */
-  const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  const __m256i low = _mm256_set1_epi8(15);
   __m256 acc[MAX_TOKEN_GROUP];
   for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();
   for (int b = 0; b < nb; b++, g += group_bytes) {
@@ -81,9 +81,7 @@ static inline __attribute__((always_inline)) void tile_x8(int type, const uint8_
       const xblock *x = &xs[t][b];
       int32_t four[8];
       memcpy(four, x->q, 32);
-      __m256i sum = _mm256_maddubs_epi16(q[0], _mm256_set1_epi32(four[0]));
-      for (int k = 1; k < 8; k++) sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(q[k], _mm256_set1_epi32(four[k])));
-      const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum, ones));
+      const __m256 dot = _mm256_cvtepi32_ps(dot_u8_quads(q, four, 8));
       acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(&x->d)), dot, acc[t]);
       acc[t] = _mm256_fmadd_ps(m, _mm256_broadcast_ss(&x->s), acc[t]);
     }
@@ -96,7 +94,6 @@ static inline __attribute__((always_inline)) void tile_x8(int type, const uint8_
  * int32 on its own. */
 static inline __attribute__((always_inline)) void tile_x8_q8(const uint8_t *g, const xblock *const *xs, int N, int nb, float *out, size_t out_stride) {
   const int group_bytes = 8 * 34;
-  const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[MAX_TOKEN_GROUP];
   for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();
   for (int b = 0; b < nb; b++, g += group_bytes) {
@@ -114,7 +111,7 @@ static inline __attribute__((always_inline)) void tile_x8_q8(const uint8_t *g, c
       __m256i sum = _mm256_setzero_si256();
       for (int k = 0; k < 8; k++) {
         const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(four[k]), q[k]);
-        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude[k], signed_x), ones));
+        sum = dot_u8_add(sum, magnitude[k], signed_x);
       }
       acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(&x->d)), _mm256_cvtepi32_ps(sum), acc[t]);
     }
@@ -129,7 +126,7 @@ static inline __attribute__((always_inline)) void tile_x8_q8(const uint8_t *g, c
 static inline __attribute__((always_inline)) void tile_q4_k_x8(const uint8_t *g, const xblock *const *xs, int N, int nb, float *out,
                                                                size_t out_stride, const int five) {
   const int block_bytes = five ? 8 * 176 : 8 * 144, quants = five ? Q5K_QUANTS : Q4K_QUANTS;
-  const __m256i low = _mm256_set1_epi8(15), bit = _mm256_set1_epi8(1), ones = _mm256_set1_epi16(1);
+  const __m256i low = _mm256_set1_epi8(15), bit = _mm256_set1_epi8(1);
   __m256 acc[MAX_TOKEN_GROUP];
   for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();
   for (int sb = 0; sb < nb / 8; sb++, g += block_bytes) {
@@ -163,20 +160,8 @@ static inline __attribute__((always_inline)) void tile_q4_k_x8(const uint8_t *g,
         const xblock *x = &xs[t][8 * sb + j];
         int32_t fours[8];
         memcpy(fours, x->q, 32);
-        __m256i dots;
-        if (five) { /* values to 31: four maddubs (at most 2 * 31 * 127 each) fill an int16 lane */
-          __m256i half[2];
-          for (int part = 0; part < 2; part++) {
-            __m256i sum = _mm256_maddubs_epi16(q[4 * part], _mm256_set1_epi32(fours[4 * part]));
-            for (int k = 1; k < 4; k++) sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(q[4 * part + k], _mm256_set1_epi32(fours[4 * part + k])));
-            half[part] = _mm256_madd_epi16(sum, ones);
-          }
-          dots = _mm256_add_epi32(half[0], half[1]);
-        } else {
-          __m256i sum = _mm256_maddubs_epi16(q[0], _mm256_set1_epi32(fours[0]));
-          for (int k = 1; k < 8; k++) sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(q[k], _mm256_set1_epi32(fours[k])));
-          dots = _mm256_madd_epi16(sum, ones);
-        }
+        /* Q5_K's values reach 31: four maddubs (at most 2 * 31 * 127 each) fill an int16 lane */
+        const __m256i dots = five ? _mm256_add_epi32(dot_u8_quads(q, fours, 4), dot_u8_quads(q + 4, fours + 4, 4)) : dot_u8_quads(q, fours, 8);
         const __m256 dot = _mm256_cvtepi32_ps(dots);
         acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(row_scale, _mm256_broadcast_ss(&x->d)), dot, acc[t]);
         acc[t] = _mm256_fnmadd_ps(row_min, _mm256_broadcast_ss(&x->s), acc[t]);
@@ -193,7 +178,7 @@ static inline __attribute__((always_inline)) void tile_q4_k_x8(const uint8_t *g,
  * from the activations' half sums. Two maddubs (each at most 2 * 63 * 127) still fit an int16 lane. */
 static inline __attribute__((always_inline)) void tile_q6_k_x8(const uint8_t *g, const xblock *const *xs, int N, int nb, float *out,
                                                                size_t out_stride) {
-  const __m256i low = _mm256_set1_epi8(15), pair = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
+  const __m256i low = _mm256_set1_epi8(15), pair = _mm256_set1_epi8(3);
   __m256 acc[MAX_TOKEN_GROUP];
   for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();
   for (int sb = 0; sb < nb / 8; sb++, g += 8 * 210) {
@@ -218,11 +203,7 @@ static inline __attribute__((always_inline)) void tile_q6_k_x8(const uint8_t *g,
         __m256i half_dot[2];
         for (int part = 0; part < 2; part++) {
           const int m = 4 * part;
-          const __m256i s0 = _mm256_add_epi16(_mm256_maddubs_epi16(q[m], _mm256_set1_epi32(fours[m])),
-                                              _mm256_maddubs_epi16(q[m + 1], _mm256_set1_epi32(fours[m + 1])));
-          const __m256i s1 = _mm256_add_epi16(_mm256_maddubs_epi16(q[m + 2], _mm256_set1_epi32(fours[m + 2])),
-                                              _mm256_maddubs_epi16(q[m + 3], _mm256_set1_epi32(fours[m + 3])));
-          const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones));
+          const __m256i dot = _mm256_add_epi32(dot_u8_quads(q + m, fours + m, 2), dot_u8_quads(q + m + 2, fours + m + 2, 2));
           half_dot[part] = _mm256_sub_epi32(dot, _mm256_set1_epi32(32 * x->sum16[part]));
         }
         const __m256i scaled = _mm256_add_epi32(_mm256_mullo_epi32(half_dot[0], scale_a), _mm256_mullo_epi32(half_dot[1], scale_b));
@@ -331,7 +312,8 @@ static void row_dot(int type, const uint8_t *w, int cols, const xblock *const *x
         };
         for (int k = 0; k < 4; k++) {
           const int s0 = sc[2 * k], s1 = sc[2 * k + 1];
-          /* int16 lanes 0-7 hold the first 16 values' pair sums, lanes 8-15 the second 16's */
+          /* int16 lanes 0-7 hold the first 16 values' pair sums, lanes 8-15 the second 16's; the madd
+             that widens them applies the two sub-scales too, so this one is not dot_u8 */
           const __m256i scales = _mm256_set_m128i(_mm_set1_epi16((short)s1), _mm_set1_epi16((short)s0));
           const __m256 dv = _mm256_set1_ps(d);
           for (int t = 0; t < n; t++) {
