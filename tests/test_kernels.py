@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit
 
-from webapp.engine.kernels.cpu import BLOCK_FORMATS, INTERLEAVED, SOURCE, BlockWeight, QuantizedCPU, compile_library, simd_flags
+from webapp.engine.kernels.build import SOURCE, compile_library, simd_flags
+from webapp.engine.kernels.cpu import BLOCK_FORMATS, INTERLEAVED, BlockWeight, QuantizedCPU
 from webapp.engine.model import use_tinygrad_from_this_thread
 
 TYPES = sorted(BLOCK_FORMATS)

@@ -21,16 +21,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
 import platform
 import shutil
 import struct
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 from tinygrad import Device, Tensor, dtypes
@@ -38,13 +35,10 @@ from tinygrad.uop.ops import KernelInfo, Ops, ProgramInfo, UOp
 
 from ..device_buffers import device_array, host_address
 from ..ggml_types import GGML_TYPES
+from .build import SOURCE, compile_library, simd_flags
 
 log = logging.getLogger(__name__)
 
-# the kernels' sources: c/tq.c includes every other file of the folder (one translation unit, so the
-# compiler inlines across them), and the build's hash covers every file in it
-SOURCES = Path(__file__).with_name("c")
-SOURCE = SOURCES / "tq.c"
 # GGML type ids with a kernel: (name, values, bytes) per block
 BLOCK_FORMATS = {ggml_type: GGML_TYPES[ggml_type] for ggml_type in (2, 3, 8, 12, 13, 14)}  # Q4_0 Q4_1 Q8_0 Q4_K Q5_K Q6_K
 # tq_repack's types: a GGUF type plus this, for matrices stored with eight rows' blocks side by side
@@ -68,17 +62,6 @@ def cpu_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def simd_flags() -> list[str]:
-    """Compiler flags for the widest SIMD this CPU reports that the kernels use (AVX2 with FMA and F16C)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return []
-    try:
-        flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
-    except OSError:
-        return []
-    return ["-mavx2", "-mfma", "-mf16c"] if {"avx2", "fma", "f16c"} <= set(flags) else []
-
-
 def _trampoline(address: int) -> bytes | None:
     """Machine code that jumps to `address`, leaving the argument registers and stack untouched."""
     machine = platform.machine().lower()
@@ -87,39 +70,6 @@ def _trampoline(address: int) -> bytes | None:
     if machine in ("aarch64", "arm64"):
         return struct.pack("<II", 0x58000050, 0xD61F0200) + struct.pack("<Q", address)  # ldr x16, #8; br x16
     return None
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "tinyserve"
-
-
-def source_hash() -> bytes:
-    """A hash of every file under SOURCES, names and bytes: a change to any of them is a new build."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in SOURCES.rglob("*") if p.is_file()):
-        name, data = path.relative_to(SOURCES).as_posix().encode(), path.read_bytes()
-        digest.update(len(name).to_bytes(4, "little") + name + len(data).to_bytes(8, "little") + data)
-    return digest.digest()
-
-
-def compile_library(flags: list[str]) -> Path:
-    """Build the kernels (SOURCE and what it includes) into a shared library, once per source and flags."""
-    command = ["clang", "-O3", "-shared", "-fPIC", "-fno-math-errno", *flags]
-    key = hashlib.sha256(source_hash() + " ".join(command).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"tq-{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
-        pass
-    try:
-        subprocess.run([*command, "-o", tmp.name, str(SOURCE), "-lm", "-lpthread"], check=True, capture_output=True, text=True)
-        os.replace(tmp.name, target)  # atomic: a concurrent start-up sees the old file or the whole new one
-    finally:
-        if os.path.exists(tmp.name):
-            os.unlink(tmp.name)
-    return target
 
 
 @dataclass(frozen=True)
