@@ -28,7 +28,8 @@ import numpy as np
 from tinygrad import Device, Tensor, TinyJit, UOp, dtypes
 
 from .device_buffers import StepBuffers, device_array
-from .kernels.cpu import ATTEND_BIAS, ATTEND_QK_NORM, BLOCK_FORMATS, MAX_HEAD_DIM, BlockWeight, LayerMatrices, LayerTensors, QuantizedCPU
+from .kernels.abi import MAX_HEAD_DIM, AttendFlag
+from .kernels.cpu import BLOCK_FORMATS, BlockWeight, LayerMatrices, LayerTensors, QuantizedCPU
 from .memory import plan as memory_plan
 from .model_config import ModelConfig, ModelLoadError, check_tensors
 from .rope import RopeUnsupported, inverse_frequencies
@@ -115,7 +116,7 @@ class Block:
                 self.attend_extras = device_array(np.concatenate(extras) if extras else np.zeros(1, np.float32))
             else:
                 self.attend_extras = Tensor.cat(*(weights.vector(n) for n in names)).float().contiguous()
-            self.attend_flags = (ATTEND_BIAS if config.qkv_bias else 0) | (ATTEND_QK_NORM if config.qk_norm else 0)
+            self.attend_flags = int((AttendFlag.BIAS if config.qkv_bias else 0) | (AttendFlag.QK_NORM if config.qk_norm else 0))
             products = (self.qkv, self.attn_output, self.gate_up, self.down)
             # every product in blocks: the layer runs as one kernel; else five, tinygrad's products among them
             if all(isinstance(product, BlockLinear) for product in products):

@@ -14,15 +14,14 @@
  *      fixed by position alone, so a lane's numbers never depend on the other lanes, and one long
  *      sequence spreads over every core (a single lane at position 1,000 had 3 items for 2 threads,
  *      each streaming a whole kv head).
- * shape = {B, H, KvH, slots, positions, Hd, flags, eps bits}; lanes = {slot_0.., pos_0..}; extras holds
- * the qkv bias (flag 1), then the q and k norm weights (flag 2). Writing and reading in one kernel
- * keeps their order inside it, where tinygrad cannot reorder them. */
-enum { HAS_BIAS = 1, HAS_QK_NORM = 2, MAX_HEAD_DIM = 512 };
-
+ * shape: tq_attention (B lanes, H heads, KvH kv heads, S slots, C positions, Hd); lanes = {slot_0..,
+ * pos_0..}; extras holds the qkv bias (ATTEND_BIAS), then the q and k norm weights (ATTEND_QK_NORM).
+ * Writing and reading in one kernel keeps their order inside it, where tinygrad cannot reorder them. */
 typedef struct {
   const float *q;
   const uint16_t *cache;
-  const int32_t *shape, *lanes;
+  const tq_attention *shape;
+  const int32_t *lanes;
   int shared; /* query heads an item attends together over their kv head's keys */
   int chunks; /* chunks of KEY_CHUNK keys of the lane with the most */
   float *partials; /* (B, H, chunks, Hd + 2): each chunk's unnormalized output, its scores' max and sum */
@@ -30,9 +29,9 @@ typedef struct {
 
 static void run_attend(const void *ctx, int first, int last) {
   const attend_t *a = ctx;
-  const int B = a->shape[0], H = a->shape[1], KvH = a->shape[2], C = a->shape[4], Hd = a->shape[5];
+  const int B = a->shape->lanes, H = a->shape->heads, KvH = a->shape->kv_heads, C = a->shape->positions, Hd = a->shape->head_dim;
   const int group = H / KvH, shared = a->shared, parts = (group + shared - 1) / shared, chunks = a->chunks;
-  const size_t plane = (size_t)a->shape[3] * KvH * C * Hd, part_stride = (size_t)chunks * (Hd + 2);
+  const size_t plane = (size_t)a->shape->slots * KvH * C * Hd, part_stride = (size_t)chunks * (Hd + 2);
   const float scale = 1.0f / sqrtf((float)Hd);
   for (int item = first; item < last; item++) {
     /* item = ((lane, kv head, part of its query heads), chunk of keys), the part `shared` heads wide */
@@ -93,12 +92,14 @@ static const float *rope_rotations(const int32_t *lanes, int B, const float *inv
 /* tq_attend with each lane's rotations already computed (rope_rotations): a step computes them once
  * for all its layers, 64 cosines and sines a lane that took ~0.4 ms of a B=8 step when each layer
  * computed its own. */
-static void attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lanes, const float *rotations, const float *extras, const int32_t *shape) {
-  const int B = shape[0], H = shape[1], KvH = shape[2], S = shape[3], C = shape[4], Hd = shape[5], flags = shape[6];
-  const float eps = int_bits_float(shape[7]);
+static void attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lanes, const float *rotations, const float *extras,
+                   const tq_attention *shape) {
+  const int B = shape->lanes, H = shape->heads, KvH = shape->kv_heads, S = shape->slots, C = shape->positions, Hd = shape->head_dim;
+  const int flags = shape->flags;
+  const float eps = shape->eps;
   const int width = (H + 2 * KvH) * Hd, half = Hd / 2;
-  const float *bias = flags & HAS_BIAS ? extras : 0;
-  const float *q_norm = flags & HAS_QK_NORM ? extras + (bias ? width : 0) : 0;
+  const float *bias = flags & ATTEND_BIAS ? extras : 0;
+  const float *q_norm = flags & ATTEND_QK_NORM ? extras + (bias ? width : 0) : 0;
   float *queries = at_least(&float_rows, ((size_t)B * H * Hd + width) * sizeof(float));
   float *row = queries + (size_t)B * H * Hd, rotated[MAX_HEAD_DIM];
   for (int b = 0; b < B; b++) {
@@ -142,6 +143,7 @@ static void attend(float *out, const float *qkv, uint16_t *cache, const int32_t 
       combine_chunks(partials + ((size_t)b * H + h) * chunks * (Hd + 2), key_chunks(lanes[B + b]), Hd, out + ((size_t)b * H + h) * Hd);
 }
 
-void tq_attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lanes, const float *inv_freq, const float *extras, const int32_t *shape) {
-  attend(out, qkv, cache, lanes, rope_rotations(lanes, shape[0], inv_freq, shape[5]), extras, shape);
+void tq_attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
+               const tq_attention *shape) {
+  attend(out, qkv, cache, lanes, rope_rotations(lanes, shape->lanes, inv_freq, shape->head_dim), extras, shape);
 }

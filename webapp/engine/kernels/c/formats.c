@@ -134,11 +134,8 @@ static void move_block(const interleaving *layout, const uint8_t *from, uint8_t 
   }
 }
 
-/* tq_repack(dst, src, shape): src's rows (shape = {type, rows, cols}) into the interleaved layout;
- * returns the type written: the interleaved one where the build's kernels read it and rows % 8 == 0, else
- * the same type (a plain copy). */
-int tq_repack(uint8_t *dst, const uint8_t *src, const int32_t *shape) {
-  const int type = shape[0], rows = shape[1], cols = shape[2], bb = block_bytes(type), nb = cols / block_values(type);
+int tq_repack(uint8_t *dst, const uint8_t *src, const tq_product *shape) {
+  const int type = shape->type, rows = shape->rows, cols = shape->cols, bb = block_bytes(type), nb = cols / block_values(type);
   /* a row is cols / block_values blocks: Q4_K and Q6_K hold 256 values a block, and counting 32 here
    * copied eight times each matrix's size, past both buffers' ends */
   const size_t row_bytes = (size_t)nb * bb;
@@ -172,16 +169,15 @@ static void row_values(int type, const uint8_t *w, int r, int cols, float *y) {
 }
 
 
-void tq_embed(float *out, const uint8_t *w, const int32_t *ids, const int32_t *shape) {
-  const int type = shape[0], rows = shape[1], cols = shape[2], tokens = shape[3];
+void tq_embed(float *out, const uint8_t *w, const int32_t *ids, const tq_product *shape) {
+  const int type = shape->type, rows = shape->rows, cols = shape->cols, tokens = shape->tokens;
   for (int t = 0; t < tokens; t++) {
     const int id = ids[t] < 0 || ids[t] >= rows ? 0 : ids[t];
     row_values(type, w, id, cols, out + (size_t)t * cols);
   }
 }
 
-/* For the tests: the dequantized row, and the products through the portable path. */
-void tq_dequantize(float *out, const uint8_t *w, const int32_t *shape) {
-  const int type = shape[0], rows = shape[1], cols = shape[2];
+void tq_dequantize(float *out, const uint8_t *w, const tq_product *shape) {
+  const int type = shape->type, rows = shape->rows, cols = shape->cols;
   for (int r = 0; r < rows; r++) row_values(type, w, r, cols, out + (size_t)r * cols);
 }

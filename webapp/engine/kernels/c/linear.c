@@ -54,12 +54,6 @@ static __thread scratch_t int8_activations, float_rows, layer_intermediates, att
 /* How a token's row of x becomes the product's input, before quantizing. */
 enum { AS_IS, RMS_NORM, SWIGLU };
 
-static float int_bits_float(int32_t bits) {
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
-}
-
 /* sums[r] = x[r * n + 0]^2 + ... + x[r * n + n - 1]^2 for `rows` rows, each one float sum in order
  * by fused multiply-adds (as `sum += x[i] * x[i]` compiles here), eight rows' chains interleaved: one
  * row's chain of n dependent steps took ~1 us for 576 values, eight rows ~6 us of each norm of a B=8
@@ -99,15 +93,15 @@ static void product(int type, int rows, int cols, int tokens, size_t stride, flo
 
 /* out (tokens, rows) = [residual +] W . f(x) with f one of AS_IS, RMS_NORM (by `norm`, eps) or
  * SWIGLU (x holds gate then up, 2 * cols per token: silu(gate) * up). */
-static void linear(float *out, const uint8_t *w, const float *x, const int32_t *shape, int input, const float *norm, const float *residual) {
-  const int type = shape[0], rows = shape[1], cols = shape[2], tokens = shape[3];
+static void linear(float *out, const uint8_t *w, const float *x, const tq_product *shape, int input, const float *norm, const float *residual) {
+  const int type = shape->type, rows = shape->rows, cols = shape->cols, tokens = shape->tokens;
   xblock *xq8 = at_least(&int8_activations, (size_t)tokens * (cols / 32) * sizeof(xblock));
   float *row = input == AS_IS ? 0 : at_least(&float_rows, ((size_t)cols + tokens) * sizeof(float)), *sums = row + cols;
   if (input == RMS_NORM) square_sums(x, tokens, cols, sums);
   for (int t = 0; t < tokens; t++) {
     const float *in = x + (size_t)t * cols;
     if (input == RMS_NORM) {
-      rms_scale_row(in, sums[t], norm, cols, int_bits_float(shape[4]), row);
+      rms_scale_row(in, sums[t], norm, cols, shape->eps, row);
       in = row;
     } else if (input == SWIGLU) {
       const float *gate = x + (size_t)t * 2 * cols, *up = gate + cols;
@@ -129,14 +123,13 @@ static void linear(float *out, const uint8_t *w, const float *x, const int32_t *
   }
 }
 
-void tq_linear(float *out, const uint8_t *w, const float *x, const int32_t *shape) { linear(out, w, x, shape, AS_IS, 0, 0); }
-/* shape[4] holds eps's float bits */
-void tq_norm_linear(float *out, const uint8_t *w, const float *x, const float *norm, const int32_t *shape) {
+void tq_linear(float *out, const uint8_t *w, const float *x, const tq_product *shape) { linear(out, w, x, shape, AS_IS, 0, 0); }
+void tq_norm_linear(float *out, const uint8_t *w, const float *x, const float *norm, const tq_product *shape) {
   linear(out, w, x, shape, RMS_NORM, norm, 0);
 }
-void tq_residual_linear(float *out, const uint8_t *w, const float *x, const float *residual, const int32_t *shape) {
+void tq_residual_linear(float *out, const uint8_t *w, const float *x, const float *residual, const tq_product *shape) {
   linear(out, w, x, shape, AS_IS, 0, residual);
 }
-void tq_swiglu_linear(float *out, const uint8_t *w, const float *gate_up, const float *residual, const int32_t *shape) {
+void tq_swiglu_linear(float *out, const uint8_t *w, const float *gate_up, const float *residual, const tq_product *shape) {
   linear(out, w, gate_up, shape, SWIGLU, 0, residual);
 }

@@ -18,7 +18,7 @@ typedef struct {
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER, job_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
 static int n_workers, started;
-static long spin_ns = 100000;
+static long spin_ns = SPIN_US * 1000L;
 static job_t jobs[2];            /* the current job and the one before, indexed by generation */
 static unsigned generation;      /* bumped to publish a job */
 static uint64_t claim;           /* generation << 32 | next unclaimed row */
