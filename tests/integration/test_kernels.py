@@ -6,13 +6,17 @@ called directly and inside a captured tinygrad step.
 """
 
 import ctypes
+import platform
+import subprocess
 
 import gguf
 import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit
 
-from webapp.engine.kernels.cpu import BLOCK_FORMATS, INTERLEAVED, BlockWeight, QuantizedCPU, compile_library, simd_flags
+from webapp.engine.kernels.abi import INTERLEAVED, AttendFlag, Attention, Product
+from webapp.engine.kernels.build import SOURCE, compile_library, simd_flags
+from webapp.engine.kernels.cpu import BLOCK_FORMATS, BlockWeight, QuantizedCPU
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 
 TYPES = sorted(BLOCK_FORMATS)
@@ -90,6 +94,11 @@ def _ptr(a: np.ndarray):
     return a.ctypes.data_as(ctypes.c_void_p)
 
 
+def _ref(shape: ctypes.Structure):
+    """A pointer to one of tq.h's structs (abi.py's mirror), as the kernels take their shapes."""
+    return ctypes.byref(shape)
+
+
 @pytest.fixture(scope="module", params=["simd", "portable"])
 def library(request):
     flags = simd_flags() if request.param == "simd" else []
@@ -109,7 +118,7 @@ def test_dequantize_matches_the_reference_and_gguf(library, ggml_type):
     expected = dequantize(ggml_type, raw, cols)
     np.testing.assert_allclose(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(ggml_type)).reshape(5, cols), expected, rtol=1e-6)
     got = np.empty((5, cols), np.float32)
-    library.tq_dequantize(_ptr(got), _ptr(raw), _ptr(np.array([ggml_type, 5, cols, 1], np.int32)))
+    library.tq_dequantize(_ptr(got), _ptr(raw), _ref(Product(ggml_type, 5, cols, 1)))
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
 
 
@@ -121,7 +130,7 @@ def test_products_match_float64(library, ggml_type, tokens):
     raw = random_blocks(ggml_type, rows, cols, rng)
     x = rng.standard_normal((tokens, cols)).astype(np.float32)
     got = np.empty((tokens, rows), np.float32)
-    library.tq_linear(_ptr(got), _ptr(raw), _ptr(x), _ptr(np.array([ggml_type, rows, cols, tokens], np.int32)))
+    library.tq_linear(_ptr(got), _ptr(raw), _ptr(x), _ref(Product(ggml_type, rows, cols, tokens)))
     w = dequantize(ggml_type, raw, cols)
     # exact up to float32 sums once x is rounded as the kernels round it; close to the unrounded product
     np.testing.assert_allclose(got, quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
@@ -134,7 +143,7 @@ def test_each_token_row_is_independent_of_the_others(library):
     rng = np.random.default_rng(7)
     raw = random_blocks(3, 40, 96, rng)
     x = rng.standard_normal((6, 96)).astype(np.float32)
-    shape = lambda t: _ptr(np.array([3, 40, 96, t], np.int32))  # noqa: E731
+    shape = lambda t: _ref(Product(3, 40, 96, t))  # noqa: E731
     together, alone = np.empty((6, 40), np.float32), np.empty((1, 40), np.float32)
     library.tq_linear(_ptr(together), _ptr(raw), _ptr(x), shape(6))
     for t in range(6):
@@ -144,7 +153,7 @@ def test_each_token_row_is_independent_of_the_others(library):
 
 def _repack(library, raw: np.ndarray, ggml_type: int, cols: int) -> tuple[np.ndarray, int]:
     packed = np.empty_like(raw)
-    stored_type = library.tq_repack(_ptr(packed), _ptr(raw), _ptr(np.array([ggml_type, raw.shape[0], cols], np.int32)))
+    stored_type = library.tq_repack(_ptr(packed), _ptr(raw), _ref(Product(ggml_type, raw.shape[0], cols)))
     return packed, stored_type
 
 
@@ -163,20 +172,18 @@ def test_interleaved_rows_give_the_same_products_rows_and_invariance(library, gg
     assert np.array_equal(packed, raw) != interleaved and np.array_equal(np.sort(packed, axis=None), np.sort(raw, axis=None))
     w = dequantize(ggml_type, raw, cols)
     rows_out = np.empty((rows, cols), np.float32)
-    library.tq_dequantize(_ptr(rows_out), _ptr(packed), _ptr(np.array([stored_type, rows, cols, 1], np.int32)))
+    library.tq_dequantize(_ptr(rows_out), _ptr(packed), _ref(Product(stored_type, rows, cols, 1)))
     np.testing.assert_allclose(rows_out, w, rtol=1e-6, atol=1e-7)
     ids = np.array([rows - 1, 0, 9], np.int32)
     embedded = np.empty((3, cols), np.float32)
-    library.tq_embed(_ptr(embedded), _ptr(packed), _ptr(ids), _ptr(np.array([stored_type, rows, cols, 3], np.int32)))
+    library.tq_embed(_ptr(embedded), _ptr(packed), _ptr(ids), _ref(Product(stored_type, rows, cols, 3)))
     np.testing.assert_allclose(embedded, w[ids], rtol=1e-6, atol=1e-7)
     x = rng.standard_normal((9, cols)).astype(np.float32)
     together, alone = np.empty((9, rows), np.float32), np.empty((1, rows), np.float32)
-    library.tq_linear(_ptr(together), _ptr(packed), _ptr(x), _ptr(np.array([stored_type, rows, cols, 9], np.int32)))
+    library.tq_linear(_ptr(together), _ptr(packed), _ptr(x), _ref(Product(stored_type, rows, cols, 9)))
     np.testing.assert_allclose(together, quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
     for t in (0, 4, 8):
-        library.tq_linear(
-            _ptr(alone), _ptr(packed), _ptr(np.ascontiguousarray(x[t : t + 1])), _ptr(np.array([stored_type, rows, cols, 1], np.int32))
-        )
+        library.tq_linear(_ptr(alone), _ptr(packed), _ptr(np.ascontiguousarray(x[t : t + 1])), _ref(Product(stored_type, rows, cols, 1)))
         assert np.array_equal(alone[0], together[t])
 
 
@@ -216,16 +223,15 @@ def test_fused_linears_match_their_parts(library, tokens):
     norm = rng.uniform(0.5, 1.5, cols).astype(np.float32)
     residual = rng.standard_normal((tokens, rows)).astype(np.float32)
     gate_up = rng.standard_normal((tokens, 2 * cols)).astype(np.float32)
-    eps_bits = int(np.float32(eps).view(np.int32))
     got = np.empty((tokens, rows), np.float32)
 
-    library.tq_norm_linear(_ptr(got), _ptr(raw), _ptr(x), _ptr(norm), _ptr(np.array([3, rows, cols, tokens, eps_bits], np.int32)))
+    library.tq_norm_linear(_ptr(got), _ptr(raw), _ptr(x), _ptr(norm), _ref(Product(3, rows, cols, tokens, eps)))
     np.testing.assert_allclose(got, quantize_activations(_rms_norm(x, norm, eps)) @ w.T, rtol=1e-4, atol=1e-3)
 
-    library.tq_residual_linear(_ptr(got), _ptr(raw), _ptr(x), _ptr(residual), _ptr(np.array([3, rows, cols, tokens], np.int32)))
+    library.tq_residual_linear(_ptr(got), _ptr(raw), _ptr(x), _ptr(residual), _ref(Product(3, rows, cols, tokens)))
     np.testing.assert_allclose(got, residual + quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-3)
 
-    library.tq_swiglu_linear(_ptr(got), _ptr(raw), _ptr(gate_up), _ptr(residual), _ptr(np.array([3, rows, cols, tokens], np.int32)))
+    library.tq_swiglu_linear(_ptr(got), _ptr(raw), _ptr(gate_up), _ptr(residual), _ref(Product(3, rows, cols, tokens)))
     gate, up = gate_up[:, :cols].astype(np.float64), gate_up[:, cols:]
     np.testing.assert_allclose(got, residual + quantize_activations(gate / (1 + np.exp(-gate)) * up) @ w.T, rtol=1e-4, atol=1e-3)
 
@@ -270,8 +276,8 @@ def test_attention_writes_the_new_keys_then_matches_numpy(library, head_dim, pos
             with np.errstate(over="ignore"):
                 expected[0, slot, :, pos] = k.astype(np.float16)
                 expected[1, slot, :, pos] = qkv[b, k_end:].reshape(kv_heads, head_dim).astype(np.float16)
-        shape = np.array([lanes_n, heads, kv_heads, slots, positions, head_dim, 0, 0], np.int32)
-        library.tq_attend(_ptr(got), _ptr(qkv), _ptr(cache), _ptr(lanes), _ptr(inv_freq), _ptr(no_extras), _ptr(shape))
+        shape = Attention(lanes_n, heads, kv_heads, slots, positions, head_dim, 0, 0)
+        library.tq_attend(_ptr(got), _ptr(qkv), _ptr(cache), _ptr(lanes), _ptr(inv_freq), _ptr(no_extras), _ref(shape))
         # bit for bit without rotation (the rounding); within float32 rounding of the rotation with it
         np.testing.assert_allclose(cache.astype(np.float32), expected.astype(np.float32), rtol=2e-3 if inv_freq.any() else 0)
 
@@ -302,11 +308,11 @@ def test_attention_adds_the_bias_and_normalizes_q_and_k_heads(library):
     q_norm, k_norm = (rng.uniform(0.5, 1.5, head_dim).astype(np.float32) for _ in range(2))
     inv_freq = _inverse_frequencies(head_dim)
     lanes = np.array([1, 1], np.int32)  # slot 1, position 1: attends the key already at 0 and its own
-    shape = np.array([1, heads, kv_heads, slots, positions, head_dim, 3, int(np.float32(eps).view(np.int32))], np.int32)
+    shape = Attention(1, heads, kv_heads, slots, positions, head_dim, AttendFlag.BIAS | AttendFlag.QK_NORM, eps)
     cache = rng.standard_normal((2, slots, kv_heads, positions, head_dim)).astype(np.float16)
     got = np.empty((1, heads * head_dim), np.float32)
     library.tq_attend(
-        _ptr(got), _ptr(qkv), _ptr(cache), _ptr(lanes), _ptr(inv_freq), _ptr(np.concatenate([bias, q_norm, k_norm])), _ptr(shape)
+        _ptr(got), _ptr(qkv), _ptr(cache), _ptr(lanes), _ptr(inv_freq), _ptr(np.concatenate([bias, q_norm, k_norm])), _ref(shape)
     )
 
     x = (qkv[0] + bias).astype(np.float64)
@@ -332,17 +338,17 @@ def test_a_lanes_attention_is_the_same_bits_alone_and_among_others(library):
     slot_of, pos_of = list(range(lanes_n)), [int(p) for p in rng.integers(0, positions, lanes_n)]
     cache = rng.standard_normal((2, slots, kv_heads, positions, head_dim)).astype(np.float16)
     together = np.empty((lanes_n, heads * head_dim), np.float32)
-    shape = np.array([lanes_n, heads, kv_heads, slots, positions, head_dim, 0, 0], np.int32)
+    shape = Attention(lanes_n, heads, kv_heads, slots, positions, head_dim, 0, 0)
     lanes = np.array(slot_of + pos_of, np.int32)
     library.tq_attend(
-        _ptr(together), _ptr(qkv), _ptr(cache.copy()), _ptr(lanes), _ptr(inv_freq), _ptr(np.zeros(1, np.float32)), _ptr(shape)
+        _ptr(together), _ptr(qkv), _ptr(cache.copy()), _ptr(lanes), _ptr(inv_freq), _ptr(np.zeros(1, np.float32)), _ref(shape)
     )
     for b in range(lanes_n):
         alone = np.empty((1, heads * head_dim), np.float32)
-        one = np.array([1, heads, kv_heads, slots, positions, head_dim, 0, 0], np.int32)
+        one = Attention(1, heads, kv_heads, slots, positions, head_dim, 0, 0)
         row = np.ascontiguousarray(qkv[b : b + 1])
         lane = np.array([slot_of[b], pos_of[b]], np.int32)
-        library.tq_attend(_ptr(alone), _ptr(row), _ptr(cache.copy()), _ptr(lane), _ptr(inv_freq), _ptr(np.zeros(1, np.float32)), _ptr(one))
+        library.tq_attend(_ptr(alone), _ptr(row), _ptr(cache.copy()), _ptr(lane), _ptr(inv_freq), _ptr(np.zeros(1, np.float32)), _ref(one))
         np.testing.assert_array_equal(alone[0].view(np.uint32), together[b].view(np.uint32))
 
 
@@ -409,3 +415,19 @@ def test_a_stack_of_types_multiplies_as_its_parts_would(tokens):
     w = np.concatenate([dequantize(t, raw, cols) for raw, (t, _) in zip(raws, parts)])
     np.testing.assert_allclose(got - residual, quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
     np.testing.assert_array_equal(kernels.linear(Tensor(x[:1]), stacked).numpy()[0], kernels.linear(Tensor(x), stacked).numpy()[0])
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="an x86 build")
+def test_an_avx_vnni_build_compiles_its_integer_dots_to_dpbusd():
+    """dot_u8_add and dot_u8_quads are the one place the integer dot's instructions are chosen: built
+    for AVX-VNNI, every tile takes dpbusd with no kernel of its own. Compiled only: this CPU need not
+    run it."""
+    build = subprocess.run(
+        ["clang", "-O3", "-S", "-o", "-", "-fno-math-errno", "-mavx2", "-mfma", "-mf16c", "-mavxvnni", str(SOURCE)],
+        capture_output=True,
+        text=True,
+    )
+    if build.returncode != 0 and "avxvnni" in build.stderr:
+        pytest.skip(f"this clang has no AVX-VNNI: {build.stderr.strip()}")
+    assert build.returncode == 0, build.stderr
+    assert "vpdpbusd" in build.stdout

@@ -1,6 +1,6 @@
 """Quantized matrix products on every CPU core, as kernels inside tinygrad's captured steps.
 
-Contract: `QuantizedCPU.load()` compiles `ggml_cpu.c` once per source and CPU feature set (cached on
+Contract: `QuantizedCPU.load()` compiles the kernels in `c/` once per source and CPU feature set (cached on
 disk, so a restart reuses it) and returns None where it cannot serve (not the CPU device, no clang, an
 architecture without a trampoline). Its `linear(x, weight)` multiplies float32 activations (..., cols)
 by a `BlockWeight` (a GGUF tensor's raw blocks, rows x cols); `norm_linear`, `residual_linear` and
@@ -12,49 +12,38 @@ whole step (a model gathered once by `whole_model`) as one direct call and retur
 How it plugs into tinygrad 0.14: a kernel is an Ops.PROGRAM whose binary is a 12- or 16-byte
 trampoline that jumps to our compiled function. tinygrad's CPU worker calls a program with every
 buffer address (then every variable) as 64-bit arguments, so the jump lands in `tq_linear(out, w, x,
-shape)` with its arguments in place. The shape travels as a small int32 tensor, not as code: one
-library serves every matrix. tinygrad's own CPU kernels run on one thread; these run on all cores the
-process may use (`os.sched_getaffinity`), with the library's own thread pool.
+shape)` with its arguments in place. The shape travels as a small tensor holding a struct of tq.h
+(abi.py's mirror writes it), not as code: one library serves every matrix. tinygrad's own CPU kernels
+run on one thread; these run on all cores the process may use (`os.sched_getaffinity`), with the
+library's own thread pool.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
 import platform
 import shutil
 import struct
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.uop.ops import KernelInfo, Ops, ProgramInfo, UOp
 
+from webapp.engine.kernels import abi
+from webapp.engine.kernels.abi import INTERLEAVED, MAX_PARTS, STACK_HEADER_BYTES, STACKED
+from webapp.engine.kernels.build import SOURCE, compile_library, simd_flags
 from webapp.engine.model.device_buffers import device_array, host_address
 from webapp.engine.model.ggml_types import GGML_TYPES
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("ggml_cpu.c")
 # GGML type ids with a kernel: (name, values, bytes) per block
-BLOCK_FORMATS = {ggml_type: GGML_TYPES[ggml_type] for ggml_type in (2, 3, 8, 12, 13, 14)}  # Q4_0 Q4_1 Q8_0 Q4_K Q5_K Q6_K
-# tq_repack's types: a GGUF type plus this, for matrices stored with eight rows' blocks side by side
-INTERLEAVED = 100
-# a matrix stacked from parts of different types, its bytes opening with a header of the parts'
-# count, types and rows (int32: count, MAX_PARTS types, MAX_PARTS rows, padding): ggml_cpu.c's stack_header
-STACKED, MAX_PARTS, STACK_HEADER_BYTES = 1000, 7, 64
-# tq_attend's flags: which of the bias and the q/k norms its `extras` input holds
-ATTEND_BIAS, ATTEND_QK_NORM = 1, 2
-MAX_HEAD_DIM = 512  # tq_attend's rotation buffer
-# Idle pool threads spin this long before sleeping: a decode step's ~150 jobs come microseconds
-# apart, and a sleeping thread takes tens of microseconds to wake.
-SPIN_US = 100
+BLOCK_FORMATS = {int(t): GGML_TYPES[t] for t in abi.BlockType}
 
 
 def cpu_threads() -> int:
@@ -65,17 +54,6 @@ def cpu_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def simd_flags() -> list[str]:
-    """Compiler flags for the widest SIMD this CPU reports that the kernels use (AVX2 with FMA and F16C)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return []
-    try:
-        flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
-    except OSError:
-        return []
-    return ["-mavx2", "-mfma", "-mf16c"] if {"avx2", "fma", "f16c"} <= set(flags) else []
-
-
 def _trampoline(address: int) -> bytes | None:
     """Machine code that jumps to `address`, leaving the argument registers and stack untouched."""
     machine = platform.machine().lower()
@@ -84,31 +62,6 @@ def _trampoline(address: int) -> bytes | None:
     if machine in ("aarch64", "arm64"):
         return struct.pack("<II", 0x58000050, 0xD61F0200) + struct.pack("<Q", address)  # ldr x16, #8; br x16
     return None
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "tinyserve"
-
-
-def compile_library(flags: list[str]) -> Path:
-    """Build ggml_cpu.c into a shared library, once per source and flags."""
-    source = SOURCE.read_bytes()
-    command = ["clang", "-O3", "-shared", "-fPIC", "-fno-math-errno", *flags]
-    key = hashlib.sha256(source + " ".join(command).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"ggml_cpu-{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
-        pass
-    try:
-        subprocess.run([*command, "-o", tmp.name, str(SOURCE), "-lm", "-lpthread"], check=True, capture_output=True, text=True)
-        os.replace(tmp.name, target)  # atomic: a concurrent start-up sees the old file or the whole new one
-    finally:
-        if os.path.exists(tmp.name):
-            os.unlink(tmp.name)
-    return target
 
 
 @dataclass(frozen=True)
@@ -133,10 +86,6 @@ class BlockWeight:
         """How the start-up log names this matrix's form, e.g. "Q4_1 blocks (rows interleaved)"."""
         return f"{self.type_name} blocks" + (" (rows interleaved)" if INTERLEAVED < self.ggml_type < STACKED else "")
 
-    @staticmethod
-    def supports(ggml_type: int, cols: int) -> bool:
-        return ggml_type in BLOCK_FORMATS and cols % BLOCK_FORMATS[ggml_type][1] == 0
-
 
 class QuantizedCPU:
     def __init__(self, library: ctypes.CDLL, threads: int, simd: bool):
@@ -147,10 +96,11 @@ class QuantizedCPU:
             address = ctypes.cast(getattr(library, name), ctypes.c_void_p).value
             self._programs[name] = _trampoline(address)
         self._repack = library.tq_repack
-        self._repack.argtypes, self._repack.restype = [ctypes.c_void_p] * 3, ctypes.c_int
+        self._repack.argtypes, self._repack.restype = [ctypes.c_void_p] * 2 + [ctypes.POINTER(abi.Product)], ctypes.c_int
         self._forward = library.tq_forward
-        self._forward.argtypes, self._forward.restype = [ctypes.c_void_p] * 6, None
-        library.tq_start(ctypes.c_long(threads), ctypes.c_long(SPIN_US))
+        self._forward.argtypes = [ctypes.c_void_p] * 5 + [ctypes.POINTER(abi.Step), ctypes.c_void_p]
+        self._forward.restype = None
+        library.tq_start(ctypes.c_long(threads), ctypes.c_long(abi.SPIN_US))
 
     @classmethod
     @functools.cache
@@ -170,6 +120,8 @@ class QuantizedCPU:
         except (OSError, subprocess.CalledProcessError) as e:
             log.warning("quantized CPU kernels failed to build (%s); using tinygrad's kernels", getattr(e, "stderr", e))
             return None
+        if mismatches := abi.mismatches(library):  # a bug, not a missing feature: arguments would be misread
+            raise RuntimeError(f"the kernels' interface differs from kernels/abi.py: {'; '.join(mismatches)}")
         kernels = cls(library, cpu_threads(), simd=bool(library.tq_simd()))
         log.info("quantized CPU kernels: %d threads, %s", kernels.threads, "AVX2" if kernels.simd else "portable C (no AVX2)")
         return kernels
@@ -181,8 +133,7 @@ class QuantizedCPU:
         Q4_K_M file's decode 2.5x), other row counts as the file has them."""
         source = _checked_blocks(rows, ggml_type, cols)
         stored = Tensor.empty(*source.shape, dtype=dtypes.uint8).realize()  # written in place, from the file's map
-        shape = np.array([ggml_type, source.shape[0], cols], dtype=np.int32)
-        stored_type = self._repack(host_address(stored), source.ctypes.data, shape.ctypes.data)
+        stored_type = self._repack(host_address(stored), source.ctypes.data, abi.Product(ggml_type, source.shape[0], cols))
         return BlockWeight(stored, stored_type, source.shape[0], cols)
 
     def stacked_weight(self, parts: list[tuple[np.ndarray, int]], cols: int) -> BlockWeight:
@@ -195,22 +146,22 @@ class QuantizedCPU:
         stored = Tensor.empty(1, STACK_HEADER_BYTES + sum(s.nbytes for s, _ in sources), dtype=dtypes.uint8).realize()
         address, offset, stored_parts = host_address(stored), STACK_HEADER_BYTES, []
         for source, ggml_type in sources:
-            shape = np.array([ggml_type, source.shape[0], cols], dtype=np.int32)
-            stored_parts.append((self._repack(address + offset, source.ctypes.data, shape.ctypes.data), source.shape[0]))
+            stored_type = self._repack(address + offset, source.ctypes.data, abi.Product(ggml_type, source.shape[0], cols))
+            stored_parts.append((stored_type, source.shape[0]))
             offset += source.nbytes
-        header = np.zeros(STACK_HEADER_BYTES // 4, dtype=np.int32)
-        header[0] = len(stored_parts)
-        for i, (stored_type, part_rows) in enumerate(stored_parts):
-            header[1 + i], header[1 + MAX_PARTS + i] = stored_type, part_rows
-        ctypes.memmove(address, header.ctypes.data, STACK_HEADER_BYTES)
+        header = abi.StackHeader(len(stored_parts), (ctypes.c_int32 * MAX_PARTS)(*(t for t, _ in stored_parts)))
+        header.rows[: len(stored_parts)] = [r for _, r in stored_parts]
+        ctypes.memmove(address, ctypes.addressof(header), STACK_HEADER_BYTES)
         return BlockWeight(stored, STACKED, sum(r for _, r in stored_parts), cols, tuple(stored_parts))
 
-    def _shape(self, *values: int) -> Tensor:
-        tensor = self._shapes.get(values)
+    def _shape(self, shape: ctypes.Structure) -> Tensor:
+        """One of tq.h's structs as a small tensor, made once per value."""
+        key = (type(shape), bytes(shape))
+        tensor = self._shapes.get(key)
         if tensor is None:
             # not Tensor(array): one made from NumPy inside a jit's capture becomes a host copy that the
             # jit replays, waiting for the device, on every step (~0.2 ms each)
-            tensor = self._shapes[values] = device_array(np.array(values, dtype=np.int32))
+            tensor = self._shapes[key] = device_array(np.frombuffer(key[1], dtype=np.uint8))
         return tensor
 
     def _call(self, name: str, out: Tensor, *inputs: Tensor) -> Tensor:
@@ -238,7 +189,7 @@ class QuantizedCPU:
 
     def norm_linear(self, x: Tensor, weight: BlockWeight, norm: Tensor, eps: float) -> Tensor:
         """rms_norm(x) * norm, then the product: a layer's input norm runs inside its first kernel."""
-        return self._linear("tq_norm_linear", x, weight, weight.cols, norm.cast(dtypes.float32).contiguous(), extra_shape=(_bits(eps),))
+        return self._linear("tq_norm_linear", x, weight, weight.cols, norm.cast(dtypes.float32).contiguous(), eps=eps)
 
     def residual_linear(self, x: Tensor, weight: BlockWeight, residual: Tensor) -> Tensor:
         """residual + x @ weight.T: the residual stream's add runs inside the product."""
@@ -248,11 +199,11 @@ class QuantizedCPU:
         """residual + (silu(gate) * up) @ weight.T, for gate_up (..., 2 * cols) = gate | up."""
         return self._linear("tq_swiglu_linear", gate_up, weight, 2 * weight.cols, self._rows(residual, weight.rows))
 
-    def _linear(self, name: str, x: Tensor, weight: BlockWeight, width: int, *extra: Tensor, extra_shape: tuple = ()) -> Tensor:
+    def _linear(self, name: str, x: Tensor, weight: BlockWeight, width: int, *extra: Tensor, eps: float = 0.0) -> Tensor:
         lead = x.shape[:-1]
         tokens = int(np.prod(lead)) if lead else 1
         out = Tensor.empty(tokens, weight.rows, dtype=dtypes.float32)
-        shape = self._shape(weight.ggml_type, weight.rows, weight.cols, tokens, *extra_shape)
+        shape = self._shape(abi.Product(weight.ggml_type, weight.rows, weight.cols, tokens, eps))
         return self._call(name, out, weight.raw, self._rows(x, width), *extra, shape).reshape(*lead, weight.rows)
 
     @staticmethod
@@ -264,7 +215,7 @@ class QuantizedCPU:
         lead = ids.shape
         tokens = int(np.prod(lead)) if lead else 1
         out = Tensor.empty(tokens, weight.cols, dtype=dtypes.float32)
-        shape = self._shape(weight.ggml_type, weight.rows, weight.cols, tokens)
+        shape = self._shape(abi.Product(weight.ggml_type, weight.rows, weight.cols, tokens))
         return self._call("tq_embed", out, weight.raw, ids.reshape(tokens).cast(dtypes.int32).contiguous(), shape).reshape(
             *lead, weight.cols
         )
@@ -281,7 +232,7 @@ class QuantizedCPU:
         _, slots, kv_heads, positions, head_dim = cache.shape
         B = qkv.shape[0]
         out = Tensor.empty(B, heads * head_dim, dtype=dtypes.float32)
-        shape = self._shape(B, heads, kv_heads, slots, positions, head_dim, flags, _bits(eps))
+        shape = self._shape(abi.Attention(B, heads, kv_heads, slots, positions, head_dim, flags, eps))
         return self._call("tq_attend", out, self._rows(qkv, (heads + 2 * kv_heads) * head_dim), cache, lanes, inv_freq, extras, shape)
 
     def layer(self, x: Tensor, layer: LayerTensors, lanes: Tensor, inv_freq: Tensor, eps: float) -> Tensor:
@@ -291,8 +242,8 @@ class QuantizedCPU:
         B, D = x.shape
         out = Tensor.empty(B, D, dtype=dtypes.float32)
         m = layer.matrices
-        types = tuple(w.ggml_type for w in m.in_order)
-        shape = self._shape(B, layer.heads, kv_heads, slots, positions, head_dim, layer.flags, _bits(eps), D, m.down.cols, *types)
+        attention = abi.Attention(B, layer.heads, kv_heads, slots, positions, head_dim, layer.flags, eps)
+        shape = self._shape(abi.LayerShape(attention, D, m.down.cols, (ctypes.c_int32 * 4)(*(w.ggml_type for w in m.in_order))))
         weights = tuple(w.raw for w in m.in_order)
         attn_norm, ffn_norm = (n.cast(dtypes.float32).contiguous() for n in (layer.attn_norm, layer.ffn_norm))
         extras = (layer.cache, lanes, inv_freq, layer.extras, shape)
@@ -305,12 +256,12 @@ class QuantizedCPU:
         buffers, and stay alive with the model. `eps` is the norms' epsilon."""
         first = layers[0]
         _, slots, kv_heads, positions, head_dim = first.cache.shape
-        tensors = [embed.raw, norm, head.raw, inv_freq]
-        for layer in layers:
-            tensors += [w.raw for w in layer.matrices.in_order] + [layer.attn_norm, layer.ffn_norm, layer.cache, layer.extras]
-        dims = (first.heads, kv_heads, slots, positions, head_dim, first.flags, _bits(eps), embed.cols, first.matrices.down.cols)
-        dims += (len(layers), head.rows, embed.ggml_type, head.ggml_type)
-        types = tuple(w.ggml_type for layer in layers for w in layer.matrices.in_order)
+        E = abi.ModelEntry
+        model = {E.EMBED: embed.raw, E.NORM: norm, E.HEAD: head.raw, E.INV_FREQ: inv_freq}
+        tensors = abi.in_table_order(model, [layer.table_entries for layer in layers])
+        attention = abi.Attention(0, first.heads, kv_heads, slots, positions, head_dim, first.flags, eps)
+        dims = abi.Step(attention, embed.cols, first.matrices.down.cols, len(layers), head.rows, embed.ggml_type, head.ggml_type)
+        types = np.array([w.ggml_type for layer in layers for w in layer.matrices.in_order], dtype=np.int32)
         table = np.array([host_address(t) for t in tensors], dtype=np.uint64)
         return WholeModel(table, dims, types, tuple(tensors))
 
@@ -324,11 +275,10 @@ class QuantizedCPU:
         ~2.8 ms of a 15.5 ms one-token step here (1.3 ms of Python before the kernel started, 0.9 ms
         more inside it on tinygrad's worker thread, 0.6 ms to notice its end and copy the logits)."""
         ids, lane_values, rows = (np.ascontiguousarray(v, dtype=np.int32) for v in (tokens, lanes, picks))
-        out = np.empty((len(rows), model.dims[10]), dtype=np.float32)
-        shape = model.shape(len(ids), len(rows))
-        self._forward(
-            out.ctypes.data, ids.ctypes.data, lane_values.ctypes.data, rows.ctypes.data, model.table.ctypes.data, shape.ctypes.data
-        )
+        out = np.empty((len(rows), model.dims.vocab), dtype=np.float32)
+        step = model.step(len(ids), len(rows))
+        addresses = (out.ctypes.data, ids.ctypes.data, lane_values.ctypes.data, rows.ctypes.data, model.table.ctypes.data)
+        self._forward(*addresses, step, model.layer_types.ctypes.data)
         return out
 
 
@@ -342,11 +292,6 @@ def _checked_blocks(rows: np.ndarray, ggml_type: int, cols: int) -> np.ndarray:
     if cols % values or source.ndim != 2 or source.dtype != np.uint8 or source.shape[1] != cols // values * nbytes:
         raise ValueError(f"{name} matrix of {cols} columns cannot be stored as {source.dtype} {source.shape} bytes")
     return source
-
-
-def _bits(value: float) -> int:
-    """A float32's bits as an int32, for the kernels' int32 shape arrays."""
-    return int(np.float32(value).view(np.int32))
 
 
 @dataclass(frozen=True)
@@ -377,21 +322,29 @@ class LayerTensors:
     heads: int
     flags: int
 
+    @property
+    def table_entries(self) -> dict[abi.LayerEntry, Tensor]:
+        """This layer's tensors under their entries in tq_forward's model table."""
+        E, m = abi.LayerEntry, self.matrices
+        matrices = {E.QKV: m.qkv.raw, E.O: m.o.raw, E.GATE_UP: m.gate_up.raw, E.DOWN: m.down.raw}
+        return matrices | {E.ATTN_NORM: self.attn_norm, E.FFN_NORM: self.ffn_norm, E.CACHE: self.cache, E.EXTRAS: self.extras}
+
 
 @dataclass(frozen=True, eq=False)
 class WholeModel:
-    """A model for `QuantizedCPU.step`: the table of its tensors' addresses, the parts of tq_forward's
-    shape that no step changes, and the tensors themselves, which it keeps alive."""
+    """A model for `QuantizedCPU.step`: the table of its tensors' addresses, what tq_forward's step says
+    that no step changes, and the tensors themselves, which it keeps alive."""
 
-    table: np.ndarray  # uint64
-    dims: tuple[int, ...]  # H, KvH, slots, positions, Hd, flags, eps bits, D, F, layers, vocab, embed type, head type
-    layer_types: tuple[int, ...]  # each layer's qkv, o, gate_up, down types
+    table: np.ndarray  # uint64, in abi.ModelEntry order, then abi.LayerEntry's for each layer
+    dims: abi.Step  # every field but attention.lanes and picks
+    layer_types: np.ndarray  # int32: each layer's qkv, o, gate_up, down types
     tensors: tuple[Tensor, ...]
-    _shapes: dict = field(default_factory=dict, compare=False)
+    _steps: dict = field(default_factory=dict, compare=False)
 
-    def shape(self, lanes: int, picks: int) -> np.ndarray:
-        """tq_forward's shape for a step of `lanes` lanes and `picks` rows of logits."""
-        shape = self._shapes.get((lanes, picks))
-        if shape is None:
-            shape = self._shapes[lanes, picks] = np.array([lanes, *self.dims, picks, *self.layer_types], dtype=np.int32)
-        return shape
+    def step(self, lanes: int, picks: int) -> abi.Step:
+        """tq_forward's step for `lanes` lanes and `picks` rows of logits."""
+        step = self._steps.get((lanes, picks))
+        if step is None:
+            step = self._steps[lanes, picks] = abi.Step.from_buffer_copy(self.dims)
+            step.attention.lanes, step.picks = lanes, picks
+        return step

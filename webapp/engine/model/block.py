@@ -15,7 +15,8 @@ import math
 import numpy as np
 from tinygrad import Device, Tensor, UOp
 
-from webapp.engine.kernels.cpu import ATTEND_BIAS, ATTEND_QK_NORM, MAX_HEAD_DIM, LayerMatrices, LayerTensors
+from webapp.engine.kernels.abi import MAX_HEAD_DIM, AttendFlag
+from webapp.engine.kernels.cpu import LayerMatrices, LayerTensors
 from webapp.engine.model.config import ModelConfig
 from webapp.engine.model.device_buffers import device_array
 from webapp.engine.model.ops import rms_norm, rope
@@ -78,7 +79,7 @@ class TransformerBlock:
                 self.attend_extras = device_array(np.concatenate(extras) if extras else np.zeros(1, np.float32))
             else:
                 self.attend_extras = Tensor.cat(*(weights.vector(n) for n in names)).float().contiguous()
-            self.attend_flags = (ATTEND_BIAS if config.qkv_bias else 0) | (ATTEND_QK_NORM if config.qk_norm else 0)
+            self.attend_flags = int((AttendFlag.BIAS if config.qkv_bias else 0) | (AttendFlag.QK_NORM if config.qk_norm else 0))
             products = (self.qkv, self.attn_output, self.gate_up, self.down)
             # every product in blocks: the layer runs as one kernel; else five, tinygrad's products among them
             if all(isinstance(product, BlockLinear) for product in products):

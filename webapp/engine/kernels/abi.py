@@ -1,0 +1,178 @@
+"""The C kernels' interface (c/tq.h) mirrored once in Python: block types, attention flags, limits,
+the model table's order and the argument structs that cpu.py fills.
+
+Contract: each name here stands for its twin in tq.h (`STRUCTS` and `ENUMS` pair them), and
+`mismatches(library)` compares this mirror with what a built library says of itself (`tq_abi`: each
+constant's value, each struct's size, each field's offset, size and kind). A field or value changed on
+one side only is then a listed difference, which fails tests/test_abi.py and the kernels' load,
+rather than a silent shift of every argument after it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+
+
+class BlockType(enum.IntEnum):
+    """GGUF block types with a kernel, by their GGML type ids."""
+
+    Q4_0 = 2
+    Q4_1 = 3
+    Q8_0 = 8
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
+
+
+# tq_repack's types: a GGUF type plus this, for matrices stored with eight rows' blocks side by side
+INTERLEAVED = 100
+# a matrix stacked from parts of different types, its bytes opening with a StackHeader (STACK_HEADER_BYTES)
+STACKED, MAX_PARTS, STACK_HEADER_BYTES = 1000, 7, 64
+MAX_HEAD_DIM = 512  # the largest head tq_attend rotates
+SPIN_US = 100  # how long idle pool threads spin before sleeping (tq.h says why)
+CONSTANTS = {"INTERLEAVED": INTERLEAVED, "STACKED": STACKED, "MAX_PARTS": MAX_PARTS, "STACK_HEADER_BYTES": STACK_HEADER_BYTES}
+CONSTANTS |= {"MAX_HEAD_DIM": MAX_HEAD_DIM, "SPIN_US": SPIN_US}
+
+
+class AttendFlag(enum.IntFlag):
+    """Which of the qkv bias and the q/k norm weights tq_attend's `extras` hold, in that order."""
+
+    BIAS = 1
+    QK_NORM = 2
+
+
+class ModelEntry(enum.IntEnum):
+    """tq_forward's model table: the model's tensors, then each layer's LayerEntry ones from LAYERS."""
+
+    EMBED = 0
+    NORM = 1
+    HEAD = 2
+    INV_FREQ = 3
+    LAYERS = 4
+
+
+class LayerEntry(enum.IntEnum):
+    """A layer's tensors in the model table; the first four are its matrices (LayerShape.types' order)."""
+
+    QKV = 0
+    O = 1  # noqa: E741 (tq.h's LAYER_O)
+    GATE_UP = 2
+    DOWN = 3
+    ATTN_NORM = 4
+    FFN_NORM = 5
+    CACHE = 6
+    EXTRAS = 7
+
+
+def in_table_order(model: dict[ModelEntry, object], layers: list[dict[LayerEntry, object]]) -> list:
+    """tq_forward's model table from the model's entries and each layer's, every one of them given."""
+    assert set(model) == set(ModelEntry) - {ModelEntry.LAYERS} and all(set(layer) == set(LayerEntry) for layer in layers)
+    return [model[e] for e in sorted(model)] + [layer[e] for layer in layers for e in sorted(layer)]
+
+
+class StackHeader(ctypes.Structure):
+    """A stacked matrix's parts: their count, stored types and rows."""
+
+    _fields_ = [
+        ("parts", ctypes.c_int32),
+        ("types", ctypes.c_int32 * MAX_PARTS),
+        ("rows", ctypes.c_int32 * MAX_PARTS),
+        ("unused", ctypes.c_int32),
+    ]
+
+
+class Product(ctypes.Structure):
+    """A matrix (rows x cols, stored as `type`) against `tokens` rows of activations; eps for tq_norm_linear."""
+
+    _fields_ = [
+        ("type", ctypes.c_int32),
+        ("rows", ctypes.c_int32),
+        ("cols", ctypes.c_int32),
+        ("tokens", ctypes.c_int32),
+        ("eps", ctypes.c_float),
+    ]
+
+
+class Attention(ctypes.Structure):
+    """A layer's attention for `lanes` lanes over the KV cache (2, slots, kv_heads, positions, head_dim)."""
+
+    _fields_ = [
+        ("lanes", ctypes.c_int32),
+        ("heads", ctypes.c_int32),
+        ("kv_heads", ctypes.c_int32),
+        ("slots", ctypes.c_int32),
+        ("positions", ctypes.c_int32),
+        ("head_dim", ctypes.c_int32),
+        ("flags", ctypes.c_int32),
+        ("eps", ctypes.c_float),
+    ]
+
+
+class LayerShape(ctypes.Structure):
+    """A whole layer: its attention, the widths D and F, its four matrices' stored types."""
+
+    _fields_ = [("attention", Attention), ("dim", ctypes.c_int32), ("ffn_dim", ctypes.c_int32), ("types", ctypes.c_int32 * 4)]
+
+
+class Step(ctypes.Structure):
+    """A whole step of attention.lanes lanes and `picks` rows of logits (each layer's types apart)."""
+
+    _fields_ = [
+        ("attention", Attention),
+        ("dim", ctypes.c_int32),
+        ("ffn_dim", ctypes.c_int32),
+        ("layers", ctypes.c_int32),
+        ("vocab", ctypes.c_int32),
+        ("embed_type", ctypes.c_int32),
+        ("head_type", ctypes.c_int32),
+        ("picks", ctypes.c_int32),
+    ]
+
+
+class AbiEntry(ctypes.Structure):
+    """tq_abi_entry: a name and its value (a struct's size, a field's offset), a field's size and kind."""
+
+    _fields_ = [("name", ctypes.c_char_p), ("value", ctypes.c_int64), ("size", ctypes.c_int32), ("kind", ctypes.c_char)]
+
+
+STRUCTS = {"stack_header": StackHeader, "tq_product": Product, "tq_attention": Attention, "tq_layer_shape": LayerShape, "tq_step": Step}
+ENUMS = {"": BlockType, "ATTEND_": AttendFlag, "MODEL_": ModelEntry, "LAYER_": LayerEntry}  # tq.h's prefix for each
+Description = dict[str, tuple[int, int, str]]  # name -> (value, size, kind), as tq_abi lists it
+
+
+def expected() -> Description:
+    """This mirror, described as tq_abi describes the library."""
+    entries = {name: (value, 0, "") for name, value in CONSTANTS.items()}
+    for prefix, members in ENUMS.items():
+        entries.update({prefix + m.name: (int(m), 0, "") for m in members})
+    entries["LAYER_ENTRIES"] = (len(LayerEntry), 0, "")
+    for c_name, struct in STRUCTS.items():
+        entries[c_name] = (ctypes.sizeof(struct), 0, "")
+        for name, ctype in struct._fields_:
+            entries[f"{c_name}.{name}"] = (getattr(struct, name).offset, ctypes.sizeof(ctype), _kind(ctype))
+    return entries
+
+
+def described(library: ctypes.CDLL) -> Description:
+    """What a built library says of its interface (tq_abi)."""
+    table = ctypes.POINTER(AbiEntry)()
+    count = library.tq_abi(ctypes.byref(table))
+    return {e.name.decode(): (e.value, e.size, e.kind.decode().strip("\0")) for e in (table[i] for i in range(count))}
+
+
+def mismatches(library: ctypes.CDLL) -> list[str]:
+    """Every name whose description differs between tq.h and this mirror, or that one side lacks."""
+    ours, theirs = expected(), described(library)
+    return [
+        f"{name}: C {theirs.get(name)}, Python {ours.get(name)}"
+        for name in sorted(ours.keys() | theirs.keys())
+        if ours.get(name) != theirs.get(name)
+    ]
+
+
+def _kind(ctype) -> str:
+    element = ctype._type_ if issubclass(ctype, ctypes.Array) else ctype
+    if issubclass(element, ctypes.Structure):
+        return "s"
+    return {ctypes.c_int32: "i", ctypes.c_float: "f"}.get(element, "?")

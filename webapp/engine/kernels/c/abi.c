@@ -1,0 +1,32 @@
+/* tq_abi: tq.h's constants, struct sizes and fields by name, for abi.py's check (tests/test_abi.py).
+ * A struct's fields are listed here by hand, but its size too: a field added to tq.h alone changes
+ * that and fails the check as well. */
+
+#define CONSTANT(name) {#name, name, 0, 0}
+#define STRUCT(type) {#type, sizeof(type), 0, 0}
+#define KIND(member) _Generic((member), int32_t: 'i', int32_t *: 'i', float: 'f', default: 's')
+#define FIELD(type, field) {#type "." #field, offsetof(type, field), sizeof(((type *)0)->field), KIND(((type *)0)->field)}
+
+static const tq_abi_entry ABI[] = {
+    CONSTANT(Q4_0), CONSTANT(Q4_1), CONSTANT(Q8_0), CONSTANT(Q4_K), CONSTANT(Q5_K), CONSTANT(Q6_K),
+    CONSTANT(INTERLEAVED), CONSTANT(STACKED), CONSTANT(MAX_PARTS), CONSTANT(STACK_HEADER_BYTES),
+    CONSTANT(ATTEND_BIAS), CONSTANT(ATTEND_QK_NORM), CONSTANT(MAX_HEAD_DIM), CONSTANT(SPIN_US),
+    CONSTANT(MODEL_EMBED), CONSTANT(MODEL_NORM), CONSTANT(MODEL_HEAD), CONSTANT(MODEL_INV_FREQ), CONSTANT(MODEL_LAYERS),
+    CONSTANT(LAYER_QKV), CONSTANT(LAYER_O), CONSTANT(LAYER_GATE_UP), CONSTANT(LAYER_DOWN), CONSTANT(LAYER_ATTN_NORM),
+    CONSTANT(LAYER_FFN_NORM), CONSTANT(LAYER_CACHE), CONSTANT(LAYER_EXTRAS), CONSTANT(LAYER_ENTRIES),
+    STRUCT(stack_header), FIELD(stack_header, parts), FIELD(stack_header, types), FIELD(stack_header, rows), FIELD(stack_header, unused),
+    STRUCT(tq_product), FIELD(tq_product, type), FIELD(tq_product, rows), FIELD(tq_product, cols), FIELD(tq_product, tokens),
+    FIELD(tq_product, eps),
+    STRUCT(tq_attention), FIELD(tq_attention, lanes), FIELD(tq_attention, heads), FIELD(tq_attention, kv_heads),
+    FIELD(tq_attention, slots), FIELD(tq_attention, positions), FIELD(tq_attention, head_dim), FIELD(tq_attention, flags),
+    FIELD(tq_attention, eps),
+    STRUCT(tq_layer_shape), FIELD(tq_layer_shape, attention), FIELD(tq_layer_shape, dim), FIELD(tq_layer_shape, ffn_dim),
+    FIELD(tq_layer_shape, types),
+    STRUCT(tq_step), FIELD(tq_step, attention), FIELD(tq_step, dim), FIELD(tq_step, ffn_dim), FIELD(tq_step, layers),
+    FIELD(tq_step, vocab), FIELD(tq_step, embed_type), FIELD(tq_step, head_type), FIELD(tq_step, picks),
+};
+
+int tq_abi(const tq_abi_entry **entries) {
+  *entries = ABI;
+  return sizeof ABI / sizeof *ABI;
+}

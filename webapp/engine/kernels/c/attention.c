@@ -1,0 +1,149 @@
+/* ---- attention ------------------------------------------------------------------------------ */
+/* tq_attend(out, qkv, cache, lanes, inv_freq, extras, shape) runs a layer's attention for B lanes (a
+ * decode step's sequences, or a prefill piece's tokens, each a lane of the same slot), from the qkv
+ * product's rows (B, (H + 2 KvH) Hd) float32 to out (B, H Hd) float32:
+ *   1. on the calling thread, per lane: add the bias, rms-normalize each q and k head (qwen3), rotate
+ *      q and k by RoPE at the lane's position (half-split pairs, angle = pos * inv_freq[i]), and write
+ *      k and v as float16 at that position of the lane's slot in the KV cache (2, slots, KvH,
+ *      positions, Hd);
+ *   2. over the pool: softmax(q . K[0..pos] / sqrt(Hd)) . V[0..pos] for every (lane, query head),
+ *      reading the cache in place, in chunks of KEY_CHUNK keys; an item is a chunk of keys for a
+ *      lane's query heads that share a kv head (up to MAX_SHARED_HEADS of them), or for a single head
+ *      when that leaves a thread fewer than two items. Each chunk keeps its own max, sum and
+ *      unnormalized output; 3. the calling thread combines a lane's chunks in order. The chunks are
+ *      fixed by position alone, so a lane's numbers never depend on the other lanes, and one long
+ *      sequence spreads over every core (a single lane at position 1,000 had 3 items for 2 threads,
+ *      each streaming a whole kv head).
+ * shape: tq_attention (B lanes, H heads, KvH kv heads, S slots, C positions, Hd); lanes = {slot_0..,
+ * pos_0..}; extras holds the qkv bias (ATTEND_BIAS), then the q and k norm weights (ATTEND_QK_NORM).
+ * Writing and reading in one kernel keeps their order inside it, where tinygrad cannot reorder them. */
+typedef struct {
+  const float *q;
+  const uint16_t *cache;
+  const tq_attention *shape;
+  const int32_t *lanes;
+  int shared; /* query heads an item attends together over their kv head's keys */
+  int chunks; /* chunks of KEY_CHUNK keys of the lane with the most */
+  float *partials; /* (B, H, chunks, Hd + 2): each chunk's unnormalized output, its scores' max and sum */
+} attend_t;
+
+static void run_attend(const void *ctx, int first, int last) {
+  const attend_t *a = ctx;
+  const int B = a->shape->lanes, H = a->shape->heads, KvH = a->shape->kv_heads, C = a->shape->positions, Hd = a->shape->head_dim;
+  const int group = H / KvH, shared = a->shared, parts = (group + shared - 1) / shared, chunks = a->chunks;
+  const size_t plane = (size_t)a->shape->slots * KvH * C * Hd, part_stride = (size_t)chunks * (Hd + 2);
+  const float scale = 1.0f / sqrtf((float)Hd);
+  for (int item = first; item < last; item++) {
+    /* item = ((lane, kv head, part of its query heads), chunk of keys), the part `shared` heads wide */
+    const int chunk = item % chunks, rest = item / chunks;
+    const int b = rest / (KvH * parts), kvh = rest / parts % KvH, h0 = kvh * group + rest % parts * shared;
+    const int heads = group - (h0 - kvh * group) < shared ? group - (h0 - kvh * group) : shared;
+    const int slot = a->lanes[b], j0 = chunk * KEY_CHUNK, n = a->lanes[B + b] + 1 - j0 < KEY_CHUNK ? a->lanes[B + b] + 1 - j0 : KEY_CHUNK;
+    if (n <= 0) continue; /* past this lane's position */
+    const uint16_t *k = a->cache + (((size_t)slot * KvH + kvh) * C + j0) * Hd, *v = k + plane;
+    const size_t head = (size_t)b * H + h0;
+    attend_item(a->q + head * Hd, heads, k, v, n, Hd, scale, a->partials + head * part_stride + (size_t)chunk * (Hd + 2), part_stride);
+  }
+}
+
+/* The chunks of keys a lane at position pos attends (keys 0..pos). */
+static int key_chunks(int pos) { return (pos + KEY_CHUNK) / KEY_CHUNK; }
+
+/* out = the lane's chunks' outputs, each weighted by e^(its max - the overall max), over their sums
+ * weighted alike: the softmax over all the keys, whatever the chunks. */
+static void combine_chunks(const float *parts, int chunks, int Hd, float *out) {
+  float top = -INFINITY, total = 0.0f;
+  for (int c = 0; c < chunks; c++) top = parts[c * (Hd + 2) + Hd] > top ? parts[c * (Hd + 2) + Hd] : top;
+  for (int i = 0; i < Hd; i++) out[i] = 0.0f;
+  for (int c = 0; c < chunks; c++) {
+    const float *part = parts + (size_t)c * (Hd + 2), weight = expf(part[Hd] - top);
+    total += weight * part[Hd + 1];
+    for (int i = 0; i < Hd; i++) out[i] += weight * part[i];
+  }
+  const float inv = 1.0f / total;
+  for (int i = 0; i < Hd; i++) out[i] *= inv;
+}
+
+/* (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) for the half-split pairs of one head */
+static void rotate_half_pairs(const float *x, const float *cos_sin, int half, float *y) {
+  for (int i = 0; i < half; i++) {
+    const float c = cos_sin[i], s = cos_sin[half + i];
+    y[i] = x[i] * c - x[half + i] * s;
+    y[half + i] = x[half + i] * c + x[i] * s;
+  }
+}
+
+static __thread scratch_t rotation_rows;
+
+/* In this thread's scratch: rotations[b * Hd ..] = the cosines, then the sines, of lane b's RoPE
+ * angles (pos * inv_freq[i]), for B lanes. */
+static const float *rope_rotations(const int32_t *lanes, int B, const float *inv_freq, int Hd) {
+  float *rotations = at_least(&rotation_rows, (size_t)B * Hd * sizeof(float));
+  const int half = Hd / 2;
+  for (int b = 0; b < B; b++)
+    for (int i = 0; i < half; i++) {
+      const float angle = (float)lanes[B + b] * inv_freq[i];
+      rotations[(size_t)b * Hd + i] = cosf(angle);
+      rotations[(size_t)b * Hd + half + i] = sinf(angle);
+    }
+  return rotations;
+}
+
+/* tq_attend with each lane's rotations already computed (rope_rotations): a step computes them once
+ * for all its layers, 64 cosines and sines a lane that took ~0.4 ms of a B=8 step when each layer
+ * computed its own. */
+static void attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lanes, const float *rotations, const float *extras,
+                   const tq_attention *shape) {
+  const int B = shape->lanes, H = shape->heads, KvH = shape->kv_heads, S = shape->slots, C = shape->positions, Hd = shape->head_dim;
+  const int flags = shape->flags;
+  const float eps = shape->eps;
+  const int width = (H + 2 * KvH) * Hd, half = Hd / 2;
+  const float *bias = flags & ATTEND_BIAS ? extras : 0;
+  const float *q_norm = flags & ATTEND_QK_NORM ? extras + (bias ? width : 0) : 0;
+  float *queries = at_least(&float_rows, ((size_t)B * H * Hd + width) * sizeof(float));
+  float *row = queries + (size_t)B * H * Hd, rotated[MAX_HEAD_DIM];
+  for (int b = 0; b < B; b++) {
+    const int slot = lanes[b], pos = lanes[B + b];
+    const float *cos_sin = rotations + (size_t)b * Hd;
+    for (int i = 0; i < width; i++) row[i] = qkv[(size_t)b * width + i] + (bias ? bias[i] : 0.0f);
+    for (int h = 0; h < H + 2 * KvH; h++) {
+      float *x = row + (size_t)h * Hd;
+      const int is_v = h >= H + KvH;
+      if (q_norm && !is_v) rms_norm_row(x, h < H ? q_norm : q_norm + Hd, Hd, eps, x);
+      if (h < H) {
+        rotate_half_pairs(x, cos_sin, half, queries + ((size_t)b * H + h) * Hd);
+        continue;
+      }
+      const float *value = x;
+      if (!is_v) {
+        rotate_half_pairs(x, cos_sin, half, rotated);
+        value = rotated;
+      }
+      const int kvh = is_v ? h - H - KvH : h - H;
+      uint16_t *to = cache + ((((size_t)is_v * S + slot) * KvH + kvh) * C + pos) * Hd;
+      halves_from_floats(value, Hd, to);
+    }
+  }
+  /* Query heads sharing a kv head read its keys and values once as one item, up to MAX_SHARED_HEADS
+   * of them, when that still leaves every thread two items or more; else a head per item. A head's
+   * numbers are the same either way. */
+  const int group = H / KvH;
+  int shared = group < MAX_SHARED_HEADS ? group : MAX_SHARED_HEADS;
+  const int parts = (group + shared - 1) / shared;
+  shared = (group + parts - 1) / parts; /* parts of equal width: 4 = 2 + 2, not 3 + 1 */
+  int chunks = 1;
+  for (int b = 0; b < B; b++) chunks = key_chunks(lanes[B + b]) > chunks ? key_chunks(lanes[B + b]) : chunks;
+  if (B * KvH * parts * chunks < 2 * (n_workers + 1)) shared = 1;
+  float *partials = at_least(&attend_partials, (size_t)B * H * chunks * (Hd + 2) * sizeof(float));
+  const attend_t a = {queries, cache, shape, lanes, shared, chunks, partials};
+  const job_t j = {run_attend, &a, B * KvH * ((group + shared - 1) / shared) * chunks, 1};
+  run_job(&j);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < H; h++)
+      combine_chunks(partials + ((size_t)b * H + h) * chunks * (Hd + 2), key_chunks(lanes[B + b]), Hd, out + ((size_t)b * H + h) * Hd);
+}
+
+void tq_attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
+               const tq_attention *shape) {
+  attend(out, qkv, cache, lanes, rope_rotations(lanes, shape->lanes, inv_freq, shape->head_dim), extras, shape);
+}

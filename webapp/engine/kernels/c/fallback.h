@@ -1,0 +1,15 @@
+/* The portable version takes a name of isa.h wherever the build's ISA has no version of its own. */
+#pragma once
+
+#if TQ_AVX2
+/* x86_avx2*.c define every name of isa.h */
+#else
+#define fp16_generic fp16
+#define quantize_row_generic quantize_row
+#define interleaves_generic interleaves
+#define tile_rows_generic tile_rows
+#define row_dot_generic row_dot
+#define swiglu_row_generic swiglu_row
+#define halves_from_floats_generic halves_from_floats
+#define attend_item_generic attend_item
+#endif

@@ -1,0 +1,183 @@
+/* ---- block formats: bytes per block, values per block --------------------------------------- */
+
+static int block_values(int type) {
+  const int base = type % INTERLEAVED;
+  return base == Q4_K || base == Q5_K || base == Q6_K ? 256 : 32;
+}
+static int block_bytes(int type) {
+  switch (type % INTERLEAVED) {
+    case Q4_0: return 18;
+    case Q4_1: return 20;
+    case Q8_0: return 34;
+    case Q4_K: return 144;
+    case Q5_K: return 176;
+    case Q6_K: return 210;
+  }
+  return 0;
+}
+
+/* Q4_K packs eight 6-bit scales and mins into 12 bytes. */
+static void q4k_scale_min(const uint8_t *s, int j, int *scale, int *min) {
+  if (j < 4) {
+    *scale = s[j] & 63;
+    *min = s[j + 4] & 63;
+  } else {
+    *scale = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+    *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+/* Dequantize one row of `cols` values (the reference the tests check the products against, and the
+ * embedding lookup). */
+static void dequantize_row(int type, const uint8_t *w, int cols, float *y) {
+  const int bv = block_values(type), bb = block_bytes(type);
+  for (int b = 0; b < cols / bv; b++, w += bb, y += bv) {
+    if (type == Q4_0 || type == Q4_1) {
+      const float d = fp16(w), m = type == Q4_1 ? fp16(w + 2) : -8.0f * d;
+      const uint8_t *qs = w + (type == Q4_1 ? 4 : 2);
+      for (int i = 0; i < 16; i++) {
+        y[i] = d * (qs[i] & 15) + m;
+        y[i + 16] = d * (qs[i] >> 4) + m;
+      }
+    } else if (type == Q8_0) {
+      const float d = fp16(w);
+      for (int i = 0; i < 32; i++) y[i] = d * (int8_t)w[2 + i];
+    } else if (type == Q4_K || type == Q5_K) {
+      /* Q5_K: Q4_K's scales, then 32 bytes whose bit j of byte i is value i of sub-block j's fifth bit */
+      const float d = fp16(w), dmin = fp16(w + 2);
+      const uint8_t *qh = w + 16, *qs = w + (type == Q5_K ? 48 : 16);
+      for (int j = 0; j < 8; j += 2, qs += 32) {
+        int sc0, m0, sc1, m1;
+        q4k_scale_min(w + 4, j, &sc0, &m0);
+        q4k_scale_min(w + 4, j + 1, &sc1, &m1);
+        for (int i = 0; i < 32; i++) {
+          const int h0 = type == Q5_K ? ((qh[i] >> j) & 1) << 4 : 0, h1 = type == Q5_K ? ((qh[i] >> (j + 1)) & 1) << 4 : 0;
+          y[32 * j + i] = d * sc0 * ((qs[i] & 15) | h0) - dmin * m0;
+          y[32 * j + 32 + i] = d * sc1 * ((qs[i] >> 4) | h1) - dmin * m1;
+        }
+      }
+    } else if (type == Q6_K) {
+      const uint8_t *ql = w, *qh = w + 128;
+      const int8_t *sc = (const int8_t *)(w + 192);
+      const float d = fp16(w + 208);
+      for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8) {
+        float *yh = y + 128 * half;
+        for (int l = 0; l < 32; l++) {
+          const int is = l / 16;
+          yh[l] = d * sc[is] * (((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32);
+          yh[l + 32] = d * sc[is + 2] * (((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32);
+          yh[l + 64] = d * sc[is + 4] * (((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+          yh[l + 96] = d * sc[is + 6] * (((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+        }
+      }
+    }
+  }
+}
+
+/* ---- interleaved rows ------------------------------------------------------------------------ */
+/* A matrix whose rows come in eights is stored with each group of eight rows' blocks side by side,
+ * the same bytes in another order. A block's bytes are a few fields (its scale, its min, packed
+ * sub-scales, quants); each field is laid out as the eight rows' pieces of `width` bytes in turn:
+ * piece k of every row, then piece k + 1. For 32-value blocks: the eight rows' scales (float16), for
+ * Q4_1 their eight mins, then slices of 32 bytes, slice k holding bytes 4k..4k+3 of each row's quant
+ * bytes: four slices of nibbles, eight of Q8_0's bytes. A Q4 slice's low nibbles are values 4k..4k+3
+ * of the eight rows, its high nibbles values 16+4k..19+4k. One load (masked and shifted) thus gives
+ * 8 rows x 4 values, each row a lane of a register, which maddubs multiplies with 4 activations
+ * broadcast to every lane. A block's 256 multiply-adds for eight rows then take eight maddubs and one
+ * madd (Q8_0: eight of each), where a row at a time took eight of each and a horizontal sum per row;
+ * and as a lane is a row, no horizontal sums at all. The K-quants' 256-value blocks follow the same
+ * plan: Q4_K and Q5_K keep their 12 packed 6-bit scale bytes as twelve 8-byte rows (byte k of each
+ * row's 12), so one 64-bit word unpacks a sub-block's scales or mins for all eight rows; their quants
+ * (32 bytes per pair of sub-blocks: 2p in the low nibbles, 2p + 1 in the high) and Q5_K's fifth bits
+ * (bit j of byte i: value i of sub-block j) come as 4-byte slices, as do Q6_K's low nibbles and high
+ * pairs, with its sixteen int8 sub-scales as sixteen 8-byte rows. */
+
+typedef struct {
+  int from, bytes, width, to; /* its place in a row's block, its size, its pieces' size (1, 2 or 4), its place in the group */
+} field;
+typedef struct {
+  int type, fields;
+  field field[5];
+} interleaving;
+
+enum { Q4K_D = 0, Q4K_DMIN = 16, Q4K_SCALES = 32, Q4K_QUANTS = 128 };
+enum { Q5K_HIGH = 128, Q5K_QUANTS = 128 + 256 };
+enum { Q6K_D = 0, Q6K_SCALES = 16, Q6K_LOW = 144, Q6K_HIGH = 144 + 1024 };
+static const interleaving INTERLEAVINGS[] = {
+    {Q4_0, 2, {{0, 2, 2, 0}, {2, 16, 4, 16}}},
+    {Q4_1, 3, {{0, 2, 2, 0}, {2, 2, 2, 16}, {4, 16, 4, 32}}},
+    {Q8_0, 2, {{0, 2, 2, 0}, {2, 32, 4, 16}}},
+    {Q4_K, 4, {{0, 2, 2, Q4K_D}, {2, 2, 2, Q4K_DMIN}, {4, 12, 1, Q4K_SCALES}, {16, 128, 4, Q4K_QUANTS}}},
+    {Q5_K, 5, {{0, 2, 2, Q4K_D}, {2, 2, 2, Q4K_DMIN}, {4, 12, 1, Q4K_SCALES}, {16, 32, 4, Q5K_HIGH}, {48, 128, 4, Q5K_QUANTS}}},
+    {Q6_K, 4, {{208, 2, 2, Q6K_D}, {192, 16, 1, Q6K_SCALES}, {0, 128, 4, Q6K_LOW}, {128, 64, 4, Q6K_HIGH}}},
+};
+
+static const interleaving *interleaving_of(int type) {
+  for (size_t i = 0; i < sizeof INTERLEAVINGS / sizeof *INTERLEAVINGS; i++)
+    if (INTERLEAVINGS[i].type == type % INTERLEAVED) return &INTERLEAVINGS[i];
+  return 0;
+}
+
+/* Row `lane`'s block into its group's block (into_group: from a row's block to the group), or back. */
+static void move_block(const interleaving *layout, const uint8_t *from, uint8_t *to, int lane, int into_group) {
+  for (int f = 0; f < layout->fields; f++) {
+    const field *x = &layout->field[f];
+    for (int k = 0; k < x->bytes / x->width; k++) {
+      const size_t in_group = x->to + 8 * x->width * k + x->width * lane, in_row = x->from + x->width * k;
+      uint8_t *dst = to + (into_group ? in_group : in_row);
+      const uint8_t *src = from + (into_group ? in_row : in_group);
+      /* sizes the compiler knows: a load and a store each, not a call (loading took ~25% longer) */
+      if (x->width == 4) memcpy(dst, src, 4);
+      else if (x->width == 2) memcpy(dst, src, 2);
+      else *dst = *src;
+    }
+  }
+}
+
+int tq_repack(uint8_t *dst, const uint8_t *src, const tq_product *shape) {
+  const int type = shape->type, rows = shape->rows, cols = shape->cols, bb = block_bytes(type), nb = cols / block_values(type);
+  /* a row is cols / block_values blocks: Q4_K and Q6_K hold 256 values a block, and counting 32 here
+   * copied eight times each matrix's size, past both buffers' ends */
+  const size_t row_bytes = (size_t)nb * bb;
+  const interleaving *layout = interleaving_of(type);
+  if (!layout || !interleaves(type) || rows % 8 != 0) {
+    memcpy(dst, src, (size_t)rows * row_bytes);
+    return type;
+  }
+  for (int g = 0; g < rows / 8; g++)
+    for (int b = 0; b < nb; b++)
+      for (int i = 0; i < 8; i++)
+        move_block(layout, src + (size_t)(8 * g + i) * row_bytes + (size_t)b * bb, dst + ((size_t)g * nb + b) * 8 * bb, i, 1);
+  return INTERLEAVED + type;
+}
+
+/* Row r of a matrix of `type` dequantized, whatever its layout. */
+static void row_values(int type, const uint8_t *w, int r, int cols, float *y) {
+  const size_t row_bytes = (size_t)cols / block_values(type) * block_bytes(type);
+  if (type < INTERLEAVED) {
+    dequantize_row(type, w + (size_t)r * row_bytes, cols, y);
+    return;
+  }
+  const int bb = block_bytes(type), bv = block_values(type);
+  const interleaving *layout = interleaving_of(type);
+  const uint8_t *group = w + (size_t)(r / 8) * 8 * row_bytes;
+  uint8_t own[256];
+  for (int b = 0; b < cols / bv; b++, group += 8 * bb, y += bv) {
+    move_block(layout, group, own, r % 8, 0);
+    dequantize_row(type - INTERLEAVED, own, bv, y);
+  }
+}
+
+
+void tq_embed(float *out, const uint8_t *w, const int32_t *ids, const tq_product *shape) {
+  const int type = shape->type, rows = shape->rows, cols = shape->cols, tokens = shape->tokens;
+  for (int t = 0; t < tokens; t++) {
+    const int id = ids[t] < 0 || ids[t] >= rows ? 0 : ids[t];
+    row_values(type, w, id, cols, out + (size_t)t * cols);
+  }
+}
+
+void tq_dequantize(float *out, const uint8_t *w, const tq_product *shape) {
+  const int type = shape->type, rows = shape->rows, cols = shape->cols;
+  for (int r = 0; r < rows; r++) row_values(type, w, r, cols, out + (size_t)r * cols);
+}

@@ -1,0 +1,118 @@
+/* The portable kernels: each name of isa.h as NAME_generic, one value at a time. They are the
+ * reference the ISA versions match (the same numbers, where isa.h says so), the ISA versions' path
+ * for what those leave out, and, renamed by fallback.h, the kernels of a build without SIMD. */
+
+GENERIC float fp16_generic(const uint8_t *p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+  uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31, mant = h & 1023, bits;
+  if (exp == 0) {
+    float v = ldexpf((float)mant, -24);
+    return sign ? -v : v;
+  }
+  bits = exp == 31 ? sign | 0x7f800000u | (mant << 13) : sign | ((exp + 112) << 23) | (mant << 13);
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+GENERIC void quantize_row_generic(const float *x, int cols, xblock *out) {
+  for (int b = 0; b < cols / 32; b++, x += 32, out++) {
+    float amax = 0.0f;
+    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
+    const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+    int sum[2] = {0, 0};
+    for (int i = 0; i < 32; i++) {
+      const int q = (int)lrintf(x[i] * inv);
+      out->q[i] = (int8_t)q;
+      sum[i / 16] += q;
+    }
+    out->d = d;
+    out->s = d * (float)(sum[0] + sum[1]);
+    out->sum16[0] = (int16_t)sum[0];
+    out->sum16[1] = (int16_t)sum[1];
+  }
+}
+
+/* Without tiles there is nothing to interleave for: matrices keep the file's layout. */
+GENERIC int interleaves_generic(int type) {
+  (void)type;
+  return 0;
+}
+
+/* No tiles: every row goes through row_dot. */
+GENERIC int tile_rows_generic(int type, const uint8_t *w, size_t row_bytes, int nb, const xblock *const *xs, int n, float *out, size_t stride,
+                              int first, int last) {
+  (void)type, (void)w, (void)row_bytes, (void)nb, (void)xs, (void)n, (void)out, (void)stride, (void)last;
+  return first;
+}
+
+/* The portable product: the same integer products one value at a time, from dequantized blocks; the
+ * SIMD build's path for a type without a row kernel of its own (Q5_K, whose rows come in eights in
+ * real files and so are interleaved) */
+GENERIC void row_dot_generic(int type, const uint8_t *w, int cols, const xblock *const *xs, int n, float *acc) {
+  float row[256];
+  const int bv = block_values(type), bb = block_bytes(type);
+  for (int b = 0; b < cols / bv; b++, w += bb) {
+    dequantize_row(type, w, bv, row);
+    for (int t = 0; t < n; t++) {
+      float s = 0.0f;
+      for (int i = 0; i < bv; i++) s += row[i] * xs[t][b * bv / 32 + i / 32].q[i % 32] * xs[t][b * bv / 32 + i / 32].d;
+      acc[t] += s;
+    }
+  }
+}
+
+/* y = silu(gate) * up = gate * sigmoid(gate) * up */
+GENERIC void swiglu_row_generic(const float *gate, const float *up, int n, float *y) {
+  for (int i = 0; i < n; i++) y[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+/* float32 -> float16, rounding to nearest even as a hardware or compiler conversion does, so a key
+ * written here equals the same key written by tinygrad's cast during prefill. */
+static uint16_t half_from_float(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  const uint16_t sign = (x >> 16) & 0x8000;
+  x &= 0x7fffffffu;
+  if (x >= 0x7f800000u) return sign | 0x7c00 | (x > 0x7f800000u ? 0x200 : 0); /* inf, nan */
+  if (x >= 0x477ff000u) return sign | 0x7c00;                                   /* rounds past 65504 */
+  if (x < 0x38800000u) { /* below 2^-14: a subnormal half, in units of 2^-24 */
+    float magnitude;
+    memcpy(&magnitude, &x, 4);
+    return sign | (uint16_t)__builtin_rintf(magnitude * 16777216.0f);
+  }
+  return sign | (uint16_t)((x + 0xfffu + ((x >> 13) & 1u) - 0x38000000u) >> 13);
+}
+
+GENERIC void halves_from_floats_generic(const float *x, int n, uint16_t *to) {
+  for (int i = 0; i < n; i++) to[i] = half_from_float(x[i]);
+}
+
+static float half_to_float(uint16_t h) {
+  uint8_t b[2];
+  memcpy(b, &h, 2);
+  return fp16(b);
+}
+
+/* A head at a time, its scores in one row. */
+GENERIC void attend_item_generic(const float *q, int heads, const uint16_t *k, const uint16_t *v, int n, int Hd, float scale, float *part,
+                                 size_t part_stride) {
+  float scores[KEY_CHUNK];
+  for (int h = 0; h < heads; h++, q += Hd, part += part_stride) {
+    float top = -INFINITY;
+    for (int j = 0; j < n; j++) {
+      float dot = 0.0f;
+      for (int i = 0; i < Hd; i++) dot += q[i] * half_to_float(k[(size_t)j * Hd + i]);
+      scores[j] = dot * scale;
+      top = scores[j] > top ? scores[j] : top;
+    }
+    float total = 0.0f;
+    for (int j = 0; j < n; j++) total += (scores[j] = expf(scores[j] - top));
+    for (int i = 0; i < Hd; i++) part[i] = 0.0f;
+    for (int j = 0; j < n; j++)
+      for (int i = 0; i < Hd; i++) part[i] += scores[j] * half_to_float(v[(size_t)j * Hd + i]);
+    part[Hd] = top;
+    part[Hd + 1] = total;
+  }
+}

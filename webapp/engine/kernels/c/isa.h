@@ -1,0 +1,47 @@
+/* The seam between the shared files and an instruction set's kernels.
+ *
+ * The functions declared here do the work whose fastest form depends on the instruction set; the
+ * shared files (formats, linear, attention, step) call these names only, so they follow one control
+ * flow in every build. generic.c defines each as NAME_generic, the portable reference. An ISA's files
+ * (x86_avx2*.c) define NAME where they have a version of their own, which may hand what it does not
+ * cover (a type, a tail of values) to NAME_generic; fallback.h renames NAME_generic to NAME for each
+ * name the build's ISA leaves to the portable version. A new ISA adds its files and its list there. */
+#pragma once
+
+/* generic.c's definitions: unused where the build's ISA has versions of its own */
+#define GENERIC static __attribute__((unused))
+
+/* how many tokens' activations a row product takes at once */
+enum { MAX_TOKEN_GROUP = 4 };
+/* attention's items (see attention.c): up to MAX_SHARED_HEADS query heads against KEY_CHUNK keys */
+enum { MAX_SHARED_HEADS = 3, KEY_CHUNK = 256 };
+
+/* One quantized block of 32 activations: x[i] ~ d * q[i]; s = d * sum(q); sum16 = the sums of q over each half. */
+typedef struct {
+  float d, s;
+  int16_t sum16[2];
+  int8_t q[32];
+} xblock;
+
+/* The float16 at p. */
+static float fp16(const uint8_t *p);
+/* x's cols values (a multiple of 32) as int8 blocks: the same numbers in every build. */
+static void quantize_row(const float *x, int cols, xblock *out);
+/* Whether this ISA's products read a matrix of GGUF type `type` with its rows interleaved in eights
+ * (tq_repack stores it so). */
+static int interleaves(int type);
+/* The rows first..last - 1 of W (of `type`, row_bytes and nb 32-value blocks a row) that this ISA's
+ * tiles multiply: out[t * stride + r] = W[r] . xs[t] for t < n; returns the first row left to row_dot. */
+static int tile_rows(int type, const uint8_t *w, size_t row_bytes, int nb, const xblock *const *xs, int n, float *out, size_t stride,
+                     int first, int last);
+/* acc[t] += W_row . x[t] for t < n; xs[t] points at token t's blocks (cols / 32 of them). */
+static void row_dot(int type, const uint8_t *w, int cols, const xblock *const *xs, int n, float *acc);
+/* y = silu(gate) * up. */
+static void swiglu_row(const float *gate, const float *up, int n, float *y);
+/* to[i] = x[i] as float16 for i < n, rounded to nearest even. */
+static void halves_from_floats(const float *x, int n, uint16_t *to);
+/* One attention item: `heads` query heads (q, Hd floats apart) against n float16 keys and values
+ * (k, v: n rows of Hd), scores scaled by `scale`; head h's unnormalized output at part + h *
+ * part_stride, then its scores' max and its sum of e^(score - max). */
+static void attend_item(const float *q, int heads, const uint16_t *k, const uint16_t *v, int n, int Hd, float scale, float *part,
+                        size_t part_stride);

@@ -1,0 +1,135 @@
+typedef struct {
+  int type, rows, cols, tokens;
+  size_t stride; /* floats from one token's output row to the next: rows, or a stacked matrix's rows */
+  float *out;
+  const uint8_t *w;
+  const xblock *x;
+  const float *residual; /* (tokens, rows) added to the product, or null */
+} linear_t;
+
+static void run_rows(const void *ctx, int first, int last) {
+  const linear_t *j = ctx;
+  const int nb = j->cols / 32;
+  const size_t row_bytes = (size_t)j->cols / block_values(j->type) * block_bytes(j->type);
+  for (int t0 = 0; t0 < j->tokens; t0 += MAX_TOKEN_GROUP) {
+    const int n = j->tokens - t0 < MAX_TOKEN_GROUP ? j->tokens - t0 : MAX_TOKEN_GROUP;
+    const xblock *xs[MAX_TOKEN_GROUP];
+    for (int t = 0; t < n; t++) xs[t] = j->x + (size_t)(t0 + t) * nb;
+    float *out = j->out + (size_t)t0 * j->stride;
+    int r = tile_rows(j->type, j->w, row_bytes, nb, xs, n, out, j->stride, first, last);
+    for (; r < last; r++) {
+      float acc[MAX_TOKEN_GROUP] = {0};
+      row_dot(j->type, j->w + (size_t)r * row_bytes, j->cols, xs, n, acc);
+      for (int t = 0; t < n; t++) out[(size_t)t * j->stride + r] = acc[t];
+    }
+    if (j->residual)
+      for (int t = 0; t < n; t++) {
+        const float *add = j->residual + (size_t)(t0 + t) * j->stride;
+        float *o = out + (size_t)t * j->stride;
+        for (r = first; r < last; r++) o[r] += add[r];
+      }
+  }
+}
+
+/* ---- entry points --------------------------------------------------------------------------- */
+
+/* A thread's buffer, grown when a call needs more and reused after. */
+typedef struct {
+  void *data;
+  size_t bytes;
+} scratch_t;
+
+static void *at_least(scratch_t *s, size_t bytes) {
+  if (bytes > s->bytes) {
+    free(s->data);
+    s->data = malloc(bytes);
+    s->bytes = bytes;
+  }
+  return s->data;
+}
+
+/* the activations' int8 blocks; one row of transformed activations, or attention's queries; a layer's intermediates */
+static __thread scratch_t int8_activations, float_rows, layer_intermediates, attend_partials;
+
+/* How a token's row of x becomes the product's input, before quantizing. */
+enum { AS_IS, RMS_NORM, SWIGLU };
+
+/* sums[r] = x[r * n + 0]^2 + ... + x[r * n + n - 1]^2 for `rows` rows, each one float sum in order
+ * by fused multiply-adds (as `sum += x[i] * x[i]` compiles here), eight rows' chains interleaved: one
+ * row's chain of n dependent steps took ~1 us for 576 values, eight rows ~6 us of each norm of a B=8
+ * step; interleaved, they take about one row's time, with every sum bit for bit what it was. */
+static void square_sums(const float *x, int rows, int n, float *sums) {
+  for (int r0 = 0; r0 < rows; r0 += 8) {
+    const int g = rows - r0 < 8 ? rows - r0 : 8;
+    float s[8] = {0};
+    for (int i = 0; i < n; i++)
+      for (int t = 0; t < g; t++) s[t] = fmaf(x[(size_t)(r0 + t) * n + i], x[(size_t)(r0 + t) * n + i], s[t]);
+    memcpy(sums + r0, s, g * sizeof(float));
+  }
+}
+
+/* y = x / sqrt(sum / n + eps) * weight, sum being x's square_sums */
+static void rms_scale_row(const float *x, float sum, const float *weight, int n, float eps, float *y) {
+  const float inv = 1.0f / sqrtf(sum / n + eps);
+  for (int i = 0; i < n; i++) y[i] = x[i] * inv * weight[i];
+}
+
+/* y = x / sqrt(mean(x^2) + eps) * weight */
+static void rms_norm_row(const float *x, const float *weight, int n, float eps, float *y) {
+  float sum;
+  square_sums(x, 1, n, &sum);
+  rms_scale_row(x, sum, weight, n, eps, y);
+}
+
+/* One matrix's product over the pool: out[t * stride + r] = [residual[t * stride + r] +] W[r] . x[t]. */
+static void product(int type, int rows, int cols, int tokens, size_t stride, float *out, const uint8_t *w, const xblock *xq8, const float *residual) {
+  /* ~8 chunks a thread balances load without making the counter hot */
+  int chunk = rows / (8 * (n_workers + 1));
+  chunk = chunk < 16 ? 16 : chunk - chunk % 16;
+  const linear_t lin = {type, rows, cols, tokens, stride, out, w, xq8, residual};
+  const job_t j = {run_rows, &lin, rows, chunk};
+  run_job(&j);
+}
+
+/* out (tokens, rows) = [residual +] W . f(x) with f one of AS_IS, RMS_NORM (by `norm`, eps) or
+ * SWIGLU (x holds gate then up, 2 * cols per token: silu(gate) * up). */
+static void linear(float *out, const uint8_t *w, const float *x, const tq_product *shape, int input, const float *norm, const float *residual) {
+  const int type = shape->type, rows = shape->rows, cols = shape->cols, tokens = shape->tokens;
+  xblock *xq8 = at_least(&int8_activations, (size_t)tokens * (cols / 32) * sizeof(xblock));
+  float *row = input == AS_IS ? 0 : at_least(&float_rows, ((size_t)cols + tokens) * sizeof(float)), *sums = row + cols;
+  if (input == RMS_NORM) square_sums(x, tokens, cols, sums);
+  for (int t = 0; t < tokens; t++) {
+    const float *in = x + (size_t)t * cols;
+    if (input == RMS_NORM) {
+      rms_scale_row(in, sums[t], norm, cols, shape->eps, row);
+      in = row;
+    } else if (input == SWIGLU) {
+      const float *gate = x + (size_t)t * 2 * cols, *up = gate + cols;
+      swiglu_row(gate, up, cols, row);
+      in = row;
+    }
+    quantize_row(in, cols, xq8 + (size_t)t * (cols / 32));
+  }
+  if (type != STACKED) {
+    product(type, rows, cols, tokens, rows, out, w, xq8, residual);
+    return;
+  }
+  /* a part at a time, each into its rows of every token's output, from the same int8 activations */
+  const stack_header *header = (const stack_header *)w;
+  const uint8_t *part = w + STACK_HEADER_BYTES;
+  for (int p = 0, first = 0; p < header->parts; first += header->rows[p], p++) {
+    product(header->types[p], header->rows[p], cols, tokens, rows, out + first, part, xq8, residual ? residual + first : 0);
+    part += (size_t)header->rows[p] * (cols / block_values(header->types[p])) * block_bytes(header->types[p]);
+  }
+}
+
+void tq_linear(float *out, const uint8_t *w, const float *x, const tq_product *shape) { linear(out, w, x, shape, AS_IS, 0, 0); }
+void tq_norm_linear(float *out, const uint8_t *w, const float *x, const float *norm, const tq_product *shape) {
+  linear(out, w, x, shape, RMS_NORM, norm, 0);
+}
+void tq_residual_linear(float *out, const uint8_t *w, const float *x, const float *residual, const tq_product *shape) {
+  linear(out, w, x, shape, AS_IS, 0, residual);
+}
+void tq_swiglu_linear(float *out, const uint8_t *w, const float *gate_up, const float *residual, const tq_product *shape) {
+  linear(out, w, gate_up, shape, SWIGLU, 0, residual);
+}

@@ -1,0 +1,81 @@
+/* ---- a whole layer ---------------------------------------------------------------------------- */
+/* tq_layer(out, x, w_qkv, w_o, w_gate_up, w_down, attn_norm, ffn_norm, cache, lanes, inv_freq, extras,
+ * shape): one transformer layer for B lanes, the five kernels above in a row with their intermediates
+ * in this thread's scratch:
+ *   qkv = W_qkv . rms_norm(x) * attn_norm;  a = attention(qkv);  h = x + W_o . a;
+ *   out = h + W_down . swiglu(W_gate_up . rms_norm(h) * ffn_norm)
+ * One kernel a layer keeps a captured step at ~30 kernels: tinygrad's capture and replay cost grows
+ * with their count. shape: tq_layer_shape. */
+/* Ask for the cache lines that attend() will write (each lane's new keys and values) before the qkv
+ * product, which hides their misses: writing them cold took ~0.5 of a B=8 step's 0.7 ms of RoPE and
+ * cache writes (every layer's cache from DRAM at position 100). */
+static void prefetch_new_entries(const uint16_t *cache, const int32_t *lanes, const tq_attention *shape) {
+  const int B = shape->lanes, KvH = shape->kv_heads, S = shape->slots, C = shape->positions, Hd = shape->head_dim;
+  for (int b = 0; b < B; b++)
+    for (int is_v = 0; is_v < 2; is_v++)
+      for (int kvh = 0; kvh < KvH; kvh++) {
+        const char *entry = (const char *)(cache + ((((size_t)is_v * S + lanes[b]) * KvH + kvh) * C + lanes[B + b]) * Hd);
+        for (int at = 0; at < Hd * 2; at += 64) __builtin_prefetch(entry + at, 1, 3);
+      }
+}
+
+static void layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w_o, const uint8_t *w_gate_up, const uint8_t *w_down,
+                  const float *attn_norm, const float *ffn_norm, uint16_t *cache, const int32_t *lanes, const float *rotations, const float *extras,
+                  const tq_layer_shape *shape) {
+  const tq_attention *attention = &shape->attention;
+  const int B = attention->lanes, H = attention->heads, KvH = attention->kv_heads, Hd = attention->head_dim, D = shape->dim, F = shape->ffn_dim;
+  const float eps = attention->eps;
+  const int width = (H + 2 * KvH) * Hd;
+  float *qkv = at_least(&layer_intermediates, (size_t)B * (width + H * Hd + D + 2 * F) * sizeof(float)), *attn = qkv + (size_t)B * width, *h = attn + (size_t)B * H * Hd, *gate_up = h + (size_t)B * D;
+  const tq_product qkv_shape = {shape->types[LAYER_QKV], width, D, B, eps}, o_shape = {shape->types[LAYER_O], D, H * Hd, B, eps};
+  const tq_product gate_up_shape = {shape->types[LAYER_GATE_UP], 2 * F, D, B, eps}, down_shape = {shape->types[LAYER_DOWN], D, F, B, eps};
+  prefetch_new_entries(cache, lanes, attention);
+  linear(qkv, w_qkv, x, &qkv_shape, RMS_NORM, attn_norm, 0);
+  attend(attn, qkv, cache, lanes, rotations, extras, attention);
+  linear(h, w_o, attn, &o_shape, AS_IS, 0, x);
+  linear(gate_up, w_gate_up, h, &gate_up_shape, RMS_NORM, ffn_norm, 0);
+  linear(out, w_down, gate_up, &down_shape, SWIGLU, 0, h);
+}
+
+void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w_o, const uint8_t *w_gate_up, const uint8_t *w_down,
+              const float *attn_norm, const float *ffn_norm, uint16_t *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
+              const tq_layer_shape *shape) {
+  const float *rotations = rope_rotations(lanes, shape->attention.lanes, inv_freq, shape->attention.head_dim);
+  layer(out, x, w_qkv, w_o, w_gate_up, w_down, attn_norm, ffn_norm, cache, lanes, rotations, extras, shape);
+}
+
+/* ---- a whole step --------------------------------------------------------------------------- */
+/* tq_forward(logits, tokens, lanes, picks, model, step, layer_types): a whole step for B lanes, from token ids to
+ * the logits of the lanes in `picks` (R of them: every lane of a decode step, a prefill piece's last
+ * real token): embedding, every layer as tq_layer, then the final norm and the output head.
+ * `model` holds the model's tensors by address (uint64): the embedding matrix, the final norm, the
+ * head matrix, the RoPE inverse frequencies, then per layer its qkv, o, gate_up and down matrices, its
+ * two norms, its KV cache and its attention extras (the order of tq.h's MODEL_* and LAYER_* entries).
+ * step: tq_step (B = step->attention.lanes, R = step->picks); layer_types: each layer's 4 matrix types
+ * in turn. cpu.py calls it directly, on the model thread, which then works through
+ * the pool's jobs itself: replayed inside a TinyJit, the same one-kernel step took 2.8 ms longer of
+ * 15.5 (Python before it started, tinygrad's worker thread running it, noticing its end). */
+static __thread scratch_t step_rows;
+
+void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, const int32_t *picks, const uint64_t *model, const tq_step *step,
+                const int32_t *layer_types) {
+  const int B = step->attention.lanes, D = step->dim, R = step->picks;
+  float *x = at_least(&step_rows, (size_t)(B + R) * D * sizeof(float)), *picked = x + (size_t)B * D;
+  const float *rotations = rope_rotations(lanes, B, (const float *)(uintptr_t)model[MODEL_INV_FREQ], step->attention.head_dim);
+  const tq_product embed_shape = {step->embed_type, step->vocab, D, B, 0.0f};
+  tq_embed(x, (const uint8_t *)(uintptr_t)model[MODEL_EMBED], tokens, &embed_shape);
+  tq_layer_shape layer_shape = {step->attention, D, step->ffn_dim, {0}};
+  for (int l = 0; l < step->layers; l++) {
+    const uint64_t *m = model + MODEL_LAYERS + (size_t)l * LAYER_ENTRIES;
+    memcpy(layer_shape.types, layer_types + 4 * (size_t)l, sizeof layer_shape.types);
+#define AT(type, entry) ((type)(uintptr_t)m[entry])
+    /* in place: layer() reads x for the last time (the attention's residual) before it writes out */
+    layer(x, x, AT(const uint8_t *, LAYER_QKV), AT(const uint8_t *, LAYER_O), AT(const uint8_t *, LAYER_GATE_UP), AT(const uint8_t *, LAYER_DOWN),
+          AT(const float *, LAYER_ATTN_NORM), AT(const float *, LAYER_FFN_NORM), AT(uint16_t *, LAYER_CACHE), lanes, rotations,
+          AT(const float *, LAYER_EXTRAS), &layer_shape);
+#undef AT
+  }
+  for (int r = 0; r < R; r++) memcpy(picked + (size_t)r * D, x + (size_t)(picks[r] < 0 || picks[r] >= B ? 0 : picks[r]) * D, D * sizeof(float));
+  const tq_product head_shape = {step->head_type, step->vocab, D, R, step->attention.eps};
+  linear(logits, (const uint8_t *)(uintptr_t)model[MODEL_HEAD], picked, &head_shape, RMS_NORM, (const float *)(uintptr_t)model[MODEL_NORM], 0);
+}

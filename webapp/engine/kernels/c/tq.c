@@ -1,0 +1,52 @@
+/* Matrix products over GGUF's quantized weight blocks, on every core, for tinyserve's CPU path.
+ *
+ * Contract: tq.h (cpu.py compiles this file, which includes the others: one translation unit, so the
+ * compiler inlines across them). tq_linear and the fused linears multiply a matrix in its file's
+ * blocks, tq_attend runs a layer's attention, tq_layer a whole layer (five of those in a row) and
+ * tq_forward a whole step, the model's tensors passed by address. Fused this way, a step is one call
+ * (a layer five kernels where a matrix has no kernel) and nothing runs on tinygrad's single thread
+ * between them.
+ *
+ * The files: formats.c (block formats, dequantization, interleaved rows), isa.h (what depends on the
+ * instruction set), generic.c and x86_avx2*.c (its portable and AVX2 versions, fallback.h choosing),
+ * pool.c (the thread pool), linear.c (the products and the fused linears), attention.c, step.c (a
+ * layer, a step) and abi.c (tq_abi).
+ *
+ * Why this shape: a decode step reads every weight once, so bytes decide its speed; keeping the file's
+ * 4.5-bit blocks reads a third of what float16 copies did. Activations are quantized per 32 values to
+ * int8 (a scale and the block's sum kept beside them), so every block pair is an integer dot product
+ * (AVX2: 32 multiply-adds per maddubs) scaled once. A token's numbers depend on its own row of x only,
+ * never on which other requests share the step. Rows are handed out in chunks from an atomic counter,
+ * so a core busy with a web thread just takes fewer chunks, and the caller waits for rows, not threads.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define TQ_AVX2 1
+#else
+#define TQ_AVX2 0
+#endif
+
+#include "tq.h"
+#include "isa.h"
+#include "fallback.h"
+#include "formats.c"
+#include "generic.c"
+#if TQ_AVX2
+#include "x86_avx2.c"
+#include "x86_avx2_products.c"
+#include "x86_avx2_attention.c"
+#endif
+#include "pool.c"
+#include "linear.c"
+#include "attention.c"
+#include "step.c"
+#include "abi.c"
+
+int tq_simd(void) { return TQ_AVX2; }

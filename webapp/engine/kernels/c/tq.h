@@ -1,0 +1,113 @@
+/* The kernels' interface: what cpu.py calls, and what abi.py mirrors once in Python.
+ *
+ * Every exported function takes 64-bit words (pointers, or integers as tq_start), as tinygrad's CPU
+ * worker passes them to a program; a call's sizes travel in one of the structs below, whose bytes
+ * cpu.py writes from abi.py's ctypes twins. tq_abi() lists each constant here, each struct's size and
+ * each field's offset, size and kind, and tests/test_abi.py checks the mirror against it: a field
+ * added on one side only fails that test (and the kernels' load) instead of shifting what follows.
+ * out and x are float32, row-major. */
+#pragma once
+#include <stdint.h>
+
+/* GGUF block types with a kernel, by their GGML type ids. */
+enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+/* Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K with eight rows' blocks side by side (see "interleaved rows" in
+ * formats.c): not GGUF types, made from them at load by tq_repack */
+enum { INTERLEAVED = 100, Q4_0x8 = INTERLEAVED + Q4_0, Q4_1x8 = INTERLEAVED + Q4_1, Q8_0x8 = INTERLEAVED + Q8_0, Q4_Kx8 = INTERLEAVED + Q4_K,
+       Q5_Kx8 = INTERLEAVED + Q5_K,
+       Q6_Kx8 = INTERLEAVED + Q6_K };
+/* A matrix stacked by rows from parts of different types (a Q4_K_M layer's q and k in Q4_K over its v in
+ * Q6_K), made at load by cpu.py: its bytes open with a stack_header (STACK_HEADER_BYTES), then each
+ * part's blocks in turn, each in its own layout (interleaved or not). Products run a part at a time. */
+enum { STACKED = 1000, MAX_PARTS = 7, STACK_HEADER_BYTES = 64 };
+typedef struct {
+  int32_t parts, types[MAX_PARTS], rows[MAX_PARTS], unused;
+} stack_header;
+_Static_assert(sizeof(stack_header) == STACK_HEADER_BYTES, "the header cpu.py writes");
+
+/* tq_attend's flags: which of the qkv bias and the q/k norm weights its `extras` hold, in that order. */
+enum { ATTEND_BIAS = 1, ATTEND_QK_NORM = 2 };
+/* the largest head tq_attend rotates (its rotation buffer) */
+enum { MAX_HEAD_DIM = 512 };
+/* Idle pool threads spin this long before sleeping: a decode step's ~150 jobs come microseconds
+ * apart, and a sleeping thread takes tens of microseconds to wake. */
+enum { SPIN_US = 100 };
+
+/* tq_forward's model table: the tensors' addresses (uint64) in this order, then LAYER_ENTRIES for each
+ * layer in turn. */
+enum { MODEL_EMBED, MODEL_NORM, MODEL_HEAD, MODEL_INV_FREQ, MODEL_LAYERS };
+enum { LAYER_QKV, LAYER_O, LAYER_GATE_UP, LAYER_DOWN, LAYER_ATTN_NORM, LAYER_FFN_NORM, LAYER_CACHE, LAYER_EXTRAS, LAYER_ENTRIES };
+
+/* A matrix W (rows x cols) stored as blocks of `type` (one of the above, an interleaved one, or STACKED)
+ * against `tokens` rows of activations (tq_embed: ids). */
+typedef struct {
+  int32_t type, rows, cols, tokens;
+  float eps; /* tq_norm_linear's rms_norm epsilon */
+} tq_product;
+
+/* A layer's attention for `lanes` lanes (a decode step's sequences, or a prefill piece's tokens). */
+typedef struct {
+  int32_t lanes, heads, kv_heads;
+  int32_t slots, positions, head_dim; /* the float16 KV cache: (2, slots, kv_heads, positions, head_dim) */
+  int32_t flags;                      /* ATTEND_BIAS | ATTEND_QK_NORM */
+  float eps;                          /* the norms' epsilon: the q/k norms', and the layer's (tq_layer, tq_forward) */
+} tq_attention;
+
+/* A whole layer: its attention, the model's width D and the feed-forward's F, its matrices' types. */
+typedef struct {
+  tq_attention attention;
+  int32_t dim, ffn_dim;
+  int32_t types[4]; /* of LAYER_QKV, LAYER_O, LAYER_GATE_UP and LAYER_DOWN */
+} tq_layer_shape;
+
+/* A whole step: attention.lanes lanes of every layer (each layer's types apart), then `picks` rows of
+ * logits. */
+typedef struct {
+  tq_attention attention;
+  int32_t dim, ffn_dim, layers, vocab, embed_type, head_type;
+  int32_t picks;
+} tq_step;
+
+/* tq_abi's description of one name: a constant (its value), a struct (its size) or a field
+ * ("struct.field": its offset, size and kind: 'i' int32, 'f' float32, 's' a struct). */
+typedef struct {
+  const char *name;
+  int64_t value;
+  int32_t size;
+  char kind;
+} tq_abi_entry;
+
+/* Sizes the thread pool (threads, counting the caller; spin_us as SPIN_US); called once before any product. */
+void tq_start(long threads, long spin_us);
+/* Whether this build has the SIMD kernels (AVX2). */
+int tq_simd(void);
+/* The entries tq_abi_entry describes, and how many there are. */
+int tq_abi(const tq_abi_entry **entries);
+/* dst = src's rows (shape: type, rows, cols) in the interleaved layout its products use; returns the
+ * type written: the interleaved one where the build's kernels read it and rows % 8 == 0, else the
+ * same type (a plain copy). */
+int tq_repack(uint8_t *dst, const uint8_t *src, const tq_product *shape);
+/* out (rows, cols) = W dequantized, whatever its layout (for the tests). */
+void tq_dequantize(float *out, const uint8_t *w, const tq_product *shape);
+/* out[t] = W[ids[t]] dequantized, for t < tokens (an id out of range reads row 0). */
+void tq_embed(float *out, const uint8_t *w, const int32_t *ids, const tq_product *shape);
+/* out[t][r] = sum_i W[r][i] * x[t][i] for t < tokens, r < rows. */
+void tq_linear(float *out, const uint8_t *w, const float *x, const tq_product *shape);
+/* the same over rms_norm(x) * norm */
+void tq_norm_linear(float *out, const uint8_t *w, const float *x, const float *norm, const tq_product *shape);
+/* residual + the product */
+void tq_residual_linear(float *out, const uint8_t *w, const float *x, const float *residual, const tq_product *shape);
+/* residual + W . (silu(gate) * up), x = gate | up (2 cols a token) */
+void tq_swiglu_linear(float *out, const uint8_t *w, const float *gate_up, const float *residual, const tq_product *shape);
+/* A layer's attention from its qkv rows: bias, q/k norm, RoPE, the new keys and values into the
+ * float16 KV cache, then softmax attention over it (see attention.c). */
+void tq_attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
+               const tq_attention *shape);
+/* A whole layer: those five in a row (see step.c). */
+void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w_o, const uint8_t *w_gate_up, const uint8_t *w_down,
+              const float *attn_norm, const float *ffn_norm, uint16_t *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
+              const tq_layer_shape *shape);
+/* A whole step: embedding, every layer, the final norm and the head, the model's tensors passed by
+ * address (model, in MODEL_* and LAYER_* order), each layer's four matrix types in layer_types. */
+void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, const int32_t *picks, const uint64_t *model, const tq_step *step,
+                const int32_t *layer_types);

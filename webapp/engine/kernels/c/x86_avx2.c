@@ -1,0 +1,123 @@
+/* The AVX2 versions (with FMA and F16C) of isa.h's names, except the products' (x86_avx2_products.c)
+ * and attention's (x86_avx2_attention.c), and the primitives those share. tq.c includes them where
+ * the compiler targets AVX2 (cpu.py's simd_flags). */
+
+static float fp16(const uint8_t *p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+static inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+/* The integer dot products every tile and row kernel is made of, and the one place their instructions
+ * are chosen: with AVX-VNNI, dpbusd multiplies unsigned by signed bytes and adds each four products
+ * into an int32 lane, one instruction; with AVX2 alone, maddubs adds pairs into int16 lanes and madd
+ * adds those pairs into int32. The callers keep every int16 sum in range (see each), so both give the
+ * same integers, and a kernel gains VNNI without a copy of its own. */
+#if defined(__AVXVNNI__)
+/* acc + the dot products of 32 unsigned weights (0..128) and 32 signed activations, per four, as 8 int32 */
+static inline __m256i dot_u8_add(__m256i acc, __m256i w, __m256i x) { return _mm256_dpbusd_avx_epi32(acc, w, x); }
+/* sum over k < K of q[k] times the four activations fours[k] broadcast to every lane, as 8 int32 */
+static inline __attribute__((always_inline)) __m256i dot_u8_quads(const __m256i *q, const int32_t *fours, const int K) {
+  __m256i sum = _mm256_setzero_si256();
+  for (int k = 0; k < K; k++) sum = _mm256_dpbusd_avx_epi32(sum, q[k], _mm256_set1_epi32(fours[k]));
+  return sum;
+}
+#else
+static inline __m256i dot_u8_add(__m256i acc, __m256i w, __m256i x) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+}
+/* the K maddubs add up within int16 lanes, one madd widens them: K + 1 instructions, not 2K */
+static inline __attribute__((always_inline)) __m256i dot_u8_quads(const __m256i *q, const int32_t *fours, const int K) {
+  __m256i sum = _mm256_maddubs_epi16(q[0], _mm256_set1_epi32(fours[0]));
+  for (int k = 1; k < K; k++) sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(q[k], _mm256_set1_epi32(fours[k])));
+  return _mm256_madd_epi16(sum, _mm256_set1_epi16(1));
+}
+#endif
+/* 32 unsigned weights (0..128) times 32 signed activations, as 8 int32 partial sums */
+static inline __m256i dot_u8(__m256i w, __m256i x) { return dot_u8_add(_mm256_setzero_si256(), w, x); }
+/* signed times signed: move w's sign onto x */
+static inline __m256i dot_s8(__m256i w, __m256i x) { return dot_u8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)); }
+static inline __m256i nibbles(const uint8_t *qs) {  /* 16 bytes -> 32 values: low nibbles first, then high */
+  const __m128i raw = _mm_loadu_si128((const __m128i *)qs);
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15));
+}
+static inline __m256i xq(const xblock *x) { return _mm256_loadu_si256((const __m256i *)x->q); }
+
+/* e^x for 8 floats with x <= 0 (softmax after subtracting the maximum): x = n ln2 + r, |r| <= ln2/2,
+ * e^r by its degree-6 Taylor polynomial (relative error < 2e-7), 2^n put in the exponent bits. */
+static inline __m256 exp_nonpositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+static void quantize_row(const float *x, int cols, xblock *out) {
+  /* the same numbers 8 at a time: the max is exact in any order, and the conversion rounds to
+     nearest even as lrintf does */
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int b = 0; b < cols / 32; b++, x += 32, out++) {
+    const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8), v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+    __m256 top = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                               _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+    __m128 top4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+    top4 = _mm_max_ps(top4, _mm_movehl_ps(top4, top4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(top4, _mm_movehdup_ps(top4)));
+    const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+    const __m256 scale = _mm256_set1_ps(inv);
+    const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, scale)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, scale));
+    const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, scale)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, scale));
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3)); /* lanes shuffled per 128 bits */
+    _mm256_storeu_si256((__m256i *)out->q, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    int sum[2];
+    for (int half = 0; half < 2; half++) {
+      const __m256i s8 = half ? _mm256_add_epi32(i2, i3) : _mm256_add_epi32(i0, i1);
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+      sum[half] = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1)));
+    }
+    out->d = d;
+    out->s = d * (float)(sum[0] + sum[1]);
+    out->sum16[0] = (int16_t)sum[0];
+    out->sum16[1] = (int16_t)sum[1];
+  }
+}
+
+/* Every interleaved layout (formats.c) has its group tile (x86_avx2_products.c). */
+static int interleaves(int type) { return interleaving_of(type) != 0; }
+
+/* silu(gate) * up, on the calling thread, so vectorized: the sigmoid from e = exp(-|gate|) as
+ * 1 / (1 + e) or e / (1 + e), by the sign (no overflow either way). */
+static void swiglu_row(const float *gate, const float *up, int n, float *y) {
+  int i = 0;
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = exp_nonpositive(_mm256_or_ps(g, sign)); /* exp(-|g|) */
+    const __m256 numerator = _mm256_blendv_ps(one, e, g);     /* e where g is negative */
+    const __m256 sigmoid = _mm256_div_ps(numerator, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), _mm256_loadu_ps(up + i)));
+  }
+  swiglu_row_generic(gate + i, up + i, n - i, y + i);
+}
+
+/* the same rounding as half_from_float, 8 at a time */
+static void halves_from_floats(const float *x, int n, uint16_t *to) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8) _mm_storeu_si128((__m128i *)(to + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  halves_from_floats_generic(x + i, n - i, to + i);
+}
