@@ -18,11 +18,9 @@ from webapp.anthropic import events
 from webapp.anthropic.messages import chat_body, count_tokens_body
 from webapp.http import generation as gen
 from webapp.openai import requests as fmt
-from webapp.openai import structured
 from webapp.openai.choices import Answer, ClientGone
 from webapp.openai.errors import ApiError
-from webapp.openai.output_text import OutputParser, opens_reasoning
-from webapp.openai.sampling_options import parse_sampling_options
+from webapp.openai.output_text import OutputParser
 
 bp = Blueprint("anthropic", __name__)
 log = logging.getLogger(__name__)
@@ -33,19 +31,9 @@ PREFIX = "/v1/messages"
 @bp.post(PREFIX)
 def messages():
     """An Anthropic message; its stream of events when `stream` is true."""
-    engine = gen.engine()
-    body = chat_body(gen.json_body())
-    params = fmt.parse_chat_request(body, current_app.config["MAX_MESSAGES"])
-    options = parse_sampling_options(body, chat=True)
-    tools = params.active_tools
-    grammar = structured.output_grammar(body, tools, params.tool_choice, params.forced_tool)
-    prompt = gen.render_chat(engine.chat_template, list(params.messages), tools)
-    ids = gen.encode(engine.tokenizer, prompt)
-    answer = gen.submit(engine, ids, params, events.new_id("msg"), "messages", options, grammar)
-    parser = OutputParser(tools, in_reasoning=opens_reasoning(prompt))
-    parallel = structured.parallel_tool_calls(body)
-    model = params.model or engine.model_name
-    if params.stream:
+    run = gen.start_chat(gen.engine(), chat_body(gen.json_body()), events.new_id("msg"), "messages")
+    answer, parser, parallel, model = run.answer, run.parsers[0], run.parallel, run.model
+    if run.params.stream:
         return gen.event_stream(answer, _events(answer, parser, parallel, model), _error_event)
     blocks = events.Blocks()
     reader = answer.readers[0]

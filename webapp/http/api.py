@@ -25,16 +25,16 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 
-from flask import Blueprint, Response, current_app, jsonify
+from flask import Blueprint, Response, jsonify
 
 from webapp.engine.serving.errors import RETRY_AFTER_S
 from webapp.engine.serving.request import FinishReason
 from webapp.http import generation as gen
 from webapp.openai import requests as fmt
-from webapp.openai import responses, structured
+from webapp.openai import responses
 from webapp.openai.choices import Answer, ChoiceReader, ClientGone, interleave
 from webapp.openai.errors import ApiError
-from webapp.openai.output_text import OutputParser, opens_reasoning
+from webapp.openai.output_text import OutputParser
 from webapp.openai.sampling_options import (
     CompletionEcho,
     chat_logprobs,
@@ -68,17 +68,8 @@ def models():
 def chat_completions():
     """An OpenAI chat completion; server-sent `chat.completion.chunk`s when `stream` is true."""
     engine = gen.engine()
-    body = gen.json_body()
-    params = fmt.parse_chat_request(body, current_app.config["MAX_MESSAGES"])
-    options = parse_sampling_options(body, chat=True)
-    tools = params.active_tools
-    grammar = structured.output_grammar(body, tools, params.tool_choice, params.forced_tool)
-    prompt = gen.render_chat(engine.chat_template, list(params.messages), tools)
-    ids = gen.encode(engine.tokenizer, prompt)
-    answer = gen.submit(engine, ids, params, responses.new_id("chatcmpl"), "messages", options, grammar)
-    parsers = [OutputParser(tools, in_reasoning=opens_reasoning(prompt)) for _ in answer.readers]
-    model = params.model or engine.model_name
-    parallel = structured.parallel_tool_calls(body)
+    run = gen.start_chat(engine, gen.json_body(), responses.new_id("chatcmpl"), "messages")
+    params, options, answer, parsers, parallel, model = run.params, run.options, run.answer, run.parsers, run.parallel, run.model
     if params.stream:
         return gen.event_stream(answer, _chat_events(answer, parsers, parallel, params.include_usage, model))
     choices = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from flask import Response, current_app, request
 
@@ -21,13 +21,38 @@ from webapp.openai import requests as fmt
 from webapp.openai import responses, structured
 from webapp.openai.choices import Answer, ChoiceOutputs, ChoiceReader, ClientGone
 from webapp.openai.errors import ApiError, error_body
-from webapp.openai.output_text import OutputParser, Piece
-from webapp.openai.sampling_options import SamplingOptions, check_token_ids
+from webapp.openai.output_text import OutputParser, Piece, opens_reasoning
+from webapp.openai.sampling_options import SamplingOptions, check_token_ids, parse_sampling_options
 
 log = logging.getLogger(__name__)
 
 # Not an HTTP status the client will ever see: it has gone. Logs show why the request ended.
 CLIENT_CLOSED = 499
+
+
+@dataclass(frozen=True)
+class ChatRun:
+    """A chat body submitted to the engine, and what a view reads its answer with."""
+
+    params: fmt.ChatParams
+    options: SamplingOptions
+    answer: Answer
+    parsers: list[OutputParser]  # one per choice
+    parallel: bool  # more than one tool call may come back
+    model: str
+
+
+def start_chat(engine, body: dict, answer_id: str, param: str) -> ChatRun:
+    """Validate a chat body, render and tokenize its prompt, and submit it (the grammar of its
+    response format or forced tool included); whichever API the body came in."""
+    params = fmt.parse_chat_request(body, current_app.config["MAX_MESSAGES"])
+    options = parse_sampling_options(body, chat=True)
+    tools = params.active_tools
+    grammar = structured.output_grammar(body, tools, params.tool_choice, params.forced_tool)
+    prompt = render_chat(engine.chat_template, list(params.messages), tools)
+    answer = submit(engine, encode(engine.tokenizer, prompt), params, answer_id, param, options, grammar)
+    parsers = [OutputParser(tools, in_reasoning=opens_reasoning(prompt)) for _ in answer.readers]
+    return ChatRun(params, options, answer, parsers, structured.parallel_tool_calls(body), params.model or engine.model_name)
 
 
 def render_chat(template, messages: list[dict], tools: list[dict] | None) -> str:

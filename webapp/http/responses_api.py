@@ -17,14 +17,11 @@ from collections.abc import Iterator
 from flask import Blueprint, Response, current_app, jsonify
 
 from webapp.http import generation as gen
-from webapp.openai import requests as fmt
 from webapp.openai import responses_api as api
-from webapp.openai import structured
 from webapp.openai.choices import Answer, ClientGone
 from webapp.openai.errors import ApiError
-from webapp.openai.output_text import OutputParser, opens_reasoning
+from webapp.openai.output_text import OutputParser
 from webapp.openai.response_store import ResponseStore
-from webapp.openai.sampling_options import parse_sampling_options
 
 bp = Blueprint("responses", __name__)
 log = logging.getLogger(__name__)
@@ -40,22 +37,12 @@ def _store() -> ResponseStore:
 @bp.post("/v1/responses")
 def create():
     """A model response; its event stream when `stream` is true."""
-    engine = gen.engine()
     body = gen.json_body()
     history = _history(body.get("previous_response_id"))
-    chat = api.chat_body(body, history)
-    params = fmt.parse_chat_request(chat, current_app.config["MAX_MESSAGES"])
-    options = parse_sampling_options(chat, chat=True)
-    tools = params.active_tools
-    grammar = structured.output_grammar(chat, tools, params.tool_choice, params.forced_tool)
-    prompt = gen.render_chat(engine.chat_template, list(params.messages), tools)
-    ids = gen.encode(engine.tokenizer, prompt)
-    answer = gen.submit(engine, ids, params, api.new_id("resp"), "input", options, grammar)
-    parser = OutputParser(tools, in_reasoning=opens_reasoning(prompt))
-    parallel = structured.parallel_tool_calls(chat)
-    model = params.model or engine.model_name
+    run = gen.start_chat(gen.engine(), api.chat_body(body, history), api.new_id("resp"), "input")
+    answer, parser, parallel, model = run.answer, run.parsers[0], run.parallel, run.model
     conversation = [*history, *api.input_items(body)]
-    if params.stream:
+    if run.params.stream:
         return gen.event_stream(answer, _events(answer, parser, parallel, model, body, conversation, _store()), _failed_event)
     output = api.Output()
     reader = answer.readers[0]

@@ -272,66 +272,6 @@ class BpeTokenizer(TokenizerBase, model="gpt2"):
             i = nxt[i]
         return tuple(ids)
 
-    def _pre_tokenize(self, text: str) -> list[str]:
-        pieces = [text]
-        for pattern in self._patterns:
-            split: list[str] = []
-            for piece in pieces:
-                pos = 0
-                for m in pattern.finditer(piece):
-                    start, end = m.span()
-                    if start > pos:  # text no alternative matched is still a piece of its own
-                        split.append(piece[pos:start])
-                    if end > start:
-                        split.append(piece[start:end])
-                    pos = end
-                if pos < len(piece):
-                    split.append(piece[pos:])
-            pieces = split
-        return pieces
-
-    def _bpe(self, word: str) -> tuple[int, ...]:
-        if (self._ignore_merges or len(word) == 1) and (tid := self._vocab.get(word)) is not None:
-            return (tid,)
-        if self._absent_chars and not self._absent_chars.isdisjoint(word):
-            # Some vocabs lack a few byte characters (SmolLM2 has no 0x04, 0xC0, 0xF1, ...). Like the
-            # HF tokenizer, drop them before merging, so their neighbours still merge with each other.
-            word = "".join(c for c in word if c not in self._absent_chars)
-        syms: list[str | None] = list(word)
-        n = len(syms)
-        nxt = list(range(1, n + 1))
-        prv = list(range(-1, n - 1))
-        ranks = self._ranks
-        # (rank, left index): lowest rank first, leftmost among equals, as in the reference BPE.
-        heap = [(r, i) for i in range(n - 1) if (r := ranks.get((syms[i], syms[i + 1]))) is not None]
-        heapq.heapify(heap)
-        while heap:
-            rank, i = heapq.heappop(heap)
-            left = syms[i]
-            j = nxt[i]
-            # Entries go stale when a neighbour merged; a changed pair never has the same rank again.
-            if left is None or j >= n or ranks.get((left, syms[j])) != rank:
-                continue
-            syms[i] = left + syms[j]
-            syms[j] = None
-            nxt[i] = nxt[j]
-            if nxt[i] < n:
-                prv[nxt[i]] = i
-                if (r := ranks.get((syms[i], syms[nxt[i]]))) is not None:
-                    heapq.heappush(heap, (r, i))
-            if prv[i] >= 0 and (r := ranks.get((syms[prv[i]], syms[i]))) is not None:
-                heapq.heappush(heap, (r, prv[i]))
-        ids: list[int] = []
-        i = 0
-        while i < n:
-            sym = syms[i]
-            if (tid := self._vocab.get(sym)) is not None:
-                ids.append(tid)
-            else:  # a merge whose result is not in the vocab (a malformed file): use its characters
-                ids.extend(self._vocab[c] for c in sym)
-            i = nxt[i]
-        return tuple(ids)
-
     def _piece_bytes(self, token: str, token_type: int) -> bytes:
         try:
             return bytes(_CHAR_TO_BYTE[c] for c in token)
