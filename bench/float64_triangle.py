@@ -178,9 +178,10 @@ def print_summary(results: list[tuple[str, dict]], top: int) -> None:
     print(f"\n### Summary (near-tie: float64 top-2 gap < {NEAR_TIE:.0%} of its logits' std)\n")
     print(
         "| file | positions | ours = llama.cpp | ours = float64 | llama.cpp = float64 | near-ties | gap < 0.1 std | "
-        "differ: float64 sides with ours / llama.cpp / neither | log-prob error, ours / llama.cpp | margin error, ours / llama.cpp |"
+        "differ: float64 sides with ours / llama.cpp / neither | log-prob error, ours / llama.cpp | "
+        "margin error, ours / llama.cpp | margin error at gaps < 0.1 std |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---|---|---|")
+    print("|---|---:|---:|---:|---:|---:|---:|---|---|---|---|")
     for name, a in results:
         agree = " | ".join(f"{a['agree'][k].mean():.1%}" for k in ("ours-llama", "ours-f64", "llama-f64"))
         d, le, me = a["differ"], a["lp_err"], a["margin_err"]
