@@ -5,7 +5,7 @@ Usage: DEV=CPU .venv/bin/python bench/float64_triangle.py --llama-server $BIN/ll
 
 At every position of llama.cpp's greedy continuation of each chat prompt (teacher-forced, as in
 bench/fidelity.py) there are three top-1 tokens: llama.cpp's (its greedy token), ours (the logits of
-fidelity.py's `teacher_forced_matches`, recorded on the way) and float64's (`tests/tiny_models.Reference`:
+fidelity.py's `teacher_forced_matches`, recorded on the way) and float64's (`tests/support/tiny_models.Reference`:
 the file's blocks dequantized by the `gguf` package, every product in float64, the K/V rounded to
 float16 as both servers cache them). Printed per file:
 
@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
-from tiny_models import Reference  # noqa: E402
+from support.tiny_models import Reference  # noqa: E402
 
 from bench.conformance import BASELINE, ModelFiles, chat_prompts, parse_shape, type_mix  # noqa: E402
 from bench.fidelity import CHUNK, CONTEXT, SLOTS, teacher_forced_matches  # noqa: E402

@@ -19,7 +19,7 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
-from tiny_models import FLOAT_TYPES, Reference, load_steps, write_tiny_gguf
+from support.tiny_models import FLOAT_TYPES, Reference, load_steps, write_tiny_gguf
 
 from webapp.engine.model.gguf import read_gguf
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
