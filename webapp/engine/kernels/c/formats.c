@@ -1,77 +1,32 @@
-/* ---- block formats: bytes per block, values per block --------------------------------------- */
+/* ---- block formats: the table of every type with a kernel ---------------------------------- */
+/* Each format's file (format_*.c, included before this one) dequantizes one block of its type; this
+ * table names them by GGML type id, so a new format is its file and one line here (and its id in tq.h
+ * and abi.py). */
 
-static int block_values(int type) {
+typedef struct {
+  int values, bytes;                                /* per block */
+  void (*dequantize)(const uint8_t *block, float *y); /* one block's `values` values */
+} block_format;
+
+enum { TYPE_IDS = 64 }; /* GGML type ids below this */
+static const block_format FORMATS[TYPE_IDS] = {
+    [Q4_0] = {32, 18, dequantize_q4_0}, [Q4_1] = {32, 20, dequantize_q4_1}, [Q8_0] = {32, 34, dequantize_q8_0},
+    [Q4_K] = {256, 144, dequantize_q4_k}, [Q5_K] = {256, 176, dequantize_q5_k}, [Q6_K] = {256, 210, dequantize_q6_k},
+};
+
+/* A type's format, interleaved or not (0 for none). */
+static const block_format *format_of(int type) {
   const int base = type % INTERLEAVED;
-  return base == Q4_K || base == Q5_K || base == Q6_K ? 256 : 32;
+  return base >= 0 && base < TYPE_IDS && FORMATS[base].dequantize ? &FORMATS[base] : 0;
 }
-static int block_bytes(int type) {
-  switch (type % INTERLEAVED) {
-    case Q4_0: return 18;
-    case Q4_1: return 20;
-    case Q8_0: return 34;
-    case Q4_K: return 144;
-    case Q5_K: return 176;
-    case Q6_K: return 210;
-  }
-  return 0;
-}
-
-/* Q4_K packs eight 6-bit scales and mins into 12 bytes. */
-static void q4k_scale_min(const uint8_t *s, int j, int *scale, int *min) {
-  if (j < 4) {
-    *scale = s[j] & 63;
-    *min = s[j + 4] & 63;
-  } else {
-    *scale = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-    *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
+static int block_values(int type) { return format_of(type)->values; }
+static int block_bytes(int type) { return format_of(type)->bytes; }
 
 /* Dequantize one row of `cols` values (the reference the tests check the products against, and the
  * embedding lookup). */
 static void dequantize_row(int type, const uint8_t *w, int cols, float *y) {
-  const int bv = block_values(type), bb = block_bytes(type);
-  for (int b = 0; b < cols / bv; b++, w += bb, y += bv) {
-    if (type == Q4_0 || type == Q4_1) {
-      const float d = fp16(w), m = type == Q4_1 ? fp16(w + 2) : -8.0f * d;
-      const uint8_t *qs = w + (type == Q4_1 ? 4 : 2);
-      for (int i = 0; i < 16; i++) {
-        y[i] = d * (qs[i] & 15) + m;
-        y[i + 16] = d * (qs[i] >> 4) + m;
-      }
-    } else if (type == Q8_0) {
-      const float d = fp16(w);
-      for (int i = 0; i < 32; i++) y[i] = d * (int8_t)w[2 + i];
-    } else if (type == Q4_K || type == Q5_K) {
-      /* Q5_K: Q4_K's scales, then 32 bytes whose bit j of byte i is value i of sub-block j's fifth bit */
-      const float d = fp16(w), dmin = fp16(w + 2);
-      const uint8_t *qh = w + 16, *qs = w + (type == Q5_K ? 48 : 16);
-      for (int j = 0; j < 8; j += 2, qs += 32) {
-        int sc0, m0, sc1, m1;
-        q4k_scale_min(w + 4, j, &sc0, &m0);
-        q4k_scale_min(w + 4, j + 1, &sc1, &m1);
-        for (int i = 0; i < 32; i++) {
-          const int h0 = type == Q5_K ? ((qh[i] >> j) & 1) << 4 : 0, h1 = type == Q5_K ? ((qh[i] >> (j + 1)) & 1) << 4 : 0;
-          y[32 * j + i] = d * sc0 * ((qs[i] & 15) | h0) - dmin * m0;
-          y[32 * j + 32 + i] = d * sc1 * ((qs[i] >> 4) | h1) - dmin * m1;
-        }
-      }
-    } else if (type == Q6_K) {
-      const uint8_t *ql = w, *qh = w + 128;
-      const int8_t *sc = (const int8_t *)(w + 192);
-      const float d = fp16(w + 208);
-      for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8) {
-        float *yh = y + 128 * half;
-        for (int l = 0; l < 32; l++) {
-          const int is = l / 16;
-          yh[l] = d * sc[is] * (((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32);
-          yh[l + 32] = d * sc[is + 2] * (((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32);
-          yh[l + 64] = d * sc[is + 4] * (((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
-          yh[l + 96] = d * sc[is + 6] * (((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
-        }
-      }
-    }
-  }
+  const block_format *f = format_of(type);
+  for (int b = 0; b < cols / f->values; b++, w += f->bytes, y += f->values) f->dequantize(w, y);
 }
 
 /* ---- interleaved rows ------------------------------------------------------------------------ */

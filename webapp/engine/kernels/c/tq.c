@@ -7,8 +7,9 @@
  * (a layer five kernels where a matrix has no kernel) and nothing runs on tinygrad's single thread
  * between them.
  *
- * The files: formats.c (block formats, dequantization, interleaved rows), isa.h (what depends on the
- * instruction set), generic.c and x86_avx2*.c (its portable and AVX2 versions, fallback.h choosing),
+ * The files: format_*.c (a block format each: its dequantization), formats.c (their table,
+ * interleaved rows), isa.h (what depends on the instruction set), generic.c and x86_avx2*.c (its
+ * portable and AVX2 versions, fallback.h choosing; x86_avx2_<format>.c a format's own products),
  * pool.c (the thread pool), linear.c (the products and the fused linears), attention.c, step.c (a
  * layer, a step) and abi.c (tq_abi).
  *
@@ -36,6 +37,8 @@
 #include "tq.h"
 #include "isa.h"
 #include "fallback.h"
+#include "format_32.c"
+#include "format_k.c"
 #include "formats.c"
 #include "generic.c"
 #if TQ_AVX2

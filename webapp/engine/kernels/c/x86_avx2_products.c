@@ -243,88 +243,112 @@ static int tile_rows(int type, const uint8_t *w, size_t row_bytes, int nb, const
   return r;
 }
 
-/* Q5_K has no row kernel here: its rows come in eights in real files, and so are interleaved. */
-static void row_dot(int type, const uint8_t *w, int cols, const xblock *const *xs, int n, float *acc) {
-  const int nb = cols / 32;
-  if (type == Q5_K) {
-    row_dot_generic(type, w, cols, xs, n, acc);
-    return;
-  }
-  const size_t row_bytes = (size_t)cols / block_values(type) * block_bytes(type);
-  for (size_t off = 0; off < row_bytes; off += 64) _mm_prefetch((const char *)(w + row_bytes + off), _MM_HINT_T0); /* the next row */
+/* A row at a time, for rows outside the tiles (a matrix whose rows are not in eights). Each format's
+ * row kernel: acc[t] += W_row . x[t] for its nb 32-value blocks. */
+
+static void prefetch_next_row(const uint8_t *w, size_t row_bytes) {
+  for (size_t off = 0; off < row_bytes; off += 64) _mm_prefetch((const char *)(w + row_bytes + off), _MM_HINT_T0);
+}
+
+/* Q4_0, Q4_1 and Q8_0 */
+static void row_dot_32(int type, const uint8_t *w, int nb, const xblock *const *xs, int n, float *acc) {
   __m256 sum[MAX_TOKEN_GROUP];
   float extra[MAX_TOKEN_GROUP] = {0};
   for (int t = 0; t < n; t++) sum[t] = _mm256_setzero_ps();
-  if (type == Q4_0 || type == Q4_1 || type == Q8_0) {
-    const int bb = block_bytes(type);
-    for (int b = 0; b < nb; b++, w += bb) {
-      const float d = fp16(w);
-      if (type == Q8_0) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(w + 2));
-        for (int t = 0; t < n; t++)
-          sum[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * xs[t][b].d), _mm256_cvtepi32_ps(dot_s8(q, xq(&xs[t][b]))), sum[t]);
-      } else {
-        /* value = d*q + m with q in 0..15 (Q4_0: m = -8d): dot = d*dx*sum(q*xq) + m*dx*sum(xq) */
-        const float m = type == Q4_1 ? fp16(w + 2) : -8.0f * d;
-        const __m256i q = nibbles(w + (type == Q4_1 ? 4 : 2));
-        for (int t = 0; t < n; t++) {
-          const xblock *x = &xs[t][b];
-          sum[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(dot_u8(q, xq(x))), sum[t]);
-          extra[t] += m * x->d * (x->sum16[0] + x->sum16[1]);
-        }
+  const int bb = block_bytes(type);
+  for (int b = 0; b < nb; b++, w += bb) {
+    const float d = fp16(w);
+    if (type == Q8_0) {
+      const __m256i q = _mm256_loadu_si256((const __m256i *)(w + 2));
+      for (int t = 0; t < n; t++)
+        sum[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * xs[t][b].d), _mm256_cvtepi32_ps(dot_s8(q, xq(&xs[t][b]))), sum[t]);
+    } else {
+      /* value = d*q + m with q in 0..15 (Q4_0: m = -8d): dot = d*dx*sum(q*xq) + m*dx*sum(xq) */
+      const float m = type == Q4_1 ? fp16(w + 2) : -8.0f * d;
+      const __m256i q = nibbles(w + (type == Q4_1 ? 4 : 2));
+      for (int t = 0; t < n; t++) {
+        const xblock *x = &xs[t][b];
+        sum[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(dot_u8(q, xq(x))), sum[t]);
+        extra[t] += m * x->d * (x->sum16[0] + x->sum16[1]);
       }
     }
-  } else if (type == Q4_K) {
-    for (int sb = 0; sb < nb / 8; sb++, w += 144) {
-      const float d = fp16(w), dmin = fp16(w + 2);
-      const uint8_t *qs = w + 16;
-      for (int j = 0; j < 8; j += 2, qs += 32) {
-        int sc0, m0, sc1, m1;
-        q4k_scale_min(w + 4, j, &sc0, &m0);
-        q4k_scale_min(w + 4, j + 1, &sc1, &m1);
-        const __m256 ds0 = _mm256_set1_ps(d * sc0), ds1 = _mm256_set1_ps(d * sc1);
-        const float dm0 = dmin * m0, dm1 = dmin * m1;
-        const __m256i raw = _mm256_loadu_si256((const __m256i *)qs), mask = _mm256_set1_epi8(15);
-        const __m256i lo = _mm256_and_si256(raw, mask), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
-        for (int t = 0; t < n; t++) {
-          const xblock *x0 = &xs[t][8 * sb + j], *x1 = x0 + 1;
-          sum[t] = _mm256_fmadd_ps(_mm256_mul_ps(ds0, _mm256_broadcast_ss(&x0->d)), _mm256_cvtepi32_ps(dot_u8(lo, xq(x0))), sum[t]);
-          sum[t] = _mm256_fmadd_ps(_mm256_mul_ps(ds1, _mm256_broadcast_ss(&x1->d)), _mm256_cvtepi32_ps(dot_u8(hi, xq(x1))), sum[t]);
-          extra[t] -= dm0 * x0->s + dm1 * x1->s;
-        }
+  }
+  for (int t = 0; t < n; t++) acc[t] += hsum(sum[t]) + extra[t];
+}
+
+static void row_dot_q4_k(const uint8_t *w, int nb, const xblock *const *xs, int n, float *acc) {
+  __m256 sum[MAX_TOKEN_GROUP];
+  float extra[MAX_TOKEN_GROUP] = {0};
+  for (int t = 0; t < n; t++) sum[t] = _mm256_setzero_ps();
+  for (int sb = 0; sb < nb / 8; sb++, w += 144) {
+    const float d = fp16(w), dmin = fp16(w + 2);
+    const uint8_t *qs = w + 16;
+    for (int j = 0; j < 8; j += 2, qs += 32) {
+      int sc0, m0, sc1, m1;
+      q4k_scale_min(w + 4, j, &sc0, &m0);
+      q4k_scale_min(w + 4, j + 1, &sc1, &m1);
+      const __m256 ds0 = _mm256_set1_ps(d * sc0), ds1 = _mm256_set1_ps(d * sc1);
+      const float dm0 = dmin * m0, dm1 = dmin * m1;
+      const __m256i raw = _mm256_loadu_si256((const __m256i *)qs), mask = _mm256_set1_epi8(15);
+      const __m256i lo = _mm256_and_si256(raw, mask), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+      for (int t = 0; t < n; t++) {
+        const xblock *x0 = &xs[t][8 * sb + j], *x1 = x0 + 1;
+        sum[t] = _mm256_fmadd_ps(_mm256_mul_ps(ds0, _mm256_broadcast_ss(&x0->d)), _mm256_cvtepi32_ps(dot_u8(lo, xq(x0))), sum[t]);
+        sum[t] = _mm256_fmadd_ps(_mm256_mul_ps(ds1, _mm256_broadcast_ss(&x1->d)), _mm256_cvtepi32_ps(dot_u8(hi, xq(x1))), sum[t]);
+        extra[t] -= dm0 * x0->s + dm1 * x1->s;
       }
     }
-  } else if (type == Q6_K) {
-    const __m256i mask4 = _mm256_set1_epi8(15), mask2 = _mm256_set1_epi8(3);
-    for (int sb = 0; sb < nb / 8; sb++, w += 210) {
-      const uint8_t *ql = w, *qh = w + 128;
-      const int8_t *sc = (const int8_t *)(w + 192);
-      const float d = fp16(w + 208);
-      for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8) {
-        const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-        const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-        /* the four 32-value sub-blocks of this half, 6-bit values 0..63 (stored minus 32) */
-        const __m256i q[4] = {
-            _mm256_or_si256(_mm256_and_si256(l0, mask4), _mm256_slli_epi16(_mm256_and_si256(h, mask2), 4)),
-            _mm256_or_si256(_mm256_and_si256(l1, mask4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), mask2), 4)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), mask4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), mask2), 4)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), mask4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), mask2), 4)),
-        };
-        for (int k = 0; k < 4; k++) {
-          const int s0 = sc[2 * k], s1 = sc[2 * k + 1];
-          /* int16 lanes 0-7 hold the first 16 values' pair sums, lanes 8-15 the second 16's; the madd
-             that widens them applies the two sub-scales too, so this one is not dot_u8 */
-          const __m256i scales = _mm256_set_m128i(_mm_set1_epi16((short)s1), _mm_set1_epi16((short)s0));
-          const __m256 dv = _mm256_set1_ps(d);
-          for (int t = 0; t < n; t++) {
-            const xblock *x = &xs[t][8 * sb + 4 * half + k];
-            const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], xq(x)), scales);
-            sum[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_broadcast_ss(&x->d)), _mm256_cvtepi32_ps(dot), sum[t]);
-            extra[t] -= 32.0f * d * x->d * (float)(s0 * x->sum16[0] + s1 * x->sum16[1]);
-          }
+  }
+  for (int t = 0; t < n; t++) acc[t] += hsum(sum[t]) + extra[t];
+}
+
+static void row_dot_q6_k(const uint8_t *w, int nb, const xblock *const *xs, int n, float *acc) {
+  __m256 sum[MAX_TOKEN_GROUP];
+  float extra[MAX_TOKEN_GROUP] = {0};
+  for (int t = 0; t < n; t++) sum[t] = _mm256_setzero_ps();
+  const __m256i mask4 = _mm256_set1_epi8(15), mask2 = _mm256_set1_epi8(3);
+  for (int sb = 0; sb < nb / 8; sb++, w += 210) {
+    const uint8_t *ql = w, *qh = w + 128;
+    const int8_t *sc = (const int8_t *)(w + 192);
+    const float d = fp16(w + 208);
+    for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8) {
+      const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+      const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+      /* the four 32-value sub-blocks of this half, 6-bit values 0..63 (stored minus 32) */
+      const __m256i q[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, mask4), _mm256_slli_epi16(_mm256_and_si256(h, mask2), 4)),
+          _mm256_or_si256(_mm256_and_si256(l1, mask4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), mask2), 4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), mask4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), mask2), 4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), mask4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), mask2), 4)),
+      };
+      for (int k = 0; k < 4; k++) {
+        const int s0 = sc[2 * k], s1 = sc[2 * k + 1];
+        /* int16 lanes 0-7 hold the first 16 values' pair sums, lanes 8-15 the second 16's; the madd
+           that widens them applies the two sub-scales too, so this one is not dot_u8 */
+        const __m256i scales = _mm256_set_m128i(_mm_set1_epi16((short)s1), _mm_set1_epi16((short)s0));
+        const __m256 dv = _mm256_set1_ps(d);
+        for (int t = 0; t < n; t++) {
+          const xblock *x = &xs[t][8 * sb + 4 * half + k];
+          const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], xq(x)), scales);
+          sum[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_broadcast_ss(&x->d)), _mm256_cvtepi32_ps(dot), sum[t]);
+          extra[t] -= 32.0f * d * x->d * (float)(s0 * x->sum16[0] + s1 * x->sum16[1]);
         }
       }
     }
   }
   for (int t = 0; t < n; t++) acc[t] += hsum(sum[t]) + extra[t];
+}
+
+/* Q5_K has no row kernel here: its rows come in eights in real files, and so are interleaved. */
+static void row_dot(int type, const uint8_t *w, int cols, const xblock *const *xs, int n, float *acc) {
+  const int nb = cols / 32;
+  prefetch_next_row(w, (size_t)cols / block_values(type) * block_bytes(type));
+  switch (type) {
+    case Q4_0:
+    case Q4_1:
+    case Q8_0: row_dot_32(type, w, nb, xs, n, acc); return;
+    case Q4_K: row_dot_q4_k(w, nb, xs, n, acc); return;
+    case Q6_K: row_dot_q6_k(w, nb, xs, n, acc); return;
+    default: row_dot_generic(type, w, cols, xs, n, acc);
+  }
 }
