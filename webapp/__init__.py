@@ -31,7 +31,7 @@ from werkzeug.exceptions import HTTPException
 from webapp.anthropic import events as anthropic_events
 from webapp.engine.serving.errors import RETRY_AFTER_S, EngineNotReady, PromptTooLong, QueueFull
 from webapp.engine.serving.settings import ENGINE_DEFAULTS
-from webapp.http import admin, anthropic_api, api, auth, chat, headers, metrics, responses_api, tokens
+from webapp.http import admin, anthropic_api, api, auth, chat, embeddings, headers, metrics, responses_api, tokens
 from webapp.openai.errors import ApiError, error_body, error_type
 from webapp.ops.lifecycle import Lifecycle
 
@@ -75,7 +75,7 @@ def create_app(config: dict | None = None, engine=None) -> Flask:
 
     auth.install(app)  # app-level hooks: they hold for every blueprint below
     headers.install(app)
-    for blueprint in (api.bp, anthropic_api.bp, responses_api.bp, tokens.bp, chat.bp, admin.bp, metrics.bp):
+    for blueprint in (api.bp, anthropic_api.bp, responses_api.bp, embeddings.bp, tokens.bp, chat.bp, admin.bp, metrics.bp):
         app.register_blueprint(blueprint)
     _register_error_handlers(app)
     return app

@@ -349,6 +349,12 @@ class FakeRunner:
         self.calls.append(("prompt_logits", request.id, start, len(tokens)))
         return np.stack([self._logits(t) for t in tokens])  # (T, vocab)
 
+    def hidden_states(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
+        """(T, 4): token t at position p is (t, p, 1, 0), so pooling is easy to check."""
+        self.gate.wait(30)
+        self.calls.append(("hidden", request.id, start, len(tokens)))
+        return np.array([[t, start + i, 1.0, 0.0] for i, t in enumerate(tokens)], dtype=np.float32)
+
     def copy_prefix(self, request: Request, source_slot: int, length: int) -> None:
         self.calls.append(("copy", request.id, source_slot, length))
 

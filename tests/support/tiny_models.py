@@ -88,6 +88,7 @@ def write_tiny_gguf(
     rope_factors: np.ndarray | None = None,
     metadata: dict | None = None,
     tokenizer_pre: str | None = None,
+    add_eos: bool = False,
 ) -> str:
     """A random-weight GGUF; `matrix_type` ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K") quantizes every layer
     matrix and the output head into that block format, as real files do (the default model is Q4_1),
@@ -97,7 +98,8 @@ def write_tiny_gguf(
     attention.key_length, as Qwen3 files do. `rope_factors` (head_dim / 2,) is written as
     rope_freqs.weight, as Llama 3.1/3.2 files carry it; `metadata` adds or replaces keys (the
     architecture's prefix added), e.g. {"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}.
-    `tokenizer_pre` names another pre-tokenizer (tokenizer.ggml.pre) over SmolLM2's vocabulary."""
+    `tokenizer_pre` names another pre-tokenizer (tokenizer.ggml.pre) over SmolLM2's vocabulary;
+    `add_eos` sets tokenizer.ggml.add_eos_token, as embedding models' files do."""
     rng = np.random.default_rng(seed)
     tok = smollm_tokenizer_fields()
     vocab = len(tok["tokenizer.ggml.tokens"])
@@ -126,6 +128,8 @@ def write_tiny_gguf(
         else:
             w.add_uint32(f"{arch}.{key}", value)
     add_smollm_tokenizer(w, tokenizer_pre)
+    if add_eos:
+        w.add_add_eos_token(True)
     if chat_template == "from-smollm":
         w.add_chat_template(tok["tokenizer.chat_template"])
     elif chat_template:
@@ -234,6 +238,10 @@ class Reference:
 
     def logits(self, tokens: list[int]) -> np.ndarray:
         """(T, vocab) logits for every position."""
+        return self.hidden(tokens) @ self.w.get("output.weight", self.w["token_embd.weight"]).T
+
+    def hidden(self, tokens: list[int]) -> np.ndarray:
+        """(T, dim): the final norm's output at every position (what the head reads, embeddings pool)."""
         w, T = self.w, len(tokens)
         x = w["token_embd.weight"][tokens]
         pos = np.arange(T, dtype=np.float64)
@@ -257,4 +265,4 @@ class Reference:
             h = self._norm(x, w[p + "ffn_norm.weight"])
             gate = h @ w[p + "ffn_gate.weight"].T
             x = x + ((gate / (1 + np.exp(-gate))) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
-        return self._norm(x, w["output_norm.weight"]) @ w.get("output.weight", w["token_embd.weight"]).T
+        return self._norm(x, w["output_norm.weight"])

@@ -167,3 +167,25 @@ def test_a_prompt_that_leaves_no_room_is_refused_at_submit(two_slot_engine):
     two_slot_engine.submit(last)
     tokens, reason = drain_outputs(last)
     assert reason == "length" and len(tokens) == 1  # 63 + 1 fills the context
+
+
+def test_an_embedding_computes_every_position_alone_and_pools_them():
+    """An embedding request reuses no cached prefix, never mixes into a decode step, pools every
+    position's hidden state (the fake's rows are (token, position, 1, 0)) and frees its slot."""
+    runner = FakeRunner(vocab=VOCAB, step_s=0.002, mixes=True)
+    with engine_over(runner, context=64, slots=2, queue_limit=4, prefill_chunk=4) as engine:
+        chat = request([1, 2, 3, 4, 5], max_tokens=30)
+        engine.submit(chat)
+        assert isinstance(chat.outputs.get(timeout=5), int)  # decoding now, its prompt cached in its slot
+        mean = Request([1, 2, 3, 4, 5, 6], SamplingParams(max_tokens=0), pooling="mean")
+        last = Request([1, 2, 3, 4, 5, 6], SamplingParams(max_tokens=0), pooling="last")
+        for r in (mean, last):
+            engine.submit(r)
+            assert drain_outputs(r) == ([], "stop")
+        assert mean.embedding.tolist() == [3.5, 2.5, 1.0, 0.0] and last.embedding.tolist() == [6, 5, 1, 0]
+        assert (mean.cached_tokens, last.cached_tokens) == (0, 0)
+        hidden = [c for c in runner.calls if c[0] == "hidden"]
+        assert hidden == [("hidden", r.id, start, n) for r in (mean, last) for start, n in [(0, 4), (4, 2)]]
+        assert not [c for c in runner.calls if c[0] == "mixed" and mean.id in str(c[1])]
+        drain_outputs(chat)
+        assert wait_until(lambda: not engine.scheduler.running)

@@ -35,6 +35,13 @@ CONSTANTS = {"INTERLEAVED": INTERLEAVED, "STACKED": STACKED, "MAX_PARTS": MAX_PA
 CONSTANTS |= {"MAX_HEAD_DIM": MAX_HEAD_DIM, "SPIN_US": SPIN_US}
 
 
+class StepOutput(enum.IntEnum):
+    """What tq_forward writes for each pick: the head's logits, or the final norm's output (embeddings)."""
+
+    LOGITS = 0
+    HIDDEN = 1
+
+
 class AttendFlag(enum.IntFlag):
     """Which of the qkv bias and the q/k norm weights tq_attend's `extras` hold, in that order."""
 
@@ -127,6 +134,7 @@ class Step(ctypes.Structure):
         ("embed_type", ctypes.c_int32),
         ("head_type", ctypes.c_int32),
         ("picks", ctypes.c_int32),
+        ("outputs", ctypes.c_int32),  # STEP_LOGITS or STEP_HIDDEN
     ]
 
 
@@ -137,7 +145,7 @@ class AbiEntry(ctypes.Structure):
 
 
 STRUCTS = {"stack_header": StackHeader, "tq_product": Product, "tq_attention": Attention, "tq_layer_shape": LayerShape, "tq_step": Step}
-ENUMS = {"": BlockType, "ATTEND_": AttendFlag, "MODEL_": ModelEntry, "LAYER_": LayerEntry}  # tq.h's prefix for each
+ENUMS = {"": BlockType, "STEP_": StepOutput, "ATTEND_": AttendFlag, "MODEL_": ModelEntry, "LAYER_": LayerEntry}  # tq.h's prefix for each
 Description = dict[str, tuple[int, int, str]]  # name -> (value, size, kind), as tq_abi lists it
 
 

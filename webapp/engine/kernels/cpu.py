@@ -265,18 +265,19 @@ class QuantizedCPU:
         table = np.array([host_address(t) for t in tensors], dtype=np.uint64)
         return WholeModel(table, dims, types, tuple(tensors))
 
-    def step(self, model: WholeModel, tokens: list[int], lanes: list[int], picks: list[int]) -> np.ndarray:
+    def step(self, model: WholeModel, tokens: list[int], lanes: list[int], picks: list[int], hidden: bool = False) -> np.ndarray:
         """A whole step (tq_forward) as one call on this thread, which works through the pool's jobs
         with it: tokens (B,), lanes (2B,) as `attend` takes them, picks = the lanes whose logits are
-        wanted -> (len(picks), vocab) float32 logits. The model's tensors must not be in use by
+        wanted -> (len(picks), vocab) float32 logits; `hidden`: the final norm's output instead,
+        (len(picks), dim), for embeddings. The model's tensors must not be in use by
         tinygrad's queue (callers synchronize after tinygrad work on the same tensors).
 
         Not a kernel inside a TinyJit like the others: replaying the captured one-kernel step cost
         ~2.8 ms of a 15.5 ms one-token step here (1.3 ms of Python before the kernel started, 0.9 ms
         more inside it on tinygrad's worker thread, 0.6 ms to notice its end and copy the logits)."""
         ids, lane_values, rows = (np.ascontiguousarray(v, dtype=np.int32) for v in (tokens, lanes, picks))
-        out = np.empty((len(rows), model.dims.vocab), dtype=np.float32)
-        step = model.step(len(ids), len(rows))
+        out = np.empty((len(rows), model.dims.dim if hidden else model.dims.vocab), dtype=np.float32)
+        step = model.step(len(ids), len(rows), abi.StepOutput.HIDDEN if hidden else abi.StepOutput.LOGITS)
         addresses = (out.ctypes.data, ids.ctypes.data, lane_values.ctypes.data, rows.ctypes.data, model.table.ctypes.data)
         self._forward(*addresses, step, model.layer_types.ctypes.data)
         return out
@@ -336,15 +337,15 @@ class WholeModel:
     that no step changes, and the tensors themselves, which it keeps alive."""
 
     table: np.ndarray  # uint64, in abi.ModelEntry order, then abi.LayerEntry's for each layer
-    dims: abi.Step  # every field but attention.lanes and picks
+    dims: abi.Step  # every field but attention.lanes, picks and outputs
     layer_types: np.ndarray  # int32: each layer's qkv, o, gate_up, down types
     tensors: tuple[Tensor, ...]
     _steps: dict = field(default_factory=dict, compare=False)
 
-    def step(self, lanes: int, picks: int) -> abi.Step:
-        """tq_forward's step for `lanes` lanes and `picks` rows of logits."""
-        step = self._steps.get((lanes, picks))
+    def step(self, lanes: int, picks: int, outputs: int = 0) -> abi.Step:
+        """tq_forward's step for `lanes` lanes and `picks` rows of `outputs` (abi.StepOutput)."""
+        step = self._steps.get((lanes, picks, outputs))
         if step is None:
-            step = self._steps[lanes, picks] = abi.Step.from_buffer_copy(self.dims)
-            step.attention.lanes, step.picks = lanes, picks
+            step = self._steps[lanes, picks, outputs] = abi.Step.from_buffer_copy(self.dims)
+            step.attention.lanes, step.picks, step.outputs = lanes, picks, outputs
         return step

@@ -25,8 +25,25 @@ from webapp.engine.serving.settings import engine_settings
 log = logging.getLogger(__name__)
 
 
+# GGUF's {arch}.pooling_type (llama.cpp's enum): what an embedding model was trained to pool
+POOLING_TYPES = {1: "mean", 2: "first", 3: "last"}  # 0 none, 4 rank: no sentence embedding
+POOLINGS = ("mean", "last", "first")
+
+
+def embedding_pooling(kv: dict, setting: str = "auto") -> tuple[str, str]:
+    """How /v1/embeddings pools, and why: the setting, else the file's pooling_type, else mean (a
+    chat model's hidden states, averaged, as Ollama and LM Studio give for such files)."""
+    if setting != "auto":
+        if setting not in POOLINGS:
+            raise ValueError(f"LLM_POOLING={setting!r}: one of {', '.join(POOLINGS)} or auto is expected")
+        return setting, "LLM_POOLING"
+    arch = kv.get("general.architecture")
+    pooling = POOLING_TYPES.get(kv.get(f"{arch}.pooling_type"))
+    return (pooling, "the file's pooling_type") if pooling else ("mean", "the file names none")
+
+
 def load_gguf_model(
-    path: str, slots: int, max_context: int | None, prefill_chunk: int, beam="auto", cpu_kernels: bool = True
+    path: str, slots: int, max_context: int | None, prefill_chunk: int, beam="auto", cpu_kernels: bool = True, pooling: str = "auto"
 ) -> LoadedModel:
     """The real loader: tinygrad model, GGUF tokenizer and the file's chat template."""
     prepare_tinygrad()  # before tinygrad's first import: it reads HCQ2 then
@@ -46,6 +63,10 @@ def load_gguf_model(
         template = ChatTemplate(kv.get("tokenizer.chat_template"), bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
     except (ValueError, TypeError, KeyError, IndexError) as e:
         raise ModelLoadError(f"{os.path.basename(path)}: {type(e).__name__}: {e}".replace("\n", " ")) from e
+    pooling, why = embedding_pooling(kv, pooling)
+    # an embedding model's file asks for its end-of-text after each input (Qwen3-Embedding pools that token)
+    suffix = (tokenizer.eos_id,) if kv.get("tokenizer.ggml.add_eos_token") and tokenizer.eos_id is not None else ()
+    log.info("embeddings: %s pooling (%s)%s", pooling, why, ", end-of-text appended" if suffix else "")
     steps = steps_for(model, prefill_chunk)
     if steps.tunable:
         beam = beam_for(tuning_key(path, slots, model.context, piece, model.uses_cpu_kernels), beam)
@@ -60,6 +81,8 @@ def load_gguf_model(
         name=os.path.basename(path).removesuffix(".gguf"),
         context=model.context,
         device=Device.DEFAULT,
+        pooling=pooling,
+        embedding_suffix=suffix,
     )
 
 
@@ -67,7 +90,7 @@ def build_engine(config) -> Engine:
     """The engine described by the app's LLM_* settings (not started)."""
     s = engine_settings(config)
     return Engine(
-        lambda: load_gguf_model(s["path"], s["slots"], s["context"], s["prefill_chunk"], s["beam"], s["cpu_kernels"]),
+        lambda: load_gguf_model(s["path"], s["slots"], s["context"], s["prefill_chunk"], s["beam"], s["cpu_kernels"], s["pooling"]),
         slots=s["slots"],
         queue_limit=s["queue_limit"],
         prefill_chunk=s["prefill_chunk"],

@@ -30,6 +30,9 @@ class Runner(Protocol):
     def prompt_logits(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
         """Like prefill, but logits (len(tokens), vocab) for every token (prompt scoring)."""
 
+    def hidden_states(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
+        """Like prefill, but every token's final norm output (len(tokens), dim): what embeddings pool."""
+
     def decode(self, batch: list[Request], positions: list[int]) -> np.ndarray:
         """Feed each request's last output token at its position; logits (len(batch), vocab)."""
 
@@ -65,6 +68,10 @@ class ModelRunner:
     def prompt_logits(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
         """Like `prefill`, but logits (len(tokens), vocab) for every token, for prompt scoring."""
         return self.steps.score(tokens, request.slot, start)
+
+    def hidden_states(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
+        """Like `prefill`, but every token's final norm output (len(tokens), dim), for embeddings."""
+        return self.steps.hidden(tokens, request.slot, start)
 
     def decode(self, batch: list[Request], positions: list[int]) -> np.ndarray:
         """Feed each request's last output token at its position; logits (len(batch), vocab)."""

@@ -89,21 +89,30 @@ class Transformer:
         """x (B, D) -> (B, vocab) float32 logits."""
         return self.head(rms_norm(x, self.output_norm, self.config.norm_eps).contiguous()).contiguous()
 
-    def forward_on_kernels(self, tokens: Tensor, lanes: Tensor, picks: Tensor) -> Tensor:
-        """A step on the CPU kernels, its B lanes a decode step's sequences or a prefill piece's tokens:
-        tokens (B,), lanes (2B,) = each lane's slot, then its position, picks (R,) = the lanes whose
-        logits are wanted (a decode step's every lane, a prefill piece's last real token). No symbolic
-        variables, which tinygrad's replay would bind on every call. -> (R, vocab) logits."""
+    def _hidden(self, x: Tensor) -> Tensor:
+        """x (..., D) -> the final norm's output, float32: what the head reads, and embeddings pool."""
+        return rms_norm(x, self.output_norm, self.config.norm_eps).float().realize()
+
+    def _layers_on_kernels(self, tokens: Tensor, lanes: Tensor) -> Tensor:
         x = self.embed(tokens)  # (B, D)
         for block in self.blocks:
             # realized layer by layer: the jit records each piece, and scheduling the whole step as
             # one graph cost time quadratic in its layers (tinygrad's store-hazard walk per store)
             x = block.on_kernels(x, lanes, self.inv_freq).realize()
-        return self._logits(x[picks]).realize()
+        return x
 
-    def forward_prefill(self, tokens: Tensor, last: Tensor, slot: UOp, start: UOp) -> Tensor:
-        """tokens (1, T) at positions start..start+T-1 of `slot`; last (1, T) one-hot picks the token
-        whose logits are returned -> (1, vocab)."""
+    def forward_on_kernels(self, tokens: Tensor, lanes: Tensor, picks: Tensor) -> Tensor:
+        """A step on the CPU kernels, its B lanes a decode step's sequences or a prefill piece's tokens:
+        tokens (B,), lanes (2B,) = each lane's slot, then its position, picks (R,) = the lanes whose
+        logits are wanted (a decode step's every lane, a prefill piece's last real token). No symbolic
+        variables, which tinygrad's replay would bind on every call. -> (R, vocab) logits."""
+        return self._logits(self._layers_on_kernels(tokens, lanes)[picks]).realize()
+
+    def hidden_on_kernels(self, tokens: Tensor, lanes: Tensor) -> Tensor:
+        """forward_on_kernels' lanes, every one's final norm output -> (B, D) float32 (embeddings)."""
+        return self._hidden(self._layers_on_kernels(tokens, lanes))
+
+    def _layers_prefill(self, tokens: Tensor, slot: UOp, start: UOp) -> Tensor:
         positions = Tensor.arange(tokens.shape[1]) + start  # (T,)
         keys = self.key_positions[0 : start + tokens.shape[1]]
         mask = (keys.reshape(1, -1) > positions.reshape(-1, 1)).where(float("-inf"), 0.0).unsqueeze(0).contiguous()  # (1, T, S)
@@ -111,7 +120,17 @@ class Transformer:
         x = self.embed(tokens)  # (1, T, D)
         for block in self.blocks:
             x = block.prefill(x, slot, start, rotary, mask).realize()  # as in forward_on_kernels
+        return x
+
+    def forward_prefill(self, tokens: Tensor, last: Tensor, slot: UOp, start: UOp) -> Tensor:
+        """tokens (1, T) at positions start..start+T-1 of `slot`; last (1, T) one-hot picks the token
+        whose logits are returned -> (1, vocab)."""
+        x = self._layers_prefill(tokens, slot, start)
         return self._logits(last @ x[0]).realize()  # (1, T) one-hot @ (T, D) -> (1, vocab)
+
+    def hidden_prefill(self, tokens: Tensor, slot: UOp, start: UOp) -> Tensor:
+        """forward_prefill's tokens, every one's final norm output -> (T, D) float32 (embeddings)."""
+        return self._hidden(self._layers_prefill(tokens, slot, start)[0])
 
     def forward_decode(self, tokens: Tensor, pos: Tensor, length: UOp, *lanes: UOp) -> Tensor:
         """tokens (B,), one per lane; pos (B,) their positions; lanes = B slot variables then B position

@@ -109,6 +109,16 @@ class Engine:
     def max_context(self) -> int:
         return self._require().context
 
+    @property
+    def pooling(self) -> str:
+        """How embeddings pool the prompt ("mean", "last", "first"); Request.pooling takes it."""
+        return self._require().pooling
+
+    @property
+    def embedding_suffix(self) -> tuple[int, ...]:
+        """Token ids appended to every embedding input (the file's end-of-text, where it asks)."""
+        return self._require().embedding_suffix
+
     def submit(self, request: Request) -> None:
         loaded = self._require()
         if request.prompt_len == 0:
@@ -248,7 +258,9 @@ class Engine:
 
     def _prefill(self, request: Request, tokens: list[int], start: int) -> None:
         try:
-            if not request.scores_prompt:
+            if request.pooling is not None:
+                logits = self._embed_chunk(request, tokens, start)
+            elif not request.scores_prompt:
                 logits = self.loaded.runner.prefill(request, tokens, start)
             else:
                 logits = self._score_prompt_chunk(request, tokens, start)
@@ -260,7 +272,11 @@ class Engine:
     def _prefilled(self, request: Request, tokens: list[int], logits: np.ndarray) -> None:
         self.metrics.on_prefill(len(tokens))
         if self.scheduler.prefilled(request, tokens):
-            if request.params.max_tokens == 0:  # prompt scoring only
+            if request.pooling is not None:
+                if request.pooling == "mean":
+                    request.embedding = (request.embedding / request.prompt_len).astype(np.float32)
+                self._finish(request, FinishReason.STOP)
+            elif request.params.max_tokens == 0:  # prompt scoring only
                 self._finish(request, FinishReason.LENGTH)
             else:
                 self._sample(request, logits)
@@ -273,6 +289,18 @@ class Engine:
             request.prompt_logprobs = []
         request.prompt_logprobs += score_prompt(rows[: len(following)], following, request.params.prompt_logprobs)
         return rows[-1]
+
+    def _embed_chunk(self, request: Request, tokens: list[int], start: int) -> None:
+        """Run a prompt chunk keeping every position's final norm output; pool it into the embedding."""
+        rows = self.loaded.runner.hidden_states(request, tokens, start)  # (T, dim)
+        if request.pooling == "last":
+            request.embedding = rows[-1].astype(np.float32)
+        elif request.pooling == "first":
+            if start == 0:
+                request.embedding = rows[0].astype(np.float32)
+        else:  # "mean": the sum so far, divided once the whole prompt is in
+            total = rows.sum(axis=0, dtype=np.float64)
+            request.embedding = total if request.embedding is None else request.embedding + total
 
     def _sample(self, request: Request, logits: np.ndarray) -> None:
         try:

@@ -22,3 +22,7 @@ class LoadedModel:
     name: str
     context: int
     device: str
+    # how /v1/embeddings pools a prompt's final norm outputs ("mean", "last" or "first"), and the
+    # tokens it appends to each input first (an embedding model's end-of-text, where the file asks)
+    pooling: str = "mean"
+    embedding_suffix: tuple[int, ...] = ()

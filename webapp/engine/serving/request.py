@@ -1,7 +1,7 @@
 """The one request object that flows from an HTTP handler through the scheduler and back.
 
-A handler builds a `Request` (prompt token ids plus `SamplingParams`), submits it to the engine and
-reads `Request.outputs`: the model thread puts generated token ids (ints) there, then exactly one
+A handler builds a `Request` (prompt token ids plus `SamplingParams`, or a `pooling` for an
+embedding), submits it to the engine and reads `Request.outputs`: the model thread puts generated token ids (ints) there, then exactly one
 `Finished` marker, or an exception instance if the engine failed this request. The engine never sees
 text: stop strings are matched on the handler side, which then calls `engine.abort(request)`.
 
@@ -89,6 +89,10 @@ class Request:
     cached_tokens: int = 0
     prefilled_tokens: int = 0
     slot: int | None = None
+    # an embedding: the prompt's final norm outputs pooled so ("mean" or "last") into `embedding`
+    # (float32, unnormalized) when its prefill ends, which ends the request; nothing is generated
+    pooling: str | None = None
+    embedding: object = None
     constraint: object = None  # a grammar's TokenConstraint (webapp/engine/decoding/constraints.py), set before submitting
     sampler: object = None  # the request's RequestSampler (webapp/engine/decoding/sampling.py), made at admission
     # Written by the model thread before the token (or the Finished) they describe is put on `outputs`.
@@ -112,6 +116,12 @@ class Request:
     def scores_prompt(self) -> bool:
         """Whether the prompt's own tokens get logprobs (`prompt_logprobs`): every position's logits are needed."""
         return self.params.prompt_logprobs is not None
+
+    @property
+    def every_position(self) -> bool:
+        """Whether every prompt position must be computed here (scoring, embeddings): none comes from
+        a cache, and its chunks run alone."""
+        return self.scores_prompt or self.pooling is not None
 
     def cancel(self, reason: str = FinishReason.CANCELLED) -> None:
         """Ask the engine to retire this request; safe from any thread, idempotent."""

@@ -85,7 +85,7 @@ class Scheduler:
         while self.waiting and self.slots.free:
             request = self.waiting.popleft()
             slot, reused = self.slots.acquire(request, request.prompt_ids)
-            if request.scores_prompt and reused:  # scoring needs every prompt position's logits: none from the cache
+            if request.every_position and reused:  # scoring and embeddings need every prompt position: none from the cache
                 slot.tokens.clear()
                 reused = 0
             request.slot, request.cached_tokens = slot.index, reused
@@ -104,7 +104,7 @@ class Scheduler:
         every position's logits, so it runs alone)."""
         chunks = self._chunks(several=mixes)
         lanes = tuple(r for r in self.decoding() if r.output_ids)
-        mixed = mixes and bool(chunks) and (bool(lanes) or len(chunks) > 1) and not chunks[0].request.scores_prompt
+        mixed = mixes and bool(chunks) and (bool(lanes) or len(chunks) > 1) and not chunks[0].request.every_position
         return StepPlan(tuple(chunks), lanes, mixed)
 
     def _chunks(self, several: bool) -> list[PromptChunk]:
@@ -115,7 +115,7 @@ class Scheduler:
         chunks: list[PromptChunk] = []
         budget = self.prefill_chunk
         for request in self.prefilling():
-            if chunks and (not several or budget <= 0 or request.scores_prompt):
+            if chunks and (not several or budget <= 0 or request.every_position):
                 break
             if self.would_copy_from(request, [c.request for c in chunks]):
                 continue
@@ -129,7 +129,7 @@ class Scheduler:
             tokens = request.prompt_ids[start : start + budget]
             chunks.append(PromptChunk(request, tokens, start, copy))
             budget -= len(tokens)
-            if request.scores_prompt:
+            if request.every_position:
                 break
         return chunks
 
@@ -151,7 +151,7 @@ class Scheduler:
         together, prefilled one after another) prefill it once, and a prompt sharing a long system
         prompt with a running request starts from that request's cache.
         """
-        if request.prefilled_tokens or request.scores_prompt:
+        if request.prefilled_tokens or request.every_position:
             return None
         others = ((reusable_prefix(s.tokens, request.prompt_ids), s) for s in self.slots.slots if s.index != request.slot)
         length, source = max(others, key=lambda pair: pair[0], default=(0, None))

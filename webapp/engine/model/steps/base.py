@@ -4,7 +4,9 @@ slots and a jit that captures on its first call.
 Contract (`Steps`): `prefill(tokens, slot, start)` writes a prompt chunk into `slot` from position
 `start` and returns its last token's logits (vocab,); `decode(tokens, slots, positions)` advances
 each lane by one token, (len(tokens), vocab); `score(tokens, slot, start)` is prefill with every
-token's logits, (len(tokens), vocab), equal to what generating them would give; `prefill_and_decode`
+token's logits, (len(tokens), vocab), equal to what generating them would give; `hidden(tokens,
+slot, start)` is prefill with every token's final norm output (len(tokens), dim) instead, what
+embeddings pool; `prefill_and_decode`
 runs prompt chunks and a decode step as one step, only where `mixes`; `copy_prefix(source, target,
 length)` copies K/V rows between slots; `warm_up(progress)` compiles what the steps will run. `how`
 says in words how a step runs, for the start-up log; `tunable` is whether tinygrad's BEAM search
@@ -41,6 +43,9 @@ class Steps:
         prefill keeps only the last token's logits; a position's logits are those generating it gives."""
         assert tokens and start + len(tokens) <= self.model.context
         return np.stack([self.decode([t], [slot], [start + i])[0] for i, t in enumerate(tokens)])
+
+    def hidden(self, tokens: list[int], slot: int, start: int) -> np.ndarray:
+        raise NotImplementedError
 
     def prefill_and_decode(
         self, chunks: list[Chunk], decoding: list[int], slots: list[int], positions: list[int]

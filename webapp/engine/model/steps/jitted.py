@@ -3,8 +3,10 @@ decode batches padded to a few fixed widths, so each shape compiles once (at war
 later step replays it.
 
 Contract: a subclass gives `_prefill_piece(tokens, slot, start, piece)` (tokens padded to `piece`;
-logits (vocab,) of the last real token) and `_decode_width(tokens, slots, positions, width)` (lanes
-padded to `width` with the scratch slot; logits (len(tokens), vocab)).
+logits (vocab,) of the last real token), `_hidden_piece(tokens, slot, start, piece)` (the same
+padding; every real token's final norm output (len(tokens), dim), run eagerly: embeddings are rare
+next to generation, and a jit per piece would double warm-up) and `_decode_width(tokens, slots,
+positions, width)` (lanes padded to `width` with the scratch slot; logits (len(tokens), vocab)).
 """
 
 from __future__ import annotations
@@ -48,16 +50,22 @@ class JittedSteps(Steps):
         self._prefill_jits: dict = {}
         self._decode_jits: dict = {}
 
-    def prefill(self, tokens: list[int], slot: int, start: int) -> np.ndarray:
-        """The chunk piece by piece, the last one padded."""
+    def _by_pieces(self, run, tokens: list[int], slot: int, start: int) -> list[np.ndarray]:
+        """run(piece's tokens, slot, start, piece) over the chunk piece by piece, the last one padded."""
         assert tokens and start + len(tokens) <= self.model.context
-        done = 0
+        done, results = 0, []
         while done < len(tokens):
             rest = len(tokens) - done
             piece = next((p for p in self.pieces if p <= rest), self.pieces[-1])
-            logits = self._prefill_piece(tokens[done : done + piece], slot, start + done, piece)
+            results.append(run(tokens[done : done + piece], slot, start + done, piece))
             done += min(piece, rest)
-        return logits
+        return results
+
+    def prefill(self, tokens: list[int], slot: int, start: int) -> np.ndarray:
+        return self._by_pieces(self._prefill_piece, tokens, slot, start)[-1]
+
+    def hidden(self, tokens: list[int], slot: int, start: int) -> np.ndarray:
+        return np.concatenate(self._by_pieces(self._hidden_piece, tokens, slot, start))
 
     def decode(self, tokens: list[int], slots: list[int], positions: list[int]) -> np.ndarray:
         assert tokens
@@ -65,6 +73,9 @@ class JittedSteps(Steps):
         return self._decode_width(tokens, slots, positions, width)
 
     def _prefill_piece(self, tokens: list[int], slot: int, start: int, piece: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def _hidden_piece(self, tokens: list[int], slot: int, start: int, piece: int) -> np.ndarray:
         raise NotImplementedError
 
     def _decode_width(self, tokens: list[int], slots: list[int], positions: list[int], width: int) -> np.ndarray:

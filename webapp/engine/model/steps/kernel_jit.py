@@ -9,7 +9,7 @@ prefill piece and a decode step compute a position identically.
 from __future__ import annotations
 
 import numpy as np
-from tinygrad import dtypes
+from tinygrad import Tensor, dtypes
 
 from webapp.engine.model.steps.base import capturing_jit, prompt_lanes
 from webapp.engine.model.steps.jitted import JittedSteps
@@ -31,6 +31,12 @@ class KernelJitSteps(JittedSteps):
         lanes = b.fill("prefill lanes", prompt_lanes(slot, start, piece), dtypes.int32)
         picks = b.fill("prefill picks", [n - 1], dtypes.int32)
         return b.read(self._jit(self._prefill_jits, piece)(padded, lanes, picks), 1)[0]
+
+    def _hidden_piece(self, tokens: list[int], slot: int, start: int, piece: int) -> np.ndarray:
+        n = len(tokens)
+        padded = Tensor(np.array(tokens + [0] * (piece - n), dtype=np.int32))
+        lanes = Tensor(np.array(prompt_lanes(slot, start, piece), dtype=np.int32))
+        return self.model.hidden_on_kernels(padded, lanes).numpy()[:n]
 
     def _decode_width(self, tokens: list[int], slots: list[int], positions: list[int], width: int) -> np.ndarray:
         n, b = len(tokens), self.buffers

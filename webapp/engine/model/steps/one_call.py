@@ -56,6 +56,12 @@ class OneCallSteps(Steps):
         assert tokens and start + n <= self.model.context
         return self._step(tokens, prompt_lanes(slot, start, n), list(range(n)))
 
+    def hidden(self, tokens: list[int], slot: int, start: int) -> np.ndarray:
+        """One call: every token's final norm output (len(tokens), dim)."""
+        n = len(tokens)
+        assert tokens and start + n <= self.model.context
+        return self.kernels.step(self.whole_model, tokens, prompt_lanes(slot, start, n), list(range(n)), hidden=True)
+
     def prefill_and_decode(
         self, chunks: list[Chunk], decoding: list[int], slots: list[int], positions: list[int]
     ) -> tuple[list[np.ndarray], np.ndarray]:

@@ -9,7 +9,7 @@ kernels ~3x faster here than a symbolic length.
 from __future__ import annotations
 
 import numpy as np
-from tinygrad import UOp, dtypes
+from tinygrad import Tensor, UOp, dtypes
 
 from webapp.engine.model.steps.base import capturing_jit
 from webapp.engine.model.steps.jitted import JittedSteps
@@ -33,6 +33,11 @@ class TinygradJitSteps(JittedSteps):
         last = b.fill("prefill last", [[float(i == n - 1) for i in range(piece)]], dtypes.float32)
         padded = b.fill("prefill tokens", [tokens + [0] * (piece - n)], dtypes.int32)
         return b.read(jit(padded, last, self.v_slot.bind(slot), self.v_start.bind(start)), 1)[0]
+
+    def _hidden_piece(self, tokens: list[int], slot: int, start: int, piece: int) -> np.ndarray:
+        n = len(tokens)
+        padded = Tensor(np.array([tokens + [0] * (piece - n)], dtype=np.int32))
+        return self.model.hidden_prefill(padded, self.v_slot.bind(slot), self.v_start.bind(start)).numpy()[:n]
 
     def _decode_width(self, tokens: list[int], slots: list[int], positions: list[int], width: int) -> np.ndarray:
         n, b = len(tokens), self.buffers
