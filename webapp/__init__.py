@@ -82,7 +82,7 @@ def create_app(config: dict | None = None, engine=None) -> Flask:
 
 
 def _error(status: int, message: str, param=None, code=None, type=None, headers=None):
-    if request.path == anthropic_api.PREFIX or request.path.startswith(anthropic_api.PREFIX + "/"):
+    if anthropic_events.speaks_anthropic(request.path):
         body = anthropic_events.error_body(status, message)  # the API the client speaks, in its own shape
     else:
         body = error_body(message, type or error_type(status), param, code)

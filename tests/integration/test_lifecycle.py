@@ -54,6 +54,10 @@ def test_drain_lets_accepted_requests_finish_and_refuses_new_ones(drain_server, 
     status, headers, body = post(srv, "/v1/chat/completions", {"messages": HELLO})
     assert status == 503 and int(headers["Retry-After"]) >= 1
     assert_error_shape(body, "server_error", "server_shutting_down")
+    # each API refuses in its own shape: Anthropic's overloaded_error, which Claude Code retries
+    status, headers, body = post(srv, "/v1/messages", {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 503 and int(headers["Retry-After"]) >= 1
+    assert body["type"] == "error" and body["error"]["type"] == "overloaded_error" and "shutting down" in body["error"]["message"]
     status, _, body = get(srv, "/health")
     assert (status, body["status"]) == (503, "draining")
 

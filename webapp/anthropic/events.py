@@ -18,6 +18,14 @@ import uuid
 from webapp.engine.serving.request import FinishReason
 from webapp.openai.output_text import Piece
 
+PREFIX = "/v1/messages"  # the routes that answer in Anthropic's shapes, errors included
+
+
+def speaks_anthropic(path: str) -> bool:
+    """Whether a request to `path` is answered in Anthropic's shapes."""
+    return path == PREFIX or path.startswith(PREFIX + "/")
+
+
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",

@@ -25,7 +25,7 @@ from webapp.openai.output_text import OutputParser
 bp = Blueprint("anthropic", __name__)
 log = logging.getLogger(__name__)
 
-PREFIX = "/v1/messages"
+PREFIX = events.PREFIX
 
 
 @bp.post(PREFIX)

@@ -4,8 +4,8 @@ Contract:
 - `Lifecycle.wrap(wsgi_app)` is WSGI middleware that counts every `/v1/*` request from the moment
   it enters the app until the server closes its response (a stream included). A request counted
   there has been *accepted*: shutdown lets it finish or ends it with a clear error, never drops it.
-  Once draining has begun, new `/v1/*` requests are refused at the door with an OpenAI-shaped 503
-  and `Retry-After`.
+  Once draining has begun, new `/v1/*` requests are refused at the door with a 503 and
+  `Retry-After`, in the shape of the API they speak (OpenAI's; Anthropic's under /v1/messages).
 - `track(request)` / `forget(request)` keep the engine requests that handlers are reading, so
   that draining can cancel what is left when its time is up (with the reason "shutdown", which the
   API turns into a `server_shutting_down` error).
@@ -40,6 +40,7 @@ import time
 
 from werkzeug.wsgi import ClosingIterator
 
+from webapp.anthropic import events as anthropic_events
 from webapp.engine.serving.errors import RETRY_AFTER_S
 from webapp.engine.serving.request import FinishReason
 from webapp.http.auth import API_PREFIX
@@ -91,7 +92,7 @@ class Lifecycle:
                 if not refused:
                     self._in_flight += 1
             if refused:
-                return _refuse(start_response)
+                return _refuse(start_response, environ.get("PATH_INFO", ""))
             try:
                 # The response's close() (called by the server, a stream's included) ends the count.
                 return ClosingIterator(wsgi_app(environ, start_response), self._leave)
@@ -229,12 +230,13 @@ def _force_exit() -> None:
     os._exit(0)
 
 
-def _refuse(start_response):
-    body = error_body(
-        "The server is shutting down and accepts no new requests.",
-        "server_error",
-        code="server_shutting_down",
-    )
+def _refuse(start_response, path: str):
+    """The 503 of a draining server, in the shape of the API the client speaks."""
+    message = "The server is shutting down and accepts no new requests."
+    if anthropic_events.speaks_anthropic(path):
+        body = anthropic_events.error_body(503, message)  # overloaded_error: Claude Code retries it
+    else:
+        body = error_body(message, "server_error", code="server_shutting_down")
     data = json.dumps(body).encode()
     start_response(
         "503 SERVICE UNAVAILABLE",
