@@ -1,7 +1,7 @@
 """Fuzzing the agents' APIs with hypothesis, as test_fuzz.py does the chat API: whatever body comes
-to /v1/messages or /v1/responses, the answer is never a 5xx; a 4xx is that API's own error shape
-(Anthropic's under /v1/messages, OpenAI's under /v1/responses), and a 200 is a message or a
-response, or a stream of that API's events."""
+to /v1/messages, /v1/responses or /v1/embeddings, the answer is never a 5xx; a 4xx is that API's own
+error shape (Anthropic's under /v1/messages, OpenAI's elsewhere), and a 200 is a message, a
+response or a list of embeddings, or a stream of that API's events."""
 
 from __future__ import annotations
 
@@ -146,6 +146,17 @@ responses_bodies = st.fixed_dictionaries(
 )
 
 
+embedding_bodies = st.fixed_dictionaries(
+    {"input": anything_or(texts | st.lists(texts, max_size=3) | st.lists(st.integers(-2, 300), max_size=4))},
+    optional={
+        "model": anything_or(st.just("m")),
+        "encoding_format": anything_or(st.sampled_from(["float", "base64", "int8"])),
+        "dimensions": anything_or(st.integers(-1, 10)),
+        "user": anything_or(texts),
+    },
+)
+
+
 @pytest.fixture(scope="module")
 def client():
     engine = FakeEngine()
@@ -169,7 +180,7 @@ def _check(response, path: str) -> None:
             ("message_stop", "error") if path == "/v1/messages" else ("response.completed", "response.incomplete", "response.failed")
         )
     else:
-        assert response.get_json()["type" if path == "/v1/messages" else "object"] in ("message", "response")
+        assert response.get_json()["type" if path == "/v1/messages" else "object"] in ("message", "response", "list")
 
 
 @FUZZ
@@ -182,3 +193,9 @@ def test_messages_never_fail_with_a_5xx(client, body):
 @given(body=responses_bodies)
 def test_responses_never_fail_with_a_5xx(client, body):
     _check(client.post("/v1/responses", json=body), "/v1/responses")
+
+
+@FUZZ
+@given(body=embedding_bodies)
+def test_embeddings_never_fail_with_a_5xx(client, body):
+    _check(client.post("/v1/embeddings", json=body), "/v1/embeddings")

@@ -41,7 +41,8 @@ def test_mean_pooled_vectors_follow_the_float64_reference(model_file, served):
 
 def test_a_vector_does_not_depend_on_its_batch_and_both_encodings_agree(served):
     _, server, client = served
-    texts = ["The cat sat on the mat.", "Markets fell.", "hello", "A longer sentence about cats, mats and sitting on them."]
+    texts = ["The cat sat on the mat.", "Markets fell.", "hello", "A longer sentence about cats, mats and sitting on them."] * 4
+    texts = [f"{text} ({i})" for i, text in enumerate(texts)]  # 16, more than the slots
     batch = client.embeddings.create(model="tiny", input=texts)  # the openai package asks for base64 and decodes it
     for text, datum in zip(texts, batch.data, strict=True):
         alone = client.embeddings.create(model="tiny", input=text, encoding_format="float").data[0].embedding

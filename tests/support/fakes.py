@@ -146,6 +146,7 @@ class Reply:
 
 class FakeEngine:
     model_name = "fake-model"
+    pooling, embedding_suffix = "mean", ()
 
     def __init__(self, max_context: int = 4096, n_slots: int = 4) -> None:
         self.max_context, self.n_slots = max_context, n_slots
@@ -221,6 +222,10 @@ class FakeEngine:
         request.status = Status.DECODE
         if request.params.prompt_logprobs is not None:  # as if scored while prefilling
             request.prompt_logprobs = [TokenLogprobs(t, FAKE_LOGPROB, ()) for t in request.prompt_ids[1:]]
+        if request.pooling is not None:  # an embedding: the mean of one-hot rows of its tokens (mod 8)
+            request.embedding = np.bincount(np.array(request.prompt_ids) % 8, minlength=8).astype(np.float32) / request.prompt_len
+            self._retire(request, Finished(FinishReason.STOP))
+            return
         if request.params.max_tokens == 0:
             self._retire(request, Finished(FinishReason.LENGTH))
             return
