@@ -229,7 +229,8 @@ def figures(row: dict) -> dict:
 def print_table(rows: list[tuple[str, str, dict]], args) -> None:
     print(f"\nMachine: {platform.machine()}, {usable_cores()} usable cores; device {os.environ.get('DEV', 'default')}.")
     print(
-        f"{args.prompts} chat prompts x {args.tokens} llama.cpp greedy tokens per case. 'same top-1': llama.cpp's tokens "
+        f"Up to {args.prompts} chat prompts x {args.tokens} llama.cpp greedy tokens per case (a row's positions: its 'same top-1' "
+        "count; a resumed row keeps its own). 'same top-1': llama.cpp's tokens "
         "teacher-forced through ours; 'greedy repeats': the share of llama.cpp's tokens our own greedy "
         "continuation (prompts batched as lanes) repeats before the first difference.\n"
     )
