@@ -35,7 +35,7 @@ def test_a_value_or_a_field_changed_in_python_alone_is_a_mismatch(library, monke
     assert abi.mismatches(library) == ["MAX_HEAD_DIM: C (512, 0, ''), Python (256, 0, '')"]
 
     class EpsAsBits(ctypes.Structure):  # the old positional spelling: eps's bits in an int32
-        _fields_ = [(name, ctypes.c_int32) for name, _ in abi.Attention._fields_]
+        _fields_ = [(name, ctypes.c_int32 if name == "eps" else kind) for name, kind in abi.Attention._fields_]
 
     monkeypatch.undo()
     monkeypatch.setitem(abi.STRUCTS, "tq_attention", EpsAsBits)
@@ -47,7 +47,7 @@ def test_a_field_added_to_the_header_alone_is_a_mismatch(tmp_path):
     copy = tmp_path / "c"
     shutil.copytree(SOURCES, copy)
     header = (copy / "tq.h").read_text()
-    (copy / "tq.h").write_text(header.replace("  int32_t picks;\n} tq_step;", "  int32_t picks, extra;\n} tq_step;"))
+    (copy / "tq.h").write_text(header.replace("} tq_step;", "  int32_t extra;\n} tq_step;"))
     subprocess.run(["clang", "-O0", "-shared", "-fPIC", "-o", str(tmp_path / "tq.so"), str(copy / "tq.c"), "-lm", "-lpthread"], check=True)
     mismatches = abi.mismatches(ctypes.CDLL(str(tmp_path / "tq.so")))
     assert mismatches == [f"tq_step: C ({ctypes.sizeof(abi.Step) + 4}, 0, ''), Python ({ctypes.sizeof(abi.Step)}, 0, '')"]

@@ -53,7 +53,8 @@ class QuickReference(Reference):
         self.arch = kv["general.architecture"]
         f = lambda key: kv[f"{self.arch}.{key}"]  # noqa: E731
         self.n_layers, self.n_heads, self.n_kv = f("block_count"), f("attention.head_count"), f("attention.head_count_kv")
-        self.eps, self.theta, self.linear_scale = f("attention.layer_norm_rms_epsilon"), f("rope.freq_base"), 1.0
+        self.eps, self.theta = f("attention.layer_norm_rms_epsilon"), f("rope.freq_base")
+        self.scaling, self.factor, self.yarn_original = "none", 1.0, None
         file = np.memmap(path, dtype=np.uint8, mode="r")
         self.w = {}
         for name, raw in table.items():

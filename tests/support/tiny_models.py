@@ -208,8 +208,9 @@ class Reference:
         f = lambda key: reader.fields[f"{self.arch}.{key}"].contents()  # noqa: E731
         self.n_layers, self.n_heads, self.n_kv = f("block_count"), f("attention.head_count"), f("attention.head_count_kv")
         self.eps, self.theta = f("attention.layer_norm_rms_epsilon"), f("rope.freq_base")
-        scaling = reader.fields.get(f"{self.arch}.rope.scaling.factor")
-        self.linear_scale = float(scaling.contents()) if scaling is not None else 1.0
+        field = lambda key, default: reader.fields[f"{self.arch}.{key}"].contents() if f"{self.arch}.{key}" in reader.fields else default  # noqa: E731
+        self.scaling, self.factor = field("rope.scaling.type", "linear"), float(field("rope.scaling.factor", 1.0))
+        self.yarn_original = field("rope.scaling.original_context_length", None)
         self.w = {}
         for t in reader.tensors:
             arr = gguf.quants.dequantize(t.data, t.tensor_type)
@@ -225,9 +226,18 @@ class Reference:
 
     def _rope(self, x, positions):  # x (T, H, hd)
         hd = x.shape[-1]
-        freqs = self.theta ** (-np.arange(0, hd, 2) / hd) / self.w.get("rope_freqs.weight", 1.0) / self.linear_scale  # (hd/2,)
+        freqs = self.theta ** (-np.arange(0, hd, 2) / hd) / self.w.get("rope_freqs.weight", 1.0)  # (hd/2,)
+        mscale = 1.0
+        if self.scaling == "yarn":  # llama.cpp's rope_yarn, written out: ext_factor 1, attn_factor 1
+            corr = lambda turns: hd * np.log(self.yarn_original / (turns * 2 * np.pi)) / (2 * np.log(self.theta))  # noqa: E731
+            low, high = max(0.0, np.floor(corr(32.0))), min(hd - 1.0, np.ceil(corr(1.0)))
+            extrapolate = 1 - np.clip((np.arange(hd // 2) - low) / max(0.001, high - low), 0, 1)
+            freqs = freqs / self.factor * (1 - extrapolate) + freqs * extrapolate
+            mscale = 1 + 0.1 * np.log(self.factor)
+        else:
+            freqs = freqs / self.factor
         ang = positions[:, None, None] * freqs[None, None, :]
-        cos, sin = np.cos(ang), np.sin(ang)
+        cos, sin = np.cos(ang) * mscale, np.sin(ang) * mscale
         if self.arch == "llama":  # interleaved pairs
             a, b = x[..., 0::2], x[..., 1::2]
             out = np.empty_like(x)

@@ -1,12 +1,12 @@
-"""RoPE as the file asks for it: the base, Llama 3's rope_freqs factors, linear scaling; refusals for
-what the kernels do not run, a yarn file's at load. Files with each go through the model against
+"""RoPE as the file asks for it: the base, Llama 3's rope_freqs factors, linear scaling, YaRN;
+refusals for what the kernels do not run, named at load. Files with each go through the model against
 the float64 reference in tests/integration/test_rope_files.py."""
 
 import numpy as np
 import pytest
 from support.tiny_models import write_tiny_gguf
 
-from webapp.engine.model.rope import RopeUnsupported, inverse_frequencies
+from webapp.engine.model.rope import RopeUnsupported, attention_factor, inverse_frequencies
 from webapp.engine.model.transformer import ModelLoadError, load_model
 
 HEAD_DIM = 16
@@ -26,7 +26,8 @@ def test_plain_llama3_and_linear_frequencies():
 @pytest.mark.parametrize(
     ("extra", "factors", "words"),
     [
-        ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}, None, "'yarn' is not supported"),
+        ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}, None, "original_context_length"),
+        ({"llama.rope.scaling.type": "su", "llama.rope.scaling.factor": 4.0}, None, "'su' is not supported"),
         ({"llama.rope.dimension_count": 8}, None, "partial rotary"),
         ({}, np.ones(3), "must hold 8 positive factors"),
         ({}, np.zeros(8), "must hold 8 positive factors"),
@@ -38,7 +39,22 @@ def test_what_the_kernels_cannot_run_is_refused_by_name(extra, factors, words):
         inverse_frequencies({"llama.rope.freq_base": 10000.0, **extra}, "llama", HEAD_DIM, factors)
 
 
-def test_a_yarn_file_fails_at_load_with_the_setting_named(tmp_path):
-    path = write_tiny_gguf(str(tmp_path / "y.gguf"), "qwen3", metadata={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0})
-    with pytest.raises(ModelLoadError, match="rope.scaling.type 'yarn'"):
+def test_yarn_keeps_the_fast_pairs_divides_the_slow_ones_and_scales_attention():
+    """Qwen's long-context setting: factor 4 over an original 32,768 positions, base 1,000,000, head 128.
+    Pairs turning more than 32 times in the original context keep their frequency, those turning less
+    than once are divided by 4; llama.cpp's corr_dims put the ramp between pairs 23 and 40 here."""
+    kv = {"qwen3.rope.freq_base": 1e6, "qwen3.rope.scaling.type": "yarn", "qwen3.rope.scaling.factor": 4.0}
+    kv["qwen3.rope.scaling.original_context_length"] = 32768
+    plain = 1.0 / 1e6 ** (np.arange(0, 128, 2) / 128)
+    yarn = inverse_frequencies(kv, "qwen3", 128)
+    np.testing.assert_allclose(yarn[:24], plain[:24], rtol=1e-6)
+    np.testing.assert_allclose(yarn[40:], plain[40:] / 4, rtol=1e-6)
+    assert np.all((yarn[24:40] < plain[24:40]) & (yarn[24:40] > plain[24:40] / 4))
+    assert attention_factor(kv, "qwen3") == pytest.approx(1 + 0.1 * np.log(4))
+    assert attention_factor({"qwen3.rope.freq_base": 1e6}, "qwen3") == 1.0
+
+
+def test_partial_rotary_fails_at_load_with_the_setting_named(tmp_path):
+    path = write_tiny_gguf(str(tmp_path / "p.gguf"), "qwen3", metadata={"rope.dimension_count": 8})
+    with pytest.raises(ModelLoadError, match="partial rotary"):
         load_model(path, slots=1, context=32)

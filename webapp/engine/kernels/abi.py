@@ -113,6 +113,7 @@ class Attention(ctypes.Structure):
         ("head_dim", ctypes.c_int32),
         ("flags", ctypes.c_int32),
         ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),  # on q . k: 1 / sqrt(head_dim), times YaRN's factor squared
     ]
 
 

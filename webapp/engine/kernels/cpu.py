@@ -221,18 +221,18 @@ class QuantizedCPU:
         )
 
     def attend(
-        self, qkv: Tensor, cache: Tensor, lanes: Tensor, inv_freq: Tensor, extras: Tensor, heads: int, flags: int, eps: float
+        self, qkv: Tensor, cache: Tensor, lanes: Tensor, inv_freq: Tensor, extras: Tensor, heads: int, flags: int, eps: float, scale: float
     ) -> Tensor:
         """A layer's attention for B lanes (a decode step's sequences, or a prefill piece's tokens) from
         its qkv rows (B, (heads + 2 kv_heads) Hd): adds the bias and applies the q/k norms (as `flags`
         and `extras` say), rotates q and k by RoPE at each lane's position (inverse frequencies
         `inv_freq`), writes each lane's key and value into the float16 KV cache (2, slots, kv_heads,
         positions, Hd), then attends over it. lanes (2B,) int32 = each lane's slot, then its position
-        (it attends positions 0..pos). -> (B, heads * Hd) float32."""
+        (it attends positions 0..pos); `scale` multiplies q . k. -> (B, heads * Hd) float32."""
         _, slots, kv_heads, positions, head_dim = cache.shape
         B = qkv.shape[0]
         out = Tensor.empty(B, heads * head_dim, dtype=dtypes.float32)
-        shape = self._shape(abi.Attention(B, heads, kv_heads, slots, positions, head_dim, flags, eps))
+        shape = self._shape(abi.Attention(B, heads, kv_heads, slots, positions, head_dim, flags, eps, scale))
         return self._call("tq_attend", out, self._rows(qkv, (heads + 2 * kv_heads) * head_dim), cache, lanes, inv_freq, extras, shape)
 
     def layer(self, x: Tensor, layer: LayerTensors, lanes: Tensor, inv_freq: Tensor, eps: float) -> Tensor:
@@ -242,7 +242,7 @@ class QuantizedCPU:
         B, D = x.shape
         out = Tensor.empty(B, D, dtype=dtypes.float32)
         m = layer.matrices
-        attention = abi.Attention(B, layer.heads, kv_heads, slots, positions, head_dim, layer.flags, eps)
+        attention = abi.Attention(B, layer.heads, kv_heads, slots, positions, head_dim, layer.flags, eps, layer.score_scale)
         shape = self._shape(abi.LayerShape(attention, D, m.down.cols, (ctypes.c_int32 * 4)(*(w.ggml_type for w in m.in_order))))
         weights = tuple(w.raw for w in m.in_order)
         attn_norm, ffn_norm = (n.cast(dtypes.float32).contiguous() for n in (layer.attn_norm, layer.ffn_norm))
@@ -259,7 +259,7 @@ class QuantizedCPU:
         E = abi.ModelEntry
         model = {E.EMBED: embed.raw, E.NORM: norm, E.HEAD: head.raw, E.INV_FREQ: inv_freq}
         tensors = abi.in_table_order(model, [layer.table_entries for layer in layers])
-        attention = abi.Attention(0, first.heads, kv_heads, slots, positions, head_dim, first.flags, eps)
+        attention = abi.Attention(0, first.heads, kv_heads, slots, positions, head_dim, first.flags, eps, first.score_scale)
         dims = abi.Step(attention, embed.cols, first.matrices.down.cols, len(layers), head.rows, embed.ggml_type, head.ggml_type)
         types = np.array([w.ggml_type for layer in layers for w in layer.matrices.in_order], dtype=np.int32)
         table = np.array([host_address(t) for t in tensors], dtype=np.uint64)
@@ -322,6 +322,7 @@ class LayerTensors:
     extras: Tensor
     heads: int
     flags: int
+    score_scale: float  # on q . k (ModelConfig.score_scale)
 
     @property
     def table_entries(self) -> dict[abi.LayerEntry, Tensor]:

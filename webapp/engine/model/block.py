@@ -95,7 +95,9 @@ class TransformerBlock:
             self.cache = Tensor.zeros(*shape, dtype=kv_dtype).contiguous()
         if matrices is not None:
             norms = (self.w["attn_norm.weight"], self.w["ffn_norm.weight"])
-            self.layer_tensors = LayerTensors(matrices, *norms, self.cache, self.attend_extras, config.n_heads, self.attend_flags)
+            self.layer_tensors = LayerTensors(
+                matrices, *norms, self.cache, self.attend_extras, config.n_heads, self.attend_flags, config.score_scale
+            )
 
     def tensors(self) -> list[Tensor]:
         own = [*self.qkv.tensors(), *self.gate_up.tensors(), *self.attn_output.tensors(), *self.down.tensors(), self.cache]
@@ -126,7 +128,7 @@ class TransformerBlock:
         B, H, T, Hd = q.shape
         group = c.n_heads // c.n_kv_heads
         q = q.reshape(B, c.n_kv_heads, group, T, Hd)
-        scores = q @ k.unsqueeze(2).transpose(-1, -2) * (1.0 / math.sqrt(Hd))  # (B, KvH, group, T, S)
+        scores = q @ k.unsqueeze(2).transpose(-1, -2) * c.score_scale  # (B, KvH, group, T, S)
         probs = (scores + mask.unsqueeze(1).unsqueeze(1)).softmax(-1)
         out = (probs @ v.unsqueeze(2)).reshape(B, H, T, Hd)
         return out.transpose(1, 2).reshape(B, T, H * Hd)
@@ -153,7 +155,7 @@ class TransformerBlock:
             return self.kernels.layer(x, self.layer_tensors, lanes, inv_freq, c.norm_eps)
         attention = (self.cache, lanes, inv_freq, self.attend_extras, c.n_heads, self.attend_flags)
         qkv = _after_norm(self.qkv, x, w["attn_norm.weight"], c.norm_eps)
-        attn = self.kernels.attend(qkv, *attention, c.norm_eps)
+        attn = self.kernels.attend(qkv, *attention, c.norm_eps, c.score_scale)
         h = _plus(self.attn_output, attn, x)
         return _swiglu_plus(self.down, _after_norm(self.gate_up, h, w["ffn_norm.weight"], c.norm_eps), h)
 

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from webapp.engine.model.ggml_types import GGML_TYPES, UNREADABLE_TYPES
+from webapp.engine.model.rope import attention_factor
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
@@ -40,6 +41,12 @@ class ModelConfig:
     trained_context: int
     qkv_bias: bool
     qk_norm: bool
+    rope_attention_factor: float = 1.0  # YaRN's factor on q and k after rotating (rope.attention_factor)
+
+    @property
+    def score_scale(self) -> float:
+        """Attention's scale on q . k: 1 / sqrt(head size), times YaRN's factor once for q and once for k."""
+        return self.rope_attention_factor**2 / math.sqrt(self.head_dim)
 
     @classmethod
     def from_gguf(cls, kv: dict, weights: dict) -> ModelConfig:
@@ -89,6 +96,7 @@ class ModelConfig:
             trained_context=count("context_length"),
             qkv_bias="blk.0.attn_q.bias" in weights,
             qk_norm="blk.0.attn_q_norm.weight" in weights,
+            rope_attention_factor=attention_factor(kv, arch),
         )
 
     def tensor_shapes(self) -> dict[str, tuple[int, int]]:

@@ -1,18 +1,25 @@
 """RoPE's inverse frequencies as a GGUF file asks for them: the base, Llama 3's per-frequency factors,
-linear position scaling.
+linear position scaling, YaRN.
 
 Contract: `inverse_frequencies(kv, arch, head_dim, freq_factors)` returns (head_dim / 2,) float32, the
 angle per position of each rotary pair (pair i of a head turns by position * inv_freq[i]), or raises
 `RopeUnsupported` naming the file's setting that this server does not run. Every step, on every
 device, rotates by these: the CPU kernels and tinygrad's path read the same tensor.
+`attention_factor(kv, arch)` is what YaRN multiplies both q and k by after rotating (1 otherwise):
+attention's scores then grow by its square, which is how the steps apply it.
 
 - Llama 3.1 / 3.2 files carry `rope_freqs.weight` (head_dim / 2 factors, llama.cpp's "freq_factors"):
   low frequencies are divided by up to the scaling factor (8), high ones kept, a ramp between. Ignoring
   it changes every position's angles past the first, so those files' logits were wrong without it.
 - `rope.scaling.type = linear` (or the older `rope.scale_linear`) divides every angle by the factor:
   positions are compressed into the trained range.
-- YaRN also rescales attention logits, which the kernels do not do yet, and partial rotary
-  (`rope.dimension_count` below the head size) pairs dimensions differently: both are refused at
+- `rope.scaling.type = yarn` (Qwen2.5 / Qwen3 files made for long contexts) keeps the high
+  frequencies, which turn many times within the trained context (`rope.scaling.original_context_length`),
+  divides the low ones by the factor, and ramps between them over the pairs whose wavelengths fall
+  between beta_fast (32) and beta_slow (1) turns of that context; attention's scores are then scaled by
+  (1 + 0.1 ln factor)^2, as llama.cpp's rope_yarn does (its ext_factor 1 and attn_factor 1, the
+  defaults for these files).
+- Partial rotary (`rope.dimension_count` below the head size) pairs dimensions differently: refused at
   load rather than run with wrong logits.
 """
 
@@ -34,15 +41,43 @@ def inverse_frequencies(kv: dict, arch: str, head_dim: int, freq_factors: np.nda
     inv = np.array([1.0 / theta ** (2 * i / head_dim) for i in range(head_dim // 2)], dtype=np.float64)
     kind = kv.get(f"{arch}.rope.scaling.type", "linear" if f"{arch}.rope.scale_linear" in kv else "none")
     factor = float(kv.get(f"{arch}.rope.scaling.factor", kv.get(f"{arch}.rope.scale_linear", 1.0)) or 1.0)
+    if kind in ("linear", "yarn") and not (factor > 0 and np.isfinite(factor)):
+        raise RopeUnsupported(f"rope scaling factor {factor} must be positive")
     if kind == "linear":
-        if factor <= 0:
-            raise RopeUnsupported(f"rope scaling factor {factor} must be positive")
         inv /= factor
+    elif kind == "yarn":
+        inv = _yarn(inv, kv, arch, head_dim, theta, factor)
     elif kind != "none":
-        raise RopeUnsupported(f"rope.scaling.type {kind!r} is not supported (supported: none, linear, and Llama 3's rope_freqs)")
+        raise RopeUnsupported(f"rope.scaling.type {kind!r} is not supported (supported: none, linear, yarn, and Llama 3's rope_freqs)")
     if freq_factors is not None:
         factors = np.asarray(freq_factors, dtype=np.float64).reshape(-1)
         if factors.shape != inv.shape or not np.all(np.isfinite(factors)) or np.any(factors <= 0):
             raise RopeUnsupported(f"rope_freqs.weight must hold {len(inv)} positive factors, not {factors.shape[0]} values")
         inv /= factors
     return inv.astype(np.float32)
+
+
+def _yarn(inv: np.ndarray, kv: dict, arch: str, head_dim: int, theta: float, factor: float) -> np.ndarray:
+    """YaRN's frequencies: pair i is extrapolated (kept) below the ramp, interpolated (divided by
+    the factor) above it, mixed linearly across it."""
+    original = kv.get(f"{arch}.rope.scaling.original_context_length")
+    if not isinstance(original, int) or isinstance(original, bool) or original < 1:
+        raise RopeUnsupported(f"YaRN needs rope.scaling.original_context_length, not {original!r}")
+    fast, slow = float(kv.get(f"{arch}.rope.scaling.yarn_beta_fast", 32.0)), float(kv.get(f"{arch}.rope.scaling.yarn_beta_slow", 1.0))
+
+    def pair_turning(turns: float) -> float:  # the pair whose wavelength fits `turns` times in the original context
+        return head_dim * np.log(original / (turns * 2 * np.pi)) / (2 * np.log(theta))
+
+    low, high = max(np.floor(pair_turning(fast)), 0.0), min(np.ceil(pair_turning(slow)), head_dim - 1.0)
+    ramp = np.clip((np.arange(len(inv)) - low) / max(high - low, 0.001), 0.0, 1.0)
+    kept = 1.0 - ramp  # 1: extrapolate, 0: interpolate
+    return inv / factor * (1.0 - kept) + inv * kept
+
+
+def attention_factor(kv: dict, arch: str) -> float:
+    """YaRN's magnitude factor on q and k (llama.cpp's mscale); 1 for every other kind."""
+    if kv.get(f"{arch}.rope.scaling.type") != "yarn":
+        return 1.0
+    factor = float(kv.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
+    scale = float(kv.get(f"{arch}.rope.scaling.attn_factor", 1.0))
+    return scale * (1.0 + 0.1 * float(np.log(factor))) if factor > 0 else scale

@@ -6,7 +6,7 @@
  *      q and k by RoPE at the lane's position (half-split pairs, angle = pos * inv_freq[i]), and write
  *      k and v as float16 at that position of the lane's slot in the KV cache (2, slots, KvH,
  *      positions, Hd);
- *   2. over the pool: softmax(q . K[0..pos] / sqrt(Hd)) . V[0..pos] for every (lane, query head),
+ *   2. over the pool: softmax(q . K[0..pos] * scale) . V[0..pos] for every (lane, query head),
  *      reading the cache in place, in chunks of KEY_CHUNK keys; an item is a chunk of keys for a
  *      lane's query heads that share a kv head (up to MAX_SHARED_HEADS of them), or for a single head
  *      when that leaves a thread fewer than two items. Each chunk keeps its own max, sum and
@@ -32,7 +32,7 @@ static void run_attend(const void *ctx, int first, int last) {
   const int B = a->shape->lanes, H = a->shape->heads, KvH = a->shape->kv_heads, C = a->shape->positions, Hd = a->shape->head_dim;
   const int group = H / KvH, shared = a->shared, parts = (group + shared - 1) / shared, chunks = a->chunks;
   const size_t plane = (size_t)a->shape->slots * KvH * C * Hd, part_stride = (size_t)chunks * (Hd + 2);
-  const float scale = 1.0f / sqrtf((float)Hd);
+  const float scale = a->shape->scale;
   for (int item = first; item < last; item++) {
     /* item = ((lane, kv head, part of its query heads), chunk of keys), the part `shared` heads wide */
     const int chunk = item % chunks, rest = item / chunks;

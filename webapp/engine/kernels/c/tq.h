@@ -51,6 +51,7 @@ typedef struct {
   int32_t slots, positions, head_dim; /* the float16 KV cache: (2, slots, kv_heads, positions, head_dim) */
   int32_t flags;                      /* ATTEND_BIAS | ATTEND_QK_NORM */
   float eps;                          /* the norms' epsilon: the q/k norms', and the layer's (tq_layer, tq_forward) */
+  float scale;                        /* on q . k: 1 / sqrt(head_dim), times YaRN's factor squared */
 } tq_attention;
 
 /* A whole layer: its attention, the model's width D and the feed-forward's F, its matrices' types. */
