@@ -10,8 +10,6 @@ kernel (and, for the whole model, inside one call).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from tinygrad import Device, Tensor, UOp
 
