@@ -328,6 +328,7 @@ class FakeRunner:
 
     def __init__(self, vocab: int = 50, next_token: Callable[[int], int] | None = None, step_s: float = 0.0, mixes: bool = False):
         self.mixes = mixes
+        self.speculates = False  # the engine's speculation is tested on the real model (test_speculation.py)
         self.vocab = vocab
         self.next_token = next_token or (lambda last: (last + 1) % vocab)
         self.step_s = step_s

@@ -115,7 +115,8 @@ class Answer:
     def usage(self) -> dict:
         first = self.readers[0].request
         completion = sum(r.completion_tokens for r in self.readers)
-        return responses.usage(first.prompt_len, completion, first.cached_tokens)
+        drafted, accepted = (sum(getattr(r.request, name) for r in self.readers) for name in ("drafted_tokens", "accepted_tokens"))
+        return responses.usage(first.prompt_len, completion, first.cached_tokens, drafted, accepted)
 
     def close(self) -> None:
         for reader in self.readers:

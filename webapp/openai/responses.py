@@ -23,13 +23,18 @@ def sse(obj: dict | str) -> str:
 SSE_DONE = sse("[DONE]")
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, drafted: int = 0, accepted: int = 0) -> dict:
+    """OpenAI's usage; speculation's drafted tokens in its predicted outputs' fields (accepted ones
+    confirmed by sampling, rejected ones not), where any were drafted."""
+    out = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+    if drafted:
+        out["completion_tokens_details"] = {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": drafted - accepted}
+    return out
 
 
 def models_list(model_name: str, created: int) -> dict:

@@ -34,6 +34,8 @@ COUNTERS = (
     ("generation_tokens", "Generated tokens.", "generated_tokens_total"),
     ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "prompt_tokens_total"),
     ("prefix_cache_hits", "Prompt tokens served from the prefix cache instead of prefilled.", "cached_tokens_total"),
+    ("draft_tokens", "Tokens drafted for speculative decoding (prompt lookup).", "drafted_tokens_total"),
+    ("draft_accepted_tokens", "Drafted tokens that sampling confirmed (each saved a decode step).", "accepted_tokens_total"),
 )
 HISTOGRAMS = (
     ("time_to_first_token_seconds", "Time from submission to the first generated token.", "ttft_s"),

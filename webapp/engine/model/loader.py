@@ -95,4 +95,5 @@ def build_engine(config) -> Engine:
         queue_limit=s["queue_limit"],
         prefill_chunk=s["prefill_chunk"],
         stall_seconds=s["stall_seconds"],
+        speculate=s["speculate"],
     )

@@ -38,6 +38,12 @@ class Runner(Protocol):
 
     # True when `prefill_and_decode` runs as one model step; the engine calls it only then
     mixes: bool
+    # True when `decode_drafted` gives each drafted position the logits decoding it alone would
+    speculates: bool
+
+    def decode_drafted(self, batch: list[Request], drafts: list[list[int]], positions: list[int]) -> list[np.ndarray]:
+        """Feed each request its last output token and then its drafted tokens, from its position; per
+        request, logits (1 + len(draft), vocab): of that token, then of each draft."""
 
     def prefill_and_decode(
         self, chunks: list[tuple[Request, list[int], int]], batch: list[Request], positions: list[int]
@@ -60,6 +66,16 @@ class ModelRunner:
     @property
     def mixes(self) -> bool:
         return self.steps.mixes
+
+    @property
+    def speculates(self) -> bool:
+        return self.steps.speculates
+
+    def decode_drafted(self, batch: list[Request], drafts: list[list[int]], positions: list[int]) -> list[np.ndarray]:
+        """Each request's last output token and its drafted tokens as one lane group each, one model
+        step for all; per request the logits of every fed token (1 + len(draft), vocab)."""
+        lanes = [[r.output_ids[-1], *draft] for r, draft in zip(batch, drafts, strict=True)]
+        return self.steps.verify(lanes, [r.slot for r in batch], positions)
 
     def prefill(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
         """Run one chunk of `request`'s prompt; logits (vocab,) of its last token."""

@@ -82,6 +82,8 @@ class EngineMetrics:
         self.cached_tokens = 0
         self.prefill_tokens = 0
         self.generated_tokens = 0
+        self.drafted_tokens = 0  # speculation: tokens drafted, and those the samples confirmed
+        self.accepted_tokens = 0
         self.finished = Counter()
         self.timeline = Timeline()
         self.ttft = Histogram(TTFT_BUCKETS, keep=1000)
@@ -121,6 +123,10 @@ class EngineMetrics:
         elif request.last_token_at is not None:
             self.itl.observe(now - request.last_token_at)
 
+    def on_drafts(self, drafted: int, accepted: int) -> None:
+        self.drafted_tokens += drafted
+        self.accepted_tokens += accepted
+
     def on_finish(self, request) -> None:
         self.finished[request.finish_reason] += 1
         end = request.finished_at or self.clock()
@@ -135,6 +141,8 @@ class EngineMetrics:
                     "prompt_tokens": request.prompt_len,
                     "cached_tokens": request.cached_tokens,
                     "generated_tokens": generated,
+                    "drafted_tokens": request.drafted_tokens,
+                    "accepted_tokens": request.accepted_tokens,
                     "queue_wait_s": (admitted or end) - request.submitted_at,
                     "ttft_s": (request.first_token_at - request.submitted_at) if request.first_token_at else None,
                     "decode_tokens_per_s": (generated - 1) / decode_s if generated > 1 and decode_s > 0 else None,
@@ -164,6 +172,8 @@ class EngineMetrics:
             "prompt_tokens_total": self.prompt_tokens,
             "prefill_tokens_total": self.prefill_tokens,
             "generated_tokens_total": self.generated_tokens,
+            "drafted_tokens_total": self.drafted_tokens,
+            "accepted_tokens_total": self.accepted_tokens,
             "requests_total": MappingProxyType({r: self.finished[r] for r in REQUEST_OUTCOMES}),
             "ttft_p50_s": ttft[0],
             "ttft_p95_s": ttft[1],

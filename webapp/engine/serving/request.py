@@ -93,6 +93,9 @@ class Request:
     # (float32, unnormalized) when its prefill ends, which ends the request; nothing is generated
     pooling: str | None = None
     embedding: object = None
+    drafter: object = None  # its PromptLookup (webapp/engine/decoding/drafts.py) where the engine speculates
+    drafted_tokens: int = 0  # tokens drafted for it, and how many of them its samples confirmed
+    accepted_tokens: int = 0
     constraint: object = None  # a grammar's TokenConstraint (webapp/engine/decoding/constraints.py), set before submitting
     sampler: object = None  # the request's RequestSampler (webapp/engine/decoding/sampling.py), made at admission
     # Written by the model thread before the token (or the Finished) they describe is put on `outputs`.

@@ -6,7 +6,9 @@ Contract (`Steps`): `prefill(tokens, slot, start)` writes a prompt chunk into `s
 each lane by one token, (len(tokens), vocab); `score(tokens, slot, start)` is prefill with every
 token's logits, (len(tokens), vocab), equal to what generating them would give; `hidden(tokens,
 slot, start)` is prefill with every token's final norm output (len(tokens), dim) instead, what
-embeddings pool; `prefill_and_decode`
+embeddings pool; `verify(lanes, slots, positions)` feeds each lane several tokens from its position
+(a decoding sequence's last token, then tokens drafted after it), every one's logits, each equal to
+what decoding it alone gives (only where `speculates`); `prefill_and_decode`
 runs prompt chunks and a decode step as one step, only where `mixes`; `copy_prefix(source, target,
 length)` copies K/V rows between slots; `warm_up(progress)` compiles what the steps will run. `how`
 says in words how a step runs, for the start-up log; `tunable` is whether tinygrad's BEAM search
@@ -27,6 +29,7 @@ class Steps:
     how: str = ""
     tunable: bool = True
     mixes: bool = False  # prompt chunks and a decode step run as one step (`prefill_and_decode`)
+    speculates: bool = False  # `verify` runs drafted tokens as lanes whose logits equal a lone decode's
 
     def __init__(self, model):
         self.model = model
@@ -46,6 +49,9 @@ class Steps:
 
     def hidden(self, tokens: list[int], slot: int, start: int) -> np.ndarray:
         raise NotImplementedError
+
+    def verify(self, lanes: list[list[int]], slots: list[int], positions: list[int]) -> list[np.ndarray]:
+        raise NotImplementedError(f"{type(self).__name__} does not verify drafted tokens")
 
     def prefill_and_decode(
         self, chunks: list[Chunk], decoding: list[int], slots: list[int], positions: list[int]

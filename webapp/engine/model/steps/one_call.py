@@ -22,6 +22,7 @@ class OneCallSteps(Steps):
     how = "one call each on the CPU kernels"
     tunable = False  # no tinygrad kernel runs in a step
     mixes = True
+    speculates = True  # a lane's numbers never depend on the step's other lanes
 
     @staticmethod
     def fits(model) -> bool:
@@ -61,6 +62,20 @@ class OneCallSteps(Steps):
         n = len(tokens)
         assert tokens and start + n <= self.model.context
         return self.kernels.step(self.whole_model, tokens, prompt_lanes(slot, start, n), list(range(n)), hidden=True)
+
+    def verify(self, lanes: list[list[int]], slots: list[int], positions: list[int]) -> list[np.ndarray]:
+        """One call: lane i's tokens at positions[i].. of slots[i], every token's logits (len(lane), vocab)
+        each; a token's keys are written before any lane attends, as in a prompt chunk."""
+        assert lanes and all(lanes) and len(set(slots)) == len(slots)
+        tokens, lane_slots, lane_positions = [], [], []
+        for lane, slot, start in zip(lanes, slots, positions, strict=True):
+            assert start + len(lane) <= self.model.context
+            tokens += lane
+            lane_slots += [slot] * len(lane)
+            lane_positions += range(start, start + len(lane))
+        logits = self._step(tokens, lane_slots + lane_positions, list(range(len(tokens))))
+        ends = np.cumsum([len(lane) for lane in lanes])[:-1]
+        return np.split(logits, ends)
 
     def prefill_and_decode(
         self, chunks: list[Chunk], decoding: list[int], slots: list[int], positions: list[int]
