@@ -86,7 +86,9 @@ def run(engine, prompt, max_tokens, constraint=None, **sampling):
 
 def ours(path, cpu_kernels=True):
     rss_before = rss_mb()
-    engine = Engine(lambda: load_gguf_model(path, SLOTS, CONTEXT, CHUNK, cpu_kernels=cpu_kernels), slots=SLOTS, prefill_chunk=CHUNK)
+    # no speculation: these rows compare one decode step with llama.cpp's (bench/speculation.py has its own)
+    loader = lambda: load_gguf_model(path, SLOTS, CONTEXT, CHUNK, cpu_kernels=cpu_kernels)  # noqa: E731
+    engine = Engine(loader, slots=SLOTS, prefill_chunk=CHUNK, speculate=False)
     t0 = time.monotonic()
     engine.start()
     while engine.state == "loading":
