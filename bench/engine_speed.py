@@ -86,7 +86,7 @@ def run(engine, prompt, max_tokens, constraint=None, **sampling):
 
 def ours(path, cpu_kernels=True):
     rss_before = rss_mb()
-    # no speculation: these rows compare one decode step with llama.cpp's (bench/speculation.py has its own)
+    # no speculation: these rows compare one decode step with llama.cpp's (bench/speculative.py has its own)
     loader = lambda: load_gguf_model(path, SLOTS, CONTEXT, CHUNK, cpu_kernels=cpu_kernels)  # noqa: E731
     engine = Engine(loader, slots=SLOTS, prefill_chunk=CHUNK, speculate=False)
     t0 = time.monotonic()

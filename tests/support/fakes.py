@@ -326,9 +326,16 @@ class FakeRunner:
     start, n tokens), ...), the decoding request ids).
     """
 
-    def __init__(self, vocab: int = 50, next_token: Callable[[int], int] | None = None, step_s: float = 0.0, mixes: bool = False):
+    def __init__(
+        self,
+        vocab: int = 50,
+        next_token: Callable[[int], int] | None = None,
+        step_s: float = 0.0,
+        mixes: bool = False,
+        speculates: bool = False,
+    ):
         self.mixes = mixes
-        self.speculates = False  # the engine's speculation is tested on the real model (test_speculation.py)
+        self.speculates = speculates  # `decode_drafted`: every fed token's logits, as decode gives them
         self.vocab = vocab
         self.next_token = next_token or (lambda last: (last + 1) % vocab)
         self.step_s = step_s
@@ -363,6 +370,14 @@ class FakeRunner:
 
     def copy_prefix(self, request: Request, source_slot: int, length: int) -> None:
         self.calls.append(("copy", request.id, source_slot, length))
+
+    def decode_drafted(self, batch: list[Request], drafts: list[list[int]], positions: list[int]) -> list[np.ndarray]:
+        assert self.speculates
+        if self.fault is not None:
+            raise self.fault
+        self.gate.wait(30)
+        self.calls.append(("drafted", tuple(r.id for r in batch), tuple(tuple(d) for d in drafts)))
+        return [np.stack([self._logits(t) for t in [r.output_ids[-1], *d]]) for r, d in zip(batch, drafts, strict=True)]
 
     def decode(self, batch: list[Request], positions: list[int]) -> np.ndarray:
         if self.fault is not None:

@@ -1,11 +1,12 @@
 """Prompt lookup: drafts are the tokens that followed the sequence's latest n-gram earlier on, as
 many as the request's recent acceptance pays for."""
 
-from webapp.engine.decoding.drafts import DRAFT_MAX, MIN_RATE, PromptLookup
+from webapp.engine.decoding.drafts import DRAFT_MAX, PromptLookup, draft_length
 
 
 def test_a_repeated_span_is_drafted_from_where_it_appeared_before():
     drafts = PromptLookup([5, 1, 2, 3, 4, 6, 7, 8, 9, 1, 2])  # "1 2" was followed by "3 4 6 ..."
+    drafts.rate = 0.95  # drafts have been confirmed: long ones pay
     assert drafts.propose(3) == [3, 4, 6]
     drafts.extend([3])  # the longest matching n-gram wins: "1 2 3"
     assert drafts.propose(2) == [4, 6]
@@ -23,7 +24,21 @@ def test_the_draft_length_follows_acceptance_and_recovers():
     assert len(drafts.propose(100)) == DRAFT_MAX
     for _ in range(10):
         drafts.update(8, 0)
-    assert drafts.rate < MIN_RATE and drafts.propose(8) == []
-    while drafts.rate < MIN_RATE:  # undrafted steps raise the rate again, so drafting is retried
+    assert drafts.propose(8) == []
+    while draft_length(drafts.rate) == 0:  # undrafted steps raise the rate again, so drafting is retried
         assert drafts.propose(8) == []
     assert drafts.propose(8) != []
+
+
+def test_the_length_is_what_pays_for_its_lanes():
+    """Expected tokens per unit of step time: none when drafts are mostly refused, more as they are confirmed."""
+    lengths = [draft_length(p) for p in (0.1, 0.3, 0.7, 0.8, 0.95)]
+    assert lengths[0] == 0 and lengths == sorted(lengths) and lengths[-1] == DRAFT_MAX
+    assert draft_length(0.95, limit=3) == 3
+
+
+def test_a_refusal_counts_as_one_failed_trial():
+    drafts = PromptLookup([])
+    drafts.rate = 0.5
+    drafts.update(8, 3)  # three confirmed, the fourth refused: p's sample is 3 / 4, not 3 / 8
+    assert abs(drafts.rate - (0.7 * 0.5 + 0.3 * 0.75)) < 1e-9

@@ -364,7 +364,7 @@ class Engine:
             self._fail(batch, e)
             return
         for request, draft, lane_rows in zip(batch, drafts, rows, strict=True):
-            accepted = 0
+            accepted, drafter = 0, request.drafter  # kept: a request that ends here lets go of its drafter
             for i, row in enumerate(lane_rows):
                 # row i read the request's last output token (i = 0) or draft[i - 1]: usable only
                 # while each draft so far was the token sampled at its position
@@ -378,8 +378,8 @@ class Engine:
             request.drafted_tokens += len(draft)
             request.accepted_tokens += accepted
             self.metrics.on_drafts(len(draft), accepted)
-            if request.drafter is not None:
-                request.drafter.update(len(draft), accepted)
+            if drafter is not None:
+                drafter.update(len(draft), accepted)
 
     def _emit(self, request: Request, token: int, logprobs=None) -> None:
         params = request.params
@@ -408,7 +408,7 @@ class Engine:
             with self._lock:
                 self._waiting -= 1
         self.metrics.on_finish(request)
-        request.sampler = request.constraint = None
+        request.sampler = request.constraint = request.drafter = None
         request.outputs.put(Finished(reason))
 
     def _fail(self, requests: list[Request], error: Exception) -> None:

@@ -25,7 +25,7 @@ ENGINE_DEFAULTS = {
     "BEAM": "auto",  # tinygrad BEAM width; "auto": the tuned value when `make tune` ran, else 0
     "STALL_SECONDS": 120,  # /health turns 503 when a step with work pending takes longer
     "CPU_KERNELS": True,
-    "SPECULATE": "ngram",  # draft tokens from the request's own text and verify them in the step ("off": never); outputs never change
+    "SPECULATIVE": True,  # draft tokens from the request's own text (prompt lookup) and verify them in the step; outputs never change
     "POOLING": "auto",  # /v1/embeddings: "mean", "last" or "first"; "auto": the file's pooling_type, else mean  # quantized matrices on the CPU device run on webapp/engine/kernels; false: tinygrad's float16 path
 }
 
@@ -49,11 +49,11 @@ def default_model_path() -> str:
 
 
 def _speculation(value) -> bool:
-    if str(value).lower() in ("off", "false", "0", "none"):
+    if str(value).lower() in ("off", "false", "0", "no"):
         return False
-    if str(value).lower() in ("ngram", "on", "true", "1"):
+    if str(value).lower() in ("on", "true", "1", "yes", "ngram"):  # ngram: prompt lookup, the one drafter
         return True
-    raise ValueError(f"LLM_SPECULATE={value!r}: ngram or off is expected")
+    raise ValueError(f"LLM_SPECULATIVE={value!r}: true or false is expected")
 
 
 def engine_settings(config: Mapping) -> dict:
@@ -71,5 +71,5 @@ def engine_settings(config: Mapping) -> dict:
         "stall_seconds": float(setting(config, "STALL_SECONDS")),
         "cpu_kernels": setting(config, "CPU_KERNELS") not in (False, 0, "0", "false", "off"),
         "pooling": str(setting(config, "POOLING")),
-        "speculate": _speculation(setting(config, "SPECULATE")),
+        "speculate": _speculation(setting(config, "SPECULATIVE")),
     }

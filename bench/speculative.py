@@ -1,6 +1,6 @@
 """Speculative decoding's speed-up, one stream at a time, with the outputs checked equal.
 
-Usage: DEV=CPU .venv/bin/python bench/speculation.py [--model PATH] [--tokens 128] [--rounds 3]
+Usage: DEV=CPU .venv/bin/python bench/speculative.py [--model PATH] [--tokens 128] [--rounds 3]
 
 For each kind of request (a code edit that repeats most of its input, a summary of a text, a JSON
 extraction, a free chat answer) and each sampling (greedy; temperature 0.7 seeded), the same request
