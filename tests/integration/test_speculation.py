@@ -85,3 +85,12 @@ def test_beside_other_requests_each_gets_what_it_gets_alone(engine):
     assert sum(r.accepted_tokens for r in together) > 0
     stats = engine.stats()
     assert stats["accepted_tokens_total"] > 0 and stats["drafted_tokens_total"] >= stats["accepted_tokens_total"]
+
+
+def test_a_repeated_request_drafts_from_the_earlier_answer(engine):
+    messages = [{"role": "user", "content": "Name three rivers of Europe, one line each."}]
+    ids = engine.tokenizer.encode(engine.chat_template.render(messages, add_generation_prompt=True), special=True)
+    first = Request(ids, params(engine, temperature=0.0))
+    second = Request(ids, params(engine, temperature=0.0))
+    assert run(engine, True, [first]) == run(engine, True, [second])
+    assert second.accepted_tokens >= 0.6 * len(second.output_ids) > 0, (second.accepted_tokens, second.drafted_tokens)

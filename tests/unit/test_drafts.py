@@ -1,7 +1,7 @@
 """Prompt lookup: drafts are the tokens that followed the sequence's latest n-gram earlier on, as
 many as the request's recent acceptance pays for."""
 
-from webapp.engine.decoding.drafts import DRAFT_MAX, PromptLookup, draft_length
+from webapp.engine.decoding.drafts import DRAFT_MAX, PromptLookup, RecentOutputs, draft_length
 
 
 def test_a_repeated_span_is_drafted_from_where_it_appeared_before():
@@ -42,3 +42,21 @@ def test_a_refusal_counts_as_one_failed_trial():
     drafts.rate = 0.5
     drafts.update(8, 3)  # three confirmed, the fourth refused: p's sample is 3 / 4, not 3 / 8
     assert abs(drafts.rate - (0.7 * 0.5 + 0.3 * 0.75)) < 1e-9
+
+
+def test_a_repeated_request_drafts_from_the_servers_earlier_answer():
+    recent = RecentOutputs()
+    recent.add([7, 8, 9] + [20, 21, 22, 23, 24, 25])  # a prompt's last tokens, then its answer
+    drafts = PromptLookup([1, 2, 7, 8, 9], recent)  # the same request again
+    drafts.rate = 0.95
+    assert drafts.propose(4) == [20, 21, 22, 23]
+    drafts.extend([20, 21])
+    assert drafts.propose(3) == [22, 23, 24]
+    assert PromptLookup([1, 2, 3], recent).propose(4) == []
+
+
+def test_recent_outputs_keep_at_most_their_capacity_newest_first():
+    recent = RecentOutputs(capacity=10)
+    recent.add([1, 2, 3, 4, 5, 6])
+    recent.add([1, 2, 9, 9, 9, 9])  # the newer occurrence of "1 2" wins, and the older text goes
+    assert recent.size == 6 and recent.after((1, 2), 2) == [9, 9] and recent.after((3, 4), 2) == []

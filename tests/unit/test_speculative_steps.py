@@ -19,7 +19,7 @@ class ScriptedDrafter:
     def __init__(self, script):
         self.script, self.updates = list(script), []
 
-    def __call__(self, prompt_ids):  # stands in for PromptLookup(prompt_ids)
+    def __call__(self, prompt_ids, recent=None):  # stands in for PromptLookup(prompt_ids, recent)
         return self
 
     def extend(self, tokens):

@@ -1,10 +1,13 @@
-"""Drafted tokens for speculative decoding, from the request's own text (prompt lookup).
+"""Drafted tokens for speculative decoding, from the request's own text (prompt lookup) and from the
+server's recent answers.
 
-Contract: `PromptLookup(prompt_ids)` follows one request; `extend(tokens)` adds its accepted output
-tokens, `propose(limit)` returns up to `limit` tokens that followed the latest earlier occurrence of
-the sequence's last n tokens (n from MAX_NGRAM down to MIN_NGRAM), and `update(drafted, accepted)`
-records how a proposal fared. Code edits, summaries, RAG answers and JSON repeat long spans of their
-prompt, and a span that repeated once tends to go on repeating.
+Contract: `PromptLookup(prompt_ids, recent)` follows one request; `extend(tokens)` adds its accepted
+output tokens, `propose(limit)` returns up to `limit` tokens that followed the latest earlier
+occurrence of the sequence's last n tokens (n from MAX_NGRAM down to MIN_NGRAM) in its own text, else
+in `recent` (a `RecentOutputs`: the last answers the server gave, where a repeated request finds its
+earlier answer), and `update(drafted, accepted)` records how a proposal fared. Code edits, summaries,
+RAG answers and JSON repeat long spans of their prompt, a span that repeated once tends to go on
+repeating, and clients (retries, evaluations, agents re-asking) repeat whole requests.
 
 Drafts change no output: the engine samples every drafted position exactly as plain decoding would
 and keeps a draft only while the sample equals it (webapp/engine/serving/engine.py). What a draft
@@ -36,8 +39,49 @@ def draft_length(p: float, limit: int = DRAFT_MAX) -> int:
     return best
 
 
+def grams(tokens: list[int], end: int):
+    """The n-grams ending at `end`, longest first."""
+    for n in range(MAX_NGRAM, MIN_NGRAM - 1, -1):
+        if end >= n:
+            yield tuple(tokens[end - n : end])
+
+
+class RecentOutputs:
+    """The server's last answers (each with the prompt tokens just before it), at most `capacity`
+    tokens in all, oldest dropped first, with an index of where each n-gram last occurred."""
+
+    def __init__(self, capacity: int = 65536):
+        self.capacity, self.size = capacity, 0
+        self._texts: dict[int, list[int]] = {}  # insertion order is age
+        self._where: dict[tuple[int, ...], tuple[int, int]] = {}  # n-gram -> (text id, position after it)
+        self._next_id = 0
+
+    def add(self, tokens: list[int]) -> None:
+        if not MIN_NGRAM < len(tokens) <= self.capacity:
+            return
+        text_id, self._next_id = self._next_id, self._next_id + 1
+        self._texts[text_id] = tokens
+        self.size += len(tokens)
+        for end in range(MIN_NGRAM, len(tokens)):  # a gram at the very end has nothing after it
+            for gram in grams(tokens, end):
+                self._where[gram] = (text_id, end)
+        while self.size > self.capacity:
+            oldest = next(iter(self._texts))
+            self.size -= len(self._texts.pop(oldest))
+        if len(self._where) > 4 * self.capacity:  # entries of dropped texts: rebuilt from those kept
+            self._where = {g: w for g, w in self._where.items() if w[0] in self._texts}
+
+    def after(self, gram: tuple[int, ...], limit: int) -> list[int]:
+        where = self._where.get(gram)
+        if where is None or where[0] not in self._texts:
+            return []
+        text_id, end = where
+        return self._texts[text_id][end : end + limit]
+
+
 class PromptLookup:
-    def __init__(self, prompt_ids: list[int]):
+    def __init__(self, prompt_ids: list[int], recent: RecentOutputs | None = None):
+        self.recent = recent
         self.tokens: list[int] = []
         self._last: dict[tuple[int, ...], int] = {}  # n-gram -> the position after its latest occurrence
         self._previous: dict[tuple[int, ...], int] = {}  # the occurrence before that one
@@ -61,14 +105,14 @@ class PromptLookup:
         if limit <= 0:
             self.rate = min(1.0, self.rate + RECOVERY)
             return []
-        end = len(self.tokens)
-        for n in range(MAX_NGRAM, MIN_NGRAM - 1, -1):
-            if end < n:
-                continue
-            gram = tuple(self.tokens[end - n :])
+        for gram in grams(self.tokens, len(self.tokens)):
             after = self._previous.get(gram)  # _last[gram] is the sequence's own end
             if after is not None:
                 return self.tokens[after : after + limit]
+        if self.recent is not None:
+            for gram in grams(self.tokens, len(self.tokens)):
+                if draft := self.recent.after(gram, limit):
+                    return draft
         return []
 
     def update(self, drafted: int, accepted: int) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 
 from webapp.engine.decoding.constraints import GrammarCompiler
-from webapp.engine.decoding.drafts import PromptLookup
+from webapp.engine.decoding.drafts import MAX_NGRAM, PromptLookup, RecentOutputs
 from webapp.engine.decoding.sampling import RequestSampler, score_prompt
 from webapp.engine.serving.errors import EngineNotReady, QueueFull, completion_room
 from webapp.engine.serving.kv_cache import SlotTable
@@ -58,6 +58,7 @@ class Engine:
         self.n_slots, self.queue_limit, self.prefill_chunk = slots, queue_limit, prefill_chunk
         self.stall_seconds = stall_seconds
         self.speculate = speculate  # where the runner can verify drafts (Runner.speculates)
+        self._recent = RecentOutputs()  # the answers drafts are also looked up in (model thread only)
         # When the model thread's current pass over its loop began; None while it sleeps on an empty inbox.
         self._busy_since: float | None = None
         self.state, self.error = "loading", None
@@ -208,7 +209,7 @@ class Engine:
                     self._waiting -= 1
                 request.sampler = RequestSampler(request.params, request.prompt_ids, request.constraint)
                 if self.speculate and self.loaded.runner.speculates and request.pooling is None:
-                    request.drafter = PromptLookup(request.prompt_ids)
+                    request.drafter = PromptLookup(request.prompt_ids, self._recent)
                 self.metrics.on_admit(request)
                 changed = True
             # publish before the step too, so pages show who is running during a long step
@@ -408,6 +409,8 @@ class Engine:
             with self._lock:
                 self._waiting -= 1
         self.metrics.on_finish(request)
+        if request.drafter is not None and reason in (FinishReason.STOP, FinishReason.LENGTH):
+            self._recent.add(request.prompt_ids[-MAX_NGRAM:] + request.output_ids)
         request.sampler = request.constraint = request.drafter = None
         request.outputs.put(Finished(reason))
 
