@@ -60,3 +60,8 @@ def test_recent_outputs_keep_at_most_their_capacity_newest_first():
     recent.add([1, 2, 3, 4, 5, 6])
     recent.add([1, 2, 9, 9, 9, 9])  # the newer occurrence of "1 2" wins, and the older text goes
     assert recent.size == 6 and recent.after((1, 2), 2) == [9, 9] and recent.after((3, 4), 2) == []
+
+
+def test_a_fuller_step_needs_likelier_drafts():
+    assert draft_length(0.5, batch=1) == 1 and draft_length(0.5, batch=8) == 0
+    assert [draft_length(0.9, batch=b) for b in (1, 2, 4, 8)] == sorted([draft_length(0.9, batch=b) for b in (1, 2, 4, 8)], reverse=True)

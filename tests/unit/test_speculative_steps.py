@@ -25,7 +25,7 @@ class ScriptedDrafter:
     def extend(self, tokens):
         pass
 
-    def propose(self, limit):
+    def propose(self, limit, batch=1):
         return self.script.pop(0)[:limit] if self.script else []
 
     def update(self, drafted, accepted):
@@ -74,9 +74,9 @@ def test_a_request_cancelled_while_its_drafts_are_verified_frees_its_slot_and_dr
     runner = FakeRunner(vocab=VOCAB, speculates=True)
 
     class Holding(ScriptedDrafter):
-        def propose(self, limit):
+        def propose(self, limit, batch=1):
             runner.gate.clear()  # the verification step about to run waits at the gate
-            return super().propose(limit)
+            return super().propose(limit, batch)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(engine_module, "PromptLookup", Holding([[4, 5, 6]]))

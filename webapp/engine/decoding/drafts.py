@@ -14,7 +14,8 @@ and keeps a draft only while the sample equals it (webapp/engine/serving/engine.
 costs is its lanes in the step (LANE_COST of a one-lane step each), so `propose` drafts the length
 that makes the most tokens per unit of step time at the request's recent per-token acceptance p:
 k drafts yield (1 - p^(k+1)) / (1 - p) tokens for 1 + LANE_COST * k. At p = 0.3 that is one token,
-at 0.8 four, none below ~0.2; undrafted steps raise p a little, so drafting is tried again.
+at 0.8 four, none below ~0.2; in a step of many sequences a lane costs more of each one's share, so
+drafts must be likelier still. Undrafted steps raise p a little, so drafting is tried again.
 """
 
 from __future__ import annotations
@@ -28,12 +29,20 @@ RECOVERY = 0.02  # added to p per undrafted step
 MEMORY = 0.3  # the weight of the latest proposal in the acceptance average
 
 
-def draft_length(p: float, limit: int = DRAFT_MAX) -> int:
-    """The k <= limit that maximizes expected tokens per step time, (1 - p^(k+1)) / (1 - p) / (1 + LANE_COST k)."""
-    p = min(max(p, 0.0), 0.999)
+def lane_cost(batch: int) -> float:
+    """A drafted lane's cost against one sequence's share of a step of `batch` lanes: a step costs
+    1 + LANE_COST (batch - 1) one-lane steps, so a lane's share of it shrinks as batches grow, and a
+    draft must be likelier to pay (at 8 lanes a drafted token needs p ~0.85 where one lane needs 0.2)."""
+    return LANE_COST * batch / (1 + LANE_COST * (batch - 1))
+
+
+def draft_length(p: float, limit: int = DRAFT_MAX, batch: int = 1) -> int:
+    """The k <= limit that maximizes expected tokens per step time, (1 - p^(k+1)) / (1 - p) / (1 + c k),
+    c the lane's cost in a step of `batch` lanes."""
+    p, cost = min(max(p, 0.0), 0.999), lane_cost(batch)
     best, best_gain = 0, 1.0
     for k in range(1, limit + 1):
-        gain = (1 - p ** (k + 1)) / (1 - p) / (1 + LANE_COST * k)
+        gain = (1 - p ** (k + 1)) / (1 - p) / (1 + cost * k)
         if gain > best_gain:
             best, best_gain = k, gain
     return best
@@ -99,9 +108,10 @@ class PromptLookup:
                         self._previous[gram] = self._last[gram]
                     self._last[gram] = end
 
-    def propose(self, limit: int) -> list[int]:
-        """Up to `limit` tokens (as many as acceptance pays for) that followed the last n-gram before."""
-        limit = draft_length(self.rate, min(limit, DRAFT_MAX))
+    def propose(self, limit: int, batch: int = 1) -> list[int]:
+        """Up to `limit` tokens (as many as acceptance pays for in a step of `batch` sequences) that
+        followed the last n-gram before."""
+        limit = draft_length(self.rate, min(limit, DRAFT_MAX), batch)
         if limit <= 0:
             self.rate = min(1.0, self.rate + RECOVERY)
             return []

@@ -349,7 +349,7 @@ class Engine:
         for request in batch:
             limit = min(room, request.params.max_tokens - len(request.output_ids) - 1)
             limit = min(limit, self.loaded.context - 1 - self.scheduler.position(request) - 1)
-            draft = request.drafter.propose(limit) if request.drafter is not None and limit > 0 else []
+            draft = request.drafter.propose(limit, len(batch)) if request.drafter is not None and limit > 0 else []
             room -= len(draft)
             drafts.append(draft)
         return drafts
