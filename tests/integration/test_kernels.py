@@ -182,10 +182,10 @@ def _repack(library, raw: np.ndarray, ggml_type: int, cols: int) -> tuple[np.nda
     return packed, stored_type
 
 
-@pytest.mark.parametrize("ggml_type", [2, 3, 8, 12, 13, 14, 23])
+@pytest.mark.parametrize("ggml_type", [2, 3, 8, 10, 11, 12, 13, 14, 23])
 @pytest.mark.parametrize("rows", [40, 37])
 def test_interleaved_rows_give_the_same_products_rows_and_invariance(library, ggml_type, rows):
-    """Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K and IQ4_XS with rows in eights are stored interleaved where the SIMD kernels serve
+    """Q4_0, Q4_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS with rows in eights are stored interleaved where the SIMD kernels serve
     (other row counts and the portable build keep the file's layout): every product, dequantized row and
     embedding lookup stays that of the file's blocks, and a token's row is the same alone or among others."""
     rng = np.random.default_rng(rows + ggml_type)

@@ -30,3 +30,10 @@ static void dequantize_q2_k(const uint8_t *w, float *y) {
     y[i] = d * (sm & 15) * ((w[Q2K_QUANTS + 32 * h + l] >> 2 * j) & 3) - dmin * (sm >> 4);
   }
 }
+
+/* Where an interleaved group (formats.c) of eight rows' blocks keeps each field. Q3_K: the eight d,
+ * the 12 scale bytes as twelve 8-byte rows (byte k of each row's 12), then 4-byte slices of the high
+ * bits and of the low pairs. Q2_K: the eight d, the eight dmin, the 16 scale bytes as sixteen 8-byte
+ * rows, then 4-byte slices of the pairs. */
+enum { Q3K_GROUP_D = 0, Q3K_GROUP_SCALES = 16, Q3K_GROUP_HIGH = 16 + 96, Q3K_GROUP_LOW = 16 + 96 + 256 };
+enum { Q2K_GROUP_D = 0, Q2K_GROUP_DMIN = 16, Q2K_GROUP_SCALES = 32, Q2K_GROUP_QUANTS = 32 + 128 };

@@ -54,3 +54,67 @@ static void row_dot_q2_k(const uint8_t *w, int nb, const xblock *const *xs, int 
   }
   for (int t = 0; t < n; t++) acc[t] += hsum(sum[t]) + extra[t];
 }
+
+/* Q3_Kx8 and Q2_Kx8 times N tokens: for activation block c = 4h + j, slice 8h + m of the pairs (bit
+ * pair j) holds values 4m..4m+3 of the eight rows (Q3_K: with slice m of the high bits, bit c), one row
+ * a lane; slices 0..3 make the first 16 values, under sub-scale 2c, and 4..7 the last 16. Values are
+ * at most 7, so four maddubs stay within int16. The eight rows' sub-scales come eight at a time: Q2_K's
+ * as a byte row of the group, Q3_K's unpacked from its twelve byte rows as q3k_scale does, a 64-bit
+ * word (eight rows) at a time. `nb` counts 32-value blocks. */
+static inline __attribute__((always_inline)) void tile_k_low_x8(const uint8_t *g, const xblock *const *xs, int N, int nb, float *out,
+                                                                size_t out_stride, const int three) {
+  const int group_bytes = three ? 8 * 110 : 8 * 84, pairs = three ? Q3K_GROUP_LOW : Q2K_GROUP_QUANTS;
+  const __m256i pair = _mm256_set1_epi8(3), bit = _mm256_set1_epi8(1);
+  __m256 acc[MAX_TOKEN_GROUP];
+  for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();
+  for (int sb = 0; sb < nb / 8; sb++, g += group_bytes) {
+    for (int ahead = 0; ahead < group_bytes; ahead += 64) _mm_prefetch((const char *)(g + PREFETCH_BYTES + ahead), _MM_HINT_T0);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + (three ? Q3K_GROUP_D : Q2K_GROUP_D))));
+    const __m256 dmin = three ? _mm256_setzero_ps() : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + Q2K_GROUP_DMIN)));
+    uint64_t scale[16]; /* sub-block k's byte for each of the eight rows (Q2_K: scale and min nibbles) */
+    if (three) {
+      uint64_t packed[12];
+      memcpy(packed, g + Q3K_GROUP_SCALES, sizeof packed);
+      for (int k = 0; k < 16; k++)
+        scale[k] = ((packed[k % 8] >> 4 * (k / 8)) & 0x0f0f0f0f0f0f0f0fULL) | ((packed[8 + k % 4] >> 2 * (k / 4)) & 0x0303030303030303ULL) << 4;
+    } else {
+      memcpy(scale, g + Q2K_GROUP_SCALES, sizeof scale);
+    }
+    for (int c = 0; c < 8; c++) {
+      __m256 row_scale[2], row_min[2];
+      for (int half = 0; half < 2; half++) {
+        const __m256i bytes = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)scale[2 * c + half]));
+        const __m256i sc = three ? _mm256_sub_epi32(bytes, _mm256_set1_epi32(32)) : _mm256_and_si256(bytes, _mm256_set1_epi32(15));
+        row_scale[half] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+        row_min[half] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4)));
+      }
+      const uint8_t *slices = g + pairs + 32 * 8 * (c / 4);
+      __m256i q[8];
+      for (int m = 0; m < 8; m++) {
+        q[m] = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(slices + 32 * m)), 2 * (c % 4)), pair);
+        if (three) {
+          const __m256i high = _mm256_loadu_si256((const __m256i *)(g + Q3K_GROUP_HIGH + 32 * m));
+          q[m] = _mm256_or_si256(q[m], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, c), bit), 2));
+        }
+      }
+      for (int t = 0; t < N; t++) {
+        const xblock *x = &xs[t][8 * sb + c];
+        int32_t fours[8];
+        memcpy(fours, x->q, 32);
+        __m256i dot[2];
+        for (int half = 0; half < 2; half++) {
+          dot[half] = dot_u8_quads(q + 4 * half, fours + 4 * half, 4);
+          if (three) dot[half] = _mm256_sub_epi32(dot[half], _mm256_set1_epi32(4 * x->sum16[half])); /* values stored plus 4 */
+        }
+        __m256 sum = _mm256_mul_ps(row_scale[0], _mm256_cvtepi32_ps(dot[0]));
+        sum = _mm256_fmadd_ps(row_scale[1], _mm256_cvtepi32_ps(dot[1]), sum);
+        if (!three) {
+          sum = _mm256_fnmadd_ps(row_min[0], _mm256_set1_ps((float)x->sum16[0]), sum);
+          sum = _mm256_fnmadd_ps(row_min[1], _mm256_set1_ps((float)x->sum16[1]), sum);
+        }
+        acc[t] = _mm256_fmadd_ps(sum, _mm256_broadcast_ss(&x->d), acc[t]);
+      }
+    }
+  }
+  for (int t = 0; t < N; t++) _mm256_storeu_ps(out + t * out_stride, acc[t]);
+}

@@ -216,6 +216,8 @@ static inline __attribute__((always_inline)) void tile_q6_k_x8(const uint8_t *g,
     else if (type == Q5_Kx8) tile_q4_k_x8(g, xs, N, nb, out, stride, 1);                                                    \
     else if (type == Q6_Kx8) tile_q6_k_x8(g, xs, N, nb, out, stride);                                                       \
     else if (type == IQ4_XSx8) tile_iq4_xs_x8(g, xs, N, nb, out, stride);                                                   \
+    else if (type == Q3_Kx8) tile_k_low_x8(g, xs, N, nb, out, stride, 1);                                                   \
+    else if (type == Q2_Kx8) tile_k_low_x8(g, xs, N, nb, out, stride, 0);                                                   \
     else if (type == Q4_1x8) tile_x8(Q4_1x8, g, xs, N, nb, out, stride);                                                    \
     else tile_x8(Q4_0x8, g, xs, N, nb, out, stride);                                                                        \
   }
