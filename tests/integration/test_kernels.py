@@ -403,6 +403,26 @@ def test_k_quant_matrices_at_real_shapes_store_and_multiply_whole(ggml_type, row
     np.testing.assert_allclose(got[0, picked], quantize_activations(x)[0] @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
 
 
+@pytest.mark.parametrize("ggml_type", [23, 11, 10], ids=["IQ4_XS", "Q3_K", "Q2_K"])
+@pytest.mark.parametrize(("rows", "cols"), [(49_152, 2_048), (4_100, 2_048)], ids=["1.7B embedding", "rows not in eights"])
+def test_low_bit_matrices_at_real_shapes_multiply_every_row_right(ggml_type, rows, cols):
+    """IQ4_XS, Q3_K and Q2_K at a Qwen3-1.7B embedding's size (interleaved in eights: the tiles) and at
+    rows not in eights (the row kernels), a few tokens at once: the rows picked across the matrix, the
+    last ones among them, match the float64 product of their blocks."""
+    use_tinygrad_from_this_thread()
+    kernels = QuantizedCPU.load()
+    assert kernels is not None
+    rng = np.random.default_rng(rows + ggml_type)
+    raw = random_blocks(ggml_type, rows, cols, rng)
+    weight = kernels.block_weight(raw, ggml_type, cols)
+    assert weight.ggml_type == ggml_type + (INTERLEAVED if rows % 8 == 0 and kernels.simd else 0)
+    x = rng.standard_normal((3, cols)).astype(np.float32)
+    got = kernels.linear(Tensor(x), weight).numpy()
+    picked = np.unique(np.concatenate([rng.choice(rows, 60, replace=False), np.arange(rows - 4, rows)]))
+    w = dequantize(ggml_type, raw[picked], cols)
+    np.testing.assert_allclose(got[:, picked], quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
+
+
 def test_a_matrix_whose_bytes_do_not_fit_its_shape_is_refused_before_the_kernels_see_it():
     kernels = QuantizedCPU.load()
     assert kernels is not None
