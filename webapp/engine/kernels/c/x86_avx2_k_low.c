@@ -64,7 +64,7 @@ static void row_dot_q2_k(const uint8_t *w, int nb, const xblock *const *xs, int 
 static inline __attribute__((always_inline)) void tile_k_low_x8(const uint8_t *g, const xblock *const *xs, int N, int nb, float *out,
                                                                 size_t out_stride, const int three) {
   const int group_bytes = three ? 8 * 110 : 8 * 84, pairs = three ? Q3K_GROUP_LOW : Q2K_GROUP_QUANTS;
-  const __m256i pair = _mm256_set1_epi8(3), bit = _mm256_set1_epi8(1);
+  const __m256i pair = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
   __m256 acc[MAX_TOKEN_GROUP];
   for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();
   for (int sb = 0; sb < nb / 8; sb++, g += group_bytes) {
@@ -92,9 +92,10 @@ static inline __attribute__((always_inline)) void tile_k_low_x8(const uint8_t *g
       __m256i q[8];
       for (int m = 0; m < 8; m++) {
         q[m] = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(slices + 32 * m)), 2 * (c % 4)), pair);
-        if (three) {
+        if (three) { /* bit c of the high bits, to bit 2: one shift either way */
           const __m256i high = _mm256_loadu_si256((const __m256i *)(g + Q3K_GROUP_HIGH + 32 * m));
-          q[m] = _mm256_or_si256(q[m], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, c), bit), 2));
+          const __m256i moved = c >= 2 ? _mm256_srli_epi16(high, c - 2) : _mm256_slli_epi16(high, 2 - c);
+          q[m] = _mm256_or_si256(q[m], _mm256_and_si256(moved, four));
         }
       }
       for (int t = 0; t < N; t++) {
