@@ -81,13 +81,17 @@ static inline __attribute__((always_inline)) void tile_k_low_x8(const uint8_t *g
       memcpy(scale, g + Q2K_GROUP_SCALES, sizeof scale);
     }
     for (int c = 0; c < 8; c++) {
-      __m256 row_scale[2], row_min[2];
+      /* the eight rows' sub-scales (int32 lanes) for the two halves, and both as int16 pairs (first
+         half low) against the activations' two half sums; Q2_K's mins likewise */
+      __m256i sc[2], mn[2];
       for (int half = 0; half < 2; half++) {
         const __m256i bytes = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)scale[2 * c + half]));
-        const __m256i sc = three ? _mm256_sub_epi32(bytes, _mm256_set1_epi32(32)) : _mm256_and_si256(bytes, _mm256_set1_epi32(15));
-        row_scale[half] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
-        row_min[half] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4)));
+        sc[half] = three ? _mm256_sub_epi32(bytes, _mm256_set1_epi32(32)) : _mm256_and_si256(bytes, _mm256_set1_epi32(15));
+        mn[half] = _mm256_srli_epi32(bytes, 4);
       }
+      const __m256i low16 = _mm256_set1_epi32(0xffff);
+      const __m256i sc_pairs = _mm256_or_si256(_mm256_and_si256(sc[0], low16), _mm256_slli_epi32(sc[1], 16));
+      const __m256i mn_pairs = _mm256_or_si256(mn[0], _mm256_slli_epi32(mn[1], 16));
       const uint8_t *slices = g + pairs + 32 * 8 * (c / 4);
       __m256i q[8];
       for (int m = 0; m < 8; m++) {
@@ -100,20 +104,18 @@ static inline __attribute__((always_inline)) void tile_k_low_x8(const uint8_t *g
       }
       for (int t = 0; t < N; t++) {
         const xblock *x = &xs[t][8 * sb + c];
-        int32_t fours[8];
+        int32_t fours[8], half_sums;
         memcpy(fours, x->q, 32);
-        __m256i dot[2];
-        for (int half = 0; half < 2; half++) {
-          dot[half] = dot_u8_quads(q + 4 * half, fours + 4 * half, 4);
-          if (three) dot[half] = _mm256_sub_epi32(dot[half], _mm256_set1_epi32(4 * x->sum16[half])); /* values stored plus 4 */
-        }
-        __m256 sum = _mm256_mul_ps(row_scale[0], _mm256_cvtepi32_ps(dot[0]));
-        sum = _mm256_fmadd_ps(row_scale[1], _mm256_cvtepi32_ps(dot[1]), sum);
+        memcpy(&half_sums, x->sum16, 4);
+        __m256i dot = _mm256_add_epi32(dot_u8_quads_scaled(q, fours, 4, sc[0]), dot_u8_quads_scaled(q + 4, fours + 4, 4, sc[1]));
+        if (three) /* values stored plus 4: less 4 * (scale_a * sum_a + scale_b * sum_b) */
+          dot = _mm256_sub_epi32(dot, _mm256_slli_epi32(_mm256_madd_epi16(sc_pairs, _mm256_set1_epi32(half_sums)), 2));
+        const __m256 dx = _mm256_broadcast_ss(&x->d);
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(dot), acc[t]);
         if (!three) {
-          sum = _mm256_fnmadd_ps(row_min[0], _mm256_set1_ps((float)x->sum16[0]), sum);
-          sum = _mm256_fnmadd_ps(row_min[1], _mm256_set1_ps((float)x->sum16[1]), sum);
+          const __m256i mins = _mm256_madd_epi16(mn_pairs, _mm256_set1_epi32(half_sums));
+          acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(mins), acc[t]);
         }
-        acc[t] = _mm256_fmadd_ps(sum, _mm256_broadcast_ss(&x->d), acc[t]);
       }
     }
   }
