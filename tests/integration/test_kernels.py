@@ -20,6 +20,8 @@ from webapp.engine.kernels.cpu import BLOCK_FORMATS, BlockWeight, QuantizedCPU
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 
 TYPES = sorted(BLOCK_FORMATS)
+# the sixteen values of IQ4_NL's and IQ4_XS's 4-bit indices
+IQ4_TABLE = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float64)
 
 
 def _fp16_bytes(values: np.ndarray) -> np.ndarray:
@@ -39,6 +41,12 @@ def random_blocks(ggml_type: int, rows: int, cols: int, rng: np.random.Generator
         blocks[..., 0:2], blocks[..., 2:4] = scales(), scales()
     if ggml_type == 14:
         blocks[..., 208:210] = scales()
+    if ggml_type == 10:
+        blocks[..., 80:82], blocks[..., 82:84] = scales(), scales()
+    if ggml_type == 11:
+        blocks[..., 108:110] = scales()
+    if ggml_type == 23:
+        blocks[..., 0:2] = scales()
     return blocks.reshape(rows, -1)
 
 
@@ -63,6 +71,23 @@ def dequantize(ggml_type: int, raw: np.ndarray, cols: int) -> np.ndarray:
         if ggml_type == 13:
             q += 16 * ((b[:, None, 16:48] >> np.arange(8)[None, :, None]) & 1)
         out = (f16(0)[:, :, None] * sc[:, :, None] * q - f16(2)[:, :, None] * mn[:, :, None]).reshape(-1, 256)
+    elif ggml_type in (10, 11):  # value i = 128h + 32j + pos: bit pair j of byte 32h + pos, one (sub-)scale per 16 values
+        h, j, pos = np.arange(256) // 128, np.arange(256) // 32 % 4, np.arange(256) % 32
+        low = b[:, (16 if ggml_type == 10 else 32) + 32 * h + pos].astype(np.int64) >> (2 * j) & 3  # (blocks, 256)
+        if ggml_type == 10:
+            sm = np.repeat(b[:, 0:16].astype(np.int64), 16, axis=1)
+            out = f16(80) * (sm & 15) * low - f16(82) * (sm >> 4)
+        else:  # Q3_K: a third bit (bit 4h + j of byte pos) and sixteen 6-bit scales minus 32, values minus 4
+            s, k = b[:, 96:108].astype(np.int64), np.arange(16)
+            sc = ((s[:, k % 8] >> 4 * (k // 8)) & 15 | ((s[:, 8 + k % 4] >> 2 * (k // 4)) & 3) << 4) - 32
+            high = b[:, pos].astype(np.int64) >> (4 * h + j) & 1
+            out = f16(108) * np.repeat(sc, 16, axis=1) * (low + 4 * high - 4)
+    elif ggml_type == 23:  # IQ4_XS: eight 6-bit scales minus 32, 4-bit indices into the IQ4 table as Q4_0 packs them
+        j = np.arange(8)
+        high = b[:, 2].astype(np.int64) | b[:, 3].astype(np.int64) << 8
+        sc = ((b[:, 4 + j // 2].astype(np.int64) >> 4 * (j % 2)) & 15 | ((high[:, None] >> 2 * j) & 3) << 4) - 32
+        index = np.concatenate([b[:, 8:136].reshape(-1, 8, 16) & 15, b[:, 8:136].reshape(-1, 8, 16) >> 4], axis=2)
+        out = (f16(0)[:, :, None] * sc[:, :, None] * IQ4_TABLE[index]).reshape(-1, 256)
     else:  # Q6_K
         ql, qh = b[:, 0:128].astype(np.int64), b[:, 128:192].astype(np.int64)
         sc = b[:, 192:208].view(np.int8).astype(np.float64)
@@ -157,10 +182,10 @@ def _repack(library, raw: np.ndarray, ggml_type: int, cols: int) -> tuple[np.nda
     return packed, stored_type
 
 
-@pytest.mark.parametrize("ggml_type", [2, 3, 8, 12, 13, 14])
+@pytest.mark.parametrize("ggml_type", [2, 3, 8, 10, 11, 12, 13, 14, 23])
 @pytest.mark.parametrize("rows", [40, 37])
 def test_interleaved_rows_give_the_same_products_rows_and_invariance(library, ggml_type, rows):
-    """Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K with rows in eights are stored interleaved where the SIMD kernels serve
+    """Q4_0, Q4_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS with rows in eights are stored interleaved where the SIMD kernels serve
     (other row counts and the portable build keep the file's layout): every product, dequantized row and
     embedding lookup stays that of the file's blocks, and a token's row is the same alone or among others."""
     rng = np.random.default_rng(rows + ggml_type)
@@ -378,6 +403,26 @@ def test_k_quant_matrices_at_real_shapes_store_and_multiply_whole(ggml_type, row
     np.testing.assert_allclose(got[0, picked], quantize_activations(x)[0] @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
 
 
+@pytest.mark.parametrize("ggml_type", [23, 11, 10], ids=["IQ4_XS", "Q3_K", "Q2_K"])
+@pytest.mark.parametrize(("rows", "cols"), [(49_152, 2_048), (4_100, 2_048)], ids=["1.7B embedding", "rows not in eights"])
+def test_low_bit_matrices_at_real_shapes_multiply_every_row_right(ggml_type, rows, cols):
+    """IQ4_XS, Q3_K and Q2_K at a Qwen3-1.7B embedding's size (interleaved in eights: the tiles) and at
+    rows not in eights (the row kernels), a few tokens at once: the rows picked across the matrix, the
+    last ones among them, match the float64 product of their blocks."""
+    use_tinygrad_from_this_thread()
+    kernels = QuantizedCPU.load()
+    assert kernels is not None
+    rng = np.random.default_rng(rows + ggml_type)
+    raw = random_blocks(ggml_type, rows, cols, rng)
+    weight = kernels.block_weight(raw, ggml_type, cols)
+    assert weight.ggml_type == ggml_type + (INTERLEAVED if rows % 8 == 0 and kernels.simd else 0)
+    x = rng.standard_normal((3, cols)).astype(np.float32)
+    got = kernels.linear(Tensor(x), weight).numpy()
+    picked = np.unique(np.concatenate([rng.choice(rows, 60, replace=False), np.arange(rows - 4, rows)]))
+    w = dequantize(ggml_type, raw[picked], cols)
+    np.testing.assert_allclose(got[:, picked], quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
+
+
 def test_a_matrix_whose_bytes_do_not_fit_its_shape_is_refused_before_the_kernels_see_it():
     kernels = QuantizedCPU.load()
     assert kernels is not None
@@ -387,7 +432,7 @@ def test_a_matrix_whose_bytes_do_not_fit_its_shape_is_refused_before_the_kernels
     with pytest.raises(ValueError, match="Q6_K matrix of 500 columns"):
         kernels.block_weight(raw, 14, 500)
     with pytest.raises(ValueError, match="no CPU kernel"):
-        kernels.block_weight(raw, 10, 512)
+        kernels.block_weight(raw, 15, 512)  # Q8_K: llama.cpp's activations' type, never a file's
 
 
 @pytest.mark.parametrize("tokens", [1, 5])

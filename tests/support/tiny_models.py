@@ -16,6 +16,7 @@ from functools import lru_cache
 import gguf
 import numpy as np
 from support.k_quants import Q4_K, Q5_K, QUANTIZERS, k_m_type
+from support.low_bit_quants import QUANTIZERS as LOW_BIT_QUANTIZERS
 
 SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FLOAT_TYPES = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
@@ -90,7 +91,7 @@ def write_tiny_gguf(
     tokenizer_pre: str | None = None,
     add_eos: bool = False,
 ) -> str:
-    """A random-weight GGUF; `matrix_type` ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K") quantizes every layer
+    """A random-weight GGUF; `matrix_type` ("Q4_0", "Q4_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS") quantizes every layer
     matrix and the output head into that block format, as real files do (the default model is Q4_1),
     except those whose names end with one of `float_matrices` (a file mixing types). "Q4_K_M" and "Q5_K_M" give
     each matrix, the embedding too, the type llama-quantize gives it in such a file. `tied` leaves out
@@ -149,7 +150,8 @@ def write_tiny_gguf(
             qtype = gguf.GGMLQuantizationType(k_m_type(name, layer, n_layers, tied, Q4_K if matrix_type == "Q4_K_M" else Q5_K))
         else:
             qtype = gguf.GGMLQuantizationType[matrix_type]
-        blocks = QUANTIZERS[qtype](array) if qtype in QUANTIZERS else gguf.quants.quantize(array, qtype)
+        quantizers = QUANTIZERS | LOW_BIT_QUANTIZERS
+        blocks = quantizers[qtype](array) if qtype in quantizers else gguf.quants.quantize(array, qtype)
         w.add_tensor(name, blocks, raw_dtype=qtype)
 
     embd = mat(vocab, dim, scale=1.0)

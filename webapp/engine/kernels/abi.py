@@ -23,6 +23,9 @@ class BlockType(enum.IntEnum):
     Q4_K = 12
     Q5_K = 13
     Q6_K = 14
+    Q2_K = 10
+    Q3_K = 11
+    IQ4_XS = 23
 
 
 # tq_repack's types: a GGUF type plus this, for matrices stored with eight rows' blocks side by side

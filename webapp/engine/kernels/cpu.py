@@ -128,7 +128,7 @@ class QuantizedCPU:
 
     def block_weight(self, rows: np.ndarray, ggml_type: int, cols: int) -> BlockWeight:
         """A matrix's blocks (rows, bytes per row) onto the device, in the layout its products run
-        fastest from: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K with rows in eights interleave them (tq_repack,
+        fastest from: with rows in eights, every type with an interleaved layout (formats.c) interleaves them (tq_repack,
         same bytes; Q4 products ran 2.7-3.2x faster here at 1 to 32 tokens, Q8_0 1.4-1.9x, and a
         Q4_K_M file's decode 2.5x), other row counts as the file has them."""
         source = _checked_blocks(rows, ggml_type, cols)

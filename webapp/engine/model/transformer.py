@@ -31,6 +31,7 @@ from tinygrad import Device, Tensor, UOp, dtypes
 from webapp.engine.kernels.cpu import BLOCK_FORMATS, QuantizedCPU
 from webapp.engine.model.block import TransformerBlock
 from webapp.engine.model.config import ModelConfig, ModelLoadError, check_tensors
+from webapp.engine.model.ggml_types import KERNEL_ONLY_TYPES
 from webapp.engine.model.gguf import read_gguf
 from webapp.engine.model.memory import auto_context
 from webapp.engine.model.memory import plan as memory_plan
@@ -180,6 +181,12 @@ def load_model(path: str, slots: int, context: int | None, max_chunk: int = 64, 
     act_dtype = dtypes.float32 if Device.DEFAULT in ("CPU", "PYTHON") else dtypes.float16
     kernels = QuantizedCPU.load() if cpu_kernels else None
     kept = set(BLOCK_FORMATS) if kernels is not None else set()
+    for name in table:
+        if table[name].ggml_type in KERNEL_ONLY_TYPES and table[name].ggml_type not in kept:
+            raise ModelLoadError(
+                f"tensor {name!r} is stored as {KERNEL_ONLY_TYPES[table[name].ggml_type]}, which only the CPU kernels read "
+                "(on the CPU device, with LLM_CPU_KERNELS on)"
+            )
     if context is None:
         context, why = auto_context(config, table, slots, kept, Device.DEFAULT)
         log.info("context: %d positions a slot (%s; LLM_MAX_CONTEXT sets it)", context, why)

@@ -4,7 +4,7 @@ Contract: `WeightSource(path, ...)` opens a GGUF file; `linear(*names)` returns 
 (out, in) matrices stacked by rows, `embedding()` the token lookup, `head()` the output projection,
 `vector(name)` a norm or bias. Which form a matrix takes is decided here, once, and logged:
 
-- `BlockLinear` keeps the file's quantized blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) and multiplies them
+- `BlockLinear` keeps the file's quantized blocks (a type of BLOCK_FORMATS) and multiplies them
   with the kernels in `kernels/cpu.py`, on every core. Used on the CPU device whenever the type has a
   kernel: a decode step then reads the file's bytes (97 MB for the default model) instead of float16
   copies (269 MB), and the weights take no more memory than the file's tensors.

@@ -12,6 +12,8 @@ enum { TYPE_IDS = 64 }; /* GGML type ids below this */
 static const block_format FORMATS[TYPE_IDS] = {
     [Q4_0] = {32, 18, dequantize_q4_0}, [Q4_1] = {32, 20, dequantize_q4_1}, [Q8_0] = {32, 34, dequantize_q8_0},
     [Q4_K] = {256, 144, dequantize_q4_k}, [Q5_K] = {256, 176, dequantize_q5_k}, [Q6_K] = {256, 210, dequantize_q6_k},
+    [Q2_K] = {256, 84, dequantize_q2_k}, [Q3_K] = {256, 110, dequantize_q3_k},
+    [IQ4_XS] = {256, 136, dequantize_iq4_xs},
 };
 
 /* A type's format, interleaved or not (0 for none). */
@@ -65,6 +67,9 @@ static const interleaving INTERLEAVINGS[] = {
     {Q4_K, 4, {{0, 2, 2, Q4K_D}, {2, 2, 2, Q4K_DMIN}, {4, 12, 1, Q4K_SCALES}, {16, 128, 4, Q4K_QUANTS}}},
     {Q5_K, 5, {{0, 2, 2, Q4K_D}, {2, 2, 2, Q4K_DMIN}, {4, 12, 1, Q4K_SCALES}, {16, 32, 4, Q5K_HIGH}, {48, 128, 4, Q5K_QUANTS}}},
     {Q6_K, 4, {{208, 2, 2, Q6K_D}, {192, 16, 1, Q6K_SCALES}, {0, 128, 4, Q6K_LOW}, {128, 64, 4, Q6K_HIGH}}},
+    {Q2_K, 4, {{80, 2, 2, Q2K_GROUP_D}, {82, 2, 2, Q2K_GROUP_DMIN}, {0, 16, 1, Q2K_GROUP_SCALES}, {16, 64, 4, Q2K_GROUP_QUANTS}}},
+    {Q3_K, 4, {{108, 2, 2, Q3K_GROUP_D}, {96, 12, 1, Q3K_GROUP_SCALES}, {0, 32, 4, Q3K_GROUP_HIGH}, {32, 64, 4, Q3K_GROUP_LOW}}},
+    {IQ4_XS, 4, {{0, 2, 2, IQ4XS_GROUP_D}, {2, 2, 2, IQ4XS_GROUP_SCALES_HIGH}, {4, 4, 4, IQ4XS_GROUP_SCALES_LOW}, {8, 128, 4, IQ4XS_GROUP_QUANTS}}},
 };
 
 static const interleaving *interleaving_of(int type) {
