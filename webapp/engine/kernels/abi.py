@@ -23,6 +23,9 @@ class BlockType(enum.IntEnum):
     Q4_K = 12
     Q5_K = 13
     Q6_K = 14
+    Q5_0 = 6
+    Q5_1 = 7
+    IQ4_NL = 20
 
 
 # tq_repack's types: a GGUF type plus this, for matrices stored with eight rows' blocks side by side

@@ -12,6 +12,8 @@ enum { TYPE_IDS = 64 }; /* GGML type ids below this */
 static const block_format FORMATS[TYPE_IDS] = {
     [Q4_0] = {32, 18, dequantize_q4_0}, [Q4_1] = {32, 20, dequantize_q4_1}, [Q8_0] = {32, 34, dequantize_q8_0},
     [Q4_K] = {256, 144, dequantize_q4_k}, [Q5_K] = {256, 176, dequantize_q5_k}, [Q6_K] = {256, 210, dequantize_q6_k},
+    [Q5_0] = {32, 22, dequantize_q5_0}, [Q5_1] = {32, 24, dequantize_q5_1},
+    [IQ4_NL] = {32, 18, dequantize_iq4_nl},
 };
 
 /* A type's format, interleaved or not (0 for none). */
@@ -65,6 +67,9 @@ static const interleaving INTERLEAVINGS[] = {
     {Q4_K, 4, {{0, 2, 2, Q4K_D}, {2, 2, 2, Q4K_DMIN}, {4, 12, 1, Q4K_SCALES}, {16, 128, 4, Q4K_QUANTS}}},
     {Q5_K, 5, {{0, 2, 2, Q4K_D}, {2, 2, 2, Q4K_DMIN}, {4, 12, 1, Q4K_SCALES}, {16, 32, 4, Q5K_HIGH}, {48, 128, 4, Q5K_QUANTS}}},
     {Q6_K, 4, {{208, 2, 2, Q6K_D}, {192, 16, 1, Q6K_SCALES}, {0, 128, 4, Q6K_LOW}, {128, 64, 4, Q6K_HIGH}}},
+    {Q5_0, 3, {{0, 2, 2, 0}, {2, 4, 4, 16}, {6, 16, 4, 48}}},
+    {Q5_1, 4, {{0, 2, 2, 0}, {2, 2, 2, 16}, {4, 4, 4, 32}, {8, 16, 4, 64}}},
+    {IQ4_NL, 2, {{0, 2, 2, 0}, {2, 16, 4, 16}}},
 };
 
 static const interleaving *interleaving_of(int type) {

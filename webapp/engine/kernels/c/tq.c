@@ -39,10 +39,14 @@
 #include "fallback.h"
 #include "format_32.c"
 #include "format_k.c"
+#include "format_q5.c"
+#include "format_iq4_nl.c"
 #include "formats.c"
 #include "generic.c"
 #if TQ_AVX2
 #include "x86_avx2.c"
+#include "x86_avx2_q5.c"
+#include "x86_avx2_iq4_nl.c"
 #include "x86_avx2_products.c"
 #include "x86_avx2_attention.c"
 #endif

@@ -1,11 +1,6 @@
 /* The AVX2 products: tiles of rows times tokens for the 32-value formats, tiles of eight interleaved
  * rows for every format, and a row at a time for the rest (tile_rows, row_dot of isa.h). */
 
-/* How far ahead of the block being multiplied the tiles prefetch the weights. From DRAM the hardware
- * prefetcher alone left a one-token step at 31 ms here; the next tile's rows (1.4 KB ahead for the
- * default model's small matrices) gave 18.6 ms and 4 KB ahead 16.3 ms (medians of 100 steps). */
-enum { PREFETCH_BYTES = 4096 };
-
 /* A tile of R weight rows times N tokens for the 32-value formats (Q4_0, Q4_1, Q8_0): each weight
  * block is unpacked once for N tokens and each activation block loaded once for R rows, with R*N
  * independent accumulators in registers. R and N are constants in every instance below. */
@@ -220,6 +215,9 @@ static inline __attribute__((always_inline)) void tile_q6_k_x8(const uint8_t *g,
     else if (type == Q4_Kx8) tile_q4_k_x8(g, xs, N, nb, out, stride, 0);                                                    \
     else if (type == Q5_Kx8) tile_q4_k_x8(g, xs, N, nb, out, stride, 1);                                                    \
     else if (type == Q6_Kx8) tile_q6_k_x8(g, xs, N, nb, out, stride);                                                       \
+    else if (type == Q5_0x8) tile_q5_x8(g, xs, N, nb, out, stride, 0);                                                      \
+    else if (type == Q5_1x8) tile_q5_x8(g, xs, N, nb, out, stride, 1);                                                      \
+    else if (type == IQ4_NLx8) tile_iq4_nl_x8(g, xs, N, nb, out, stride);                                                   \
     else if (type == Q4_1x8) tile_x8(Q4_1x8, g, xs, N, nb, out, stride);                                                    \
     else tile_x8(Q4_0x8, g, xs, N, nb, out, stride);                                                                        \
   }
@@ -349,6 +347,9 @@ static void row_dot(int type, const uint8_t *w, int cols, const xblock *const *x
     case Q8_0: row_dot_32(type, w, nb, xs, n, acc); return;
     case Q4_K: row_dot_q4_k(w, nb, xs, n, acc); return;
     case Q6_K: row_dot_q6_k(w, nb, xs, n, acc); return;
+    case Q5_0:
+    case Q5_1: row_dot_q5(type, w, nb, xs, n, acc); return;
+    case IQ4_NL: row_dot_iq4_nl(w, nb, xs, n, acc); return;
     default: row_dot_generic(type, w, cols, xs, n, acc);
   }
 }
