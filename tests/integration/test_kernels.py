@@ -386,6 +386,38 @@ def test_k_quant_matrices_at_real_shapes_store_and_multiply_whole(ggml_type, row
     np.testing.assert_allclose(got[0, picked], quantize_activations(x)[0] @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
 
 
+@pytest.mark.parametrize(
+    ("ggml_type", "rows", "cols"),
+    [(6, 49_152, 2_048), (6, 4_100, 2_048), (7, 6_144, 2_048), (7, 4_100, 2_048), (20, 49_152, 2_048), (20, 4_100, 2_048)],
+    ids=[
+        "Q5_0 1.7B embedding",
+        "Q5_0 rows not in eights",
+        "Q5_1 1.7B ffn",
+        "Q5_1 rows not in eights",
+        "IQ4_NL 1.7B embedding",
+        "IQ4_NL rows not in eights",
+    ],
+)
+def test_q5_and_iq4_nl_matrices_at_real_shapes_multiply_whole(ggml_type, rows, cols):
+    """Q5_0, Q5_1 and IQ4_NL matrices at a Qwen3-1.7B file's widths, through the server's kernels: rows
+    in eights run on the interleaved tiles, other counts on the row kernels, and every row's product
+    (the last row's too) is the float64 one, for token counts on either side of a group of four."""
+    use_tinygrad_from_this_thread()
+    kernels = QuantizedCPU.load()
+    assert kernels is not None
+    rng = np.random.default_rng(rows + ggml_type)
+    raw = random_blocks(ggml_type, rows, cols, rng)
+    weight = kernels.block_weight(raw, ggml_type, cols)
+    assert weight.ggml_type == ggml_type + (INTERLEAVED if rows % 8 == 0 and kernels.simd else 0)
+    picked = np.sort(rng.choice(rows, 64, replace=False))
+    picked[-1] = rows - 1
+    w = dequantize(ggml_type, raw[picked], cols)
+    for tokens in (1, 5):
+        x = rng.standard_normal((tokens, cols)).astype(np.float32)
+        got = kernels.linear(Tensor(x), weight).numpy()
+        np.testing.assert_allclose(got[:, picked], quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
+
+
 def test_a_matrix_whose_bytes_do_not_fit_its_shape_is_refused_before_the_kernels_see_it():
     kernels = QuantizedCPU.load()
     assert kernels is not None
