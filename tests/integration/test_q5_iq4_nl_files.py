@@ -10,7 +10,9 @@ import pytest
 from support import get, tiny_engine_server
 from support.tiny_models import Reference, load_steps, write_tiny_gguf
 
+from webapp.engine.model.config import ModelLoadError
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
+from webapp.engine.model.transformer import load_model
 
 PROMPT = [1, 504, 3458, 282, 4649, 314, 253]
 TYPES = ["Q5_0", "Q5_1", "IQ4_NL"]
@@ -43,3 +45,12 @@ def test_a_server_answers_the_openai_client_with_it(model_file):
         reply = client.chat.completions.create(model=type_name, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0)
         assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 4
         client.close()
+
+
+def test_iq4_nl_without_the_kernels_is_refused_by_name(tmp_path):
+    """tinygrad has no IQ4_NL dequantization: with the kernels off, such a file stops at its first
+    IQ4_NL matrix, named, instead of failing inside tinygrad."""
+    path = write_tiny_gguf(str(tmp_path / "tiny.IQ4_NL.gguf"), n_layers=1, matrix_type="IQ4_NL")
+    use_tinygrad_from_this_thread()
+    with pytest.raises(ModelLoadError, match="is stored as IQ4_NL, which only the CPU kernels read"):
+        load_model(path, slots=1, context=32, cpu_kernels=False)

@@ -14,3 +14,6 @@ GGML_TYPES = {
     20: ("IQ4_NL", 32, 18),
 }  # fmt: skip
 UNREADABLE_TYPES = {9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 19: "IQ1_S", 29: "IQ1_M"}
+# readable through the CPU kernels only: tinygrad's gguf code has no dequantization for these, so a
+# matrix of one of them on another device, or with the kernels off, is refused at load
+KERNEL_ONLY_TYPES = {20: "IQ4_NL"}
