@@ -16,6 +16,7 @@ enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 enum { INTERLEAVED = 100, Q4_0x8 = INTERLEAVED + Q4_0, Q4_1x8 = INTERLEAVED + Q4_1, Q8_0x8 = INTERLEAVED + Q8_0, Q4_Kx8 = INTERLEAVED + Q4_K,
        Q5_Kx8 = INTERLEAVED + Q5_K,
        Q6_Kx8 = INTERLEAVED + Q6_K };
+/* more GGUF types with a kernel, each beside its interleaved twin (a line a format) */
 enum { Q5_0 = 6, Q5_0x8 = INTERLEAVED + Q5_0 };
 enum { Q5_1 = 7, Q5_1x8 = INTERLEAVED + Q5_1 };
 enum { IQ4_NL = 20, IQ4_NLx8 = INTERLEAVED + IQ4_NL };
