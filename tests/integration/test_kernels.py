@@ -33,9 +33,9 @@ def random_blocks(ggml_type: int, rows: int, cols: int, rng: np.random.Generator
     _, values, size = BLOCK_FORMATS[ggml_type]
     blocks = rng.integers(0, 256, size=(rows, cols // values, size), dtype=np.uint8)
     scales = lambda: _fp16_bytes(rng.uniform(0.005, 0.05, size=(rows, cols // values)))  # noqa: E731
-    if ggml_type in (2, 3, 8):
+    if ggml_type in (2, 3, 6, 7, 8, 20):
         blocks[..., 0:2] = scales()
-    if ggml_type == 3:
+    if ggml_type in (3, 7):
         blocks[..., 2:4] = _fp16_bytes(rng.uniform(-0.2, 0.2, size=(rows, cols // values)))
     if ggml_type in (12, 13):
         blocks[..., 0:2], blocks[..., 2:4] = scales(), scales()
@@ -62,6 +62,14 @@ def dequantize(ggml_type: int, raw: np.ndarray, cols: int) -> np.ndarray:
         out = nib(b[:, 4:20]) * f16(0) + f16(2)
     elif ggml_type == 8:
         out = b[:, 2:34].view(np.int8).astype(np.float64) * f16(0)
+    elif ggml_type in (6, 7):  # Q5_0, Q5_1: the nibbles plus 16 where bit i of the little-endian word before them is set
+        at = 2 if ggml_type == 6 else 4
+        fifth = (b[:, at : at + 4].copy().view("<u4") >> np.arange(32, dtype=np.uint32)) & 1
+        q = nib(b[:, at + 4 : at + 20]) + 16 * fifth
+        out = (q - 16) * f16(0) if ggml_type == 6 else q * f16(0) + f16(2)
+    elif ggml_type == 20:  # IQ4_NL: each nibble indexes GGML's 16 levels
+        levels = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float64)
+        out = levels[nib(b[:, 2:18]).astype(np.int64)] * f16(0)
     elif ggml_type in (12, 13):  # Q5_K: Q4_K plus a fifth bit per value, bit j of byte i for value i of sub-block j
         s = b[:, 4:16].astype(np.int64)
         sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)], axis=1)
@@ -182,11 +190,11 @@ def _repack(library, raw: np.ndarray, ggml_type: int, cols: int) -> tuple[np.nda
     return packed, stored_type
 
 
-@pytest.mark.parametrize("ggml_type", [2, 3, 8, 10, 11, 12, 13, 14, 23])
+@pytest.mark.parametrize("ggml_type", [2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23])
 @pytest.mark.parametrize("rows", [40, 37])
 def test_interleaved_rows_give_the_same_products_rows_and_invariance(library, ggml_type, rows):
-    """Q4_0, Q4_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS with rows in eights are stored interleaved where the SIMD kernels serve
-    (other row counts and the portable build keep the file's layout): every product, dequantized row and
+    """Every format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS) with rows in eights is stored
+    interleaved where the SIMD kernels serve (other row counts and the portable build keep the file's layout): every product, dequantized row and
     embedding lookup stays that of the file's blocks, and a token's row is the same alone or among others."""
     rng = np.random.default_rng(rows + ggml_type)
     cols = 96 if BLOCK_FORMATS[ggml_type][1] == 32 else 512
@@ -421,6 +429,38 @@ def test_low_bit_matrices_at_real_shapes_multiply_every_row_right(ggml_type, row
     picked = np.unique(np.concatenate([rng.choice(rows, 60, replace=False), np.arange(rows - 4, rows)]))
     w = dequantize(ggml_type, raw[picked], cols)
     np.testing.assert_allclose(got[:, picked], quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
+
+
+@pytest.mark.parametrize(
+    ("ggml_type", "rows", "cols"),
+    [(6, 49_152, 2_048), (6, 4_100, 2_048), (7, 6_144, 2_048), (7, 4_100, 2_048), (20, 49_152, 2_048), (20, 4_100, 2_048)],
+    ids=[
+        "Q5_0 1.7B embedding",
+        "Q5_0 rows not in eights",
+        "Q5_1 1.7B ffn",
+        "Q5_1 rows not in eights",
+        "IQ4_NL 1.7B embedding",
+        "IQ4_NL rows not in eights",
+    ],
+)
+def test_q5_and_iq4_nl_matrices_at_real_shapes_multiply_whole(ggml_type, rows, cols):
+    """Q5_0, Q5_1 and IQ4_NL matrices at a Qwen3-1.7B file's widths, through the server's kernels: rows
+    in eights run on the interleaved tiles, other counts on the row kernels, and every row's product
+    (the last row's too) is the float64 one, for token counts on either side of a group of four."""
+    use_tinygrad_from_this_thread()
+    kernels = QuantizedCPU.load()
+    assert kernels is not None
+    rng = np.random.default_rng(rows + ggml_type)
+    raw = random_blocks(ggml_type, rows, cols, rng)
+    weight = kernels.block_weight(raw, ggml_type, cols)
+    assert weight.ggml_type == ggml_type + (INTERLEAVED if rows % 8 == 0 and kernels.simd else 0)
+    picked = np.sort(rng.choice(rows, 64, replace=False))
+    picked[-1] = rows - 1
+    w = dequantize(ggml_type, raw[picked], cols)
+    for tokens in (1, 5):
+        x = rng.standard_normal((tokens, cols)).astype(np.float32)
+        got = kernels.linear(Tensor(x), weight).numpy()
+        np.testing.assert_allclose(got[:, picked], quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
 
 
 def test_a_matrix_whose_bytes_do_not_fit_its_shape_is_refused_before_the_kernels_see_it():

@@ -1,5 +1,5 @@
-"""Q4_K, Q5_K and Q6_K blocks from float matrices, in NumPy, for test files (gguf-py dequantizes K-quants but
-cannot write them, and llama-quantize is a bench tool, not a test dependency).
+"""Q4_K, Q5_K, Q6_K and IQ4_NL blocks from float matrices, in NumPy, for test files (gguf-py dequantizes these
+but cannot write them, and llama-quantize is a bench tool, not a test dependency).
 
 Plain min/max rounding, not llama.cpp's search for the best scales: the blocks are exact GGUF blocks
 of values close to the matrix, which is all a test of how they are read and multiplied needs.
@@ -11,6 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 Q4_K, Q5_K, Q6_K = 12, 13, 14
+IQ4_NL = 20
+# GGML's IQ4_NL levels (kvalues_iq4nl), the table every IQ4_NL block indexes
+IQ4_NL_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
 
 
 def _fp16(values: np.ndarray) -> np.ndarray:
@@ -87,7 +90,22 @@ def quantize_q6_k(x: np.ndarray) -> np.ndarray:
     return blocks.reshape(rows, cols // 256 * 210)
 
 
-QUANTIZERS = {Q4_K: quantize_q4_k, Q5_K: quantize_q5_k, Q6_K: quantize_q6_k}
+def quantize_iq4_nl(x: np.ndarray) -> np.ndarray:
+    """(rows, cols) float -> (rows, cols / 32 * 18) uint8: per 32 values a float16 scale d, then 4-bit
+    indices into IQ4_NL_LEVELS (low nibbles values 0..15, high 16..31), each value's nearest level of
+    d * level; d puts the block's largest magnitude on the table's end, -127 (llama.cpp's first guess)."""
+    rows, cols = x.shape
+    blocks = x.astype(np.float32).reshape(-1, 32)
+    extreme = np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[:, None], axis=-1)  # (blocks, 1), signed
+    d = _fp16(extreme / IQ4_NL_LEVELS[0])
+    dd = d.astype(np.float32)
+    scaled = np.divide(blocks, dd, out=np.zeros_like(blocks), where=dd != 0)
+    q = np.abs(scaled[..., None] - IQ4_NL_LEVELS).argmin(-1).astype(np.uint8)  # (blocks, 32)
+    quants = q[:, :16] | (q[:, 16:] << 4)
+    return np.concatenate([d.view(np.uint8).reshape(-1, 2), quants], axis=1).reshape(rows, cols // 32 * 18)
+
+
+QUANTIZERS = {Q4_K: quantize_q4_k, Q5_K: quantize_q5_k, Q6_K: quantize_q6_k, IQ4_NL: quantize_iq4_nl}
 
 
 def _more_bits(layer: int, layers: int) -> bool:

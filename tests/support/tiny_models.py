@@ -91,7 +91,7 @@ def write_tiny_gguf(
     tokenizer_pre: str | None = None,
     add_eos: bool = False,
 ) -> str:
-    """A random-weight GGUF; `matrix_type` ("Q4_0", "Q4_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS") quantizes every layer
+    """A random-weight GGUF; `matrix_type` ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS") quantizes every layer
     matrix and the output head into that block format, as real files do (the default model is Q4_1),
     except those whose names end with one of `float_matrices` (a file mixing types). "Q4_K_M" and "Q5_K_M" give
     each matrix, the embedding too, the type llama-quantize gives it in such a file. `tied` leaves out

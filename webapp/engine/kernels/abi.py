@@ -26,6 +26,9 @@ class BlockType(enum.IntEnum):
     Q2_K = 10
     Q3_K = 11
     IQ4_XS = 23
+    Q5_0 = 6
+    Q5_1 = 7
+    IQ4_NL = 20
 
 
 # tq_repack's types: a GGUF type plus this, for matrices stored with eight rows' blocks side by side

@@ -12,7 +12,9 @@ GGML_TYPES = {
     10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110),
     12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210),
     18: ("IQ3_XXS", 256, 98), 21: ("IQ3_S", 256, 110), 22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 39: ("MXFP4", 32, 17),
+    20: ("IQ4_NL", 32, 18),
 }  # fmt: skip
-# readable on the CPU kernels only: tinygrad's gguf code has no dequantization for them, so no float16 path
-KERNEL_ONLY_TYPES = {10: "Q2_K", 11: "Q3_K"}
-UNREADABLE_TYPES = {9: "Q8_1", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 19: "IQ1_S", 20: "IQ4_NL", 29: "IQ1_M"}
+# readable through the CPU kernels only: tinygrad's gguf code has no dequantization for these, so a
+# matrix of one of them on another device, or with the kernels off, is refused at load
+KERNEL_ONLY_TYPES = {10: "Q2_K", 11: "Q3_K", 20: "IQ4_NL"}
+UNREADABLE_TYPES = {9: "Q8_1", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 19: "IQ1_S", 29: "IQ1_M"}

@@ -14,6 +14,8 @@ static const block_format FORMATS[TYPE_IDS] = {
     [Q4_K] = {256, 144, dequantize_q4_k}, [Q5_K] = {256, 176, dequantize_q5_k}, [Q6_K] = {256, 210, dequantize_q6_k},
     [Q2_K] = {256, 84, dequantize_q2_k}, [Q3_K] = {256, 110, dequantize_q3_k},
     [IQ4_XS] = {256, 136, dequantize_iq4_xs},
+    [Q5_0] = {32, 22, dequantize_q5_0}, [Q5_1] = {32, 24, dequantize_q5_1},
+    [IQ4_NL] = {32, 18, dequantize_iq4_nl},
 };
 
 /* A type's format, interleaved or not (0 for none). */
@@ -70,6 +72,9 @@ static const interleaving INTERLEAVINGS[] = {
     {Q2_K, 4, {{80, 2, 2, Q2K_GROUP_D}, {82, 2, 2, Q2K_GROUP_DMIN}, {0, 16, 1, Q2K_GROUP_SCALES}, {16, 64, 4, Q2K_GROUP_QUANTS}}},
     {Q3_K, 4, {{108, 2, 2, Q3K_GROUP_D}, {96, 12, 1, Q3K_GROUP_SCALES}, {0, 32, 4, Q3K_GROUP_HIGH}, {32, 64, 4, Q3K_GROUP_LOW}}},
     {IQ4_XS, 4, {{0, 2, 2, IQ4XS_GROUP_D}, {2, 2, 2, IQ4XS_GROUP_SCALES_HIGH}, {4, 4, 4, IQ4XS_GROUP_SCALES_LOW}, {8, 128, 4, IQ4XS_GROUP_QUANTS}}},
+    {Q5_0, 3, {{0, 2, 2, 0}, {2, 4, 4, 16}, {6, 16, 4, 48}}},
+    {Q5_1, 4, {{0, 2, 2, 0}, {2, 2, 2, 16}, {4, 4, 4, 32}, {8, 16, 4, 64}}},
+    {IQ4_NL, 2, {{0, 2, 2, 0}, {2, 16, 4, 16}}},
 };
 
 static const interleaving *interleaving_of(int type) {

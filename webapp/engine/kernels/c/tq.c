@@ -42,12 +42,16 @@
 #include "format_iq4_table.c"
 #include "format_iq4_xs.c"
 #include "format_k_low.c"
+#include "format_q5.c"
+#include "format_iq4_nl.c"
 #include "formats.c"
 #include "generic.c"
 #if TQ_AVX2
 #include "x86_avx2.c"
 #include "x86_avx2_iq4_xs.c"
 #include "x86_avx2_k_low.c"
+#include "x86_avx2_q5.c"
+#include "x86_avx2_iq4_nl.c"
 #include "x86_avx2_products.c"
 #include "x86_avx2_attention.c"
 #endif

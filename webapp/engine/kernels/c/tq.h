@@ -18,6 +18,10 @@ enum { INTERLEAVED = 100, Q4_0x8 = INTERLEAVED + Q4_0, Q4_1x8 = INTERLEAVED + Q4
        Q5_Kx8 = INTERLEAVED + Q5_K,
        Q6_Kx8 = INTERLEAVED + Q6_K };
 enum { Q2_Kx8 = INTERLEAVED + Q2_K, Q3_Kx8 = INTERLEAVED + Q3_K, IQ4_XSx8 = INTERLEAVED + IQ4_XS }; /* the same for these */
+/* more GGUF types with a kernel, each beside its interleaved twin (a line a format) */
+enum { Q5_0 = 6, Q5_0x8 = INTERLEAVED + Q5_0 };
+enum { Q5_1 = 7, Q5_1x8 = INTERLEAVED + Q5_1 };
+enum { IQ4_NL = 20, IQ4_NLx8 = INTERLEAVED + IQ4_NL };
 /* A matrix stacked by rows from parts of different types (a Q4_K_M layer's q and k in Q4_K over its v in
  * Q6_K), made at load by cpu.py: its bytes open with a stack_header (STACK_HEADER_BYTES), then each
  * part's blocks in turn, each in its own layout (interleaved or not). Products run a part at a time. */

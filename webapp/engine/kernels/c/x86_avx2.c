@@ -2,7 +2,7 @@
  * and attention's (x86_avx2_attention.c), and the primitives those share. tq.c includes them where
  * the compiler targets AVX2 (cpu.py's simd_flags). */
 
-/* How far ahead of the block being multiplied the tiles prefetch the weights. From DRAM the hardware
+/* How far ahead of the block being multiplied the tiles (x86_avx2_*.c) prefetch the weights. From DRAM the hardware
  * prefetcher alone left a one-token step at 31 ms here; the next tile's rows (1.4 KB ahead for the
  * default model's small matrices) gave 18.6 ms and 4 KB ahead 16.3 ms (medians of 100 steps). */
 enum { PREFETCH_BYTES = 4096 };
@@ -61,6 +61,8 @@ static inline __m256i nibbles(const uint8_t *qs) {  /* 16 bytes -> 32 values: lo
   const __m128i raw = _mm_loadu_si128((const __m128i *)qs);
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15));
 }
+/* IQ4_TABLE (format_iq4_table.c) in both 128-bit halves, for pshufb lookups of IQ4_NL's and IQ4_XS's indices */
+static inline __m256i iq4_table(void) { return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_TABLE)); }
 static inline __m256i xq(const xblock *x) { return _mm256_loadu_si256((const __m256i *)x->q); }
 
 /* e^x for 8 floats with x <= 0 (softmax after subtracting the maximum): x = n ln2 + r, |r| <= ln2/2,

@@ -5,8 +5,6 @@
  * widens to int32 on its own (dot_u8_add): an offset to unsigned weights would overflow the int16
  * pair sums. */
 
-static inline __m256i iq4_table(void) { return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_TABLE)); }
-
 static void row_dot_iq4_xs(const uint8_t *w, int nb, const xblock *const *xs, int n, float *acc) {
   __m256 sum[MAX_TOKEN_GROUP];
   for (int t = 0; t < n; t++) sum[t] = _mm256_setzero_ps();

@@ -218,6 +218,9 @@ static inline __attribute__((always_inline)) void tile_q6_k_x8(const uint8_t *g,
     else if (type == IQ4_XSx8) tile_iq4_xs_x8(g, xs, N, nb, out, stride);                                                   \
     else if (type == Q3_Kx8) tile_k_low_x8(g, xs, N, nb, out, stride, 1);                                                   \
     else if (type == Q2_Kx8) tile_k_low_x8(g, xs, N, nb, out, stride, 0);                                                   \
+    else if (type == Q5_0x8) tile_q5_x8(g, xs, N, nb, out, stride, 0);                                                      \
+    else if (type == Q5_1x8) tile_q5_x8(g, xs, N, nb, out, stride, 1);                                                      \
+    else if (type == IQ4_NLx8) tile_iq4_nl_x8(g, xs, N, nb, out, stride);                                                   \
     else if (type == Q4_1x8) tile_x8(Q4_1x8, g, xs, N, nb, out, stride);                                                    \
     else tile_x8(Q4_0x8, g, xs, N, nb, out, stride);                                                                        \
   }
@@ -350,6 +353,9 @@ static void row_dot(int type, const uint8_t *w, int cols, const xblock *const *x
     case Q2_K: row_dot_q2_k(w, nb, xs, n, acc); return;
     case Q3_K: row_dot_q3_k(w, nb, xs, n, acc); return;
     case IQ4_XS: row_dot_iq4_xs(w, nb, xs, n, acc); return;
+    case Q5_0:
+    case Q5_1: row_dot_q5(type, w, nb, xs, n, acc); return;
+    case IQ4_NL: row_dot_iq4_nl(w, nb, xs, n, acc); return;
     default: row_dot_generic(type, w, cols, xs, n, acc);
   }
 }
