@@ -23,6 +23,9 @@ class BlockType(enum.IntEnum):
     Q4_K = 12
     Q5_K = 13
     Q6_K = 14
+    F32 = 0
+    F16 = 1
+    BF16 = 30
 
 
 # tq_repack's types: a GGUF type plus this, for matrices stored with eight rows' blocks side by side

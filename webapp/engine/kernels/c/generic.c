@@ -63,6 +63,17 @@ GENERIC void row_dot_generic(int type, const uint8_t *w, int cols, const xblock 
   }
 }
 
+/* A float format's rows dequantized a block at a time, times the float activations. */
+GENERIC void float_row_dot_generic(int type, const uint8_t *w, int cols, const float *const *xs, int n, float *acc) {
+  float row[32];
+  const int bb = block_bytes(type);
+  for (int b = 0; b < cols / 32; b++, w += bb) {
+    dequantize_row(type, w, 32, row);
+    for (int t = 0; t < n; t++)
+      for (int i = 0; i < 32; i++) acc[t] += row[i] * xs[t][32 * b + i];
+  }
+}
+
 /* y = silu(gate) * up = gate * sigmoid(gate) * up */
 GENERIC void swiglu_row_generic(const float *gate, const float *up, int n, float *y) {
   for (int i = 0; i < n; i++) y[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];

@@ -36,6 +36,9 @@ static int tile_rows(int type, const uint8_t *w, size_t row_bytes, int nb, const
                      int first, int last);
 /* acc[t] += W_row . x[t] for t < n; xs[t] points at token t's blocks (cols / 32 of them). */
 static void row_dot(int type, const uint8_t *w, int cols, const xblock *const *xs, int n, float *acc);
+/* The same for a float format (F32, F16, BF16), against the activations as floats: xs[t] points at
+ * token t's cols floats. */
+static void float_row_dot(int type, const uint8_t *w, int cols, const float *const *xs, int n, float *acc);
 /* y = silu(gate) * up. */
 static void swiglu_row(const float *gate, const float *up, int n, float *y);
 /* to[i] = x[i] as float16 for i < n, rounded to nearest even. */

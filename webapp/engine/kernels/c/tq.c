@@ -39,11 +39,13 @@
 #include "fallback.h"
 #include "format_32.c"
 #include "format_k.c"
+#include "format_float.c"
 #include "formats.c"
 #include "generic.c"
 #if TQ_AVX2
 #include "x86_avx2.c"
 #include "x86_avx2_products.c"
+#include "x86_avx2_float.c"
 #include "x86_avx2_attention.c"
 #endif
 #include "pool.c"
