@@ -58,7 +58,7 @@ from webapp.engine.text.tokenizer import Tokenizer  # noqa: E402
 
 DEFAULT_SHAPES = "qwen3-0.6b:8,qwen3-1.7b:8,llama3.2-1b:8"  # real widths; 8 layers keep a case to minutes here
 # read by the CPU kernels / by the float16 fallback (tinygrad) / refused at start-up today
-TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K"] + ["Q5_0", "Q5_1", "IQ4_XS", "F16", "BF16"] + ["Q2_K", "Q3_K_M", "IQ4_NL"]
+TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K", "F16", "BF16"] + ["Q5_0", "Q5_1", "IQ4_XS"] + ["Q2_K", "Q3_K_M", "IQ4_NL"]
 BASELINE = "default"
 TYPE_NAMES = {i: name for i, (name, _, _) in GGML_TYPES.items()} | UNREADABLE_TYPES
 
