@@ -19,11 +19,11 @@ static void run_rows(const void *ctx, int first, int last) {
     const float *xf[MAX_TOKEN_GROUP];
     for (int t = 0; t < n; t++) xs[t] = j->x + (size_t)(t0 + t) * nb, xf[t] = j->xf + (size_t)(t0 + t) * j->cols;
     float *out = j->out + (size_t)t0 * j->stride;
-    int r = floats ? first : tile_rows(j->type, j->w, row_bytes, nb, xs, n, out, j->stride, first, last);
+    int r = floats ? last : tile_rows(j->type, j->w, row_bytes, nb, xs, n, out, j->stride, first, last);
+    if (floats) float_format_rows(j->type, j->w, row_bytes, j->cols, xf, n, out, j->stride, first, last);
     for (; r < last; r++) {
       float acc[MAX_TOKEN_GROUP] = {0};
-      if (floats) float_row_dot(j->type, j->w + (size_t)r * row_bytes, j->cols, xf, n, acc);
-      else row_dot(j->type, j->w + (size_t)r * row_bytes, j->cols, xs, n, acc);
+      row_dot(j->type, j->w + (size_t)r * row_bytes, j->cols, xs, n, acc);
       for (int t = 0; t < n; t++) out[(size_t)t * j->stride + r] = acc[t];
     }
     if (j->residual)

@@ -1,5 +1,5 @@
-/* The float formats' AVX2 products (F32, F16, BF16): a row at a time against up to four tokens' float
- * activations, eight weights a register (F16 by F16C's conversion, BF16 shifted into a float32's upper
+/* The float formats' AVX2 products (F32, F16, BF16): a row (one token) or two rows (more) at a time
+ * against up to four tokens' float activations, eight weights a register (F16 by F16C's conversion, BF16 shifted into a float32's upper
  * half, F32 loaded), eight sums a token in fused multiply-adds. These are 2 or 4 bytes a weight, so
  * memory decides their speed: each 64-byte line of weights is fetched ahead like the tiles' blocks. */
 
@@ -31,15 +31,54 @@ static inline __attribute__((always_inline)) void float_row(int type, const uint
   }
 }
 
-#define FLOAT_ROW(N)                                                                                           \
-  static void float_row_##N(int type, const uint8_t *w, int cols, const float *const *xs, float *acc) {     \
-    if (type == F16) float_row(F16, w, cols, xs, N, acc);                                                    \
-    else if (type == BF16) float_row(BF16, w, cols, xs, N, acc);                                             \
-    else float_row(F32, w, cols, xs, N, acc);                                                                \
+/* Two rows times N tokens (N >= 2), sixteen values a step: each activation load serves both rows,
+ * where a row alone took one load per multiply-add; 2N chains of sums. */
+static inline __attribute__((always_inline)) void float_pair(int type, const uint8_t *w, size_t row_bytes, int cols, const float *const *xs, int N,
+                                                             float *acc0, float *acc1) {
+  const int weight_bytes = type == F32 ? 4 : 2;
+  __m256 sum0[4], sum1[4];
+  for (int t = 0; t < N; t++) sum0[t] = sum1[t] = _mm256_setzero_ps();
+  for (int i = 0; i < cols; i += 16) {
+    const uint8_t *a = w + (size_t)i * weight_bytes, *b = a + row_bytes;
+    if (i % 32 == 0)
+      for (int line = 0; line < 32 * weight_bytes; line += 64) {
+        _mm_prefetch((const char *)(a + PREFETCH_BYTES + line), _MM_HINT_T0);
+        _mm_prefetch((const char *)(b + PREFETCH_BYTES + line), _MM_HINT_T0);
+      }
+    const __m256 a0 = eight_weights(type, a), a1 = eight_weights(type, a + 8 * weight_bytes);
+    const __m256 b0 = eight_weights(type, b), b1 = eight_weights(type, b + 8 * weight_bytes);
+    for (int t = 0; t < N; t++) {
+      const __m256 x0 = _mm256_loadu_ps(xs[t] + i), x1 = _mm256_loadu_ps(xs[t] + i + 8);
+      sum0[t] = _mm256_fmadd_ps(a1, x1, _mm256_fmadd_ps(a0, x0, sum0[t]));
+      sum1[t] = _mm256_fmadd_ps(b1, x1, _mm256_fmadd_ps(b0, x0, sum1[t]));
+    }
   }
-FLOAT_ROW(1) FLOAT_ROW(2) FLOAT_ROW(3) FLOAT_ROW(4)
+  for (int t = 0; t < N; t++) acc0[t] = hsum(sum0[t]), acc1[t] = hsum(sum1[t]);
+}
 
-static void float_row_dot(int type, const uint8_t *w, int cols, const float *const *xs, int n, float *acc) {
-  static void (*const rows[5])(int, const uint8_t *, int, const float *const *, float *) = {0, float_row_1, float_row_2, float_row_3, float_row_4};
-  rows[n](type, w, cols, xs, acc);
+#define FLOAT_ROWS(N)                                                                                                                   \
+  static void float_format_rows_##N(int type, const uint8_t *w, size_t rb, int cols, const float *const *xs, float *out, size_t stride, int r, \
+                             int last) {                                                                                                \
+    for (; N > 1 && r + 2 <= last; r += 2) {                                                                                           \
+      float acc0[4], acc1[4];                                                                                                          \
+      if (type == F16) float_pair(F16, w + r * rb, rb, cols, xs, N, acc0, acc1);                                                       \
+      else if (type == BF16) float_pair(BF16, w + r * rb, rb, cols, xs, N, acc0, acc1);                                                \
+      else float_pair(F32, w + r * rb, rb, cols, xs, N, acc0, acc1);                                                                   \
+      for (int t = 0; t < N; t++) out[t * stride + r] = acc0[t], out[t * stride + r + 1] = acc1[t];                                  \
+    }                                                                                                                                  \
+    for (; r < last; r++) {                                                                                                            \
+      float acc[4] = {0};                                                                                                              \
+      if (type == F16) float_row(F16, w + r * rb, cols, xs, N, acc);                                                                   \
+      else if (type == BF16) float_row(BF16, w + r * rb, cols, xs, N, acc);                                                            \
+      else float_row(F32, w + r * rb, cols, xs, N, acc);                                                                               \
+      for (int t = 0; t < N; t++) out[t * stride + r] = acc[t];                                                                        \
+    }                                                                                                                                  \
+  }
+FLOAT_ROWS(1) FLOAT_ROWS(2) FLOAT_ROWS(3) FLOAT_ROWS(4)
+
+static void float_format_rows(int type, const uint8_t *w, size_t row_bytes, int cols, const float *const *xs, int n, float *out, size_t stride, int first,
+                       int last) {
+  static void (*const groups[5])(int, const uint8_t *, size_t, int, const float *const *, float *, size_t, int, int) = {
+      0, float_format_rows_1, float_format_rows_2, float_format_rows_3, float_format_rows_4};
+  groups[n](type, w, row_bytes, cols, xs, out, stride, first, last);
 }
