@@ -1,7 +1,8 @@
-/* The float formats' AVX2 products (F32, F16, BF16): a row (one token) or two rows (more) at a time
- * against up to four tokens' float activations, eight weights a register (F16 by F16C's conversion, BF16 shifted into a float32's upper
- * half, F32 loaded), eight sums a token in fused multiply-adds. These are 2 or 4 bytes a weight, so
- * memory decides their speed: each 64-byte line of weights is fetched ahead like the tiles' blocks. */
+/* The float formats' AVX2 products (F32, F16, BF16) against up to four tokens' float activations:
+ * eight weights a register (F16 by F16C's conversion, BF16 shifted into a float32's upper half, F32
+ * loaded) into fused multiply-adds, a row at a time for one token and two rows for more. These are 2
+ * or 4 bytes a weight, so memory decides a one-token product's speed: each 64-byte line of weights is
+ * fetched ahead like the tiles' blocks. */
 
 static inline __attribute__((always_inline)) __m256 eight_weights(int type, const uint8_t *w) {
   if (type == F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w));
@@ -56,28 +57,28 @@ static inline __attribute__((always_inline)) void float_pair(int type, const uin
   for (int t = 0; t < N; t++) acc0[t] = hsum(sum0[t]), acc1[t] = hsum(sum1[t]);
 }
 
-#define FLOAT_ROWS(N)                                                                                                                   \
-  static void float_format_rows_##N(int type, const uint8_t *w, size_t rb, int cols, const float *const *xs, float *out, size_t stride, int r, \
-                             int last) {                                                                                                \
-    for (; N > 1 && r + 2 <= last; r += 2) {                                                                                           \
-      float acc0[4], acc1[4];                                                                                                          \
-      if (type == F16) float_pair(F16, w + r * rb, rb, cols, xs, N, acc0, acc1);                                                       \
-      else if (type == BF16) float_pair(BF16, w + r * rb, rb, cols, xs, N, acc0, acc1);                                                \
-      else float_pair(F32, w + r * rb, rb, cols, xs, N, acc0, acc1);                                                                   \
-      for (int t = 0; t < N; t++) out[t * stride + r] = acc0[t], out[t * stride + r + 1] = acc1[t];                                  \
-    }                                                                                                                                  \
-    for (; r < last; r++) {                                                                                                            \
-      float acc[4] = {0};                                                                                                              \
-      if (type == F16) float_row(F16, w + r * rb, cols, xs, N, acc);                                                                   \
-      else if (type == BF16) float_row(BF16, w + r * rb, cols, xs, N, acc);                                                            \
-      else float_row(F32, w + r * rb, cols, xs, N, acc);                                                                               \
-      for (int t = 0; t < N; t++) out[t * stride + r] = acc[t];                                                                        \
-    }                                                                                                                                  \
+#define FLOAT_ROWS(N)                                                                                                                             \
+  static void float_format_rows_##N(int type, const uint8_t *w, size_t rb, int cols, const float *const *xs, float *out, size_t stride,           \
+                                    int r, int last) {                                                                                            \
+    for (; N > 1 && r + 2 <= last; r += 2) {                                                                                                      \
+      float acc0[4], acc1[4];                                                                                                                     \
+      if (type == F16) float_pair(F16, w + r * rb, rb, cols, xs, N, acc0, acc1);                                                                  \
+      else if (type == BF16) float_pair(BF16, w + r * rb, rb, cols, xs, N, acc0, acc1);                                                           \
+      else float_pair(F32, w + r * rb, rb, cols, xs, N, acc0, acc1);                                                                              \
+      for (int t = 0; t < N; t++) out[t * stride + r] = acc0[t], out[t * stride + r + 1] = acc1[t];                                               \
+    }                                                                                                                                             \
+    for (; r < last; r++) {                                                                                                                       \
+      float acc[4] = {0};                                                                                                                         \
+      if (type == F16) float_row(F16, w + r * rb, cols, xs, N, acc);                                                                              \
+      else if (type == BF16) float_row(BF16, w + r * rb, cols, xs, N, acc);                                                                       \
+      else float_row(F32, w + r * rb, cols, xs, N, acc);                                                                                          \
+      for (int t = 0; t < N; t++) out[t * stride + r] = acc[t];                                                                                   \
+    }                                                                                                                                             \
   }
 FLOAT_ROWS(1) FLOAT_ROWS(2) FLOAT_ROWS(3) FLOAT_ROWS(4)
 
-static void float_format_rows(int type, const uint8_t *w, size_t row_bytes, int cols, const float *const *xs, int n, float *out, size_t stride, int first,
-                       int last) {
+static void float_format_rows(int type, const uint8_t *w, size_t row_bytes, int cols, const float *const *xs, int n, float *out, size_t stride,
+                              int first, int last) {
   static void (*const groups[5])(int, const uint8_t *, size_t, int, const float *const *, float *, size_t, int, int) = {
       0, float_format_rows_1, float_format_rows_2, float_format_rows_3, float_format_rows_4};
   groups[n](type, w, row_bytes, cols, xs, out, stride, first, last);
