@@ -57,8 +57,8 @@ from webapp.engine.text.chat_template import ChatTemplate  # noqa: E402
 from webapp.engine.text.tokenizer import Tokenizer  # noqa: E402
 
 DEFAULT_SHAPES = "qwen3-0.6b:8,qwen3-1.7b:8,llama3.2-1b:8"  # real widths; 8 layers keep a case to minutes here
-# read by the CPU kernels / by the float16 fallback (tinygrad) / refused at start-up today
-TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL"] + ["IQ4_XS", "F16", "BF16"] + ["Q2_K", "Q3_K_M"]
+# every one read by the CPU kernels (in the file's bytes)
+TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K_M", "F16", "BF16"]
 BASELINE = "default"
 TYPE_NAMES = {i: name for i, (name, _, _) in GGML_TYPES.items()} | UNREADABLE_TYPES
 

@@ -61,8 +61,8 @@ class QuickReference(Reference):
             qtype = gguf.GGMLQuantizationType(raw.ggml_type)
             blocks = np.asarray(file[raw.start : raw.start + raw.nbytes]).reshape(raw.rows, -1)
             arr = gguf.quants.dequantize(blocks, qtype)  # (rows, cols)
-            if raw.rows > 1 and qtype in FLOAT_TYPES:
-                arr = arr.astype(np.float16)  # as Reference: the engine keeps float matrices in float16
+            if raw.rows > 1 and qtype in FLOAT_TYPES and raw.cols % 32:
+                arr = arr.astype(np.float16)  # as Reference: float matrices the kernels cannot read become float16
             arr = arr.astype(np.float64)
             self.w[name] = arr.reshape(raw.rows, raw.cols) if raw.rows > 1 else arr.reshape(-1)
 

@@ -28,9 +28,15 @@ def _fp16_bytes(values: np.ndarray) -> np.ndarray:
     return values.astype(np.float16).view(np.uint8).reshape(*values.shape, 2)
 
 
+FLOATS = {0: np.float32, 1: np.float16, 30: np.float32}  # F32, F16, BF16 (a float32's upper half): the float formats
+
+
 def random_blocks(ggml_type: int, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """(rows, bytes per row) of random quants with sane float16 scales."""
+    """(rows, bytes per row) of random quants with sane float16 scales, or of random floats."""
     _, values, size = BLOCK_FORMATS[ggml_type]
+    if ggml_type in FLOATS:
+        w = (rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(cols**-0.5)).astype(FLOATS[ggml_type])
+        return (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8) if ggml_type == 30 else w.view(np.uint8)
     blocks = rng.integers(0, 256, size=(rows, cols // values, size), dtype=np.uint8)
     scales = lambda: _fp16_bytes(rng.uniform(0.005, 0.05, size=(rows, cols // values)))  # noqa: E731
     if ggml_type in (2, 3, 6, 7, 8, 20):
@@ -53,6 +59,9 @@ def random_blocks(ggml_type: int, rows: int, cols: int, rng: np.random.Generator
 def dequantize(ggml_type: int, raw: np.ndarray, cols: int) -> np.ndarray:
     """The reference: each format's layout written out in NumPy, float64 (rows, cols)."""
     _, values, size = BLOCK_FORMATS[ggml_type]
+    if ggml_type in FLOATS:
+        as_float32 = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32) if ggml_type == 30 else raw.view(FLOATS[ggml_type])
+        return as_float32.astype(np.float64).reshape(raw.shape[0], cols)
     b = raw.reshape(-1, size)
     f16 = lambda lo: b[:, lo : lo + 2].copy().view(np.float16).astype(np.float64)  # (blocks, 1)  # noqa: E731
     nib = lambda q: np.concatenate([q & 15, q >> 4], axis=-1).astype(np.float64)  # noqa: E731
@@ -115,6 +124,11 @@ def dequantize(ggml_type: int, raw: np.ndarray, cols: int) -> np.ndarray:
     return out.reshape(raw.shape[0], cols)
 
 
+def activations(ggml_type: int, x: np.ndarray) -> np.ndarray:
+    """What a type's kernels multiply with: x as it is for the float formats, else rounded to int8."""
+    return x.astype(np.float64) if ggml_type in FLOATS else quantize_activations(x)
+
+
 def quantize_activations(x: np.ndarray) -> np.ndarray:
     """What the kernels multiply with: x rounded to int8 per 32 values with a float32 scale."""
     blocks = x.astype(np.float32).reshape(x.shape[0], -1, 32)
@@ -166,7 +180,7 @@ def test_products_match_float64(library, ggml_type, tokens):
     library.tq_linear(_ptr(got), _ptr(raw), _ptr(x), _ref(Product(ggml_type, rows, cols, tokens)))
     w = dequantize(ggml_type, raw, cols)
     # exact up to float32 sums once x is rounded as the kernels round it; close to the unrounded product
-    np.testing.assert_allclose(got, quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
+    np.testing.assert_allclose(got, activations(ggml_type, x) @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
     exact = x.astype(np.float64) @ w.T
     assert np.abs(got - exact).max() < 0.02 * np.abs(exact).max()
 
@@ -387,8 +401,8 @@ def test_a_lanes_attention_is_the_same_bits_alone_and_among_others(library):
 
 @pytest.mark.parametrize(
     ("ggml_type", "rows", "cols"),
-    [(14, 49_152, 2_048), (12, 4_096, 2_048), (14, 151_936, 1_024), (12, 4_100, 1_280)],
-    ids=["Q6_K 1.7B embedding", "Q4_K 1.7B qkv", "Q6_K Qwen vocabulary", "Q4_K rows not in eights"],
+    [(14, 49_152, 2_048), (12, 4_096, 2_048), (14, 151_936, 1_024), (12, 4_100, 1_280), (1, 49_152, 2_048), (30, 4_100, 2_048)],
+    ids=["Q6_K 1.7B embedding", "Q4_K 1.7B qkv", "Q6_K Qwen vocabulary", "Q4_K rows not in eights", "F16 embedding", "BF16 4,100 rows"],
 )
 def test_k_quant_matrices_at_real_shapes_store_and_multiply_whole(ggml_type, rows, cols):
     """Q4_K_M files' matrices at the sizes that crashed the loader (a Qwen3-1.7B-shaped file's tied Q6_K
@@ -399,7 +413,7 @@ def test_k_quant_matrices_at_real_shapes_store_and_multiply_whole(ggml_type, row
     rng = np.random.default_rng(rows)
     raw = random_blocks(ggml_type, rows, cols, rng)
     weight = kernels.block_weight(raw, ggml_type, cols)
-    interleaved = rows % 8 == 0 and kernels.simd
+    interleaved = rows % 8 == 0 and kernels.simd and ggml_type not in FLOATS
     assert (weight.ggml_type, weight.rows, weight.cols) == (ggml_type + (INTERLEAVED if interleaved else 0), rows, cols)
     stored = weight.raw.numpy()
     assert np.array_equal(stored, raw) if not interleaved else np.array_equal(np.sort(stored, axis=None), np.sort(raw, axis=None))
@@ -408,7 +422,7 @@ def test_k_quant_matrices_at_real_shapes_store_and_multiply_whole(ggml_type, row
     picked = np.sort(rng.choice(rows, 64, replace=False))
     picked[-1] = rows - 1
     w = dequantize(ggml_type, raw[picked], cols)
-    np.testing.assert_allclose(got[0, picked], quantize_activations(x)[0] @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
+    np.testing.assert_allclose(got[0, picked], activations(ggml_type, x)[0] @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
 
 
 @pytest.mark.parametrize("ggml_type", [23, 11, 10], ids=["IQ4_XS", "Q3_K", "Q2_K"])

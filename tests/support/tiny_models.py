@@ -93,7 +93,9 @@ def write_tiny_gguf(
 ) -> str:
     """A random-weight GGUF; `matrix_type` ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS") quantizes every layer
     matrix and the output head into that block format, as real files do (the default model is Q4_1),
-    except those whose names end with one of `float_matrices` (a file mixing types). "Q4_K_M" and "Q5_K_M" give
+    except those whose names end with one of `float_matrices`, written as F64, a type no kernel reads (a file
+    whose layers mix the kernels' products with tinygrad's); "F32", "F16" and "BF16" write every matrix,
+    the embedding too, in that float type. "Q4_K_M" and "Q5_K_M" give
     each matrix, the embedding too, the type llama-quantize gives it in such a file. `tied` leaves out
     output.weight (the head is the embedding); `head_dim` other than dim / n_heads is written as
     attention.key_length, as Qwen3 files do. `rope_factors` (head_dim / 2,) is written as
@@ -143,7 +145,10 @@ def write_tiny_gguf(
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
     def add_matrix(name, array, layer=None):
-        if matrix_type is None or name.endswith(float_matrices):
+        if name.endswith(float_matrices):
+            w.add_tensor(name, array.astype(np.float64))
+            return
+        if matrix_type is None or matrix_type == "F32":
             w.add_tensor(name, array)
             return
         if matrix_type in ("Q4_K_M", "Q5_K_M"):
@@ -155,7 +160,7 @@ def write_tiny_gguf(
         w.add_tensor(name, blocks, raw_dtype=qtype)
 
     embd = mat(vocab, dim, scale=1.0)
-    if matrix_type in ("Q4_K_M", "Q5_K_M"):
+    if matrix_type in ("Q4_K_M", "Q5_K_M", "F32", "F16", "BF16"):
         add_matrix("token_embd.weight", embd)
     elif quantize_embedding:
         w.add_tensor(
@@ -215,10 +220,12 @@ class Reference:
         self.yarn_original = field("rope.scaling.original_context_length", None)
         self.w = {}
         for t in reader.tensors:
-            arr = gguf.quants.dequantize(t.data, t.tensor_type)
-            # the engine keeps float matrices in float16 (the reference rounds them alike) and quantized
-            # ones in their blocks, whose exact values the CPU kernels dequantize
-            if len(t.shape) == 2 and t.tensor_type in FLOAT_TYPES:
+            f64 = t.tensor_type == gguf.GGMLQuantizationType.F64
+            arr = t.data.astype(np.float64) if f64 else gguf.quants.dequantize(t.data, t.tensor_type)
+            # the CPU kernels read quantized blocks and float matrices (rows of whole 32-value blocks) as
+            # the file has them; other float matrices, and F64 ones, become float16 copies: the
+            # reference rounds those alike
+            if len(t.shape) == 2 and (f64 or (t.tensor_type in FLOAT_TYPES and int(t.shape[0]) % 32)):
                 arr = arr.astype(np.float16)
             arr = arr.astype(np.float64)
             self.w[t.name] = arr.reshape([int(d) for d in reversed(t.shape)])

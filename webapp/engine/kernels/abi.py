@@ -29,6 +29,9 @@ class BlockType(enum.IntEnum):
     Q5_0 = 6
     Q5_1 = 7
     IQ4_NL = 20
+    F32 = 0
+    F16 = 1
+    BF16 = 30
 
 
 # tq_repack's types: a GGUF type plus this, for matrices stored with eight rows' blocks side by side

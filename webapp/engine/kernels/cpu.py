@@ -42,8 +42,17 @@ from webapp.engine.model.ggml_types import GGML_TYPES
 
 log = logging.getLogger(__name__)
 
-# GGML type ids with a kernel: (name, values, bytes) per block
-BLOCK_FORMATS = {int(t): GGML_TYPES[t] for t in abi.BlockType}
+# The kernels read a plain float type (F32, F16, BF16: a GGML block of one value) in blocks of the
+# activations' 32 values (format_float.c), so its rows are whole blocks like every other format's
+ACTIVATION_BLOCK = 32
+
+
+def _kernel_block(name: str, values: int, nbytes: int) -> tuple[str, int, int]:
+    return (name, values, nbytes) if values > 1 else (name, ACTIVATION_BLOCK, ACTIVATION_BLOCK * nbytes)
+
+
+# GGML type ids with a kernel: (name, values, bytes) per block as the kernels count them
+BLOCK_FORMATS = {int(t): _kernel_block(*GGML_TYPES[t]) for t in abi.BlockType}
 
 
 def cpu_threads() -> int:
@@ -78,13 +87,24 @@ class BlockWeight:
     def type_name(self) -> str:
         """The file's type, e.g. "Q4_1"; a stacked matrix's parts' types, e.g. "Q4_K+Q4_K+Q6_K"."""
         if self.parts:
-            return "+".join(BLOCK_FORMATS[t % INTERLEAVED][0] for t, _ in self.parts)
-        return BLOCK_FORMATS[self.ggml_type % INTERLEAVED][0]
+            return "+".join(BLOCK_FORMATS[_file_type(t)][0] for t, _ in self.parts)
+        return BLOCK_FORMATS[_file_type(self.ggml_type)][0]
 
     @property
     def form(self) -> str:
         """How the start-up log names this matrix's form, e.g. "Q4_1 blocks (rows interleaved)"."""
-        return f"{self.type_name} blocks" + (" (rows interleaved)" if INTERLEAVED < self.ggml_type < STACKED else "")
+        return stored_form(self.ggml_type) + (" (rows interleaved)" if INTERLEAVED < self.ggml_type < STACKED else "")
+
+
+def _file_type(stored_type: int) -> int:
+    """The GGML type of a stored (maybe interleaved) type."""
+    return stored_type - INTERLEAVED if INTERLEAVED <= stored_type < STACKED else stored_type
+
+
+def stored_form(ggml_type: int) -> str:
+    """How the start-up log names a matrix kept in the file's type: "Q4_1 blocks", "F16 (the file's bytes)"."""
+    name, values, _ = GGML_TYPES[_file_type(ggml_type)]
+    return f"{name} (the file's bytes)" if values == 1 else f"{name} blocks"
 
 
 class QuantizedCPU:
@@ -130,7 +150,8 @@ class QuantizedCPU:
         """A matrix's blocks (rows, bytes per row) onto the device, in the layout its products run
         fastest from: with rows in eights, every type with an interleaved layout (formats.c) interleaves them (tq_repack,
         same bytes; Q4 products ran 2.7-3.2x faster here at 1 to 32 tokens, Q8_0 1.4-1.9x, and a
-        Q4_K_M file's decode 2.5x), other row counts as the file has them."""
+        Q4_K_M file's decode 2.5x), other row counts and the float types (F32, F16, BF16) as the file
+        has them."""
         source = _checked_blocks(rows, ggml_type, cols)
         stored = Tensor.empty(*source.shape, dtype=dtypes.uint8).realize()  # written in place, from the file's map
         stored_type = self._repack(host_address(stored), source.ctypes.data, abi.Product(ggml_type, source.shape[0], cols))

@@ -1,7 +1,7 @@
 """GGML's tensor types: one table of every type this server reads, and the names of those it cannot.
 
 `GGML_TYPES[id] = (name, values per block, bytes per block)`; a plain number type is a block of one
-value. Readable means a CPU kernel multiplies it (kernels/cpu.py's BLOCK_FORMATS, a subset) or
+value (the kernels read F32, F16 and BF16 in blocks of 32: kernels/cpu.py's BLOCK_FORMATS). Readable means a CPU kernel multiplies it (kernels/cpu.py's BLOCK_FORMATS, a subset) or
 tinygrad's gguf code dequantizes it. Standard library only.
 """
 

@@ -4,12 +4,14 @@ Contract: `WeightSource(path, ...)` opens a GGUF file; `linear(*names)` returns 
 (out, in) matrices stacked by rows, `embedding()` the token lookup, `head()` the output projection,
 `vector(name)` a norm or bias. Which form a matrix takes is decided here, once, and logged:
 
-- `BlockLinear` keeps the file's quantized blocks (a type of BLOCK_FORMATS) and multiplies them
-  with the kernels in `kernels/cpu.py`, on every core. Used on the CPU device whenever the type has a
-  kernel: a decode step then reads the file's bytes (97 MB for the default model) instead of float16
-  copies (269 MB), and the weights take no more memory than the file's tensors.
+- `BlockLinear` keeps the file's bytes (a type of BLOCK_FORMATS: quantized blocks, or F32, F16 and
+  BF16 floats) and multiplies them with the kernels in `kernels/cpu.py`, on every core. Used on the
+  CPU device whenever the type has a kernel: a decode step then reads the file's bytes (97 MB for the
+  default model) instead of float16 copies (269 MB), and the weights take no more memory than the
+  file's tensors (an F16 or BF16 file is not copied a second time as float16).
 - `FloatLinear` dequantizes once at load to float16, laid out (in, out), multiplied by tinygrad's own
-  kernels: every other device, float files, and any type without a kernel.
+  kernels: every other device, and any type without a kernel (or a float matrix whose rows are not
+  whole 32-value blocks).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.llm.gguf import ggml_data_to_tensor
 
-from webapp.engine.kernels.cpu import BLOCK_FORMATS, BlockWeight, QuantizedCPU
+from webapp.engine.kernels.cpu import BlockWeight, QuantizedCPU, stored_form
 from webapp.engine.model.config import ModelLoadError
 from webapp.engine.model.device_buffers import device_array
 from webapp.engine.model.ggml_types import KERNEL_ONLY_TYPES
@@ -124,6 +126,7 @@ class WeightSource:
         # llama files interleave each head's rotary pairs in q and k rows
         self._rope_heads = {"attn_q.weight": n_heads, "attn_k.weight": n_kv_heads} if arch == "llama" else {}
         self.forms: Counter = Counter()  # which form each matrix took, for the log
+        self.kept = 0  # how many of them stay in the file's bytes, on the kernels
         self._blocks: dict[tuple[str, ...], BlockWeight | None] = {}  # a tied head shares the embedding's blocks
 
     def tinygrad_tensor(self, name: str) -> Tensor:
@@ -199,9 +202,10 @@ class WeightSource:
         if block is not None:
             if block.parts:  # stacked: each matrix under its own type
                 for name in names:
-                    self.forms[f"{BLOCK_FORMATS[self._raw[name].ggml_type][0]} blocks (stacked)"] += 1
+                    self.forms[f"{stored_form(self._raw[name].ggml_type)} (stacked)"] += 1
             else:
                 self.forms[block.form] += len(names)
+            self.kept += len(names)
             return BlockLinear(self.kernels, block)
         self.forms["float16"] += len(names)
         return FloatLinear(Tensor.cat(*(self._float(n) for n in names)) if len(names) > 1 else self._float(names[0]))
@@ -211,6 +215,7 @@ class WeightSource:
         block = self._block(("token_embd.weight",))
         if block is not None:
             self.forms[block.form] += 1
+            self.kept += 1
             return _BlockEmbedding(self.kernels, block, self.act_dtype)
         self.forms["float16"] += 1
         return _FloatEmbedding(self.tinygrad_tensor("token_embd.weight").cast(WEIGHT_DTYPE).contiguous(), self.act_dtype)
@@ -221,6 +226,7 @@ class WeightSource:
         block = self._block((name,))
         if block is not None:
             self.forms[block.form] += 1
+            self.kept += 1
             linear = BlockLinear(self.kernels, block)
             return _BlockHead(linear)
         self.forms["int8 head" if int8 else "float16"] += 1
@@ -228,7 +234,7 @@ class WeightSource:
 
     @property
     def uses_kernels(self) -> bool:
-        return any("blocks" in form for form in self.forms)
+        return self.kept > 0
 
     def describe(self) -> str:
         return ", ".join(f"{n} {form}" for form, n in self.forms.most_common())

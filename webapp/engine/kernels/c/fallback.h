@@ -9,6 +9,7 @@
 #define interleaves_generic interleaves
 #define tile_rows_generic tile_rows
 #define row_dot_generic row_dot
+#define float_format_rows_generic float_format_rows
 #define swiglu_row_generic swiglu_row
 #define halves_from_floats_generic halves_from_floats
 #define attend_item_generic attend_item

@@ -6,6 +6,7 @@
 typedef struct {
   int values, bytes;                                /* per block */
   void (*dequantize)(const uint8_t *block, float *y); /* one block's `values` values */
+  int floats;                                       /* its products take the activations as floats, not int8 */
 } block_format;
 
 enum { TYPE_IDS = 64 }; /* GGML type ids below this */
@@ -16,15 +17,17 @@ static const block_format FORMATS[TYPE_IDS] = {
     [IQ4_XS] = {256, 136, dequantize_iq4_xs},
     [Q5_0] = {32, 22, dequantize_q5_0}, [Q5_1] = {32, 24, dequantize_q5_1},
     [IQ4_NL] = {32, 18, dequantize_iq4_nl},
+    [F32] = {32, 128, dequantize_f32, 1}, [F16] = {32, 64, dequantize_f16, 1}, [BF16] = {32, 64, dequantize_bf16, 1},
 };
 
 /* A type's format, interleaved or not (0 for none). */
 static const block_format *format_of(int type) {
-  const int base = type % INTERLEAVED;
+  const int base = type >= INTERLEAVED && type < STACKED ? type - INTERLEAVED : type; /* STACKED % INTERLEAVED is F32 */
   return base >= 0 && base < TYPE_IDS && FORMATS[base].dequantize ? &FORMATS[base] : 0;
 }
 static int block_values(int type) { return format_of(type)->values; }
 static int block_bytes(int type) { return format_of(type)->bytes; }
+static int takes_floats(int type) { return format_of(type) && format_of(type)->floats; }
 
 /* Dequantize one row of `cols` values (the reference the tests check the products against, and the
  * embedding lookup). */

@@ -4,6 +4,7 @@ typedef struct {
   float *out;
   const uint8_t *w;
   const xblock *x;
+  const float *xf;       /* the same activations as floats (tokens, cols), for the float formats */
   const float *residual; /* (tokens, rows) added to the product, or null */
 } linear_t;
 
@@ -11,12 +12,15 @@ static void run_rows(const void *ctx, int first, int last) {
   const linear_t *j = ctx;
   const int nb = j->cols / 32;
   const size_t row_bytes = (size_t)j->cols / block_values(j->type) * block_bytes(j->type);
+  const int floats = takes_floats(j->type);
   for (int t0 = 0; t0 < j->tokens; t0 += MAX_TOKEN_GROUP) {
     const int n = j->tokens - t0 < MAX_TOKEN_GROUP ? j->tokens - t0 : MAX_TOKEN_GROUP;
     const xblock *xs[MAX_TOKEN_GROUP];
-    for (int t = 0; t < n; t++) xs[t] = j->x + (size_t)(t0 + t) * nb;
+    const float *xf[MAX_TOKEN_GROUP];
+    for (int t = 0; t < n; t++) xs[t] = j->x + (size_t)(t0 + t) * nb, xf[t] = j->xf + (size_t)(t0 + t) * j->cols;
     float *out = j->out + (size_t)t0 * j->stride;
-    int r = tile_rows(j->type, j->w, row_bytes, nb, xs, n, out, j->stride, first, last);
+    int r = floats ? last : tile_rows(j->type, j->w, row_bytes, nb, xs, n, out, j->stride, first, last);
+    if (floats) float_format_rows(j->type, j->w, row_bytes, j->cols, xf, n, out, j->stride, first, last);
     for (; r < last; r++) {
       float acc[MAX_TOKEN_GROUP] = {0};
       row_dot(j->type, j->w + (size_t)r * row_bytes, j->cols, xs, n, acc);
@@ -48,7 +52,7 @@ static void *at_least(scratch_t *s, size_t bytes) {
   return s->data;
 }
 
-/* the activations' int8 blocks; one row of transformed activations, or attention's queries; a layer's intermediates */
+/* the activations' int8 blocks; the transformed activations (a row a token), or attention's queries; a layer's intermediates */
 static __thread scratch_t int8_activations, float_rows, layer_intermediates, attend_partials;
 
 /* How a token's row of x becomes the product's input, before quantizing. */
@@ -82,11 +86,12 @@ static void rms_norm_row(const float *x, const float *weight, int n, float eps, 
 }
 
 /* One matrix's product over the pool: out[t * stride + r] = [residual[t * stride + r] +] W[r] . x[t]. */
-static void product(int type, int rows, int cols, int tokens, size_t stride, float *out, const uint8_t *w, const xblock *xq8, const float *residual) {
+static void product(int type, int rows, int cols, int tokens, size_t stride, float *out, const uint8_t *w, const xblock *xq8, const float *xf,
+                    const float *residual) {
   /* ~8 chunks a thread balances load without making the counter hot */
   int chunk = rows / (8 * (n_workers + 1));
   chunk = chunk < 16 ? 16 : chunk - chunk % 16;
-  const linear_t lin = {type, rows, cols, tokens, stride, out, w, xq8, residual};
+  const linear_t lin = {type, rows, cols, tokens, stride, out, w, xq8, xf, residual};
   const job_t j = {run_rows, &lin, rows, chunk};
   run_job(&j);
 }
@@ -96,10 +101,14 @@ static void product(int type, int rows, int cols, int tokens, size_t stride, flo
 static void linear(float *out, const uint8_t *w, const float *x, const tq_product *shape, int input, const float *norm, const float *residual) {
   const int type = shape->type, rows = shape->rows, cols = shape->cols, tokens = shape->tokens;
   xblock *xq8 = at_least(&int8_activations, (size_t)tokens * (cols / 32) * sizeof(xblock));
-  float *row = input == AS_IS ? 0 : at_least(&float_rows, ((size_t)cols + tokens) * sizeof(float)), *sums = row + cols;
+  /* every token's transformed row is kept: the float formats' products read them as they are */
+  float *rows_in = input == AS_IS ? 0 : at_least(&float_rows, ((size_t)tokens * cols + tokens) * sizeof(float));
+  float *sums = rows_in + (size_t)tokens * cols;
+  const float *xf = input == AS_IS ? x : rows_in;
   if (input == RMS_NORM) square_sums(x, tokens, cols, sums);
   for (int t = 0; t < tokens; t++) {
     const float *in = x + (size_t)t * cols;
+    float *row = rows_in + (size_t)t * cols;
     if (input == RMS_NORM) {
       rms_scale_row(in, sums[t], norm, cols, shape->eps, row);
       in = row;
@@ -111,14 +120,14 @@ static void linear(float *out, const uint8_t *w, const float *x, const tq_produc
     quantize_row(in, cols, xq8 + (size_t)t * (cols / 32));
   }
   if (type != STACKED) {
-    product(type, rows, cols, tokens, rows, out, w, xq8, residual);
+    product(type, rows, cols, tokens, rows, out, w, xq8, xf, residual);
     return;
   }
   /* a part at a time, each into its rows of every token's output, from the same int8 activations */
   const stack_header *header = (const stack_header *)w;
   const uint8_t *part = w + STACK_HEADER_BYTES;
   for (int p = 0, first = 0; p < header->parts; first += header->rows[p], p++) {
-    product(header->types[p], header->rows[p], cols, tokens, rows, out + first, part, xq8, residual ? residual + first : 0);
+    product(header->types[p], header->rows[p], cols, tokens, rows, out + first, part, xq8, xf, residual ? residual + first : 0);
     part += (size_t)header->rows[p] * (cols / block_values(header->types[p])) * block_bytes(header->types[p]);
   }
 }

@@ -44,6 +44,7 @@
 #include "format_k_low.c"
 #include "format_q5.c"
 #include "format_iq4_nl.c"
+#include "format_float.c"
 #include "formats.c"
 #include "generic.c"
 #if TQ_AVX2
@@ -53,6 +54,7 @@
 #include "x86_avx2_q5.c"
 #include "x86_avx2_iq4_nl.c"
 #include "x86_avx2_products.c"
+#include "x86_avx2_float.c"
 #include "x86_avx2_attention.c"
 #endif
 #include "pool.c"

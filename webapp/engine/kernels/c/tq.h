@@ -12,6 +12,7 @@
 /* GGUF block types with a kernel, by their GGML type ids. */
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 enum { Q2_K = 10, Q3_K = 11, IQ4_XS = 23 };
+enum { F32 = 0, F16 = 1, BF16 = 30 }; /* plain floats, read in blocks of 32 values (format_float.c) */
 /* Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K with eight rows' blocks side by side (see "interleaved rows" in
  * formats.c): not GGUF types, made from them at load by tq_repack */
 enum { INTERLEAVED = 100, Q4_0x8 = INTERLEAVED + Q4_0, Q4_1x8 = INTERLEAVED + Q4_1, Q8_0x8 = INTERLEAVED + Q8_0, Q4_Kx8 = INTERLEAVED + Q4_K,
