@@ -112,7 +112,16 @@ def test_a_failing_prefill_fails_only_its_request(hostile_template_server, patch
 
         return decode
 
+    def broken_mixed(original):  # a step with the prompt and the healthy stream's decode fails too
+        def prefill_and_decode(chunks, batch, positions):
+            if any(666 in request.prompt_ids for request, _, _ in chunks):
+                raise RuntimeError("injected prefill fault")
+            return original(chunks, batch, positions)
+
+        return prefill_and_decode
+
     patch_runner("prefill", broken)
+    patch_runner("prefill_and_decode", broken_mixed)
     patch_runner("decode", slowed)
     healthy = Stream(
         srv,
