@@ -425,12 +425,9 @@ def test_k_quant_matrices_at_real_shapes_store_and_multiply_whole(ggml_type, row
     np.testing.assert_allclose(got[0, picked], activations(ggml_type, x)[0] @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
 
 
-@pytest.mark.parametrize("ggml_type", [23, 11, 10], ids=["IQ4_XS", "Q3_K", "Q2_K"])
-@pytest.mark.parametrize(("rows", "cols"), [(49_152, 2_048), (4_100, 2_048)], ids=["1.7B embedding", "rows not in eights"])
-def test_low_bit_matrices_at_real_shapes_multiply_every_row_right(ggml_type, rows, cols):
-    """IQ4_XS, Q3_K and Q2_K at a Qwen3-1.7B embedding's size (interleaved in eights: the tiles) and at
-    rows not in eights (the row kernels), a few tokens at once: the rows picked across the matrix, the
-    last ones among them, match the float64 product of their blocks."""
+def stored_random_matrix(ggml_type: int, rows: int, cols: int):
+    """The server's kernels, a generator, random blocks and the weight they store (interleaved where
+    the rows come in eights and the build has tiles)."""
     use_tinygrad_from_this_thread()
     kernels = QuantizedCPU.load()
     assert kernels is not None
@@ -438,6 +435,16 @@ def test_low_bit_matrices_at_real_shapes_multiply_every_row_right(ggml_type, row
     raw = random_blocks(ggml_type, rows, cols, rng)
     weight = kernels.block_weight(raw, ggml_type, cols)
     assert weight.ggml_type == ggml_type + (INTERLEAVED if rows % 8 == 0 and kernels.simd else 0)
+    return kernels, rng, raw, weight
+
+
+@pytest.mark.parametrize("ggml_type", [23, 11, 10], ids=["IQ4_XS", "Q3_K", "Q2_K"])
+@pytest.mark.parametrize(("rows", "cols"), [(49_152, 2_048), (4_100, 2_048)], ids=["1.7B embedding", "rows not in eights"])
+def test_low_bit_matrices_at_real_shapes_multiply_every_row_right(ggml_type, rows, cols):
+    """IQ4_XS, Q3_K and Q2_K at a Qwen3-1.7B embedding's size (interleaved in eights: the tiles) and at
+    rows not in eights (the row kernels), a few tokens at once: the rows picked across the matrix, the
+    last ones among them, match the float64 product of their blocks."""
+    kernels, rng, raw, weight = stored_random_matrix(ggml_type, rows, cols)
     x = rng.standard_normal((3, cols)).astype(np.float32)
     got = kernels.linear(Tensor(x), weight).numpy()
     picked = np.unique(np.concatenate([rng.choice(rows, 60, replace=False), np.arange(rows - 4, rows)]))
@@ -461,13 +468,7 @@ def test_q5_and_iq4_nl_matrices_at_real_shapes_multiply_whole(ggml_type, rows, c
     """Q5_0, Q5_1 and IQ4_NL matrices at a Qwen3-1.7B file's widths, through the server's kernels: rows
     in eights run on the interleaved tiles, other counts on the row kernels, and every row's product
     (the last row's too) is the float64 one, for token counts on either side of a group of four."""
-    use_tinygrad_from_this_thread()
-    kernels = QuantizedCPU.load()
-    assert kernels is not None
-    rng = np.random.default_rng(rows + ggml_type)
-    raw = random_blocks(ggml_type, rows, cols, rng)
-    weight = kernels.block_weight(raw, ggml_type, cols)
-    assert weight.ggml_type == ggml_type + (INTERLEAVED if rows % 8 == 0 and kernels.simd else 0)
+    kernels, rng, raw, weight = stored_random_matrix(ggml_type, rows, cols)
     picked = np.sort(rng.choice(rows, 64, replace=False))
     picked[-1] = rows - 1
     w = dequantize(ggml_type, raw[picked], cols)

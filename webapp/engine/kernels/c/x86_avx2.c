@@ -61,6 +61,18 @@ static inline __m256i nibbles(const uint8_t *qs) {  /* 16 bytes -> 32 values: lo
   const __m128i raw = _mm_loadu_si128((const __m128i *)qs);
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15));
 }
+/* Eight interleaved slices of signed weights q (magnitude[k] = |q[k]|) times a token's 32 activations,
+ * four at a time broadcast: maddubs takes one unsigned operand, so the activations take the weights'
+ * signs, and each slice's pair sums (up to 2 * 128 * 127) widen to int32 on their own. The Q8_0 and
+ * IQ4_NL tiles' dot. */
+static inline __attribute__((always_inline)) __m256i dot_s8_slices(const __m256i *q, const __m256i *magnitude, const xblock *x) {
+  int32_t four[8];
+  memcpy(four, x->q, 32);
+  __m256i sum = _mm256_setzero_si256();
+  for (int k = 0; k < 8; k++) sum = dot_u8_add(sum, magnitude[k], _mm256_sign_epi8(_mm256_set1_epi32(four[k]), q[k]));
+  return sum;
+}
+
 /* IQ4_TABLE (format_iq4_table.c) in both 128-bit halves, for pshufb lookups of IQ4_NL's and IQ4_XS's indices */
 static inline __m256i iq4_table(void) { return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_TABLE)); }
 static inline __m256i xq(const xblock *x) { return _mm256_loadu_si256((const __m256i *)x->q); }

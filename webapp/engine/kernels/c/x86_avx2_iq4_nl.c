@@ -40,11 +40,7 @@ static inline __attribute__((always_inline)) void tile_iq4_nl_x8(const uint8_t *
     for (int k = 0; k < 8; k++) magnitude[k] = _mm256_sign_epi8(q[k], q[k]);
     for (int t = 0; t < N; t++) {
       const xblock *x = &xs[t][b];
-      int32_t four[8];
-      memcpy(four, x->q, 32);
-      __m256i sum = _mm256_setzero_si256();
-      for (int k = 0; k < 8; k++) sum = dot_u8_add(sum, magnitude[k], _mm256_sign_epi8(_mm256_set1_epi32(four[k]), q[k]));
-      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(&x->d)), _mm256_cvtepi32_ps(sum), acc[t]);
+      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(&x->d)), _mm256_cvtepi32_ps(dot_s8_slices(q, magnitude, x)), acc[t]);
     }
   }
   for (int t = 0; t < N; t++) _mm256_storeu_ps(out + t * out_stride, acc[t]);

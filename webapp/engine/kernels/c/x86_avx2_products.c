@@ -84,9 +84,7 @@ static inline __attribute__((always_inline)) void tile_x8(int type, const uint8_
   for (int t = 0; t < N; t++) _mm256_storeu_ps(out + t * out_stride, acc[t]);
 }
 
-/* The same for Q8_0's signed quants: maddubs takes one unsigned operand, so the activations take the
- * weights' signs (|w| <= 128 then); a slice's pair sums reach 2 * 128 * 127, so each is widened to
- * int32 on its own. */
+/* The same for Q8_0's signed quants (dot_s8_slices: the activations take the weights' signs). */
 static inline __attribute__((always_inline)) void tile_x8_q8(const uint8_t *g, const xblock *const *xs, int N, int nb, float *out, size_t out_stride) {
   const int group_bytes = 8 * 34;
   __m256 acc[MAX_TOKEN_GROUP];
@@ -101,14 +99,7 @@ static inline __attribute__((always_inline)) void tile_x8_q8(const uint8_t *g, c
     }
     for (int t = 0; t < N; t++) {
       const xblock *x = &xs[t][b];
-      int32_t four[8];
-      memcpy(four, x->q, 32);
-      __m256i sum = _mm256_setzero_si256();
-      for (int k = 0; k < 8; k++) {
-        const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(four[k]), q[k]);
-        sum = dot_u8_add(sum, magnitude[k], signed_x);
-      }
-      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(&x->d)), _mm256_cvtepi32_ps(sum), acc[t]);
+      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(&x->d)), _mm256_cvtepi32_ps(dot_s8_slices(q, magnitude, x)), acc[t]);
     }
   }
   for (int t = 0; t < N; t++) _mm256_storeu_ps(out + t * out_stride, acc[t]);
