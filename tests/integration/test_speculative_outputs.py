@@ -55,3 +55,17 @@ def test_fifty_requests_answer_the_same_with_drafts_alone_and_among_others(serve
     assert together == plain
     stats = engine.stats()
     assert stats["drafted_tokens_total"] > 0 and stats["accepted_tokens_total"] > 0, stats["drafted_tokens_total"]
+
+
+def test_usage_reports_the_confirmed_and_refused_drafts(served):
+    """A request asked again drafts from its earlier answer; usage counts the drafts in OpenAI's
+    predicted-output fields, and the text is the same."""
+    engine, client = served
+    engine.speculate = True
+    case = {"messages": [{"role": "user", "content": "Say something twice."}], "max_tokens": 24, "temperature": 0.0}
+    first = client.chat.completions.create(model="tiny", **case)
+    again = client.chat.completions.create(model="tiny", **case)
+    assert again.choices[0].message.content == first.choices[0].message.content
+    details = again.usage.completion_tokens_details
+    assert details is not None and details.accepted_prediction_tokens > 0, again.usage
+    assert details.rejected_prediction_tokens >= 0
