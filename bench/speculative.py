@@ -50,7 +50,7 @@ SAMPLINGS = {"greedy": dict(temperature=0.0), "temperature 0.7": dict(temperatur
 
 
 def run(engine: Engine, prompt: list[int], tokens: int, speculate: bool, sampling: dict):
-    engine.speculate = speculate
+    engine.speculation.enabled = speculate
     request = Request(prompt, SamplingParams(max_tokens=tokens, stop_token_ids=frozenset(engine.tokenizer.stop_ids), **sampling))
     engine.submit(request)
     times = []
@@ -122,7 +122,7 @@ def prompts_of(engine) -> list[list[int]]:
 
 def streams(engine: Engine, prompts: list[list[int]], tokens: int, speculate: bool):
     """All prompts at once (seeded, temperature 0.7); aggregate tok/s from the first token to the last."""
-    engine.speculate = speculate
+    engine.speculation.enabled = speculate
     stops = frozenset(engine.tokenizer.stop_ids)
     requests = [Request(p, SamplingParams(max_tokens=tokens, stop_token_ids=stops, temperature=0.7, seed=i)) for i, p in enumerate(prompts)]
     for request in requests:

@@ -39,7 +39,7 @@ def params(engine, **kw) -> SamplingParams:
 
 
 def run(engine, speculate: bool, requests: list[Request]) -> list[tuple[list[int], list]]:
-    engine.speculate = speculate  # read at admission: each request drafts or not for its whole life
+    engine.speculation.enabled = speculate  # read at admission: each request drafts or not for its whole life
     for request in requests:
         engine.submit(request)
     return [(drain_outputs(r, timeout=120, reraise=True)[0], [(e.token, e.logprob) for e in r.logprobs]) for r in requests]

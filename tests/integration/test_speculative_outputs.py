@@ -45,9 +45,9 @@ def answer(client, case: dict) -> tuple[str, str]:
 
 def test_fifty_requests_answer_the_same_with_drafts_alone_and_among_others(served):
     engine, client = served
-    engine.speculate = False
+    engine.speculation.enabled = False
     plain = [answer(client, case) for case in cases()]
-    engine.speculate = True
+    engine.speculation.enabled = True
     alone = [answer(client, case) for case in cases()]
     assert alone == plain
     with concurrent.futures.ThreadPoolExecutor(8) as pool:  # each beside seven others
@@ -61,7 +61,7 @@ def test_usage_reports_the_confirmed_and_refused_drafts(served):
     """A request asked again drafts from its earlier answer; usage counts the drafts in OpenAI's
     predicted-output fields, and the text is the same."""
     engine, client = served
-    engine.speculate = True
+    engine.speculation.enabled = True
     case = {"messages": [{"role": "user", "content": "Say something twice."}], "max_tokens": 24, "temperature": 0.0}
     first = client.chat.completions.create(model="tiny", **case)
     again = client.chat.completions.create(model="tiny", **case)

@@ -7,7 +7,7 @@ import pytest
 from support import drain_outputs, engine_over, wait_until
 from support.fakes import FakeRunner
 
-from webapp.engine.serving import engine as engine_module
+from webapp.engine.serving import speculation
 from webapp.engine.serving.request import Request, SamplingParams
 
 VOCAB = 50
@@ -36,7 +36,7 @@ def generate(script, max_tokens=8, gate=None):
     drafter = ScriptedDrafter(script)
     runner = FakeRunner(vocab=VOCAB, speculates=True)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(engine_module, "PromptLookup", drafter)
+        patch.setattr(speculation, "PromptLookup", drafter)
         with engine_over(runner, context=64, slots=2, queue_limit=2, prefill_chunk=4) as engine:
             request = Request([1, 2], SamplingParams(max_tokens=max_tokens, temperature=0.0))
             engine.submit(request)
@@ -79,7 +79,7 @@ def test_a_request_cancelled_while_its_drafts_are_verified_frees_its_slot_and_dr
             return super().propose(limit, batch)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(engine_module, "PromptLookup", Holding([[4, 5, 6]]))
+        patch.setattr(speculation, "PromptLookup", Holding([[4, 5, 6]]))
         with engine_over(runner, context=64, slots=2, queue_limit=2, prefill_chunk=4) as engine:
             request = Request([1, 2], SamplingParams(max_tokens=40, temperature=0.0))
             engine.submit(request)

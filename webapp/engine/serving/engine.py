@@ -24,8 +24,8 @@ from collections.abc import Callable
 import numpy as np
 
 from webapp.engine.decoding.constraints import GrammarCompiler
-from webapp.engine.decoding.drafts import MAX_NGRAM, PromptLookup, RecentOutputs
 from webapp.engine.decoding.sampling import RequestSampler, score_prompt
+from webapp.engine.serving import pooling
 from webapp.engine.serving.errors import EngineNotReady, QueueFull, completion_room
 from webapp.engine.serving.kv_cache import SlotTable
 from webapp.engine.serving.loaded_model import LoadedModel
@@ -33,15 +33,13 @@ from webapp.engine.serving.metrics import REJECTED, EngineMetrics
 from webapp.engine.serving.request import Finished, FinishReason, Request, Status
 from webapp.engine.serving.scheduler import PromptChunk, Scheduler
 from webapp.engine.serving.settings import ENGINE_DEFAULTS
+from webapp.engine.serving.speculation import Speculation
 
 __all__ = ["Engine", "EngineNotReady", "QueueFull"]
 
 log = logging.getLogger(__name__)
 
 PUBLISH_EVERY_S = 0.2
-# a step's lanes with drafted tokens: on the default model here a step of 8 lanes costs ~2.5 one-lane
-# steps, so drafts fill a small batch's step and leave a full one alone
-DRAFTED_LANES = 12
 
 
 class Engine:
@@ -57,8 +55,7 @@ class Engine:
         self.loader = loader
         self.n_slots, self.queue_limit, self.prefill_chunk = slots, queue_limit, prefill_chunk
         self.stall_seconds = stall_seconds
-        self.speculate = speculate  # where the runner can verify drafts (Runner.speculates)
-        self._recent = RecentOutputs()  # the answers drafts are also looked up in (model thread only)
+        self.speculation = Speculation(speculate)  # where the runner can verify drafts (Runner.speculates)
         # When the model thread's current pass over its loop began; None while it sleeps on an empty inbox.
         self._busy_since: float | None = None
         self.state, self.error = "loading", None
@@ -208,8 +205,7 @@ class Engine:
                 with self._lock:
                     self._waiting -= 1
                 request.sampler = RequestSampler(request.params, request.prompt_ids, request.constraint)
-                if self.speculate and self.loaded.runner.speculates and request.pooling is None:
-                    request.drafter = PromptLookup(request.prompt_ids, self._recent)
+                self.speculation.admit(request, self.loaded.runner)
                 self.metrics.on_admit(request)
                 changed = True
             # publish before the step too, so pages show who is running during a long step
@@ -267,8 +263,9 @@ class Engine:
 
     def _prefill(self, request: Request, tokens: list[int], start: int) -> None:
         try:
-            if request.pooling is not None:
-                logits = self._embed_chunk(request, tokens, start)
+            if request.pooling is not None:  # an embedding: every position's final norm output, pooled
+                pooling.add(request, self.loaded.runner.hidden_states(request, tokens, start), start)
+                logits = None
             elif not request.scores_prompt:
                 logits = self.loaded.runner.prefill(request, tokens, start)
             else:
@@ -282,8 +279,7 @@ class Engine:
         self.metrics.on_prefill(len(tokens))
         if self.scheduler.prefilled(request, tokens):
             if request.pooling is not None:
-                if request.pooling == "mean":
-                    request.embedding = (request.embedding / request.prompt_len).astype(np.float32)
+                pooling.finish(request)
                 self._finish(request, FinishReason.STOP)
             elif request.params.max_tokens == 0:  # prompt scoring only
                 self._finish(request, FinishReason.LENGTH)
@@ -299,18 +295,6 @@ class Engine:
         request.prompt_logprobs += score_prompt(rows[: len(following)], following, request.params.prompt_logprobs)
         return rows[-1]
 
-    def _embed_chunk(self, request: Request, tokens: list[int], start: int) -> None:
-        """Run a prompt chunk keeping every position's final norm output; pool it into the embedding."""
-        rows = self.loaded.runner.hidden_states(request, tokens, start)  # (T, dim)
-        if request.pooling == "last":
-            request.embedding = rows[-1].astype(np.float32)
-        elif request.pooling == "first":
-            if start == 0:
-                request.embedding = rows[0].astype(np.float32)
-        else:  # "mean": the sum so far, divided once the whole prompt is in
-            total = rows.sum(axis=0, dtype=np.float64)
-            request.embedding = total if request.embedding is None else request.embedding + total
-
     def _sample(self, request: Request, logits: np.ndarray) -> None:
         try:
             token, logprobs = request.sampler.choose(logits)
@@ -323,7 +307,7 @@ class Engine:
         return [self.scheduler.position(r) for r in batch]
 
     def _decode(self, batch: list[Request]) -> None:
-        drafts = self._drafts(batch)
+        drafts = self.speculation.drafts(batch, self._positions(batch), self.loaded.context)
         if any(drafts):
             self._decode_drafted(batch, drafts)
             return
@@ -339,20 +323,6 @@ class Engine:
             self.scheduler.decoded(request)
             if request.status is Status.DECODE:
                 self._sample(request, row)
-
-    def _drafts(self, batch: list[Request]) -> list[list[int]]:
-        """Each lane's drafted tokens, within the step's lane budget (oldest first): speculation fills
-        a step that has room, never one that the batch fills already, and never drafts past the
-        request's max_tokens or the context."""
-        room = DRAFTED_LANES - len(batch)
-        drafts = []
-        for request in batch:
-            limit = min(room, request.params.max_tokens - len(request.output_ids) - 1)
-            limit = min(limit, self.loaded.context - 1 - self.scheduler.position(request) - 1)
-            draft = request.drafter.propose(limit, len(batch)) if request.drafter is not None and limit > 0 else []
-            room -= len(draft)
-            drafts.append(draft)
-        return drafts
 
     def _decode_drafted(self, batch: list[Request], drafts: list[list[int]]) -> None:
         """Verify the drafts as lanes of one step: each request's positions are sampled in order, as
@@ -409,8 +379,7 @@ class Engine:
             with self._lock:
                 self._waiting -= 1
         self.metrics.on_finish(request)
-        if request.drafter is not None and reason in (FinishReason.STOP, FinishReason.LENGTH):
-            self._recent.add(request.prompt_ids[-MAX_NGRAM:] + request.output_ids)
+        self.speculation.finished(request, reason)
         request.sampler = request.constraint = request.drafter = None
         request.outputs.put(Finished(reason))
 
