@@ -181,10 +181,10 @@ def load_model(path: str, slots: int, context: int | None, max_chunk: int = 64, 
     act_dtype = dtypes.float32 if Device.DEFAULT in ("CPU", "PYTHON") else dtypes.float16
     kernels = QuantizedCPU.load() if cpu_kernels else None
     kept = set(BLOCK_FORMATS) if kernels is not None else set()
-    for name in table:
-        if table[name].ggml_type in KERNEL_ONLY_TYPES and table[name].ggml_type not in kept:
+    for name, raw in table.items():  # a kernel-only type that would take tinygrad's path: no kernel, or rows not in whole blocks
+        if raw.ggml_type in KERNEL_ONLY_TYPES and (raw.ggml_type not in kept or raw.data is None):
             raise ModelLoadError(
-                f"tensor {name!r} is stored as {KERNEL_ONLY_TYPES[table[name].ggml_type]}, which only the CPU kernels read "
+                f"tensor {name!r} is stored as {KERNEL_ONLY_TYPES[raw.ggml_type]}, which only the CPU kernels read "
                 "(on the CPU device, with LLM_CPU_KERNELS on)"
             )
     if context is None:

@@ -25,9 +25,7 @@ from tinygrad import Device, Tensor, dtypes
 from tinygrad.llm.gguf import ggml_data_to_tensor
 
 from webapp.engine.kernels.cpu import BlockWeight, QuantizedCPU, stored_form
-from webapp.engine.model.config import ModelLoadError
 from webapp.engine.model.device_buffers import device_array
-from webapp.engine.model.ggml_types import KERNEL_ONLY_TYPES
 from webapp.engine.model.gguf import RawTensor
 
 log = logging.getLogger(__name__)
@@ -134,8 +132,6 @@ class WeightSource:
         copied from the file (tinygrad's gguf_load copies the whole file to the device first, and
         parses it again after read_gguf checked it)."""
         raw = self._table[name]
-        if raw.ggml_type in KERNEL_ONLY_TYPES:
-            raise ModelLoadError(f"tensor {name!r} is stored as {KERNEL_ONLY_TYPES[raw.ggml_type]}, which only the CPU kernels read")
         if self._file is None:
             self._file = Tensor(pathlib.Path(self.path))
         data = self._file[raw.start : raw.start + raw.nbytes].to(Device.DEFAULT)

@@ -307,12 +307,13 @@ class Engine:
         return [self.scheduler.position(r) for r in batch]
 
     def _decode(self, batch: list[Request]) -> None:
-        drafts = self.speculation.drafts(batch, self._positions(batch), self.loaded.context)
+        positions = self._positions(batch)
+        drafts = self.speculation.drafts(batch, positions, self.loaded.context)
         if any(drafts):
-            self._decode_drafted(batch, drafts)
+            self._decode_drafted(batch, drafts, positions)
             return
         try:
-            logits = self.loaded.runner.decode(batch, self._positions(batch))
+            logits = self.loaded.runner.decode(batch, positions)
         except Exception as e:
             self._fail(batch, e)
             return
@@ -324,13 +325,13 @@ class Engine:
             if request.status is Status.DECODE:
                 self._sample(request, row)
 
-    def _decode_drafted(self, batch: list[Request], drafts: list[list[int]]) -> None:
+    def _decode_drafted(self, batch: list[Request], drafts: list[list[int]], positions: list[int]) -> None:
         """Verify the drafts as lanes of one step: each request's positions are sampled in order, as
         plain decoding would sample them (the same logits, its own generator), and a draft is kept
         while the sample equals it; the first sample that differs is the step's last token for that
         request. So the output is the same, token for token, as without speculation."""
         try:
-            rows = self.loaded.runner.decode_drafted(batch, drafts, self._positions(batch))
+            rows = self.loaded.runner.decode_drafted(batch, drafts, positions)
         except Exception as e:
             self._fail(batch, e)
             return

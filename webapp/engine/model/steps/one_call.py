@@ -8,6 +8,7 @@ and decode lanes share one call (`mixes`), which reads the weights once for all 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import numpy as np
@@ -66,16 +67,12 @@ class OneCallSteps(Steps):
     def verify(self, lanes: list[list[int]], slots: list[int], positions: list[int]) -> list[np.ndarray]:
         """One call: lane i's tokens at positions[i].. of slots[i], every token's logits (len(lane), vocab)
         each; a token's keys are written before any lane attends, as in a prompt chunk."""
+        chunks = list(zip(lanes, slots, positions, strict=True))
         assert lanes and all(lanes) and len(set(slots)) == len(slots)
-        tokens, lane_slots, lane_positions = [], [], []
-        for lane, slot, start in zip(lanes, slots, positions, strict=True):
-            assert start + len(lane) <= self.model.context
-            tokens += lane
-            lane_slots += [slot] * len(lane)
-            lane_positions += range(start, start + len(lane))
+        assert all(start + len(lane) <= self.model.context for lane, _, start in chunks)
+        tokens, lane_slots, lane_positions = _chunk_lanes(chunks)
         logits = self._step(tokens, lane_slots + lane_positions, list(range(len(tokens))))
-        ends = np.cumsum([len(lane) for lane in lanes])[:-1]
-        return np.split(logits, ends)
+        return np.split(logits, np.cumsum([len(lane) for lane in lanes])[:-1])
 
     def prefill_and_decode(
         self, chunks: list[Chunk], decoding: list[int], slots: list[int], positions: list[int]
@@ -86,12 +83,8 @@ class OneCallSteps(Steps):
         written before any lane attends, and lanes never mix. Each chunk's slot is its own."""
         chunk_slots = [slot for _, slot, _ in chunks]
         assert chunks and all(t for t, _, _ in chunks) and len(set(chunk_slots + slots)) == len(chunk_slots + slots)
-        tokens, lane_slots, lane_positions, picks = [], [], [], []
-        for chunk, slot, start in chunks:
-            tokens += chunk
-            lane_slots += [slot] * len(chunk)
-            lane_positions += range(start, start + len(chunk))
-            picks.append(len(tokens) - 1)
+        tokens, lane_slots, lane_positions = _chunk_lanes(chunks)
+        picks = [end - 1 for end in itertools.accumulate(len(chunk) for chunk, _, _ in chunks)]  # each chunk's last token
         picks += range(len(tokens), len(tokens) + len(decoding))
         logits = self._step(tokens + decoding, lane_slots + slots + lane_positions + positions, picks)
         return list(logits[: len(chunks)]), logits[len(chunks) :]
@@ -103,3 +96,14 @@ class OneCallSteps(Steps):
         self.decode([0], [scratch], [0])
         for _ in range(2):  # the prefix copy's jit captures on the first call; the second checks the replay
             self.copy_prefix(0, scratch, 1)
+
+
+def _chunk_lanes(chunks: list[Chunk]) -> tuple[list[int], list[int], list[int]]:
+    """Chunks (tokens, slot, start) as the kernels' lanes: every chunk's tokens in turn, each token's
+    slot, each token's position."""
+    tokens, slots, positions = [], [], []
+    for chunk, slot, start in chunks:
+        tokens += chunk
+        slots += [slot] * len(chunk)
+        positions += range(start, start + len(chunk))
+    return tokens, slots, positions
