@@ -15,8 +15,9 @@ import pytest
 from tinygrad import Tensor, TinyJit
 
 from webapp.engine.kernels.abi import INTERLEAVED, AttendFlag, Attention, Product
+from webapp.engine.kernels.block_weight import BLOCK_FORMATS, BlockWeight
 from webapp.engine.kernels.build import SOURCE, compile_library, simd_flags
-from webapp.engine.kernels.cpu import BLOCK_FORMATS, BlockWeight, QuantizedCPU
+from webapp.engine.kernels.cpu import QuantizedCPU
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 
 TYPES = sorted(BLOCK_FORMATS)

@@ -14,7 +14,7 @@ import numpy as np
 from tinygrad import Device, Tensor, UOp
 
 from webapp.engine.kernels.abi import MAX_HEAD_DIM, AttendFlag
-from webapp.engine.kernels.cpu import LayerMatrices, LayerTensors
+from webapp.engine.kernels.layer_tables import LayerMatrices, LayerTensors
 from webapp.engine.model.config import ModelConfig
 from webapp.engine.model.device_buffers import device_array
 from webapp.engine.model.ops import rms_norm, rope

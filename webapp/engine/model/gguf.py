@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from webapp.engine.kernels.cpu import BLOCK_FORMATS
+from webapp.engine.kernels.block_weight import BLOCK_FORMATS
 from webapp.engine.model.ggml_types import GGML_TYPES
 
 

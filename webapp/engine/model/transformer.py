@@ -28,7 +28,8 @@ import numpy as np
 # tinygrad reads HCQ2 at import: webapp.engine.model.tinygrad_setup.prepare_tinygrad() runs before this.
 from tinygrad import Device, Tensor, UOp, dtypes
 
-from webapp.engine.kernels.cpu import BLOCK_FORMATS, QuantizedCPU
+from webapp.engine.kernels.block_weight import BLOCK_FORMATS
+from webapp.engine.kernels.cpu import QuantizedCPU
 from webapp.engine.model.block import TransformerBlock
 from webapp.engine.model.config import ModelConfig, ModelLoadError, check_tensors
 from webapp.engine.model.ggml_types import KERNEL_ONLY_TYPES

@@ -15,8 +15,11 @@ static const tq_abi_entry ABI[] = {
     CONSTANT(INTERLEAVED), CONSTANT(STACKED), CONSTANT(MAX_PARTS), CONSTANT(STACK_HEADER_BYTES),
     CONSTANT(STEP_LOGITS), CONSTANT(STEP_HIDDEN), CONSTANT(ATTEND_BIAS), CONSTANT(ATTEND_QK_NORM), CONSTANT(MAX_HEAD_DIM), CONSTANT(SPIN_US),
     CONSTANT(MODEL_EMBED), CONSTANT(MODEL_NORM), CONSTANT(MODEL_HEAD), CONSTANT(MODEL_INV_FREQ), CONSTANT(MODEL_LAYERS),
-    CONSTANT(LAYER_QKV), CONSTANT(LAYER_O), CONSTANT(LAYER_GATE_UP), CONSTANT(LAYER_DOWN), CONSTANT(LAYER_ATTN_NORM),
-    CONSTANT(LAYER_FFN_NORM), CONSTANT(LAYER_CACHE), CONSTANT(LAYER_EXTRAS), CONSTANT(LAYER_ENTRIES),
+    CONSTANT(LAYER_QKV), CONSTANT(LAYER_O), CONSTANT(LAYER_GATE_UP), CONSTANT(LAYER_DOWN), CONSTANT(LAYER_ROUTER), CONSTANT(LAYER_UP),
+    CONSTANT(LAYER_MATRICES), CONSTANT(LAYER_ATTN_NORM), CONSTANT(LAYER_FFN_NORM), CONSTANT(LAYER_CACHE), CONSTANT(LAYER_EXTRAS),
+    CONSTANT(LAYER_EXPERT_TOKENS), CONSTANT(LAYER_ENTRIES),
+    CONSTANT(EXPERTS_NORM_WEIGHTS), CONSTANT(MAX_EXPERTS), CONSTANT(MAX_EXPERTS_USED),
+    STRUCT(tq_experts), FIELD(tq_experts, count), FIELD(tq_experts, used), FIELD(tq_experts, ffn_dim), FIELD(tq_experts, flags),
     STRUCT(stack_header), FIELD(stack_header, parts), FIELD(stack_header, types), FIELD(stack_header, rows), FIELD(stack_header, unused),
     STRUCT(tq_product), FIELD(tq_product, type), FIELD(tq_product, rows), FIELD(tq_product, cols), FIELD(tq_product, tokens),
     FIELD(tq_product, eps),
@@ -24,10 +27,10 @@ static const tq_abi_entry ABI[] = {
     FIELD(tq_attention, slots), FIELD(tq_attention, positions), FIELD(tq_attention, head_dim), FIELD(tq_attention, flags),
     FIELD(tq_attention, eps), FIELD(tq_attention, scale),
     STRUCT(tq_layer_shape), FIELD(tq_layer_shape, attention), FIELD(tq_layer_shape, dim), FIELD(tq_layer_shape, ffn_dim),
-    FIELD(tq_layer_shape, types),
+    FIELD(tq_layer_shape, types), FIELD(tq_layer_shape, experts),
     STRUCT(tq_step), FIELD(tq_step, attention), FIELD(tq_step, dim), FIELD(tq_step, ffn_dim), FIELD(tq_step, layers),
     FIELD(tq_step, vocab), FIELD(tq_step, embed_type), FIELD(tq_step, head_type), FIELD(tq_step, picks),
-    FIELD(tq_step, outputs),
+    FIELD(tq_step, outputs), FIELD(tq_step, experts),
 };
 
 int tq_abi(const tq_abi_entry **entries) {
