@@ -18,11 +18,12 @@ from webapp.engine.model.weights import BlockLinear
 PROMPT = [1, 504, 3458, 282, 4649, 314, 253, 77, 88, 99, 1234, 5]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "qwen3moe"])
 def tiny_steps_and_reference(request, tmp_path_factory):
     """A tiny random-weight model of each architecture behind its steps, and its float64 reference."""
     use_tinygrad_from_this_thread()
-    path = write_tiny_gguf(str(tmp_path_factory.mktemp("m") / f"{request.param}.gguf"), request.param)
+    experts = (8, 2, 32) if request.param == "qwen3moe" else None
+    path = write_tiny_gguf(str(tmp_path_factory.mktemp("m") / f"{request.param}.gguf"), request.param, experts=experts)
     steps = load_steps(path, slots=3, context=64)
     return steps, Reference(path)
 

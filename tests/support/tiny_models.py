@@ -90,6 +90,7 @@ def write_tiny_gguf(
     metadata: dict | None = None,
     tokenizer_pre: str | None = None,
     add_eos: bool = False,
+    experts: tuple[int, int, int] | None = None,
 ) -> str:
     """A random-weight GGUF; `matrix_type` ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS") quantizes every layer
     matrix and the output head into that block format, as real files do (the default model is Q4_1),
@@ -102,7 +103,10 @@ def write_tiny_gguf(
     rope_freqs.weight, as Llama 3.1/3.2 files carry it; `metadata` adds or replaces keys (the
     architecture's prefix added), e.g. {"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}.
     `tokenizer_pre` names another pre-tokenizer (tokenizer.ggml.pre) over SmolLM2's vocabulary;
-    `add_eos` sets tokenizer.ggml.add_eos_token, as embedding models' files do."""
+    `add_eos` sets tokenizer.ggml.add_eos_token, as embedding models' files do. `experts` (count, used,
+    width) makes every layer's feed-forward a mixture of experts, as qwen3moe files store it: an F32
+    router (ffn_gate_inp) and 3-D expert tensors (ffn_{gate,up,down}_exps), the experts quantized
+    like the other matrices."""
     rng = np.random.default_rng(seed)
     tok = smollm_tokenizer_fields()
     vocab = len(tok["tokenizer.ggml.tokens"])
@@ -121,6 +125,10 @@ def write_tiny_gguf(
         w.add_value_length(head_dim)
     if file_type is not None:
         w.add_file_type(file_type)
+    if experts is not None:
+        w.add_expert_count(experts[0])
+        w.add_expert_used_count(experts[1])
+        w.add_expert_feed_forward_length(experts[2])
     w.add_rope_freq_base(10000.0)
     w.add_rope_dimension_count(head_dim)
     for key, value in (metadata or {}).items():
@@ -156,8 +164,9 @@ def write_tiny_gguf(
         else:
             qtype = gguf.GGMLQuantizationType[matrix_type]
         quantizers = QUANTIZERS | LOW_BIT_QUANTIZERS
-        blocks = quantizers[qtype](array) if qtype in quantizers else gguf.quants.quantize(array, qtype)
-        w.add_tensor(name, blocks, raw_dtype=qtype)
+        rows = array.reshape(-1, array.shape[-1])  # a mixture of experts' 3-D tensor as one matrix's rows
+        blocks = quantizers[qtype](rows) if qtype in quantizers else gguf.quants.quantize(rows, qtype)
+        w.add_tensor(name, blocks.reshape(*array.shape[:-1], -1), raw_dtype=qtype)
 
     embd = mat(vocab, dim, scale=1.0)
     if matrix_type in ("Q4_K_M", "Q5_K_M", "F32", "F16", "BF16"):
@@ -182,14 +191,20 @@ def write_tiny_gguf(
         if arch == "qwen2":
             for name, n in (("q", n_heads), ("k", n_kv_heads), ("v", n_kv_heads)):
                 w.add_tensor(p + f"attn_{name}.bias", (0.1 * rng.standard_normal(n * head_dim)).astype(np.float32))
-        if arch == "qwen3":
+        if arch in ("qwen3", "qwen3moe"):
             w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
         add_matrix(p + "attn_output.weight", mat(dim, n_heads * head_dim), i)
         w.add_tensor(p + "ffn_norm.weight", norm(dim))
-        add_matrix(p + "ffn_gate.weight", mat(hidden, dim), i)
-        add_matrix(p + "ffn_up.weight", mat(hidden, dim), i)
-        add_matrix(p + "ffn_down.weight", mat(dim, hidden), i)
+        if experts is None:
+            add_matrix(p + "ffn_gate.weight", mat(hidden, dim), i)
+            add_matrix(p + "ffn_up.weight", mat(hidden, dim), i)
+            add_matrix(p + "ffn_down.weight", mat(dim, hidden), i)
+            continue
+        count, _, width = experts
+        w.add_tensor(p + "ffn_gate_inp.weight", mat(count, dim, scale=2 * dim**-0.5))  # F32, as llama-quantize keeps it
+        for name, rows, cols in (("gate", width, dim), ("up", width, dim), ("down", dim, width)):
+            add_matrix(p + f"ffn_{name}_exps.weight", np.stack([mat(rows, cols) for _ in range(count)]), i)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -218,6 +233,7 @@ class Reference:
         field = lambda key, default: reader.fields[f"{self.arch}.{key}"].contents() if f"{self.arch}.{key}" in reader.fields else default  # noqa: E731
         self.scaling, self.factor = field("rope.scaling.type", "linear"), float(field("rope.scaling.factor", 1.0))
         self.yarn_original = field("rope.scaling.original_context_length", None)
+        self.experts_used = field("expert_used_count", 0)
         self.w = {}
         for t in reader.tensors:
             f64 = t.tensor_type == gguf.GGMLQuantizationType.F64
@@ -262,6 +278,7 @@ class Reference:
     def hidden(self, tokens: list[int]) -> np.ndarray:
         """(T, dim): the final norm's output at every position (what the head reads, embeddings pool)."""
         w, T = self.w, len(tokens)
+        self.ffn_inputs = []  # each layer's normed feed-forward input, for tests of a router on its own
         x = w["token_embd.weight"][tokens]
         pos = np.arange(T, dtype=np.float64)
         for i in range(self.n_layers):
@@ -282,6 +299,30 @@ class Reference:
             attn = np.einsum("hts,shd->thd", probs, v).reshape(T, -1)
             x = x + attn @ w[p + "attn_output.weight"].T
             h = self._norm(x, w[p + "ffn_norm.weight"])
+            self.ffn_inputs.append(h)
+            if p + "ffn_gate_inp.weight" in w:
+                x = x + self.experts(h, p)
+                continue
             gate = h @ w[p + "ffn_gate.weight"].T
             x = x + ((gate / (1 + np.exp(-gate))) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
         return self._norm(x, w["output_norm.weight"])
+
+    def routing(self, h: np.ndarray, p: str) -> tuple[np.ndarray, np.ndarray]:
+        """A mixture of experts' choice for normed rows h (T, D): each row's experts (T, used), the most
+        probable first (ties: the lower one), and their weights (qwen3moe: divided by their sum)."""
+        logits = h @ self.w[p + "ffn_gate_inp.weight"].T  # (T, E)
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        chosen = np.argsort(-probs, axis=-1, kind="stable")[:, : self.experts_used]
+        weights = np.take_along_axis(probs, chosen, -1)
+        return chosen, weights / np.maximum(weights.sum(-1, keepdims=True), 6.103515625e-5)
+
+    def experts(self, h: np.ndarray, p: str) -> np.ndarray:
+        """The mixture of experts' output for normed rows h (T, D): each row's chosen experts' SwiGLU, weighted."""
+        gates, ups, downs = (self.w[p + f"ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))  # (E, F, D), (E, F, D), (E, D, F)
+        out = np.zeros_like(h)
+        for t, (chosen, weights) in enumerate(zip(*self.routing(h, p))):
+            for e, weight in zip(chosen, weights):
+                gate = gates[e] @ h[t]
+                out[t] += weight * (downs[e] @ ((gate / (1 + np.exp(-gate))) * (ups[e] @ h[t])))
+        return out

@@ -71,7 +71,7 @@ class QuantizedCPU:
             self._programs[name] = _trampoline(address)
         # what a dense layer passes tq_layer for a mixture of experts' router, up matrices and counts,
         # which it never reads: one buffer each, as a kernel's arguments are distinct buffers
-        self._unread = [device_array(np.zeros(1, np.int32)) for _ in range(3)]
+        self._unread = [device_array(np.zeros(1, np.int64)) for _ in range(3)]
         self._repack = library.tq_repack
         self._repack.argtypes, self._repack.restype = [ctypes.c_void_p] * 2 + [ctypes.POINTER(abi.Product)], ctypes.c_int
         self._forward = library.tq_forward

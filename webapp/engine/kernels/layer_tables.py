@@ -44,7 +44,7 @@ class LayerMatrices:
 class LayerTensors:
     """What a layer's kernel reads besides its input: its matrices, norms, KV cache and attention's
     extras (as `QuantizedCPU.attend` takes them: heads and flags too), and a mixture of experts' sizes
-    and token counts (int32, one an expert, which every step adds to)."""
+    and token counts (int64, one an expert, which every step adds to)."""
 
     matrices: LayerMatrices
     attn_norm: Tensor

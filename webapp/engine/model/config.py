@@ -16,10 +16,14 @@ from dataclasses import dataclass
 from webapp.engine.model.ggml_types import GGML_TYPES, UNREADABLE_TYPES
 from webapp.engine.model.rope import attention_factor
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe")
+# architectures whose every layer's feed-forward is a mixture of experts, and whether they divide the
+# chosen experts' weights by their sum (as llama.cpp builds each)
+MIXTURE_OF_EXPERTS = {"qwen3moe": True}
 
 # far past any real model: a file claiming more is corrupt, and would ask for absurd buffers
 LIMITS = {"block_count": 1024, "embedding_length": 1 << 17, "feed_forward_length": 1 << 20, "attention.head_count": 1024}
+LIMITS |= {"expert_count": 512, "expert_used_count": 32, "expert_feed_forward_length": 1 << 20}  # tq.h's MAX_EXPERTS, MAX_EXPERTS_USED
 
 
 class ModelLoadError(ValueError):
@@ -42,6 +46,10 @@ class ModelConfig:
     qkv_bias: bool
     qk_norm: bool
     rope_attention_factor: float = 1.0  # YaRN's factor on q and k after rotating (rope.attention_factor)
+    experts: int = 0  # a mixture of experts' count a layer (0: dense layers)...
+    experts_used: int = 0  # ...how many a token uses...
+    expert_hidden_dim: int = 0  # ...each one's feed-forward width...
+    expert_weights_norm: bool = False  # ...and whether the chosen ones' weights are divided by their sum
 
     @property
     def score_scale(self) -> float:
@@ -79,6 +87,12 @@ class ModelConfig:
         theta = kv.get(f"{arch}.rope.freq_base", 10000.0)
         if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not (math.isfinite(theta) and theta > 1):
             raise ModelLoadError(f"GGUF metadata {arch}.rope.freq_base = {theta!r}: expected a number above 1")
+        experts = experts_used = expert_hidden = 0
+        if arch in MIXTURE_OF_EXPERTS:
+            experts, experts_used = count("expert_count"), count("expert_used_count")
+            expert_hidden = count("expert_feed_forward_length")
+            if experts_used > experts:
+                raise ModelLoadError(f"GGUF metadata {arch}.expert_used_count = {experts_used}: more than the {experts} experts")
         tokens = need("tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens:
             raise ModelLoadError("GGUF metadata tokenizer.ggml.tokens is not a list of tokens")
@@ -86,7 +100,7 @@ class ModelConfig:
             arch=arch,
             n_layers=count("block_count"),
             dim=dim,
-            hidden_dim=count("feed_forward_length"),
+            hidden_dim=count("feed_forward_length", 0 if experts else None, low=0 if experts else 1),
             n_heads=n_heads,
             n_kv_heads=n_kv_heads,
             head_dim=head_dim,
@@ -97,7 +111,24 @@ class ModelConfig:
             qkv_bias="blk.0.attn_q.bias" in weights,
             qk_norm="blk.0.attn_q_norm.weight" in weights,
             rope_attention_factor=attention_factor(kv, arch),
+            experts=experts,
+            experts_used=experts_used,
+            expert_hidden_dim=expert_hidden,
+            expert_weights_norm=MIXTURE_OF_EXPERTS.get(arch, False),
         )
+
+    def _feed_forward_shapes(self, p: str) -> dict[str, tuple[int, int]]:
+        """A layer's feed-forward matrices: SwiGLU's three, or a router and every expert's three (a
+        3-D tensor of experts x rows x cols, as (experts * rows, cols))."""
+        if not self.experts:
+            return {p + "ffn_gate.weight": (self.hidden_dim, self.dim), p + "ffn_up.weight": (self.hidden_dim, self.dim)} | {
+                p + "ffn_down.weight": (self.dim, self.hidden_dim)
+            }
+        E, F = self.experts, self.expert_hidden_dim
+        return {p + "ffn_gate_inp.weight": (E, self.dim), p + "ffn_gate_exps.weight": (E * F, self.dim)} | {
+            p + "ffn_up_exps.weight": (E * F, self.dim),
+            p + "ffn_down_exps.weight": (E * self.dim, F),
+        }
 
     def tensor_shapes(self) -> dict[str, tuple[int, int]]:
         """Every tensor the model reads, as (rows, cols) the way weights.read_gguf gives them (a vector
@@ -113,10 +144,8 @@ class ModelConfig:
                 p + "attn_v.weight": (kv, self.dim),
                 p + "attn_output.weight": (self.dim, q),
                 p + "ffn_norm.weight": (1, self.dim),
-                p + "ffn_gate.weight": (self.hidden_dim, self.dim),
-                p + "ffn_up.weight": (self.hidden_dim, self.dim),
-                p + "ffn_down.weight": (self.dim, self.hidden_dim),
             }
+            shapes |= self._feed_forward_shapes(p)
             if self.qk_norm:
                 shapes |= {p + "attn_q_norm.weight": (1, self.head_dim), p + "attn_k_norm.weight": (1, self.head_dim)}
             if self.qkv_bias:
@@ -144,6 +173,8 @@ def check_tensors(config: ModelConfig, table: dict) -> None:
         if raw.ggml_type not in GGML_TYPES:
             known = UNREADABLE_TYPES.get(raw.ggml_type, f"unknown type {raw.ggml_type}")
             raise ModelLoadError(f"tensor {name!r} is stored as {known}, which this server cannot read yet")
+        if name.endswith("_exps.weight") and (len(raw.shape) != 3 or raw.shape[0] != config.experts):
+            raise ModelLoadError(f"tensor {name!r} has dimensions {raw.shape}; expected {config.experts} experts' matrices")
         if (raw.rows, raw.cols) != expected:
             raise ModelLoadError(
                 f"tensor {name!r} has shape {raw.rows} x {raw.cols}; the file's metadata implies {expected[0]} x {expected[1]}"

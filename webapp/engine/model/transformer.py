@@ -1,4 +1,4 @@
-"""A llama-family transformer (llama, qwen2, qwen3) on tinygrad, with a KV cache of many slots.
+"""A llama-family transformer (llama, qwen2, qwen3; qwen3moe with MoeBlock's experts) on tinygrad, with a KV cache of many slots.
 
 Contract: `Transformer` holds the model (embedding, `TransformerBlock`s with their KV caches, final
 norm, head) and its forward passes, one per way of feeding it: `forward_on_kernels` (lanes of any
@@ -36,6 +36,7 @@ from webapp.engine.model.ggml_types import KERNEL_ONLY_TYPES
 from webapp.engine.model.gguf import read_gguf
 from webapp.engine.model.memory import auto_context
 from webapp.engine.model.memory import plan as memory_plan
+from webapp.engine.model.moe_block import MoeBlock
 from webapp.engine.model.ops import rms_norm, rotation
 from webapp.engine.model.rope import RopeUnsupported, inverse_frequencies
 from webapp.engine.model.weights import WeightSource
@@ -52,7 +53,7 @@ FLOAT_FILE_TYPES = (0, 1, 32)
 
 
 class Transformer:
-    block = TransformerBlock  # the layer; an architecture with another layer names its own
+    block = TransformerBlock  # the dense layer; a mixture of experts' files get MoeBlock
 
     def __init__(
         self,
@@ -71,7 +72,8 @@ class Transformer:
         self.output_norm = weights.vector("output_norm.weight")
         self.head = weights.head(config.vocab_size, int8_head)  # (B, D) -> (B, vocab)
         # a padded prefill chunk may write up to max_chunk - 1 junk positions past the context
-        self.blocks = [self.block(config, weights, i, slots, context + max_chunk, KV_DTYPE) for i in range(config.n_layers)]
+        block = MoeBlock if config.experts else self.block
+        self.blocks = [block(config, weights, i, slots, context + max_chunk, KV_DTYPE) for i in range(config.n_layers)]
         self.uses_cpu_kernels = weights.uses_kernels  # some matrix runs on the quantized CPU kernels
         # every layer runs on the CPU kernels, or none does (attention always, each product where its
         # type has one)

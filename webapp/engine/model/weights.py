@@ -207,6 +207,23 @@ class WeightSource:
         self.forms["float16"] += len(names)
         return FloatLinear(Tensor.cat(*(self._float(n) for n in names)) if len(names) > 1 else self._float(names[0]))
 
+    def experts(self, name: str, count: int) -> BlockWeight | None:
+        """A mixture of experts' 3-D tensor (count, rows, cols) in its blocks, on the kernels: every
+        expert's matrix one after the other (QuantizedCPU.expert_weight); None where it cannot be."""
+        raw = self._raw.get(name)
+        if self.kernels is None or raw is None or raw.data is None:
+            return None
+        self.forms[stored_form(raw.ggml_type) + " (experts)"] += 1
+        self.kept += 1
+        return self.kernels.expert_weight(raw.data, raw.ggml_type, raw.cols, count)
+
+    def float_experts(self, name: str, transposed: bool) -> Tensor:
+        """A mixture of experts' 3-D tensor as float16 (count, rows, cols), or (count, cols, rows)
+        `transposed` (the products' input axis first, as FloatLinear stores a matrix)."""
+        self.forms["float16 (experts)"] += 1
+        t = self.tinygrad_tensor(name).cast(WEIGHT_DTYPE)
+        return (t.transpose(1, 2) if transposed else t).contiguous()
+
     def embedding(self):
         """token ids (...) -> (..., D) activations."""
         block = self._block(("token_embd.weight",))

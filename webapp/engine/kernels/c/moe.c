@@ -33,7 +33,7 @@ static void choose_experts(const float *logits, int count, int used, int flags, 
 static __thread scratch_t moe_buffers;
 
 static void moe_feed_forward(float *out, const float *h, const uint8_t *w_router, const uint8_t *w_gate, const uint8_t *w_up, const uint8_t *w_down,
-                             const float *ffn_norm, int32_t *expert_tokens, const tq_layer_shape *shape) {
+                             const float *ffn_norm, int64_t *expert_tokens, const tq_layer_shape *shape) {
   const int B = shape->attention.lanes, D = shape->dim, E = shape->experts.count, K = shape->experts.used, F = shape->experts.ffn_dim;
   const int nb = D / 32;
   const int t_router = shape->types[LAYER_ROUTER], t_gate = shape->types[LAYER_GATE_UP], t_up = shape->types[LAYER_UP],

@@ -23,7 +23,7 @@ static void prefetch_new_entries(const uint16_t *cache, const int32_t *lanes, co
 /* A layer's matrices and what a mixture of experts adds, by address (tq.h's LAYER_* entries). */
 typedef struct {
   const uint8_t *qkv, *o, *gate_up, *down, *router, *up;
-  int32_t *expert_tokens;
+  int64_t *expert_tokens;
 } layer_matrices;
 
 static void layer(float *out, const float *x, const layer_matrices *w, const float *attn_norm, const float *ffn_norm, uint16_t *cache,
@@ -51,7 +51,7 @@ static void layer(float *out, const float *x, const layer_matrices *w, const flo
 
 void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w_o, const uint8_t *w_gate_up, const uint8_t *w_down,
               const uint8_t *w_router, const uint8_t *w_up, const float *attn_norm, const float *ffn_norm, uint16_t *cache, const int32_t *lanes,
-              const float *inv_freq, const float *extras, int32_t *expert_tokens, const tq_layer_shape *shape) {
+              const float *inv_freq, const float *extras, int64_t *expert_tokens, const tq_layer_shape *shape) {
   const float *rotations = rope_rotations(lanes, shape->attention.lanes, inv_freq, shape->attention.head_dim);
   const layer_matrices w = {w_qkv, w_o, w_gate_up, w_down, w_router, w_up, expert_tokens};
   layer(out, x, &w, attn_norm, ffn_norm, cache, lanes, rotations, extras, shape);
@@ -87,7 +87,7 @@ void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, cons
     layer_shape.experts = m[LAYER_ROUTER] ? step->experts : dense;
     const layer_matrices w = {AT(const uint8_t *, LAYER_QKV),    AT(const uint8_t *, LAYER_O), AT(const uint8_t *, LAYER_GATE_UP),
                               AT(const uint8_t *, LAYER_DOWN),   AT(const uint8_t *, LAYER_ROUTER), AT(const uint8_t *, LAYER_UP),
-                              AT(int32_t *, LAYER_EXPERT_TOKENS)};
+                              AT(int64_t *, LAYER_EXPERT_TOKENS)};
     /* in place: layer() reads x for the last time (the attention's residual) before it writes out */
     layer(x, x, &w, AT(const float *, LAYER_ATTN_NORM), AT(const float *, LAYER_FFN_NORM), AT(uint16_t *, LAYER_CACHE), lanes, rotations,
           AT(const float *, LAYER_EXTRAS), &layer_shape);

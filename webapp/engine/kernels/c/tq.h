@@ -45,7 +45,7 @@ enum { SPIN_US = 100 };
  * A mixture-of-experts layer (moe.c) has a router, and its GATE_UP, UP and DOWN entries hold every
  * expert's gate, up and down matrices, expert after expert; a dense layer's GATE_UP holds gate over up,
  * and its ROUTER, UP and EXPERT_TOKENS are 0. EXPERT_TOKENS: where a step adds how many of its lanes
- * chose each expert (int32 a expert), or 0 for none. */
+ * chose each expert (int64 an expert), or 0 for none. */
 enum { MODEL_EMBED, MODEL_NORM, MODEL_HEAD, MODEL_INV_FREQ, MODEL_LAYERS };
 enum { LAYER_QKV, LAYER_O, LAYER_GATE_UP, LAYER_DOWN, LAYER_ROUTER, LAYER_UP, LAYER_MATRICES = 6 };
 enum { LAYER_ATTN_NORM = LAYER_MATRICES, LAYER_FFN_NORM, LAYER_CACHE, LAYER_EXTRAS, LAYER_EXPERT_TOKENS, LAYER_ENTRIES };
@@ -138,7 +138,7 @@ void tq_attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lan
  * attention (shape->experts.count > 0; a dense layer's w_router, w_up and expert_tokens are unread). */
 void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w_o, const uint8_t *w_gate_up, const uint8_t *w_down,
               const uint8_t *w_router, const uint8_t *w_up, const float *attn_norm, const float *ffn_norm, uint16_t *cache, const int32_t *lanes,
-              const float *inv_freq, const float *extras, int32_t *expert_tokens, const tq_layer_shape *shape);
+              const float *inv_freq, const float *extras, int64_t *expert_tokens, const tq_layer_shape *shape);
 /* A whole step: embedding, every layer, the final norm and the head, the model's tensors passed by
  * address (model, in MODEL_* and LAYER_* order), each layer's LAYER_MATRICES matrix types in layer_types. */
 void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, const int32_t *picks, const uint64_t *model, const tq_step *step,
