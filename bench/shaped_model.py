@@ -34,7 +34,10 @@ SHAPES = {
     "llama3.2-1b": ("llama", 16, 2048, 8192, 32, 8, 64, True, 5e5),
     "llama3.2-3b": ("llama", 28, 3072, 8192, 24, 8, 128, True, 5e5),
     "smollm2-135m": ("llama", 30, 576, 1536, 9, 3, 64, True, 1e5),
+    "qwen3-30b-a3b": ("qwen3moe", 48, 2048, 6144, 32, 4, 128, False, 1e6),
 }
+# mixture-of-experts shapes: (experts, used a token, each one's FFN)
+EXPERTS = {"qwen3-30b-a3b": (128, 8, 768)}
 FINAL_NORM_SCALE = 6.0
 EMBEDDING_STD = 0.02
 
@@ -66,6 +69,11 @@ def write_shaped(shape: str, path: str, layers: int | None = None, seed: int = 0
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(theta)
     w.add_rope_dimension_count(head_dim)
+    if shape in EXPERTS:
+        count, used, expert_ffn = EXPERTS[shape]
+        w.add_expert_count(count)
+        w.add_expert_used_count(used)
+        w.add_expert_feed_forward_length(expert_ffn)
     w.add_file_type(1)  # mostly F16
     add_smollm_tokenizer(w)
     w.add_chat_template(tok["tokenizer.chat_template"])
@@ -90,11 +98,17 @@ def write_shaped(shape: str, path: str, layers: int | None = None, seed: int = 0
         w.add_tensor(p + "attn_q.weight", matrix(heads * head_dim, dim))
         w.add_tensor(p + "attn_k.weight", matrix(kv_heads * head_dim, dim))
         w.add_tensor(p + "attn_v.weight", matrix(kv_heads * head_dim, dim))
-        if arch == "qwen3":
+        if arch in ("qwen3", "qwen3moe"):
             w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
         w.add_tensor(p + "attn_output.weight", matrix(dim, heads * head_dim))
         w.add_tensor(p + "ffn_norm.weight", norm(dim))
+        if shape in EXPERTS:  # the router stays float32, as llama-quantize keeps it
+            w.add_tensor(p + "ffn_gate_inp.weight", matrix(count, dim, scale=2 * dim**-0.5).astype(np.float32))
+            w.add_tensor(p + "ffn_gate_exps.weight", np.stack([matrix(expert_ffn, dim) for _ in range(count)]))
+            w.add_tensor(p + "ffn_up_exps.weight", np.stack([matrix(expert_ffn, dim) for _ in range(count)]))
+            w.add_tensor(p + "ffn_down_exps.weight", np.stack([matrix(dim, expert_ffn) for _ in range(count)]))
+            continue
         w.add_tensor(p + "ffn_gate.weight", matrix(ffn, dim))
         w.add_tensor(p + "ffn_up.weight", matrix(ffn, dim))
         w.add_tensor(p + "ffn_down.weight", matrix(dim, ffn))
@@ -116,7 +130,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.list or not (args.shape and args.out):
         for name, (arch, layers, dim, ffn, heads, kv, hd, tied, _) in SHAPES.items():
-            print(f"{name:14} {arch:6} {layers} layers, dim {dim}, FFN {ffn}, {heads}/{kv} heads of {hd}{', tied' if tied else ''}")
+            experts = ", {} experts ({} a token) of FFN {}".format(*EXPERTS[name]) if name in EXPERTS else ""
+            print(
+                f"{name:14} {arch:8} {layers} layers, dim {dim}, FFN {ffn}, {heads}/{kv} heads of {hd}{', tied' if tied else ''}{experts}"
+            )
         return
     if not args.type:
         write_shaped(args.shape, args.out, args.layers)

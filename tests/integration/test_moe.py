@@ -5,7 +5,10 @@ tinygrad's path, batch invariance, and clear errors for malformed expert tensors
 import dataclasses
 
 import numpy as np
+import openai
 import pytest
+import requests
+from support import tiny_engine_server
 from support.tiny_models import Reference, load_steps, write_tiny_gguf
 
 from webapp.engine.model.config import ModelConfig, ModelLoadError, check_tensors
@@ -129,3 +132,26 @@ def test_expert_tensors_cut_into_another_count_of_experts_are_refused(tmp_path):
     table[name] = dataclasses.replace(table[name], shape=(4, 64, 64))
     with pytest.raises(ModelLoadError, match=r"'blk.1.ffn_up_exps.weight' has dimensions \(4, 64, 64\); expected 8 experts"):
         check_tensors(config, table)
+
+
+def test_a_server_answers_the_openai_client_and_shows_each_experts_load(tmp_path):
+    """End to end: the openai client's chats on a qwen3moe file, then /metrics and /admin/stats.json
+    count the lanes every expert took (each generated or prefilled token: `used` experts a layer)."""
+    with tiny_engine_server(_file(tmp_path, "Q8_0"), slots=2, queue_limit=2) as (engine, srv):
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=120)
+        reply = client.chat.completions.create(model="moe", messages=[{"role": "user", "content": "Hi"}], max_tokens=5, temperature=0)
+        assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 5
+        client.close()
+        stats = requests.get(f"{srv.url}/admin/stats.json", timeout=30).json()
+        experts = stats["experts"]
+        # every token through the model went to `used` experts in each of 2 layers (warm-up's tokens too)
+        assert experts["count"] == EXPERTS[0] and sum(experts["tokens_total"]) % (EXPERTS[1] * 2) == 0
+        assert sum(experts["tokens_total"]) >= (reply.usage.prompt_tokens + 4) * EXPERTS[1] * 2
+        assert experts["busiest_per_step"] >= experts["mean_per_step"] > 0 and experts["imbalance"] >= 1
+        metrics = requests.get(f"{srv.url}/metrics", timeout=30).text
+        lines = [line for line in metrics.splitlines() if line.startswith("llm_expert_tokens_total{")]
+        assert len(lines) == EXPERTS[0] and sum(float(line.split()[-1]) for line in lines) == sum(experts["tokens_total"])
+        assert "llm_expert_load_imbalance " in metrics
+        page = requests.get(f"{srv.url}/admin", timeout=30).text
+        bars = page[page.index('id="expert-bars"') :]
+        assert bars[: bars.index("</svg>")].count("<rect ") == EXPERTS[0] and "Busiest / mean" in page

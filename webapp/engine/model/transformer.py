@@ -89,6 +89,12 @@ class Transformer:
         for block in self.blocks:
             Tensor.realize(*block.tensors())
 
+    def routed_tokens(self) -> np.ndarray | None:
+        """A mixture of experts': the lanes each layer sent each expert since load (layers, experts),
+        where the kernels count them (MoeBlock.routed_tokens); None elsewhere."""
+        counts = [getattr(block, "routed_tokens", lambda: None)() for block in self.blocks]
+        return None if any(c is None for c in counts) else np.stack(counts)
+
     def _logits(self, x: Tensor) -> Tensor:
         """x (B, D) -> (B, vocab) float32 logits."""
         return self.head(rms_norm(x, self.output_norm, self.config.norm_eps).contiguous()).contiguous()
