@@ -3,8 +3,8 @@
 The tiny models borrow the real SmolLM2 vocabulary, merges and chat template from the installed
 default model (so tokenization and templates are real) but have random weights of a few hundred
 kilobytes per layer. Nothing is downloaded. The reference implements the GGUF conventions
-independently of webapp.engine.model.transformer: llama files store rotary pairs interleaved (rotate x[2i],
-x[2i+1]); qwen2/qwen3 files store them split in halves.
+independently of webapp.engine.model.transformer: llama (and smollm3) files store rotary pairs interleaved
+(rotate x[2i], x[2i+1]); qwen2/qwen3 files store them split in halves.
 """
 
 from __future__ import annotations
@@ -263,7 +263,7 @@ class Reference:
             freqs = freqs / self.factor
         ang = positions[:, None, None] * freqs[None, None, :]
         cos, sin = np.cos(ang) * mscale, np.sin(ang) * mscale
-        if self.arch == "llama":  # interleaved pairs
+        if self.arch in ("llama", "smollm3"):  # interleaved pairs
             a, b = x[..., 0::2], x[..., 1::2]
             out = np.empty_like(x)
             out[..., 0::2], out[..., 1::2] = a * cos - b * sin, a * sin + b * cos
@@ -289,7 +289,8 @@ class Reference:
             q, k, v = q.reshape(T, self.n_heads, hd), k.reshape(T, self.n_kv, hd), v.reshape(T, self.n_kv, hd)
             if p + "attn_q_norm.weight" in w:
                 q, k = self._norm(q, w[p + "attn_q_norm.weight"]), self._norm(k, w[p + "attn_k_norm.weight"])
-            q, k = self._rope(q, pos), self._rope(k, pos)
+            if not (self.arch == "smollm3" and (i + 1) % 4 == 0):  # SmolLM3: every fourth layer without RoPE
+                q, k = self._rope(q, pos), self._rope(k, pos)
             k, v = k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64)  # the KV cache is float16
             rep = self.n_heads // self.n_kv
             k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)

@@ -43,8 +43,10 @@ SPIN_US = 100  # how long idle pool threads spin before sleeping (tq.h says why)
 CONSTANTS = {"INTERLEAVED": INTERLEAVED, "STACKED": STACKED, "MAX_PARTS": MAX_PARTS, "STACK_HEADER_BYTES": STACK_HEADER_BYTES}
 MAX_EXPERTS, MAX_EXPERTS_USED = 512, 32  # the most experts a layer has, and a token uses
 LAYER_MATRICES = 6  # a layer's first table entries are its matrices (LayerEntry.QKV .. UP)
+# tq_forward's layer_info: each layer's LAYER_MATRICES matrix types, then its attention's flags
+LAYER_INFO_FLAGS, LAYER_INFO = LAYER_MATRICES, LAYER_MATRICES + 1
 CONSTANTS |= {"MAX_HEAD_DIM": MAX_HEAD_DIM, "SPIN_US": SPIN_US, "MAX_EXPERTS": MAX_EXPERTS, "MAX_EXPERTS_USED": MAX_EXPERTS_USED}
-CONSTANTS |= {"LAYER_MATRICES": LAYER_MATRICES}
+CONSTANTS |= {"LAYER_MATRICES": LAYER_MATRICES, "LAYER_INFO_FLAGS": LAYER_INFO_FLAGS, "LAYER_INFO": LAYER_INFO}
 
 
 class StepOutput(enum.IntEnum):
@@ -59,6 +61,7 @@ class AttendFlag(enum.IntFlag):
 
     BIAS = 1
     QK_NORM = 2
+    NO_ROPE = 4  # q and k are not rotated (SmolLM3's every fourth layer)
 
 
 class ExpertsFlag(enum.IntFlag):

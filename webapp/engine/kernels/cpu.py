@@ -258,9 +258,9 @@ class QuantizedCPU:
         experts = next((layer.experts for layer in layers if layer.experts.count), abi.Experts())
         dims = abi.Step(attention, embed.cols, first.matrices.down.cols, len(layers), head.rows, embed.ggml_type, head.ggml_type)
         dims.experts = experts
-        types = np.array([list(layer.matrices.types) for layer in layers], dtype=np.int32)
+        info = np.array([[*layer.matrices.types, layer.flags] for layer in layers], dtype=np.int32)  # abi.LAYER_INFO a layer
         table = np.array([0 if t is None else host_address(t) for t in tensors], dtype=np.uint64)
-        return WholeModel(table, dims, types, tuple(t for t in tensors if t is not None))
+        return WholeModel(table, dims, info, tuple(t for t in tensors if t is not None))
 
     def step(self, model: WholeModel, tokens: list[int], lanes: list[int], picks: list[int], hidden: bool = False) -> np.ndarray:
         """A whole step (tq_forward) as one call on this thread, which works through the pool's jobs
@@ -276,7 +276,7 @@ class QuantizedCPU:
         out = np.empty((len(rows), model.dims.dim if hidden else model.dims.vocab), dtype=np.float32)
         step = model.step(len(ids), len(rows), abi.StepOutput.HIDDEN if hidden else abi.StepOutput.LOGITS)
         addresses = (out.ctypes.data, ids.ctypes.data, lane_values.ctypes.data, rows.ctypes.data, model.table.ctypes.data)
-        self._forward(*addresses, step, model.layer_types.ctypes.data)
+        self._forward(*addresses, step, model.layer_info.ctypes.data)
         return out
 
 

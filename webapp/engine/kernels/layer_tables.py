@@ -73,7 +73,7 @@ class WholeModel:
 
     table: np.ndarray  # uint64, in abi.ModelEntry order, then abi.LayerEntry's for each layer
     dims: abi.Step  # every field but attention.lanes, picks and outputs
-    layer_types: np.ndarray  # int32 (layers, LAYER_MATRICES): each layer's matrices' types
+    layer_info: np.ndarray  # int32 (layers, abi.LAYER_INFO): each layer's matrices' types, then its attention flags
     tensors: tuple[Tensor, ...]
     _steps: dict = field(default_factory=dict, compare=False)
 

@@ -48,6 +48,7 @@ class TransformerBlock:
 
     def __init__(self, config: ModelConfig, weights: WeightSource, layer: int, slots: int, context: int, kv_dtype):
         self.c = config
+        self.rotates = config.rotates(layer)
         p = f"blk.{layer}."
         self.w = {
             name: weights.vector(p + name)
@@ -76,7 +77,11 @@ class TransformerBlock:
                 self.attend_extras = device_array(np.concatenate(extras) if extras else np.zeros(1, np.float32))
             else:
                 self.attend_extras = Tensor.cat(*(weights.vector(n) for n in names)).float().contiguous()
-            self.attend_flags = int((AttendFlag.BIAS if config.qkv_bias else 0) | (AttendFlag.QK_NORM if config.qk_norm else 0))
+            self.attend_flags = int(
+                (AttendFlag.BIAS if config.qkv_bias else 0)
+                | (AttendFlag.QK_NORM if config.qk_norm else 0)
+                | (0 if self.rotates else AttendFlag.NO_ROPE)
+            )
             # every product in blocks: the layer runs as one kernel; else five, tinygrad's products among them
             feed_forward = self._feed_forward_blocks()
             if self._attention_in_blocks and feed_forward is not None:
@@ -193,8 +198,9 @@ class TransformerBlock:
         T = x.shape[1]
         q, k, v = self._qkv(rms_norm(x, self.w["attn_norm.weight"], self.c.norm_eps))
         # contiguous after RoPE: fusing RoPE into symbolic-length attention overflows tinygrad's rewriter
-        q = rope(q, *rotary).contiguous()
-        k = rope(k, *rotary)
+        if self.rotates:
+            q, k = rope(q, *rotary), rope(k, *rotary)
+        q = q.contiguous()
         kv = Tensor.stack(k[0], v[0]).cast(self.cache.dtype)  # (2, KvH, T, Hd)
         store = self.cache[:, slot, :, start : start + T, :].uop.store(kv.uop)
         cache = Tensor(self.cache.uop.after(store))
@@ -205,8 +211,9 @@ class TransformerBlock:
     def decode(self, x: Tensor, slots: list[UOp], positions: list[UOp], rotary: tuple[Tensor, Tensor], length: UOp, mask: Tensor) -> Tensor:
         """x (B, 1, D): lane b is at position positions[b] of the sequence in slots[b]; keys read up to `length`."""
         q, k, v = self._qkv(rms_norm(x, self.w["attn_norm.weight"], self.c.norm_eps))
-        q = rope(q, *rotary).contiguous()
-        k = rope(k, *rotary)
+        if self.rotates:
+            q, k = rope(q, *rotary), rope(k, *rotary)
+        q = q.contiguous()
         kv = Tensor.stack(k, v).cast(self.cache.dtype)  # (2, B, KvH, 1, Hd)
         stores = [self.cache[:, s, :, p : p + 1, :].uop.store(kv[:, b].contiguous().uop) for b, (s, p) in enumerate(zip(slots, positions))]
         cache = Tensor(self.cache.uop.after(*stores))

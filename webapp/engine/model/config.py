@@ -16,7 +16,11 @@ from dataclasses import dataclass
 from webapp.engine.model.ggml_types import GGML_TYPES, UNREADABLE_TYPES
 from webapp.engine.model.rope import attention_factor
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3")
+# architectures whose files store each head's rotary pairs interleaved (llama.cpp's "norm" RoPE)
+INTERLEAVED_ROPE = ("llama", "smollm3")
+# architectures whose every n-th layer has no RoPE (llama.cpp's n_no_rope_layer_step)
+NO_ROPE_EVERY = {"smollm3": 4}
 # architectures whose every layer's feed-forward is a mixture of experts, and whether they divide the
 # chosen experts' weights by their sum (as llama.cpp builds each)
 MIXTURE_OF_EXPERTS = {"qwen3moe": True}
@@ -50,6 +54,11 @@ class ModelConfig:
     experts_used: int = 0  # ...how many a token uses...
     expert_hidden_dim: int = 0  # ...each one's feed-forward width...
     expert_weights_norm: bool = False  # ...and whether the chosen ones' weights are divided by their sum
+    no_rope_every: int = 0  # every n-th layer attends without RoPE (0: none)
+
+    def rotates(self, layer: int) -> bool:
+        """Whether layer `layer` (from 0) rotates q and k by RoPE."""
+        return not self.no_rope_every or (layer + 1) % self.no_rope_every != 0
 
     @property
     def score_scale(self) -> float:
@@ -115,6 +124,7 @@ class ModelConfig:
             experts_used=experts_used,
             expert_hidden_dim=expert_hidden,
             expert_weights_norm=MIXTURE_OF_EXPERTS.get(arch, False),
+            no_rope_every=NO_ROPE_EVERY.get(arch, 0),
         )
 
     def _feed_forward_shapes(self, p: str) -> dict[str, tuple[int, int]]:

@@ -26,6 +26,7 @@ from tinygrad.llm.gguf import ggml_data_to_tensor
 
 from webapp.engine.kernels.block_weight import BlockWeight, stored_form
 from webapp.engine.kernels.cpu import QuantizedCPU
+from webapp.engine.model.config import INTERLEAVED_ROPE
 from webapp.engine.model.device_buffers import device_array
 from webapp.engine.model.gguf import RawTensor
 
@@ -123,7 +124,7 @@ class WeightSource:
         self._raw = table if kernels is not None else {}
         self._file: Tensor | None = None
         # llama files interleave each head's rotary pairs in q and k rows
-        self._rope_heads = {"attn_q.weight": n_heads, "attn_k.weight": n_kv_heads} if arch == "llama" else {}
+        self._rope_heads = {"attn_q.weight": n_heads, "attn_k.weight": n_kv_heads} if arch in INTERLEAVED_ROPE else {}
         self.forms: Counter = Counter()  # which form each matrix took, for the log
         self.kept = 0  # how many of them stay in the file's bytes, on the kernels
         self._blocks: dict[tuple[str, ...], BlockWeight | None] = {}  # a tied head shares the embedding's blocks

@@ -3,7 +3,8 @@
  * decode step's sequences, or a prefill piece's tokens, each a lane of the same slot), from the qkv
  * product's rows (B, (H + 2 KvH) Hd) float32 to out (B, H Hd) float32:
  *   1. on the calling thread, per lane: add the bias, rms-normalize each q and k head (qwen3), rotate
- *      q and k by RoPE at the lane's position (half-split pairs, angle = pos * inv_freq[i]), and write
+ *      q and k by RoPE at the lane's position (half-split pairs, angle = pos * inv_freq[i]; not with
+ *      ATTEND_NO_ROPE), and write
  *      k and v as float16 at that position of the lane's slot in the KV cache (2, slots, KvH,
  *      positions, Hd);
  *   2. over the pool: softmax(q . K[0..pos] * scale) . V[0..pos] for every (lane, query head),
@@ -95,7 +96,7 @@ static const float *rope_rotations(const int32_t *lanes, int B, const float *inv
 static void attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lanes, const float *rotations, const float *extras,
                    const tq_attention *shape) {
   const int B = shape->lanes, H = shape->heads, KvH = shape->kv_heads, S = shape->slots, C = shape->positions, Hd = shape->head_dim;
-  const int flags = shape->flags;
+  const int flags = shape->flags, rotates = !(flags & ATTEND_NO_ROPE);
   const float eps = shape->eps;
   const int width = (H + 2 * KvH) * Hd, half = Hd / 2;
   const float *bias = flags & ATTEND_BIAS ? extras : 0;
@@ -111,11 +112,12 @@ static void attend(float *out, const float *qkv, uint16_t *cache, const int32_t 
       const int is_v = h >= H + KvH;
       if (q_norm && !is_v) rms_norm_row(x, h < H ? q_norm : q_norm + Hd, Hd, eps, x);
       if (h < H) {
-        rotate_half_pairs(x, cos_sin, half, queries + ((size_t)b * H + h) * Hd);
+        if (rotates) rotate_half_pairs(x, cos_sin, half, queries + ((size_t)b * H + h) * Hd);
+        else memcpy(queries + ((size_t)b * H + h) * Hd, x, Hd * sizeof(float));
         continue;
       }
       const float *value = x;
-      if (!is_v) {
+      if (!is_v && rotates) {
         rotate_half_pairs(x, cos_sin, half, rotated);
         value = rotated;
       }

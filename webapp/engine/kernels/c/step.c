@@ -58,7 +58,7 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
 }
 
 /* ---- a whole step --------------------------------------------------------------------------- */
-/* tq_forward(logits, tokens, lanes, picks, model, step, layer_types): a whole step for B lanes, from token ids to
+/* tq_forward(logits, tokens, lanes, picks, model, step, layer_info): a whole step for B lanes, from token ids to
  * the logits of the lanes in `picks` (R of them: every lane of a decode step, a prefill piece's last
  * real token): embedding, every layer as tq_layer, then the final norm and the output head (or, with
  * step->outputs STEP_HIDDEN, the final norm's rows alone: `logits` then holds R x dim floats).
@@ -66,13 +66,14 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
  * head matrix, the RoPE inverse frequencies, then per layer its qkv, o, gate_up and down matrices, its
  * two norms, its KV cache and its attention extras, and a mixture of experts' router, up matrices and
  * token counts (the order of tq.h's MODEL_* and LAYER_* entries). step: tq_step (B =
- * step->attention.lanes, R = step->picks); layer_types: each layer's LAYER_MATRICES matrix types in turn. cpu.py calls it directly, on the model thread, which then works through
+ * step->attention.lanes, R = step->picks); layer_info: each layer's LAYER_INFO numbers in turn (its
+ * matrices' types, its attention's flags). cpu.py calls it directly, on the model thread, which then works through
  * the pool's jobs itself: replayed inside a TinyJit, the same one-kernel step took 2.8 ms longer of
  * 15.5 (Python before it started, tinygrad's worker thread running it, noticing its end). */
 static __thread scratch_t step_rows;
 
 void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, const int32_t *picks, const uint64_t *model, const tq_step *step,
-                const int32_t *layer_types) {
+                const int32_t *layer_info) {
   const int B = step->attention.lanes, D = step->dim, R = step->picks;
   float *x = at_least(&step_rows, (size_t)(B + R) * D * sizeof(float)), *picked = x + (size_t)B * D;
   const float *rotations = rope_rotations(lanes, B, (const float *)(uintptr_t)model[MODEL_INV_FREQ], step->attention.head_dim);
@@ -81,7 +82,9 @@ void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, cons
   tq_layer_shape layer_shape = {step->attention, D, step->ffn_dim, {0}, {0}};
   for (int l = 0; l < step->layers; l++) {
     const uint64_t *m = model + MODEL_LAYERS + (size_t)l * LAYER_ENTRIES;
-    memcpy(layer_shape.types, layer_types + LAYER_MATRICES * (size_t)l, sizeof layer_shape.types);
+    const int32_t *info = layer_info + LAYER_INFO * (size_t)l;
+    memcpy(layer_shape.types, info, sizeof layer_shape.types);
+    layer_shape.attention.flags = info[LAYER_INFO_FLAGS];
 #define AT(type, entry) ((type)(uintptr_t)m[entry])
     const tq_experts dense = {0};
     layer_shape.experts = m[LAYER_ROUTER] ? step->experts : dense;

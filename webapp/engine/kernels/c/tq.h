@@ -32,8 +32,9 @@ typedef struct {
 } stack_header;
 _Static_assert(sizeof(stack_header) == STACK_HEADER_BYTES, "the header cpu.py writes");
 
-/* tq_attend's flags: which of the qkv bias and the q/k norm weights its `extras` hold, in that order. */
-enum { ATTEND_BIAS = 1, ATTEND_QK_NORM = 2 };
+/* tq_attend's flags: which of the qkv bias and the q/k norm weights its `extras` hold, in that order;
+ * ATTEND_NO_ROPE: q and k are not rotated (SmolLM3's every fourth layer). */
+enum { ATTEND_BIAS = 1, ATTEND_QK_NORM = 2, ATTEND_NO_ROPE = 4 };
 /* the largest head tq_attend rotates (its rotation buffer) */
 enum { MAX_HEAD_DIM = 512 };
 /* Idle pool threads spin this long before sleeping: a decode step's ~150 jobs come microseconds
@@ -49,6 +50,8 @@ enum { SPIN_US = 100 };
 enum { MODEL_EMBED, MODEL_NORM, MODEL_HEAD, MODEL_INV_FREQ, MODEL_LAYERS };
 enum { LAYER_QKV, LAYER_O, LAYER_GATE_UP, LAYER_DOWN, LAYER_ROUTER, LAYER_UP, LAYER_MATRICES = 6 };
 enum { LAYER_ATTN_NORM = LAYER_MATRICES, LAYER_FFN_NORM, LAYER_CACHE, LAYER_EXTRAS, LAYER_EXPERT_TOKENS, LAYER_ENTRIES };
+/* tq_forward's layer_info: each layer's LAYER_MATRICES matrix types, then its attention's flags. */
+enum { LAYER_INFO_FLAGS = LAYER_MATRICES, LAYER_INFO };
 /* tq_experts' flags: the chosen experts' weights divided by their sum (Qwen3-MoE's norm_topk_prob). */
 enum { EXPERTS_NORM_WEIGHTS = 1 };
 /* the most experts a layer has, and a token uses (moe.c's per-lane buffers) */
@@ -140,6 +143,6 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
               const uint8_t *w_router, const uint8_t *w_up, const float *attn_norm, const float *ffn_norm, uint16_t *cache, const int32_t *lanes,
               const float *inv_freq, const float *extras, int64_t *expert_tokens, const tq_layer_shape *shape);
 /* A whole step: embedding, every layer, the final norm and the head, the model's tensors passed by
- * address (model, in MODEL_* and LAYER_* order), each layer's LAYER_MATRICES matrix types in layer_types. */
+ * address (model, in MODEL_* and LAYER_* order), each layer's LAYER_INFO numbers in layer_info. */
 void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, const int32_t *picks, const uint64_t *model, const tq_step *step,
-                const int32_t *layer_types);
+                const int32_t *layer_info);
