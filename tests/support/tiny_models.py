@@ -91,6 +91,8 @@ def write_tiny_gguf(
     tokenizer_pre: str | None = None,
     add_eos: bool = False,
     experts: tuple[int, int, int] | None = None,
+    rotary_dim: int | None = None,
+    long_rope: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> str:
     """A random-weight GGUF; `matrix_type` ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS") quantizes every layer
     matrix and the output head into that block format, as real files do (the default model is Q4_1),
@@ -106,7 +108,10 @@ def write_tiny_gguf(
     `add_eos` sets tokenizer.ggml.add_eos_token, as embedding models' files do. `experts` (count, used,
     width) makes every layer's feed-forward a mixture of experts, as qwen3moe files store it: an F32
     router (ffn_gate_inp) and 3-D expert tensors (ffn_{gate,up,down}_exps), the experts quantized
-    like the other matrices."""
+    like the other matrices. `rotary_dim` below the head size is a partial rotary
+    (rope.dimension_count). A phi3 file stores q, k and v as one attn_qkv and gate over up as one
+    ffn_up, as Phi-3 and Phi-4-mini files do; `long_rope` (short, long) adds LongRoPE's
+    rope_factors_short/long.weight."""
     rng = np.random.default_rng(seed)
     tok = smollm_tokenizer_fields()
     vocab = len(tok["tokenizer.ggml.tokens"])
@@ -130,7 +135,7 @@ def write_tiny_gguf(
         w.add_expert_used_count(experts[1])
         w.add_expert_feed_forward_length(experts[2])
     w.add_rope_freq_base(10000.0)
-    w.add_rope_dimension_count(head_dim)
+    w.add_rope_dimension_count(rotary_dim or head_dim)
     for key, value in (metadata or {}).items():
         if isinstance(value, str):
             w.add_string(f"{arch}.{key}", value)
@@ -180,14 +185,21 @@ def write_tiny_gguf(
     w.add_tensor("output_norm.weight", norm(dim))
     if rope_factors is not None:
         w.add_tensor("rope_freqs.weight", np.asarray(rope_factors, dtype=np.float32))
+    if long_rope is not None:
+        w.add_tensor("rope_factors_short.weight", np.asarray(long_rope[0], dtype=np.float32))
+        w.add_tensor("rope_factors_long.weight", np.asarray(long_rope[1], dtype=np.float32))
     if not tied:
         add_matrix("output.weight", mat(vocab, dim))
     for i in range(n_layers):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", norm(dim))
-        add_matrix(p + "attn_q.weight", mat(n_heads * head_dim, dim), i)
-        add_matrix(p + "attn_k.weight", mat(n_kv_heads * head_dim, dim), i)
-        add_matrix(p + "attn_v.weight", mat(n_kv_heads * head_dim, dim), i)
+        q, k, v = mat(n_heads * head_dim, dim), mat(n_kv_heads * head_dim, dim), mat(n_kv_heads * head_dim, dim)
+        if arch == "phi3":
+            add_matrix(p + "attn_qkv.weight", np.concatenate([q, k, v]), i)
+        else:
+            add_matrix(p + "attn_q.weight", q, i)
+            add_matrix(p + "attn_k.weight", k, i)
+            add_matrix(p + "attn_v.weight", v, i)
         if arch == "qwen2":
             for name, n in (("q", n_heads), ("k", n_kv_heads), ("v", n_kv_heads)):
                 w.add_tensor(p + f"attn_{name}.bias", (0.1 * rng.standard_normal(n * head_dim)).astype(np.float32))
@@ -196,6 +208,10 @@ def write_tiny_gguf(
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
         add_matrix(p + "attn_output.weight", mat(dim, n_heads * head_dim), i)
         w.add_tensor(p + "ffn_norm.weight", norm(dim))
+        if arch == "phi3":
+            add_matrix(p + "ffn_up.weight", np.concatenate([mat(hidden, dim), mat(hidden, dim)]), i)  # gate, then up
+            add_matrix(p + "ffn_down.weight", mat(dim, hidden), i)
+            continue
         if experts is None:
             add_matrix(p + "ffn_gate.weight", mat(hidden, dim), i)
             add_matrix(p + "ffn_up.weight", mat(hidden, dim), i)
@@ -234,6 +250,7 @@ class Reference:
         self.scaling, self.factor = field("rope.scaling.type", "linear"), float(field("rope.scaling.factor", 1.0))
         self.yarn_original = field("rope.scaling.original_context_length", None)
         self.experts_used = field("expert_used_count", 0)
+        self.rotary = field("rope.dimension_count", None)
         self.w = {}
         for t in reader.tensors:
             f64 = t.tensor_type == gguf.GGMLQuantizationType.F64
@@ -245,20 +262,33 @@ class Reference:
                 arr = arr.astype(np.float16)
             arr = arr.astype(np.float64)
             self.w[t.name] = arr.reshape([int(d) for d in reversed(t.shape)])
+        self.attn_factor = float(field("rope.scaling.attn_factor", 1.0))
+        for i in range(self.n_layers):  # fused matrices (phi3) as the three and two they hold
+            p = f"blk.{i}."
+            if p + "attn_qkv.weight" in self.w:
+                q_rows = self.w[p + "attn_output.weight"].shape[1]
+                kv_rows = (self.w[p + "attn_qkv.weight"].shape[0] - q_rows) // 2
+                parts = np.split(self.w.pop(p + "attn_qkv.weight"), [q_rows, q_rows + kv_rows])
+                self.w |= {p + "attn_q.weight": parts[0], p + "attn_k.weight": parts[1], p + "attn_v.weight": parts[2]}
+            if self.arch == "phi3":
+                self.w[p + "ffn_gate.weight"], self.w[p + "ffn_up.weight"] = np.split(self.w[p + "ffn_up.weight"], 2)
 
     def _norm(self, x, weight):
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * weight
 
     def _rope(self, x, positions):  # x (T, H, hd)
+        if self.rotary and self.rotary < x.shape[-1]:  # partial rotary: the first values only
+            return np.concatenate([self._rope(x[..., : self.rotary], positions), x[..., self.rotary :]], -1)
         hd = x.shape[-1]
-        freqs = self.theta ** (-np.arange(0, hd, 2) / hd) / self.w.get("rope_freqs.weight", 1.0)  # (hd/2,)
-        mscale = 1.0
+        factors = self.w.get("rope_freqs.weight", self.w.get("rope_factors_short.weight", 1.0))  # LongRoPE: short contexts here
+        freqs = self.theta ** (-np.arange(0, hd, 2) / hd) / factors  # (hd/2,)
+        mscale = self.attn_factor
         if self.scaling == "yarn":  # llama.cpp's rope_yarn, written out: ext_factor 1, attn_factor 1
             corr = lambda turns: hd * np.log(self.yarn_original / (turns * 2 * np.pi)) / (2 * np.log(self.theta))  # noqa: E731
             low, high = max(0.0, np.floor(corr(32.0))), min(hd - 1.0, np.ceil(corr(1.0)))
             extrapolate = 1 - np.clip((np.arange(hd // 2) - low) / max(0.001, high - low), 0, 1)
             freqs = freqs / self.factor * (1 - extrapolate) + freqs * extrapolate
-            mscale = 1 + 0.1 * np.log(self.factor)
+            mscale *= 1 + 0.1 * np.log(self.factor)
         else:
             freqs = freqs / self.factor
         ang = positions[:, None, None] * freqs[None, None, :]

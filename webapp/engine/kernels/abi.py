@@ -139,7 +139,9 @@ class Attention(ctypes.Structure):
         ("head_dim", ctypes.c_int32),
         ("flags", ctypes.c_int32),
         ("eps", ctypes.c_float),
-        ("scale", ctypes.c_float),  # on q . k: 1 / sqrt(head_dim), times YaRN's factor squared
+        ("scale", ctypes.c_float),  # on q . k: 1 / sqrt(head_dim)
+        ("rotary_dim", ctypes.c_int32),  # RoPE turns a head's first rotary_dim values; the rest pass
+        ("rope_scale", ctypes.c_float),  # on RoPE's cos and sin: YaRN's or LongRoPE's attention factor
     ]
 
 

@@ -214,18 +214,32 @@ class QuantizedCPU:
         )
 
     def attend(
-        self, qkv: Tensor, cache: Tensor, lanes: Tensor, inv_freq: Tensor, extras: Tensor, heads: int, flags: int, eps: float, scale: float
+        self,
+        qkv: Tensor,
+        cache: Tensor,
+        lanes: Tensor,
+        inv_freq: Tensor,
+        extras: Tensor,
+        heads: int,
+        flags: int,
+        eps: float,
+        scale: float,
+        rotary: int = 0,
+        rope_scale: float = 1.0,
     ) -> Tensor:
         """A layer's attention for B lanes (a decode step's sequences, or a prefill piece's tokens) from
         its qkv rows (B, (heads + 2 kv_heads) Hd): adds the bias and applies the q/k norms (as `flags`
         and `extras` say), rotates q and k by RoPE at each lane's position (inverse frequencies
         `inv_freq`), writes each lane's key and value into the float16 KV cache (2, slots, kv_heads,
         positions, Hd), then attends over it. lanes (2B,) int32 = each lane's slot, then its position
-        (it attends positions 0..pos); `scale` multiplies q . k. -> (B, heads * Hd) float32."""
+        (it attends positions 0..pos); `scale` multiplies q . k; RoPE turns each head's first `rotary`
+        values (0: all of them), its cos and sin times `rope_scale`. -> (B, heads * Hd) float32."""
         _, slots, kv_heads, positions, head_dim = cache.shape
         B = qkv.shape[0]
         out = Tensor.empty(B, heads * head_dim, dtype=dtypes.float32)
-        shape = self._shape(abi.Attention(B, heads, kv_heads, slots, positions, head_dim, flags, eps, scale))
+        shape = self._shape(
+            abi.Attention(B, heads, kv_heads, slots, positions, head_dim, flags, eps, scale, rotary or head_dim, rope_scale)
+        )
         return self._call("tq_attend", out, self._rows(qkv, (heads + 2 * kv_heads) * head_dim), cache, lanes, inv_freq, extras, shape)
 
     def layer(self, x: Tensor, layer: LayerTensors, lanes: Tensor, inv_freq: Tensor, eps: float) -> Tensor:
@@ -235,7 +249,9 @@ class QuantizedCPU:
         B, D = x.shape
         out = Tensor.empty(B, D, dtype=dtypes.float32)
         m = layer.matrices
-        attention = abi.Attention(B, layer.heads, kv_heads, slots, positions, head_dim, layer.flags, eps, layer.score_scale)
+        attention = abi.Attention(
+            B, layer.heads, kv_heads, slots, positions, head_dim, layer.flags, eps, layer.score_scale, layer.rotary, layer.rope_scale
+        )
         shape = self._shape(abi.LayerShape(attention, D, m.down.cols, m.types, layer.experts))
         unread = iter(self._unread)
         weights = tuple(next(unread) if w is None else w.raw for w in m.in_order)
@@ -254,7 +270,9 @@ class QuantizedCPU:
         E = abi.ModelEntry
         model = {E.EMBED: embed.raw, E.NORM: norm, E.HEAD: head.raw, E.INV_FREQ: inv_freq}
         tensors = abi.in_table_order(model, [layer.table_entries for layer in layers])
-        attention = abi.Attention(0, first.heads, kv_heads, slots, positions, head_dim, first.flags, eps, first.score_scale)
+        attention = abi.Attention(
+            0, first.heads, kv_heads, slots, positions, head_dim, first.flags, eps, first.score_scale, first.rotary, first.rope_scale
+        )
         experts = next((layer.experts for layer in layers if layer.experts.count), abi.Experts())
         dims = abi.Step(attention, embed.cols, first.matrices.down.cols, len(layers), head.rows, embed.ggml_type, head.ggml_type)
         dims.experts = experts

@@ -54,6 +54,8 @@ class LayerTensors:
     heads: int
     flags: int
     score_scale: float  # on q . k (ModelConfig.score_scale)
+    rotary: int  # RoPE turns each head's first `rotary` values (ModelConfig.rotary_dim)...
+    rope_scale: float  # ...its cos and sin times this (ModelConfig.rope_attention_factor)
     experts: abi.Experts = field(default_factory=abi.Experts)  # count 0: a dense layer
     expert_tokens: Tensor | None = None
 

@@ -56,7 +56,7 @@ class TransformerBlock:
             if weights.has(p + name)
         }
         # one product for q, k and v and one for gate and up: fewer, larger kernels run faster here
-        self.qkv = weights.linear(*(p + f"attn_{n}.weight" for n in "qkv"))  # D -> H*Hd + 2*KvH*Hd
+        self.qkv = weights.linear(*config.qkv_names(p))  # D -> H*Hd + 2*KvH*Hd
         self.attn_output = weights.linear(p + "attn_output.weight")  # H*Hd -> D
         # the whole layer runs on the CPU kernels when they are loaded and can rotate its heads
         head_dim_ok = config.head_dim % 2 == 0 and config.head_dim <= MAX_HEAD_DIM
@@ -105,6 +105,8 @@ class TransformerBlock:
                 config.n_heads,
                 self.attend_flags,
                 config.score_scale,
+                config.rotary_dim,
+                config.rope_attention_factor,
                 *self._kernel_experts(),
             )
 
@@ -114,7 +116,7 @@ class TransformerBlock:
 
     # The feed-forward's hooks: SwiGLU here; a mixture of experts (moe_block.py) fills them its own way.
     def _load_feed_forward(self, weights: WeightSource, p: str) -> None:
-        self.gate_up = weights.linear(p + "ffn_gate.weight", p + "ffn_up.weight")  # D -> 2*F
+        self.gate_up = weights.linear(*self.c.gate_up_names(p))  # D -> 2*F
         self.down = weights.linear(p + "ffn_down.weight")  # F -> D
 
     def _feed_forward_blocks(self) -> dict | None:
@@ -190,7 +192,7 @@ class TransformerBlock:
             return self.kernels.layer(x, self.layer_tensors, lanes, inv_freq, c.norm_eps)
         attention = (self.cache, lanes, inv_freq, self.attend_extras, c.n_heads, self.attend_flags)
         qkv = _after_norm(self.qkv, x, w["attn_norm.weight"], c.norm_eps)
-        attn = self.kernels.attend(qkv, *attention, c.norm_eps, c.score_scale)
+        attn = self.kernels.attend(qkv, *attention, c.norm_eps, c.score_scale, c.rotary_dim, c.rope_attention_factor)
         return self._feed_forward_on_kernels(_plus(self.attn_output, attn, x))
 
     def prefill(self, x: Tensor, slot: UOp, start: UOp, rotary: tuple[Tensor, Tensor], mask: Tensor) -> Tensor:

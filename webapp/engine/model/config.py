@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from webapp.engine.model.ggml_types import GGML_TYPES, UNREADABLE_TYPES
 from webapp.engine.model.rope import attention_factor
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "phi3")
+# architectures whose files store the feed-forward's gate and up as one matrix (ffn_up, gate first)
+FUSED_GATE_UP = ("phi3",)
 # architectures whose files store each head's rotary pairs interleaved (llama.cpp's "norm" RoPE)
 INTERLEAVED_ROPE = ("llama", "smollm3")
 # architectures whose every n-th layer has no RoPE (llama.cpp's n_no_rope_layer_step)
@@ -49,12 +51,27 @@ class ModelConfig:
     trained_context: int
     qkv_bias: bool
     qk_norm: bool
-    rope_attention_factor: float = 1.0  # YaRN's factor on q and k after rotating (rope.attention_factor)
+    rope_attention_factor: float = 1.0  # YaRN's or LongRoPE's factor on RoPE's cos and sin (rope.attention_factor)
     experts: int = 0  # a mixture of experts' count a layer (0: dense layers)...
     experts_used: int = 0  # ...how many a token uses...
     expert_hidden_dim: int = 0  # ...each one's feed-forward width...
     expert_weights_norm: bool = False  # ...and whether the chosen ones' weights are divided by their sum
     no_rope_every: int = 0  # every n-th layer attends without RoPE (0: none)
+    rotary_dim: int = 0  # RoPE turns each head's first rotary_dim values (rope.dimension_count; 0: the head size)
+    fused_qkv: bool = False  # q, k and v stored as one matrix, attn_qkv (phi3)
+    fused_gate_up: bool = False  # gate and up stored as one matrix, ffn_up (phi3)
+
+    def qkv_names(self, p: str) -> tuple[str, ...]:
+        """A layer's q, k and v matrices as the file stores them (one fused matrix, or three)."""
+        return (p + "attn_qkv.weight",) if self.fused_qkv else tuple(p + f"attn_{n}.weight" for n in "qkv")
+
+    def gate_up_names(self, p: str) -> tuple[str, ...]:
+        """A dense layer's gate and up matrices as the file stores them (gate over up in one, or two)."""
+        return (p + "ffn_up.weight",) if self.fused_gate_up else (p + "ffn_gate.weight", p + "ffn_up.weight")
+
+    def __post_init__(self):
+        if not self.rotary_dim:
+            object.__setattr__(self, "rotary_dim", self.head_dim)
 
     def rotates(self, layer: int) -> bool:
         """Whether layer `layer` (from 0) rotates q and k by RoPE."""
@@ -62,8 +79,9 @@ class ModelConfig:
 
     @property
     def score_scale(self) -> float:
-        """Attention's scale on q . k: 1 / sqrt(head size), times YaRN's factor once for q and once for k."""
-        return self.rope_attention_factor**2 / math.sqrt(self.head_dim)
+        """Attention's scale on q . k: 1 / sqrt(head size). (YaRN's and LongRoPE's factor scales the
+        rotated values, in RoPE's cos and sin: a partial rotary's other values keep their size.)"""
+        return 1.0 / math.sqrt(self.head_dim)
 
     @classmethod
     def from_gguf(cls, kv: dict, weights: dict) -> ModelConfig:
@@ -102,6 +120,13 @@ class ModelConfig:
             expert_hidden = count("expert_feed_forward_length")
             if experts_used > experts:
                 raise ModelLoadError(f"GGUF metadata {arch}.expert_used_count = {experts_used}: more than the {experts} experts")
+        rotary = count("rope.dimension_count", head_dim)
+        if rotary % 2 or rotary > head_dim:
+            raise ModelLoadError(
+                f"GGUF metadata {arch}.rope.dimension_count = {rotary}: expected an even number up to the head size {head_dim}"
+            )
+        if rotary < head_dim and arch in INTERLEAVED_ROPE:
+            raise ModelLoadError(f"partial rotary ({rotary} of {head_dim} values) with {arch}'s interleaved pairs is not supported")
         tokens = need("tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens:
             raise ModelLoadError("GGUF metadata tokenizer.ggml.tokens is not a list of tokens")
@@ -118,6 +143,8 @@ class ModelConfig:
             rope_theta=float(theta),
             trained_context=count("context_length"),
             qkv_bias="blk.0.attn_q.bias" in weights,
+            fused_qkv="blk.0.attn_qkv.weight" in weights,
+            fused_gate_up=arch in FUSED_GATE_UP,
             qk_norm="blk.0.attn_q_norm.weight" in weights,
             rope_attention_factor=attention_factor(kv, arch),
             experts=experts,
@@ -125,15 +152,15 @@ class ModelConfig:
             expert_hidden_dim=expert_hidden,
             expert_weights_norm=MIXTURE_OF_EXPERTS.get(arch, False),
             no_rope_every=NO_ROPE_EVERY.get(arch, 0),
+            rotary_dim=rotary,
         )
 
     def _feed_forward_shapes(self, p: str) -> dict[str, tuple[int, int]]:
         """A layer's feed-forward matrices: SwiGLU's three, or a router and every expert's three (a
         3-D tensor of experts x rows x cols, as (experts * rows, cols))."""
         if not self.experts:
-            return {p + "ffn_gate.weight": (self.hidden_dim, self.dim), p + "ffn_up.weight": (self.hidden_dim, self.dim)} | {
-                p + "ffn_down.weight": (self.dim, self.hidden_dim)
-            }
+            gate_up = dict.fromkeys(self.gate_up_names(p), (self.hidden_dim * (2 if self.fused_gate_up else 1), self.dim))
+            return gate_up | {p + "ffn_down.weight": (self.dim, self.hidden_dim)}
         E, F = self.experts, self.expert_hidden_dim
         return {p + "ffn_gate_inp.weight": (E, self.dim), p + "ffn_gate_exps.weight": (E * F, self.dim)} | {
             p + "ffn_up_exps.weight": (E * F, self.dim),
@@ -147,14 +174,11 @@ class ModelConfig:
         shapes = {"token_embd.weight": (self.vocab_size, self.dim), "output_norm.weight": (1, self.dim)}
         for i in range(self.n_layers):
             p = f"blk.{i}."
-            shapes |= {
-                p + "attn_norm.weight": (1, self.dim),
-                p + "attn_q.weight": (q, self.dim),
-                p + "attn_k.weight": (kv, self.dim),
-                p + "attn_v.weight": (kv, self.dim),
-                p + "attn_output.weight": (self.dim, q),
-                p + "ffn_norm.weight": (1, self.dim),
-            }
+            if self.fused_qkv:
+                shapes[p + "attn_qkv.weight"] = (q + 2 * kv, self.dim)
+            else:
+                shapes |= {p + "attn_q.weight": (q, self.dim), p + "attn_k.weight": (kv, self.dim), p + "attn_v.weight": (kv, self.dim)}
+            shapes |= {p + "attn_norm.weight": (1, self.dim), p + "attn_output.weight": (self.dim, q), p + "ffn_norm.weight": (1, self.dim)}
             shapes |= self._feed_forward_shapes(p)
             if self.qk_norm:
                 shapes |= {p + "attn_q_norm.weight": (1, self.head_dim), p + "attn_k_norm.weight": (1, self.head_dim)}

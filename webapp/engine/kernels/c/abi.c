@@ -25,7 +25,7 @@ static const tq_abi_entry ABI[] = {
     FIELD(tq_product, eps),
     STRUCT(tq_attention), FIELD(tq_attention, lanes), FIELD(tq_attention, heads), FIELD(tq_attention, kv_heads),
     FIELD(tq_attention, slots), FIELD(tq_attention, positions), FIELD(tq_attention, head_dim), FIELD(tq_attention, flags),
-    FIELD(tq_attention, eps), FIELD(tq_attention, scale),
+    FIELD(tq_attention, eps), FIELD(tq_attention, scale), FIELD(tq_attention, rotary_dim), FIELD(tq_attention, rope_scale),
     STRUCT(tq_layer_shape), FIELD(tq_layer_shape, attention), FIELD(tq_layer_shape, dim), FIELD(tq_layer_shape, ffn_dim),
     FIELD(tq_layer_shape, types), FIELD(tq_layer_shape, experts),
     STRUCT(tq_step), FIELD(tq_step, attention), FIELD(tq_step, dim), FIELD(tq_step, ffn_dim), FIELD(tq_step, layers),

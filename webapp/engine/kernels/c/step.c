@@ -52,7 +52,8 @@ static void layer(float *out, const float *x, const layer_matrices *w, const flo
 void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w_o, const uint8_t *w_gate_up, const uint8_t *w_down,
               const uint8_t *w_router, const uint8_t *w_up, const float *attn_norm, const float *ffn_norm, uint16_t *cache, const int32_t *lanes,
               const float *inv_freq, const float *extras, int64_t *expert_tokens, const tq_layer_shape *shape) {
-  const float *rotations = rope_rotations(lanes, shape->attention.lanes, inv_freq, shape->attention.head_dim);
+  const float *rotations = rope_rotations(lanes, shape->attention.lanes, inv_freq, shape->attention.head_dim, shape->attention.rotary_dim,
+                                               shape->attention.rope_scale);
   const layer_matrices w = {w_qkv, w_o, w_gate_up, w_down, w_router, w_up, expert_tokens};
   layer(out, x, &w, attn_norm, ffn_norm, cache, lanes, rotations, extras, shape);
 }
@@ -76,7 +77,8 @@ void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, cons
                 const int32_t *layer_info) {
   const int B = step->attention.lanes, D = step->dim, R = step->picks;
   float *x = at_least(&step_rows, (size_t)(B + R) * D * sizeof(float)), *picked = x + (size_t)B * D;
-  const float *rotations = rope_rotations(lanes, B, (const float *)(uintptr_t)model[MODEL_INV_FREQ], step->attention.head_dim);
+  const float *rotations = rope_rotations(lanes, B, (const float *)(uintptr_t)model[MODEL_INV_FREQ], step->attention.head_dim,
+                                           step->attention.rotary_dim, step->attention.rope_scale);
   const tq_product embed_shape = {step->embed_type, step->vocab, D, B, 0.0f};
   tq_embed(x, (const uint8_t *)(uintptr_t)model[MODEL_EMBED], tokens, &embed_shape);
   tq_layer_shape layer_shape = {step->attention, D, step->ffn_dim, {0}, {0}};

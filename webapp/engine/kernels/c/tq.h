@@ -70,7 +70,9 @@ typedef struct {
   int32_t slots, positions, head_dim; /* the float16 KV cache: (2, slots, kv_heads, positions, head_dim) */
   int32_t flags;                      /* ATTEND_BIAS | ATTEND_QK_NORM */
   float eps;                          /* the norms' epsilon: the q/k norms', and the layer's (tq_layer, tq_forward) */
-  float scale;                        /* on q . k: 1 / sqrt(head_dim), times YaRN's factor squared */
+  float scale;                        /* on q . k: 1 / sqrt(head_dim) */
+  int32_t rotary_dim;                 /* RoPE turns a head's first rotary_dim values (half-split pairs); the rest pass */
+  float rope_scale;                   /* on RoPE's cos and sin: YaRN's or LongRoPE's attention factor (1: none) */
 } tq_attention;
 
 /* A mixture of experts' sizes: `count` experts a layer, `used` of them a token, each with a
