@@ -73,8 +73,9 @@ class DraftModel:
     def _continue(self, asks: list[tuple[int, list[int], int]]) -> list[list[int]]:
         budget, chunks, wanted = CATCH_UP, [], []
         fitting = [i for i, (_, sequence, _) in enumerate(asks) if len(sequence) < self.context]
-        for slot, sequence, k in (asks[i] for i in fitting):
-            have = self._reuse(slot, sequence)
+        # every copy first: a slot fed in this call holds those rows only once the call has run
+        haves = [self._reuse(asks[i][0], asks[i][1]) for i in fitting]
+        for (slot, sequence, k), have in zip((asks[i] for i in fitting), haves):
             missing = len(sequence) - have
             feed = sequence[have : have + max(1, min(missing, budget))]  # at least the last token: its logits draft
             budget -= len(feed)
