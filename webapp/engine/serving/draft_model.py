@@ -40,9 +40,10 @@ from webapp.engine.decoding.drafts import Acceptance, PromptLookup
 from webapp.engine.serving.kv_cache import reusable_prefix
 from webapp.engine.serving.scheduler import COPY_AT_LEAST
 
-# prompt tokens fed to the draft in one step, over all its lanes: on the 135M draft here 64 tokens
-# take about one decode step of a 1.7B served model, so a new request's catch-up at most doubles a step
-CATCH_UP = 64
+# tokens fed to the draft in one step, over all its lanes: on a 135M-shaped draft here 64 took 1.7
+# one-lane steps of a 1.7B-shaped served model (340 vs 198 ms), so 32 keep a new request's catch-up
+# under one decode step of the served model
+CATCH_UP = 32
 TIMED_STEPS = 7  # one-lane steps of each model timed at warm-up, for step_cost (their medians)
 
 
