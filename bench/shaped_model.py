@@ -37,7 +37,15 @@ SHAPES = {
     "llama3.2-1b": ("llama", 16, 2048, 8192, 32, 8, 64, True, 5e5),
     "llama3.2-3b": ("llama", 28, 3072, 8192, 24, 8, 128, True, 5e5),
     "smollm2-135m": ("llama", 30, 576, 1536, 9, 3, 64, True, 1e5),
+    "qwen3-30b-a3b": ("qwen3moe", 48, 2048, 6144, 32, 4, 128, False, 1e6),
+    "smollm3-3b": ("smollm3", 36, 2048, 11008, 16, 4, 128, True, 5e6),
+    "phi4-mini": ("phi3", 32, 3072, 8192, 24, 8, 128, True, 1e4),
 }
+# partial rotary: the values of a head that RoPE turns (Phi-4-mini: 96 of 128), with LongRoPE's
+# original context and attention factor (sqrt(1 + ln(131072 / 4096) / ln(4096)), as its converter writes it)
+PARTIAL_ROTARY = {"phi4-mini": (96, 4096, 1.190238)}
+# mixture-of-experts shapes: (experts, used a token, each one's FFN)
+EXPERTS = {"qwen3-30b-a3b": (128, 8, 768)}
 FINAL_NORM_SCALE = 6.0
 EMBEDDING_STD = 0.02
 # --predictable: an embedding ~10x larger than 28 random layers add to the residual, so the head sees
@@ -71,7 +79,16 @@ def write_shaped(shape: str, path: str, layers: int | None = None, seed: int = 0
     w.add_value_length(head_dim)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(theta)
-    w.add_rope_dimension_count(head_dim)
+    rotary, original, attn_factor = PARTIAL_ROTARY.get(shape, (head_dim, None, None))
+    w.add_rope_dimension_count(rotary)
+    if original:
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length", original)
+        w.add_float32(f"{arch}.rope.scaling.attn_factor", attn_factor)
+    if shape in EXPERTS:
+        count, used, expert_ffn = EXPERTS[shape]
+        w.add_expert_count(count)
+        w.add_expert_used_count(used)
+        w.add_expert_feed_forward_length(expert_ffn)
     w.add_file_type(1)  # mostly F16
     add_smollm_tokenizer(w)
     w.add_chat_template(tok["tokenizer.chat_template"])
@@ -93,21 +110,37 @@ def write_shaped(shape: str, path: str, layers: int | None = None, seed: int = 0
     w.add_tensor("output_norm.weight", norm(dim, FINAL_NORM_SCALE))
     if shape.startswith("llama3"):
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(head_dim, theta))
+    if original:  # LongRoPE's per-frequency factors: near 1 for short contexts, up to ~32 for long ones
+        w.add_tensor("rope_factors_short.weight", np.linspace(1.0, 1.3, rotary // 2, dtype=np.float32))
+        w.add_tensor("rope_factors_long.weight", np.geomspace(1.0, 32.0, rotary // 2).astype(np.float32))
     if not tied and not predictable:
         w.add_tensor("output.weight", matrix(vocab, dim))
     for i in range(n_layers):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", norm(dim))
-        w.add_tensor(p + "attn_q.weight", matrix(heads * head_dim, dim))
-        w.add_tensor(p + "attn_k.weight", matrix(kv_heads * head_dim, dim))
-        w.add_tensor(p + "attn_v.weight", matrix(kv_heads * head_dim, dim))
-        if arch == "qwen3":
+        q, k, v = matrix(heads * head_dim, dim), matrix(kv_heads * head_dim, dim), matrix(kv_heads * head_dim, dim)
+        if arch == "phi3":  # q, k and v as one matrix, as Phi files store them
+            w.add_tensor(p + "attn_qkv.weight", np.concatenate([q, k, v]))
+        else:
+            w.add_tensor(p + "attn_q.weight", q)
+            w.add_tensor(p + "attn_k.weight", k)
+            w.add_tensor(p + "attn_v.weight", v)
+        if arch in ("qwen3", "qwen3moe"):
             w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
         w.add_tensor(p + "attn_output.weight", matrix(dim, heads * head_dim))
         w.add_tensor(p + "ffn_norm.weight", norm(dim))
-        w.add_tensor(p + "ffn_gate.weight", matrix(ffn, dim))
-        w.add_tensor(p + "ffn_up.weight", matrix(ffn, dim))
+        if shape in EXPERTS:  # the router stays float32, as llama-quantize keeps it
+            w.add_tensor(p + "ffn_gate_inp.weight", matrix(count, dim, scale=2 * dim**-0.5).astype(np.float32))
+            w.add_tensor(p + "ffn_gate_exps.weight", np.stack([matrix(expert_ffn, dim) for _ in range(count)]))
+            w.add_tensor(p + "ffn_up_exps.weight", np.stack([matrix(expert_ffn, dim) for _ in range(count)]))
+            w.add_tensor(p + "ffn_down_exps.weight", np.stack([matrix(dim, expert_ffn) for _ in range(count)]))
+            continue
+        if arch == "phi3":  # gate over up as one matrix
+            w.add_tensor(p + "ffn_up.weight", np.concatenate([matrix(ffn, dim), matrix(ffn, dim)]))
+        else:
+            w.add_tensor(p + "ffn_gate.weight", matrix(ffn, dim))
+            w.add_tensor(p + "ffn_up.weight", matrix(ffn, dim))
         w.add_tensor(p + "ffn_down.weight", matrix(dim, ffn))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -128,7 +161,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.list or not (args.shape and args.out):
         for name, (arch, layers, dim, ffn, heads, kv, hd, tied, _) in SHAPES.items():
-            print(f"{name:14} {arch:6} {layers} layers, dim {dim}, FFN {ffn}, {heads}/{kv} heads of {hd}{', tied' if tied else ''}")
+            experts = ", {} experts ({} a token) of FFN {}".format(*EXPERTS[name]) if name in EXPERTS else ""
+            print(
+                f"{name:14} {arch:8} {layers} layers, dim {dim}, FFN {ffn}, {heads}/{kv} heads of {hd}{', tied' if tied else ''}{experts}"
+            )
         return
     if not args.type:
         write_shaped(args.shape, args.out, args.layers, predictable=args.predictable)

@@ -8,6 +8,7 @@
 const POLL_MS = 1000;
 const PLOT_W = 600;
 const PLOT_H = 100;
+const EXPERT_BAR_H = 40;
 const DASH = "–";
 const SVG_NS = "http://www.w3.org/2000/svg";
 const $ = (id) => document.getElementById(id);
@@ -25,6 +26,8 @@ function format(value, kind) {
       return number(Math.trunc(value), 0);
     case "rate":
       return number(value, value < 10 ? 1 : 0);
+    case "ratio":
+      return number(value, 2);
     case "pct":
       return (value * 100).toFixed(0) + "%";
     case "latency":
@@ -217,6 +220,28 @@ function drawTables(stats) {
   }
 }
 
+// One bar an expert, its lanes a layer step, the busiest full height (admin.py's expert_bars).
+function drawExperts(stats) {
+  const svg = $("expert-bars");
+  if (!svg || !stats.experts) return;
+  const perStep = stats.experts.per_step;
+  const top = Math.max(...perStep) || 1;
+  svg.replaceChildren(
+    ...perStep.map((value, expert) => {
+      const bar = document.createElementNS(SVG_NS, "rect");
+      const height = (EXPERT_BAR_H * value) / top;
+      bar.setAttribute("x", expert + 0.1);
+      bar.setAttribute("width", 0.8);
+      bar.setAttribute("y", EXPERT_BAR_H - height);
+      bar.setAttribute("height", height);
+      const title = document.createElementNS(SVG_NS, "title");
+      title.textContent = `expert ${expert}: ${format(value, "ratio")} lanes a layer step`;
+      bar.append(title);
+      return bar;
+    }),
+  );
+}
+
 function render(stats) {
   for (const node of document.querySelectorAll("[data-stat]")) {
     node.textContent = format(lookup(stats, node.dataset.stat), node.dataset.format);
@@ -225,6 +250,7 @@ function render(stats) {
   if (stats.model) document.title = "Admin · " + stats.model;
   drawPlots(stats);
   drawTables(stats);
+  drawExperts(stats);
 }
 
 function setLive(ok, text) {

@@ -249,3 +249,25 @@ def test_admin_answers_within_a_second_when_every_slot_and_the_queue_are_busy(br
             if t.ident is not None:
                 t.join(30)
     assert wait_until(lambda: stats(srv)["running"] == 0 and stats(srv)["queue_depth"] == 0)
+
+
+def test_dashboard_draws_a_mixture_of_experts_load_live(pages, tmp_path):
+    """A qwen3moe file: the Experts panel has a bar an expert, and the live page redraws them (and
+    their figures) as requests route tokens to experts."""
+    from support import tiny_engine_server
+    from support.tiny_models import write_tiny_gguf
+
+    path = write_tiny_gguf(str(tmp_path / "tiny-moe.gguf"), "qwen3moe", experts=(16, 2, 32), matrix_type="Q8_0")
+    with tiny_engine_server(path, slots=2, queue_limit=2) as (_, srv):
+        page = pages(srv.url + "/admin")
+        assert page.locator("#expert-bars rect").count() == 16
+        before = page.locator("[data-stat='experts.mean_per_step']").text_content()
+        post(srv, "/v1/completions", {"prompt": "Mixture of experts", "max_tokens": 6, "temperature": 0})
+        page.wait_for_function(
+            "(before) => document.querySelector(\"[data-stat='experts.mean_per_step']\").textContent !== before", arg=before
+        )
+        assert page.locator("#expert-bars rect").count() == 16
+        heights = [float(h) for h in page.eval_on_selector_all("#expert-bars rect", "bars => bars.map(b => b.getAttribute('height'))")]
+        assert max(heights) == 40 and min(heights) >= 0
+        page.locator("#experts").screenshot(path=str(SHOTS / "dashboard-experts.png"))
+        page.screenshot(path=str(SHOTS / "dashboard-moe.png"), full_page=True)

@@ -15,8 +15,9 @@ import pytest
 from tinygrad import Tensor, TinyJit
 
 from webapp.engine.kernels.abi import INTERLEAVED, AttendFlag, Attention, Product
+from webapp.engine.kernels.block_weight import BLOCK_FORMATS, BlockWeight
 from webapp.engine.kernels.build import SOURCE, compile_library, simd_flags
-from webapp.engine.kernels.cpu import BLOCK_FORMATS, BlockWeight, QuantizedCPU
+from webapp.engine.kernels.cpu import QuantizedCPU
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 
 TYPES = sorted(BLOCK_FORMATS)
@@ -185,15 +186,18 @@ def test_products_match_float64(library, ggml_type, tokens):
     assert np.abs(got - exact).max() < 0.02 * np.abs(exact).max()
 
 
-def test_each_token_row_is_independent_of_the_others(library):
-    """Batch invariance: a row's result is bit-identical whatever else shares the call."""
+@pytest.mark.parametrize("ggml_type", TYPES)
+def test_each_token_row_is_independent_of_the_others(library, ggml_type):
+    """Batch invariance, every format (the float ones' sums too): a row's result is bit-identical
+    whatever else shares the call, alone or in a group of two, three or four tokens."""
     rng = np.random.default_rng(7)
-    raw = random_blocks(3, 40, 96, rng)
-    x = rng.standard_normal((6, 96)).astype(np.float32)
-    shape = lambda t: _ref(Product(3, 40, 96, t))  # noqa: E731
-    together, alone = np.empty((6, 40), np.float32), np.empty((1, 40), np.float32)
-    library.tq_linear(_ptr(together), _ptr(raw), _ptr(x), shape(6))
-    for t in range(6):
+    cols = 96 if BLOCK_FORMATS[ggml_type][1] == 32 else 512
+    raw = random_blocks(ggml_type, 40, cols, rng)
+    x = rng.standard_normal((7, cols)).astype(np.float32)
+    shape = lambda t: _ref(Product(ggml_type, 40, cols, t))  # noqa: E731
+    together, alone = np.empty((7, 40), np.float32), np.empty((1, 40), np.float32)
+    library.tq_linear(_ptr(together), _ptr(raw), _ptr(x), shape(7))
+    for t in range(7):
         library.tq_linear(_ptr(alone), _ptr(raw), _ptr(np.ascontiguousarray(x[t : t + 1])), shape(1))
         assert np.array_equal(alone[0], together[t])
 
@@ -323,7 +327,7 @@ def test_attention_writes_the_new_keys_then_matches_numpy(library, head_dim, pos
             with np.errstate(over="ignore"):
                 expected[0, slot, :, pos] = k.astype(np.float16)
                 expected[1, slot, :, pos] = qkv[b, k_end:].reshape(kv_heads, head_dim).astype(np.float16)
-        shape = Attention(lanes_n, heads, kv_heads, slots, positions, head_dim, 0, 0, head_dim**-0.5)
+        shape = Attention(lanes_n, heads, kv_heads, slots, positions, head_dim, 0, 0, head_dim**-0.5, head_dim, 1.0)
         library.tq_attend(_ptr(got), _ptr(qkv), _ptr(cache), _ptr(lanes), _ptr(inv_freq), _ptr(no_extras), _ref(shape))
         # bit for bit without rotation (the rounding); within float32 rounding of the rotation with it
         np.testing.assert_allclose(cache.astype(np.float32), expected.astype(np.float32), rtol=2e-3 if inv_freq.any() else 0)
@@ -355,7 +359,9 @@ def test_attention_adds_the_bias_and_normalizes_q_and_k_heads(library):
     q_norm, k_norm = (rng.uniform(0.5, 1.5, head_dim).astype(np.float32) for _ in range(2))
     inv_freq = _inverse_frequencies(head_dim)
     lanes = np.array([1, 1], np.int32)  # slot 1, position 1: attends the key already at 0 and its own
-    shape = Attention(1, heads, kv_heads, slots, positions, head_dim, AttendFlag.BIAS | AttendFlag.QK_NORM, eps, head_dim**-0.5)
+    shape = Attention(
+        1, heads, kv_heads, slots, positions, head_dim, AttendFlag.BIAS | AttendFlag.QK_NORM, eps, head_dim**-0.5, head_dim, 1.0
+    )
     cache = rng.standard_normal((2, slots, kv_heads, positions, head_dim)).astype(np.float16)
     got = np.empty((1, heads * head_dim), np.float32)
     library.tq_attend(
@@ -385,14 +391,14 @@ def test_a_lanes_attention_is_the_same_bits_alone_and_among_others(library):
     slot_of, pos_of = list(range(lanes_n)), [int(p) for p in rng.integers(0, positions, lanes_n)]
     cache = rng.standard_normal((2, slots, kv_heads, positions, head_dim)).astype(np.float16)
     together = np.empty((lanes_n, heads * head_dim), np.float32)
-    shape = Attention(lanes_n, heads, kv_heads, slots, positions, head_dim, 0, 0, head_dim**-0.5)
+    shape = Attention(lanes_n, heads, kv_heads, slots, positions, head_dim, 0, 0, head_dim**-0.5, head_dim, 1.0)
     lanes = np.array(slot_of + pos_of, np.int32)
     library.tq_attend(
         _ptr(together), _ptr(qkv), _ptr(cache.copy()), _ptr(lanes), _ptr(inv_freq), _ptr(np.zeros(1, np.float32)), _ref(shape)
     )
     for b in range(lanes_n):
         alone = np.empty((1, heads * head_dim), np.float32)
-        one = Attention(1, heads, kv_heads, slots, positions, head_dim, 0, 0, head_dim**-0.5)
+        one = Attention(1, heads, kv_heads, slots, positions, head_dim, 0, 0, head_dim**-0.5, head_dim, 1.0)
         row = np.ascontiguousarray(qkv[b : b + 1])
         lane = np.array([slot_of[b], pos_of[b]], np.int32)
         library.tq_attend(_ptr(alone), _ptr(row), _ptr(cache.copy()), _ptr(lane), _ptr(inv_freq), _ptr(np.zeros(1, np.float32)), _ref(one))

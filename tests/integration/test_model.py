@@ -18,11 +18,14 @@ from webapp.engine.model.weights import BlockLinear
 PROMPT = [1, 504, 3458, 282, 4649, 314, 253, 77, 88, 99, 1234, 5]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "phi3"])
 def tiny_steps_and_reference(request, tmp_path_factory):
-    """A tiny random-weight model of each architecture behind its steps, and its float64 reference."""
+    """A tiny random-weight model of each architecture behind its steps, and its float64 reference
+    (smollm3 with four layers: its fourth has no RoPE; phi3's q, k, v and gate, up fused)."""
     use_tinygrad_from_this_thread()
-    path = write_tiny_gguf(str(tmp_path_factory.mktemp("m") / f"{request.param}.gguf"), request.param)
+    experts = (8, 2, 32) if request.param == "qwen3moe" else None
+    layers = 4 if request.param == "smollm3" else 2
+    path = write_tiny_gguf(str(tmp_path_factory.mktemp("m") / f"{request.param}.gguf"), request.param, experts=experts, n_layers=layers)
     steps = load_steps(path, slots=3, context=64)
     return steps, Reference(path)
 
@@ -90,8 +93,8 @@ def test_float_file_keeps_an_exact_float16_head(tmp_path):
 
 def test_unsupported_architecture_fails_with_a_clear_message(tmp_path):
     use_tinygrad_from_this_thread()
-    path = write_tiny_gguf(str(tmp_path / "phi.gguf"), "phi3")
-    with pytest.raises(ModelLoadError, match="unsupported GGUF architecture 'phi3'"):
+    path = write_tiny_gguf(str(tmp_path / "gemma.gguf"), "gemma3")
+    with pytest.raises(ModelLoadError, match="unsupported GGUF architecture 'gemma3'"):
         load_model(path, slots=1, context=32)
 
 

@@ -119,6 +119,6 @@ def k_m_type(name: str, layer: int | None, layers: int, tied: bool, base: int = 
     layers `_more_bits` picks; `base` for the rest."""
     if name == "output.weight" or (name == "token_embd.weight" and tied):
         return Q6_K
-    if layer is not None and name.endswith(("attn_v.weight", "ffn_down.weight")) and _more_bits(layer, layers):
+    if layer is not None and name.endswith(("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight")) and _more_bits(layer, layers):
         return Q6_K
     return base

@@ -3,8 +3,8 @@
 The tiny models borrow the real SmolLM2 vocabulary, merges and chat template from the installed
 default model (so tokenization and templates are real) but have random weights of a few hundred
 kilobytes per layer. Nothing is downloaded. The reference implements the GGUF conventions
-independently of webapp.engine.model.transformer: llama files store rotary pairs interleaved (rotate x[2i],
-x[2i+1]); qwen2/qwen3 files store them split in halves.
+independently of webapp.engine.model.transformer: llama (and smollm3) files store rotary pairs interleaved
+(rotate x[2i], x[2i+1]); qwen2/qwen3 files store them split in halves.
 """
 
 from __future__ import annotations
@@ -91,6 +91,9 @@ def write_tiny_gguf(
     metadata: dict | None = None,
     tokenizer_pre: str | None = None,
     add_eos: bool = False,
+    experts: tuple[int, int, int] | None = None,
+    rotary_dim: int | None = None,
+    long_rope: tuple[np.ndarray, np.ndarray] | None = None,
     renamed_tokens: dict[int, str] | None = None,
 ) -> str:
     """A random-weight GGUF; `matrix_type` ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS") quantizes every layer
@@ -104,8 +107,14 @@ def write_tiny_gguf(
     rope_freqs.weight, as Llama 3.1/3.2 files carry it; `metadata` adds or replaces keys (the
     architecture's prefix added), e.g. {"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}.
     `tokenizer_pre` names another pre-tokenizer (tokenizer.ggml.pre) over SmolLM2's vocabulary;
-    `add_eos` sets tokenizer.ggml.add_eos_token, as embedding models' files do; `renamed_tokens`
-    ({id: text}) makes the vocabulary another one of the same size."""
+    `add_eos` sets tokenizer.ggml.add_eos_token, as embedding models' files do. `experts` (count, used,
+    width) makes every layer's feed-forward a mixture of experts, as qwen3moe files store it: an F32
+    router (ffn_gate_inp) and 3-D expert tensors (ffn_{gate,up,down}_exps), the experts quantized
+    like the other matrices. `rotary_dim` below the head size is a partial rotary
+    (rope.dimension_count). A phi3 file stores q, k and v as one attn_qkv and gate over up as one
+    ffn_up, as Phi-3 and Phi-4-mini files do; `long_rope` (short, long) adds LongRoPE's
+    rope_factors_short/long.weight. `renamed_tokens` ({id: text}) makes the vocabulary another one
+    of the same size."""
     rng = np.random.default_rng(seed)
     tok = smollm_tokenizer_fields()
     vocab = len(tok["tokenizer.ggml.tokens"])
@@ -124,8 +133,12 @@ def write_tiny_gguf(
         w.add_value_length(head_dim)
     if file_type is not None:
         w.add_file_type(file_type)
+    if experts is not None:
+        w.add_expert_count(experts[0])
+        w.add_expert_used_count(experts[1])
+        w.add_expert_feed_forward_length(experts[2])
     w.add_rope_freq_base(10000.0)
-    w.add_rope_dimension_count(head_dim)
+    w.add_rope_dimension_count(rotary_dim or head_dim)
     for key, value in (metadata or {}).items():
         if isinstance(value, str):
             w.add_string(f"{arch}.{key}", value)
@@ -159,8 +172,9 @@ def write_tiny_gguf(
         else:
             qtype = gguf.GGMLQuantizationType[matrix_type]
         quantizers = QUANTIZERS | LOW_BIT_QUANTIZERS
-        blocks = quantizers[qtype](array) if qtype in quantizers else gguf.quants.quantize(array, qtype)
-        w.add_tensor(name, blocks, raw_dtype=qtype)
+        rows = array.reshape(-1, array.shape[-1])  # a mixture of experts' 3-D tensor as one matrix's rows
+        blocks = quantizers[qtype](rows) if qtype in quantizers else gguf.quants.quantize(rows, qtype)
+        w.add_tensor(name, blocks.reshape(*array.shape[:-1], -1), raw_dtype=qtype)
 
     embd = mat(vocab, dim, scale=1.0)
     if matrix_type in ("Q4_K_M", "Q5_K_M", "F32", "F16", "BF16"):
@@ -174,25 +188,42 @@ def write_tiny_gguf(
     w.add_tensor("output_norm.weight", norm(dim))
     if rope_factors is not None:
         w.add_tensor("rope_freqs.weight", np.asarray(rope_factors, dtype=np.float32))
+    if long_rope is not None:
+        w.add_tensor("rope_factors_short.weight", np.asarray(long_rope[0], dtype=np.float32))
+        w.add_tensor("rope_factors_long.weight", np.asarray(long_rope[1], dtype=np.float32))
     if not tied:
         add_matrix("output.weight", mat(vocab, dim))
     for i in range(n_layers):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", norm(dim))
-        add_matrix(p + "attn_q.weight", mat(n_heads * head_dim, dim), i)
-        add_matrix(p + "attn_k.weight", mat(n_kv_heads * head_dim, dim), i)
-        add_matrix(p + "attn_v.weight", mat(n_kv_heads * head_dim, dim), i)
+        q, k, v = mat(n_heads * head_dim, dim), mat(n_kv_heads * head_dim, dim), mat(n_kv_heads * head_dim, dim)
+        if arch == "phi3":
+            add_matrix(p + "attn_qkv.weight", np.concatenate([q, k, v]), i)
+        else:
+            add_matrix(p + "attn_q.weight", q, i)
+            add_matrix(p + "attn_k.weight", k, i)
+            add_matrix(p + "attn_v.weight", v, i)
         if arch == "qwen2":
             for name, n in (("q", n_heads), ("k", n_kv_heads), ("v", n_kv_heads)):
                 w.add_tensor(p + f"attn_{name}.bias", (0.1 * rng.standard_normal(n * head_dim)).astype(np.float32))
-        if arch == "qwen3":
+        if arch in ("qwen3", "qwen3moe"):
             w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
         add_matrix(p + "attn_output.weight", mat(dim, n_heads * head_dim), i)
         w.add_tensor(p + "ffn_norm.weight", norm(dim))
-        add_matrix(p + "ffn_gate.weight", mat(hidden, dim), i)
-        add_matrix(p + "ffn_up.weight", mat(hidden, dim), i)
-        add_matrix(p + "ffn_down.weight", mat(dim, hidden), i)
+        if arch == "phi3":
+            add_matrix(p + "ffn_up.weight", np.concatenate([mat(hidden, dim), mat(hidden, dim)]), i)  # gate, then up
+            add_matrix(p + "ffn_down.weight", mat(dim, hidden), i)
+            continue
+        if experts is None:
+            add_matrix(p + "ffn_gate.weight", mat(hidden, dim), i)
+            add_matrix(p + "ffn_up.weight", mat(hidden, dim), i)
+            add_matrix(p + "ffn_down.weight", mat(dim, hidden), i)
+            continue
+        count, _, width = experts
+        w.add_tensor(p + "ffn_gate_inp.weight", mat(count, dim, scale=2 * dim**-0.5))  # F32, as llama-quantize keeps it
+        for name, rows, cols in (("gate", width, dim), ("up", width, dim), ("down", dim, width)):
+            add_matrix(p + f"ffn_{name}_exps.weight", np.stack([mat(rows, cols) for _ in range(count)]), i)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -221,6 +252,8 @@ class Reference:
         field = lambda key, default: reader.fields[f"{self.arch}.{key}"].contents() if f"{self.arch}.{key}" in reader.fields else default  # noqa: E731
         self.scaling, self.factor = field("rope.scaling.type", "linear"), float(field("rope.scaling.factor", 1.0))
         self.yarn_original = field("rope.scaling.original_context_length", None)
+        self.experts_used = field("expert_used_count", 0)
+        self.rotary = field("rope.dimension_count", None)
         self.w = {}
         for t in reader.tensors:
             f64 = t.tensor_type == gguf.GGMLQuantizationType.F64
@@ -232,25 +265,38 @@ class Reference:
                 arr = arr.astype(np.float16)
             arr = arr.astype(np.float64)
             self.w[t.name] = arr.reshape([int(d) for d in reversed(t.shape)])
+        self.attn_factor = float(field("rope.scaling.attn_factor", 1.0))
+        for i in range(self.n_layers):  # fused matrices (phi3) as the three and two they hold
+            p = f"blk.{i}."
+            if p + "attn_qkv.weight" in self.w:
+                q_rows = self.w[p + "attn_output.weight"].shape[1]
+                kv_rows = (self.w[p + "attn_qkv.weight"].shape[0] - q_rows) // 2
+                parts = np.split(self.w.pop(p + "attn_qkv.weight"), [q_rows, q_rows + kv_rows])
+                self.w |= {p + "attn_q.weight": parts[0], p + "attn_k.weight": parts[1], p + "attn_v.weight": parts[2]}
+            if self.arch == "phi3":
+                self.w[p + "ffn_gate.weight"], self.w[p + "ffn_up.weight"] = np.split(self.w[p + "ffn_up.weight"], 2)
 
     def _norm(self, x, weight):
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * weight
 
     def _rope(self, x, positions):  # x (T, H, hd)
+        if self.rotary and self.rotary < x.shape[-1]:  # partial rotary: the first values only
+            return np.concatenate([self._rope(x[..., : self.rotary], positions), x[..., self.rotary :]], -1)
         hd = x.shape[-1]
-        freqs = self.theta ** (-np.arange(0, hd, 2) / hd) / self.w.get("rope_freqs.weight", 1.0)  # (hd/2,)
-        mscale = 1.0
+        factors = self.w.get("rope_freqs.weight", self.w.get("rope_factors_short.weight", 1.0))  # LongRoPE: short contexts here
+        freqs = self.theta ** (-np.arange(0, hd, 2) / hd) / factors  # (hd/2,)
+        mscale = self.attn_factor
         if self.scaling == "yarn":  # llama.cpp's rope_yarn, written out: ext_factor 1, attn_factor 1
             corr = lambda turns: hd * np.log(self.yarn_original / (turns * 2 * np.pi)) / (2 * np.log(self.theta))  # noqa: E731
             low, high = max(0.0, np.floor(corr(32.0))), min(hd - 1.0, np.ceil(corr(1.0)))
             extrapolate = 1 - np.clip((np.arange(hd // 2) - low) / max(0.001, high - low), 0, 1)
             freqs = freqs / self.factor * (1 - extrapolate) + freqs * extrapolate
-            mscale = 1 + 0.1 * np.log(self.factor)
+            mscale *= 1 + 0.1 * np.log(self.factor)
         else:
             freqs = freqs / self.factor
         ang = positions[:, None, None] * freqs[None, None, :]
         cos, sin = np.cos(ang) * mscale, np.sin(ang) * mscale
-        if self.arch == "llama":  # interleaved pairs
+        if self.arch in ("llama", "smollm3"):  # interleaved pairs
             a, b = x[..., 0::2], x[..., 1::2]
             out = np.empty_like(x)
             out[..., 0::2], out[..., 1::2] = a * cos - b * sin, a * sin + b * cos
@@ -265,6 +311,7 @@ class Reference:
     def hidden(self, tokens: list[int]) -> np.ndarray:
         """(T, dim): the final norm's output at every position (what the head reads, embeddings pool)."""
         w, T = self.w, len(tokens)
+        self.ffn_inputs = []  # each layer's normed feed-forward input, for tests of a router on its own
         x = w["token_embd.weight"][tokens]
         pos = np.arange(T, dtype=np.float64)
         for i in range(self.n_layers):
@@ -275,7 +322,8 @@ class Reference:
             q, k, v = q.reshape(T, self.n_heads, hd), k.reshape(T, self.n_kv, hd), v.reshape(T, self.n_kv, hd)
             if p + "attn_q_norm.weight" in w:
                 q, k = self._norm(q, w[p + "attn_q_norm.weight"]), self._norm(k, w[p + "attn_k_norm.weight"])
-            q, k = self._rope(q, pos), self._rope(k, pos)
+            if not (self.arch == "smollm3" and (i + 1) % 4 == 0):  # SmolLM3: every fourth layer without RoPE
+                q, k = self._rope(q, pos), self._rope(k, pos)
             k, v = k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64)  # the KV cache is float16
             rep = self.n_heads // self.n_kv
             k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
@@ -285,6 +333,30 @@ class Reference:
             attn = np.einsum("hts,shd->thd", probs, v).reshape(T, -1)
             x = x + attn @ w[p + "attn_output.weight"].T
             h = self._norm(x, w[p + "ffn_norm.weight"])
+            self.ffn_inputs.append(h)
+            if p + "ffn_gate_inp.weight" in w:
+                x = x + self.experts(h, p)
+                continue
             gate = h @ w[p + "ffn_gate.weight"].T
             x = x + ((gate / (1 + np.exp(-gate))) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
         return self._norm(x, w["output_norm.weight"])
+
+    def routing(self, h: np.ndarray, p: str) -> tuple[np.ndarray, np.ndarray]:
+        """A mixture of experts' choice for normed rows h (T, D): each row's experts (T, used), the most
+        probable first (ties: the lower one), and their weights (qwen3moe: divided by their sum)."""
+        logits = h @ self.w[p + "ffn_gate_inp.weight"].T  # (T, E)
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        chosen = np.argsort(-probs, axis=-1, kind="stable")[:, : self.experts_used]
+        weights = np.take_along_axis(probs, chosen, -1)
+        return chosen, weights / np.maximum(weights.sum(-1, keepdims=True), 6.103515625e-5)
+
+    def experts(self, h: np.ndarray, p: str) -> np.ndarray:
+        """The mixture of experts' output for normed rows h (T, D): each row's chosen experts' SwiGLU, weighted."""
+        gates, ups, downs = (self.w[p + f"ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))  # (E, F, D), (E, F, D), (E, D, F)
+        out = np.zeros_like(h)
+        for t, (chosen, weights) in enumerate(zip(*self.routing(h, p))):
+            for e, weight in zip(chosen, weights):
+                gate = gates[e] @ h[t]
+                out[t] += weight * (downs[e] @ ((gate / (1 + np.exp(-gate))) * (ups[e] @ h[t])))
+        return out

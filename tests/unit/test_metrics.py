@@ -4,6 +4,7 @@ histograms, the per-second history, an immutable snapshot; then the engine's sta
 import threading
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from support import drain_outputs, engine_over, metric_families, wait_until
 from support.fakes import Clock, FakeRunner
@@ -315,3 +316,15 @@ def test_every_finish_reason_the_engine_produces_is_counted_in_metrics():
     finally:
         runner.gate.set()
         engine.stop(5)
+
+
+def test_a_mixture_of_experts_load_is_summed_over_layers_and_said_per_layer_step():
+    routed = np.array([[3, 1, 0, 0], [5, 0, 1, 2]])  # lanes each of 2 layers sent each of 4 experts
+    metrics = EngineMetrics({}, clock=lambda: 0.0, routed=lambda: routed)
+    metrics.on_step(), metrics.on_step()
+    experts = metrics.publish(0, [], [])["experts"]
+    assert experts["tokens_total"] == (8, 1, 1, 2) and experts["count"] == 4
+    assert experts["per_step"] == (2.0, 0.25, 0.25, 0.5)  # lanes / (2 layers x 2 steps)
+    assert experts["mean_per_step"] == 0.75 and experts["busiest"] == 0 and experts["busiest_per_step"] == 2.0
+    assert experts["imbalance"] == 8 / 3
+    assert "experts" not in EngineMetrics({}, clock=lambda: 0.0).publish(0, [], [])  # a dense model has none

@@ -28,7 +28,6 @@ def test_plain_llama3_and_linear_frequencies():
     [
         ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}, None, "original_context_length"),
         ({"llama.rope.scaling.type": "su", "llama.rope.scaling.factor": 4.0}, None, "'su' is not supported"),
-        ({"llama.rope.dimension_count": 8}, None, "partial rotary"),
         ({}, np.ones(3), "must hold 8 positive factors"),
         ({}, np.zeros(8), "must hold 8 positive factors"),
         ({"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": -1.0}, None, "must be positive"),
@@ -54,7 +53,13 @@ def test_yarn_keeps_the_fast_pairs_divides_the_slow_ones_and_scales_attention():
     assert attention_factor({"qwen3.rope.freq_base": 1e6}, "qwen3") == 1.0
 
 
-def test_partial_rotary_fails_at_load_with_the_setting_named(tmp_path):
-    path = write_tiny_gguf(str(tmp_path / "p.gguf"), "qwen3", metadata={"rope.dimension_count": 8})
+def test_partial_rotary_turns_a_head_of_the_rotary_size():
+    """llama.cpp's n_rot: the frequencies of a head of rope.dimension_count values."""
+    plain = inverse_frequencies({"qwen3.rope.freq_base": 1e4}, "qwen3", 12)
+    np.testing.assert_allclose(plain, 1.0 / 1e4 ** (np.arange(0, 12, 2) / 12), rtol=1e-6)
+
+
+def test_partial_rotary_with_interleaved_pairs_fails_at_load_with_the_setting_named(tmp_path):
+    path = write_tiny_gguf(str(tmp_path / "p.gguf"), "llama", rotary_dim=8)
     with pytest.raises(ModelLoadError, match="partial rotary"):
         load_model(path, slots=1, context=32)

@@ -44,6 +44,7 @@ def dashboard():
         request_outcomes=REQUEST_OUTCOMES,
         plots=plots(stats),
         slot_rows=[slot_row(s, stats.get("context")) for s in stats.get("slots", [])],
+        expert_bars=expert_bars(stats.get("experts")),
     )
     return _no_store(make_response(html))
 
@@ -78,7 +79,8 @@ def lookup(stats: dict, path: str):
 
 
 def format_value(value, kind: str = "int") -> str:
-    """A number as the dashboard shows it: int, rate (tok/s), pct (0..1), latency (s) or duration (s)."""
+    """A number as the dashboard shows it: int, rate (tok/s), ratio (two decimals), pct (0..1), latency (s)
+    or duration (s)."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return NO_VALUE
     if kind == "text":
@@ -87,6 +89,8 @@ def format_value(value, kind: str = "int") -> str:
         return f"{int(value):,}"
     if kind == "rate":
         return f"{value:,.1f}" if value < 10 else f"{value:,.0f}"
+    if kind == "ratio":
+        return f"{value:,.2f}"
     if kind == "pct":
         return f"{value * 100:.0f}%"
     if kind == "latency":
@@ -103,6 +107,18 @@ def format_value(value, kind: str = "int") -> str:
             return f"{total // 60}m {total % 60:02d}s"
         return f"{total // 3600}h {total % 3600 // 60:02d}m"
     raise ValueError(f"unknown format {kind!r}")
+
+
+EXPERT_BAR_H = 40  # SVG user units of the experts' bars; one x unit an expert
+
+
+def expert_bars(experts: dict | None) -> list[dict]:
+    """A mixture of experts' bars: each expert's lanes a layer step, as a height in EXPERT_BAR_H
+    (the busiest expert's full height). static/admin.js's drawExperts draws the same."""
+    if not experts:
+        return []
+    top = max(experts["per_step"]) or 1.0
+    return [{"expert": e, "per_step": v, "height": EXPERT_BAR_H * v / top} for e, v in enumerate(experts["per_step"])]
 
 
 def nice_max(value: float) -> float:

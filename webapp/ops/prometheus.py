@@ -81,6 +81,24 @@ class EngineCollector:
         for name, doc, key in HISTOGRAMS:
             h = stats["histograms"][key]
             yield HistogramMetricFamily(PREFIX + name, doc, buckets=histogram_buckets(h), sum_value=h["sum"])
+        if "experts" in stats:
+            yield from expert_families(stats["experts"])
+
+
+def expert_families(experts: dict) -> Iterator[Metric]:
+    """A mixture of experts' routing: lanes per expert (summed over layers) and how uneven they are."""
+    tokens = CounterMetricFamily(
+        PREFIX + "expert_tokens", "Token lanes the routers sent to each expert, summed over layers.", labels=["expert"]
+    )
+    for expert, n in enumerate(experts["tokens_total"]):
+        tokens.add_metric([str(expert)], n)
+    yield tokens
+    if experts["imbalance"] is not None:
+        yield GaugeMetricFamily(
+            PREFIX + "expert_load_imbalance",
+            "The busiest expert's lanes over the mean expert's, since load (1: even).",
+            value=experts["imbalance"],
+        )
 
 
 def kv_cache_usage(stats: dict) -> float:

@@ -41,7 +41,12 @@ STACKED, MAX_PARTS, STACK_HEADER_BYTES = 1000, 7, 64
 MAX_HEAD_DIM = 512  # the largest head tq_attend rotates
 SPIN_US = 100  # how long idle pool threads spin before sleeping (tq.h says why)
 CONSTANTS = {"INTERLEAVED": INTERLEAVED, "STACKED": STACKED, "MAX_PARTS": MAX_PARTS, "STACK_HEADER_BYTES": STACK_HEADER_BYTES}
-CONSTANTS |= {"MAX_HEAD_DIM": MAX_HEAD_DIM, "SPIN_US": SPIN_US}
+MAX_EXPERTS, MAX_EXPERTS_USED = 512, 32  # the most experts a layer has, and a token uses
+LAYER_MATRICES = 6  # a layer's first table entries are its matrices (LayerEntry.QKV .. UP)
+# tq_forward's layer_info: each layer's LAYER_MATRICES matrix types, then its attention's flags
+LAYER_INFO_FLAGS, LAYER_INFO = LAYER_MATRICES, LAYER_MATRICES + 1
+CONSTANTS |= {"MAX_HEAD_DIM": MAX_HEAD_DIM, "SPIN_US": SPIN_US, "MAX_EXPERTS": MAX_EXPERTS, "MAX_EXPERTS_USED": MAX_EXPERTS_USED}
+CONSTANTS |= {"LAYER_MATRICES": LAYER_MATRICES, "LAYER_INFO_FLAGS": LAYER_INFO_FLAGS, "LAYER_INFO": LAYER_INFO}
 
 
 class StepOutput(enum.IntEnum):
@@ -56,6 +61,13 @@ class AttendFlag(enum.IntFlag):
 
     BIAS = 1
     QK_NORM = 2
+    NO_ROPE = 4  # q and k are not rotated (SmolLM3's every fourth layer)
+
+
+class ExpertsFlag(enum.IntFlag):
+    """How a mixture of experts weighs the experts a token chose."""
+
+    NORM_WEIGHTS = 1  # divided by their sum (Qwen3-MoE's norm_topk_prob)
 
 
 class ModelEntry(enum.IntEnum):
@@ -69,16 +81,21 @@ class ModelEntry(enum.IntEnum):
 
 
 class LayerEntry(enum.IntEnum):
-    """A layer's tensors in the model table; the first four are its matrices (LayerShape.types' order)."""
+    """A layer's tensors in the model table; the first LAYER_MATRICES are its matrices (LayerShape.types'
+    order). A mixture of experts' layer has a ROUTER, its GATE_UP, UP and DOWN are every expert's gate,
+    up and down matrices, and EXPERT_TOKENS counts the lanes each expert took; a dense layer's are 0."""
 
     QKV = 0
     O = 1  # noqa: E741 (tq.h's LAYER_O)
     GATE_UP = 2
     DOWN = 3
-    ATTN_NORM = 4
-    FFN_NORM = 5
-    CACHE = 6
-    EXTRAS = 7
+    ROUTER = 4
+    UP = 5
+    ATTN_NORM = 6
+    FFN_NORM = 7
+    CACHE = 8
+    EXTRAS = 9
+    EXPERT_TOKENS = 10
 
 
 def in_table_order(model: dict[ModelEntry, object], layers: list[dict[LayerEntry, object]]) -> list:
@@ -122,14 +139,28 @@ class Attention(ctypes.Structure):
         ("head_dim", ctypes.c_int32),
         ("flags", ctypes.c_int32),
         ("eps", ctypes.c_float),
-        ("scale", ctypes.c_float),  # on q . k: 1 / sqrt(head_dim), times YaRN's factor squared
+        ("scale", ctypes.c_float),  # on q . k: 1 / sqrt(head_dim)
+        ("rotary_dim", ctypes.c_int32),  # RoPE turns a head's first rotary_dim values; the rest pass
+        ("rope_scale", ctypes.c_float),  # on RoPE's cos and sin: YaRN's or LongRoPE's attention factor
     ]
 
 
-class LayerShape(ctypes.Structure):
-    """A whole layer: its attention, the widths D and F, its four matrices' stored types."""
+class Experts(ctypes.Structure):
+    """A mixture of experts: `count` a layer, `used` a token, each expert's feed-forward width; ExpertsFlag."""
 
-    _fields_ = [("attention", Attention), ("dim", ctypes.c_int32), ("ffn_dim", ctypes.c_int32), ("types", ctypes.c_int32 * 4)]
+    _fields_ = [("count", ctypes.c_int32), ("used", ctypes.c_int32), ("ffn_dim", ctypes.c_int32), ("flags", ctypes.c_int32)]
+
+
+class LayerShape(ctypes.Structure):
+    """A whole layer: its attention, the widths D and F, its matrices' stored types, its experts (count 0: dense)."""
+
+    _fields_ = [
+        ("attention", Attention),
+        ("dim", ctypes.c_int32),
+        ("ffn_dim", ctypes.c_int32),
+        ("types", ctypes.c_int32 * LAYER_MATRICES),
+        ("experts", Experts),
+    ]
 
 
 class Step(ctypes.Structure):
@@ -145,6 +176,7 @@ class Step(ctypes.Structure):
         ("head_type", ctypes.c_int32),
         ("picks", ctypes.c_int32),
         ("outputs", ctypes.c_int32),  # STEP_LOGITS or STEP_HIDDEN
+        ("experts", Experts),  # of the layers with a router
     ]
 
 
@@ -154,8 +186,16 @@ class AbiEntry(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("value", ctypes.c_int64), ("size", ctypes.c_int32), ("kind", ctypes.c_char)]
 
 
-STRUCTS = {"stack_header": StackHeader, "tq_product": Product, "tq_attention": Attention, "tq_layer_shape": LayerShape, "tq_step": Step}
-ENUMS = {"": BlockType, "STEP_": StepOutput, "ATTEND_": AttendFlag, "MODEL_": ModelEntry, "LAYER_": LayerEntry}  # tq.h's prefix for each
+STRUCTS = {"stack_header": StackHeader, "tq_product": Product, "tq_attention": Attention, "tq_experts": Experts}
+STRUCTS |= {"tq_layer_shape": LayerShape, "tq_step": Step}
+ENUMS = {
+    "": BlockType,
+    "STEP_": StepOutput,
+    "ATTEND_": AttendFlag,
+    "EXPERTS_": ExpertsFlag,
+    "MODEL_": ModelEntry,
+    "LAYER_": LayerEntry,
+}  # tq.h's prefix for each
 Description = dict[str, tuple[int, int, str]]  # name -> (value, size, kind), as tq_abi lists it
 
 

@@ -28,31 +28,19 @@ import platform
 import shutil
 import struct
 import subprocess
-from dataclasses import dataclass, field
 
 import numpy as np
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.uop.ops import KernelInfo, Ops, ProgramInfo, UOp
 
 from webapp.engine.kernels import abi
-from webapp.engine.kernels.abi import INTERLEAVED, MAX_PARTS, STACK_HEADER_BYTES, STACKED
+from webapp.engine.kernels.abi import MAX_PARTS, STACK_HEADER_BYTES, STACKED
+from webapp.engine.kernels.block_weight import BLOCK_FORMATS, BlockWeight
 from webapp.engine.kernels.build import SOURCE, compile_library, simd_flags
+from webapp.engine.kernels.layer_tables import LayerTensors, WholeModel
 from webapp.engine.model.device_buffers import device_array, host_address
-from webapp.engine.model.ggml_types import GGML_TYPES
 
 log = logging.getLogger(__name__)
-
-# The kernels read a plain float type (F32, F16, BF16: a GGML block of one value) in blocks of the
-# activations' 32 values (format_float.c), so its rows are whole blocks like every other format's
-ACTIVATION_BLOCK = 32
-
-
-def _kernel_block(name: str, values: int, nbytes: int) -> tuple[str, int, int]:
-    return (name, values, nbytes) if values > 1 else (name, ACTIVATION_BLOCK, ACTIVATION_BLOCK * nbytes)
-
-
-# GGML type ids with a kernel: (name, values, bytes) per block as the kernels count them
-BLOCK_FORMATS = {int(t): _kernel_block(*GGML_TYPES[t]) for t in abi.BlockType}
 
 
 def cpu_threads() -> int:
@@ -73,40 +61,6 @@ def _trampoline(address: int) -> bytes | None:
     return None
 
 
-@dataclass(frozen=True)
-class BlockWeight:
-    """A GGUF matrix kept in its file's block format: `raw` (rows, bytes per row) on the device."""
-
-    raw: Tensor
-    ggml_type: int
-    rows: int
-    cols: int
-    parts: tuple[tuple[int, int], ...] = ()  # a STACKED matrix's parts: (stored type, rows) each
-
-    @property
-    def type_name(self) -> str:
-        """The file's type, e.g. "Q4_1"; a stacked matrix's parts' types, e.g. "Q4_K+Q4_K+Q6_K"."""
-        if self.parts:
-            return "+".join(BLOCK_FORMATS[_file_type(t)][0] for t, _ in self.parts)
-        return BLOCK_FORMATS[_file_type(self.ggml_type)][0]
-
-    @property
-    def form(self) -> str:
-        """How the start-up log names this matrix's form, e.g. "Q4_1 blocks (rows interleaved)"."""
-        return stored_form(self.ggml_type) + (" (rows interleaved)" if INTERLEAVED < self.ggml_type < STACKED else "")
-
-
-def _file_type(stored_type: int) -> int:
-    """The GGML type of a stored (maybe interleaved) type."""
-    return stored_type - INTERLEAVED if INTERLEAVED <= stored_type < STACKED else stored_type
-
-
-def stored_form(ggml_type: int) -> str:
-    """How the start-up log names a matrix kept in the file's type: "Q4_1 blocks", "F16 (the file's bytes)"."""
-    name, values, _ = GGML_TYPES[_file_type(ggml_type)]
-    return f"{name} (the file's bytes)" if values == 1 else f"{name} blocks"
-
-
 class QuantizedCPU:
     def __init__(self, library: ctypes.CDLL, threads: int, simd: bool):
         self.library, self.threads, self.simd = library, threads, simd
@@ -115,6 +69,9 @@ class QuantizedCPU:
         for name in ("tq_linear", "tq_norm_linear", "tq_residual_linear", "tq_swiglu_linear", "tq_embed", "tq_attend", "tq_layer"):
             address = ctypes.cast(getattr(library, name), ctypes.c_void_p).value
             self._programs[name] = _trampoline(address)
+        # what a dense layer passes tq_layer for a mixture of experts' router, up matrices and counts,
+        # which it never reads: one buffer each, as a kernel's arguments are distinct buffers
+        self._unread = [device_array(np.zeros(1, np.int64)) for _ in range(3)]
         self._repack = library.tq_repack
         self._repack.argtypes, self._repack.restype = [ctypes.c_void_p] * 2 + [ctypes.POINTER(abi.Product)], ctypes.c_int
         self._forward = library.tq_forward
@@ -155,6 +112,21 @@ class QuantizedCPU:
         source = _checked_blocks(rows, ggml_type, cols)
         stored = Tensor.empty(*source.shape, dtype=dtypes.uint8).realize()  # written in place, from the file's map
         stored_type = self._repack(host_address(stored), source.ctypes.data, abi.Product(ggml_type, source.shape[0], cols))
+        return BlockWeight(stored, stored_type, source.shape[0], cols)
+
+    def expert_weight(self, rows: np.ndarray, ggml_type: int, cols: int, experts: int) -> BlockWeight:
+        """Every expert's matrix of a mixture of experts (rows: experts x each one's rows, expert after
+        expert), each in the layout `block_weight` gives it, one after the other: moe.c finds expert e's
+        blocks at e times one matrix's bytes. Repacked one expert at a time, so eight interleaved rows
+        never straddle two experts."""
+        source = _checked_blocks(rows, ggml_type, cols)
+        if source.shape[0] % experts:
+            raise ValueError(f"{source.shape[0]} rows are not {experts} experts' matrices")
+        each = source.shape[0] // experts
+        stored = Tensor.empty(*source.shape, dtype=dtypes.uint8).realize()
+        address, step = host_address(stored), each * source.shape[1]
+        for e in range(experts):
+            stored_type = self._repack(address + e * step, source[e * each].ctypes.data, abi.Product(ggml_type, each, cols))
         return BlockWeight(stored, stored_type, source.shape[0], cols)
 
     def stacked_weight(self, parts: list[tuple[np.ndarray, int]], cols: int) -> BlockWeight:
@@ -242,18 +214,32 @@ class QuantizedCPU:
         )
 
     def attend(
-        self, qkv: Tensor, cache: Tensor, lanes: Tensor, inv_freq: Tensor, extras: Tensor, heads: int, flags: int, eps: float, scale: float
+        self,
+        qkv: Tensor,
+        cache: Tensor,
+        lanes: Tensor,
+        inv_freq: Tensor,
+        extras: Tensor,
+        heads: int,
+        flags: int,
+        eps: float,
+        scale: float,
+        rotary: int = 0,
+        rope_scale: float = 1.0,
     ) -> Tensor:
         """A layer's attention for B lanes (a decode step's sequences, or a prefill piece's tokens) from
         its qkv rows (B, (heads + 2 kv_heads) Hd): adds the bias and applies the q/k norms (as `flags`
         and `extras` say), rotates q and k by RoPE at each lane's position (inverse frequencies
         `inv_freq`), writes each lane's key and value into the float16 KV cache (2, slots, kv_heads,
         positions, Hd), then attends over it. lanes (2B,) int32 = each lane's slot, then its position
-        (it attends positions 0..pos); `scale` multiplies q . k. -> (B, heads * Hd) float32."""
+        (it attends positions 0..pos); `scale` multiplies q . k; RoPE turns each head's first `rotary`
+        values (0: all of them), its cos and sin times `rope_scale`. -> (B, heads * Hd) float32."""
         _, slots, kv_heads, positions, head_dim = cache.shape
         B = qkv.shape[0]
         out = Tensor.empty(B, heads * head_dim, dtype=dtypes.float32)
-        shape = self._shape(abi.Attention(B, heads, kv_heads, slots, positions, head_dim, flags, eps, scale))
+        shape = self._shape(
+            abi.Attention(B, heads, kv_heads, slots, positions, head_dim, flags, eps, scale, rotary or head_dim, rope_scale)
+        )
         return self._call("tq_attend", out, self._rows(qkv, (heads + 2 * kv_heads) * head_dim), cache, lanes, inv_freq, extras, shape)
 
     def layer(self, x: Tensor, layer: LayerTensors, lanes: Tensor, inv_freq: Tensor, eps: float) -> Tensor:
@@ -263,11 +249,15 @@ class QuantizedCPU:
         B, D = x.shape
         out = Tensor.empty(B, D, dtype=dtypes.float32)
         m = layer.matrices
-        attention = abi.Attention(B, layer.heads, kv_heads, slots, positions, head_dim, layer.flags, eps, layer.score_scale)
-        shape = self._shape(abi.LayerShape(attention, D, m.down.cols, (ctypes.c_int32 * 4)(*(w.ggml_type for w in m.in_order))))
-        weights = tuple(w.raw for w in m.in_order)
+        attention = abi.Attention(
+            B, layer.heads, kv_heads, slots, positions, head_dim, layer.flags, eps, layer.score_scale, layer.rotary, layer.rope_scale
+        )
+        shape = self._shape(abi.LayerShape(attention, D, m.down.cols, m.types, layer.experts))
+        unread = iter(self._unread)
+        weights = tuple(next(unread) if w is None else w.raw for w in m.in_order)
         attn_norm, ffn_norm = (n.cast(dtypes.float32).contiguous() for n in (layer.attn_norm, layer.ffn_norm))
-        extras = (layer.cache, lanes, inv_freq, layer.extras, shape)
+        tokens = next(unread) if layer.expert_tokens is None else layer.expert_tokens
+        extras = (layer.cache, lanes, inv_freq, layer.extras, tokens, shape)
         return self._call("tq_layer", out, self._rows(x, D), *weights, attn_norm, ffn_norm, *extras)
 
     def whole_model(
@@ -280,11 +270,15 @@ class QuantizedCPU:
         E = abi.ModelEntry
         model = {E.EMBED: embed.raw, E.NORM: norm, E.HEAD: head.raw, E.INV_FREQ: inv_freq}
         tensors = abi.in_table_order(model, [layer.table_entries for layer in layers])
-        attention = abi.Attention(0, first.heads, kv_heads, slots, positions, head_dim, first.flags, eps, first.score_scale)
+        attention = abi.Attention(
+            0, first.heads, kv_heads, slots, positions, head_dim, first.flags, eps, first.score_scale, first.rotary, first.rope_scale
+        )
+        experts = next((layer.experts for layer in layers if layer.experts.count), abi.Experts())
         dims = abi.Step(attention, embed.cols, first.matrices.down.cols, len(layers), head.rows, embed.ggml_type, head.ggml_type)
-        types = np.array([w.ggml_type for layer in layers for w in layer.matrices.in_order], dtype=np.int32)
-        table = np.array([host_address(t) for t in tensors], dtype=np.uint64)
-        return WholeModel(table, dims, types, tuple(tensors))
+        dims.experts = experts
+        info = np.array([[*layer.matrices.types, layer.flags] for layer in layers], dtype=np.int32)  # abi.LAYER_INFO a layer
+        table = np.array([0 if t is None else host_address(t) for t in tensors], dtype=np.uint64)
+        return WholeModel(table, dims, info, tuple(t for t in tensors if t is not None))
 
     def step(self, model: WholeModel, tokens: list[int], lanes: list[int], picks: list[int], hidden: bool = False) -> np.ndarray:
         """A whole step (tq_forward) as one call on this thread, which works through the pool's jobs
@@ -300,7 +294,7 @@ class QuantizedCPU:
         out = np.empty((len(rows), model.dims.dim if hidden else model.dims.vocab), dtype=np.float32)
         step = model.step(len(ids), len(rows), abi.StepOutput.HIDDEN if hidden else abi.StepOutput.LOGITS)
         addresses = (out.ctypes.data, ids.ctypes.data, lane_values.ctypes.data, rows.ctypes.data, model.table.ctypes.data)
-        self._forward(*addresses, step, model.layer_types.ctypes.data)
+        self._forward(*addresses, step, model.layer_info.ctypes.data)
         return out
 
 
@@ -314,60 +308,3 @@ def _checked_blocks(rows: np.ndarray, ggml_type: int, cols: int) -> np.ndarray:
     if cols % values or source.ndim != 2 or source.dtype != np.uint8 or source.shape[1] != cols // values * nbytes:
         raise ValueError(f"{name} matrix of {cols} columns cannot be stored as {source.dtype} {source.shape} bytes")
     return source
-
-
-@dataclass(frozen=True)
-class LayerMatrices:
-    """A layer's four products in blocks, for `QuantizedCPU.layer`."""
-
-    qkv: BlockWeight
-    o: BlockWeight
-    gate_up: BlockWeight
-    down: BlockWeight
-
-    @property
-    def in_order(self) -> tuple[BlockWeight, BlockWeight, BlockWeight, BlockWeight]:
-        """The four as the kernels take them: qkv, o, gate_up, down."""
-        return (self.qkv, self.o, self.gate_up, self.down)
-
-
-@dataclass(frozen=True)
-class LayerTensors:
-    """What a layer's kernel reads besides its input: its matrices, norms, KV cache and attention's
-    extras (as `QuantizedCPU.attend` takes them: heads and flags too)."""
-
-    matrices: LayerMatrices
-    attn_norm: Tensor
-    ffn_norm: Tensor
-    cache: Tensor
-    extras: Tensor
-    heads: int
-    flags: int
-    score_scale: float  # on q . k (ModelConfig.score_scale)
-
-    @property
-    def table_entries(self) -> dict[abi.LayerEntry, Tensor]:
-        """This layer's tensors under their entries in tq_forward's model table."""
-        E, m = abi.LayerEntry, self.matrices
-        matrices = {E.QKV: m.qkv.raw, E.O: m.o.raw, E.GATE_UP: m.gate_up.raw, E.DOWN: m.down.raw}
-        return matrices | {E.ATTN_NORM: self.attn_norm, E.FFN_NORM: self.ffn_norm, E.CACHE: self.cache, E.EXTRAS: self.extras}
-
-
-@dataclass(frozen=True, eq=False)
-class WholeModel:
-    """A model for `QuantizedCPU.step`: the table of its tensors' addresses, what tq_forward's step says
-    that no step changes, and the tensors themselves, which it keeps alive."""
-
-    table: np.ndarray  # uint64, in abi.ModelEntry order, then abi.LayerEntry's for each layer
-    dims: abi.Step  # every field but attention.lanes, picks and outputs
-    layer_types: np.ndarray  # int32: each layer's qkv, o, gate_up, down types
-    tensors: tuple[Tensor, ...]
-    _steps: dict = field(default_factory=dict, compare=False)
-
-    def step(self, lanes: int, picks: int, outputs: int = 0) -> abi.Step:
-        """tq_forward's step for `lanes` lanes and `picks` rows of `outputs` (abi.StepOutput)."""
-        step = self._steps.get((lanes, picks, outputs))
-        if step is None:
-            step = self._steps[lanes, picks, outputs] = abi.Step.from_buffer_copy(self.dims)
-            step.attention.lanes, step.picks, step.outputs = lanes, picks, outputs
-        return step

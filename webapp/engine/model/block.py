@@ -14,7 +14,7 @@ import numpy as np
 from tinygrad import Device, Tensor, UOp
 
 from webapp.engine.kernels.abi import MAX_HEAD_DIM, AttendFlag
-from webapp.engine.kernels.cpu import LayerMatrices, LayerTensors
+from webapp.engine.kernels.layer_tables import LayerMatrices, LayerTensors
 from webapp.engine.model.config import ModelConfig
 from webapp.engine.model.device_buffers import device_array
 from webapp.engine.model.ops import rms_norm, rope
@@ -48,6 +48,7 @@ class TransformerBlock:
 
     def __init__(self, config: ModelConfig, weights: WeightSource, layer: int, slots: int, context: int, kv_dtype):
         self.c = config
+        self.rotates = config.rotates(layer)
         p = f"blk.{layer}."
         self.w = {
             name: weights.vector(p + name)
@@ -55,13 +56,12 @@ class TransformerBlock:
             if weights.has(p + name)
         }
         # one product for q, k and v and one for gate and up: fewer, larger kernels run faster here
-        self.qkv = weights.linear(*(p + f"attn_{n}.weight" for n in "qkv"))  # D -> H*Hd + 2*KvH*Hd
-        self.gate_up = weights.linear(p + "ffn_gate.weight", p + "ffn_up.weight")  # D -> 2*F
+        self.qkv = weights.linear(*config.qkv_names(p))  # D -> H*Hd + 2*KvH*Hd
         self.attn_output = weights.linear(p + "attn_output.weight")  # H*Hd -> D
-        self.down = weights.linear(p + "ffn_down.weight")  # F -> D
         # the whole layer runs on the CPU kernels when they are loaded and can rotate its heads
         head_dim_ok = config.head_dim % 2 == 0 and config.head_dim <= MAX_HEAD_DIM
         self.kernels = weights.kernels if head_dim_ok else None
+        self._load_feed_forward(weights, p)
         bias_names = [p + f"attn_{n}.bias" for n in "qkv"] if config.qkv_bias else []
         self.qkv_bias = None  # added by tinygrad's product; on the kernels, by the attention kernel
         self.attend_extras = self.layer_tensors = None
@@ -77,11 +77,15 @@ class TransformerBlock:
                 self.attend_extras = device_array(np.concatenate(extras) if extras else np.zeros(1, np.float32))
             else:
                 self.attend_extras = Tensor.cat(*(weights.vector(n) for n in names)).float().contiguous()
-            self.attend_flags = int((AttendFlag.BIAS if config.qkv_bias else 0) | (AttendFlag.QK_NORM if config.qk_norm else 0))
-            products = (self.qkv, self.attn_output, self.gate_up, self.down)
+            self.attend_flags = int(
+                (AttendFlag.BIAS if config.qkv_bias else 0)
+                | (AttendFlag.QK_NORM if config.qk_norm else 0)
+                | (0 if self.rotates else AttendFlag.NO_ROPE)
+            )
             # every product in blocks: the layer runs as one kernel; else five, tinygrad's products among them
-            if all(isinstance(product, BlockLinear) for product in products):
-                matrices = LayerMatrices(*(product.weight for product in products))
+            feed_forward = self._feed_forward_blocks()
+            if self._attention_in_blocks and feed_forward is not None:
+                matrices = LayerMatrices(self.qkv.weight, self.attn_output.weight, **feed_forward)
         # (k|v, slot, kv_head, position, head_dim); the extra last slot is scratch for padding lanes.
         shape = (2, slots + 1, config.n_kv_heads, context, config.head_dim)
         if Device.DEFAULT == "CPU":
@@ -94,11 +98,46 @@ class TransformerBlock:
         if matrices is not None:
             norms = (self.w["attn_norm.weight"], self.w["ffn_norm.weight"])
             self.layer_tensors = LayerTensors(
-                matrices, *norms, self.cache, self.attend_extras, config.n_heads, self.attend_flags, config.score_scale
+                matrices,
+                *norms,
+                self.cache,
+                self.attend_extras,
+                config.n_heads,
+                self.attend_flags,
+                config.score_scale,
+                config.rotary_dim,
+                config.rope_attention_factor,
+                *self._kernel_experts(),
             )
 
+    @property
+    def _attention_in_blocks(self) -> bool:
+        return isinstance(self.qkv, BlockLinear) and isinstance(self.attn_output, BlockLinear)
+
+    # The feed-forward's hooks: SwiGLU here; a mixture of experts (moe_block.py) fills them its own way.
+    def _load_feed_forward(self, weights: WeightSource, p: str) -> None:
+        self.gate_up = weights.linear(*self.c.gate_up_names(p))  # D -> 2*F
+        self.down = weights.linear(p + "ffn_down.weight")  # F -> D
+
+    def _feed_forward_blocks(self) -> dict | None:
+        """LayerMatrices' feed-forward fields when every one of its matrices is in blocks, else None."""
+        if isinstance(self.gate_up, BlockLinear) and isinstance(self.down, BlockLinear):
+            return {"gate_up": self.gate_up.weight, "down": self.down.weight}
+        return None
+
+    def _kernel_experts(self) -> tuple:
+        """LayerTensors' experts and expert_tokens (a dense layer has none)."""
+        return ()
+
+    def _feed_forward_tensors(self) -> list[Tensor]:
+        return [*self.gate_up.tensors(), *self.down.tensors()]
+
+    def _feed_forward_on_kernels(self, h: Tensor) -> Tensor:
+        """h + the feed-forward of rms_norm(h), on the kernels around any product they cannot run."""
+        return _swiglu_plus(self.down, _after_norm(self.gate_up, h, self.w["ffn_norm.weight"], self.c.norm_eps), h)
+
     def tensors(self) -> list[Tensor]:
-        own = [*self.qkv.tensors(), *self.gate_up.tensors(), *self.attn_output.tensors(), *self.down.tensors(), self.cache]
+        own = [*self.qkv.tensors(), *self.attn_output.tensors(), *self._feed_forward_tensors(), self.cache]
         optional = [t for t in (self.qkv_bias, self.attend_extras) if t is not None]
         return own + optional + list(self.w.values())
 
@@ -153,17 +192,17 @@ class TransformerBlock:
             return self.kernels.layer(x, self.layer_tensors, lanes, inv_freq, c.norm_eps)
         attention = (self.cache, lanes, inv_freq, self.attend_extras, c.n_heads, self.attend_flags)
         qkv = _after_norm(self.qkv, x, w["attn_norm.weight"], c.norm_eps)
-        attn = self.kernels.attend(qkv, *attention, c.norm_eps, c.score_scale)
-        h = _plus(self.attn_output, attn, x)
-        return _swiglu_plus(self.down, _after_norm(self.gate_up, h, w["ffn_norm.weight"], c.norm_eps), h)
+        attn = self.kernels.attend(qkv, *attention, c.norm_eps, c.score_scale, c.rotary_dim, c.rope_attention_factor)
+        return self._feed_forward_on_kernels(_plus(self.attn_output, attn, x))
 
     def prefill(self, x: Tensor, slot: UOp, start: UOp, rotary: tuple[Tensor, Tensor], mask: Tensor) -> Tensor:
         """x (1, T, D) for positions start..start+T-1 of the sequence in `slot`."""
         T = x.shape[1]
         q, k, v = self._qkv(rms_norm(x, self.w["attn_norm.weight"], self.c.norm_eps))
         # contiguous after RoPE: fusing RoPE into symbolic-length attention overflows tinygrad's rewriter
-        q = rope(q, *rotary).contiguous()
-        k = rope(k, *rotary)
+        if self.rotates:
+            q, k = rope(q, *rotary), rope(k, *rotary)
+        q = q.contiguous()
         kv = Tensor.stack(k[0], v[0]).cast(self.cache.dtype)  # (2, KvH, T, Hd)
         store = self.cache[:, slot, :, start : start + T, :].uop.store(kv.uop)
         cache = Tensor(self.cache.uop.after(store))
@@ -174,8 +213,9 @@ class TransformerBlock:
     def decode(self, x: Tensor, slots: list[UOp], positions: list[UOp], rotary: tuple[Tensor, Tensor], length: UOp, mask: Tensor) -> Tensor:
         """x (B, 1, D): lane b is at position positions[b] of the sequence in slots[b]; keys read up to `length`."""
         q, k, v = self._qkv(rms_norm(x, self.w["attn_norm.weight"], self.c.norm_eps))
-        q = rope(q, *rotary).contiguous()
-        k = rope(k, *rotary)
+        if self.rotates:
+            q, k = rope(q, *rotary), rope(k, *rotary)
+        q = q.contiguous()
         kv = Tensor.stack(k, v).cast(self.cache.dtype)  # (2, B, KvH, 1, Hd)
         stores = [self.cache[:, s, :, p : p + 1, :].uop.store(kv[:, b].contiguous().uop) for b, (s, p) in enumerate(zip(slots, positions))]
         cache = Tensor(self.cache.uop.after(*stores))

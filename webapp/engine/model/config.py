@@ -16,10 +16,20 @@ from dataclasses import dataclass
 from webapp.engine.model.ggml_types import GGML_TYPES, UNREADABLE_TYPES
 from webapp.engine.model.rope import attention_factor
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "phi3")
+# architectures whose files store the feed-forward's gate and up as one matrix (ffn_up, gate first)
+FUSED_GATE_UP = ("phi3",)
+# architectures whose files store each head's rotary pairs interleaved (llama.cpp's "norm" RoPE)
+INTERLEAVED_ROPE = ("llama", "smollm3")
+# architectures whose every n-th layer has no RoPE (llama.cpp's n_no_rope_layer_step)
+NO_ROPE_EVERY = {"smollm3": 4}
+# architectures whose every layer's feed-forward is a mixture of experts, and whether they divide the
+# chosen experts' weights by their sum (as llama.cpp builds each)
+MIXTURE_OF_EXPERTS = {"qwen3moe": True}
 
 # far past any real model: a file claiming more is corrupt, and would ask for absurd buffers
 LIMITS = {"block_count": 1024, "embedding_length": 1 << 17, "feed_forward_length": 1 << 20, "attention.head_count": 1024}
+LIMITS |= {"expert_count": 512, "expert_used_count": 32, "expert_feed_forward_length": 1 << 20}  # tq.h's MAX_EXPERTS, MAX_EXPERTS_USED
 
 
 class ModelLoadError(ValueError):
@@ -41,12 +51,37 @@ class ModelConfig:
     trained_context: int
     qkv_bias: bool
     qk_norm: bool
-    rope_attention_factor: float = 1.0  # YaRN's factor on q and k after rotating (rope.attention_factor)
+    rope_attention_factor: float = 1.0  # YaRN's or LongRoPE's factor on RoPE's cos and sin (rope.attention_factor)
+    experts: int = 0  # a mixture of experts' count a layer (0: dense layers)...
+    experts_used: int = 0  # ...how many a token uses...
+    expert_hidden_dim: int = 0  # ...each one's feed-forward width...
+    expert_weights_norm: bool = False  # ...and whether the chosen ones' weights are divided by their sum
+    no_rope_every: int = 0  # every n-th layer attends without RoPE (0: none)
+    rotary_dim: int = 0  # RoPE turns each head's first rotary_dim values (rope.dimension_count; 0: the head size)
+    fused_qkv: bool = False  # q, k and v stored as one matrix, attn_qkv (phi3)
+    fused_gate_up: bool = False  # gate and up stored as one matrix, ffn_up (phi3)
+
+    def qkv_names(self, p: str) -> tuple[str, ...]:
+        """A layer's q, k and v matrices as the file stores them (one fused matrix, or three)."""
+        return (p + "attn_qkv.weight",) if self.fused_qkv else tuple(p + f"attn_{n}.weight" for n in "qkv")
+
+    def gate_up_names(self, p: str) -> tuple[str, ...]:
+        """A dense layer's gate and up matrices as the file stores them (gate over up in one, or two)."""
+        return (p + "ffn_up.weight",) if self.fused_gate_up else (p + "ffn_gate.weight", p + "ffn_up.weight")
+
+    def __post_init__(self):
+        if not self.rotary_dim:
+            object.__setattr__(self, "rotary_dim", self.head_dim)
+
+    def rotates(self, layer: int) -> bool:
+        """Whether layer `layer` (from 0) rotates q and k by RoPE."""
+        return not self.no_rope_every or (layer + 1) % self.no_rope_every != 0
 
     @property
     def score_scale(self) -> float:
-        """Attention's scale on q . k: 1 / sqrt(head size), times YaRN's factor once for q and once for k."""
-        return self.rope_attention_factor**2 / math.sqrt(self.head_dim)
+        """Attention's scale on q . k: 1 / sqrt(head size). (YaRN's and LongRoPE's factor scales the
+        rotated values, in RoPE's cos and sin: a partial rotary's other values keep their size.)"""
+        return 1.0 / math.sqrt(self.head_dim)
 
     @classmethod
     def from_gguf(cls, kv: dict, weights: dict) -> ModelConfig:
@@ -79,6 +114,19 @@ class ModelConfig:
         theta = kv.get(f"{arch}.rope.freq_base", 10000.0)
         if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not (math.isfinite(theta) and theta > 1):
             raise ModelLoadError(f"GGUF metadata {arch}.rope.freq_base = {theta!r}: expected a number above 1")
+        experts = experts_used = expert_hidden = 0
+        if arch in MIXTURE_OF_EXPERTS:
+            experts, experts_used = count("expert_count"), count("expert_used_count")
+            expert_hidden = count("expert_feed_forward_length")
+            if experts_used > experts:
+                raise ModelLoadError(f"GGUF metadata {arch}.expert_used_count = {experts_used}: more than the {experts} experts")
+        rotary = count("rope.dimension_count", head_dim)
+        if rotary % 2 or rotary > head_dim:
+            raise ModelLoadError(
+                f"GGUF metadata {arch}.rope.dimension_count = {rotary}: expected an even number up to the head size {head_dim}"
+            )
+        if rotary < head_dim and arch in INTERLEAVED_ROPE:
+            raise ModelLoadError(f"partial rotary ({rotary} of {head_dim} values) with {arch}'s interleaved pairs is not supported")
         tokens = need("tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens:
             raise ModelLoadError("GGUF metadata tokenizer.ggml.tokens is not a list of tokens")
@@ -86,7 +134,7 @@ class ModelConfig:
             arch=arch,
             n_layers=count("block_count"),
             dim=dim,
-            hidden_dim=count("feed_forward_length"),
+            hidden_dim=count("feed_forward_length", 0 if experts else None, low=0 if experts else 1),
             n_heads=n_heads,
             n_kv_heads=n_kv_heads,
             head_dim=head_dim,
@@ -95,9 +143,29 @@ class ModelConfig:
             rope_theta=float(theta),
             trained_context=count("context_length"),
             qkv_bias="blk.0.attn_q.bias" in weights,
+            fused_qkv="blk.0.attn_qkv.weight" in weights,
+            fused_gate_up=arch in FUSED_GATE_UP,
             qk_norm="blk.0.attn_q_norm.weight" in weights,
             rope_attention_factor=attention_factor(kv, arch),
+            experts=experts,
+            experts_used=experts_used,
+            expert_hidden_dim=expert_hidden,
+            expert_weights_norm=MIXTURE_OF_EXPERTS.get(arch, False),
+            no_rope_every=NO_ROPE_EVERY.get(arch, 0),
+            rotary_dim=rotary,
         )
+
+    def _feed_forward_shapes(self, p: str) -> dict[str, tuple[int, int]]:
+        """A layer's feed-forward matrices: SwiGLU's three, or a router and every expert's three (a
+        3-D tensor of experts x rows x cols, as (experts * rows, cols))."""
+        if not self.experts:
+            gate_up = dict.fromkeys(self.gate_up_names(p), (self.hidden_dim * (2 if self.fused_gate_up else 1), self.dim))
+            return gate_up | {p + "ffn_down.weight": (self.dim, self.hidden_dim)}
+        E, F = self.experts, self.expert_hidden_dim
+        return {p + "ffn_gate_inp.weight": (E, self.dim), p + "ffn_gate_exps.weight": (E * F, self.dim)} | {
+            p + "ffn_up_exps.weight": (E * F, self.dim),
+            p + "ffn_down_exps.weight": (E * self.dim, F),
+        }
 
     def tensor_shapes(self) -> dict[str, tuple[int, int]]:
         """Every tensor the model reads, as (rows, cols) the way weights.read_gguf gives them (a vector
@@ -106,17 +174,12 @@ class ModelConfig:
         shapes = {"token_embd.weight": (self.vocab_size, self.dim), "output_norm.weight": (1, self.dim)}
         for i in range(self.n_layers):
             p = f"blk.{i}."
-            shapes |= {
-                p + "attn_norm.weight": (1, self.dim),
-                p + "attn_q.weight": (q, self.dim),
-                p + "attn_k.weight": (kv, self.dim),
-                p + "attn_v.weight": (kv, self.dim),
-                p + "attn_output.weight": (self.dim, q),
-                p + "ffn_norm.weight": (1, self.dim),
-                p + "ffn_gate.weight": (self.hidden_dim, self.dim),
-                p + "ffn_up.weight": (self.hidden_dim, self.dim),
-                p + "ffn_down.weight": (self.dim, self.hidden_dim),
-            }
+            if self.fused_qkv:
+                shapes[p + "attn_qkv.weight"] = (q + 2 * kv, self.dim)
+            else:
+                shapes |= {p + "attn_q.weight": (q, self.dim), p + "attn_k.weight": (kv, self.dim), p + "attn_v.weight": (kv, self.dim)}
+            shapes |= {p + "attn_norm.weight": (1, self.dim), p + "attn_output.weight": (self.dim, q), p + "ffn_norm.weight": (1, self.dim)}
+            shapes |= self._feed_forward_shapes(p)
             if self.qk_norm:
                 shapes |= {p + "attn_q_norm.weight": (1, self.head_dim), p + "attn_k_norm.weight": (1, self.head_dim)}
             if self.qkv_bias:
@@ -144,6 +207,8 @@ def check_tensors(config: ModelConfig, table: dict) -> None:
         if raw.ggml_type not in GGML_TYPES:
             known = UNREADABLE_TYPES.get(raw.ggml_type, f"unknown type {raw.ggml_type}")
             raise ModelLoadError(f"tensor {name!r} is stored as {known}, which this server cannot read yet")
+        if name.endswith("_exps.weight") and (len(raw.shape) != 3 or raw.shape[0] != config.experts):
+            raise ModelLoadError(f"tensor {name!r} has dimensions {raw.shape}; expected {config.experts} experts' matrices")
         if (raw.rows, raw.cols) != expected:
             raise ModelLoadError(
                 f"tensor {name!r} has shape {raw.rows} x {raw.cols}; the file's metadata implies {expected[0]} x {expected[1]}"

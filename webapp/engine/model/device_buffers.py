@@ -18,13 +18,14 @@ from tinygrad.uop.ops import Ops
 _DTYPES = {
     np.dtype(np.uint8): dtypes.uint8,
     np.dtype(np.int32): dtypes.int32,
+    np.dtype(np.int64): dtypes.int64,
     np.dtype(np.uint64): dtypes.uint64,
     np.dtype(np.float32): dtypes.float32,
 }
 
 
 def device_array(array: np.ndarray) -> Tensor:
-    """A realized tensor holding `array` (uint8, int32, uint64 or float32), copied straight into its buffer.
+    """A realized tensor holding `array` (uint8, int32, int64, uint64 or float32), copied straight into its buffer.
     Safe inside a jit's capture too: nothing is scheduled, so the jit has no host copy to replay."""
     tensor = Tensor.empty(*array.shape, dtype=_DTYPES[array.dtype]).realize()
     buffer = tensor.uop.base.buffer.ensure_allocated()
@@ -39,6 +40,12 @@ def host_address(tensor: Tensor) -> int:
     buffer = _whole_buffer(tensor)
     assert Device.DEFAULT == "CPU" and buffer is not None, "not a whole CPU buffer"
     return buffer.ensure_allocated()._buf.va_addr
+
+
+def host_values(tensor: Tensor, dtype) -> np.ndarray:
+    """A copy of a realized CPU tensor's values as they are now, kernels' writes by address included
+    (nothing is scheduled, so nothing waits for tinygrad's queue)."""
+    return _host_view(_whole_buffer(tensor), np.dtype(dtype)).copy()
 
 
 def _whole_buffer(tensor: Tensor):

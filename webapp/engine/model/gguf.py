@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from webapp.engine.kernels.cpu import BLOCK_FORMATS
+from webapp.engine.kernels.block_weight import BLOCK_FORMATS
 from webapp.engine.model.ggml_types import GGML_TYPES
 
 
@@ -116,10 +116,10 @@ def read_gguf(path: str) -> tuple[dict, dict[str, RawTensor]]:
         data = extent(name, start, nbytes)  # every readable tensor lies inside the file
         if len(dims) == 1 and ggml_type == 0:  # a float32 vector (norms, biases), read as bytes
             table[name] = RawTensor(0, 1, dims[0], data.reshape(1, -1), shape, start, nbytes)
-        elif len(dims) != 2:
+        elif len(dims) not in (2, 3):
             table[name] = RawTensor(ggml_type, 1, elements, None, shape, start, nbytes)
-        else:
-            cols, rows = dims
+        else:  # a matrix, or a mixture of experts' matrices (experts, rows, cols) as experts * rows rows
+            cols, rows = dims[0], int(np.prod(dims[1:]))
             blocks = data.reshape(rows, -1) if ggml_type in BLOCK_FORMATS and cols % BLOCK_FORMATS[ggml_type][1] == 0 else None
             table[name] = RawTensor(ggml_type, rows, cols, blocks, shape, start, nbytes)
     return metadata, table

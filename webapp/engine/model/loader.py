@@ -93,6 +93,7 @@ def load_gguf_model(
         device=Device.DEFAULT,
         pooling=pooling,
         embedding_suffix=suffix,
+        routed_tokens=model.routed_tokens if model.config.experts else None,
     )
 
 

@@ -1,8 +1,10 @@
 """RoPE's inverse frequencies as a GGUF file asks for them: the base, Llama 3's per-frequency factors,
 linear position scaling, YaRN.
 
-Contract: `inverse_frequencies(kv, arch, head_dim, freq_factors)` returns (head_dim / 2,) float32, the
-angle per position of each rotary pair (pair i of a head turns by position * inv_freq[i]), or raises
+Contract: `inverse_frequencies(kv, arch, rotary_dim, freq_factors)` returns (rotary_dim / 2,) float32,
+the angle per position of each rotary pair (pair i of a head turns by position * inv_freq[i]; a head's
+values past rotary_dim, where the file's `rope.dimension_count` is below the head size, are not
+turned), or raises
 `RopeUnsupported` naming the file's setting that this server does not run. Every step, on every
 device, rotates by these: the CPU kernels and tinygrad's path read the same tensor.
 `attention_factor(kv, arch)` is what YaRN multiplies both q and k by after rotating (1 otherwise):
@@ -19,8 +21,13 @@ attention's scores then grow by its square, which is how the steps apply it.
   between beta_fast (32) and beta_slow (1) turns of that context; attention's scores are then scaled by
   (1 + 0.1 ln factor)^2, as llama.cpp's rope_yarn does (its ext_factor 1 and attn_factor 1, the
   defaults for these files).
-- Partial rotary (`rope.dimension_count` below the head size) pairs dimensions differently: refused at
-  load rather than run with wrong logits.
+- LongRoPE (Phi-3 128k, Phi-4-mini) files carry two sets of per-frequency factors,
+  `rope_factors_short.weight` and `rope_factors_long.weight`: the short ones when a slot's context
+  fits the original one (`rope.scaling.original_context_length`), else the long ones, as llama.cpp
+  picks them; the file's `rope.scaling.attn_factor` scales q and k.
+- Partial rotary (`rope.dimension_count` below the head size, Phi-4-mini's 96 of 128): the
+  frequencies are those of a head of rope.dimension_count values (theta^(-2i / dims)), as llama.cpp's
+  n_rot gives them.
 """
 
 from __future__ import annotations
@@ -33,10 +40,8 @@ class RopeUnsupported(ValueError):
 
 
 def inverse_frequencies(kv: dict, arch: str, head_dim: int, freq_factors: np.ndarray | None = None) -> np.ndarray:
+    """`head_dim`: the values a head's RoPE turns (ModelConfig.rotary_dim)."""
     theta = float(kv.get(f"{arch}.rope.freq_base", 10000.0))
-    dims = kv.get(f"{arch}.rope.dimension_count", head_dim)
-    if dims != head_dim:
-        raise RopeUnsupported(f"rope.dimension_count {dims} is smaller than the head size {head_dim} (partial rotary): not supported")
     # Python floats, as the default model has always been computed: bit-identical logits
     inv = np.array([1.0 / theta ** (2 * i / head_dim) for i in range(head_dim // 2)], dtype=np.float64)
     kind = kv.get(f"{arch}.rope.scaling.type", "linear" if f"{arch}.rope.scale_linear" in kv else "none")
@@ -75,9 +80,10 @@ def _yarn(inv: np.ndarray, kv: dict, arch: str, head_dim: int, theta: float, fac
 
 
 def attention_factor(kv: dict, arch: str) -> float:
-    """YaRN's magnitude factor on q and k (llama.cpp's mscale); 1 for every other kind."""
-    if kv.get(f"{arch}.rope.scaling.type") != "yarn":
-        return 1.0
-    factor = float(kv.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
+    """The magnitude factor on q and k (llama.cpp's mscale): the file's rope.scaling.attn_factor (1 when
+    it has none; LongRoPE files carry theirs), times YaRN's own (1 + 0.1 ln factor)."""
     scale = float(kv.get(f"{arch}.rope.scaling.attn_factor", 1.0))
+    if kv.get(f"{arch}.rope.scaling.type") != "yarn":
+        return scale
+    factor = float(kv.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
     return scale * (1.0 + 0.1 * float(np.log(factor))) if factor > 0 else scale

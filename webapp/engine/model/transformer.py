@@ -1,4 +1,4 @@
-"""A llama-family transformer (llama, qwen2, qwen3) on tinygrad, with a KV cache of many slots.
+"""A llama-family transformer (llama, qwen2, qwen3; qwen3moe with MoeBlock's experts) on tinygrad, with a KV cache of many slots.
 
 Contract: `Transformer` holds the model (embedding, `TransformerBlock`s with their KV caches, final
 norm, head) and its forward passes, one per way of feeding it: `forward_on_kernels` (lanes of any
@@ -28,13 +28,15 @@ import numpy as np
 # tinygrad reads HCQ2 at import: webapp.engine.model.tinygrad_setup.prepare_tinygrad() runs before this.
 from tinygrad import Device, Tensor, UOp, dtypes
 
-from webapp.engine.kernels.cpu import BLOCK_FORMATS, QuantizedCPU
+from webapp.engine.kernels.block_weight import BLOCK_FORMATS
+from webapp.engine.kernels.cpu import QuantizedCPU
 from webapp.engine.model.block import TransformerBlock
 from webapp.engine.model.config import ModelConfig, ModelLoadError, check_tensors
 from webapp.engine.model.ggml_types import KERNEL_ONLY_TYPES
 from webapp.engine.model.gguf import read_gguf
 from webapp.engine.model.memory import auto_context
 from webapp.engine.model.memory import plan as memory_plan
+from webapp.engine.model.moe_block import MoeBlock
 from webapp.engine.model.ops import rms_norm, rotation
 from webapp.engine.model.rope import RopeUnsupported, inverse_frequencies
 from webapp.engine.model.weights import WeightSource
@@ -51,7 +53,7 @@ FLOAT_FILE_TYPES = (0, 1, 32)
 
 
 class Transformer:
-    block = TransformerBlock  # the layer; an architecture with another layer names its own
+    block = TransformerBlock  # the dense layer; a mixture of experts' files get MoeBlock
 
     def __init__(
         self,
@@ -70,7 +72,8 @@ class Transformer:
         self.output_norm = weights.vector("output_norm.weight")
         self.head = weights.head(config.vocab_size, int8_head)  # (B, D) -> (B, vocab)
         # a padded prefill chunk may write up to max_chunk - 1 junk positions past the context
-        self.blocks = [self.block(config, weights, i, slots, context + max_chunk, KV_DTYPE) for i in range(config.n_layers)]
+        block = MoeBlock if config.experts else self.block
+        self.blocks = [block(config, weights, i, slots, context + max_chunk, KV_DTYPE) for i in range(config.n_layers)]
         self.uses_cpu_kernels = weights.uses_kernels  # some matrix runs on the quantized CPU kernels
         # every layer runs on the CPU kernels, or none does (attention always, each product where its
         # type has one)
@@ -85,6 +88,12 @@ class Transformer:
         Tensor.realize(*self.embed.tensors(), self.output_norm, *self.head.tensors(), self.key_positions, self.inv_freq)
         for block in self.blocks:
             Tensor.realize(*block.tensors())
+
+    def routed_tokens(self) -> np.ndarray | None:
+        """A mixture of experts': the lanes each layer sent each expert since load (layers, experts),
+        where the kernels count them (MoeBlock.routed_tokens); None elsewhere."""
+        counts = [getattr(block, "routed_tokens", lambda: None)() for block in self.blocks]
+        return None if any(c is None for c in counts) else np.stack(counts)
 
     def _logits(self, x: Tensor) -> Tensor:
         """x (B, D) -> (B, vocab) float32 logits."""
@@ -117,7 +126,7 @@ class Transformer:
         positions = Tensor.arange(tokens.shape[1]) + start  # (T,)
         keys = self.key_positions[0 : start + tokens.shape[1]]
         mask = (keys.reshape(1, -1) > positions.reshape(-1, 1)).where(float("-inf"), 0.0).unsqueeze(0).contiguous()  # (1, T, S)
-        rotary = rotation(positions, self.inv_freq)
+        rotary = rotation(positions, self.inv_freq, self.config.rope_attention_factor)
         x = self.embed(tokens)  # (1, T, D)
         for block in self.blocks:
             x = block.prefill(x, slot, start, rotary, mask).realize()  # as in forward_on_kernels
@@ -140,7 +149,7 @@ class Transformer:
         slots, positions = list(lanes[:width]), list(lanes[width:])
         keys = self.key_positions[0:length].reshape(1, 1, -1)
         mask = (keys > pos.reshape(-1, 1, 1)).where(float("-inf"), 0.0).contiguous()  # (B, 1, length)
-        rotary = rotation(pos.reshape(-1, 1, 1), self.inv_freq)  # (B, 1, 1, half): broadcast over heads
+        rotary = rotation(pos.reshape(-1, 1, 1), self.inv_freq, self.config.rope_attention_factor)  # (B, 1, 1, half): over heads
         x = self.embed(tokens).reshape(width, 1, -1)  # (B, 1, D)
         for block in self.blocks:
             x = block.decode(x, slots, positions, rotary, length, mask).realize()  # as in forward_on_kernels
@@ -154,13 +163,24 @@ class Transformer:
             block.cache[:, target, :, 0:length, :].assign(rows).realize()  # per layer, as in forward_prefill
 
 
-def _rope_frequencies(kv: dict, table: dict, config: ModelConfig) -> np.ndarray:
-    """RoPE's inverse frequencies for this file, Llama 3's rope_freqs.weight factors applied (rope.py)."""
-    factors = table.get("rope_freqs.weight")
+def _rope_frequencies(kv: dict, table: dict, config: ModelConfig, context: int) -> np.ndarray:
+    """RoPE's inverse frequencies for this file and a slot's `context`, Llama 3's rope_freqs.weight or
+    LongRoPE's short or long factors applied (rope.py)."""
+    name = "rope_freqs.weight"
+    if name not in table and "rope_factors_long.weight" in table:
+        original = kv.get(f"{config.arch}.rope.scaling.original_context_length", config.trained_context)
+        name = "rope_factors_long.weight" if context > original else "rope_factors_short.weight"
+        log.info(
+            "rope: LongRoPE's %s factors (a slot's %d positions, the original context %s)",
+            name.removeprefix("rope_factors_").removesuffix(".weight"),
+            context,
+            original,
+        )
+    factors = table.get(name)
     if factors is not None and (factors.ggml_type != 0 or factors.data is None):
-        raise ModelLoadError(f"rope_freqs.weight is stored as GGML type {factors.ggml_type}; float32 expected")
+        raise ModelLoadError(f"{name} is stored as GGML type {factors.ggml_type}; float32 expected")
     try:
-        return inverse_frequencies(kv, config.arch, config.head_dim, None if factors is None else factors.data.view(np.float32)[0])
+        return inverse_frequencies(kv, config.arch, config.rotary_dim, None if factors is None else factors.data.view(np.float32)[0])
     except RopeUnsupported as e:
         raise ModelLoadError(str(e)) from e
 
@@ -196,7 +216,7 @@ def load_model(path: str, slots: int, context: int | None, max_chunk: int = 64, 
     log.info("%s", memory.describe())
     weights = WeightSource(path, table, config.arch, config.n_heads, config.n_kv_heads, act_dtype, kernels)
     int8_head = kv.get("general.file_type") not in (None, *FLOAT_FILE_TYPES)
-    inv_freq = _rope_frequencies(kv, table, config)
+    inv_freq = _rope_frequencies(kv, table, config, context)
     model = Transformer(config, weights, slots, context, max_chunk, inv_freq, act_dtype=act_dtype, int8_head=int8_head)
     log.info(
         "loaded %s: %s, %d layers, dim %d, %d slots x %d positions; weights: %s",

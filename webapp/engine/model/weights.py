@@ -24,7 +24,9 @@ import numpy as np
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.llm.gguf import ggml_data_to_tensor
 
-from webapp.engine.kernels.cpu import BlockWeight, QuantizedCPU, stored_form
+from webapp.engine.kernels.block_weight import BlockWeight, stored_form
+from webapp.engine.kernels.cpu import QuantizedCPU
+from webapp.engine.model.config import INTERLEAVED_ROPE
 from webapp.engine.model.device_buffers import device_array
 from webapp.engine.model.gguf import RawTensor
 
@@ -122,7 +124,7 @@ class WeightSource:
         self._raw = table if kernels is not None else {}
         self._file: Tensor | None = None
         # llama files interleave each head's rotary pairs in q and k rows
-        self._rope_heads = {"attn_q.weight": n_heads, "attn_k.weight": n_kv_heads} if arch == "llama" else {}
+        self._rope_heads = {"attn_q.weight": n_heads, "attn_k.weight": n_kv_heads} if arch in INTERLEAVED_ROPE else {}
         self.forms: Counter = Counter()  # which form each matrix took, for the log
         self.kept = 0  # how many of them stay in the file's bytes, on the kernels
         self._blocks: dict[tuple[str, ...], BlockWeight | None] = {}  # a tied head shares the embedding's blocks
@@ -205,6 +207,23 @@ class WeightSource:
             return BlockLinear(self.kernels, block)
         self.forms["float16"] += len(names)
         return FloatLinear(Tensor.cat(*(self._float(n) for n in names)) if len(names) > 1 else self._float(names[0]))
+
+    def experts(self, name: str, count: int) -> BlockWeight | None:
+        """A mixture of experts' 3-D tensor (count, rows, cols) in its blocks, on the kernels: every
+        expert's matrix one after the other (QuantizedCPU.expert_weight); None where it cannot be."""
+        raw = self._raw.get(name)
+        if self.kernels is None or raw is None or raw.data is None:
+            return None
+        self.forms[stored_form(raw.ggml_type) + " (experts)"] += 1
+        self.kept += 1
+        return self.kernels.expert_weight(raw.data, raw.ggml_type, raw.cols, count)
+
+    def float_experts(self, name: str, transposed: bool) -> Tensor:
+        """A mixture of experts' 3-D tensor as float16 (count, rows, cols), or (count, cols, rows)
+        `transposed` (the products' input axis first, as FloatLinear stores a matrix)."""
+        self.forms["float16 (experts)"] += 1
+        t = self.tinygrad_tensor(name).cast(WEIGHT_DTYPE)
+        return (t.transpose(1, 2) if transposed else t).contiguous()
 
     def embedding(self):
         """token ids (...) -> (..., D) activations."""

@@ -5,10 +5,13 @@ the engine needs no import of the loader (which builds engines).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from webapp.engine.model.runner import Runner
 
 
@@ -26,3 +29,6 @@ class LoadedModel:
     # tokens it appends to each input first (an embedding model's end-of-text, where the file asks)
     pooling: str = "mean"
     embedding_suffix: tuple[int, ...] = ()
+    # a mixture of experts': how many lanes each expert has taken since load, (layers, experts), where
+    # the kernels count them (Transformer.routed_tokens)
+    routed_tokens: Callable[[], np.ndarray | None] | None = None

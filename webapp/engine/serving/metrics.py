@@ -74,9 +74,10 @@ class Histogram:
 
 
 class EngineMetrics:
-    def __init__(self, static: dict, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, static: dict, clock: Callable[[], float] = time.monotonic, routed: Callable | None = None):
         self.static = static  # model name, context, device, prefill chunk: fixed once loaded
         self.clock = clock  # time.monotonic; tests pass a fake
+        self.routed = routed  # a mixture of experts' lanes per expert since load (layers, experts), or None
         self.started = clock()
         self.prompt_tokens = 0
         self.cached_tokens = 0
@@ -195,6 +196,9 @@ class EngineMetrics:
                 }
             ),
         }
+        routed = self.routed() if self.routed is not None else None
+        if routed is not None:
+            snap["experts"] = expert_load(routed, self.steps)
         self.snapshot = MappingProxyType(snap)
         return self.snapshot
 
@@ -220,6 +224,27 @@ def _slot(slot) -> MappingProxyType:
             "reused_tokens": owner.cached_tokens if owner is not None else None,
             "tokens_generated": len(owner.output_ids) if owner is not None else 0,
             "submitted_at": owner.submitted_at if owner is not None else None,
+        }
+    )
+
+
+def expert_load(routed, steps: int) -> MappingProxyType:
+    """A mixture of experts' load at a glance from its lanes per expert since load (layers, experts):
+    each expert's lanes summed over layers, the lanes an expert takes in a layer's step (mean, and the
+    busiest expert's), and the busiest over the mean (1 when the router spreads tokens evenly)."""
+    totals = routed.sum(axis=0)
+    layer_steps = max(1, routed.shape[0] * steps)
+    mean = float(totals.mean())
+    busiest = int(totals.argmax())
+    return MappingProxyType(
+        {
+            "count": len(totals),
+            "tokens_total": tuple(int(n) for n in totals),
+            "per_step": tuple(float(n) / layer_steps for n in totals),
+            "mean_per_step": mean / layer_steps,
+            "busiest": busiest,
+            "busiest_per_step": float(totals[busiest]) / layer_steps,
+            "imbalance": float(totals[busiest]) / mean if mean else None,
         }
     )
 

@@ -3,7 +3,8 @@
  * decode step's sequences, or a prefill piece's tokens, each a lane of the same slot), from the qkv
  * product's rows (B, (H + 2 KvH) Hd) float32 to out (B, H Hd) float32:
  *   1. on the calling thread, per lane: add the bias, rms-normalize each q and k head (qwen3), rotate
- *      q and k by RoPE at the lane's position (half-split pairs, angle = pos * inv_freq[i]), and write
+ *      q and k by RoPE at the lane's position (half-split pairs, angle = pos * inv_freq[i]; not with
+ *      ATTEND_NO_ROPE), and write
  *      k and v as float16 at that position of the lane's slot in the KV cache (2, slots, KvH,
  *      positions, Hd);
  *   2. over the pool: softmax(q . K[0..pos] * scale) . V[0..pos] for every (lane, query head),
@@ -64,27 +65,31 @@ static void combine_chunks(const float *parts, int chunks, int Hd, float *out) {
   for (int i = 0; i < Hd; i++) out[i] *= inv;
 }
 
-/* (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) for the half-split pairs of one head */
-static void rotate_half_pairs(const float *x, const float *cos_sin, int half, float *y) {
+/* (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) for the half-split pairs of a head's first `rotary`
+ * values; the others (partial rotary: Phi-4-mini turns 96 of 128) are copied as they are. */
+static void rotate_half_pairs(const float *x, const float *cos_sin, int rotary, int head_dim, float *y) {
+  const int half = rotary / 2;
   for (int i = 0; i < half; i++) {
     const float c = cos_sin[i], s = cos_sin[half + i];
     y[i] = x[i] * c - x[half + i] * s;
     y[half + i] = x[half + i] * c + x[i] * s;
   }
+  for (int i = rotary; i < head_dim; i++) y[i] = x[i];
 }
 
 static __thread scratch_t rotation_rows;
 
 /* In this thread's scratch: rotations[b * Hd ..] = the cosines, then the sines, of lane b's RoPE
- * angles (pos * inv_freq[i]), for B lanes. */
-static const float *rope_rotations(const int32_t *lanes, int B, const float *inv_freq, int Hd) {
+ * angles (pos * inv_freq[i], i < rotary / 2), times `scale`, for B lanes: the rotated values grow by
+ * the attention factor, the values a partial rotary passes do not (as llama.cpp's rope does). */
+static const float *rope_rotations(const int32_t *lanes, int B, const float *inv_freq, int Hd, int rotary, float scale) {
   float *rotations = at_least(&rotation_rows, (size_t)B * Hd * sizeof(float));
-  const int half = Hd / 2;
+  const int half = rotary / 2;
   for (int b = 0; b < B; b++)
     for (int i = 0; i < half; i++) {
       const float angle = (float)lanes[B + b] * inv_freq[i];
-      rotations[(size_t)b * Hd + i] = cosf(angle);
-      rotations[(size_t)b * Hd + half + i] = sinf(angle);
+      rotations[(size_t)b * Hd + i] = cosf(angle) * scale;
+      rotations[(size_t)b * Hd + half + i] = sinf(angle) * scale;
     }
   return rotations;
 }
@@ -95,9 +100,9 @@ static const float *rope_rotations(const int32_t *lanes, int B, const float *inv
 static void attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lanes, const float *rotations, const float *extras,
                    const tq_attention *shape) {
   const int B = shape->lanes, H = shape->heads, KvH = shape->kv_heads, S = shape->slots, C = shape->positions, Hd = shape->head_dim;
-  const int flags = shape->flags;
+  const int flags = shape->flags, rotates = !(flags & ATTEND_NO_ROPE);
   const float eps = shape->eps;
-  const int width = (H + 2 * KvH) * Hd, half = Hd / 2;
+  const int width = (H + 2 * KvH) * Hd, rotary = shape->rotary_dim;
   const float *bias = flags & ATTEND_BIAS ? extras : 0;
   const float *q_norm = flags & ATTEND_QK_NORM ? extras + (bias ? width : 0) : 0;
   float *queries = at_least(&float_rows, ((size_t)B * H * Hd + width) * sizeof(float));
@@ -111,12 +116,13 @@ static void attend(float *out, const float *qkv, uint16_t *cache, const int32_t 
       const int is_v = h >= H + KvH;
       if (q_norm && !is_v) rms_norm_row(x, h < H ? q_norm : q_norm + Hd, Hd, eps, x);
       if (h < H) {
-        rotate_half_pairs(x, cos_sin, half, queries + ((size_t)b * H + h) * Hd);
+        if (rotates) rotate_half_pairs(x, cos_sin, rotary, Hd, queries + ((size_t)b * H + h) * Hd);
+        else memcpy(queries + ((size_t)b * H + h) * Hd, x, Hd * sizeof(float));
         continue;
       }
       const float *value = x;
-      if (!is_v) {
-        rotate_half_pairs(x, cos_sin, half, rotated);
+      if (!is_v && rotates) {
+        rotate_half_pairs(x, cos_sin, rotary, Hd, rotated);
         value = rotated;
       }
       const int kvh = is_v ? h - H - KvH : h - H;
@@ -145,5 +151,5 @@ static void attend(float *out, const float *qkv, uint16_t *cache, const int32_t 
 
 void tq_attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
                const tq_attention *shape) {
-  attend(out, qkv, cache, lanes, rope_rotations(lanes, shape->lanes, inv_freq, shape->head_dim), extras, shape);
+  attend(out, qkv, cache, lanes, rope_rotations(lanes, shape->lanes, inv_freq, shape->head_dim, shape->rotary_dim, shape->rope_scale), extras, shape);
 }

@@ -1,9 +1,10 @@
 /* ---- a whole layer ---------------------------------------------------------------------------- */
-/* tq_layer(out, x, w_qkv, w_o, w_gate_up, w_down, attn_norm, ffn_norm, cache, lanes, inv_freq, extras,
- * shape): one transformer layer for B lanes, the five kernels above in a row with their intermediates
- * in this thread's scratch:
+/* tq_layer(out, x, w_qkv, w_o, w_gate_up, w_down, w_router, w_up, attn_norm, ffn_norm, cache, lanes,
+ * inv_freq, extras, expert_tokens, shape): one transformer layer for B lanes, the five kernels above in
+ * a row with their intermediates in this thread's scratch:
  *   qkv = W_qkv . rms_norm(x) * attn_norm;  a = attention(qkv);  h = x + W_o . a;
  *   out = h + W_down . swiglu(W_gate_up . rms_norm(h) * ffn_norm)
+ * or, in a mixture-of-experts layer, the last line as moe.c's feed-forward.
  * One kernel a layer keeps a captured step at ~30 kernels: tinygrad's capture and replay cost grows
  * with their count. shape: tq_layer_shape. */
 /* Ask for the cache lines that attend() will write (each lane's new keys and values) before the qkv
@@ -19,60 +20,81 @@ static void prefetch_new_entries(const uint16_t *cache, const int32_t *lanes, co
       }
 }
 
-static void layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w_o, const uint8_t *w_gate_up, const uint8_t *w_down,
-                  const float *attn_norm, const float *ffn_norm, uint16_t *cache, const int32_t *lanes, const float *rotations, const float *extras,
-                  const tq_layer_shape *shape) {
+/* A layer's matrices and what a mixture of experts adds, by address (tq.h's LAYER_* entries). */
+typedef struct {
+  const uint8_t *qkv, *o, *gate_up, *down, *router, *up;
+  int64_t *expert_tokens;
+} layer_matrices;
+
+static void layer(float *out, const float *x, const layer_matrices *w, const float *attn_norm, const float *ffn_norm, uint16_t *cache,
+                  const int32_t *lanes, const float *rotations, const float *extras, const tq_layer_shape *shape) {
   const tq_attention *attention = &shape->attention;
   const int B = attention->lanes, H = attention->heads, KvH = attention->kv_heads, Hd = attention->head_dim, D = shape->dim, F = shape->ffn_dim;
+  const int moe = shape->experts.count > 0;
   const float eps = attention->eps;
   const int width = (H + 2 * KvH) * Hd;
-  float *qkv = at_least(&layer_intermediates, (size_t)B * (width + H * Hd + D + 2 * F) * sizeof(float)), *attn = qkv + (size_t)B * width, *h = attn + (size_t)B * H * Hd, *gate_up = h + (size_t)B * D;
+  float *qkv = at_least(&layer_intermediates, (size_t)B * (width + H * Hd + D + (moe ? 0 : 2 * F)) * sizeof(float)), *attn = qkv + (size_t)B * width,
+        *h = attn + (size_t)B * H * Hd, *gate_up = h + (size_t)B * D;
   const tq_product qkv_shape = {shape->types[LAYER_QKV], width, D, B, eps}, o_shape = {shape->types[LAYER_O], D, H * Hd, B, eps};
-  const tq_product gate_up_shape = {shape->types[LAYER_GATE_UP], 2 * F, D, B, eps}, down_shape = {shape->types[LAYER_DOWN], D, F, B, eps};
   prefetch_new_entries(cache, lanes, attention);
-  linear(qkv, w_qkv, x, &qkv_shape, RMS_NORM, attn_norm, 0);
+  linear(qkv, w->qkv, x, &qkv_shape, RMS_NORM, attn_norm, 0);
   attend(attn, qkv, cache, lanes, rotations, extras, attention);
-  linear(h, w_o, attn, &o_shape, AS_IS, 0, x);
-  linear(gate_up, w_gate_up, h, &gate_up_shape, RMS_NORM, ffn_norm, 0);
-  linear(out, w_down, gate_up, &down_shape, SWIGLU, 0, h);
+  linear(h, w->o, attn, &o_shape, AS_IS, 0, x);
+  if (moe) {
+    moe_feed_forward(out, h, w->router, w->gate_up, w->up, w->down, ffn_norm, w->expert_tokens, shape);
+    return;
+  }
+  const tq_product gate_up_shape = {shape->types[LAYER_GATE_UP], 2 * F, D, B, eps}, down_shape = {shape->types[LAYER_DOWN], D, F, B, eps};
+  linear(gate_up, w->gate_up, h, &gate_up_shape, RMS_NORM, ffn_norm, 0);
+  linear(out, w->down, gate_up, &down_shape, SWIGLU, 0, h);
 }
 
 void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w_o, const uint8_t *w_gate_up, const uint8_t *w_down,
-              const float *attn_norm, const float *ffn_norm, uint16_t *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
-              const tq_layer_shape *shape) {
-  const float *rotations = rope_rotations(lanes, shape->attention.lanes, inv_freq, shape->attention.head_dim);
-  layer(out, x, w_qkv, w_o, w_gate_up, w_down, attn_norm, ffn_norm, cache, lanes, rotations, extras, shape);
+              const uint8_t *w_router, const uint8_t *w_up, const float *attn_norm, const float *ffn_norm, uint16_t *cache, const int32_t *lanes,
+              const float *inv_freq, const float *extras, int64_t *expert_tokens, const tq_layer_shape *shape) {
+  const float *rotations = rope_rotations(lanes, shape->attention.lanes, inv_freq, shape->attention.head_dim, shape->attention.rotary_dim,
+                                               shape->attention.rope_scale);
+  const layer_matrices w = {w_qkv, w_o, w_gate_up, w_down, w_router, w_up, expert_tokens};
+  layer(out, x, &w, attn_norm, ffn_norm, cache, lanes, rotations, extras, shape);
 }
 
 /* ---- a whole step --------------------------------------------------------------------------- */
-/* tq_forward(logits, tokens, lanes, picks, model, step, layer_types): a whole step for B lanes, from token ids to
+/* tq_forward(logits, tokens, lanes, picks, model, step, layer_info): a whole step for B lanes, from token ids to
  * the logits of the lanes in `picks` (R of them: every lane of a decode step, a prefill piece's last
  * real token): embedding, every layer as tq_layer, then the final norm and the output head (or, with
  * step->outputs STEP_HIDDEN, the final norm's rows alone: `logits` then holds R x dim floats).
  * `model` holds the model's tensors by address (uint64): the embedding matrix, the final norm, the
  * head matrix, the RoPE inverse frequencies, then per layer its qkv, o, gate_up and down matrices, its
- * two norms, its KV cache and its attention extras (the order of tq.h's MODEL_* and LAYER_* entries).
- * step: tq_step (B = step->attention.lanes, R = step->picks); layer_types: each layer's 4 matrix types
- * in turn. cpu.py calls it directly, on the model thread, which then works through
+ * two norms, its KV cache and its attention extras, and a mixture of experts' router, up matrices and
+ * token counts (the order of tq.h's MODEL_* and LAYER_* entries). step: tq_step (B =
+ * step->attention.lanes, R = step->picks); layer_info: each layer's LAYER_INFO numbers in turn (its
+ * matrices' types, its attention's flags). cpu.py calls it directly, on the model thread, which then works through
  * the pool's jobs itself: replayed inside a TinyJit, the same one-kernel step took 2.8 ms longer of
  * 15.5 (Python before it started, tinygrad's worker thread running it, noticing its end). */
 static __thread scratch_t step_rows;
 
 void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, const int32_t *picks, const uint64_t *model, const tq_step *step,
-                const int32_t *layer_types) {
+                const int32_t *layer_info) {
   const int B = step->attention.lanes, D = step->dim, R = step->picks;
   float *x = at_least(&step_rows, (size_t)(B + R) * D * sizeof(float)), *picked = x + (size_t)B * D;
-  const float *rotations = rope_rotations(lanes, B, (const float *)(uintptr_t)model[MODEL_INV_FREQ], step->attention.head_dim);
+  const float *rotations = rope_rotations(lanes, B, (const float *)(uintptr_t)model[MODEL_INV_FREQ], step->attention.head_dim,
+                                           step->attention.rotary_dim, step->attention.rope_scale);
   const tq_product embed_shape = {step->embed_type, step->vocab, D, B, 0.0f};
   tq_embed(x, (const uint8_t *)(uintptr_t)model[MODEL_EMBED], tokens, &embed_shape);
-  tq_layer_shape layer_shape = {step->attention, D, step->ffn_dim, {0}};
+  tq_layer_shape layer_shape = {step->attention, D, step->ffn_dim, {0}, {0}};
   for (int l = 0; l < step->layers; l++) {
     const uint64_t *m = model + MODEL_LAYERS + (size_t)l * LAYER_ENTRIES;
-    memcpy(layer_shape.types, layer_types + 4 * (size_t)l, sizeof layer_shape.types);
+    const int32_t *info = layer_info + LAYER_INFO * (size_t)l;
+    memcpy(layer_shape.types, info, sizeof layer_shape.types);
+    layer_shape.attention.flags = info[LAYER_INFO_FLAGS];
 #define AT(type, entry) ((type)(uintptr_t)m[entry])
+    const tq_experts dense = {0};
+    layer_shape.experts = m[LAYER_ROUTER] ? step->experts : dense;
+    const layer_matrices w = {AT(const uint8_t *, LAYER_QKV),    AT(const uint8_t *, LAYER_O), AT(const uint8_t *, LAYER_GATE_UP),
+                              AT(const uint8_t *, LAYER_DOWN),   AT(const uint8_t *, LAYER_ROUTER), AT(const uint8_t *, LAYER_UP),
+                              AT(int64_t *, LAYER_EXPERT_TOKENS)};
     /* in place: layer() reads x for the last time (the attention's residual) before it writes out */
-    layer(x, x, AT(const uint8_t *, LAYER_QKV), AT(const uint8_t *, LAYER_O), AT(const uint8_t *, LAYER_GATE_UP), AT(const uint8_t *, LAYER_DOWN),
-          AT(const float *, LAYER_ATTN_NORM), AT(const float *, LAYER_FFN_NORM), AT(uint16_t *, LAYER_CACHE), lanes, rotations,
+    layer(x, x, &w, AT(const float *, LAYER_ATTN_NORM), AT(const float *, LAYER_FFN_NORM), AT(uint16_t *, LAYER_CACHE), lanes, rotations,
           AT(const float *, LAYER_EXTRAS), &layer_shape);
 #undef AT
   }

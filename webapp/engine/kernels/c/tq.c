@@ -10,8 +10,8 @@
  * The files: format_*.c (a block format each: its dequantization), formats.c (their table,
  * interleaved rows), isa.h (what depends on the instruction set), generic.c and x86_avx2*.c (its
  * portable and AVX2 versions, fallback.h choosing; x86_avx2_<format>.c a format's own products),
- * pool.c (the thread pool), linear.c (the products and the fused linears), attention.c, step.c (a
- * layer, a step) and abi.c (tq_abi).
+ * pool.c (the thread pool), linear.c (the products and the fused linears), attention.c, moe.c (a mixture
+ * of experts' feed-forward), step.c (a layer, a step) and abi.c (tq_abi).
  *
  * Why this shape: a decode step reads every weight once, so bytes decide its speed; keeping the file's
  * 4.5-bit blocks reads a third of what float16 copies did. Activations are quantized per 32 values to
@@ -60,6 +60,7 @@
 #include "pool.c"
 #include "linear.c"
 #include "attention.c"
+#include "moe.c"
 #include "step.c"
 #include "abi.c"
 

@@ -32,8 +32,9 @@ typedef struct {
 } stack_header;
 _Static_assert(sizeof(stack_header) == STACK_HEADER_BYTES, "the header cpu.py writes");
 
-/* tq_attend's flags: which of the qkv bias and the q/k norm weights its `extras` hold, in that order. */
-enum { ATTEND_BIAS = 1, ATTEND_QK_NORM = 2 };
+/* tq_attend's flags: which of the qkv bias and the q/k norm weights its `extras` hold, in that order;
+ * ATTEND_NO_ROPE: q and k are not rotated (SmolLM3's every fourth layer). */
+enum { ATTEND_BIAS = 1, ATTEND_QK_NORM = 2, ATTEND_NO_ROPE = 4 };
 /* the largest head tq_attend rotates (its rotation buffer) */
 enum { MAX_HEAD_DIM = 512 };
 /* Idle pool threads spin this long before sleeping: a decode step's ~150 jobs come microseconds
@@ -41,9 +42,20 @@ enum { MAX_HEAD_DIM = 512 };
 enum { SPIN_US = 100 };
 
 /* tq_forward's model table: the tensors' addresses (uint64) in this order, then LAYER_ENTRIES for each
- * layer in turn. */
+ * layer in turn. A layer's first LAYER_MATRICES entries are its matrices (tq_layer_shape.types' order).
+ * A mixture-of-experts layer (moe.c) has a router, and its GATE_UP, UP and DOWN entries hold every
+ * expert's gate, up and down matrices, expert after expert; a dense layer's GATE_UP holds gate over up,
+ * and its ROUTER, UP and EXPERT_TOKENS are 0. EXPERT_TOKENS: where a step adds how many of its lanes
+ * chose each expert (int64 an expert), or 0 for none. */
 enum { MODEL_EMBED, MODEL_NORM, MODEL_HEAD, MODEL_INV_FREQ, MODEL_LAYERS };
-enum { LAYER_QKV, LAYER_O, LAYER_GATE_UP, LAYER_DOWN, LAYER_ATTN_NORM, LAYER_FFN_NORM, LAYER_CACHE, LAYER_EXTRAS, LAYER_ENTRIES };
+enum { LAYER_QKV, LAYER_O, LAYER_GATE_UP, LAYER_DOWN, LAYER_ROUTER, LAYER_UP, LAYER_MATRICES = 6 };
+enum { LAYER_ATTN_NORM = LAYER_MATRICES, LAYER_FFN_NORM, LAYER_CACHE, LAYER_EXTRAS, LAYER_EXPERT_TOKENS, LAYER_ENTRIES };
+/* tq_forward's layer_info: each layer's LAYER_MATRICES matrix types, then its attention's flags. */
+enum { LAYER_INFO_FLAGS = LAYER_MATRICES, LAYER_INFO };
+/* tq_experts' flags: the chosen experts' weights divided by their sum (Qwen3-MoE's norm_topk_prob). */
+enum { EXPERTS_NORM_WEIGHTS = 1 };
+/* the most experts a layer has, and a token uses (moe.c's per-lane buffers) */
+enum { MAX_EXPERTS = 512, MAX_EXPERTS_USED = 32 };
 
 /* A matrix W (rows x cols) stored as blocks of `type` (one of the above, an interleaved one, or STACKED)
  * against `tokens` rows of activations (tq_embed: ids). */
@@ -58,14 +70,24 @@ typedef struct {
   int32_t slots, positions, head_dim; /* the float16 KV cache: (2, slots, kv_heads, positions, head_dim) */
   int32_t flags;                      /* ATTEND_BIAS | ATTEND_QK_NORM */
   float eps;                          /* the norms' epsilon: the q/k norms', and the layer's (tq_layer, tq_forward) */
-  float scale;                        /* on q . k: 1 / sqrt(head_dim), times YaRN's factor squared */
+  float scale;                        /* on q . k: 1 / sqrt(head_dim) */
+  int32_t rotary_dim;                 /* RoPE turns a head's first rotary_dim values (half-split pairs); the rest pass */
+  float rope_scale;                   /* on RoPE's cos and sin: YaRN's or LongRoPE's attention factor (1: none) */
 } tq_attention;
 
-/* A whole layer: its attention, the model's width D and the feed-forward's F, its matrices' types. */
+/* A mixture of experts' sizes: `count` experts a layer, `used` of them a token, each with a
+ * feed-forward of ffn_dim; flags EXPERTS_NORM_WEIGHTS. count 0: the layers are dense. */
+typedef struct {
+  int32_t count, used, ffn_dim, flags;
+} tq_experts;
+
+/* A whole layer: its attention, the model's width D and the feed-forward's F, its matrices' types,
+ * its experts (count 0: a dense layer). */
 typedef struct {
   tq_attention attention;
   int32_t dim, ffn_dim;
-  int32_t types[4]; /* of LAYER_QKV, LAYER_O, LAYER_GATE_UP and LAYER_DOWN */
+  int32_t types[LAYER_MATRICES]; /* of LAYER_QKV, LAYER_O, LAYER_GATE_UP, LAYER_DOWN, LAYER_ROUTER and LAYER_UP */
+  tq_experts experts;
 } tq_layer_shape;
 
 /* What tq_forward writes for each pick: the head's logits (vocab floats), or the final norm's output
@@ -78,7 +100,8 @@ typedef struct {
   tq_attention attention;
   int32_t dim, ffn_dim, layers, vocab, embed_type, head_type;
   int32_t picks;
-  int32_t outputs; /* STEP_LOGITS or STEP_HIDDEN */
+  int32_t outputs;    /* STEP_LOGITS or STEP_HIDDEN */
+  tq_experts experts; /* of the layers with a router */
 } tq_step;
 
 /* tq_abi's description of one name: a constant (its value), a struct (its size) or a field
@@ -116,11 +139,12 @@ void tq_swiglu_linear(float *out, const uint8_t *w, const float *gate_up, const 
  * float16 KV cache, then softmax attention over it (see attention.c). */
 void tq_attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
                const tq_attention *shape);
-/* A whole layer: those five in a row (see step.c). */
+/* A whole layer: those five in a row (see step.c), or a mixture of experts' feed-forward after the
+ * attention (shape->experts.count > 0; a dense layer's w_router, w_up and expert_tokens are unread). */
 void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w_o, const uint8_t *w_gate_up, const uint8_t *w_down,
-              const float *attn_norm, const float *ffn_norm, uint16_t *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
-              const tq_layer_shape *shape);
+              const uint8_t *w_router, const uint8_t *w_up, const float *attn_norm, const float *ffn_norm, uint16_t *cache, const int32_t *lanes,
+              const float *inv_freq, const float *extras, int64_t *expert_tokens, const tq_layer_shape *shape);
 /* A whole step: embedding, every layer, the final norm and the head, the model's tensors passed by
- * address (model, in MODEL_* and LAYER_* order), each layer's four matrix types in layer_types. */
+ * address (model, in MODEL_* and LAYER_* order), each layer's LAYER_INFO numbers in layer_info. */
 void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, const int32_t *picks, const uint64_t *model, const tq_step *step,
-                const int32_t *layer_types);
+                const int32_t *layer_info);

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from webapp.engine.kernels.cpu import BlockWeight
+from webapp.engine.kernels.block_weight import BlockWeight
 from webapp.engine.model.steps.base import Chunk, Steps, prompt_lanes
 
 WARM_UP_TOKENS = 32  # one prompt piece: the first user's step then finds every weight page mapped in

@@ -1,0 +1,113 @@
+/* ---- a mixture of experts' feed-forward ------------------------------------------------------ */
+/* moe_feed_forward(out, h, ...): out = h + sum_j weight_j * expert_j(rms_norm(h) * ffn_norm) for each
+ * of B lanes, over the `used` experts its router picks (Qwen3-MoE, OLMoE, Mixtral):
+ *   probs = softmax(W_router . n);  the `used` largest (ties: the lower expert), their probs as
+ *   weights (divided by their sum with EXPERTS_NORM_WEIGHTS);  expert e: W_down[e] . swiglu(W_gate[e] . n | W_up[e] . n)
+ * The step's lanes are grouped by expert, so each chosen expert's blocks are read once a step however
+ * many lanes chose it (a B=8 decode step of Qwen3-30B-A3B touches ~40 of 128 experts, not 64 reads),
+ * each expert's products spread over the pool like any product. A lane's numbers never depend on
+ * which other lanes share its experts: a product's row for one token is the same whatever tokens
+ * run beside it, and a lane sums its experts in its own order (by weight, as chosen). */
+
+/* `used` experts of lane's probabilities, the largest first (ties: the lower expert), and their weights. */
+static void choose_experts(const float *logits, int count, int used, int flags, int32_t *chosen, float *weights) {
+  float probs[MAX_EXPERTS], top = logits[0], sum = 0.0f;
+  for (int e = 1; e < count; e++) top = logits[e] > top ? logits[e] : top;
+  for (int e = 0; e < count; e++) sum += probs[e] = expf(logits[e] - top);
+  for (int e = 0; e < count; e++) probs[e] /= sum;
+  float picked = 0.0f;
+  for (int j = 0; j < used; j++) {
+    int best = -1;
+    for (int e = 0; e < count; e++)
+      if (probs[e] >= 0.0f && (best < 0 || probs[e] > probs[best])) best = e;
+    chosen[j] = best;
+    picked += weights[j] = probs[best];
+    probs[best] = -1.0f; /* taken */
+  }
+  if (flags & EXPERTS_NORM_WEIGHTS) {
+    const float total = picked > 6.103515625e-5f ? picked : 6.103515625e-5f; /* as llama.cpp clamps it */
+    for (int j = 0; j < used; j++) weights[j] /= total;
+  }
+}
+
+static __thread scratch_t moe_buffers;
+
+static void moe_feed_forward(float *out, const float *h, const uint8_t *w_router, const uint8_t *w_gate, const uint8_t *w_up, const uint8_t *w_down,
+                             const float *ffn_norm, int64_t *expert_tokens, const tq_layer_shape *shape) {
+  const int B = shape->attention.lanes, D = shape->dim, E = shape->experts.count, K = shape->experts.used, F = shape->experts.ffn_dim;
+  const int nb = D / 32;
+  const int t_router = shape->types[LAYER_ROUTER], t_gate = shape->types[LAYER_GATE_UP], t_up = shape->types[LAYER_UP],
+            t_down = shape->types[LAYER_DOWN];
+  /* one allocation, its pieces 64-byte aligned: xblocks and floats side by side */
+  const size_t pieces[] = {
+      (size_t)B * nb * sizeof(xblock),          /* 0: every lane's normed row as int8 blocks */
+      (size_t)B * nb * sizeof(xblock),          /* 1: the lanes of one expert, gathered */
+      (size_t)B * D * sizeof(float),            /* 2: every lane's normed row as floats */
+      (size_t)B * D * sizeof(float),            /* 3: the lanes of one expert, gathered */
+      (size_t)B * E * sizeof(float),            /* 4: router logits */
+      (size_t)B * K * (sizeof(int32_t) + 4),    /* 5: each lane's experts, then their weights */
+      (size_t)(E + 1 + B * K) * sizeof(int32_t), /* 6: lanes by expert: offsets, then (lane, rank) pairs */
+      (size_t)B * 2 * F * sizeof(float),        /* 7: one expert's gate | up rows */
+      (size_t)B * D * sizeof(float),            /* 8: one expert's outputs */
+      (size_t)B * K * D * sizeof(float),        /* 9: every (lane, rank)'s expert output */
+  };
+  enum { PIECES = sizeof pieces / sizeof *pieces };
+  size_t at[PIECES], total = 0;
+  for (int i = 0; i < PIECES; i++) at[i] = total, total += (pieces[i] + 63) / 64 * 64;
+  char *base = at_least(&moe_buffers, total);
+  xblock *normed8 = (xblock *)(base + at[0]), *gathered8 = (xblock *)(base + at[1]);
+  float *normed = (float *)(base + at[2]), *gathered = (float *)(base + at[3]), *logits = (float *)(base + at[4]);
+  int32_t *chosen = (int32_t *)(base + at[5]);
+  float *weights = (float *)(chosen + (size_t)B * K);
+  int32_t *starts = (int32_t *)(base + at[6]), *members = starts + E + 1;
+  float *gate_up = (float *)(base + at[7]), *expert_out = (float *)(base + at[8]), *outputs = (float *)(base + at[9]);
+
+  float *sums = expert_out; /* free until the first expert runs */
+  square_sums(h, B, D, sums);
+  for (int b = 0; b < B; b++) {
+    rms_scale_row(h + (size_t)b * D, sums[b], ffn_norm, D, shape->attention.eps, normed + (size_t)b * D);
+    quantize_row(normed + (size_t)b * D, D, normed8 + (size_t)b * nb);
+  }
+  product(t_router, E, D, B, E, logits, w_router, normed8, normed, 0);
+  for (int b = 0; b < B; b++)
+    choose_experts(logits + (size_t)b * E, E, K, shape->experts.flags, chosen + (size_t)b * K, weights + (size_t)b * K);
+
+  /* counting sort of (lane, rank) by expert: each expert's lanes in lane order */
+  memset(starts, 0, (E + 1) * sizeof(int32_t));
+  for (int i = 0; i < B * K; i++) starts[chosen[i] + 1]++;
+  for (int e = 0; e < E; e++) starts[e + 1] += starts[e];
+  for (int e = 0; e < E; e++)
+    if (expert_tokens) expert_tokens[e] += starts[e + 1] - starts[e];
+  int32_t fill[MAX_EXPERTS];
+  memcpy(fill, starts, E * sizeof(int32_t));
+  for (int i = 0; i < B * K; i++) members[fill[chosen[i]]++] = i;
+
+  const size_t gate_bytes = (size_t)F * (D / block_values(t_gate)) * block_bytes(t_gate);
+  const size_t up_bytes = (size_t)F * (D / block_values(t_up)) * block_bytes(t_up);
+  const size_t down_bytes = (size_t)D * (F / block_values(t_down)) * block_bytes(t_down);
+  const tq_product down_shape_of = {t_down, D, F, 0, 0.0f};
+  for (int e = 0; e < E; e++) {
+    const int n = starts[e + 1] - starts[e];
+    if (!n) continue;
+    for (int i = 0; i < n; i++) {
+      const int lane = members[starts[e] + i] / K;
+      memcpy(gathered8 + (size_t)i * nb, normed8 + (size_t)lane * nb, nb * sizeof(xblock));
+      memcpy(gathered + (size_t)i * D, normed + (size_t)lane * D, D * sizeof(float));
+    }
+    product(t_gate, F, D, n, 2 * F, gate_up, w_gate + e * gate_bytes, gathered8, gathered, 0);
+    product(t_up, F, D, n, 2 * F, gate_up + F, w_up + e * up_bytes, gathered8, gathered, 0);
+    tq_product down_shape = down_shape_of;
+    down_shape.tokens = n;
+    linear(expert_out, w_down + e * down_bytes, gate_up, &down_shape, SWIGLU, 0, 0);
+    for (int i = 0; i < n; i++) memcpy(outputs + (size_t)members[starts[e] + i] * D, expert_out + (size_t)i * D, D * sizeof(float));
+  }
+  for (int b = 0; b < B; b++) {
+    float *o = out + (size_t)b * D;
+    const float *hb = h + (size_t)b * D;
+    for (int i = 0; i < D; i++) {
+      float mixed = 0.0f;
+      for (int j = 0; j < K; j++) mixed += weights[(size_t)b * K + j] * outputs[((size_t)b * K + j) * D + i];
+      o[i] = hb[i] + mixed;
+    }
+  }
+}

@@ -1,0 +1,88 @@
+"""What the CPU kernels read of a layer and of a whole model, gathered once at load.
+
+Contract: `LayerMatrices` are a layer's products in blocks, `LayerTensors` everything its kernel
+(tq_layer) reads besides its input, `WholeModel` the table of every tensor's address that a whole
+step (tq_forward) reads, built by `QuantizedCPU.whole_model`. Their field orders are tq.h's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+
+import numpy as np
+from tinygrad import Tensor
+
+from webapp.engine.kernels import abi
+from webapp.engine.kernels.block_weight import BlockWeight
+
+
+@dataclass(frozen=True)
+class LayerMatrices:
+    """A layer's products in blocks, for `QuantizedCPU.layer`: a dense layer's four, or with a router a
+    mixture of experts' (gate_up, up and down then hold every expert's gate, up and down matrices)."""
+
+    qkv: BlockWeight
+    o: BlockWeight
+    gate_up: BlockWeight
+    down: BlockWeight
+    router: BlockWeight | None = None
+    up: BlockWeight | None = None
+
+    @property
+    def in_order(self) -> tuple[BlockWeight | None, ...]:
+        """The matrices as the kernels take them (abi.LayerEntry's first LAYER_MATRICES)."""
+        return (self.qkv, self.o, self.gate_up, self.down, self.router, self.up)
+
+    @property
+    def types(self):
+        """Their stored types, as LayerShape.types (0 where a dense layer has none)."""
+        return (ctypes.c_int32 * abi.LAYER_MATRICES)(*(0 if w is None else w.ggml_type for w in self.in_order))
+
+
+@dataclass(frozen=True)
+class LayerTensors:
+    """What a layer's kernel reads besides its input: its matrices, norms, KV cache and attention's
+    extras (as `QuantizedCPU.attend` takes them: heads and flags too), and a mixture of experts' sizes
+    and token counts (int64, one an expert, which every step adds to)."""
+
+    matrices: LayerMatrices
+    attn_norm: Tensor
+    ffn_norm: Tensor
+    cache: Tensor
+    extras: Tensor
+    heads: int
+    flags: int
+    score_scale: float  # on q . k (ModelConfig.score_scale)
+    rotary: int  # RoPE turns each head's first `rotary` values (ModelConfig.rotary_dim)...
+    rope_scale: float  # ...its cos and sin times this (ModelConfig.rope_attention_factor)
+    experts: abi.Experts = field(default_factory=abi.Experts)  # count 0: a dense layer
+    expert_tokens: Tensor | None = None
+
+    @property
+    def table_entries(self) -> dict[abi.LayerEntry, Tensor | None]:
+        """This layer's tensors under their entries in tq_forward's model table (None: a null address)."""
+        E, m = abi.LayerEntry, self.matrices
+        matrices = {entry: None if w is None else w.raw for entry, w in zip(list(E)[: abi.LAYER_MATRICES], m.in_order, strict=True)}
+        own = {E.ATTN_NORM: self.attn_norm, E.FFN_NORM: self.ffn_norm, E.CACHE: self.cache, E.EXTRAS: self.extras}
+        return matrices | own | {E.EXPERT_TOKENS: self.expert_tokens}
+
+
+@dataclass(frozen=True, eq=False)
+class WholeModel:
+    """A model for `QuantizedCPU.step`: the table of its tensors' addresses, what tq_forward's step says
+    that no step changes, and the tensors themselves, which it keeps alive."""
+
+    table: np.ndarray  # uint64, in abi.ModelEntry order, then abi.LayerEntry's for each layer
+    dims: abi.Step  # every field but attention.lanes, picks and outputs
+    layer_info: np.ndarray  # int32 (layers, abi.LAYER_INFO): each layer's matrices' types, then its attention flags
+    tensors: tuple[Tensor, ...]
+    _steps: dict = field(default_factory=dict, compare=False)
+
+    def step(self, lanes: int, picks: int, outputs: int = 0) -> abi.Step:
+        """tq_forward's step for `lanes` lanes and `picks` rows of `outputs` (abi.StepOutput)."""
+        step = self._steps.get((lanes, picks, outputs))
+        if step is None:
+            step = self._steps[lanes, picks, outputs] = abi.Step.from_buffer_copy(self.dims)
+            step.attention.lanes, step.picks, step.outputs = lanes, picks, outputs
+        return step
