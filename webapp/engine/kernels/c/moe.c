@@ -1,11 +1,12 @@
 /* ---- a mixture of experts' feed-forward ------------------------------------------------------ */
 /* moe_feed_forward(out, h, ...): out = h + sum_j weight_j * expert_j(rms_norm(h) * ffn_norm) for each
- * of B lanes, over the `used` experts its router picks (Qwen3-MoE, OLMoE, Mixtral):
+ * of B lanes, over the `used` experts its router picks (Qwen3-MoE):
  *   probs = softmax(W_router . n);  the `used` largest (ties: the lower expert), their probs as
  *   weights (divided by their sum with EXPERTS_NORM_WEIGHTS);  expert e: W_down[e] . swiglu(W_gate[e] . n | W_up[e] . n)
  * The step's lanes are grouped by expert, so each chosen expert's blocks are read once a step however
- * many lanes chose it (a B=8 decode step of Qwen3-30B-A3B touches ~40 of 128 experts, not 64 reads),
- * each expert's products spread over the pool like any product. A lane's numbers never depend on
+ * many lanes chose it (a B=8 decode step of Qwen3-30B-A3B names ~52 of 128 experts with an even
+ * router, where lane by lane would read 64), each expert's products spread over the pool like any
+ * product. A lane's numbers never depend on
  * which other lanes share its experts: a product's row for one token is the same whatever tokens
  * run beside it, and a lane sums its experts in its own order (by weight, as chosen). */
 
