@@ -55,6 +55,9 @@ class QuickReference(Reference):
         self.n_layers, self.n_heads, self.n_kv = f("block_count"), f("attention.head_count"), f("attention.head_count_kv")
         self.eps, self.theta = f("attention.layer_norm_rms_epsilon"), f("rope.freq_base")
         self.scaling, self.factor, self.yarn_original = "none", 1.0, None
+        # what Reference reads besides: a partial rotary, RoPE's attention factor, experts a token
+        self.rotary, self.attn_factor = kv.get(f"{self.arch}.rope.dimension_count"), 1.0
+        self.experts_used = kv.get(f"{self.arch}.expert_used_count", 0)
         file = np.memmap(path, dtype=np.uint8, mode="r")
         self.w = {}
         for name, raw in table.items():
