@@ -8,7 +8,10 @@ embedding (Llama 3.2 shapes with their rope_freqs.weight), and the default model
 one, as the issue's repro did). With --type, llama.cpp's own `llama-quantize` then turns it into that
 block mix (Q4_K_M, Q5_K_M, Q6_K, Q8_0, Q4_0, IQ4_XS, ...), as users' downloads are made, and the
 float16 file is removed. Random weights give flat logits, so the final norm is scaled (x6) to make
-greedy choices decided rather than coin flips.
+greedy choices decided rather than coin flips. With --predictable, the embedding is large and the
+head (untied) sends each token to a fixed successor, the same map for every shape: any two such files
+agree on every greedy token, which makes a draft/target pair whose drafts are all confirmed (the
+upper bound in bench/speculative.py).
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ PARTIAL_ROTARY = {"phi4-mini": (96, 4096, 1.190238)}
 EXPERTS = {"qwen3-30b-a3b": (128, 8, 768)}
 FINAL_NORM_SCALE = 6.0
 EMBEDDING_STD = 0.02
+# --predictable: an embedding ~10x larger than 28 random layers add to the residual, so the head sees
+# mostly the token's own row; the successor map's seed is shared by every shape
+PREDICTABLE_STD, SUCCESSOR_SEED = 10.0, 1234
 
 
 def llama3_rope_factors(head_dim: int, theta: float, factor=32.0, low=1.0, high=4.0, original_context=8192) -> np.ndarray:
@@ -56,7 +62,7 @@ def llama3_rope_factors(head_dim: int, theta: float, factor=32.0, low=1.0, high=
     return (1.0 / ((1 - smooth) / factor + smooth)).astype(np.float32)
 
 
-def write_shaped(shape: str, path: str, layers: int | None = None, seed: int = 0) -> str:
+def write_shaped(shape: str, path: str, layers: int | None = None, seed: int = 0, predictable: bool = False) -> str:
     arch, n_layers, dim, ffn, heads, kv_heads, head_dim, tied, theta = SHAPES[shape]
     n_layers = layers or n_layers
     rng = np.random.default_rng(seed)
@@ -95,14 +101,19 @@ def write_shaped(shape: str, path: str, layers: int | None = None, seed: int = 0
 
     # real embeddings are small beside what the layers add (std ~0.02): a large random one, tied to the
     # head, makes every greedy choice an echo of the last token
-    w.add_tensor("token_embd.weight", matrix(vocab, dim, scale=EMBEDDING_STD))
+    embedding = matrix(vocab, dim, scale=PREDICTABLE_STD if predictable else EMBEDDING_STD)
+    w.add_tensor("token_embd.weight", embedding)
+    if predictable:  # head row successor[t] is token t's embedding: the greedy token after t is successor[t]
+        head = np.empty_like(embedding)
+        head[np.random.default_rng(SUCCESSOR_SEED).permutation(vocab)] = embedding
+        w.add_tensor("output.weight", head)
     w.add_tensor("output_norm.weight", norm(dim, FINAL_NORM_SCALE))
     if shape.startswith("llama3"):
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(head_dim, theta))
     if original:  # LongRoPE's per-frequency factors: near 1 for short contexts, up to ~32 for long ones
         w.add_tensor("rope_factors_short.weight", np.linspace(1.0, 1.3, rotary // 2, dtype=np.float32))
         w.add_tensor("rope_factors_long.weight", np.geomspace(1.0, 32.0, rotary // 2).astype(np.float32))
-    if not tied:
+    if not tied and not predictable:
         w.add_tensor("output.weight", matrix(vocab, dim))
     for i in range(n_layers):
         p = f"blk.{i}."
@@ -145,6 +156,7 @@ def main() -> None:
     parser.add_argument("--type", help="a llama-quantize type (Q4_K_M, Q8_0, ...); default: keep float16")
     parser.add_argument("--llama-quantize", default="llama-quantize", help="path of llama.cpp's llama-quantize")
     parser.add_argument("--layers", type=int, help="fewer layers than the real model (same widths)")
+    parser.add_argument("--predictable", action="store_true", help="each greedy token a fixed successor of the last (see above)")
     parser.add_argument("--list", action="store_true")
     args = parser.parse_args()
     if args.list or not (args.shape and args.out):
@@ -155,10 +167,10 @@ def main() -> None:
             )
         return
     if not args.type:
-        write_shaped(args.shape, args.out, args.layers)
+        write_shaped(args.shape, args.out, args.layers, predictable=args.predictable)
         return
     f16 = args.out + ".f16.tmp"
-    write_shaped(args.shape, f16, args.layers)
+    write_shaped(args.shape, f16, args.layers, predictable=args.predictable)
     try:
         subprocess.run([args.llama_quantize, f16, args.out, args.type], check=True, capture_output=True, text=True)
     finally:

@@ -1,15 +1,25 @@
 """Speculative decoding's speed-up, one stream at a time, with the outputs checked equal.
 
-Usage: DEV=CPU .venv/bin/python bench/speculative.py [--model PATH] [--tokens 128] [--rounds 3]
+Usage: DEV=CPU .venv/bin/python bench/speculative.py [--model PATH] [--draft PATH] [--tokens 128] [--rounds 3]
+       [--kinds "code edit,free chat"] [--samplings greedy] [--no-streams] [--costs]
 
 For each kind of request (a code edit that repeats most of its input, a summary of a text, a JSON
 extraction, a free chat answer) and each sampling (greedy; temperature 0.7 seeded), the same request
-runs with prompt-lookup drafts and without, alternating A and B `--rounds` times in one engine (the
-setting is read per request at admission). Printed per row: decode tok/s of both (median, from the
-first token on, so the prompt's prefill is left out), their ratio, drafted tokens, the share of them
-confirmed, and whether both runs gave the same tokens (they must: speculation changes no output).
-Then 8 streams at once (two of each kind, temperature 0.7, seeded), on and off alternating: the
-aggregate tok/s from the first token to the last, the issue's "no lower than without".
+runs without drafts, with prompt-lookup drafts ("n-gram") and, given `--draft` (a draft model of the
+same vocabulary, LLM_DRAFT_MODEL), with the draft model beside prompt lookup, alternating them
+`--rounds` times in one engine (the settings are read per request at admission). Printed per row:
+decode tok/s of each (median, from the first token on, so the prompt's prefill is left out), the
+ratio to plain decoding, drafted tokens, the share of them confirmed, and whether every run gave the
+same tokens (they must: speculation changes no output). Then, unless --no-streams, 8 streams at once
+(two of each kind, temperature 0.7, seeded), on and off alternating: the aggregate tok/s from the
+first token to the last, the issue's "no lower than without".
+
+`--costs` measures the served model's verification step of 1..9 lanes of one sequence and the draft
+model's steps (its catch-up of two tokens, which yields the first draft, and a one-token step), then
+prints the speed-up that drafting at per-token acceptance p gives from those costs: k drafts yield
+(1 - p^(k+1)) / (1 - p) tokens in a verification of k + 1 lanes plus the k draft steps that made
+them (none for prompt lookup), at the best k. That is the ceiling a draft model of that acceptance
+reaches on this machine, whatever its weights.
 """
 
 from __future__ import annotations
@@ -27,7 +37,9 @@ from webapp.engine.model.tinygrad_setup import prepare_tinygrad  # noqa: E402
 
 prepare_tinygrad()
 
+from webapp.engine.decoding.drafts import DRAFT_MAX, RecentOutputs  # noqa: E402
 from webapp.engine.model.loader import load_gguf_model  # noqa: E402
+from webapp.engine.serving.draft_model import CATCH_UP  # noqa: E402
 from webapp.engine.serving.engine import Engine  # noqa: E402
 from webapp.engine.serving.request import Finished, Request, SamplingParams  # noqa: E402
 from webapp.engine.serving.settings import default_model_path  # noqa: E402
@@ -49,8 +61,15 @@ KINDS = {
 SAMPLINGS = {"greedy": dict(temperature=0.0), "temperature 0.7": dict(temperature=0.7, top_p=0.95, seed=1)}
 
 
-def run(engine: Engine, prompt: list[int], tokens: int, speculate: bool, sampling: dict):
-    engine.speculation.enabled = speculate
+# what each column runs: speculation on, and the draft model beside prompt lookup
+MODES = {"plain": (False, False), "n-gram": (True, False), "draft model": (True, True)}
+
+
+def run(engine: Engine, prompt: list[int], tokens: int, mode: str, sampling: dict):
+    engine.speculation.enabled, engine.speculation.use_draft_model = MODES[mode]
+    # each run drafts from its own text: with the server's recent answers, a later round would draft
+    # the earlier round's answer to the same prompt (the repeated-request case, not this row's)
+    engine.speculation.recent = RecentOutputs()
     request = Request(prompt, SamplingParams(max_tokens=tokens, stop_token_ids=frozenset(engine.tokenizer.stop_ids), **sampling))
     engine.submit(request)
     times = []
@@ -65,42 +84,62 @@ def run(engine: Engine, prompt: list[int], tokens: int, speculate: bool, samplin
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None)
+    ap.add_argument("--draft", default=None, help="a draft model's GGUF (LLM_DRAFT_MODEL)")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated: " + ", ".join(KINDS))
+    ap.add_argument("--samplings", default=",".join(SAMPLINGS), help="comma-separated: " + ", ".join(SAMPLINGS))
+    ap.add_argument("--streams", action=argparse.BooleanOptionalAction, default=True, help="the 8-stream row")
+    ap.add_argument("--costs", action="store_true", help="step costs and the speed-up they allow at each acceptance")
     args = ap.parse_args()
     path = args.model or default_model_path()
-    engine = Engine(lambda: load_gguf_model(path, 8, 4096, 32), slots=8, prefill_chunk=32).start()
+    engine = Engine(lambda: load_gguf_model(path, 8, 4096, 32, draft=args.draft), slots=8, prefill_chunk=32).start()
     while engine.state == "loading":
         time.sleep(0.2)
     assert engine.state == "ok", engine.error
-    print(f"# speculation on {os.path.basename(path)}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs\n")
-    print("| request | sampling | tokens | decode tok/s plain | with drafts | ratio | drafted | confirmed | same output |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for kind, text in KINDS.items():
+    modes = list(MODES) if args.draft else ["plain", "n-gram"]
+    draft = engine.loaded.runner.draft
+    beside = f", draft {draft.name} (a step costs {draft.step_cost:.2f} of the served model's)" if draft else ""
+    print(f"# speculation on {os.path.basename(path)}{beside}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs\n")
+    heads = [f"{m} tok/s" for m in modes] + [f"{m} {what}" for m in modes[1:] for what in ("ratio", "drafted", "confirmed")]
+    print("| request | sampling | tokens | " + " | ".join(heads) + " | same output |")
+    print("|---" * (4 + len(heads)) + "|")
+    for kind in args.kinds.split(","):
+        text = KINDS[kind]
         prompt = engine.tokenizer.encode(
             engine.chat_template.render([{"role": "user", "content": text}], add_generation_prompt=True), special=True
         )
-        for name, sampling in SAMPLINGS.items():
-            plain, drafted, same, last = [], [], True, None
+        for name in args.samplings.split(","):
+            rates, last, outputs = {m: [] for m in modes}, {}, set()
             for _ in range(args.rounds):
-                rate_a, a = run(engine, prompt, args.tokens, False, sampling)
-                rate_b, b = run(engine, prompt, args.tokens, True, sampling)
-                plain.append(rate_a)
-                drafted.append(rate_b)
-                same &= a.output_ids == b.output_ids
-                last = b
-            p, d = statistics.median(plain), statistics.median(drafted)
-            share = last.accepted_tokens / last.drafted_tokens if last.drafted_tokens else 0.0
-            print(
-                f"| {kind} | {name} | {len(last.output_ids)} | {p:.1f} | {d:.1f} | {d / p:.2f}x | {last.drafted_tokens} | {share:.0%} | {'yes' if same else 'NO'} |"
-            )
+                for mode in modes:
+                    rate, last[mode] = run(engine, prompt, args.tokens, mode, SAMPLINGS[name])
+                    rates[mode].append(rate)
+                    outputs.add(tuple(last[mode].output_ids))
+            medians = {m: statistics.median(r) for m, r in rates.items()}
+            cells = [f"{medians[m]:.1f}" for m in modes]
+            for m in modes[1:]:
+                r = last[m]
+                share = r.accepted_tokens / r.drafted_tokens if r.drafted_tokens else 0.0
+                cells += [f"{medians[m] / medians['plain']:.2f}x", str(r.drafted_tokens), f"{share:.0%}"]
+            same = "yes" if len(outputs) == 1 else "NO"
+            print(f"| {kind} | {name} | {len(last['plain'].output_ids)} | " + " | ".join(cells) + f" | {same} |")
+    if args.streams:
+        eight_streams(engine, args.tokens, args.rounds)
+    if args.costs:
+        costs(engine)
+    engine.stop(5)
+    return 0
+
+
+def eight_streams(engine: Engine, tokens: int, rounds: int) -> None:
     print("\n| 8 streams | aggregate tok/s plain | with drafts | ratio | drafted | confirmed | same outputs |")
     print("|---|---|---|---|---|---|---|")
     prompts = [p for p in prompts_of(engine) for _ in range(2)]
     plain, drafted, same = [], [], True
-    for _ in range(args.rounds):
-        rate_a, a = streams(engine, prompts, args.tokens, False)
-        rate_b, b = streams(engine, prompts, args.tokens, True)
+    for _ in range(rounds):
+        rate_a, a = streams(engine, prompts, tokens, False)
+        rate_b, b = streams(engine, prompts, tokens, True)
         plain.append(rate_a)
         drafted.append(rate_b)
         same &= [r.output_ids for r in a] == [r.output_ids for r in b]
@@ -109,8 +148,54 @@ def main() -> int:
     print(
         f"| 2 of each kind, temperature 0.7 | {p:.1f} | {d:.1f} | {d / p:.2f}x | {n} | {ok / n if n else 0:.0%} | {'yes' if same else 'NO'} |"
     )
-    engine.stop(5)
-    return 0
+
+
+def timed(step, times: int = 9) -> float:
+    """Median seconds of `step()`."""
+    spent = []
+    for _ in range(times):
+        started = time.perf_counter()
+        step()
+        spent.append(time.perf_counter() - started)
+    return statistics.median(spent)
+
+
+def costs(engine: Engine) -> None:
+    """The step costs of one sequence's drafting and verification, and the speed-up they allow at each
+    acceptance p (the model thread is idle: these run on the scratch slot from this thread)."""
+    steps, draft = engine.loaded.runner.steps, engine.loaded.runner.draft
+    scratch, at = steps.model.slots, 200
+    verify = {n: timed(lambda n=n: steps.verify([[0] * n], [scratch], [at])) for n in range(1, DRAFT_MAX + 2)}
+    print("\n| lanes of one sequence in a verification | " + " | ".join(map(str, verify)) + " |")
+    print("|---" * (1 + len(verify)) + "|")
+    print("| ms | " + " | ".join(f"{t * 1e3:.1f}" for t in verify.values()) + " |")
+    print("| in one-lane steps | " + " | ".join(f"{t / verify[1]:.2f}" for t in verify.values()) + " |")
+    first = step = 0.0
+    if draft is not None:
+        first = timed(lambda: draft.steps.prefill_and_decode([([0, 0], scratch, at)], [], [], []))
+        step = timed(lambda: draft.steps.decode([0], [scratch], [at]))
+        catch_up = timed(lambda: draft.steps.prefill_and_decode([([0] * CATCH_UP, scratch, at)], [], [], []), 3)
+        print(
+            f"\ndraft model: catch-up of 2 tokens + first draft {first * 1e3:.1f} ms, each further draft {step * 1e3:.1f} ms, "
+            f"a new prompt's {CATCH_UP} tokens a step {catch_up * 1e3:.1f} ms"
+        )
+    print("\n| acceptance p | " + ("draft model: best k, speed-up | " if draft else "") + "free drafts (prompt lookup): best k, speed-up |")
+    print("|---|" + ("---|" if draft else "") + "---|")
+    for p in (0.1, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0):
+        cells = [best_speedup(p, verify, first, step)] if draft else []
+        cells.append(best_speedup(p, verify, 0.0, 0.0))
+        print(f"| {p:.2f} | " + " | ".join(f"k = {k}, {x:.2f}x" for k, x in cells) + " |")
+
+
+def best_speedup(p: float, verify: dict, first: float, step: float) -> tuple[int, float]:
+    """The k that makes the most tokens per second at acceptance p, and its speed-up over plain decoding:
+    (1 - p^(k+1)) / (1 - p) tokens (k + 1 at p = 1) from a verification of k + 1 lanes and k drafts."""
+    best = (0, 1.0)
+    for k in range(1, DRAFT_MAX + 1):
+        tokens = k + 1 if p >= 1 else (1 - p ** (k + 1)) / (1 - p)
+        seconds = verify[k + 1] + (first + (k - 1) * step if first else 0.0)
+        best = max(best, (k, tokens * verify[1] / seconds), key=lambda b: b[1])
+    return best
 
 
 def prompts_of(engine) -> list[list[int]]:
@@ -122,7 +207,8 @@ def prompts_of(engine) -> list[list[int]]:
 
 def streams(engine: Engine, prompts: list[list[int]], tokens: int, speculate: bool):
     """All prompts at once (seeded, temperature 0.7); aggregate tok/s from the first token to the last."""
-    engine.speculation.enabled = speculate
+    engine.speculation.enabled, engine.speculation.use_draft_model = speculate, True
+    engine.speculation.recent = RecentOutputs()
     stops = frozenset(engine.tokenizer.stop_ids)
     requests = [Request(p, SamplingParams(max_tokens=tokens, stop_token_ids=stops, temperature=0.7, seed=i)) for i, p in enumerate(prompts)]
     for request in requests:

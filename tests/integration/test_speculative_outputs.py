@@ -1,7 +1,10 @@
 """The core property of speculative decoding, through the real openai client and server on a tiny
 random model: 50 seeded requests at temperature 0, 0.7 and 1.0, with and without top_p, penalties,
 a JSON schema and stop strings, answer the same text with drafts as without, alone and seven at a
-time beside others; and drafts were made and confirmed on the way."""
+time beside others; and drafts were made and confirmed on the way. So with prompt lookup alone, and
+with a draft model (LLM_DRAFT_MODEL) beside it: the same tiny model, whose greedy drafts are all
+confirmed where plain greedy sampling runs (which also proves its lazily filled cache right, slot
+reuse and copies included), and another random one, whose drafts are mostly refused."""
 
 import concurrent.futures
 
@@ -31,36 +34,63 @@ def cases() -> list[dict]:
     return out
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    path = write_tiny_gguf(str(tmp_path_factory.mktemp("spec") / "tiny.gguf"), "llama", matrix_type="Q4_1")
-    with tiny_engine_server(path, slots=8, queue_limit=16, context=256) as (engine, server):
-        yield engine, openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+@pytest.fixture(scope="module", params=["prompt lookup", "same model as draft", "other model as draft"])
+def served(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("spec")
+    path = write_tiny_gguf(str(folder / "tiny.gguf"), "llama", matrix_type="Q4_1")
+    draft = {"same model as draft": path, "other model as draft": str(folder / "other.gguf")}.get(request.param)
+    if request.param == "other model as draft":
+        write_tiny_gguf(draft, "llama", matrix_type="Q4_0", n_layers=1, seed=5)
+    with tiny_engine_server(path, slots=8, queue_limit=16, context=256, draft=draft) as (engine, server):
+        if draft is not None:
+            # a tiny draft costs what the tiny model does: free, it is asked whenever acceptance allows
+            engine.loaded.runner.draft.step_cost = 0.0
+        yield engine, openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120), request.param
 
 
 def answer(client, case: dict) -> tuple[str, str]:
+    return reply_of(client, case)[:2]
+
+
+def reply_of(client, case: dict) -> tuple[str, str, int, int]:
+    """The text, the finish reason, and the drafts confirmed and refused (usage's prediction fields)."""
     reply = client.chat.completions.create(model="tiny", **case)
-    return reply.choices[0].message.content, reply.choices[0].finish_reason
+    details = reply.usage.completion_tokens_details
+    accepted, rejected = (details.accepted_prediction_tokens, details.rejected_prediction_tokens) if details else (0, 0)
+    return reply.choices[0].message.content, reply.choices[0].finish_reason, accepted or 0, rejected or 0
+
+
+def plain_greedy(case: dict) -> bool:
+    """Sampled as the draft model drafts: the argmax of the model's own logits."""
+    return case["temperature"] == 0.0 and "frequency_penalty" not in case and "response_format" not in case
 
 
 def test_fifty_requests_answer_the_same_with_drafts_alone_and_among_others(served):
-    engine, client = served
+    engine, client, kind = served
     engine.speculation.enabled = False
     plain = [answer(client, case) for case in cases()]
     engine.speculation.enabled = True
-    alone = [answer(client, case) for case in cases()]
-    assert alone == plain
+    engine.speculation.recent = type(engine.speculation.recent)()  # no earlier answers: the draft model drafts
+    alone = [reply_of(client, case) for case in cases()]
+    assert [a[:2] for a in alone] == plain
     with concurrent.futures.ThreadPoolExecutor(8) as pool:  # each beside seven others
-        together = list(pool.map(lambda case: answer(client, case), cases()))
-    assert together == plain
+        together = list(pool.map(lambda case: reply_of(client, case), cases()))
+    assert [t[:2] for t in together] == plain
     stats = engine.stats()
     assert stats["drafted_tokens_total"] > 0 and stats["accepted_tokens_total"] > 0, stats["drafted_tokens_total"]
+    if kind != "prompt lookup":
+        greedy = [a[2:] for case, a in zip(cases(), alone) if plain_greedy(case)]
+        accepted, rejected = map(sum, zip(*greedy))
+        if kind == "same model as draft":  # refused: prompt lookup's drafts, and drafts past a stop
+            assert accepted > 100 and accepted >= 0.9 * (accepted + rejected), (accepted, rejected)
+        else:
+            assert accepted < rejected, (accepted, rejected)
 
 
 def test_usage_reports_the_confirmed_and_refused_drafts(served):
     """A request asked again drafts from its earlier answer; usage counts the drafts in OpenAI's
     predicted-output fields, and the text is the same."""
-    engine, client = served
+    engine, client, _ = served
     engine.speculation.enabled = True
     case = {"messages": [{"role": "user", "content": "Say something twice."}], "max_tokens": 24, "temperature": 0.0}
     first = client.chat.completions.create(model="tiny", **case)

@@ -333,9 +333,11 @@ class FakeRunner:
         step_s: float = 0.0,
         mixes: bool = False,
         speculates: bool = False,
+        draft=None,
     ):
         self.mixes = mixes
         self.speculates = speculates  # `decode_drafted`: every fed token's logits, as decode gives them
+        self.draft = draft  # a DraftModel (over FakeSteps in the tests), or None
         self.vocab = vocab
         self.next_token = next_token or (lambda last: (last + 1) % vocab)
         self.step_s = step_s

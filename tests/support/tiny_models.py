@@ -55,12 +55,13 @@ def smollm_tokenizer_fields() -> dict:
     return {key: smollm_metadata()[key] for key in keys}
 
 
-def add_smollm_tokenizer(w: gguf.GGUFWriter, pre: str | None = None) -> None:
-    """The default model's byte-level BPE vocabulary and merges, under its own pre-tokenizer or `pre`."""
+def add_smollm_tokenizer(w: gguf.GGUFWriter, pre: str | None = None, renamed: dict[int, str] | None = None) -> None:
+    """The default model's byte-level BPE vocabulary and merges, under its own pre-tokenizer or `pre`,
+    with the tokens of `renamed`'s ids spelled as it says."""
     tok = smollm_tokenizer_fields()
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre or tok["tokenizer.ggml.pre"])
-    w.add_token_list(tok["tokenizer.ggml.tokens"])
+    w.add_token_list([(renamed or {}).get(i, t) for i, t in enumerate(tok["tokenizer.ggml.tokens"])])
     w.add_token_merges(tok["tokenizer.ggml.merges"])
     w.add_token_types(tok["tokenizer.ggml.token_type"])
     w.add_bos_token_id(tok["tokenizer.ggml.bos_token_id"])
@@ -93,6 +94,7 @@ def write_tiny_gguf(
     experts: tuple[int, int, int] | None = None,
     rotary_dim: int | None = None,
     long_rope: tuple[np.ndarray, np.ndarray] | None = None,
+    renamed_tokens: dict[int, str] | None = None,
 ) -> str:
     """A random-weight GGUF; `matrix_type` ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS") quantizes every layer
     matrix and the output head into that block format, as real files do (the default model is Q4_1),
@@ -111,7 +113,8 @@ def write_tiny_gguf(
     like the other matrices. `rotary_dim` below the head size is a partial rotary
     (rope.dimension_count). A phi3 file stores q, k and v as one attn_qkv and gate over up as one
     ffn_up, as Phi-3 and Phi-4-mini files do; `long_rope` (short, long) adds LongRoPE's
-    rope_factors_short/long.weight."""
+    rope_factors_short/long.weight. `renamed_tokens` ({id: text}) makes the vocabulary another one
+    of the same size."""
     rng = np.random.default_rng(seed)
     tok = smollm_tokenizer_fields()
     vocab = len(tok["tokenizer.ggml.tokens"])
@@ -143,7 +146,7 @@ def write_tiny_gguf(
             w.add_float32(f"{arch}.{key}", value)
         else:
             w.add_uint32(f"{arch}.{key}", value)
-    add_smollm_tokenizer(w, tokenizer_pre)
+    add_smollm_tokenizer(w, tokenizer_pre, renamed_tokens)
     if add_eos:
         w.add_add_eos_token(True)
     if chat_template == "from-smollm":

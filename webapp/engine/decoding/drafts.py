@@ -5,17 +5,19 @@ Contract: `PromptLookup(prompt_ids, recent)` follows one request; `extend(tokens
 output tokens, `propose(limit)` returns up to `limit` tokens that followed the latest earlier
 occurrence of the sequence's last n tokens (n from MAX_NGRAM down to MIN_NGRAM) in its own text, else
 in `recent` (a `RecentOutputs`: the last answers the server gave, where a repeated request finds its
-earlier answer), and `update(drafted, accepted)` records how a proposal fared. Code edits, summaries,
+earlier answer), and `update(drafted, accepted)` records how a proposal fared (its `Acceptance`,
+which a draft model's drafts keep too: webapp/engine/serving/draft_model.py). Code edits, summaries,
 RAG answers and JSON repeat long spans of their prompt, a span that repeated once tends to go on
 repeating, and clients (retries, evaluations, agents re-asking) repeat whole requests.
 
 Drafts change no output: the engine samples every drafted position exactly as plain decoding would
 and keeps a draft only while the sample equals it (webapp/engine/serving/engine.py). What a draft
-costs is its lanes in the step (LANE_COST of a one-lane step each), so `propose` drafts the length
-that makes the most tokens per unit of step time at the request's recent per-token acceptance p:
-k drafts yield (1 - p^(k+1)) / (1 - p) tokens for 1 + LANE_COST * k. At p = 0.3 that is one token,
-at 0.8 four, none below ~0.2; in a step of many sequences a lane costs more of each one's share, so
-drafts must be likelier still. Undrafted steps raise p a little, so drafting is tried again.
+costs is its lanes in the step (LANE_COST of a one-lane step each, plus the draft model's own step
+for each token it drafts), so `Acceptance.length` drafts the length that makes the most tokens per
+unit of step time at the source's recent per-token acceptance p: k drafts yield
+(1 - p^(k+1)) / (1 - p) tokens for 1 + cost * k. At p = 0.3 that is one token, at 0.8 four, none
+below ~0.2; in a step of many sequences a lane costs more of each one's share, so drafts must be
+likelier still. Undrafted steps raise p a little, so drafting is tried again.
 """
 
 from __future__ import annotations
@@ -29,23 +31,55 @@ RECOVERY = 0.02  # added to p per undrafted step
 MEMORY = 0.3  # the weight of the latest proposal in the acceptance average
 
 
-def lane_cost(batch: int) -> float:
-    """A drafted lane's cost against one sequence's share of a step of `batch` lanes: a step costs
+def lane_cost(batch: int, draft_cost: float = 0.0) -> float:
+    """A drafted token's cost against one sequence's share of a step of `batch` lanes: a step costs
     1 + LANE_COST (batch - 1) one-lane steps, so a lane's share of it shrinks as batches grow, and a
-    draft must be likelier to pay (at 8 lanes a drafted token needs p ~0.85 where one lane needs 0.2)."""
-    return LANE_COST * batch / (1 + LANE_COST * (batch - 1))
+    draft must be likelier to pay (at 8 lanes a drafted token needs p ~0.85 where one lane needs 0.2).
+    `draft_cost`: what making the token cost besides its lane (a draft model's step), in one-lane steps."""
+    return (LANE_COST + draft_cost) * batch / (1 + LANE_COST * (batch - 1))
 
 
-def draft_length(p: float, limit: int = DRAFT_MAX, batch: int = 1) -> int:
+def gain(p: float, k: int, cost: float) -> float:
+    """Expected tokens per unit of step time from k drafts at acceptance p, each costing `cost`."""
+    p = min(max(p, 0.0), 0.999)
+    return (1 - p ** (k + 1)) / (1 - p) / (1 + cost * k)
+
+
+def draft_length(p: float, limit: int = DRAFT_MAX, batch: int = 1, draft_cost: float = 0.0) -> int:
     """The k <= limit that maximizes expected tokens per step time, (1 - p^(k+1)) / (1 - p) / (1 + c k),
-    c the lane's cost in a step of `batch` lanes."""
-    p, cost = min(max(p, 0.0), 0.999), lane_cost(batch)
+    c a drafted token's cost in a step of `batch` lanes (`lane_cost`)."""
+    cost = lane_cost(batch, draft_cost)
     best, best_gain = 0, 1.0
     for k in range(1, limit + 1):
-        gain = (1 - p ** (k + 1)) / (1 - p) / (1 + cost * k)
-        if gain > best_gain:
-            best, best_gain = k, gain
+        if (g := gain(p, k, cost)) > best_gain:
+            best, best_gain = k, g
     return best
+
+
+class Acceptance:
+    """One source of drafts for one request: p, the chance that a drafted token is confirmed given the
+    ones before it were, and the length that pays at p (`draft_cost`: what each drafted token costs
+    to make besides its lane, in one-lane steps of the served model; nothing for prompt lookup)."""
+
+    def __init__(self, draft_cost: float = 0.0):
+        self.rate, self.draft_cost = 0.5, draft_cost
+
+    def length(self, limit: int, batch: int = 1) -> int:
+        """How many tokens to draft now (at most `limit`); an undrafted step raises p a little."""
+        k = draft_length(self.rate, min(limit, DRAFT_MAX), batch, self.draft_cost)
+        if k <= 0:
+            self.rate = min(1.0, self.rate + RECOVERY)
+        return k
+
+    def gain(self, k: int, batch: int = 1) -> float:
+        return gain(self.rate, k, lane_cost(batch, self.draft_cost))
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """A proposal of `drafted` tokens had its first `accepted` confirmed: that many trials passed,
+        and one more failed if it stopped short."""
+        trials = accepted + (accepted < drafted)
+        if trials:
+            self.rate = (1 - MEMORY) * self.rate + MEMORY * accepted / trials
 
 
 def grams(tokens: list[int], end: int):
@@ -88,13 +122,13 @@ class RecentOutputs:
         return self._texts[text_id][end : end + limit]
 
 
-class PromptLookup:
+class PromptLookup(Acceptance):
     def __init__(self, prompt_ids: list[int], recent: RecentOutputs | None = None):
+        super().__init__()
         self.recent = recent
         self.tokens: list[int] = []
         self._last: dict[tuple[int, ...], int] = {}  # n-gram -> the position after its latest occurrence
         self._previous: dict[tuple[int, ...], int] = {}  # the occurrence before that one
-        self.rate = 0.5  # p: the chance that a drafted token is confirmed, given the ones before it were
         self.extend(prompt_ids)
 
     def extend(self, tokens: list[int]) -> None:
@@ -111,9 +145,8 @@ class PromptLookup:
     def propose(self, limit: int, batch: int = 1) -> list[int]:
         """Up to `limit` tokens (as many as acceptance pays for in a step of `batch` sequences) that
         followed the last n-gram before."""
-        limit = draft_length(self.rate, min(limit, DRAFT_MAX), batch)
+        limit = self.length(limit, batch)
         if limit <= 0:
-            self.rate = min(1.0, self.rate + RECOVERY)
             return []
         for gram in grams(self.tokens, len(self.tokens)):
             after = self._previous.get(gram)  # _last[gram] is the sequence's own end
@@ -124,10 +157,3 @@ class PromptLookup:
                 if draft := self.recent.after(gram, limit):
                     return draft
         return []
-
-    def update(self, drafted: int, accepted: int) -> None:
-        """A proposal of `drafted` tokens had its first `accepted` confirmed: that many trials passed,
-        and one more failed if it stopped short."""
-        trials = accepted + (accepted < drafted)
-        if trials:
-            self.rate = (1 - MEMORY) * self.rate + MEMORY * accepted / trials

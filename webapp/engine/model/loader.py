@@ -43,12 +43,21 @@ def embedding_pooling(kv: dict, setting: str = "auto") -> tuple[str, str]:
 
 
 def load_gguf_model(
-    path: str, slots: int, max_context: int | None, prefill_chunk: int, beam="auto", cpu_kernels: bool = True, pooling: str = "auto"
+    path: str,
+    slots: int,
+    max_context: int | None,
+    prefill_chunk: int,
+    beam="auto",
+    cpu_kernels: bool = True,
+    pooling: str = "auto",
+    draft: str | None = None,
 ) -> LoadedModel:
-    """The real loader: tinygrad model, GGUF tokenizer and the file's chat template."""
+    """The real loader: tinygrad model, GGUF tokenizer and the file's chat template; `draft`, a draft
+    model's GGUF for speculative decoding (model/draft_loader.py)."""
     prepare_tinygrad()  # before tinygrad's first import: it reads HCQ2 then
     from tinygrad import Device
 
+    from webapp.engine.model.draft_loader import load_draft
     from webapp.engine.model.runner import ModelRunner
     from webapp.engine.model.steps import steps_for
     from webapp.engine.model.steps.jitted import prefill_pieces
@@ -68,6 +77,7 @@ def load_gguf_model(
     suffix = (tokenizer.eos_id,) if kv.get("tokenizer.ggml.add_eos_token") and tokenizer.eos_id is not None else ()
     log.info("embeddings: %s pooling (%s)%s", pooling, why, ", end-of-text appended" if suffix else "")
     steps = steps_for(model, prefill_chunk)
+    draft_model = load_draft(draft, path, kv, steps, slots, piece, cpu_kernels) if draft else None
     if steps.tunable:
         beam = beam_for(tuning_key(path, slots, model.context, piece, model.uses_cpu_kernels), beam)
         log.info("steps: %s", steps.how)
@@ -75,7 +85,7 @@ def load_gguf_model(
         beam = 0
         log.info("steps: %s (no tinygrad kernel in a step: `make tune` has nothing to search)", steps.how)
     return LoadedModel(
-        runner=ModelRunner(steps, beam=beam),
+        runner=ModelRunner(steps, beam=beam, draft=draft_model),
         tokenizer=tokenizer,
         chat_template=template,
         name=os.path.basename(path).removesuffix(".gguf"),
@@ -91,7 +101,9 @@ def build_engine(config) -> Engine:
     """The engine described by the app's LLM_* settings (not started)."""
     s = engine_settings(config)
     return Engine(
-        lambda: load_gguf_model(s["path"], s["slots"], s["context"], s["prefill_chunk"], s["beam"], s["cpu_kernels"], s["pooling"]),
+        lambda: load_gguf_model(
+            s["path"], s["slots"], s["context"], s["prefill_chunk"], s["beam"], s["cpu_kernels"], s["pooling"], s["draft"]
+        ),
         slots=s["slots"],
         queue_limit=s["queue_limit"],
         prefill_chunk=s["prefill_chunk"],

@@ -40,6 +40,8 @@ class Runner(Protocol):
     mixes: bool
     # True when `decode_drafted` gives each drafted position the logits decoding it alone would
     speculates: bool
+    # the draft model (serving/draft_model.py) where LLM_DRAFT_MODEL loaded one, else None
+    draft: object
 
     def decode_drafted(self, batch: list[Request], drafts: list[list[int]], positions: list[int]) -> list[np.ndarray]:
         """Feed each request its last output token and then its drafted tokens, from its position; per
@@ -59,9 +61,10 @@ class Runner(Protocol):
 
 
 class ModelRunner:
-    def __init__(self, steps, beam: int = 0):
+    def __init__(self, steps, beam: int = 0, draft=None):
         self.steps = steps
         self.beam = beam  # tinygrad BEAM search width for compiling kernels at warm-up (0: default kernels)
+        self.draft = draft  # a DraftModel, run on this thread beside the served model
 
     @property
     def mixes(self) -> bool:
@@ -112,6 +115,8 @@ class ModelRunner:
         started = time.monotonic()
         with Context(BEAM=self.beam):
             self.steps.warm_up(progress)
+            if self.draft is not None:
+                self.draft.warm_up(self.steps, progress)
         # BEAM compiles in a pool of worker processes; nothing compiles after warm-up, and live
         # workers make the process hang at exit when a signal reaches its whole process group
         terminate_worker_pool()

@@ -309,7 +309,7 @@ class Engine:
 
     def _decode(self, batch: list[Request]) -> None:
         positions = self._positions(batch)
-        drafts = self.speculation.drafts(batch, positions, self.loaded.context)
+        drafts = self.speculation.drafts(batch, positions, self.loaded)
         if any(drafts):
             self._decode_drafted(batch, drafts, positions)
             return

@@ -26,6 +26,7 @@ ENGINE_DEFAULTS = {
     "STALL_SECONDS": 120,  # /health turns 503 when a step with work pending takes longer
     "CPU_KERNELS": True,
     "SPECULATIVE": True,  # draft tokens from the request's own text (prompt lookup) and verify them in the step; outputs never change
+    "DRAFT_MODEL": None,  # a small GGUF with the served model's vocabulary whose greedy tokens are drafts too; None: none
     "POOLING": "auto",  # /v1/embeddings: "mean", "last" or "first"; "auto": the file's pooling_type, else mean  # quantized matrices on the CPU device run on webapp/engine/kernels; false: tinygrad's float16 path
 }
 
@@ -61,6 +62,9 @@ def engine_settings(config: Mapping) -> dict:
     path = setting(config, "MODEL") or default_model_path()
     if not os.path.isfile(path):
         raise FileNotFoundError(f"LLM_MODEL={path!r} is not a file")
+    speculate, draft = _speculation(setting(config, "SPECULATIVE")), setting(config, "DRAFT_MODEL")
+    if draft is not None and not os.path.isfile(draft):
+        raise FileNotFoundError(f"LLM_DRAFT_MODEL={draft!r} is not a file")
     return {
         "path": path,
         "slots": int(setting(config, "SLOTS")),
@@ -71,5 +75,6 @@ def engine_settings(config: Mapping) -> dict:
         "stall_seconds": float(setting(config, "STALL_SECONDS")),
         "cpu_kernels": setting(config, "CPU_KERNELS") not in (False, 0, "0", "false", "off"),
         "pooling": str(setting(config, "POOLING")),
-        "speculate": _speculation(setting(config, "SPECULATIVE")),
+        "speculate": speculate,
+        "draft": draft if speculate else None,  # no drafts verified: no draft model loaded
     }

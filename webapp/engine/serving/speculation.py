@@ -1,18 +1,24 @@
 """Speculative decoding's bookkeeping on the model thread: who drafts, each step's drafts within its
 lane budget, and the server's recent answers that drafts are also looked up in.
 
-Contract: `Speculation(enabled)`; `admit(request, runner)` gives a request its drafter
-(decoding/drafts.py's PromptLookup) where speculation is on and the runner verifies drafts;
-`drafts(batch, positions, context)` is each lane's draft for this step; `finished(request, reason)`
-keeps a completed answer for later requests. How the drafted positions are sampled and which drafts
-are kept is the engine's (`Engine._decode_drafted`): that is what keeps every output as plain
-decoding gives it.
+Contract: `Speculation(enabled)`; `admit(request, runner)` gives a request its drafter (a
+`Drafter`: decoding/drafts.py's PromptLookup, and the runner's draft model where one is loaded and
+`use_draft_model`) where speculation is on and the runner verifies drafts; `drafts(batch, positions,
+loaded)` is each lane's draft for this step, the draft model's asked for in one batched call;
+`finished(request, reason)` keeps a completed answer for later requests. How the drafted positions
+are sampled and which drafts are kept is the engine's (`Engine._decode_drafted`): that is what keeps
+every output as plain decoding gives it.
 """
 
 from __future__ import annotations
 
+import logging
+
 from webapp.engine.decoding.drafts import MAX_NGRAM, PromptLookup, RecentOutputs
+from webapp.engine.serving.draft_model import Drafter
 from webapp.engine.serving.request import FinishReason, Request
+
+log = logging.getLogger(__name__)
 
 # a step's lanes with drafted tokens: on the default model here a step of 8 lanes costs ~2.5 one-lane
 # steps, so drafts fill a small batch's step and leave a full one alone
@@ -21,24 +27,40 @@ DRAFTED_LANES = 12
 
 class Speculation:
     def __init__(self, enabled: bool = True):
-        self.enabled = enabled  # read at admission: a request drafts, or not, for its whole life
+        # both read at admission: a request drafts, or not, and from which sources, for its whole life
+        self.enabled = enabled
+        self.use_draft_model = True  # where the runner has one (LLM_DRAFT_MODEL)
         self.recent = RecentOutputs()
 
     def admit(self, request: Request, runner) -> None:
         if self.enabled and runner.speculates and request.pooling is None:
-            request.drafter = PromptLookup(request.prompt_ids, self.recent)
+            draft = runner.draft if self.use_draft_model else None
+            request.drafter = Drafter(PromptLookup(request.prompt_ids, self.recent), draft)
 
-    def drafts(self, batch: list[Request], positions: list[int], context: int) -> list[list[int]]:
+    def drafts(self, batch: list[Request], positions: list[int], loaded) -> list[list[int]]:
         """Each lane's drafted tokens, within the step's lane budget (oldest first): speculation fills
         a step that has room, never one that the batch fills already, and never drafts past a
         request's max_tokens or the context (`positions`: where each lane's fed token goes)."""
-        room, drafts = DRAFTED_LANES - len(batch), []
+        room, drafts, asks = DRAFTED_LANES - len(batch), [], []
         for request, position in zip(batch, positions, strict=True):
-            limit = min(room, request.params.max_tokens - len(request.output_ids) - 1, context - 2 - position)
-            draft = request.drafter.propose(limit, len(batch)) if request.drafter is not None and limit > 0 else []
-            room -= len(draft)
+            limit = min(room, request.params.max_tokens - len(request.output_ids) - 1, loaded.context - 2 - position)
+            draft, ask = request.drafter.plan(limit, len(batch)) if request.drafter is not None and limit > 0 else ([], 0)
+            room -= len(draft) + ask
+            if ask:
+                asks.append((len(drafts), request, ask))
             drafts.append(draft)
+        if asks:
+            for (i, _, _), draft in zip(asks, self._from_draft_model(loaded.runner.draft, asks)):
+                drafts[i] = draft
         return drafts
+
+    def _from_draft_model(self, draft, asks: list[tuple[int, Request, int]]) -> list[list[int]]:
+        """The draft model's tokens for each ask; none if its step failed (a draft never fails a request)."""
+        try:
+            return draft.continue_greedy([(r.slot, r.prompt_ids + r.output_ids, k) for _, r, k in asks])
+        except Exception:
+            log.warning("the draft model's step failed; this step decodes without its drafts", exc_info=True)
+            return [[] for _ in asks]
 
     def finished(self, request: Request, reason: str) -> None:
         if request.drafter is not None and reason in (FinishReason.STOP, FinishReason.LENGTH):

@@ -1,0 +1,88 @@
+"""The draft model (LLM_DRAFT_MODEL) on tiny random models: the same model as its own draft has every
+greedy draft confirmed, alone, several at once, with slots reused and prompt prefixes copied between
+slots (so its lazily filled cache holds what the served model's does), and gives plain decoding's
+tokens; a file of another vocabulary, a target whose steps do not verify drafts and a draft whose
+steps cannot be one call each are refused at load in one line naming both files."""
+
+import numpy as np
+import pytest
+from support import drain_outputs, wait_until
+from support.tiny_models import write_tiny_gguf
+
+from webapp.engine.model.config import ModelLoadError
+from webapp.engine.model.loader import load_gguf_model
+from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
+from webapp.engine.serving.engine import Engine
+from webapp.engine.serving.request import Request, SamplingParams
+from webapp.engine.serving.settings import engine_settings
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> str:
+    return write_tiny_gguf(str(tmp_path_factory.mktemp("draft") / "target.gguf"), "llama", matrix_type="Q4_1")
+
+
+@pytest.fixture(scope="module")
+def engine(target):
+    use_tinygrad_from_this_thread()
+    eng = Engine(lambda: load_gguf_model(target, 4, 256, 8, draft=target), slots=4, queue_limit=16, prefill_chunk=8).start()
+    assert wait_until(lambda: eng.state != "loading", timeout=300)
+    assert eng.state == "ok", eng.error
+    eng.loaded.runner.draft.step_cost = 0.0  # the draft costs what the served model does: asked whenever acceptance allows
+    yield eng
+    eng.stop(5)
+
+
+def prompts(n: int, shared: int = 0) -> list[list[int]]:
+    """Random prompts of distinct tokens (prompt lookup finds no repeat in them), sharing a prefix of `shared`."""
+    rng = np.random.default_rng(n + shared)
+    common = rng.choice(np.arange(300, 40000), size=shared, replace=False).tolist()
+    return [common + rng.choice(np.arange(300, 40000), size=12 + i, replace=False).tolist() for i in range(n)]
+
+
+def generate(engine, speculate: bool, batch: list[list[int]], **sampling) -> list[tuple[list[int], Request]]:
+    engine.speculation.enabled = speculate
+    engine.speculation.recent = type(engine.speculation.recent)()  # earlier answers drafted nothing
+    requests = [Request(p, SamplingParams(max_tokens=30, **sampling)) for p in batch]
+    for request in requests:
+        engine.submit(request)
+    return [(drain_outputs(r, timeout=120, reraise=True)[0], r) for r in requests]
+
+
+@pytest.mark.parametrize(("n", "shared"), [(1, 0), (6, 0), (6, 40)])  # alone; beside others, slots reused; a long shared prefix
+def test_the_same_model_as_draft_has_every_greedy_draft_confirmed(engine, n, shared):
+    batch = prompts(n, shared)
+    plain = [tokens for tokens, _ in generate(engine, False, batch, temperature=0.0)]
+    drafted = generate(engine, True, batch, temperature=0.0)
+    assert [tokens for tokens, _ in drafted] == plain
+    counts = [(r.drafted_tokens, r.accepted_tokens) for _, r in drafted]
+    assert all(d > 0 and a == d for d, a in counts) and sum(d for d, _ in counts) > 10 * n, counts
+
+
+def test_sampled_requests_get_plain_decodings_tokens_with_the_draft(engine):
+    batch = prompts(5)
+    plain = [tokens for tokens, _ in generate(engine, False, batch, temperature=0.8, seed=4, top_p=0.9)]
+    assert [tokens for tokens, _ in generate(engine, True, batch, temperature=0.8, seed=4, top_p=0.9)] == plain
+
+
+def test_a_draft_of_another_vocabulary_is_refused_naming_both_files(target, tmp_path):
+    use_tinygrad_from_this_thread()
+    other = write_tiny_gguf(str(tmp_path / "other-vocab.gguf"), "llama", matrix_type="Q4_1", renamed_tokens={4000: "zebra!"})
+    with pytest.raises(ModelLoadError, match=r"other-vocab\.gguf and target\.gguf have different vocabularies \(token 4000 is 'zebra!'"):
+        load_gguf_model(target, 2, 256, 8, draft=other)
+
+
+def test_a_draft_is_refused_where_drafts_cannot_be_verified_or_run_in_one_call(target, tmp_path):
+    use_tinygrad_from_this_thread()  # loads on this thread, after the engine's model thread
+    with pytest.raises(ModelLoadError, match=r"LLM_DRAFT_MODEL=target\.gguf: drafts are verified only where a step is one call"):
+        load_gguf_model(target, 2, 256, 8, cpu_kernels=False, draft=target)
+    jitted = write_tiny_gguf(str(tmp_path / "jitted.gguf"), "llama", matrix_type="Q4_1", float_matrices=("ffn_down.weight",))
+    with pytest.raises(ModelLoadError, match=r"jitted\.gguf has matrices the CPU kernels do not read"):
+        load_gguf_model(target, 2, 256, 8, draft=jitted)
+
+
+def test_the_setting_names_a_file_and_is_ignored_without_speculation(target, tmp_path):
+    assert engine_settings({"MODEL": target, "DRAFT_MODEL": target})["draft"] == target
+    assert engine_settings({"MODEL": target, "DRAFT_MODEL": target, "SPECULATIVE": "false"})["draft"] is None
+    with pytest.raises(FileNotFoundError, match="LLM_DRAFT_MODEL="):
+        engine_settings({"MODEL": target, "DRAFT_MODEL": str(tmp_path / "missing.gguf")})

@@ -1,0 +1,154 @@
+"""Drafts from a small second model (`LLM_DRAFT_MODEL`): its greedy continuation of each sequence,
+batched over the requests that draft from it this step, and the choice per request between it and
+prompt lookup.
+
+Contract: `DraftModel(steps, slots, name)` holds the draft model's step strategy (one call on the CPU
+kernels, like the served model's where drafts are verified) and a KV cache with the served model's
+slot numbering: slot i of the draft caches a prefix of what slot i of the served model holds.
+`continue_greedy(asks)` takes (slot, sequence, k) per request, its sequence being its prompt and
+output so far, and returns each one's next k argmax tokens (none for a request still catching up,
+below); `warm_up(target_steps, progress)` runs once and measures `step_cost`, a one-lane draft
+step's time in one-lane steps of the served model. `Drafter(lookup, draft)` is one request's
+drafting: each step it takes prompt lookup's draft or asks the draft model for k tokens, whichever
+yields more tokens per unit of step time at that source's own acceptance (`plan`), and credits the
+outcome to the source that drafted (`update`).
+
+The draft's cache is filled lazily, not mirrored: `cached[slot]` lists the tokens whose K/V the
+draft has written there, and before drafting a sequence feeds what it lacks of it (its common
+prefix with the sequence is kept, or a longer one copied from another draft slot, as the served
+model's prefix reuse does). So a request that never asks the draft (a full batch, prompt lookup's
+drafts winning, speculation off, embeddings) costs it nothing, and nothing in the scheduler or the
+served model's prefill changes. After a drafted step the draft lacks one or two tokens (the sample
+that replaced its first refused draft, or its last draft and the bonus token): its first call feeds
+them and yields the first draft in one step of all asking lanes, then k - 1 one-token steps of the
+lanes that want more. A long gap (a new prompt) is fed CATCH_UP tokens a step, so a step stays short
+for every other stream; such a request drafts once its cache has caught up.
+
+The draft proposes; the served model's verification decides (webapp/engine/serving/engine.py), so
+no output depends on what the draft says, how often it is asked, or whether it failed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from webapp.engine.decoding.drafts import Acceptance, PromptLookup
+from webapp.engine.serving.kv_cache import reusable_prefix
+from webapp.engine.serving.scheduler import COPY_AT_LEAST
+
+# tokens fed to the draft in one step, over all its lanes: on a 135M-shaped draft here 64 took 1.7
+# one-lane steps of a 1.7B-shaped served model (340 vs 198 ms), so 32 keep a new request's catch-up
+# under one decode step of the served model
+CATCH_UP = 32
+TIMED_STEPS = 7  # one-lane steps of each model timed at warm-up, for step_cost (their medians)
+
+
+class DraftModel:
+    def __init__(self, steps, slots: int, name: str):
+        self.steps, self.name = steps, name
+        self.context = steps.model.context
+        self.cached: list[list[int]] = [[] for _ in range(slots)]  # per slot, tokens whose K/V the draft holds, in order
+        self.step_cost = 1.0  # a one-lane draft step in one-lane steps of the served model (measured at warm-up)
+
+    def warm_up(self, target_steps, progress: Callable[[str], None]) -> None:
+        self.steps.warm_up(progress)
+        target, draft = _median_steps(target_steps, self.steps)
+        self.step_cost = draft / target
+        progress(f"draft model {self.name}: a step costs {self.step_cost:.2f} of the served model's ({target * 1e3:.1f} ms)")
+
+    def continue_greedy(self, asks: list[tuple[int, list[int], int]]) -> list[list[int]]:
+        """For each (slot, sequence, k): the draft's k argmax tokens after `sequence`, fewer where the
+        context ends, none while the slot's cache is still catching up. On an exception the asking
+        slots' caches count as unknown (emptied) and it propagates."""
+        try:
+            return self._continue(asks)
+        except Exception:
+            for slot, _, _ in asks:
+                self.cached[slot].clear()
+            raise
+
+    def _continue(self, asks: list[tuple[int, list[int], int]]) -> list[list[int]]:
+        budget, chunks, wanted = CATCH_UP, [], []
+        fitting = [i for i, (_, sequence, _) in enumerate(asks) if len(sequence) < self.context]
+        # every copy first: a slot fed in this call holds those rows only once the call has run
+        haves = [self._reuse(asks[i][0], asks[i][1]) for i in fitting]
+        for (slot, sequence, k), have in zip((asks[i] for i in fitting), haves):
+            missing = len(sequence) - have
+            feed = sequence[have : have + max(1, min(missing, budget))]  # at least the last token: its logits draft
+            budget -= len(feed)
+            chunks.append((feed, slot, have))
+            self.cached[slot][have:] = feed
+            wanted.append(min(k, self.context - len(sequence)) if len(feed) == missing else 0)
+        if not chunks:
+            return [[] for _ in asks]
+        firsts, _ = self.steps.prefill_and_decode(chunks, [], [], [])
+        drafts = [[int(np.argmax(row))] if k > 0 else [] for row, k in zip(firsts, wanted)]
+        for _ in range(max(wanted) - 1):  # one-token steps of the lanes that want more
+            lanes = [i for i, draft in enumerate(drafts) if 0 < len(draft) < wanted[i]]
+            slots = [chunks[i][1] for i in lanes]
+            tokens = [drafts[i][-1] for i in lanes]
+            rows = self.steps.decode(tokens, slots, [len(self.cached[s]) for s in slots])
+            for i, slot, token, row in zip(lanes, slots, tokens, rows):
+                self.cached[slot].append(token)
+                drafts[i].append(int(np.argmax(row)))
+        out = [[] for _ in asks]
+        for i, draft in zip(fitting, drafts):
+            out[i] = draft
+        return out
+
+    def _reuse(self, slot: int, sequence: list[int]) -> int:
+        """How many of `sequence`'s tokens the slot's draft cache holds, after copying a longer prefix
+        from another draft slot where that spares at least COPY_AT_LEAST tokens."""
+        have = reusable_prefix(self.cached[slot], sequence)
+        del self.cached[slot][have:]
+        others = ((reusable_prefix(cached, sequence), i) for i, cached in enumerate(self.cached) if i != slot)
+        length, source = max(others, default=(0, None))
+        if length - have >= COPY_AT_LEAST:
+            self.steps.copy_prefix(source, slot, length)
+            self.cached[slot][:] = sequence[:length]
+            have = length
+        return have
+
+
+def _median_steps(*each) -> list[float]:
+    """Median seconds of a one-lane decode step on the scratch slot, of each steps object in turn
+    (alternated, so a busy moment of the machine weighs on both alike)."""
+    times = [[] for _ in each]
+    for _ in range(TIMED_STEPS):
+        for steps, spent in zip(each, times):
+            started = time.perf_counter()
+            steps.decode([0], [steps.model.slots], [0])
+            spent.append(time.perf_counter() - started)
+    return [statistics.median(spent) for spent in times]
+
+
+class Drafter:
+    """One request's drafting: prompt lookup always, the draft model where one is loaded (with its own
+    acceptance, each token costing a draft step)."""
+
+    def __init__(self, lookup: PromptLookup, draft: DraftModel | None = None):
+        self.lookup = lookup
+        self.model = Acceptance(draft.step_cost) if draft is not None else None
+        self.source: Acceptance | None = None  # who drafted this step's proposal
+
+    def extend(self, tokens) -> None:
+        self.lookup.extend(tokens)
+
+    def plan(self, limit: int, batch: int = 1) -> tuple[list[int], int]:
+        """(prompt lookup's draft, 0), or ([], k) to ask the draft model for k tokens: whichever source
+        yields more tokens per unit of step time at its own acceptance; ([], 0) when neither pays."""
+        draft = self.lookup.propose(limit, batch)
+        k = self.model.length(limit, batch) if self.model is not None else 0
+        if k and (not draft or self.model.gain(k, batch) > self.lookup.gain(len(draft), batch)):
+            self.source = self.model
+            return [], k
+        self.source = self.lookup if draft else None
+        return draft, 0
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if self.source is not None:
+            self.source.update(drafted, accepted)
