@@ -43,12 +43,20 @@ def embedding_pooling(kv: dict, setting: str = "auto") -> tuple[str, str]:
 
 
 def load_gguf_model(
-    path: str, slots: int, max_context: int | None, prefill_chunk: int, beam="auto", cpu_kernels: bool = True, pooling: str = "auto"
+    path: str,
+    slots: int,
+    max_context: int | None,
+    prefill_chunk: int,
+    beam="auto",
+    cpu_kernels: bool = True,
+    pooling: str = "auto",
+    kv_type: str = "f16",
 ) -> LoadedModel:
     """The real loader: tinygrad model, GGUF tokenizer and the file's chat template."""
     prepare_tinygrad()  # before tinygrad's first import: it reads HCQ2 then
     from tinygrad import Device
 
+    from webapp.engine.model.memory import kv_bytes_per_position
     from webapp.engine.model.runner import ModelRunner
     from webapp.engine.model.steps import steps_for
     from webapp.engine.model.steps.jitted import prefill_pieces
@@ -57,7 +65,7 @@ def load_gguf_model(
     from webapp.engine.text.tokenizer import Tokenizer
 
     piece = prefill_pieces(prefill_chunk)[0]  # the largest
-    model, kv = load_model(path, slots=slots, context=max_context, max_chunk=piece, cpu_kernels=cpu_kernels)
+    model, kv = load_model(path, slots=slots, context=max_context, max_chunk=piece, cpu_kernels=cpu_kernels, kv_type=kv_type)
     try:  # the tokenizer's metadata and the template are the file's too: untrusted, refused in one line
         tokenizer = Tokenizer.from_gguf_metadata(kv)
         template = ChatTemplate(kv.get("tokenizer.chat_template"), bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
@@ -69,7 +77,7 @@ def load_gguf_model(
     log.info("embeddings: %s pooling (%s)%s", pooling, why, ", end-of-text appended" if suffix else "")
     steps = steps_for(model, prefill_chunk)
     if steps.tunable:
-        beam = beam_for(tuning_key(path, slots, model.context, piece, model.uses_cpu_kernels), beam)
+        beam = beam_for(tuning_key(path, slots, model.context, piece, model.uses_cpu_kernels, model.kv_type.name), beam)
         log.info("steps: %s", steps.how)
     else:
         beam = 0
@@ -84,6 +92,8 @@ def load_gguf_model(
         pooling=pooling,
         embedding_suffix=suffix,
         routed_tokens=model.routed_tokens if model.config.experts else None,
+        kv_type=model.kv_type.name,
+        kv_bytes_per_token=kv_bytes_per_position(model.config, model.kv_type),
     )
 
 
@@ -91,7 +101,9 @@ def build_engine(config) -> Engine:
     """The engine described by the app's LLM_* settings (not started)."""
     s = engine_settings(config)
     return Engine(
-        lambda: load_gguf_model(s["path"], s["slots"], s["context"], s["prefill_chunk"], s["beam"], s["cpu_kernels"], s["pooling"]),
+        lambda: load_gguf_model(
+            s["path"], s["slots"], s["context"], s["prefill_chunk"], s["beam"], s["cpu_kernels"], s["pooling"], s["kv_type"]
+        ),
         slots=s["slots"],
         queue_limit=s["queue_limit"],
         prefill_chunk=s["prefill_chunk"],

@@ -26,6 +26,7 @@ ENGINE_DEFAULTS = {
     "STALL_SECONDS": 120,  # /health turns 503 when a step with work pending takes longer
     "CPU_KERNELS": True,
     "SPECULATIVE": True,  # draft tokens from the request's own text (prompt lookup) and verify them in the step; outputs never change
+    "KV_TYPE": "f16",  # the KV cache's rows: "f16", or "q8_0" (8-bit values, a float16 scale per 32: half the memory)
     "POOLING": "auto",  # /v1/embeddings: "mean", "last" or "first"; "auto": the file's pooling_type, else mean  # quantized matrices on the CPU device run on webapp/engine/kernels; false: tinygrad's float16 path
 }
 
@@ -71,5 +72,6 @@ def engine_settings(config: Mapping) -> dict:
         "stall_seconds": float(setting(config, "STALL_SECONDS")),
         "cpu_kernels": setting(config, "CPU_KERNELS") not in (False, 0, "0", "false", "off"),
         "pooling": str(setting(config, "POOLING")),
+        "kv_type": str(setting(config, "KV_TYPE")),
         "speculate": _speculation(setting(config, "SPECULATIVE")),
     }
