@@ -1,11 +1,14 @@
 """The 8-bit KV cache (LLM_KV_TYPE=q8_0) against NumPy's reference of its rows (support/kv_quants.py):
 the rows tinygrad's path and the kernels write, attention over them in the SIMD and the portable
-build, and a lane's numbers alone and among others."""
+build, a lane's numbers alone and among others; and a server on it through the openai client."""
 
+import concurrent.futures
 import ctypes
 
 import numpy as np
+import openai
 import pytest
+from support import get, tiny_engine_server
 from support.kv_quants import q8_rows, q8_values
 from support.tiny_models import write_tiny_gguf
 from tinygrad import Tensor
@@ -140,3 +143,28 @@ def test_a_head_size_outside_q8_0s_blocks_and_an_unknown_type_are_refused_in_one
         load_model(path, slots=1, context=32, kv_type="q8_0")
     with pytest.raises(ValueError, match="LLM_KV_TYPE='q4': one of f16, q8_0 is expected"):
         kv_type_named("q4")
+
+
+def test_a_server_on_the_8_bit_cache_answers_each_request_alike_alone_and_among_seven_others(tmp_path):
+    """Eight chats at once on 8 slots give each one's own answer (greedy and seeded), a follow-up
+    reuses its cached prefix, and /admin/stats.json names the cache's type and its bytes a token."""
+    path = write_tiny_gguf(str(tmp_path / "q8kv.gguf"), "llama", matrix_type="Q4_1", n_heads=2, n_kv_heads=1)
+    cases = [{"messages": [{"role": "user", "content": f"Count to {i}, please."}], "max_tokens": 16, "seed": i} for i in range(8)]
+    cases = [case | {"temperature": 0.0 if i % 2 else 0.8} for i, case in enumerate(cases)]
+    with tiny_engine_server(path, slots=8, queue_limit=16, kv_type="q8_0") as (engine, server):
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+        def answer(case):
+            return client.chat.completions.create(model="tiny", **case).choices[0].message.content
+
+        alone = [answer(case) for case in cases]
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            assert list(pool.map(answer, cases)) == alone
+        follow_up = cases[1] | {
+            "messages": cases[1]["messages"] + [{"role": "assistant", "content": alone[1]}, {"role": "user", "content": "Again."}]
+        }
+        reply = client.chat.completions.create(model="tiny", **follow_up)
+        assert reply.usage.prompt_tokens_details.cached_tokens > 0
+        status, _, stats = get(server, "/admin/stats.json")
+        # 2 layers x (key + value) x 1 kv head x one 34-byte block of 32 values
+        assert status == 200 and stats["kv_type"] == "q8_0" and stats["kv_bytes_per_token"] == 2 * 2 * 1 * 34

@@ -136,7 +136,7 @@ def running_server(app, threads: int = 16, **adjustments):
 
 
 @contextlib.contextmanager
-def tiny_engine_server(path: str, slots: int, queue_limit: int, context: int = 256, pooling: str = "auto"):
+def tiny_engine_server(path: str, slots: int, queue_limit: int, context: int = 256, pooling: str = "auto", kv_type: str = "f16"):
     """The real engine on the GGUF at `path` (prefill chunks of 8) behind a real Waitress server,
     ready to serve; yields (engine, server)."""
     from webapp.engine.model.loader import load_gguf_model
@@ -145,7 +145,10 @@ def tiny_engine_server(path: str, slots: int, queue_limit: int, context: int = 2
 
     use_tinygrad_from_this_thread()
     engine = Engine(
-        lambda: load_gguf_model(path, slots, context, 8, pooling=pooling), slots=slots, queue_limit=queue_limit, prefill_chunk=8
+        lambda: load_gguf_model(path, slots, context, 8, pooling=pooling, kv_type=kv_type),
+        slots=slots,
+        queue_limit=queue_limit,
+        prefill_chunk=8,
     )
     app = create_app({"TESTING": True}, engine=engine)
     engine.start()
