@@ -4,6 +4,8 @@ build, a lane's numbers alone and among others; and a server on it through the o
 
 import concurrent.futures
 import ctypes
+import re
+import urllib.request
 
 import numpy as np
 import openai
@@ -168,3 +170,6 @@ def test_a_server_on_the_8_bit_cache_answers_each_request_alike_alone_and_among_
         status, _, stats = get(server, "/admin/stats.json")
         # 2 layers x (key + value) x 1 kv head x one 34-byte block of 32 values
         assert status == 200 and stats["kv_type"] == "q8_0" and stats["kv_bytes_per_token"] == 2 * 2 * 1 * 34
+        with urllib.request.urlopen(f"{server.url}/admin", timeout=30) as page:
+            text = " ".join(re.sub(r"<[^>]+>", "", page.read().decode()).split())
+        assert "KV cache q8_0, 136 bytes a token" in text

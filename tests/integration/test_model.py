@@ -36,6 +36,7 @@ TINY_MODELS = {
     "phi3": ("phi3", "f16", {}, 1e-3),  # q, k, v and gate, up fused
     "qwen3-q8_0-one-call": ("qwen3", "q8_0", EIGHT_BIT_HEADS, 1e-3),
     "llama-q8_0-five-kernels": ("llama", "q8_0", EIGHT_BIT_HEADS | {"float_matrices": ("attn_output.weight",)}, 1e-3),
+    "qwen3moe-q8_0-one-call": ("qwen3moe", "q8_0", EIGHT_BIT_HEADS | {"experts": (8, 2, 32)}, 1e-3),
     "qwen2-q8_0-tinygrad": ("qwen2", "q8_0", EIGHT_BIT_HEADS | {"float_matrices": MATRICES, "cpu_kernels": False}, 0.015),
 }
 
