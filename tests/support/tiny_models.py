@@ -242,6 +242,8 @@ class Reference:
     """Float64 forward pass over a whole token sequence, straight from the GGUF file; keys and values
     rounded as a KV cache of `kv_type` ("f16" or "q8_0") holds them."""
 
+    kv_type = "f16"  # subclasses that read the file their own way keep the float16 cache
+
     def __init__(self, path: str, kv_type: str = "f16"):
         self.kv_type = kv_type
         reader = gguf.GGUFReader(path)
