@@ -32,13 +32,16 @@ def run(engine: Engine, prompt: list[int], params: SamplingParams = GREEDY) -> R
     return request
 
 
-@pytest.fixture(scope="module")
-def tiny_engine(tmp_path_factory):
-    """The real engine on a tiny random-weight llama in Q4_1 (4 slots, a queue of 6, 128 positions)."""
+@pytest.fixture(scope="module", params=["f16", "q8_0"])
+def tiny_engine(request, tmp_path_factory):
+    """The real engine on a tiny random-weight llama in Q4_1 (4 slots, a queue of 6, 128 positions),
+    with each KV cache type (the 8-bit one on heads of 32 values: a Q8_0 block)."""
     # Q4_1 matrices, as in the default model: on the CPU they run on the block kernels
-    path = write_tiny_gguf(str(tmp_path_factory.mktemp("m") / "llama.gguf"), "llama", matrix_type="Q4_1")
+    heads = {"n_heads": 2, "n_kv_heads": 1} if request.param == "q8_0" else {}
+    path = write_tiny_gguf(str(tmp_path_factory.mktemp("m") / "llama.gguf"), "llama", matrix_type="Q4_1", **heads)
     use_tinygrad_from_this_thread()
-    eng = Engine(lambda: load_gguf_model(path, slots=4, max_context=128, prefill_chunk=8), slots=4, queue_limit=6, prefill_chunk=8)
+    load = lambda: load_gguf_model(path, slots=4, max_context=128, prefill_chunk=8, kv_type=request.param)  # noqa: E731
+    eng = Engine(load, slots=4, queue_limit=6, prefill_chunk=8)
     eng.start()
     assert wait_until(lambda: eng.state != "loading", timeout=300)  # warm-up compiles: slow on a busy machine
     assert eng.state == "ok", eng.error

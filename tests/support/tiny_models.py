@@ -16,6 +16,7 @@ from functools import lru_cache
 import gguf
 import numpy as np
 from support.k_quants import Q4_K, Q5_K, QUANTIZERS, k_m_type
+from support.kv_quants import cached
 from support.low_bit_quants import QUANTIZERS as LOW_BIT_QUANTIZERS
 
 SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -231,19 +232,23 @@ def write_tiny_gguf(
     return path
 
 
-def load_steps(path: str, slots: int, context: int, prefill_chunk: int = 16):
+def load_steps(path: str, slots: int, context: int, prefill_chunk: int = 16, kv_type: str = "f16", cpu_kernels: bool = True):
     """The file's model behind the step strategy the server would choose (`steps.model` is the model)."""
     from webapp.engine.model.steps import steps_for
     from webapp.engine.model.transformer import load_model
 
-    model, _ = load_model(path, slots=slots, context=context)
+    model, _ = load_model(path, slots=slots, context=context, cpu_kernels=cpu_kernels, kv_type=kv_type)
     return steps_for(model, prefill_chunk)
 
 
 class Reference:
-    """Float64 forward pass over a whole token sequence, straight from the GGUF file."""
+    """Float64 forward pass over a whole token sequence, straight from the GGUF file; keys and values
+    rounded as a KV cache of `kv_type` ("f16" or "q8_0") holds them."""
 
-    def __init__(self, path: str):
+    kv_type = "f16"  # subclasses that read the file their own way keep the float16 cache
+
+    def __init__(self, path: str, kv_type: str = "f16"):
+        self.kv_type = kv_type
         reader = gguf.GGUFReader(path)
         self.arch = reader.fields["general.architecture"].contents()
         f = lambda key: reader.fields[f"{self.arch}.{key}"].contents()  # noqa: E731
@@ -324,7 +329,7 @@ class Reference:
                 q, k = self._norm(q, w[p + "attn_q_norm.weight"]), self._norm(k, w[p + "attn_k_norm.weight"])
             if not (self.arch == "smollm3" and (i + 1) % 4 == 0):  # SmolLM3: every fourth layer without RoPE
                 q, k = self._rope(q, pos), self._rope(k, pos)
-            k, v = k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64)  # the KV cache is float16
+            k, v = cached(k, self.kv_type), cached(v, self.kv_type)  # as the KV cache holds them
             rep = self.n_heads // self.n_kv
             k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
             scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd) + np.triu(np.full((T, T), -np.inf), 1)

@@ -10,6 +10,7 @@ from support.tiny_models import write_tiny_gguf
 from webapp.engine.model import memory
 from webapp.engine.model.config import ModelConfig
 from webapp.engine.model.gguf import read_gguf
+from webapp.engine.model.kv_types import KV_TYPES
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.model.transformer import ModelLoadError, load_model
 
@@ -68,3 +69,21 @@ def test_a_model_loaded_without_a_context_says_what_it_chose(tmp_path, caplog):
         model, _ = load_model(path, slots=1, context=None)
     assert model.context == 1024  # a tiny model: its trained context fits many times over
     assert "context: 1024 positions a slot (" in caplog.text and "LLM_MAX_CONTEXT sets it" in caplog.text
+
+
+def test_the_8_bit_cache_counts_its_rows_bytes_and_auto_context_gives_it_the_positions_they_free(tmp_path, monkeypatch):
+    """q8_0 rows hold 32 values in 34 bytes against float16's 64: the plan, its log line and the auto
+    context all use that, so the same memory holds 1.88x the positions."""
+    path = write_tiny_gguf(str(tmp_path / "q.gguf"), "qwen3", matrix_type="Q8_0", context=32768, n_heads=2, n_kv_heads=1)
+    kv, table = read_gguf(path)
+    config = ModelConfig.from_gguf(kv, table)
+    f16, q8 = KV_TYPES["f16"], KV_TYPES["q8_0"]
+    assert memory.kv_bytes_per_position(config, q8) * 64 == memory.kv_bytes_per_position(config, f16) * 34
+    plan = memory.plan(config, table, slots=4, positions=100, kept_types={8}, kv_type=q8)
+    assert plan.kv_cache == 5 * 100 * memory.kv_bytes_per_position(config, q8)
+    assert f"KV cache (q8_0, {memory.kv_bytes_per_position(config, q8) / 1024:.1f} KiB a token) 4 slots x 100 positions" in plan.describe()
+    weights = memory.weight_bytes(config, table, {8})
+    monkeypatch.setattr(memory, "available_bytes", lambda: weights + 2 * 5 * 4000 * memory.kv_bytes_per_position(config, f16))
+    as_f16, _ = memory.auto_context(config, table, 4, {8}, "CPU", f16)
+    as_q8, why = memory.auto_context(config, table, 4, {8}, "CPU", q8)
+    assert (as_f16, as_q8) == (3840, 7424) and "4 slots' q8_0 caches" in why  # 4000 and 4000 * 64 / 34 in steps of 256

@@ -70,6 +70,13 @@ class ExpertsFlag(enum.IntFlag):
     NORM_WEIGHTS = 1  # divided by their sum (Qwen3-MoE's norm_topk_prob)
 
 
+class KvType(enum.IntEnum):
+    """How the KV cache's rows hold their values (tq_attention.kv_type): float16, or GGUF's Q8_0 blocks."""
+
+    F16 = 0
+    Q8_0 = 1
+
+
 class ModelEntry(enum.IntEnum):
     """tq_forward's model table: the model's tensors, then each layer's LayerEntry ones from LAYERS."""
 
@@ -128,7 +135,7 @@ class Product(ctypes.Structure):
 
 
 class Attention(ctypes.Structure):
-    """A layer's attention for `lanes` lanes over the KV cache (2, slots, kv_heads, positions, head_dim)."""
+    """A layer's attention for `lanes` lanes over the KV cache (2, slots, kv_heads, positions, a row of head_dim values)."""
 
     _fields_ = [
         ("lanes", ctypes.c_int32),
@@ -142,6 +149,7 @@ class Attention(ctypes.Structure):
         ("scale", ctypes.c_float),  # on q . k: 1 / sqrt(head_dim)
         ("rotary_dim", ctypes.c_int32),  # RoPE turns a head's first rotary_dim values; the rest pass
         ("rope_scale", ctypes.c_float),  # on RoPE's cos and sin: YaRN's or LongRoPE's attention factor
+        ("kv_type", ctypes.c_int32),  # KvType: how the cache's rows hold their values
     ]
 
 
@@ -193,6 +201,7 @@ ENUMS = {
     "STEP_": StepOutput,
     "ATTEND_": AttendFlag,
     "EXPERTS_": ExpertsFlag,
+    "KV_": KvType,
     "MODEL_": ModelEntry,
     "LAYER_": LayerEntry,
 }  # tq.h's prefix for each

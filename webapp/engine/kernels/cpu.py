@@ -39,6 +39,7 @@ from webapp.engine.kernels.block_weight import BLOCK_FORMATS, BlockWeight
 from webapp.engine.kernels.build import SOURCE, compile_library, simd_flags
 from webapp.engine.kernels.layer_tables import LayerTensors, WholeModel
 from webapp.engine.model.device_buffers import device_array, host_address
+from webapp.engine.model.kv_types import cache_layout
 
 log = logging.getLogger(__name__)
 
@@ -230,27 +231,38 @@ class QuantizedCPU:
         """A layer's attention for B lanes (a decode step's sequences, or a prefill piece's tokens) from
         its qkv rows (B, (heads + 2 kv_heads) Hd): adds the bias and applies the q/k norms (as `flags`
         and `extras` say), rotates q and k by RoPE at each lane's position (inverse frequencies
-        `inv_freq`), writes each lane's key and value into the float16 KV cache (2, slots, kv_heads,
-        positions, Hd), then attends over it. lanes (2B,) int32 = each lane's slot, then its position
+        `inv_freq`), writes each lane's key and value into the KV cache (2, slots, kv_heads,
+        positions, a row: float16 or Q8_0, kv_types.py), then attends over it. lanes (2B,) int32 = each lane's slot, then its position
         (it attends positions 0..pos); `scale` multiplies q . k; RoPE turns each head's first `rotary`
         values (0: all of them), its cos and sin times `rope_scale`. -> (B, heads * Hd) float32."""
-        _, slots, kv_heads, positions, head_dim = cache.shape
+        slots, kv_heads, positions, head_dim, kv_type = cache_layout(cache)
         B = qkv.shape[0]
         out = Tensor.empty(B, heads * head_dim, dtype=dtypes.float32)
         shape = self._shape(
-            abi.Attention(B, heads, kv_heads, slots, positions, head_dim, flags, eps, scale, rotary or head_dim, rope_scale)
+            abi.Attention(B, heads, kv_heads, slots, positions, head_dim, flags, eps, scale, rotary or head_dim, rope_scale, kv_type)
         )
         return self._call("tq_attend", out, self._rows(qkv, (heads + 2 * kv_heads) * head_dim), cache, lanes, inv_freq, extras, shape)
 
     def layer(self, x: Tensor, layer: LayerTensors, lanes: Tensor, inv_freq: Tensor, eps: float) -> Tensor:
         """A whole transformer layer as one kernel (see tq_layer): x (B, D) float32 -> (B, D); lanes and
         inv_freq as `attend` takes them, eps the norms' epsilon."""
-        _, slots, kv_heads, positions, head_dim = layer.cache.shape
+        slots, kv_heads, positions, head_dim, kv_type = cache_layout(layer.cache)
         B, D = x.shape
         out = Tensor.empty(B, D, dtype=dtypes.float32)
         m = layer.matrices
         attention = abi.Attention(
-            B, layer.heads, kv_heads, slots, positions, head_dim, layer.flags, eps, layer.score_scale, layer.rotary, layer.rope_scale
+            B,
+            layer.heads,
+            kv_heads,
+            slots,
+            positions,
+            head_dim,
+            layer.flags,
+            eps,
+            layer.score_scale,
+            layer.rotary,
+            layer.rope_scale,
+            kv_type,
         )
         shape = self._shape(abi.LayerShape(attention, D, m.down.cols, m.types, layer.experts))
         unread = iter(self._unread)
@@ -266,12 +278,23 @@ class QuantizedCPU:
         """Everything `step` reads, by address (see tq_forward): the tensors must be realized, whole
         buffers, and stay alive with the model. `eps` is the norms' epsilon."""
         first = layers[0]
-        _, slots, kv_heads, positions, head_dim = first.cache.shape
+        slots, kv_heads, positions, head_dim, kv_type = cache_layout(first.cache)
         E = abi.ModelEntry
         model = {E.EMBED: embed.raw, E.NORM: norm, E.HEAD: head.raw, E.INV_FREQ: inv_freq}
         tensors = abi.in_table_order(model, [layer.table_entries for layer in layers])
         attention = abi.Attention(
-            0, first.heads, kv_heads, slots, positions, head_dim, first.flags, eps, first.score_scale, first.rotary, first.rope_scale
+            0,
+            first.heads,
+            kv_heads,
+            slots,
+            positions,
+            head_dim,
+            first.flags,
+            eps,
+            first.score_scale,
+            first.rotary,
+            first.rope_scale,
+            kv_type,
         )
         experts = next((layer.experts for layer in layers if layer.experts.count), abi.Experts())
         dims = abi.Step(attention, embed.cols, first.matrices.down.cols, len(layers), head.rows, embed.ggml_type, head.ggml_type)

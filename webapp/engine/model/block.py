@@ -1,8 +1,9 @@
 """A llama-family layer: attention with a KV cache of many slots, then a SwiGLU feed-forward.
 
-Contract: `TransformerBlock(config, weights, layer, slots, context, kv_dtype)` holds the layer's
-products in the form `WeightSource` chose and its float16 KV cache (2, slots + 1, kv_heads,
-context, head_dim); the extra last slot is scratch for padding lanes. The step strategies
+Contract: `TransformerBlock(config, weights, layer, slots, context, kv_type)` holds the layer's
+products in the form `WeightSource` chose and its KV cache (2, slots + 1, kv_heads, context, a row
+of head_dim values in `kv_type`'s rows: float16 or Q8_0, kv_types.py); the extra last slot is
+scratch for padding lanes. The step strategies
 (`webapp.engine.model.steps`) call `prefill` / `decode` on tinygrad's path and `on_kernels` on the
 CPU kernels' path; `layer_tensors` is set when every product is in blocks, so the layer runs as one
 kernel (and, for the whole model, inside one call).
@@ -17,6 +18,7 @@ from webapp.engine.kernels.abi import MAX_HEAD_DIM, AttendFlag
 from webapp.engine.kernels.layer_tables import LayerMatrices, LayerTensors
 from webapp.engine.model.config import ModelConfig
 from webapp.engine.model.device_buffers import device_array
+from webapp.engine.model.kv_types import KvRows
 from webapp.engine.model.ops import rms_norm, rope
 from webapp.engine.model.weights import BlockLinear, WeightSource
 
@@ -46,7 +48,7 @@ class TransformerBlock:
     """One pre-norm attention + SwiGLU layer (llama, qwen2, qwen3): its weights, its slice of the KV
     cache, and its computation on tinygrad (`prefill`, `decode`) and on the CPU kernels (`on_kernels`)."""
 
-    def __init__(self, config: ModelConfig, weights: WeightSource, layer: int, slots: int, context: int, kv_dtype):
+    def __init__(self, config: ModelConfig, weights: WeightSource, layer: int, slots: int, context: int, kv_type: KvRows):
         self.c = config
         self.rotates = config.rotates(layer)
         p = f"blk.{layer}."
@@ -86,15 +88,16 @@ class TransformerBlock:
             feed_forward = self._feed_forward_blocks()
             if self._attention_in_blocks and feed_forward is not None:
                 matrices = LayerMatrices(self.qkv.weight, self.attn_output.weight, **feed_forward)
-        # (k|v, slot, kv_head, position, head_dim); the extra last slot is scratch for padding lanes.
-        shape = (2, slots + 1, config.n_kv_heads, context, config.head_dim)
+        # (k|v, slot, kv_head, position, a row of head_dim values); the extra last slot is scratch for padding lanes.
+        self.kv_type = kv_type
+        shape = (2, slots + 1, config.n_kv_heads, context, kv_type.row_width(config.head_dim))
         if Device.DEFAULT == "CPU":
             # the CPU allocator maps fresh zero pages: no kernel writes 0.9 GB of zeros at load, and memory
             # is only committed as positions fill
-            self.cache = Tensor.empty(*shape, dtype=kv_dtype).realize()
+            self.cache = Tensor.empty(*shape, dtype=kv_type.dtype).realize()
             self.cache.uop.base.buffer.ensure_allocated()
         else:
-            self.cache = Tensor.zeros(*shape, dtype=kv_dtype).contiguous()
+            self.cache = Tensor.zeros(*shape, dtype=kv_type.dtype).contiguous()
         if matrices is not None:
             norms = (self.w["attn_norm.weight"], self.w["ffn_norm.weight"])
             self.layer_tensors = LayerTensors(
@@ -203,11 +206,11 @@ class TransformerBlock:
         if self.rotates:
             q, k = rope(q, *rotary), rope(k, *rotary)
         q = q.contiguous()
-        kv = Tensor.stack(k[0], v[0]).cast(self.cache.dtype)  # (2, KvH, T, Hd)
+        kv = self.kv_type.store(Tensor.stack(k[0], v[0]))  # (2, KvH, T, row)
         store = self.cache[:, slot, :, start : start + T, :].uop.store(kv.uop)
         cache = Tensor(self.cache.uop.after(store))
-        keys = cache[0, slot, :, 0 : start + T, :].unsqueeze(0).float()  # (1, KvH, start+T, Hd)
-        values = cache[1, slot, :, 0 : start + T, :].unsqueeze(0).float()
+        keys = self.kv_type.load(cache[0, slot, :, 0 : start + T, :]).unsqueeze(0)  # (1, KvH, start+T, Hd)
+        values = self.kv_type.load(cache[1, slot, :, 0 : start + T, :]).unsqueeze(0)
         return self._ffn_and_out(x, self._attend(q, keys, values, mask))
 
     def decode(self, x: Tensor, slots: list[UOp], positions: list[UOp], rotary: tuple[Tensor, Tensor], length: UOp, mask: Tensor) -> Tensor:
@@ -216,9 +219,9 @@ class TransformerBlock:
         if self.rotates:
             q, k = rope(q, *rotary), rope(k, *rotary)
         q = q.contiguous()
-        kv = Tensor.stack(k, v).cast(self.cache.dtype)  # (2, B, KvH, 1, Hd)
+        kv = self.kv_type.store(Tensor.stack(k, v))  # (2, B, KvH, 1, row)
         stores = [self.cache[:, s, :, p : p + 1, :].uop.store(kv[:, b].contiguous().uop) for b, (s, p) in enumerate(zip(slots, positions))]
         cache = Tensor(self.cache.uop.after(*stores))
-        keys = Tensor.stack(*[cache[0, s, :, 0:length, :] for s in slots]).float()  # (B, KvH, length, Hd)
-        values = Tensor.stack(*[cache[1, s, :, 0:length, :] for s in slots]).float()
+        keys = self.kv_type.load(Tensor.stack(*[cache[0, s, :, 0:length, :] for s in slots]))  # (B, KvH, length, Hd)
+        values = self.kv_type.load(Tensor.stack(*[cache[1, s, :, 0:length, :] for s in slots]))
         return self._ffn_and_out(x, self._attend(q, keys, values, mask))

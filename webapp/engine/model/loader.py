@@ -51,6 +51,7 @@ def load_gguf_model(
     cpu_kernels: bool = True,
     pooling: str = "auto",
     draft: str | None = None,
+    kv_type: str = "f16",
 ) -> LoadedModel:
     """The real loader: tinygrad model, GGUF tokenizer and the file's chat template; `draft`, a draft
     model's GGUF for speculative decoding (model/draft_loader.py)."""
@@ -58,6 +59,7 @@ def load_gguf_model(
     from tinygrad import Device
 
     from webapp.engine.model.draft_loader import load_draft
+    from webapp.engine.model.memory import kv_bytes_per_position
     from webapp.engine.model.runner import ModelRunner
     from webapp.engine.model.steps import steps_for
     from webapp.engine.model.steps.jitted import prefill_pieces
@@ -66,7 +68,7 @@ def load_gguf_model(
     from webapp.engine.text.tokenizer import Tokenizer
 
     piece = prefill_pieces(prefill_chunk)[0]  # the largest
-    model, kv = load_model(path, slots=slots, context=max_context, max_chunk=piece, cpu_kernels=cpu_kernels)
+    model, kv = load_model(path, slots=slots, context=max_context, max_chunk=piece, cpu_kernels=cpu_kernels, kv_type=kv_type)
     try:  # the tokenizer's metadata and the template are the file's too: untrusted, refused in one line
         tokenizer = Tokenizer.from_gguf_metadata(kv)
         template = ChatTemplate(kv.get("tokenizer.chat_template"), bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
@@ -79,7 +81,7 @@ def load_gguf_model(
     steps = steps_for(model, prefill_chunk)
     draft_model = load_draft(draft, path, kv, steps, slots, piece, cpu_kernels) if draft else None
     if steps.tunable:
-        beam = beam_for(tuning_key(path, slots, model.context, piece, model.uses_cpu_kernels), beam)
+        beam = beam_for(tuning_key(path, slots, model.context, piece, model.uses_cpu_kernels, model.kv_type.name), beam)
         log.info("steps: %s", steps.how)
     else:
         beam = 0
@@ -94,6 +96,8 @@ def load_gguf_model(
         pooling=pooling,
         embedding_suffix=suffix,
         routed_tokens=model.routed_tokens if model.config.experts else None,
+        kv_type=model.kv_type.name,
+        kv_bytes_per_token=kv_bytes_per_position(model.config, model.kv_type),
     )
 
 
@@ -102,7 +106,7 @@ def build_engine(config) -> Engine:
     s = engine_settings(config)
     return Engine(
         lambda: load_gguf_model(
-            s["path"], s["slots"], s["context"], s["prefill_chunk"], s["beam"], s["cpu_kernels"], s["pooling"], s["draft"]
+            s["path"], s["slots"], s["context"], s["prefill_chunk"], s["beam"], s["cpu_kernels"], s["pooling"], s["draft"], s["kv_type"]
         ),
         slots=s["slots"],
         queue_limit=s["queue_limit"],

@@ -1,9 +1,11 @@
 """What a model will take in memory, said before its weights are read.
 
-Contract: `auto_context(config, table, slots, kept_types, device)` is the context a slot gets when
-`LLM_MAX_CONTEXT` is "auto", with the reason in words for the start-up log.
-`plan(config, table, slots, positions, kept_types)` returns a `MemoryPlan` (weights bytes,
-the KV cache's bytes when every slot is full, the memory available to this process); `check()` raises
+Contract: `auto_context(config, table, slots, kept_types, device, kv_type)` is the context a slot gets
+when `LLM_MAX_CONTEXT` is "auto", with the reason in words for the start-up log.
+`plan(config, table, slots, positions, kept_types, kv_type)` returns a `MemoryPlan` (weights bytes,
+the KV cache's type, its bytes per token and when every slot is full, the memory available to this
+process); `kv_type` is the cache's rows (kv_types.py: float16, or Q8_0 at 34 bytes per 32 values,
+so 8-bit rows give "auto" 1.88x the positions); `check()` raises
 `ModelLoadError` in one line when the weights alone cannot fit, and `describe()` is the start-up
 log's line. Weights in `kept_types` stay in the file's bytes (the CPU kernels' block formats);
 every other matrix becomes float16. The KV cache's pages are committed only as positions fill
@@ -16,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from webapp.engine.model.config import ModelConfig, ModelLoadError, used_tensors
+from webapp.engine.model.kv_types import KV_TYPES, KvRows
 
 GIB = 1 << 30
-KV_BYTES = 2  # float16 keys and values
 # "auto" context: the slots' caches may take this share of the memory the weights leave free...
 KV_SHARE = 0.5
 # ...up to this many positions a slot: room for a coding agent's tools and history (Codex CLI sends
@@ -35,6 +37,8 @@ class MemoryPlan:
     available: int | None
     slots: int
     positions: int
+    kv_type: str
+    kv_bytes_per_token: int  # every layer's key and value rows of one position
 
     def check(self) -> None:
         if self.available is not None and self.weights > self.available:
@@ -45,7 +49,8 @@ class MemoryPlan:
 
     def describe(self) -> str:
         line = (
-            f"memory: weights {self.weights / GIB:.2f} GiB, KV cache {self.slots} slots x {self.positions} positions = "
+            f"memory: weights {self.weights / GIB:.2f} GiB, KV cache ({self.kv_type}, {self.kv_bytes_per_token / 1024:.1f} KiB a token) "
+            f"{self.slots} slots x {self.positions} positions = "
             f"{self.kv_cache / GIB:.2f} GiB when full (committed as positions fill)"
         )
         if self.available is not None:
@@ -55,8 +60,8 @@ class MemoryPlan:
         return line
 
 
-def kv_bytes_per_position(config: ModelConfig) -> int:
-    return config.n_layers * 2 * config.n_kv_heads * config.head_dim * KV_BYTES
+def kv_bytes_per_position(config: ModelConfig, kv_type: KvRows = KV_TYPES["f16"]) -> int:
+    return config.n_layers * 2 * config.n_kv_heads * kv_type.row_bytes(config.head_dim)
 
 
 def weight_bytes(config: ModelConfig, table: dict, kept_types: set[int]) -> int:
@@ -68,12 +73,16 @@ def weight_bytes(config: ModelConfig, table: dict, kept_types: set[int]) -> int:
     return weights
 
 
-def plan(config: ModelConfig, table: dict, slots: int, positions: int, kept_types: set[int]) -> MemoryPlan:
-    weights = weight_bytes(config, table, kept_types)
-    return MemoryPlan(weights, (slots + 1) * positions * kv_bytes_per_position(config), available_bytes(), slots, positions)
+def plan(
+    config: ModelConfig, table: dict, slots: int, positions: int, kept_types: set[int], kv_type: KvRows = KV_TYPES["f16"]
+) -> MemoryPlan:
+    weights, per_token = weight_bytes(config, table, kept_types), kv_bytes_per_position(config, kv_type)
+    return MemoryPlan(weights, (slots + 1) * positions * per_token, available_bytes(), slots, positions, kv_type.name, per_token)
 
 
-def auto_context(config: ModelConfig, table: dict, slots: int, kept_types: set[int], device: str) -> tuple[int, str]:
+def auto_context(
+    config: ModelConfig, table: dict, slots: int, kept_types: set[int], device: str, kv_type: KvRows = KV_TYPES["f16"]
+) -> tuple[int, str]:
     """Positions a slot for `LLM_MAX_CONTEXT=auto`: what KV_SHARE of the memory left after the
     weights holds for every slot (and the scratch slot), in steps of 256, within the model's trained
     context and AUTO_CONTEXT_CAP; and why, in words."""
@@ -84,10 +93,10 @@ def auto_context(config: ModelConfig, table: dict, slots: int, kept_types: set[i
         where = "this machine's" if device in ("CPU", "PYTHON") else f"{device}'s"
         return min(cap, FIXED_CONTEXT), f"{where} free memory is not known"
     free = max(0, available - weight_bytes(config, table, kept_types))
-    per_position = (slots + 1) * kv_bytes_per_position(config)
+    per_position = (slots + 1) * kv_bytes_per_position(config, kv_type)
     fits = int(free * KV_SHARE) // per_position // 256 * 256
     positions = max(min(cap, fits), min(cap, AUTO_CONTEXT_FLOOR))
-    why = f"{slots} slots' caches in at most {KV_SHARE:.0%} of the {free / GIB:.1f} GiB the weights leave free hold {fits} positions each"
+    why = f"{slots} slots' {kv_type.name} caches in at most {KV_SHARE:.0%} of the {free / GIB:.1f} GiB the weights leave free hold {fits} positions each"
     if positions == cap:
         why += f"; capped at {cap} ({'the trained context' if cap == trained else 'the most the server picks by itself'})"
     elif positions > fits:

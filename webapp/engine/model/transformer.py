@@ -34,6 +34,7 @@ from webapp.engine.model.block import TransformerBlock
 from webapp.engine.model.config import ModelConfig, ModelLoadError, check_tensors
 from webapp.engine.model.ggml_types import KERNEL_ONLY_TYPES
 from webapp.engine.model.gguf import read_gguf
+from webapp.engine.model.kv_types import KV_TYPES, KvRows, kv_type_named
 from webapp.engine.model.memory import auto_context
 from webapp.engine.model.memory import plan as memory_plan
 from webapp.engine.model.moe_block import MoeBlock
@@ -43,9 +44,6 @@ from webapp.engine.model.weights import WeightSource
 
 log = logging.getLogger(__name__)
 
-# half the KV memory of float32 (0.86 instead of 1.7 GB for 8 slots x 4,096 positions of the default
-# model), at the same speed as measured here
-KV_DTYPE = dtypes.float16
 # GGUF general.file_type values of unquantized files: all F32, mostly F16, mostly BF16. A quantized
 # file's output head on tinygrad's kernels is stored as int8 with a scale per vocabulary row (see
 # weights.FloatHead); unquantized files keep an exact float16 head.
@@ -65,15 +63,17 @@ class Transformer:
         inv_freq: np.ndarray,
         act_dtype=dtypes.float32,
         int8_head: bool = False,
+        kv_type: KvRows = KV_TYPES["f16"],
     ):
-        """`inv_freq` (head_dim / 2,) float32 are RoPE's inverse frequencies, as the file asks (rope.py)."""
-        self.config, self.slots, self.context, self.act_dtype = config, slots, context, act_dtype
+        """`inv_freq` (head_dim / 2,) float32 are RoPE's inverse frequencies, as the file asks (rope.py);
+        `kv_type` the KV cache's rows (kv_types.py)."""
+        self.config, self.slots, self.context, self.act_dtype, self.kv_type = config, slots, context, act_dtype, kv_type
         self.embed = weights.embedding()  # token ids -> (..., D)
         self.output_norm = weights.vector("output_norm.weight")
         self.head = weights.head(config.vocab_size, int8_head)  # (B, D) -> (B, vocab)
         # a padded prefill chunk may write up to max_chunk - 1 junk positions past the context
         block = MoeBlock if config.experts else self.block
-        self.blocks = [block(config, weights, i, slots, context + max_chunk, KV_DTYPE) for i in range(config.n_layers)]
+        self.blocks = [block(config, weights, i, slots, context + max_chunk, kv_type) for i in range(config.n_layers)]
         self.uses_cpu_kernels = weights.uses_kernels  # some matrix runs on the quantized CPU kernels
         # every layer runs on the CPU kernels, or none does (attention always, each product where its
         # type has one)
@@ -185,10 +185,14 @@ def _rope_frequencies(kv: dict, table: dict, config: ModelConfig, context: int) 
         raise ModelLoadError(str(e)) from e
 
 
-def load_model(path: str, slots: int, context: int | None, max_chunk: int = 64, cpu_kernels: bool = True) -> tuple[Transformer, dict]:
+def load_model(
+    path: str, slots: int, context: int | None, max_chunk: int = 64, cpu_kernels: bool = True, kv_type: str = "f16"
+) -> tuple[Transformer, dict]:
     """Read a GGUF file; returns the model and the file's metadata (the tokenizer needs it).
     `context` None sizes each slot from free memory (`memory.auto_context`); `cpu_kernels=False` keeps
-    every matrix on tinygrad's float16 path, even where a kernel exists."""
+    every matrix on tinygrad's float16 path, even where a kernel exists; `kv_type` names the KV
+    cache's rows (`LLM_KV_TYPE`: "f16" or "q8_0", kv_types.py)."""
+    rows = kv_type_named(kv_type)
     try:
         kv, table = read_gguf(path)
     except FileNotFoundError:
@@ -197,6 +201,8 @@ def load_model(path: str, slots: int, context: int | None, max_chunk: int = 64, 
         raise ModelLoadError(f"cannot parse {path} as GGUF: {e}") from e
     config = ModelConfig.from_gguf(kv, table)
     check_tensors(config, table)
+    if why := rows.check(config.head_dim):
+        raise ModelLoadError(why)
     # CPUs here lack float16 arithmetic: compute in float32 there, reading float16 or block weights
     act_dtype = dtypes.float32 if Device.DEFAULT in ("CPU", "PYTHON") else dtypes.float16
     kernels = QuantizedCPU.load() if cpu_kernels else None
@@ -208,24 +214,25 @@ def load_model(path: str, slots: int, context: int | None, max_chunk: int = 64, 
                 "(on the CPU device, with LLM_CPU_KERNELS on)"
             )
     if context is None:
-        context, why = auto_context(config, table, slots, kept, Device.DEFAULT)
+        context, why = auto_context(config, table, slots, kept, Device.DEFAULT, rows)
         log.info("context: %d positions a slot (%s; LLM_MAX_CONTEXT sets it)", context, why)
     context = min(context, config.trained_context)
-    memory = memory_plan(config, table, slots, context + max_chunk, kept)
+    memory = memory_plan(config, table, slots, context + max_chunk, kept, rows)
     memory.check()  # before any weight is read
     log.info("%s", memory.describe())
     weights = WeightSource(path, table, config.arch, config.n_heads, config.n_kv_heads, act_dtype, kernels)
     int8_head = kv.get("general.file_type") not in (None, *FLOAT_FILE_TYPES)
     inv_freq = _rope_frequencies(kv, table, config, context)
-    model = Transformer(config, weights, slots, context, max_chunk, inv_freq, act_dtype=act_dtype, int8_head=int8_head)
+    model = Transformer(config, weights, slots, context, max_chunk, inv_freq, act_dtype=act_dtype, int8_head=int8_head, kv_type=rows)
     log.info(
-        "loaded %s: %s, %d layers, dim %d, %d slots x %d positions; weights: %s",
+        "loaded %s: %s, %d layers, dim %d, %d slots x %d positions of %s keys and values; weights: %s",
         path,
         config.arch,
         config.n_layers,
         config.dim,
         slots,
         context,
+        rows.name,
         weights.describe(),
     )
     return model, kv

@@ -32,7 +32,13 @@ def main() -> int:
     started = time.monotonic()
     log.info("tuning kernels with BEAM=%d for %s (this takes minutes, once per configuration)", beam, settings["path"])
     loaded = load_gguf_model(
-        settings["path"], settings["slots"], settings["context"], settings["prefill_chunk"], beam=beam, cpu_kernels=settings["cpu_kernels"]
+        settings["path"],
+        settings["slots"],
+        settings["context"],
+        settings["prefill_chunk"],
+        beam=beam,
+        cpu_kernels=settings["cpu_kernels"],
+        kv_type=settings["kv_type"],
     )
     if not loaded.runner.steps.tunable:
         log.info("steps run %s: no tinygrad kernel to tune", loaded.runner.steps.how)
@@ -46,6 +52,7 @@ def main() -> int:
             loaded.context,
             prefill_pieces(settings["prefill_chunk"])[0],
             loaded.runner.steps.model.uses_cpu_kernels,
+            loaded.kv_type,
         ),
         beam,
         seconds,

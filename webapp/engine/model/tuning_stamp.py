@@ -24,7 +24,7 @@ def _stamp(key: dict) -> Path:
     return Path(cache_dir) / f"llm-server-tuned-{digest}.json"
 
 
-def tuning_key(model_path: str, slots: int, context: int, prefill_piece: int, cpu_kernels: bool) -> dict:
+def tuning_key(model_path: str, slots: int, context: int, prefill_piece: int, cpu_kernels: bool, kv_type: str = "f16") -> dict:
     """Everything that changes the kernels: the model file, the cache shape, the device, tinygrad."""
     import tinygrad
     from tinygrad import Device
@@ -39,6 +39,7 @@ def tuning_key(model_path: str, slots: int, context: int, prefill_piece: int, cp
         "device": Device.DEFAULT,
         "tinygrad": getattr(tinygrad, "__version__", "?"),
         "cpu_kernels": cpu_kernels,
+        "kv_type": kv_type,
         "kernels": 7,  # bump when the set of kernels the server compiles changes
     }
 

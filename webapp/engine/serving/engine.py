@@ -179,7 +179,8 @@ class Engine:
             warm = loaded.runner.warm_up(log.info)
             log.info("warm-up done in %.1f s; ready", warm)
             self.metrics = EngineMetrics(
-                {"model": loaded.name, "context": loaded.context, "device": loaded.device, "prefill_chunk": self.prefill_chunk},
+                {"model": loaded.name, "context": loaded.context, "device": loaded.device, "prefill_chunk": self.prefill_chunk}
+                | {"kv_type": loaded.kv_type, "kv_bytes_per_token": loaded.kv_bytes_per_token},
                 routed=loaded.routed_tokens,
             )
             self.loaded, self.state = loaded, "ok"

@@ -28,6 +28,9 @@ class LoadedModel:
     # how /v1/embeddings pools a prompt's final norm outputs ("mean", "last" or "first"), and the
     # tokens it appends to each input first (an embedding model's end-of-text, where the file asks)
     pooling: str = "mean"
+    # the KV cache's rows (LLM_KV_TYPE) and what one token takes in it, every layer's key and value
+    kv_type: str = "f16"
+    kv_bytes_per_token: int = 0
     embedding_suffix: tuple[int, ...] = ()
     # a mixture of experts': how many lanes each expert has taken since load, (layers, experts), where
     # the kernels count them (Transformer.routed_tokens)

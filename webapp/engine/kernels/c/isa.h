@@ -50,3 +50,6 @@ static void halves_from_floats(const float *x, int n, uint16_t *to);
  * part_stride, then its scores' max and its sum of e^(score - max). */
 static void attend_item(const float *q, int heads, const uint16_t *k, const uint16_t *v, int n, int Hd, float scale, float *part,
                         size_t part_stride);
+/* attend_item over Q8_0 cache rows (attention_q8.c): k, v n rows of Hd / 32 blocks each, Hd a multiple of 32. */
+static void attend_item_q8(const float *q, int heads, const uint8_t *k, const uint8_t *v, int n, int Hd, float scale, float *part,
+                           size_t part_stride);

@@ -11,12 +11,12 @@
  * product, which hides their misses: writing them cold took ~0.5 of a B=8 step's 0.7 ms of RoPE and
  * cache writes (every layer's cache from DRAM at position 100). */
 static void prefetch_new_entries(const uint16_t *cache, const int32_t *lanes, const tq_attention *shape) {
-  const int B = shape->lanes, KvH = shape->kv_heads, S = shape->slots, C = shape->positions, Hd = shape->head_dim;
+  const int B = shape->lanes, KvH = shape->kv_heads;
   for (int b = 0; b < B; b++)
     for (int is_v = 0; is_v < 2; is_v++)
       for (int kvh = 0; kvh < KvH; kvh++) {
-        const char *entry = (const char *)(cache + ((((size_t)is_v * S + lanes[b]) * KvH + kvh) * C + lanes[B + b]) * Hd);
-        for (int at = 0; at < Hd * 2; at += 64) __builtin_prefetch(entry + at, 1, 3);
+        const char *entry = (const char *)kv_row(cache, shape, is_v, lanes[b], kvh, lanes[B + b]);
+        for (size_t at = 0; at < kv_row_bytes(shape); at += 64) __builtin_prefetch(entry + at, 1, 3);
       }
 }
 

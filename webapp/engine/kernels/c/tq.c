@@ -10,8 +10,8 @@
  * The files: format_*.c (a block format each: its dequantization), formats.c (their table,
  * interleaved rows), isa.h (what depends on the instruction set), generic.c and x86_avx2*.c (its
  * portable and AVX2 versions, fallback.h choosing; x86_avx2_<format>.c a format's own products),
- * pool.c (the thread pool), linear.c (the products and the fused linears), attention.c, moe.c (a mixture
- * of experts' feed-forward), step.c (a layer, a step) and abi.c (tq_abi).
+ * pool.c (the thread pool), linear.c (the products and the fused linears), attention.c (attention_q8.c: its
+ * 8-bit KV cache rows), moe.c (a mixture of experts' feed-forward), step.c (a layer, a step) and abi.c (tq_abi).
  *
  * Why this shape: a decode step reads every weight once, so bytes decide its speed; keeping the file's
  * 4.5-bit blocks reads a third of what float16 copies did. Activations are quantized per 32 values to
@@ -47,6 +47,7 @@
 #include "format_float.c"
 #include "formats.c"
 #include "generic.c"
+#include "attention_q8.c"
 #if TQ_AVX2
 #include "x86_avx2.c"
 #include "x86_avx2_iq4_xs.c"
@@ -56,6 +57,7 @@
 #include "x86_avx2_products.c"
 #include "x86_avx2_float.c"
 #include "x86_avx2_attention.c"
+#include "x86_avx2_attention_q8.c"
 #endif
 #include "pool.c"
 #include "linear.c"

@@ -35,6 +35,10 @@ _Static_assert(sizeof(stack_header) == STACK_HEADER_BYTES, "the header cpu.py wr
 /* tq_attend's flags: which of the qkv bias and the q/k norm weights its `extras` hold, in that order;
  * ATTEND_NO_ROPE: q and k are not rotated (SmolLM3's every fourth layer). */
 enum { ATTEND_BIAS = 1, ATTEND_QK_NORM = 2, ATTEND_NO_ROPE = 4 };
+/* The KV cache's element types (tq_attention.kv_type). KV_F16: a row of Hd float16 values. KV_Q8_0: a row
+ * of Hd / 32 blocks of GGUF's Q8_0 layout (a float16 scale d, then 32 int8 q: value d * q), 34 bytes per
+ * 32 values, Hd a multiple of 32 (see attention_q8.c). */
+enum { KV_F16 = 0, KV_Q8_0 = 1 };
 /* the largest head tq_attend rotates (its rotation buffer) */
 enum { MAX_HEAD_DIM = 512 };
 /* Idle pool threads spin this long before sleeping: a decode step's ~150 jobs come microseconds
@@ -67,12 +71,13 @@ typedef struct {
 /* A layer's attention for `lanes` lanes (a decode step's sequences, or a prefill piece's tokens). */
 typedef struct {
   int32_t lanes, heads, kv_heads;
-  int32_t slots, positions, head_dim; /* the float16 KV cache: (2, slots, kv_heads, positions, head_dim) */
+  int32_t slots, positions, head_dim; /* the KV cache: (2, slots, kv_heads, positions, a row of head_dim values) */
   int32_t flags;                      /* ATTEND_BIAS | ATTEND_QK_NORM */
   float eps;                          /* the norms' epsilon: the q/k norms', and the layer's (tq_layer, tq_forward) */
   float scale;                        /* on q . k: 1 / sqrt(head_dim) */
   int32_t rotary_dim;                 /* RoPE turns a head's first rotary_dim values (half-split pairs); the rest pass */
   float rope_scale;                   /* on RoPE's cos and sin: YaRN's or LongRoPE's attention factor (1: none) */
+  int32_t kv_type;                    /* KV_F16 or KV_Q8_0: how the cache's rows hold their values */
 } tq_attention;
 
 /* A mixture of experts' sizes: `count` experts a layer, `used` of them a token, each with a
@@ -136,8 +141,9 @@ void tq_residual_linear(float *out, const uint8_t *w, const float *x, const floa
 /* residual + W . (silu(gate) * up), x = gate | up (2 cols a token) */
 void tq_swiglu_linear(float *out, const uint8_t *w, const float *gate_up, const float *residual, const tq_product *shape);
 /* A layer's attention from its qkv rows: bias, q/k norm, RoPE, the new keys and values into the
- * float16 KV cache, then softmax attention over it (see attention.c). */
-void tq_attend(float *out, const float *qkv, uint16_t *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
+ * KV cache (float16 or Q8_0 rows, as shape->kv_type says), then softmax attention over it (see
+ * attention.c). `cache` is the cache's first byte, whatever its type. */
+void tq_attend(float *out, const float *qkv, void *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
                const tq_attention *shape);
 /* A whole layer: those five in a row (see step.c), or a mixture of experts' feed-forward after the
  * attention (shape->experts.count > 0; a dense layer's w_router, w_up and expert_tokens are unread). */

@@ -1,0 +1,96 @@
+"""The KV cache's element types (`LLM_KV_TYPE`): float16 rows, or 8-bit rows in GGUF's Q8_0 blocks.
+
+Contract: `kv_type_named(name)` is the `KvRows` for "f16" or "q8_0" (ValueError naming the setting
+otherwise). A cache is (2, slots, kv_heads, positions, `row_width(head_dim)`) of `dtype`, a row
+being one position's key or value for one kv head; `row_bytes(head_dim)` is its size, what memory
+planning counts. On tinygrad's path `store(x)` turns float keys or values (..., head_dim) into rows
+and `load(rows)` reads them back as float32 (..., head_dim); the CPU kernels write and read the same
+rows themselves (c/attention.c, c/attention_q8.c), told which by `abi` (tq_attention.kv_type), and
+`cache_layout(cache)` recovers what they need from a cache tensor.
+
+Q8_0 rows: head_dim / 32 blocks of a float16 scale d and 32 int8 q (value d * q; d = max |x| / 127,
+q = x / d rounded to nearest even), 34 bytes per 32 values against float16's 64: the same cache
+memory holds 1.88x the positions. Its cost in fidelity and speed is measured in bench/kv_fidelity.py.
+"""
+
+from __future__ import annotations
+
+from tinygrad import Tensor, dtypes
+
+from webapp.engine.kernels.abi import KvType
+
+Q8_BLOCK, Q8_BLOCK_BYTES = 32, 34  # values, and bytes (a float16 scale, 32 int8), per block
+
+
+class KvRows:
+    name: str
+    abi: KvType
+    dtype = dtypes.float16
+
+    def row_width(self, head_dim: int) -> int:
+        return head_dim
+
+    def row_bytes(self, head_dim: int) -> int:
+        return self.row_width(head_dim) * self.dtype.itemsize
+
+    def check(self, head_dim: int) -> str | None:
+        """Why a model with this head size cannot use these rows, or None."""
+        return None
+
+    def store(self, x: Tensor) -> Tensor:
+        """Keys or values (..., head_dim) -> rows (..., row_width) of `dtype`."""
+        return x.cast(self.dtype)
+
+    def load(self, rows: Tensor) -> Tensor:
+        """Rows (..., row_width) -> float32 (..., head_dim)."""
+        return rows.float()
+
+
+class F16Rows(KvRows):
+    name, abi = "f16", KvType.F16
+
+
+class Q8Rows(KvRows):
+    name, abi = "q8_0", KvType.Q8_0
+    dtype = dtypes.uint8
+
+    def row_width(self, head_dim: int) -> int:
+        return head_dim // Q8_BLOCK * Q8_BLOCK_BYTES
+
+    def check(self, head_dim: int) -> str | None:
+        if head_dim % Q8_BLOCK:
+            return f"LLM_KV_TYPE=q8_0 stores heads in blocks of {Q8_BLOCK} values; this model's heads have {head_dim}"
+        return None
+
+    def store(self, x: Tensor) -> Tensor:
+        *lead, head_dim = x.shape
+        blocks = x.float().reshape(*lead, head_dim // Q8_BLOCK, Q8_BLOCK)  # (..., nb, 32)
+        d = blocks.abs().max(-1, keepdim=True) / 127  # (..., nb, 1)
+        q = (blocks * (d > 0).where(d.reciprocal(), 0)).round().cast(dtypes.int8).bitcast(dtypes.uint8)
+        return d.cast(dtypes.float16).bitcast(dtypes.uint8).cat(q, dim=-1).reshape(*lead, self.row_width(head_dim))
+
+    def load(self, rows: Tensor) -> Tensor:
+        # only the row axis splits: the positions' (symbolic) axis stays as it is
+        *lead, width = rows.shape
+        blocks = rows.reshape(*lead, width // Q8_BLOCK_BYTES, Q8_BLOCK_BYTES)  # (..., nb, 34)
+        d = blocks[..., :2].bitcast(dtypes.float16).float()  # (..., nb, 1)
+        q = blocks[..., 2:].bitcast(dtypes.int8).float()  # (..., nb, 32)
+        return (q * d).reshape(*lead, width // Q8_BLOCK_BYTES * Q8_BLOCK)
+
+
+KV_TYPES = {rows.name: rows for rows in (F16Rows(), Q8Rows())}
+
+
+def kv_type_named(name: str) -> KvRows:
+    rows = KV_TYPES.get(str(name).lower())
+    if rows is None:
+        raise ValueError(f"LLM_KV_TYPE={name!r}: one of {', '.join(KV_TYPES)} is expected")
+    return rows
+
+
+def cache_layout(cache: Tensor) -> tuple[int, int, int, int, KvType]:
+    """A cache tensor's slots, kv heads, positions, head size and rows' type, as the kernels take them."""
+    _, slots, kv_heads, positions, width = cache.shape
+    if cache.dtype == dtypes.uint8:
+        return slots, kv_heads, positions, width // Q8_BLOCK_BYTES * Q8_BLOCK, KvType.Q8_0
+    return slots, kv_heads, positions, width, KvType.F16
