@@ -16,7 +16,7 @@ from tinygrad import Tensor, TinyJit
 
 from webapp.engine.kernels.abi import INTERLEAVED, AttendFlag, Attention, Product
 from webapp.engine.kernels.block_weight import BLOCK_FORMATS, BlockWeight
-from webapp.engine.kernels.build import SOURCE, compile_library, simd_flags
+from webapp.engine.kernels.build import SOURCE
 from webapp.engine.kernels.cpu import QuantizedCPU
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 
@@ -145,17 +145,6 @@ def _ptr(a: np.ndarray):
 def _ref(shape: ctypes.Structure):
     """A pointer to one of tq.h's structs (abi.py's mirror), as the kernels take their shapes."""
     return ctypes.byref(shape)
-
-
-@pytest.fixture(scope="module", params=["simd", "portable"])
-def library(request):
-    flags = simd_flags() if request.param == "simd" else []
-    if request.param == "simd" and not flags:
-        pytest.skip("this CPU has no AVX2")
-    lib = ctypes.CDLL(str(compile_library(flags)))
-    lib.tq_start(ctypes.c_long(3), ctypes.c_long(50))  # more threads than cores: chunks still all land
-    assert lib.tq_simd() == (request.param == "simd")
-    return lib
 
 
 @pytest.mark.parametrize("ggml_type", TYPES)

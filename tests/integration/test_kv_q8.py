@@ -16,22 +16,11 @@ from support.tiny_models import write_tiny_gguf
 from tinygrad import Tensor
 
 from webapp.engine.kernels.abi import Attention, KvType
-from webapp.engine.kernels.build import compile_library, simd_flags
 from webapp.engine.model.kv_types import KV_TYPES, kv_type_named
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.model.transformer import ModelLoadError, load_model
 
 NO_EXTRAS = np.zeros(1, np.float32)
-
-
-@pytest.fixture(scope="module", params=["simd", "portable"])
-def library(request):
-    flags = simd_flags() if request.param == "simd" else []
-    if request.param == "simd" and not flags:
-        pytest.skip("this CPU has no AVX2")
-    lib = ctypes.CDLL(str(compile_library(flags)))
-    lib.tq_start(ctypes.c_long(3), ctypes.c_long(50))
-    return lib
 
 
 def _ptr(a: np.ndarray):

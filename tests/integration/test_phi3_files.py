@@ -4,9 +4,9 @@ against the float64 reference on the CPU kernels and on tinygrad's path."""
 
 import numpy as np
 import pytest
-from support.tiny_models import Reference, load_steps, write_tiny_gguf
+from support.tiny_models import Reference, assert_tinygrad_path_matches, load_steps, write_tiny_gguf
 
-from webapp.engine.model.steps import OneCallSteps, TinygradJitSteps, steps_for
+from webapp.engine.model.steps import OneCallSteps
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.model.transformer import load_model
 
@@ -40,12 +40,7 @@ def test_fused_matrices_partial_rotary_and_long_rope_match_the_reference_on_the_
 
 def test_on_tinygrad_too(phi3):
     path, ref = phi3
-    model, _ = load_model(path, slots=2, context=64, cpu_kernels=False)
-    steps = steps_for(model, 16)
-    assert isinstance(steps, TinygradJitSteps)
-    want = ref.logits(PROMPT + [42])
-    np.testing.assert_allclose(steps.prefill(PROMPT, slot=0, start=0), want[-2], atol=0.02 * np.abs(want).max())
-    np.testing.assert_allclose(steps.decode([42], slots=[0], positions=[len(PROMPT)])[0], want[-1], atol=0.02 * np.abs(want).max())
+    assert_tinygrad_path_matches(path, ref.logits(PROMPT + [42]), PROMPT, 42)
 
 
 def test_a_context_past_the_original_one_takes_the_long_factors(phi3):

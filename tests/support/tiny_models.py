@@ -241,6 +241,21 @@ def load_steps(path: str, slots: int, context: int, prefill_chunk: int = 16, kv_
     return steps_for(model, prefill_chunk)
 
 
+def assert_tinygrad_path_matches(path: str, expected: np.ndarray, prompt: list[int], token: int, tolerance: float = 0.02) -> None:
+    """The file's model on tinygrad's own kernels (no CPU kernels) prefills `prompt` and decodes
+    `token` to the reference's last two rows of `expected` (its logits for prompt + [token]), within
+    `tolerance` of their largest value."""
+    from webapp.engine.model.steps import TinygradJitSteps, steps_for
+    from webapp.engine.model.transformer import load_model
+
+    model, _ = load_model(path, slots=2, context=64, cpu_kernels=False)
+    steps = steps_for(model, 16)
+    assert isinstance(steps, TinygradJitSteps)
+    atol = tolerance * np.abs(expected).max()
+    np.testing.assert_allclose(steps.prefill(prompt, slot=0, start=0), expected[-2], atol=atol)
+    np.testing.assert_allclose(steps.decode([token], slots=[0], positions=[len(prompt)])[0], expected[-1], atol=atol)
+
+
 class Reference:
     """Float64 forward pass over a whole token sequence, straight from the GGUF file; keys and values
     rounded as a KV cache of `kv_type` ("f16" or "q8_0") holds them."""

@@ -1,5 +1,13 @@
 /* AVX2 attention: an item's heads together over its keys (attend_item of isa.h). */
 
+/* Four keys' scores for one query head from their chains of sums (acc[k]: key k's eight partial
+ * sums), times `scale`, into to[0..3]. */
+static inline __attribute__((always_inline)) void store_four_scores(const __m256 *acc, float scale, float *to) {
+  const __m256 sums8 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3])); /* per 128-bit half */
+  const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(sums8), _mm256_extractf128_ps(sums8, 1));
+  _mm_storeu_ps(to, _mm_mul_ps(sums, _mm_set1_ps(scale)));
+}
+
 static inline __m256 load_half8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
 /* For the S query heads (1..MAX_SHARED_HEADS) that share one kv head, held contiguously in q:
@@ -19,11 +27,7 @@ static inline __attribute__((always_inline)) void attend_scores(const float *q, 
         const __m256 key = load_half8(kj + kk * Hd + i);
         for (int h = 0; h < S; h++) acc[h][kk] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * Hd + i), key, acc[h][kk]);
       }
-    for (int h = 0; h < S; h++) {
-      const __m256 sums8 = _mm256_hadd_ps(_mm256_hadd_ps(acc[h][0], acc[h][1]), _mm256_hadd_ps(acc[h][2], acc[h][3])); /* per 128-bit half */
-      const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(sums8), _mm256_extractf128_ps(sums8, 1));
-      _mm_storeu_ps(scores + h * stride + j, _mm_mul_ps(sums, _mm_set1_ps(scale)));
-    }
+    for (int h = 0; h < S; h++) store_four_scores(acc[h], scale, scores + h * stride + j);
   }
   for (; j < n; j++) {
     __m256 acc[MAX_SHARED_HEADS];

@@ -23,11 +23,7 @@ static inline __attribute__((always_inline)) void attend_scores_q8(const float *
           for (int h = 0; h < S; h++) acc[h][kk] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * Hd + 32 * b + 8 * c), key, acc[h][kk]);
         }
       }
-    for (int h = 0; h < S; h++) {
-      const __m256 sums8 = _mm256_hadd_ps(_mm256_hadd_ps(acc[h][0], acc[h][1]), _mm256_hadd_ps(acc[h][2], acc[h][3])); /* per 128-bit half */
-      const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(sums8), _mm256_extractf128_ps(sums8, 1));
-      _mm_storeu_ps(scores + h * stride + j, _mm_mul_ps(sums, _mm_set1_ps(scale)));
-    }
+    for (int h = 0; h < S; h++) store_four_scores(acc[h], scale, scores + h * stride + j);
   }
   for (; j < n; j++) {
     __m256 acc[MAX_SHARED_HEADS];
