@@ -246,25 +246,10 @@ class QuantizedCPU:
     def layer(self, x: Tensor, layer: LayerTensors, lanes: Tensor, inv_freq: Tensor, eps: float) -> Tensor:
         """A whole transformer layer as one kernel (see tq_layer): x (B, D) float32 -> (B, D); lanes and
         inv_freq as `attend` takes them, eps the norms' epsilon."""
-        slots, kv_heads, positions, head_dim, kv_type = cache_layout(layer.cache)
         B, D = x.shape
         out = Tensor.empty(B, D, dtype=dtypes.float32)
         m = layer.matrices
-        attention = abi.Attention(
-            B,
-            layer.heads,
-            kv_heads,
-            slots,
-            positions,
-            head_dim,
-            layer.flags,
-            eps,
-            layer.score_scale,
-            layer.rotary,
-            layer.rope_scale,
-            kv_type,
-        )
-        shape = self._shape(abi.LayerShape(attention, D, m.down.cols, m.types, layer.experts))
+        shape = self._shape(abi.LayerShape(_layer_attention(layer, B, eps), D, m.down.cols, m.types, layer.experts))
         unread = iter(self._unread)
         weights = tuple(next(unread) if w is None else w.raw for w in m.in_order)
         attn_norm, ffn_norm = (n.cast(dtypes.float32).contiguous() for n in (layer.attn_norm, layer.ffn_norm))
@@ -278,24 +263,10 @@ class QuantizedCPU:
         """Everything `step` reads, by address (see tq_forward): the tensors must be realized, whole
         buffers, and stay alive with the model. `eps` is the norms' epsilon."""
         first = layers[0]
-        slots, kv_heads, positions, head_dim, kv_type = cache_layout(first.cache)
         E = abi.ModelEntry
         model = {E.EMBED: embed.raw, E.NORM: norm, E.HEAD: head.raw, E.INV_FREQ: inv_freq}
         tensors = abi.in_table_order(model, [layer.table_entries for layer in layers])
-        attention = abi.Attention(
-            0,
-            first.heads,
-            kv_heads,
-            slots,
-            positions,
-            head_dim,
-            first.flags,
-            eps,
-            first.score_scale,
-            first.rotary,
-            first.rope_scale,
-            kv_type,
-        )
+        attention = _layer_attention(first, 0, eps)  # its lanes are each step's
         experts = next((layer.experts for layer in layers if layer.experts.count), abi.Experts())
         dims = abi.Step(attention, embed.cols, first.matrices.down.cols, len(layers), head.rows, embed.ggml_type, head.ggml_type)
         dims.experts = experts
@@ -319,6 +290,15 @@ class QuantizedCPU:
         addresses = (out.ctypes.data, ids.ctypes.data, lane_values.ctypes.data, rows.ctypes.data, model.table.ctypes.data)
         self._forward(*addresses, step, model.layer_info.ctypes.data)
         return out
+
+
+def _layer_attention(layer: LayerTensors, lanes: int, eps: float) -> abi.Attention:
+    """The attention shape of a layer's kernel (tq_layer), or of every layer of a whole step (tq_forward)."""
+    slots, kv_heads, positions, head_dim, kv_type = cache_layout(layer.cache)
+    flags, scale = layer.flags, layer.score_scale
+    return abi.Attention(
+        lanes, layer.heads, kv_heads, slots, positions, head_dim, flags, eps, scale, layer.rotary, layer.rope_scale, kv_type
+    )
 
 
 def _checked_blocks(rows: np.ndarray, ggml_type: int, cols: int) -> np.ndarray:

@@ -128,6 +128,10 @@ class TransformerBlock:
             return {"gate_up": self.gate_up.weight, "down": self.down.weight}
         return None
 
+    def routed_tokens(self):
+        """A mixture of experts' lanes per expert since load (MoeBlock); a dense layer has none."""
+        return None
+
     def _kernel_experts(self) -> tuple:
         """LayerTensors' experts and expert_tokens (a dense layer has none)."""
         return ()

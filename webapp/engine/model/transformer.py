@@ -92,7 +92,7 @@ class Transformer:
     def routed_tokens(self) -> np.ndarray | None:
         """A mixture of experts': the lanes each layer sent each expert since load (layers, experts),
         where the kernels count them (MoeBlock.routed_tokens); None elsewhere."""
-        counts = [getattr(block, "routed_tokens", lambda: None)() for block in self.blocks]
+        counts = [block.routed_tokens() for block in self.blocks]
         return None if any(c is None for c in counts) else np.stack(counts)
 
     def _logits(self, x: Tensor) -> Tensor:
