@@ -126,12 +126,17 @@ def refusal(path: str) -> str | None:
     return None
 
 
-def chat_prompts(path: str, n: int) -> list[list[int]]:
-    """The load benches' first n questions in the file's chat template, as our tokenizer encodes them."""
+def chat_prompts(path: str, n: int, opening: int = 0) -> list[list[int]]:
+    """The load benches' first n questions in the file's chat template, as our tokenizer encodes them;
+    with `opening`, each question follows at least that many tokens of the others (a long prompt, to
+    take sliding-window layers past their window)."""
     kv, _ = read_gguf(path)
     tokenizer = Tokenizer.from_gguf_metadata(kv)
     template = ChatTemplate(kv.get("tokenizer.chat_template"), bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
-    return [tokenizer.encode(template.render([{"role": "user", "content": q}])) for q in QUESTIONS[:n]]
+    earlier = ""
+    while opening and len(tokenizer.encode(earlier)) < opening:
+        earlier += " ".join(QUESTIONS) + " "
+    return [tokenizer.encode(template.render([{"role": "user", "content": earlier + q}])) for q in QUESTIONS[:n]]
 
 
 def greedy_lanes(steps, prompts: list[list[int]], theirs: list[list[int]]) -> list[int]:
@@ -202,7 +207,7 @@ def run_case(key: str, path: str, args, saved: dict) -> dict:
     if old.get("tokens") == args.tokens and len(old.get("continuations", [])) >= args.prompts:
         prompts, continuations = old["prompts"][: args.prompts], old["continuations"][: args.prompts]
     elif args.llama_server:
-        prompts = chat_prompts(path, args.prompts)
+        prompts = chat_prompts(path, args.prompts, args.opening)
         with start_llama_server(args.llama_server, path, parallel=1, context=CONTEXT) as server:
             continuations = [llama_continuation(server.port, p, args.tokens) for p in prompts]
     else:
@@ -257,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--types", default=",".join(TYPES), help="llama-quantize types (default: all of them)")
     ap.add_argument("--prompts", type=int, default=8, help=f"chat prompts per case (at most {len(QUESTIONS)})")
     ap.add_argument("--tokens", type=int, default=32, help="llama.cpp tokens per prompt")
+    ap.add_argument("--opening", type=int, default=0, help="open each prompt with this many tokens of other questions (past a window)")
     ap.add_argument("--workdir", help="keep the model files here (and reuse those already here)")
     ap.add_argument("--save", metavar="FILE", help="write every case's tokens and figures here (JSON), after each case")
     ap.add_argument("--continuations", metavar="FILE", help="reuse the llama.cpp tokens saved in FILE by --save")

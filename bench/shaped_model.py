@@ -40,12 +40,15 @@ SHAPES = {
     "qwen3-30b-a3b": ("qwen3moe", 48, 2048, 6144, 32, 4, 128, False, 1e6),
     "smollm3-3b": ("smollm3", 36, 2048, 11008, 16, 4, 128, True, 5e6),
     "phi4-mini": ("phi3", 32, 3072, 8192, 24, 8, 128, True, 1e4),
+    "gemma3-1b": ("gemma3", 26, 1152, 6912, 4, 1, 256, True, 1e6),
 }
 # partial rotary: the values of a head that RoPE turns (Phi-4-mini: 96 of 128), with LongRoPE's
 # original context and attention factor (sqrt(1 + ln(131072 / 4096) / ln(4096)), as its converter writes it)
 PARTIAL_ROTARY = {"phi4-mini": (96, 4096, 1.190238)}
 # mixture-of-experts shapes: (experts, used a token, each one's FFN)
 EXPERTS = {"qwen3-30b-a3b": (128, 8, 768)}
+# sliding-window shapes: a local layer's window (Gemma 3: all but every sixth layer)
+SLIDING_WINDOW = {"gemma3-1b": 512}
 FINAL_NORM_SCALE = 6.0
 EMBEDDING_STD = 0.02
 # --predictable: an embedding ~10x larger than 28 random layers add to the residual, so the head sees
@@ -84,6 +87,8 @@ def write_shaped(shape: str, path: str, layers: int | None = None, seed: int = 0
     if original:
         w.add_uint32(f"{arch}.rope.scaling.original_context_length", original)
         w.add_float32(f"{arch}.rope.scaling.attn_factor", attn_factor)
+    if shape in SLIDING_WINDOW:
+        w.add_sliding_window(SLIDING_WINDOW[shape])
     if shape in EXPERTS:
         count, used, expert_ffn = EXPERTS[shape]
         w.add_expert_count(count)
@@ -125,11 +130,14 @@ def write_shaped(shape: str, path: str, layers: int | None = None, seed: int = 0
             w.add_tensor(p + "attn_q.weight", q)
             w.add_tensor(p + "attn_k.weight", k)
             w.add_tensor(p + "attn_v.weight", v)
-        if arch in ("qwen3", "qwen3moe"):
+        if arch in ("qwen3", "qwen3moe", "gemma3"):
             w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
         w.add_tensor(p + "attn_output.weight", matrix(dim, heads * head_dim))
         w.add_tensor(p + "ffn_norm.weight", norm(dim))
+        if arch == "gemma3":  # each sublayer's output normed before it is added
+            w.add_tensor(p + "post_attention_norm.weight", norm(dim))
+            w.add_tensor(p + "post_ffw_norm.weight", norm(dim))
         if shape in EXPERTS:  # the router stays float32, as llama-quantize keeps it
             w.add_tensor(p + "ffn_gate_inp.weight", matrix(count, dim, scale=2 * dim**-0.5).astype(np.float32))
             w.add_tensor(p + "ffn_gate_exps.weight", np.stack([matrix(expert_ffn, dim) for _ in range(count)]))

@@ -96,6 +96,7 @@ def write_tiny_gguf(
     rotary_dim: int | None = None,
     long_rope: tuple[np.ndarray, np.ndarray] | None = None,
     renamed_tokens: dict[int, str] | None = None,
+    sliding_window: int = 4,
 ) -> str:
     """A random-weight GGUF; `matrix_type` ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS") quantizes every layer
     matrix and the output head into that block format, as real files do (the default model is Q4_1),
@@ -115,7 +116,8 @@ def write_tiny_gguf(
     (rope.dimension_count). A phi3 file stores q, k and v as one attn_qkv and gate over up as one
     ffn_up, as Phi-3 and Phi-4-mini files do; `long_rope` (short, long) adds LongRoPE's
     rope_factors_short/long.weight. `renamed_tokens` ({id: text}) makes the vocabulary another one
-    of the same size."""
+    of the same size. A gemma3 file has q/k norms, post-norms and `sliding_window` (its local layers':
+    all but every sixth)."""
     rng = np.random.default_rng(seed)
     tok = smollm_tokenizer_fields()
     vocab = len(tok["tokenizer.ggml.tokens"])
@@ -140,6 +142,8 @@ def write_tiny_gguf(
         w.add_expert_feed_forward_length(experts[2])
     w.add_rope_freq_base(10000.0)
     w.add_rope_dimension_count(rotary_dim or head_dim)
+    if arch == "gemma3":
+        w.add_sliding_window(sliding_window)
     for key, value in (metadata or {}).items():
         if isinstance(value, str):
             w.add_string(f"{arch}.{key}", value)
@@ -207,11 +211,14 @@ def write_tiny_gguf(
         if arch == "qwen2":
             for name, n in (("q", n_heads), ("k", n_kv_heads), ("v", n_kv_heads)):
                 w.add_tensor(p + f"attn_{name}.bias", (0.1 * rng.standard_normal(n * head_dim)).astype(np.float32))
-        if arch in ("qwen3", "qwen3moe"):
+        if arch in ("qwen3", "qwen3moe", "gemma3"):
             w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
         add_matrix(p + "attn_output.weight", mat(dim, n_heads * head_dim), i)
         w.add_tensor(p + "ffn_norm.weight", norm(dim))
+        if arch == "gemma3":
+            w.add_tensor(p + "post_attention_norm.weight", norm(dim))
+            w.add_tensor(p + "post_ffw_norm.weight", norm(dim))
         if arch == "phi3":
             add_matrix(p + "ffn_up.weight", np.concatenate([mat(hidden, dim), mat(hidden, dim)]), i)  # gate, then up
             add_matrix(p + "ffn_down.weight", mat(dim, hidden), i)
@@ -274,6 +281,7 @@ class Reference:
         self.yarn_original = field("rope.scaling.original_context_length", None)
         self.experts_used = field("expert_used_count", 0)
         self.rotary = field("rope.dimension_count", None)
+        self.window = field("attention.sliding_window", 0) if self.arch == "gemma3" else 0
         self.w = {}
         for t in reader.tensors:
             f64 = t.tensor_type == gguf.GGMLQuantizationType.F64
@@ -299,10 +307,14 @@ class Reference:
     def _norm(self, x, weight):
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * weight
 
-    def _rope(self, x, positions):  # x (T, H, hd)
+    def _rope(self, x, positions, local=False):  # x (T, H, hd); local: Gemma 3's sliding-window layers
         if self.rotary and self.rotary < x.shape[-1]:  # partial rotary: the first values only
             return np.concatenate([self._rope(x[..., : self.rotary], positions), x[..., self.rotary :]], -1)
         hd = x.shape[-1]
+        if local:  # their own base (10000), unscaled
+            ang = positions[:, None, None] * 10000.0 ** (-np.arange(0, hd, 2) / hd)[None, None, :]
+            a, b = x[..., : hd // 2], x[..., hd // 2 :]
+            return np.concatenate([a * np.cos(ang) - b * np.sin(ang), a * np.sin(ang) + b * np.cos(ang)], -1)
         factors = self.w.get("rope_freqs.weight", self.w.get("rope_factors_short.weight", 1.0))  # LongRoPE: short contexts here
         freqs = self.theta ** (-np.arange(0, hd, 2) / hd) / factors  # (hd/2,)
         mscale = self.attn_factor
@@ -332,10 +344,12 @@ class Reference:
         """(T, dim): the final norm's output at every position (what the head reads, embeddings pool)."""
         w, T = self.w, len(tokens)
         self.ffn_inputs = []  # each layer's normed feed-forward input, for tests of a router on its own
-        x = w["token_embd.weight"][tokens]
+        gemma = self.arch == "gemma3"
+        x = w["token_embd.weight"][tokens] * (np.sqrt(w["token_embd.weight"].shape[1]) if gemma else 1.0)
         pos = np.arange(T, dtype=np.float64)
         for i in range(self.n_layers):
             p = f"blk.{i}."
+            window = self.window if (i + 1) % 6 else 0  # gemma3: every sixth layer global
             h = self._norm(x, w[p + "attn_norm.weight"])
             q, k, v = (h @ w[p + f"attn_{n}.weight"].T + w.get(p + f"attn_{n}.bias", 0.0) for n in "qkv")
             hd = q.shape[-1] // self.n_heads
@@ -343,21 +357,29 @@ class Reference:
             if p + "attn_q_norm.weight" in w:
                 q, k = self._norm(q, w[p + "attn_q_norm.weight"]), self._norm(k, w[p + "attn_k_norm.weight"])
             if not (self.arch == "smollm3" and (i + 1) % 4 == 0):  # SmolLM3: every fourth layer without RoPE
-                q, k = self._rope(q, pos), self._rope(k, pos)
+                q, k = self._rope(q, pos, bool(window)), self._rope(k, pos, bool(window))
             k, v = cached(k, self.kv_type), cached(v, self.kv_type)  # as the KV cache holds them
             rep = self.n_heads // self.n_kv
             k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
             scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd) + np.triu(np.full((T, T), -np.inf), 1)
+            if window:  # keys window or more positions back are out of sight
+                scores = scores + np.tril(np.full((T, T), -np.inf), -window)
             probs = np.exp(scores - scores.max(-1, keepdims=True))
             probs /= probs.sum(-1, keepdims=True)
             attn = np.einsum("hts,shd->thd", probs, v).reshape(T, -1)
-            x = x + attn @ w[p + "attn_output.weight"].T
+            out = attn @ w[p + "attn_output.weight"].T
+            x = x + (self._norm(out, w[p + "post_attention_norm.weight"]) if gemma else out)
             h = self._norm(x, w[p + "ffn_norm.weight"])
             self.ffn_inputs.append(h)
             if p + "ffn_gate_inp.weight" in w:
                 x = x + self.experts(h, p)
                 continue
             gate = h @ w[p + "ffn_gate.weight"].T
+            if gemma:  # GeGLU (gelu by tanh's approximation), its output normed before it is added
+                gelu = 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate**3)))
+                out = (gelu * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+                x = x + self._norm(out, w[p + "post_ffw_norm.weight"])
+                continue
             x = x + ((gate / (1 + np.exp(-gate))) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
         return self._norm(x, w["output_norm.weight"])
 

@@ -6,7 +6,7 @@ from support.fakes import FakeRunner
 
 from webapp.engine.serving.engine import QueueFull
 from webapp.engine.serving.errors import PromptTooLong
-from webapp.engine.serving.kv_cache import SlotTable
+from webapp.engine.serving.kv_cache import RingRows, SlotTable
 from webapp.engine.serving.request import Request, SamplingParams, Status
 from webapp.engine.serving.scheduler import Scheduler
 
@@ -50,6 +50,39 @@ def test_the_last_prompt_token_is_always_prefilled():
     table.release(s)
     _, reused = table.acquire("b", [1, 2, 3])
     assert reused == 2
+
+
+def test_a_ring_serves_a_prefix_only_near_the_furthest_its_slot_went():
+    """Sliding-window rings (keep 3, whole 10): a prefix is cached while it ends at most 3 positions
+    before the slot's reach, or anywhere in a slot that never passed 10 positions; a slot restarted
+    from position 0 forgets how far it went before."""
+    table = SlotTable(1, RingRows(keep=3, whole=10))
+    prompt = list(range(20))
+    s, _ = table.acquire("a", prompt)
+    s.tokens[:] = prompt
+    table.release(s)
+    assert table.reusable(s, prompt[:17] + [99]) == 17  # 20 - 17 <= 3
+    assert table.reusable(s, prompt[:16] + [99]) == 0  # the ring no longer holds what position 16 needs
+    s, reused = table.acquire("b", prompt[:17] + [99, 98])
+    assert reused == 17 and s.reach == 20  # cut back to 17, but its rings went to 20
+    table.release(s)
+    s, reused = table.acquire("c", [5, 6, 7])
+    assert reused == 0 and s.reach == 0
+    s.tokens[:] = [5, 6, 7, 8]
+    table.release(s)
+    assert table.reusable(s, [5, 6, 7, 9]) == 3 and table.reusable(s, [5, 9]) == 1  # within `whole`: all kept
+
+
+def test_a_prefix_copied_from_a_ring_takes_how_far_its_source_went():
+    sched = Scheduler(SlotTable(2, RingRows(keep=3, whole=10)), prefill_chunk=64)
+    source, _ = sched.slots.acquire("a", list(range(30)))
+    source.tokens[:] = list(range(30))
+    target = request(list(range(28)) + [99])
+    sched.add(target)
+    sched.admit()
+    assert sched.prefix_elsewhere(target) == (source, 28)
+    sched.copied(target, 28, source)
+    assert sched.slot_of(target).reach == 30
 
 
 def test_admission_is_fcfs_and_bounded_by_slots():

@@ -39,14 +39,24 @@ INTERLEAVED = 100
 # a matrix stacked from parts of different types, its bytes opening with a StackHeader (STACK_HEADER_BYTES)
 STACKED, MAX_PARTS, STACK_HEADER_BYTES = 1000, 7, 64
 MAX_HEAD_DIM = 512  # the largest head tq_attend rotates
+KEY_CHUNK = 256  # attention's keys an item (isa.h): a sliding-window layer's ring holds whole chunks
 SPIN_US = 100  # how long idle pool threads spin before sleeping (tq.h says why)
 CONSTANTS = {"INTERLEAVED": INTERLEAVED, "STACKED": STACKED, "MAX_PARTS": MAX_PARTS, "STACK_HEADER_BYTES": STACK_HEADER_BYTES}
 MAX_EXPERTS, MAX_EXPERTS_USED = 512, 32  # the most experts a layer has, and a token uses
 LAYER_MATRICES = 6  # a layer's first table entries are its matrices (LayerEntry.QKV .. UP)
-# tq_forward's layer_info: each layer's LAYER_MATRICES matrix types, then its attention's flags
-LAYER_INFO_FLAGS, LAYER_INFO = LAYER_MATRICES, LAYER_MATRICES + 1
-CONSTANTS |= {"MAX_HEAD_DIM": MAX_HEAD_DIM, "SPIN_US": SPIN_US, "MAX_EXPERTS": MAX_EXPERTS, "MAX_EXPERTS_USED": MAX_EXPERTS_USED}
-CONSTANTS |= {"LAYER_MATRICES": LAYER_MATRICES, "LAYER_INFO_FLAGS": LAYER_INFO_FLAGS, "LAYER_INFO": LAYER_INFO}
+# tq_forward's layer_info: each layer's LAYER_MATRICES matrix types, then its attention's flags, its
+# form, its attention's window and its cache's positions
+LAYER_INFO_FLAGS, LAYER_INFO_FORM, LAYER_INFO_WINDOW, LAYER_INFO_POSITIONS = range(LAYER_MATRICES, LAYER_MATRICES + 4)
+LAYER_INFO = LAYER_MATRICES + 4
+CONSTANTS |= {
+    "MAX_HEAD_DIM": MAX_HEAD_DIM,
+    "KEY_CHUNK": KEY_CHUNK,
+    "SPIN_US": SPIN_US,
+    "MAX_EXPERTS": MAX_EXPERTS,
+    "MAX_EXPERTS_USED": MAX_EXPERTS_USED,
+}
+CONSTANTS |= {"LAYER_MATRICES": LAYER_MATRICES, "LAYER_INFO_FLAGS": LAYER_INFO_FLAGS, "LAYER_INFO_FORM": LAYER_INFO_FORM}
+CONSTANTS |= {"LAYER_INFO_WINDOW": LAYER_INFO_WINDOW, "LAYER_INFO_POSITIONS": LAYER_INFO_POSITIONS, "LAYER_INFO": LAYER_INFO}
 
 
 class StepOutput(enum.IntEnum):
@@ -62,6 +72,15 @@ class AttendFlag(enum.IntFlag):
     BIAS = 1
     QK_NORM = 2
     NO_ROPE = 4  # q and k are not rotated (SmolLM3's every fourth layer)
+    LOCAL_ROPE = 8  # rotated by the model's second frequencies (Gemma 3's sliding-window layers)
+
+
+class LayerForm(enum.IntFlag):
+    """How a layer's sublayers join the residual stream (tq_layer_shape.form): Gemma 3's norms on each
+    sublayer's output before it is added, and its gelu(gate) * up feed-forward."""
+
+    POST_NORMS = 1
+    GEGLU = 2
 
 
 class ExpertsFlag(enum.IntFlag):
@@ -84,7 +103,8 @@ class ModelEntry(enum.IntEnum):
     NORM = 1
     HEAD = 2
     INV_FREQ = 3
-    LAYERS = 4
+    INV_FREQ_LOCAL = 4  # LOCAL_ROPE layers' frequencies, or 0
+    LAYERS = 5
 
 
 class LayerEntry(enum.IntEnum):
@@ -103,6 +123,7 @@ class LayerEntry(enum.IntEnum):
     CACHE = 8
     EXTRAS = 9
     EXPERT_TOKENS = 10
+    POST_NORMS = 11  # LayerForm.POST_NORMS' two norm weights (D floats each), or 0
 
 
 def in_table_order(model: dict[ModelEntry, object], layers: list[dict[LayerEntry, object]]) -> list:
@@ -150,6 +171,7 @@ class Attention(ctypes.Structure):
         ("rotary_dim", ctypes.c_int32),  # RoPE turns a head's first rotary_dim values; the rest pass
         ("rope_scale", ctypes.c_float),  # on RoPE's cos and sin: YaRN's or LongRoPE's attention factor
         ("kv_type", ctypes.c_int32),  # KvType: how the cache's rows hold their values
+        ("window", ctypes.c_int32),  # a query attends its last `window` positions (0: all); row = position % positions
     ]
 
 
@@ -168,6 +190,7 @@ class LayerShape(ctypes.Structure):
         ("ffn_dim", ctypes.c_int32),
         ("types", ctypes.c_int32 * LAYER_MATRICES),
         ("experts", Experts),
+        ("form", ctypes.c_int32),  # LayerForm
     ]
 
 
@@ -185,6 +208,7 @@ class Step(ctypes.Structure):
         ("picks", ctypes.c_int32),
         ("outputs", ctypes.c_int32),  # STEP_LOGITS or STEP_HIDDEN
         ("experts", Experts),  # of the layers with a router
+        ("embed_scale", ctypes.c_float),  # on the embedding's rows (Gemma's sqrt(dim); 1: none)
     ]
 
 
@@ -200,6 +224,7 @@ ENUMS = {
     "": BlockType,
     "STEP_": StepOutput,
     "ATTEND_": AttendFlag,
+    "FORM_": LayerForm,
     "EXPERTS_": ExpertsFlag,
     "KV_": KvType,
     "MODEL_": ModelEntry,

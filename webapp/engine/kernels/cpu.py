@@ -70,9 +70,10 @@ class QuantizedCPU:
         for name in ("tq_linear", "tq_norm_linear", "tq_residual_linear", "tq_swiglu_linear", "tq_embed", "tq_attend", "tq_layer"):
             address = ctypes.cast(getattr(library, name), ctypes.c_void_p).value
             self._programs[name] = _trampoline(address)
-        # what a dense layer passes tq_layer for a mixture of experts' router, up matrices and counts,
-        # which it never reads: one buffer each, as a kernel's arguments are distinct buffers
-        self._unread = [device_array(np.zeros(1, np.int64)) for _ in range(3)]
+        # what a layer passes tq_layer for what it lacks (a mixture of experts' router, up matrices and
+        # counts, Gemma's post-norms), which tq_layer never reads: one buffer each, as a kernel's
+        # arguments are distinct buffers
+        self._unread = [device_array(np.zeros(1, np.int64)) for _ in range(4)]
         self._repack = library.tq_repack
         self._repack.argtypes, self._repack.restype = [ctypes.c_void_p] * 2 + [ctypes.POINTER(abi.Product)], ctypes.c_int
         self._forward = library.tq_forward
@@ -227,19 +228,23 @@ class QuantizedCPU:
         scale: float,
         rotary: int = 0,
         rope_scale: float = 1.0,
+        window: int = 0,
     ) -> Tensor:
         """A layer's attention for B lanes (a decode step's sequences, or a prefill piece's tokens) from
         its qkv rows (B, (heads + 2 kv_heads) Hd): adds the bias and applies the q/k norms (as `flags`
         and `extras` say), rotates q and k by RoPE at each lane's position (inverse frequencies
         `inv_freq`), writes each lane's key and value into the KV cache (2, slots, kv_heads,
         positions, a row: float16 or Q8_0, kv_types.py), then attends over it. lanes (2B,) int32 = each lane's slot, then its position
-        (it attends positions 0..pos); `scale` multiplies q . k; RoPE turns each head's first `rotary`
-        values (0: all of them), its cos and sin times `rope_scale`. -> (B, heads * Hd) float32."""
+        (it attends positions 0..pos, or its last `window` of them; position p is row p % positions);
+        `scale` multiplies q . k; RoPE turns each head's first `rotary` values (0: all of them), its
+        cos and sin times `rope_scale`. -> (B, heads * Hd) float32."""
         slots, kv_heads, positions, head_dim, kv_type = cache_layout(cache)
         B = qkv.shape[0]
         out = Tensor.empty(B, heads * head_dim, dtype=dtypes.float32)
         shape = self._shape(
-            abi.Attention(B, heads, kv_heads, slots, positions, head_dim, flags, eps, scale, rotary or head_dim, rope_scale, kv_type)
+            abi.Attention(
+                B, heads, kv_heads, slots, positions, head_dim, flags, eps, scale, rotary or head_dim, rope_scale, kv_type, window
+            )
         )
         return self._call("tq_attend", out, self._rows(qkv, (heads + 2 * kv_heads) * head_dim), cache, lanes, inv_freq, extras, shape)
 
@@ -249,28 +254,38 @@ class QuantizedCPU:
         B, D = x.shape
         out = Tensor.empty(B, D, dtype=dtypes.float32)
         m = layer.matrices
-        shape = self._shape(abi.LayerShape(_layer_attention(layer, B, eps), D, m.down.cols, m.types, layer.experts))
+        shape = self._shape(abi.LayerShape(_layer_attention(layer, B, eps), D, m.down.cols, m.types, layer.experts, layer.form))
         unread = iter(self._unread)
         weights = tuple(next(unread) if w is None else w.raw for w in m.in_order)
         attn_norm, ffn_norm = (n.cast(dtypes.float32).contiguous() for n in (layer.attn_norm, layer.ffn_norm))
         tokens = next(unread) if layer.expert_tokens is None else layer.expert_tokens
-        extras = (layer.cache, lanes, inv_freq, layer.extras, tokens, shape)
+        post_norms = next(unread) if layer.post_norms is None else layer.post_norms
+        extras = (layer.cache, lanes, inv_freq, layer.extras, tokens, post_norms, shape)
         return self._call("tq_layer", out, self._rows(x, D), *weights, attn_norm, ffn_norm, *extras)
 
     def whole_model(
-        self, embed: BlockWeight, norm: Tensor, head: BlockWeight, inv_freq: Tensor, layers: list[LayerTensors], eps: float
+        self,
+        embed: BlockWeight,
+        norm: Tensor,
+        head: BlockWeight,
+        inv_freq: Tensor,
+        layers: list[LayerTensors],
+        eps: float,
+        inv_freq_local: Tensor | None = None,
+        embed_scale: float = 1.0,
     ) -> WholeModel:
         """Everything `step` reads, by address (see tq_forward): the tensors must be realized, whole
-        buffers, and stay alive with the model. `eps` is the norms' epsilon."""
+        buffers, and stay alive with the model. `eps` is the norms' epsilon; `inv_freq_local` the
+        LOCAL_ROPE layers' frequencies, `embed_scale` a factor on the embedding's rows."""
         first = layers[0]
         E = abi.ModelEntry
-        model = {E.EMBED: embed.raw, E.NORM: norm, E.HEAD: head.raw, E.INV_FREQ: inv_freq}
+        model = {E.EMBED: embed.raw, E.NORM: norm, E.HEAD: head.raw, E.INV_FREQ: inv_freq, E.INV_FREQ_LOCAL: inv_freq_local}
         tensors = abi.in_table_order(model, [layer.table_entries for layer in layers])
         attention = _layer_attention(first, 0, eps)  # its lanes are each step's
         experts = next((layer.experts for layer in layers if layer.experts.count), abi.Experts())
         dims = abi.Step(attention, embed.cols, first.matrices.down.cols, len(layers), head.rows, embed.ggml_type, head.ggml_type)
-        dims.experts = experts
-        info = np.array([[*layer.matrices.types, layer.flags] for layer in layers], dtype=np.int32)  # abi.LAYER_INFO a layer
+        dims.experts, dims.embed_scale = experts, embed_scale
+        info = np.array([layer.info for layer in layers], dtype=np.int32)  # abi.LAYER_INFO a layer
         table = np.array([0 if t is None else host_address(t) for t in tensors], dtype=np.uint64)
         return WholeModel(table, dims, info, tuple(t for t in tensors if t is not None))
 
@@ -297,7 +312,7 @@ def _layer_attention(layer: LayerTensors, lanes: int, eps: float) -> abi.Attenti
     slots, kv_heads, positions, head_dim, kv_type = cache_layout(layer.cache)
     flags, scale = layer.flags, layer.score_scale
     return abi.Attention(
-        lanes, layer.heads, kv_heads, slots, positions, head_dim, flags, eps, scale, layer.rotary, layer.rope_scale, kv_type
+        lanes, layer.heads, kv_heads, slots, positions, head_dim, flags, eps, scale, layer.rotary, layer.rope_scale, kv_type, layer.window
     )
 
 

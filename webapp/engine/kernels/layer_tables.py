@@ -58,6 +58,15 @@ class LayerTensors:
     rope_scale: float  # ...its cos and sin times this (ModelConfig.rope_attention_factor)
     experts: abi.Experts = field(default_factory=abi.Experts)  # count 0: a dense layer
     expert_tokens: Tensor | None = None
+    window: int = 0  # a sliding-window layer's positions a query sees (0: all)
+    form: int = 0  # abi.LayerForm
+    post_norms: Tensor | None = None  # LayerForm.POST_NORMS' two weights, one after the other
+
+    @property
+    def info(self) -> list[int]:
+        """tq_forward's layer_info for this layer (abi.LAYER_INFO numbers)."""
+        positions = self.cache.shape[3]
+        return [*self.matrices.types, self.flags, self.form, self.window, positions]
 
     @property
     def table_entries(self) -> dict[abi.LayerEntry, Tensor | None]:
@@ -65,7 +74,7 @@ class LayerTensors:
         E, m = abi.LayerEntry, self.matrices
         matrices = {entry: None if w is None else w.raw for entry, w in zip(list(E)[: abi.LAYER_MATRICES], m.in_order, strict=True)}
         own = {E.ATTN_NORM: self.attn_norm, E.FFN_NORM: self.ffn_norm, E.CACHE: self.cache, E.EXTRAS: self.extras}
-        return matrices | own | {E.EXPERT_TOKENS: self.expert_tokens}
+        return matrices | own | {E.EXPERT_TOKENS: self.expert_tokens, E.POST_NORMS: self.post_norms}
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,7 +84,7 @@ class WholeModel:
 
     table: np.ndarray  # uint64, in abi.ModelEntry order, then abi.LayerEntry's for each layer
     dims: abi.Step  # every field but attention.lanes, picks and outputs
-    layer_info: np.ndarray  # int32 (layers, abi.LAYER_INFO): each layer's matrices' types, then its attention flags
+    layer_info: np.ndarray  # int32 (layers, abi.LAYER_INFO): LayerTensors.info of each layer
     tensors: tuple[Tensor, ...]
     _steps: dict = field(default_factory=dict, compare=False)
 

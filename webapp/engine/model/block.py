@@ -1,9 +1,11 @@
 """A llama-family layer: attention with a KV cache of many slots, then a SwiGLU feed-forward.
 
-Contract: `TransformerBlock(config, weights, layer, slots, context, kv_type)` holds the layer's
-products in the form `WeightSource` chose and its KV cache (2, slots + 1, kv_heads, context, a row
-of head_dim values in `kv_type`'s rows: float16 or Q8_0, kv_types.py); the extra last slot is
-scratch for padding lanes. The step strategies
+Contract: `TransformerBlock(config, weights, layer, slots, context, kv_type, step_writes)` holds the
+layer's products in the form `WeightSource` chose and its KV cache (2, slots + 1, kv_heads, context,
+a row of head_dim values in `kv_type`'s rows: float16 or Q8_0, kv_types.py); the extra last slot is
+scratch for padding lanes. A sliding-window layer (`window`) on the CPU kernels keeps a ring of
+`ring_positions(window, step_writes)` positions instead of the context: position p in row p % ring,
+`step_writes` being the most positions one step writes to a slot. The step strategies
 (`webapp.engine.model.steps`) call `prefill` / `decode` on tinygrad's path and `on_kernels` on the
 CPU kernels' path; `layer_tensors` is set when every product is in blocks, so the layer runs as one
 kernel (and, for the whole model, inside one call).
@@ -14,13 +16,25 @@ from __future__ import annotations
 import numpy as np
 from tinygrad import Device, Tensor, UOp
 
-from webapp.engine.kernels.abi import MAX_HEAD_DIM, AttendFlag
+from webapp.engine.kernels.abi import KEY_CHUNK, MAX_HEAD_DIM, AttendFlag
 from webapp.engine.kernels.layer_tables import LayerMatrices, LayerTensors
 from webapp.engine.model.config import ModelConfig
 from webapp.engine.model.device_buffers import device_array
 from webapp.engine.model.kv_types import KvRows
 from webapp.engine.model.ops import rms_norm, rope
 from webapp.engine.model.weights import BlockLinear, WeightSource
+
+# Positions a ring keeps besides a window and a step's writes: how far before the furthest a slot's
+# sequence went a later prompt may part from it and still reuse the slot (kv_cache.RingRows).
+RING_KEEP = 128
+# A step writes at least this many positions to a slot: a verification's drafted lanes (drafts.DRAFT_MAX + 1).
+STEP_WRITES_AT_LEAST = 16
+
+
+def ring_positions(window: int, step_writes: int) -> int:
+    """A sliding-window layer's cache positions: its window, a step's writes and RING_KEEP, in whole
+    chunks of attention's keys (a chunk's rows never wrap)."""
+    return -(-(window + max(step_writes, STEP_WRITES_AT_LEAST) + RING_KEEP) // KEY_CHUNK) * KEY_CHUNK
 
 
 # A layer's products with what surrounds them: one fused kernel when the matrix is in blocks on the
@@ -48,9 +62,13 @@ class TransformerBlock:
     """One pre-norm attention + SwiGLU layer (llama, qwen2, qwen3): its weights, its slice of the KV
     cache, and its computation on tinygrad (`prefill`, `decode`) and on the CPU kernels (`on_kernels`)."""
 
-    def __init__(self, config: ModelConfig, weights: WeightSource, layer: int, slots: int, context: int, kv_type: KvRows):
+    def __init__(
+        self, config: ModelConfig, weights: WeightSource, layer: int, slots: int, context: int, kv_type: KvRows, step_writes: int = 0
+    ):
         self.c = config
         self.rotates = config.rotates(layer)
+        self.window = config.window(layer)  # a query's positions back to itself included (0: all)
+        self.local_rope = bool(self.window and config.local_rope_theta)  # rotated by the local layers' base
         p = f"blk.{layer}."
         self.w = {
             name: weights.vector(p + name)
@@ -83,6 +101,7 @@ class TransformerBlock:
                 (AttendFlag.BIAS if config.qkv_bias else 0)
                 | (AttendFlag.QK_NORM if config.qk_norm else 0)
                 | (0 if self.rotates else AttendFlag.NO_ROPE)
+                | (AttendFlag.LOCAL_ROPE if self.local_rope else 0)
             )
             # every product in blocks: the layer runs as one kernel; else five, tinygrad's products among them
             feed_forward = self._feed_forward_blocks()
@@ -90,7 +109,10 @@ class TransformerBlock:
                 matrices = LayerMatrices(self.qkv.weight, self.attn_output.weight, **feed_forward)
         # (k|v, slot, kv_head, position, a row of head_dim values); the extra last slot is scratch for padding lanes.
         self.kv_type = kv_type
-        shape = (2, slots + 1, config.n_kv_heads, context, kv_type.row_width(config.head_dim))
+        # a ring where it is smaller than the context; tinygrad's path masks a whole context instead
+        self.ring = bool(self.window) and self.kernels is not None and ring_positions(self.window, step_writes) < context
+        self.positions = ring_positions(self.window, step_writes) if self.ring else context
+        shape = (2, slots + 1, config.n_kv_heads, self.positions, kv_type.row_width(config.head_dim))
         if Device.DEFAULT == "CPU":
             # the CPU allocator maps fresh zero pages: no kernel writes 0.9 GB of zeros at load, and memory
             # is only committed as positions fill
@@ -111,6 +133,8 @@ class TransformerBlock:
                 config.rotary_dim,
                 config.rope_attention_factor,
                 *self._kernel_experts(),
+                window=self.window,
+                **self._kernel_form(),
             )
 
     @property
@@ -135,6 +159,10 @@ class TransformerBlock:
     def _kernel_experts(self) -> tuple:
         """LayerTensors' experts and expert_tokens (a dense layer has none)."""
         return ()
+
+    def _kernel_form(self) -> dict:
+        """LayerTensors' form and post_norms (a llama-family layer has neither)."""
+        return {}
 
     def _feed_forward_tensors(self) -> list[Tensor]:
         return [*self.gate_up.tensors(), *self.down.tensors()]
@@ -199,8 +227,12 @@ class TransformerBlock:
             return self.kernels.layer(x, self.layer_tensors, lanes, inv_freq, c.norm_eps)
         attention = (self.cache, lanes, inv_freq, self.attend_extras, c.n_heads, self.attend_flags)
         qkv = _after_norm(self.qkv, x, w["attn_norm.weight"], c.norm_eps)
-        attn = self.kernels.attend(qkv, *attention, c.norm_eps, c.score_scale, c.rotary_dim, c.rope_attention_factor)
-        return self._feed_forward_on_kernels(_plus(self.attn_output, attn, x))
+        attn = self.kernels.attend(qkv, *attention, c.norm_eps, c.score_scale, c.rotary_dim, c.rope_attention_factor, self.window)
+        return self._feed_forward_on_kernels(self._attention_plus(attn, x))
+
+    def _attention_plus(self, attn: Tensor, x: Tensor) -> Tensor:
+        """The residual stream x plus the attention's output product, on the kernels."""
+        return _plus(self.attn_output, attn, x)
 
     def prefill(self, x: Tensor, slot: UOp, start: UOp, rotary: tuple[Tensor, Tensor], mask: Tensor) -> Tensor:
         """x (1, T, D) for positions start..start+T-1 of the sequence in `slot`."""

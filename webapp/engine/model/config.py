@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from webapp.engine.model.ggml_types import GGML_TYPES, UNREADABLE_TYPES
 from webapp.engine.model.rope import attention_factor
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "phi3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "phi3", "gemma3")
 # architectures whose files store the feed-forward's gate and up as one matrix (ffn_up, gate first)
 FUSED_GATE_UP = ("phi3",)
 # architectures whose files store each head's rotary pairs interleaved (llama.cpp's "norm" RoPE)
@@ -26,6 +26,13 @@ NO_ROPE_EVERY = {"smollm3": 4}
 # architectures whose every layer's feed-forward is a mixture of experts, and whether they divide the
 # chosen experts' weights by their sum (as llama.cpp builds each)
 MIXTURE_OF_EXPERTS = {"qwen3moe": True}
+# architectures whose layers attend a sliding window (attention.sliding_window) but every n-th, and
+# the RoPE base of those local layers (llama.cpp's rope_freq_base_train_swa: Gemma 3's is fixed)
+SLIDING_WINDOW_EVERY = {"gemma3": 6}
+LOCAL_ROPE_BASE = {"gemma3": 10000.0}
+# Gemma 3's layer: its embedding scaled by sqrt(dim), each sublayer's output normed before it is
+# added, and gelu(gate) * up for its feed-forward
+GEMMA_LAYERS = ("gemma3",)
 
 # far past any real model: a file claiming more is corrupt, and would ask for absurd buffers
 LIMITS = {"block_count": 1024, "embedding_length": 1 << 17, "feed_forward_length": 1 << 20, "attention.head_count": 1024}
@@ -60,6 +67,10 @@ class ModelConfig:
     rotary_dim: int = 0  # RoPE turns each head's first rotary_dim values (rope.dimension_count; 0: the head size)
     fused_qkv: bool = False  # q, k and v stored as one matrix, attn_qkv (phi3)
     fused_gate_up: bool = False  # gate and up stored as one matrix, ffn_up (phi3)
+    sliding_window: int = 0  # local layers attend their last sliding_window positions (0: no local layers)...
+    global_every: int = 0  # ...all but every global_every-th layer (gemma3: 6)...
+    local_rope_theta: float = 0.0  # ...rotated with this base (0: the model's)
+    gemma: bool = False  # the embedding times sqrt(dim), post-norms, GeGLU (GEMMA_LAYERS)
 
     def qkv_names(self, p: str) -> tuple[str, ...]:
         """A layer's q, k and v matrices as the file stores them (one fused matrix, or three)."""
@@ -77,10 +88,21 @@ class ModelConfig:
         """Whether layer `layer` (from 0) rotates q and k by RoPE."""
         return not self.no_rope_every or (layer + 1) % self.no_rope_every != 0
 
+    def window(self, layer: int) -> int:
+        """The positions a query of layer `layer` sees back to itself included (0: all of them)."""
+        return self.sliding_window if self.sliding_window and (layer + 1) % self.global_every else 0
+
+    @property
+    def embed_scale(self) -> float:
+        return math.sqrt(self.dim) if self.gemma else 1.0
+
     @property
     def score_scale(self) -> float:
         """Attention's scale on q . k: 1 / sqrt(head size). (YaRN's and LongRoPE's factor scales the
-        rotated values, in RoPE's cos and sin: a partial rotary's other values keep their size.)"""
+        rotated values, in RoPE's cos and sin: a partial rotary's other values keep their size.) Gemma
+        3 27B (62 layers) takes its width per head instead, as llama.cpp does."""
+        if self.gemma and self.n_layers == 62:
+            return 1.0 / math.sqrt(self.dim / self.n_heads)
         return 1.0 / math.sqrt(self.head_dim)
 
     @classmethod
@@ -127,6 +149,7 @@ class ModelConfig:
             )
         if rotary < head_dim and arch in INTERLEAVED_ROPE:
             raise ModelLoadError(f"partial rotary ({rotary} of {head_dim} values) with {arch}'s interleaved pairs is not supported")
+        window = count("attention.sliding_window") if arch in SLIDING_WINDOW_EVERY else 0
         tokens = need("tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens:
             raise ModelLoadError("GGUF metadata tokenizer.ggml.tokens is not a list of tokens")
@@ -153,6 +176,10 @@ class ModelConfig:
             expert_weights_norm=MIXTURE_OF_EXPERTS.get(arch, False),
             no_rope_every=NO_ROPE_EVERY.get(arch, 0),
             rotary_dim=rotary,
+            sliding_window=window,
+            global_every=SLIDING_WINDOW_EVERY.get(arch, 0),
+            local_rope_theta=LOCAL_ROPE_BASE.get(arch, 0.0),
+            gemma=arch in GEMMA_LAYERS,
         )
 
     def _feed_forward_shapes(self, p: str) -> dict[str, tuple[int, int]]:
@@ -184,6 +211,8 @@ class ModelConfig:
                 shapes |= {p + "attn_q_norm.weight": (1, self.head_dim), p + "attn_k_norm.weight": (1, self.head_dim)}
             if self.qkv_bias:
                 shapes |= {p + "attn_q.bias": (1, q), p + "attn_k.bias": (1, kv), p + "attn_v.bias": (1, kv)}
+            if self.gemma:
+                shapes |= {p + "post_attention_norm.weight": (1, self.dim), p + "post_ffw_norm.weight": (1, self.dim)}
         return shapes
 
 

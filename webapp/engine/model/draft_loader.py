@@ -46,6 +46,8 @@ def load_draft(path: str, target_path: str, target_kv: dict, target_steps, slots
         raise ModelLoadError(
             f"LLM_DRAFT_MODEL: {draft} has matrices the CPU kernels do not read, so its steps cannot be one call each as {target}'s are"
         )
+    if model.ring_rows:  # the draft's cache reuse (serving/draft_model.py) knows no rings
+        raise ModelLoadError(f"LLM_DRAFT_MODEL: {draft} has sliding-window layers, which a draft model cannot have yet")
     log.info("draft model %s: %d layers, dim %d, beside %s", draft, model.config.n_layers, model.config.dim, target)
     return DraftModel(OneCallSteps(model), slots, draft.removesuffix(".gguf"))
 

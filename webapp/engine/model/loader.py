@@ -19,6 +19,7 @@ from webapp.engine.model.config import ModelLoadError
 from webapp.engine.model.tinygrad_setup import prepare_tinygrad
 from webapp.engine.model.tuning_stamp import beam_for, tuning_key
 from webapp.engine.serving.engine import Engine
+from webapp.engine.serving.kv_cache import RingRows
 from webapp.engine.serving.loaded_model import LoadedModel
 from webapp.engine.serving.settings import engine_settings
 
@@ -98,6 +99,7 @@ def load_gguf_model(
         routed_tokens=model.routed_tokens if model.config.experts else None,
         kv_type=model.kv_type.name,
         kv_bytes_per_token=kv_bytes_per_position(model.config, model.kv_type),
+        ring_rows=RingRows(*model.ring_rows) if model.ring_rows else None,
     )
 
 

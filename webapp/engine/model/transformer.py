@@ -1,4 +1,4 @@
-"""A llama-family transformer (llama, qwen2, qwen3; qwen3moe with MoeBlock's experts) on tinygrad, with a KV cache of many slots.
+"""A llama-family transformer (llama, qwen2, qwen3; qwen3moe with MoeBlock's experts, gemma3 with Gemma3Block's layers) on tinygrad, with a KV cache of many slots.
 
 Contract: `Transformer` holds the model (embedding, `TransformerBlock`s with their KV caches, final
 norm, head) and its forward passes, one per way of feeding it: `forward_on_kernels` (lanes of any
@@ -17,6 +17,11 @@ Where some matrix's type has no kernel, a layer is one kernel (`tq_layer`) or, w
 five around tinygrad's float16 product. Every other device runs the whole layer on tinygrad's
 kernels, float16 weights, with tinygrad's attention over the float16 KV cache. Activations stay
 float32 on CPU, which has no float16 arithmetic.
+
+Sliding-window layers (gemma3's five of six) attend their last `window` positions, rotated by the
+local layers' own RoPE frequencies (`inv_freq_local`) where the file has them; on the CPU kernels
+their caches are rings (block.ring_positions), and `ring_rows` says which cached prefixes a ring still
+serves (the engine's kv_cache.RingRows). tinygrad's path masks a whole context instead.
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ from tinygrad import Device, Tensor, UOp, dtypes
 
 from webapp.engine.kernels.block_weight import BLOCK_FORMATS
 from webapp.engine.kernels.cpu import QuantizedCPU
-from webapp.engine.model.block import TransformerBlock
+from webapp.engine.model.block import STEP_WRITES_AT_LEAST, TransformerBlock
 from webapp.engine.model.config import ModelConfig, ModelLoadError, check_tensors
+from webapp.engine.model.gemma3_block import Gemma3Block
 from webapp.engine.model.ggml_types import KERNEL_ONLY_TYPES
 from webapp.engine.model.gguf import read_gguf
 from webapp.engine.model.kv_types import KV_TYPES, KvRows, kv_type_named
@@ -51,7 +57,7 @@ FLOAT_FILE_TYPES = (0, 1, 32)
 
 
 class Transformer:
-    block = TransformerBlock  # the dense layer; a mixture of experts' files get MoeBlock
+    block = TransformerBlock  # the dense layer; a mixture of experts' files get MoeBlock, Gemma's Gemma3Block
 
     def __init__(
         self,
@@ -64,16 +70,18 @@ class Transformer:
         act_dtype=dtypes.float32,
         int8_head: bool = False,
         kv_type: KvRows = KV_TYPES["f16"],
+        inv_freq_local: np.ndarray | None = None,
     ):
-        """`inv_freq` (head_dim / 2,) float32 are RoPE's inverse frequencies, as the file asks (rope.py);
-        `kv_type` the KV cache's rows (kv_types.py)."""
+        """`inv_freq` (head_dim / 2,) float32 are RoPE's inverse frequencies, as the file asks (rope.py),
+        `inv_freq_local` the local layers' where they differ; `kv_type` the KV cache's rows (kv_types.py)."""
         self.config, self.slots, self.context, self.act_dtype, self.kv_type = config, slots, context, act_dtype, kv_type
         self.embed = weights.embedding()  # token ids -> (..., D)
         self.output_norm = weights.vector("output_norm.weight")
         self.head = weights.head(config.vocab_size, int8_head)  # (B, D) -> (B, vocab)
         # a padded prefill chunk may write up to max_chunk - 1 junk positions past the context
-        block = MoeBlock if config.experts else self.block
-        self.blocks = [block(config, weights, i, slots, context + max_chunk, kv_type) for i in range(config.n_layers)]
+        block = MoeBlock if config.experts else Gemma3Block if config.gemma else self.block
+        self.step_writes = max(max_chunk, STEP_WRITES_AT_LEAST)
+        self.blocks = [block(config, weights, i, slots, context + max_chunk, kv_type, self.step_writes) for i in range(config.n_layers)]
         self.uses_cpu_kernels = weights.uses_kernels  # some matrix runs on the quantized CPU kernels
         # every layer runs on the CPU kernels, or none does (attention always, each product where its
         # type has one)
@@ -83,11 +91,32 @@ class Transformer:
         # stored, not rebuilt from a Python list inside the jitted step: tinygrad replays such a constant
         # as a host copy that waits for the device, which was 60 full stalls per decode step
         self.inv_freq = Tensor(np.ascontiguousarray(inv_freq, dtype=np.float32)).contiguous()
+        self.inv_freq_local = (
+            None if inv_freq_local is None else Tensor(np.ascontiguousarray(inv_freq_local, dtype=np.float32)).contiguous()
+        )
+        local = [] if self.inv_freq_local is None else [self.inv_freq_local]
         # a realize per layer: 150 separate ones took ~40% of loading, and one for all of them spent
         # 20 s in tinygrad's lowering of one long command list
-        Tensor.realize(*self.embed.tensors(), self.output_norm, *self.head.tensors(), self.key_positions, self.inv_freq)
+        Tensor.realize(*self.embed.tensors(), self.output_norm, *self.head.tensors(), self.key_positions, self.inv_freq, *local)
         for block in self.blocks:
             Tensor.realize(*block.tensors())
+
+    @property
+    def ring_rows(self) -> tuple[int, int] | None:
+        """What the rings keep, as kv_cache.RingRows(keep, whole) takes it: a prefix ending `keep` or
+        fewer positions before a slot's furthest still has every ring's window, and a slot that never
+        went past `whole` positions never wrapped a ring; None without rings."""
+        rings = [(b.positions, b.window) for b in self.blocks if b.ring]
+        if not rings:
+            return None
+        return min(r - w - self.step_writes + 1 for r, w in rings), min(r - self.step_writes for r, _ in rings)
+
+    def _inv_freq_of(self, block: TransformerBlock) -> Tensor:
+        return self.inv_freq_local if block.local_rope else self.inv_freq
+
+    def _embedded(self, tokens: Tensor) -> Tensor:
+        x = self.embed(tokens)
+        return x * self.config.embed_scale if self.config.gemma else x
 
     def routed_tokens(self) -> np.ndarray | None:
         """A mixture of experts': the lanes each layer sent each expert since load (layers, experts),
@@ -104,11 +133,11 @@ class Transformer:
         return rms_norm(x, self.output_norm, self.config.norm_eps).float().realize()
 
     def _layers_on_kernels(self, tokens: Tensor, lanes: Tensor) -> Tensor:
-        x = self.embed(tokens)  # (B, D)
+        x = self._embedded(tokens)  # (B, D)
         for block in self.blocks:
             # realized layer by layer: the jit records each piece, and scheduling the whole step as
             # one graph cost time quadratic in its layers (tinygrad's store-hazard walk per store)
-            x = block.on_kernels(x, lanes, self.inv_freq).realize()
+            x = block.on_kernels(x, lanes, self._inv_freq_of(block)).realize()
         return x
 
     def forward_on_kernels(self, tokens: Tensor, lanes: Tensor, picks: Tensor) -> Tensor:
@@ -125,12 +154,33 @@ class Transformer:
     def _layers_prefill(self, tokens: Tensor, slot: UOp, start: UOp) -> Tensor:
         positions = Tensor.arange(tokens.shape[1]) + start  # (T,)
         keys = self.key_positions[0 : start + tokens.shape[1]]
-        mask = (keys.reshape(1, -1) > positions.reshape(-1, 1)).where(float("-inf"), 0.0).unsqueeze(0).contiguous()  # (1, T, S)
-        rotary = rotation(positions, self.inv_freq, self.config.rope_attention_factor)
-        x = self.embed(tokens)  # (1, T, D)
+        masks = self._masks(positions.reshape(-1, 1), keys.reshape(1, -1), 0)  # (1, T, S) each
+        rotary = self._rotations(positions)
+        x = self._embedded(tokens)  # (1, T, D)
         for block in self.blocks:
-            x = block.prefill(x, slot, start, rotary, mask).realize()  # as in forward_on_kernels
+            x = block.prefill(x, slot, start, rotary[block.local_rope], masks[block.window]).realize()  # as in forward_on_kernels
         return x
+
+    def _masks(self, queries: Tensor, keys: Tensor, lead: int) -> dict[int, Tensor]:
+        """The additive causal mask of query positions over key positions, by the layers' windows
+        (0: none; a window's masks its keys before it too), as prefill's (1, T, S) takes them (lead 0:
+        a leading axis added) and decode's (B, 1, S) (lead 1)."""
+        masks = {}
+        for window in {block.window for block in self.blocks}:
+            masked = keys > queries
+            if window:
+                masked = masked | (keys <= queries - window)
+            mask = masked.where(float("-inf"), 0.0)
+            masks[window] = (mask if lead else mask.unsqueeze(0)).contiguous()
+        return masks
+
+    def _rotations(self, positions: Tensor) -> dict[bool, tuple[Tensor, Tensor]]:
+        """RoPE's cos and sin at `positions` for the model's layers (False) and its local ones (True)."""
+        factor = self.config.rope_attention_factor
+        rotary = {False: rotation(positions, self.inv_freq, factor)}
+        if self.inv_freq_local is not None:
+            rotary[True] = rotation(positions, self.inv_freq_local, factor)
+        return rotary
 
     def forward_prefill(self, tokens: Tensor, last: Tensor, slot: UOp, start: UOp) -> Tensor:
         """tokens (1, T) at positions start..start+T-1 of `slot`; last (1, T) one-hot picks the token
@@ -148,19 +198,23 @@ class Transformer:
         width = tokens.shape[0]
         slots, positions = list(lanes[:width]), list(lanes[width:])
         keys = self.key_positions[0:length].reshape(1, 1, -1)
-        mask = (keys > pos.reshape(-1, 1, 1)).where(float("-inf"), 0.0).contiguous()  # (B, 1, length)
-        rotary = rotation(pos.reshape(-1, 1, 1), self.inv_freq, self.config.rope_attention_factor)  # (B, 1, 1, half): over heads
-        x = self.embed(tokens).reshape(width, 1, -1)  # (B, 1, D)
+        masks = self._masks(pos.reshape(-1, 1, 1), keys, 1)  # (B, 1, length) each
+        rotary = self._rotations(pos.reshape(-1, 1, 1))  # (B, 1, 1, half): over heads
+        x = self._embedded(tokens).reshape(width, 1, -1)  # (B, 1, D)
         for block in self.blocks:
-            x = block.decode(x, slots, positions, rotary, length, mask).realize()  # as in forward_on_kernels
+            x = block.decode(
+                x, slots, positions, rotary[block.local_rope], length, masks[block.window]
+            ).realize()  # as in forward_on_kernels
         return self._logits(x[:, 0, :]).realize()  # (B, vocab)
 
     def copy_prefix_rows(self, source: UOp, target: UOp, length: UOp) -> None:
-        """Every layer's K/V of positions 0..length-1 from slot `source` into slot `target`."""
+        """Every layer's K/V of positions 0..length-1 from slot `source` into slot `target` (a ring's
+        every row: it holds the positions before `length` where they are, whatever `length`)."""
         for block in self.blocks:
             # staged through a buffer of its own: source and target rows live in one cache tensor
-            rows = block.cache[:, source, :, 0:length, :].contiguous()
-            block.cache[:, target, :, 0:length, :].assign(rows).realize()  # per layer, as in forward_prefill
+            end = block.positions if block.ring else length
+            rows = block.cache[:, source, :, 0:end, :].contiguous()
+            block.cache[:, target, :, 0:end, :].assign(rows).realize()  # per layer, as in forward_prefill
 
 
 def _rope_frequencies(kv: dict, table: dict, config: ModelConfig, context: int) -> np.ndarray:
@@ -223,7 +277,21 @@ def load_model(
     weights = WeightSource(path, table, config.arch, config.n_heads, config.n_kv_heads, act_dtype, kernels)
     int8_head = kv.get("general.file_type") not in (None, *FLOAT_FILE_TYPES)
     inv_freq = _rope_frequencies(kv, table, config, context)
-    model = Transformer(config, weights, slots, context, max_chunk, inv_freq, act_dtype=act_dtype, int8_head=int8_head, kv_type=rows)
+    # the local layers' own base, unscaled (llama.cpp's rope_freq_base_train_swa and its scale 1)
+    local = {f"{config.arch}.rope.freq_base": config.local_rope_theta}
+    inv_freq_local = inverse_frequencies(local, config.arch, config.rotary_dim) if config.local_rope_theta else None
+    model = Transformer(
+        config,
+        weights,
+        slots,
+        context,
+        max_chunk,
+        inv_freq,
+        act_dtype=act_dtype,
+        int8_head=int8_head,
+        kv_type=rows,
+        inv_freq_local=inv_freq_local,
+    )
     log.info(
         "loaded %s: %s, %d layers, dim %d, %d slots x %d positions of %s keys and values; weights: %s",
         path,

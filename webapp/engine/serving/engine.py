@@ -183,6 +183,7 @@ class Engine:
                 | {"kv_type": loaded.kv_type, "kv_bytes_per_token": loaded.kv_bytes_per_token},
                 routed=loaded.routed_tokens,
             )
+            self.scheduler.slots.ring = loaded.ring_rows
             self.loaded, self.state = loaded, "ok"
             self._publish()
         except Exception as e:

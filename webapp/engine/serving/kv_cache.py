@@ -4,6 +4,11 @@ The model owns the cache tensors; this table owns the bookkeeping. A slot keeps 
 request ends, so a later request that shares a prefix (a follow-up turn, a shared system prompt)
 prefills only the rest. Invariant: `slot.tokens` are exactly the positions whose K/V the model has
 written for that slot, in order.
+
+A sliding-window model's local layers keep a ring of positions, not the whole sequence
+(`RingRows`): a prefix of a slot's tokens is reusable only while the window of keys before its end
+is still in the ring, that is within `RingRows.keep` positions of the furthest the slot's sequence
+reached (`Slot.reach`). Other prompts are prefilled again from the start.
 """
 
 from __future__ import annotations
@@ -27,22 +32,46 @@ def reusable_prefix(cached: list[int], prompt: list[int]) -> int:
     return min(common_prefix_len(cached, prompt), len(prompt) - 1)
 
 
+@dataclass(frozen=True)
+class RingRows:
+    """What a ring of positions keeps: a prefix ending `keep` or fewer positions before the slot's
+    reach still has its window of keys, and a slot that never reached past `whole` positions never
+    overwrote a row (made by the model: Transformer.ring_rows)."""
+
+    keep: int
+    whole: int
+
+    def serves(self, reach: int, length: int) -> bool:
+        return reach <= self.whole or reach - length <= self.keep
+
+
 @dataclass
 class Slot:
     index: int
     tokens: list[int] = field(default_factory=list)
     owner: object | None = None  # the Request running here, None when free
     last_used: int = 0
+    high: int = 0  # the longest its sequence was since it last started from position 0 (RingRows)
+
+    @property
+    def reach(self) -> int:
+        return max(self.high, len(self.tokens))
 
 
 class SlotTable:
-    def __init__(self, n_slots: int):
+    def __init__(self, n_slots: int, ring: RingRows | None = None):
         self.slots = [Slot(i) for i in range(n_slots)]
+        self.ring = ring
         self._clock = itertools.count(1)
 
     @property
     def free(self) -> list[Slot]:
         return [s for s in self.slots if s.owner is None]
+
+    def reusable(self, slot: Slot, prompt: list[int]) -> int:
+        """How many of `prompt`'s tokens `slot`'s cache can serve: reusable_prefix, if the ring kept it."""
+        length = reusable_prefix(slot.tokens, prompt)
+        return length if self.ring is None or self.ring.serves(slot.reach, length) else 0
 
     def acquire(self, owner, prompt: list[int]) -> tuple[Slot, int]:
         """Give `owner` the free slot sharing the longest prefix with `prompt` (else the least recently
@@ -50,7 +79,8 @@ class SlotTable:
         free = self.free
         if not free:
             raise RuntimeError("no free slot")
-        reused, best = max(((reusable_prefix(s.tokens, prompt), s) for s in free), key=lambda pair: (pair[0], -pair[1].last_used))
+        reused, best = max(((self.reusable(s, prompt), s) for s in free), key=lambda pair: (pair[0], -pair[1].last_used))
+        best.high = best.reach if reused else 0
         del best.tokens[reused:]
         best.owner = owner
         best.last_used = next(self._clock)

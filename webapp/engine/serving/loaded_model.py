@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from webapp.engine.model.runner import Runner
+    from webapp.engine.serving.kv_cache import RingRows
 
 
 @dataclass
@@ -35,3 +36,5 @@ class LoadedModel:
     # a mixture of experts': how many lanes each expert has taken since load, (layers, experts), where
     # the kernels count them (Transformer.routed_tokens)
     routed_tokens: Callable[[], np.ndarray | None] | None = None
+    # a sliding-window model's rings: which cached prefixes a slot still serves (Transformer.ring_rows)
+    ring_rows: RingRows | None = None

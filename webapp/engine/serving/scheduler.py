@@ -124,7 +124,7 @@ class Scheduler:
             if shared is not None:
                 source, length = shared
                 copy = PrefixCopy(source.index, length, length - request.cached_tokens)
-                self.copied(request, length)  # the engine runs the copy before the chunk, or fails the request
+                self.copied(request, length, source)  # the engine runs the copy before the chunk, or fails the request
             start = self.position(request)
             tokens = request.prompt_ids[start : start + budget]
             chunks.append(PromptChunk(request, tokens, start, copy))
@@ -153,14 +153,16 @@ class Scheduler:
         """
         if request.prefilled_tokens or request.every_position:
             return None
-        others = ((reusable_prefix(s.tokens, request.prompt_ids), s) for s in self.slots.slots if s.index != request.slot)
+        others = ((self.slots.reusable(s, request.prompt_ids), s) for s in self.slots.slots if s.index != request.slot)
         length, source = max(others, key=lambda pair: pair[0], default=(0, None))
         return (source, length) if length - self.position(request) >= COPY_AT_LEAST else None
 
-    def copied(self, request: Request, length: int) -> None:
-        """The first `length` prompt tokens' K/V were copied into the request's slot."""
+    def copied(self, request: Request, length: int, source: Slot) -> None:
+        """The first `length` prompt tokens' K/V were copied into the request's slot from `source`'s
+        (a sliding-window layer's whole ring: what the source overwrote is gone in the copy too)."""
         slot = self.slot_of(request)
         slot.tokens[:] = request.prompt_ids[:length]
+        slot.high = source.reach
         request.cached_tokens = length
 
     def prefilled(self, request: Request, tokens: list[int]) -> bool:

@@ -7,7 +7,8 @@
  *      ATTEND_NO_ROPE), and write k and v at that position of the lane's slot in the KV cache (2,
  *      slots, KvH, positions, a row), a row being Hd float16 values or, with shape->kv_type KV_Q8_0,
  *      Hd / 32 Q8_0 blocks (attention_q8.c);
- *   2. over the pool: softmax(q . K[0..pos] * scale) . V[0..pos] for every (lane, query head),
+ *   2. over the pool: softmax(q . K[first..pos] * scale) . V[first..pos] for every (lane, query head),
+ *      first being 0, or pos - window + 1 for a sliding-window layer (shape->window),
  *      reading the cache in place, in chunks of KEY_CHUNK keys; an item is a chunk of keys for a
  *      lane's query heads that share a kv head (up to MAX_SHARED_HEADS of them), or for a single head
  *      when that leaves a thread fewer than two items. Each chunk keeps its own max, sum and
@@ -17,6 +18,7 @@
  *      each streaming a whole kv head).
  * shape: tq_attention (B lanes, H heads, KvH kv heads, S slots, C positions, Hd); lanes = {slot_0..,
  * pos_0..}; extras holds the qkv bias (ATTEND_BIAS), then the q and k norm weights (ATTEND_QK_NORM).
+ * Position p lives in row p % positions of its slot (see tq_attention.window: a ring for a window).
  * Writing and reading in one kernel keeps their order inside it, where tinygrad cannot reorder them. */
 /* Bytes of one cache row: a position's key or value for one kv head. */
 static size_t kv_row_bytes(const tq_attention *shape) {
@@ -25,9 +27,13 @@ static size_t kv_row_bytes(const tq_attention *shape) {
 
 /* The row of (k or v, slot, kv head, position) in the cache. */
 static uint8_t *kv_row(const void *cache, const tq_attention *shape, int is_v, int slot, int kvh, int pos) {
-  const size_t row = (((size_t)is_v * shape->slots + slot) * shape->kv_heads + kvh) * shape->positions + pos;
+  const size_t row = (((size_t)is_v * shape->slots + slot) * shape->kv_heads + kvh) * shape->positions + pos % shape->positions;
   return (uint8_t *)cache + row * kv_row_bytes(shape);
 }
+
+/* The first key a query at pos attends, and the chunks of keys it spans (from its first key's). */
+static int first_key(int pos, int window) { return window > 0 && pos >= window ? pos - window + 1 : 0; }
+static int key_chunks(int pos, int window) { return pos / KEY_CHUNK - first_key(pos, window) / KEY_CHUNK + 1; }
 
 typedef struct {
   const float *q;
@@ -35,7 +41,7 @@ typedef struct {
   const tq_attention *shape;
   const int32_t *lanes;
   int shared; /* query heads an item attends together over their kv head's keys */
-  int chunks; /* chunks of KEY_CHUNK keys of the lane with the most */
+  int chunks; /* chunks of KEY_CHUNK keys of the lane with the most (counted from each lane's first) */
   float *partials; /* (B, H, chunks, Hd + 2): each chunk's unnormalized output, its scores' max and sum */
 } attend_t;
 
@@ -50,9 +56,12 @@ static void run_attend(const void *ctx, int first, int last) {
     const int chunk = item % chunks, rest = item / chunks;
     const int b = rest / (KvH * parts), kvh = rest / parts % KvH, h0 = kvh * group + rest % parts * shared;
     const int heads = group - (h0 - kvh * group) < shared ? group - (h0 - kvh * group) : shared;
-    const int slot = a->lanes[b], j0 = chunk * KEY_CHUNK, n = a->lanes[B + b] + 1 - j0 < KEY_CHUNK ? a->lanes[B + b] + 1 - j0 : KEY_CHUNK;
+    const int slot = a->lanes[b], pos = a->lanes[B + b], first = first_key(pos, a->shape->window);
+    const int j0 = (first / KEY_CHUNK + chunk) * KEY_CHUNK, lo = j0 > first ? j0 : first;
+    const int n = pos + 1 - lo < j0 + KEY_CHUNK - lo ? pos + 1 - lo : j0 + KEY_CHUNK - lo;
     if (n <= 0) continue; /* past this lane's position */
-    const uint8_t *k = kv_row(a->cache, a->shape, 0, slot, kvh, j0), *v = kv_row(a->cache, a->shape, 1, slot, kvh, j0);
+    /* keys lo .. lo + n - 1 are one chunk's: adjacent rows, also in a ring of whole chunks */
+    const uint8_t *k = kv_row(a->cache, a->shape, 0, slot, kvh, lo), *v = kv_row(a->cache, a->shape, 1, slot, kvh, lo);
     const size_t head = (size_t)b * H + h0;
     float *part = a->partials + head * part_stride + (size_t)chunk * (Hd + 2);
     if (a->shape->kv_type == KV_Q8_0) attend_item_q8(a->q + head * Hd, heads, k, v, n, Hd, scale, part, part_stride);
@@ -60,8 +69,7 @@ static void run_attend(const void *ctx, int first, int last) {
   }
 }
 
-/* The chunks of keys a lane at position pos attends (keys 0..pos). */
-static int key_chunks(int pos) { return (pos + KEY_CHUNK) / KEY_CHUNK; }
+
 
 /* out = the lane's chunks' outputs, each weighted by e^(its max - the overall max), over their sums
  * weighted alike: the softmax over all the keys, whatever the chunks. */
@@ -92,11 +100,11 @@ static void rotate_half_pairs(const float *x, const float *cos_sin, int rotary, 
 
 static __thread scratch_t rotation_rows;
 
-/* In this thread's scratch: rotations[b * Hd ..] = the cosines, then the sines, of lane b's RoPE
+/* In `scratch` (a thread's): rotations[b * Hd ..] = the cosines, then the sines, of lane b's RoPE
  * angles (pos * inv_freq[i], i < rotary / 2), times `scale`, for B lanes: the rotated values grow by
  * the attention factor, the values a partial rotary passes do not (as llama.cpp's rope does). */
-static const float *rope_rotations(const int32_t *lanes, int B, const float *inv_freq, int Hd, int rotary, float scale) {
-  float *rotations = at_least(&rotation_rows, (size_t)B * Hd * sizeof(float));
+static const float *rope_rotations(scratch_t *scratch, const int32_t *lanes, int B, const float *inv_freq, int Hd, int rotary, float scale) {
+  float *rotations = at_least(scratch, (size_t)B * Hd * sizeof(float));
   const int half = rotary / 2;
   for (int b = 0; b < B; b++)
     for (int i = 0; i < half; i++) {
@@ -152,7 +160,7 @@ static void attend(float *out, const float *qkv, void *cache, const int32_t *lan
   const int parts = (group + shared - 1) / shared;
   shared = (group + parts - 1) / parts; /* parts of equal width: 4 = 2 + 2, not 3 + 1 */
   int chunks = 1;
-  for (int b = 0; b < B; b++) chunks = key_chunks(lanes[B + b]) > chunks ? key_chunks(lanes[B + b]) : chunks;
+  for (int b = 0; b < B; b++) chunks = key_chunks(lanes[B + b], shape->window) > chunks ? key_chunks(lanes[B + b], shape->window) : chunks;
   if (B * KvH * parts * chunks < 2 * (n_workers + 1)) shared = 1;
   float *partials = at_least(&attend_partials, (size_t)B * H * chunks * (Hd + 2) * sizeof(float));
   const attend_t a = {queries, cache, shape, lanes, shared, chunks, partials};
@@ -160,10 +168,12 @@ static void attend(float *out, const float *qkv, void *cache, const int32_t *lan
   run_job(&j);
   for (int b = 0; b < B; b++)
     for (int h = 0; h < H; h++)
-      combine_chunks(partials + ((size_t)b * H + h) * chunks * (Hd + 2), key_chunks(lanes[B + b]), Hd, out + ((size_t)b * H + h) * Hd);
+      combine_chunks(partials + ((size_t)b * H + h) * chunks * (Hd + 2), key_chunks(lanes[B + b], shape->window), Hd,
+                     out + ((size_t)b * H + h) * Hd);
 }
 
 void tq_attend(float *out, const float *qkv, void *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
                const tq_attention *shape) {
-  attend(out, qkv, cache, lanes, rope_rotations(lanes, shape->lanes, inv_freq, shape->head_dim, shape->rotary_dim, shape->rope_scale), extras, shape);
+  attend(out, qkv, cache, lanes, rope_rotations(&rotation_rows, lanes, shape->lanes, inv_freq, shape->head_dim, shape->rotary_dim, shape->rope_scale),
+         extras, shape);
 }

@@ -83,6 +83,16 @@ GENERIC void swiglu_row_generic(const float *gate, const float *up, int n, float
   for (int i = 0; i < n; i++) y[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
+/* y = gelu(gate) * up, gelu by tanh's approximation (Gemma's GeGLU, as llama.cpp's ggml_gelu); scalar
+ * everywhere: a step spends far longer in the products that read y. */
+static void geglu_row(const float *gate, const float *up, int n, float *y) {
+  const float root_2_over_pi = 0.79788456080286535588f;
+  for (int i = 0; i < n; i++) {
+    const float g = gate[i];
+    y[i] = 0.5f * g * (1.0f + tanhf(root_2_over_pi * g * (1.0f + 0.044715f * g * g))) * up[i];
+  }
+}
+
 /* float32 -> float16, rounding to nearest even as a hardware or compiler conversion does, so a key
  * written here equals the same key written by tinygrad's cast during prefill. */
 static uint16_t half_from_float(float f) {

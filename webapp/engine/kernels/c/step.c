@@ -1,10 +1,13 @@
 /* ---- a whole layer ---------------------------------------------------------------------------- */
 /* tq_layer(out, x, w_qkv, w_o, w_gate_up, w_down, w_router, w_up, attn_norm, ffn_norm, cache, lanes,
- * inv_freq, extras, expert_tokens, shape): one transformer layer for B lanes, the five kernels above in
- * a row with their intermediates in this thread's scratch:
+ * inv_freq, extras, expert_tokens, post_norms, shape): one transformer layer for B lanes, the five
+ * kernels above in a row with their intermediates in this thread's scratch:
  *   qkv = W_qkv . rms_norm(x) * attn_norm;  a = attention(qkv);  h = x + W_o . a;
  *   out = h + W_down . swiglu(W_gate_up . rms_norm(h) * ffn_norm)
- * or, in a mixture-of-experts layer, the last line as moe.c's feed-forward.
+ * or, in a mixture-of-experts layer, the last line as moe.c's feed-forward. shape->form changes two
+ * things (Gemma 3's layer): FORM_POST_NORMS adds rms_norm(W_o . a) * post_norms[0..D) and
+ * rms_norm(W_down . ...) * post_norms[D..2D) in place of the products themselves, FORM_GEGLU takes
+ * gelu(gate) * up for swiglu.
  * One kernel a layer keeps a captured step at ~30 kernels: tinygrad's capture and replay cost grows
  * with their count. shape: tq_layer_shape. */
 /* Ask for the cache lines that attend() will write (each lane's new keys and values) before the qkv
@@ -26,11 +29,20 @@ typedef struct {
   int64_t *expert_tokens;
 } layer_matrices;
 
-static void layer(float *out, const float *x, const layer_matrices *w, const float *attn_norm, const float *ffn_norm, uint16_t *cache,
-                  const int32_t *lanes, const float *rotations, const float *extras, const tq_layer_shape *shape) {
+/* rows (B, n) = residual + rms_norm(rows) * weight, a row at a time */
+static void add_normed(float *rows, const float *residual, const float *weight, int B, int n, float eps) {
+  for (int b = 0; b < B; b++) {
+    float *row = rows + (size_t)b * n;
+    rms_norm_row(row, weight, n, eps, row);
+    for (int i = 0; i < n; i++) row[i] += residual[(size_t)b * n + i];
+  }
+}
+
+static void layer(float *out, const float *x, const layer_matrices *w, const float *attn_norm, const float *ffn_norm, const float *post_norms,
+                  uint16_t *cache, const int32_t *lanes, const float *rotations, const float *extras, const tq_layer_shape *shape) {
   const tq_attention *attention = &shape->attention;
   const int B = attention->lanes, H = attention->heads, KvH = attention->kv_heads, Hd = attention->head_dim, D = shape->dim, F = shape->ffn_dim;
-  const int moe = shape->experts.count > 0;
+  const int moe = shape->experts.count > 0, post = shape->form & FORM_POST_NORMS;
   const float eps = attention->eps;
   const int width = (H + 2 * KvH) * Hd;
   float *qkv = at_least(&layer_intermediates, (size_t)B * (width + H * Hd + D + (moe ? 0 : 2 * F)) * sizeof(float)), *attn = qkv + (size_t)B * width,
@@ -39,23 +51,25 @@ static void layer(float *out, const float *x, const layer_matrices *w, const flo
   prefetch_new_entries(cache, lanes, attention);
   linear(qkv, w->qkv, x, &qkv_shape, RMS_NORM, attn_norm, 0);
   attend(attn, qkv, cache, lanes, rotations, extras, attention);
-  linear(h, w->o, attn, &o_shape, AS_IS, 0, x);
+  linear(h, w->o, attn, &o_shape, AS_IS, 0, post ? 0 : x);
+  if (post) add_normed(h, x, post_norms, B, D, eps);
   if (moe) {
     moe_feed_forward(out, h, w->router, w->gate_up, w->up, w->down, ffn_norm, w->expert_tokens, shape);
     return;
   }
   const tq_product gate_up_shape = {shape->types[LAYER_GATE_UP], 2 * F, D, B, eps}, down_shape = {shape->types[LAYER_DOWN], D, F, B, eps};
   linear(gate_up, w->gate_up, h, &gate_up_shape, RMS_NORM, ffn_norm, 0);
-  linear(out, w->down, gate_up, &down_shape, SWIGLU, 0, h);
+  linear(out, w->down, gate_up, &down_shape, shape->form & FORM_GEGLU ? GEGLU : SWIGLU, 0, post ? 0 : h);
+  if (post) add_normed(out, h, post_norms + D, B, D, eps);
 }
 
 void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w_o, const uint8_t *w_gate_up, const uint8_t *w_down,
               const uint8_t *w_router, const uint8_t *w_up, const float *attn_norm, const float *ffn_norm, uint16_t *cache, const int32_t *lanes,
-              const float *inv_freq, const float *extras, int64_t *expert_tokens, const tq_layer_shape *shape) {
-  const float *rotations = rope_rotations(lanes, shape->attention.lanes, inv_freq, shape->attention.head_dim, shape->attention.rotary_dim,
-                                               shape->attention.rope_scale);
+              const float *inv_freq, const float *extras, int64_t *expert_tokens, const float *post_norms, const tq_layer_shape *shape) {
+  const float *rotations = rope_rotations(&rotation_rows, lanes, shape->attention.lanes, inv_freq, shape->attention.head_dim,
+                                          shape->attention.rotary_dim, shape->attention.rope_scale);
   const layer_matrices w = {w_qkv, w_o, w_gate_up, w_down, w_router, w_up, expert_tokens};
-  layer(out, x, &w, attn_norm, ffn_norm, cache, lanes, rotations, extras, shape);
+  layer(out, x, &w, attn_norm, ffn_norm, post_norms, cache, lanes, rotations, extras, shape);
 }
 
 /* ---- a whole step --------------------------------------------------------------------------- */
@@ -66,27 +80,37 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
  * `model` holds the model's tensors by address (uint64): the embedding matrix, the final norm, the
  * head matrix, the RoPE inverse frequencies, then per layer its qkv, o, gate_up and down matrices, its
  * two norms, its KV cache and its attention extras, and a mixture of experts' router, up matrices and
- * token counts (the order of tq.h's MODEL_* and LAYER_* entries). step: tq_step (B =
- * step->attention.lanes, R = step->picks); layer_info: each layer's LAYER_INFO numbers in turn (its
- * matrices' types, its attention's flags). cpu.py calls it directly, on the model thread, which then works through
+ * token counts, a post-normed layer's norms (the order of tq.h's MODEL_* and LAYER_* entries). step:
+ * tq_step (B = step->attention.lanes, R = step->picks); layer_info: each layer's LAYER_INFO numbers in
+ * turn (its matrices' types, its attention's flags, form, window and cache positions). cpu.py calls it directly, on the model thread, which then works through
  * the pool's jobs itself: replayed inside a TinyJit, the same one-kernel step took 2.8 ms longer of
  * 15.5 (Python before it started, tinygrad's worker thread running it, noticing its end). */
-static __thread scratch_t step_rows;
+static __thread scratch_t step_rows, local_rotation_rows;
 
 void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, const int32_t *picks, const uint64_t *model, const tq_step *step,
                 const int32_t *layer_info) {
   const int B = step->attention.lanes, D = step->dim, R = step->picks;
   float *x = at_least(&step_rows, (size_t)(B + R) * D * sizeof(float)), *picked = x + (size_t)B * D;
-  const float *rotations = rope_rotations(lanes, B, (const float *)(uintptr_t)model[MODEL_INV_FREQ], step->attention.head_dim,
-                                           step->attention.rotary_dim, step->attention.rope_scale);
+  const tq_attention *a = &step->attention;
+  const float *rotations = rope_rotations(&rotation_rows, lanes, B, (const float *)(uintptr_t)model[MODEL_INV_FREQ], a->head_dim,
+                                          a->rotary_dim, a->rope_scale);
+  const float *local_rotations = model[MODEL_INV_FREQ_LOCAL] ? rope_rotations(&local_rotation_rows, lanes, B,
+                                                                              (const float *)(uintptr_t)model[MODEL_INV_FREQ_LOCAL],
+                                                                              a->head_dim, a->rotary_dim, a->rope_scale)
+                                                             : rotations;
   const tq_product embed_shape = {step->embed_type, step->vocab, D, B, 0.0f};
   tq_embed(x, (const uint8_t *)(uintptr_t)model[MODEL_EMBED], tokens, &embed_shape);
-  tq_layer_shape layer_shape = {step->attention, D, step->ffn_dim, {0}, {0}};
+  if (step->embed_scale != 1.0f)
+    for (size_t i = 0; i < (size_t)B * D; i++) x[i] *= step->embed_scale;
+  tq_layer_shape layer_shape = {step->attention, D, step->ffn_dim, {0}, {0}, 0};
   for (int l = 0; l < step->layers; l++) {
     const uint64_t *m = model + MODEL_LAYERS + (size_t)l * LAYER_ENTRIES;
     const int32_t *info = layer_info + LAYER_INFO * (size_t)l;
     memcpy(layer_shape.types, info, sizeof layer_shape.types);
     layer_shape.attention.flags = info[LAYER_INFO_FLAGS];
+    layer_shape.attention.window = info[LAYER_INFO_WINDOW];
+    layer_shape.attention.positions = info[LAYER_INFO_POSITIONS];
+    layer_shape.form = info[LAYER_INFO_FORM];
 #define AT(type, entry) ((type)(uintptr_t)m[entry])
     const tq_experts dense = {0};
     layer_shape.experts = m[LAYER_ROUTER] ? step->experts : dense;
@@ -94,7 +118,8 @@ void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, cons
                               AT(const uint8_t *, LAYER_DOWN),   AT(const uint8_t *, LAYER_ROUTER), AT(const uint8_t *, LAYER_UP),
                               AT(int64_t *, LAYER_EXPERT_TOKENS)};
     /* in place: layer() reads x for the last time (the attention's residual) before it writes out */
-    layer(x, x, &w, AT(const float *, LAYER_ATTN_NORM), AT(const float *, LAYER_FFN_NORM), AT(uint16_t *, LAYER_CACHE), lanes, rotations,
+    layer(x, x, &w, AT(const float *, LAYER_ATTN_NORM), AT(const float *, LAYER_FFN_NORM), AT(const float *, LAYER_POST_NORMS),
+          AT(uint16_t *, LAYER_CACHE), lanes, layer_shape.attention.flags & ATTEND_LOCAL_ROPE ? local_rotations : rotations,
           AT(const float *, LAYER_EXTRAS), &layer_shape);
 #undef AT
   }

@@ -36,7 +36,14 @@ class OneCallSteps(Steps):
         self.kernels = model.kernels
         layers = [block.layer_tensors for block in model.blocks]
         self.whole_model = self.kernels.whole_model(
-            model.embed.weight, model.output_norm, model.head.weight, model.inv_freq, layers, model.config.norm_eps
+            model.embed.weight,
+            model.output_norm,
+            model.head.weight,
+            model.inv_freq,
+            layers,
+            model.config.norm_eps,
+            inv_freq_local=model.inv_freq_local,
+            embed_scale=model.config.embed_scale,
         )
         self._prefix_copy.synchronize = True
 
