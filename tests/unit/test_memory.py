@@ -87,3 +87,20 @@ def test_the_8_bit_cache_counts_its_rows_bytes_and_auto_context_gives_it_the_pos
     as_f16, _ = memory.auto_context(config, table, 4, {8}, "CPU", f16)
     as_q8, why = memory.auto_context(config, table, 4, {8}, "CPU", q8)
     assert (as_f16, as_q8) == (3840, 7424) and "4 slots' q8_0 caches" in why  # 4000 and 4000 * 64 / 34 in steps of 256
+
+
+def test_a_sliding_window_models_plan_counts_its_rings_as_the_loaded_caches_are(tmp_path):
+    """gemma3 on the CPU kernels: six of seven layers hold a 256-position ring whatever the context,
+    and the plan's bytes are the caches' the model allocates."""
+    use_tinygrad_from_this_thread()
+    path = write_tiny_gguf(str(tmp_path / "g.gguf"), "gemma3", n_layers=7, matrix_type="Q8_0", sliding_window=5, context=4096)
+    kv, table = read_gguf(path)
+    config = ModelConfig.from_gguf(kv, table)
+    row = 2 * config.n_kv_heads * config.head_dim * 2  # a position's key and value, float16
+    assert memory.layer_positions(config, 2048 + 64, step_writes=64) == [256] * 5 + [2112, 256]
+    planned = memory.plan(config, table, slots=2, positions=2048 + 64, kept_types={8}, step_writes=64)
+    assert planned.kv_cache == 3 * (6 * 256 + 2112) * row and planned.kv_bytes_per_token == row  # one global layer grows
+    model, _ = load_model(path, slots=2, context=2048)
+    assert sum(b.cache.nbytes() for b in model.blocks) == planned.kv_cache
+    tinygrad_path = memory.plan(config, table, slots=2, positions=2048 + 64, kept_types=set())
+    assert tinygrad_path.kv_cache == 3 * 7 * 2112 * row  # masks a whole context in every layer

@@ -4,7 +4,7 @@ Contract: `TransformerBlock(config, weights, layer, slots, context, kv_type, ste
 layer's products in the form `WeightSource` chose and its KV cache (2, slots + 1, kv_heads, context,
 a row of head_dim values in `kv_type`'s rows: float16 or Q8_0, kv_types.py); the extra last slot is
 scratch for padding lanes. A sliding-window layer (`window`) on the CPU kernels keeps a ring of
-`ring_positions(window, step_writes)` positions instead of the context: position p in row p % ring,
+`kv_types.ring_positions(window, step_writes)` positions instead of the context: position p in row p % ring,
 `step_writes` being the most positions one step writes to a slot. The step strategies
 (`webapp.engine.model.steps`) call `prefill` / `decode` on tinygrad's path and `on_kernels` on the
 CPU kernels' path; `layer_tensors` is set when every product is in blocks, so the layer runs as one
@@ -16,25 +16,13 @@ from __future__ import annotations
 import numpy as np
 from tinygrad import Device, Tensor, UOp
 
-from webapp.engine.kernels.abi import KEY_CHUNK, MAX_HEAD_DIM, AttendFlag
+from webapp.engine.kernels.abi import MAX_HEAD_DIM, AttendFlag
 from webapp.engine.kernels.layer_tables import LayerMatrices, LayerTensors
 from webapp.engine.model.config import ModelConfig
 from webapp.engine.model.device_buffers import device_array
-from webapp.engine.model.kv_types import KvRows
+from webapp.engine.model.kv_types import KvRows, ring_positions
 from webapp.engine.model.ops import rms_norm, rope
 from webapp.engine.model.weights import BlockLinear, WeightSource
-
-# Positions a ring keeps besides a window and a step's writes: how far before the furthest a slot's
-# sequence went a later prompt may part from it and still reuse the slot (kv_cache.RingRows).
-RING_KEEP = 128
-# A step writes at least this many positions to a slot: a verification's drafted lanes (drafts.DRAFT_MAX + 1).
-STEP_WRITES_AT_LEAST = 16
-
-
-def ring_positions(window: int, step_writes: int) -> int:
-    """A sliding-window layer's cache positions: its window, a step's writes and RING_KEEP, in whole
-    chunks of attention's keys (a chunk's rows never wrap)."""
-    return -(-(window + max(step_writes, STEP_WRITES_AT_LEAST) + RING_KEEP) // KEY_CHUNK) * KEY_CHUNK
 
 
 # A layer's products with what surrounds them: one fused kernel when the matrix is in blocks on the

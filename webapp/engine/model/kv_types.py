@@ -6,7 +6,8 @@ being one position's key or value for one kv head; `row_bytes(head_dim)` is its 
 planning counts. On tinygrad's path `store(x)` turns float keys or values (..., head_dim) into rows
 and `load(rows)` reads them back as float32 (..., head_dim); the CPU kernels write and read the same
 rows themselves (c/attention.c, c/attention_q8.c), told which by `abi` (tq_attention.kv_type), and
-`cache_layout(cache)` recovers what they need from a cache tensor.
+`cache_layout(cache)` recovers what they need from a cache tensor. `ring_positions(window,
+step_writes)` sizes a sliding-window layer's ring.
 
 Q8_0 rows: head_dim / 32 blocks of a float16 scale d and 32 int8 q (value d * q; d = max |x| / 127,
 q = x / d rounded to nearest even), 34 bytes per 32 values against float16's 64: the same cache
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from tinygrad import Tensor, dtypes
 
-from webapp.engine.kernels.abi import KvType
+from webapp.engine.kernels.abi import KEY_CHUNK, KvType
 
 Q8_BLOCK, Q8_BLOCK_BYTES = 32, 34  # values, and bytes (a float16 scale, 32 int8), per block
 
@@ -86,6 +87,19 @@ def kv_type_named(name: str) -> KvRows:
     if rows is None:
         raise ValueError(f"LLM_KV_TYPE={name!r}: one of {', '.join(KV_TYPES)} is expected")
     return rows
+
+
+# Positions a ring keeps besides a window and a step's writes: how far before the furthest a slot's
+# sequence went a later prompt may part from it and still reuse the slot (kv_cache.RingRows).
+RING_KEEP = 128
+# A step writes at least this many positions to a slot: a verification's drafted lanes (drafts.DRAFT_MAX + 1).
+STEP_WRITES_AT_LEAST = 16
+
+
+def ring_positions(window: int, step_writes: int) -> int:
+    """A sliding-window layer's cache positions on the CPU kernels: its window, a step's writes to a
+    slot and RING_KEEP, in whole chunks of attention's keys (a chunk's rows never wrap)."""
+    return -(-(window + max(step_writes, STEP_WRITES_AT_LEAST) + RING_KEEP) // KEY_CHUNK) * KEY_CHUNK
 
 
 def cache_layout(cache: Tensor) -> tuple[int, int, int, int, KvType]:

@@ -98,7 +98,7 @@ def load_gguf_model(
         embedding_suffix=suffix,
         routed_tokens=model.routed_tokens if model.config.experts else None,
         kv_type=model.kv_type.name,
-        kv_bytes_per_token=kv_bytes_per_position(model.config, model.kv_type),
+        kv_bytes_per_token=kv_bytes_per_position(model.config, model.kv_type, rings=model.ring_rows is not None),
         ring_rows=RingRows(*model.ring_rows) if model.ring_rows else None,
     )
 

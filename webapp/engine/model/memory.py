@@ -2,7 +2,7 @@
 
 Contract: `auto_context(config, table, slots, kept_types, device, kv_type)` is the context a slot gets
 when `LLM_MAX_CONTEXT` is "auto", with the reason in words for the start-up log.
-`plan(config, table, slots, positions, kept_types, kv_type)` returns a `MemoryPlan` (weights bytes,
+`plan(config, table, slots, positions, kept_types, kv_type, step_writes)` returns a `MemoryPlan` (weights bytes,
 the KV cache's type, its bytes per token and when every slot is full, the memory available to this
 process); `kv_type` is the cache's rows (kv_types.py: float16, or Q8_0 at 34 bytes per 32 values,
 so 8-bit rows give "auto" 1.88x the positions); `check()` raises
@@ -10,7 +10,9 @@ so 8-bit rows give "auto" 1.88x the positions); `check()` raises
 log's line. Weights in `kept_types` stay in the file's bytes (the CPU kernels' block formats);
 every other matrix becomes float16. The KV cache's pages are committed only as positions fill
 (model.py maps zero pages), so a full cache beyond what is available is logged as a warning, not
-refused: short conversations never need it.
+refused: short conversations never need it. A sliding-window layer on the CPU kernels (step_writes
+given: the most positions a step writes to a slot) holds a ring of kv_types.ring_positions, whatever
+the context: only the other layers' rows grow with it (`layer_positions`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from webapp.engine.model.config import ModelConfig, ModelLoadError, used_tensors
-from webapp.engine.model.kv_types import KV_TYPES, KvRows
+from webapp.engine.model.kv_types import KV_TYPES, KvRows, ring_positions
 
 GIB = 1 << 30
 # "auto" context: the slots' caches may take this share of the memory the weights leave free...
@@ -60,8 +62,32 @@ class MemoryPlan:
         return line
 
 
-def kv_bytes_per_position(config: ModelConfig, kv_type: KvRows = KV_TYPES["f16"]) -> int:
-    return config.n_layers * 2 * config.n_kv_heads * kv_type.row_bytes(config.head_dim)
+def kv_bytes_per_position(config: ModelConfig, kv_type: KvRows = KV_TYPES["f16"], rings: bool = False) -> int:
+    """Every layer's key and value rows of one position, or with `rings` the layers' whose rows grow
+    with the context (a ring's are a slot's whatever its length)."""
+    layers = sum(1 for i in range(config.n_layers) if not (rings and config.window(i)))
+    return layers * 2 * config.n_kv_heads * kv_type.row_bytes(config.head_dim)
+
+
+def layer_positions(config: ModelConfig, positions: int, step_writes: int | None = None) -> list[int]:
+    """Each layer's cache positions a slot: `positions`, or a sliding-window layer's ring on the CPU
+    kernels (`step_writes` given) where that is fewer (block.py makes the same choice)."""
+    if not config.sliding_window or step_writes is None:
+        return [positions] * config.n_layers
+    ring = min(ring_positions(config.sliding_window, step_writes), positions)
+    return [ring if config.window(i) else positions for i in range(config.n_layers)]
+
+
+def ring_bytes(config: ModelConfig, kv_type: KvRows, step_writes: int) -> int:
+    """A slot's sliding-window layers' rings (none: 0)."""
+    rings = sum(1 for i in range(config.n_layers) if config.window(i))
+    ring = ring_positions(config.sliding_window, step_writes) if rings else 0
+    return rings * ring * 2 * config.n_kv_heads * kv_type.row_bytes(config.head_dim)
+
+
+def slot_bytes(config: ModelConfig, positions: int, kv_type: KvRows, step_writes: int | None = None) -> int:
+    """A slot's whole cache, every layer's rows (`layer_positions`)."""
+    return sum(layer_positions(config, positions, step_writes)) * 2 * config.n_kv_heads * kv_type.row_bytes(config.head_dim)
 
 
 def weight_bytes(config: ModelConfig, table: dict, kept_types: set[int]) -> int:
@@ -74,14 +100,27 @@ def weight_bytes(config: ModelConfig, table: dict, kept_types: set[int]) -> int:
 
 
 def plan(
-    config: ModelConfig, table: dict, slots: int, positions: int, kept_types: set[int], kv_type: KvRows = KV_TYPES["f16"]
+    config: ModelConfig,
+    table: dict,
+    slots: int,
+    positions: int,
+    kept_types: set[int],
+    kv_type: KvRows = KV_TYPES["f16"],
+    step_writes: int | None = None,
 ) -> MemoryPlan:
-    weights, per_token = weight_bytes(config, table, kept_types), kv_bytes_per_position(config, kv_type)
-    return MemoryPlan(weights, (slots + 1) * positions * per_token, available_bytes(), slots, positions, kv_type.name, per_token)
+    weights, per_token = weight_bytes(config, table, kept_types), kv_bytes_per_position(config, kv_type, step_writes is not None)
+    kv_cache = (slots + 1) * slot_bytes(config, positions, kv_type, step_writes)
+    return MemoryPlan(weights, kv_cache, available_bytes(), slots, positions, kv_type.name, per_token)
 
 
 def auto_context(
-    config: ModelConfig, table: dict, slots: int, kept_types: set[int], device: str, kv_type: KvRows = KV_TYPES["f16"]
+    config: ModelConfig,
+    table: dict,
+    slots: int,
+    kept_types: set[int],
+    device: str,
+    kv_type: KvRows = KV_TYPES["f16"],
+    step_writes: int | None = None,
 ) -> tuple[int, str]:
     """Positions a slot for `LLM_MAX_CONTEXT=auto`: what KV_SHARE of the memory left after the
     weights holds for every slot (and the scratch slot), in steps of 256, within the model's trained
@@ -93,8 +132,9 @@ def auto_context(
         where = "this machine's" if device in ("CPU", "PYTHON") else f"{device}'s"
         return min(cap, FIXED_CONTEXT), f"{where} free memory is not known"
     free = max(0, available - weight_bytes(config, table, kept_types))
-    per_position = (slots + 1) * kv_bytes_per_position(config, kv_type)
-    fits = int(free * KV_SHARE) // per_position // 256 * 256
+    rings = 0 if step_writes is None else (slots + 1) * ring_bytes(config, kv_type, step_writes)
+    per_position = (slots + 1) * kv_bytes_per_position(config, kv_type, step_writes is not None)
+    fits = max(0, int(free * KV_SHARE) - rings) // per_position // 256 * 256
     positions = max(min(cap, fits), min(cap, AUTO_CONTEXT_FLOOR))
     why = f"{slots} slots' {kv_type.name} caches in at most {KV_SHARE:.0%} of the {free / GIB:.1f} GiB the weights leave free hold {fits} positions each"
     if positions == cap:

@@ -35,12 +35,12 @@ from tinygrad import Device, Tensor, UOp, dtypes
 
 from webapp.engine.kernels.block_weight import BLOCK_FORMATS
 from webapp.engine.kernels.cpu import QuantizedCPU
-from webapp.engine.model.block import STEP_WRITES_AT_LEAST, TransformerBlock
+from webapp.engine.model.block import TransformerBlock
 from webapp.engine.model.config import ModelConfig, ModelLoadError, check_tensors
 from webapp.engine.model.gemma3_block import Gemma3Block
 from webapp.engine.model.ggml_types import KERNEL_ONLY_TYPES
 from webapp.engine.model.gguf import read_gguf
-from webapp.engine.model.kv_types import KV_TYPES, KvRows, kv_type_named
+from webapp.engine.model.kv_types import KV_TYPES, STEP_WRITES_AT_LEAST, KvRows, kv_type_named
 from webapp.engine.model.memory import auto_context
 from webapp.engine.model.memory import plan as memory_plan
 from webapp.engine.model.moe_block import MoeBlock
@@ -80,7 +80,7 @@ class Transformer:
         self.head = weights.head(config.vocab_size, int8_head)  # (B, D) -> (B, vocab)
         # a padded prefill chunk may write up to max_chunk - 1 junk positions past the context
         block = MoeBlock if config.experts else Gemma3Block if config.gemma else self.block
-        self.step_writes = max(max_chunk, STEP_WRITES_AT_LEAST)
+        self.step_writes = max(max_chunk, STEP_WRITES_AT_LEAST)  # as load_model's memory plan counts them
         self.blocks = [block(config, weights, i, slots, context + max_chunk, kv_type, self.step_writes) for i in range(config.n_layers)]
         self.uses_cpu_kernels = weights.uses_kernels  # some matrix runs on the quantized CPU kernels
         # every layer runs on the CPU kernels, or none does (attention always, each product where its
@@ -267,11 +267,13 @@ def load_model(
                 f"tensor {name!r} is stored as {KERNEL_ONLY_TYPES[raw.ggml_type]}, which only the CPU kernels read "
                 "(on the CPU device, with LLM_CPU_KERNELS on)"
             )
+    # the most positions a step writes to a slot, where the kernels keep sliding-window layers' rings
+    step_writes = max(max_chunk, STEP_WRITES_AT_LEAST) if kernels is not None else None
     if context is None:
-        context, why = auto_context(config, table, slots, kept, Device.DEFAULT, rows)
+        context, why = auto_context(config, table, slots, kept, Device.DEFAULT, rows, step_writes)
         log.info("context: %d positions a slot (%s; LLM_MAX_CONTEXT sets it)", context, why)
     context = min(context, config.trained_context)
-    memory = memory_plan(config, table, slots, context + max_chunk, kept, rows)
+    memory = memory_plan(config, table, slots, context + max_chunk, kept, rows, step_writes)
     memory.check()  # before any weight is read
     log.info("%s", memory.describe())
     weights = WeightSource(path, table, config.arch, config.n_heads, config.n_kv_heads, act_dtype, kernels)
