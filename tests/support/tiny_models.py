@@ -117,7 +117,8 @@ def write_tiny_gguf(
     ffn_up, as Phi-3 and Phi-4-mini files do; `long_rope` (short, long) adds LongRoPE's
     rope_factors_short/long.weight. `renamed_tokens` ({id: text}) makes the vocabulary another one
     of the same size. A gemma3 file has q/k norms, post-norms and `sliding_window` (its local layers':
-    all but every sixth)."""
+    all but every sixth); a gpt-oss file (with `experts`) q/k/v and output biases, sinks, biases on the
+    router and the experts, its feed-forward norm as post_attention_norm, every other layer windowed."""
     rng = np.random.default_rng(seed)
     tok = smollm_tokenizer_fields()
     vocab = len(tok["tokenizer.ggml.tokens"])
@@ -142,7 +143,7 @@ def write_tiny_gguf(
         w.add_expert_feed_forward_length(experts[2])
     w.add_rope_freq_base(10000.0)
     w.add_rope_dimension_count(rotary_dim or head_dim)
-    if arch == "gemma3":
+    if arch in ("gemma3", "gpt-oss"):
         w.add_sliding_window(sliding_window)
     for key, value in (metadata or {}).items():
         if isinstance(value, str):
@@ -208,14 +209,17 @@ def write_tiny_gguf(
             add_matrix(p + "attn_q.weight", q, i)
             add_matrix(p + "attn_k.weight", k, i)
             add_matrix(p + "attn_v.weight", v, i)
-        if arch == "qwen2":
+        if arch in ("qwen2", "gpt-oss"):
             for name, n in (("q", n_heads), ("k", n_kv_heads), ("v", n_kv_heads)):
                 w.add_tensor(p + f"attn_{name}.bias", (0.1 * rng.standard_normal(n * head_dim)).astype(np.float32))
         if arch in ("qwen3", "qwen3moe", "gemma3"):
             w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
         add_matrix(p + "attn_output.weight", mat(dim, n_heads * head_dim), i)
-        w.add_tensor(p + "ffn_norm.weight", norm(dim))
+        w.add_tensor(p + ("post_attention_norm.weight" if arch == "gpt-oss" else "ffn_norm.weight"), norm(dim))
+        if arch == "gpt-oss":
+            w.add_tensor(p + "attn_output.bias", (0.1 * rng.standard_normal(dim)).astype(np.float32))
+            w.add_tensor(p + "attn_sinks.weight", rng.standard_normal(n_heads).astype(np.float32))
         if arch == "gemma3":
             w.add_tensor(p + "post_attention_norm.weight", norm(dim))
             w.add_tensor(p + "post_ffw_norm.weight", norm(dim))
@@ -232,6 +236,10 @@ def write_tiny_gguf(
         w.add_tensor(p + "ffn_gate_inp.weight", mat(count, dim, scale=2 * dim**-0.5))  # F32, as llama-quantize keeps it
         for name, rows, cols in (("gate", width, dim), ("up", width, dim), ("down", dim, width)):
             add_matrix(p + f"ffn_{name}_exps.weight", np.stack([mat(rows, cols) for _ in range(count)]), i)
+            if arch == "gpt-oss":
+                w.add_tensor(p + f"ffn_{name}_exps.bias", (0.5 * rng.standard_normal((count, rows))).astype(np.float32))
+        if arch == "gpt-oss":
+            w.add_tensor(p + "ffn_gate_inp.bias", (0.5 * rng.standard_normal(count)).astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -281,7 +289,8 @@ class Reference:
         self.yarn_original = field("rope.scaling.original_context_length", None)
         self.experts_used = field("expert_used_count", 0)
         self.rotary = field("rope.dimension_count", None)
-        self.window = field("attention.sliding_window", 0) if self.arch == "gemma3" else 0
+        self.window = field("attention.sliding_window", 0) if self.arch in ("gemma3", "gpt-oss") else 0
+        self.global_every = 2 if self.arch == "gpt-oss" else 6
         self.w = {}
         for t in reader.tensors:
             f64 = t.tensor_type == gguf.GGMLQuantizationType.F64
@@ -349,7 +358,7 @@ class Reference:
         pos = np.arange(T, dtype=np.float64)
         for i in range(self.n_layers):
             p = f"blk.{i}."
-            window = self.window if (i + 1) % 6 else 0  # gemma3: every sixth layer global
+            window = self.window if (i + 1) % self.global_every else 0  # gemma3: every sixth layer global; gpt-oss: every other
             h = self._norm(x, w[p + "attn_norm.weight"])
             q, k, v = (h @ w[p + f"attn_{n}.weight"].T + w.get(p + f"attn_{n}.bias", 0.0) for n in "qkv")
             hd = q.shape[-1] // self.n_heads
@@ -357,19 +366,22 @@ class Reference:
             if p + "attn_q_norm.weight" in w:
                 q, k = self._norm(q, w[p + "attn_q_norm.weight"]), self._norm(k, w[p + "attn_k_norm.weight"])
             if not (self.arch == "smollm3" and (i + 1) % 4 == 0):  # SmolLM3: every fourth layer without RoPE
-                q, k = self._rope(q, pos, bool(window)), self._rope(k, pos, bool(window))
+                local = bool(window) and gemma  # gemma3's local layers' own base
+                q, k = self._rope(q, pos, local), self._rope(k, pos, local)
             k, v = cached(k, self.kv_type), cached(v, self.kv_type)  # as the KV cache holds them
             rep = self.n_heads // self.n_kv
             k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
             scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd) + np.triu(np.full((T, T), -np.inf), 1)
             if window:  # keys window or more positions back are out of sight
                 scores = scores + np.tril(np.full((T, T), -np.inf), -window)
-            probs = np.exp(scores - scores.max(-1, keepdims=True))
-            probs /= probs.sum(-1, keepdims=True)
+            sinks = w.get(p + "attn_sinks.weight")  # one more score a head, weighing no value
+            top = scores.max(-1, keepdims=True) if sinks is None else np.maximum(scores.max(-1, keepdims=True), sinks[:, None, None])
+            probs = np.exp(scores - top)
+            probs /= probs.sum(-1, keepdims=True) + (0 if sinks is None else np.exp(sinks[:, None, None] - top))
             attn = np.einsum("hts,shd->thd", probs, v).reshape(T, -1)
-            out = attn @ w[p + "attn_output.weight"].T
+            out = attn @ w[p + "attn_output.weight"].T + w.get(p + "attn_output.bias", 0.0)
             x = x + (self._norm(out, w[p + "post_attention_norm.weight"]) if gemma else out)
-            h = self._norm(x, w[p + "ffn_norm.weight"])
+            h = self._norm(x, w[p + ("post_attention_norm.weight" if self.arch == "gpt-oss" else "ffn_norm.weight")])
             self.ffn_inputs.append(h)
             if p + "ffn_gate_inp.weight" in w:
                 x = x + self.experts(h, p)
@@ -386,7 +398,7 @@ class Reference:
     def routing(self, h: np.ndarray, p: str) -> tuple[np.ndarray, np.ndarray]:
         """A mixture of experts' choice for normed rows h (T, D): each row's experts (T, used), the most
         probable first (ties: the lower one), and their weights (qwen3moe: divided by their sum)."""
-        logits = h @ self.w[p + "ffn_gate_inp.weight"].T  # (T, E)
+        logits = h @ self.w[p + "ffn_gate_inp.weight"].T + self.w.get(p + "ffn_gate_inp.bias", 0.0)  # (T, E)
         probs = np.exp(logits - logits.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
         chosen = np.argsort(-probs, axis=-1, kind="stable")[:, : self.experts_used]
@@ -397,8 +409,13 @@ class Reference:
         """The mixture of experts' output for normed rows h (T, D): each row's chosen experts' SwiGLU, weighted."""
         gates, ups, downs = (self.w[p + f"ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))  # (E, F, D), (E, F, D), (E, D, F)
         out = np.zeros_like(h)
+        bias = {n: self.w.get(p + f"ffn_{n}_exps.bias") for n in ("gate", "up", "down")}
         for t, (chosen, weights) in enumerate(zip(*self.routing(h, p))):
             for e, weight in zip(chosen, weights):
-                gate = gates[e] @ h[t]
-                out[t] += weight * (downs[e] @ ((gate / (1 + np.exp(-gate))) * (ups[e] @ h[t])))
+                gate, up = gates[e] @ h[t], ups[e] @ h[t]
+                if bias["gate"] is None:
+                    out[t] += weight * (downs[e] @ ((gate / (1 + np.exp(-gate))) * up))
+                    continue
+                gate, up = np.minimum(gate + bias["gate"][e], 7.0), np.clip(up + bias["up"][e], -7.0, 7.0)  # gpt-oss's clamped SwiGLU
+                out[t] += weight * (downs[e] @ (gate / (1 + np.exp(-1.702 * gate)) * (up + 1)) + bias["down"][e])
         return out

@@ -73,14 +73,18 @@ class AttendFlag(enum.IntFlag):
     QK_NORM = 2
     NO_ROPE = 4  # q and k are not rotated (SmolLM3's every fourth layer)
     LOCAL_ROPE = 8  # rotated by the model's second frequencies (Gemma 3's sliding-window layers)
+    SINKS = 16  # extras end with a logit a query head (gpt-oss's attention sinks)
 
 
 class LayerForm(enum.IntFlag):
     """How a layer's sublayers join the residual stream (tq_layer_shape.form): Gemma 3's norms on each
-    sublayer's output before it is added, and its gelu(gate) * up feed-forward."""
+    sublayer's output before it is added and its gelu(gate) * up feed-forward; gpt-oss's biases on the
+    output product, the router and every expert's products, and its clamped SwiGLU (tq.h says how)."""
 
     POST_NORMS = 1
     GEGLU = 2
+    BIASES = 4
+    SWIGLU_CLAMPED = 8
 
 
 class ExpertsFlag(enum.IntFlag):
@@ -124,6 +128,7 @@ class LayerEntry(enum.IntEnum):
     EXTRAS = 9
     EXPERT_TOKENS = 10
     POST_NORMS = 11  # LayerForm.POST_NORMS' two norm weights (D floats each), or 0
+    BIASES = 12  # LayerForm.BIASES' biases (tq.h's order), or 0
 
 
 def in_table_order(model: dict[ModelEntry, object], layers: list[dict[LayerEntry, object]]) -> list:

@@ -71,9 +71,9 @@ class QuantizedCPU:
             address = ctypes.cast(getattr(library, name), ctypes.c_void_p).value
             self._programs[name] = _trampoline(address)
         # what a layer passes tq_layer for what it lacks (a mixture of experts' router, up matrices and
-        # counts, Gemma's post-norms), which tq_layer never reads: one buffer each, as a kernel's
-        # arguments are distinct buffers
-        self._unread = [device_array(np.zeros(1, np.int64)) for _ in range(4)]
+        # counts, Gemma's post-norms, gpt-oss's biases), which tq_layer never reads: one buffer each, as
+        # a kernel's arguments are distinct buffers
+        self._unread = [device_array(np.zeros(1, np.int64)) for _ in range(5)]
         self._repack = library.tq_repack
         self._repack.argtypes, self._repack.restype = [ctypes.c_void_p] * 2 + [ctypes.POINTER(abi.Product)], ctypes.c_int
         self._forward = library.tq_forward
@@ -260,7 +260,8 @@ class QuantizedCPU:
         attn_norm, ffn_norm = (n.cast(dtypes.float32).contiguous() for n in (layer.attn_norm, layer.ffn_norm))
         tokens = next(unread) if layer.expert_tokens is None else layer.expert_tokens
         post_norms = next(unread) if layer.post_norms is None else layer.post_norms
-        extras = (layer.cache, lanes, inv_freq, layer.extras, tokens, post_norms, shape)
+        biases = next(unread) if layer.biases is None else layer.biases
+        extras = (layer.cache, lanes, inv_freq, layer.extras, tokens, post_norms, biases, shape)
         return self._call("tq_layer", out, self._rows(x, D), *weights, attn_norm, ffn_norm, *extras)
 
     def whole_model(

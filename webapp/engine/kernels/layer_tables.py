@@ -61,6 +61,7 @@ class LayerTensors:
     window: int = 0  # a sliding-window layer's positions a query sees (0: all)
     form: int = 0  # abi.LayerForm
     post_norms: Tensor | None = None  # LayerForm.POST_NORMS' two weights, one after the other
+    biases: Tensor | None = None  # LayerForm.BIASES': the output product's, then a mixture of experts'
 
     @property
     def info(self) -> list[int]:
@@ -74,7 +75,7 @@ class LayerTensors:
         E, m = abi.LayerEntry, self.matrices
         matrices = {entry: None if w is None else w.raw for entry, w in zip(list(E)[: abi.LAYER_MATRICES], m.in_order, strict=True)}
         own = {E.ATTN_NORM: self.attn_norm, E.FFN_NORM: self.ffn_norm, E.CACHE: self.cache, E.EXTRAS: self.extras}
-        return matrices | own | {E.EXPERT_TOKENS: self.expert_tokens, E.POST_NORMS: self.post_norms}
+        return matrices | own | {E.EXPERT_TOKENS: self.expert_tokens, E.POST_NORMS: self.post_norms, E.BIASES: self.biases}
 
 
 @dataclass(frozen=True, eq=False)

@@ -16,9 +16,10 @@ from __future__ import annotations
 import numpy as np
 from tinygrad import Device, Tensor, UOp
 
+from webapp.engine.kernels import abi
 from webapp.engine.kernels.abi import MAX_HEAD_DIM, AttendFlag
 from webapp.engine.kernels.layer_tables import LayerMatrices, LayerTensors
-from webapp.engine.model.config import ModelConfig
+from webapp.engine.model.config import ModelConfig, ModelLoadError
 from webapp.engine.model.device_buffers import device_array
 from webapp.engine.model.kv_types import KvRows, ring_positions
 from webapp.engine.model.ops import rms_norm, rope
@@ -37,6 +38,14 @@ def _plus(linear, x: Tensor, residual: Tensor) -> Tensor:
     if isinstance(linear, BlockLinear):
         return linear.kernels.residual_linear(x, linear.weight, residual)
     return (residual + linear(x)).contiguous()
+
+
+def _float32_values(values: dict[str, np.ndarray | None], names: list[str]) -> list[np.ndarray]:
+    """The named biases' float32 values, refusing one the file stores otherwise (the kernels read float32)."""
+    for name in names:
+        if values[name] is None:
+            raise ModelLoadError(f"{name} is not stored as F32, which the CPU kernels read")
+    return [values[name] for name in names]
 
 
 def _swiglu_plus(linear, gate_up: Tensor, residual: Tensor) -> Tensor:
@@ -58,11 +67,11 @@ class TransformerBlock:
         self.window = config.window(layer)  # a query's positions back to itself included (0: all)
         self.local_rope = bool(self.window and config.local_rope_theta)  # rotated by the local layers' base
         p = f"blk.{layer}."
-        self.w = {
-            name: weights.vector(p + name)
-            for name in ("attn_norm.weight", "ffn_norm.weight", "attn_q_norm.weight", "attn_k_norm.weight")
-            if weights.has(p + name)
-        }
+        # by their usual names, the feed-forward's norm whatever the file calls it
+        stored = {"attn_norm.weight": "attn_norm.weight", "ffn_norm.weight": config.ffn_norm_name}
+        stored |= {name: name for name in ("attn_q_norm.weight", "attn_k_norm.weight", "attn_sinks.weight", "attn_output.bias")}
+        self.w = {name: weights.vector(p + file_name) for name, file_name in stored.items() if weights.has(p + file_name)}
+        self._bias_values = {name: weights.vector_values(p + name) for name in ("attn_output.bias",) if config.output_bias}
         # one product for q, k and v and one for gate and up: fewer, larger kernels run faster here
         self.qkv = weights.linear(*config.qkv_names(p))  # D -> H*Hd + 2*KvH*Hd
         self.attn_output = weights.linear(p + "attn_output.weight")  # H*Hd -> D
@@ -78,8 +87,9 @@ class TransformerBlock:
             if bias_names:
                 self.qkv_bias = Tensor.cat(*(weights.vector(n) for n in bias_names)).contiguous()
         else:
-            # tq_attend's extras: the qkv bias, then the q and k norm weights, as the model has them
+            # tq_attend's extras: the qkv bias, then the q and k norm weights, then the sinks, as the model has them
             names = bias_names + ([p + "attn_q_norm.weight", p + "attn_k_norm.weight"] if config.qk_norm else [])
+            names += [p + "attn_sinks.weight"] if config.sinks else []
             extras = [weights.vector_values(n) for n in names]
             if all(e is not None for e in extras):  # read from the file straight into one buffer
                 self.attend_extras = device_array(np.concatenate(extras) if extras else np.zeros(1, np.float32))
@@ -90,6 +100,7 @@ class TransformerBlock:
                 | (AttendFlag.QK_NORM if config.qk_norm else 0)
                 | (0 if self.rotates else AttendFlag.NO_ROPE)
                 | (AttendFlag.LOCAL_ROPE if self.local_rope else 0)
+                | (AttendFlag.SINKS if config.sinks else 0)
             )
             # every product in blocks: the layer runs as one kernel; else five, tinygrad's products among them
             feed_forward = self._feed_forward_blocks()
@@ -149,8 +160,15 @@ class TransformerBlock:
         return ()
 
     def _kernel_form(self) -> dict:
-        """LayerTensors' form and post_norms (a llama-family layer has neither)."""
-        return {}
+        """LayerTensors' form and what it reads: the biases of `_biases` (a llama-family layer has none)."""
+        biases = self._biases()
+        if not biases:
+            return {}
+        return {"form": int(abi.LayerForm.BIASES), "biases": device_array(np.concatenate(biases))}
+
+    def _biases(self) -> list[np.ndarray]:
+        """LayerForm.BIASES' values in order, float32 as the file stores them: the output product's."""
+        return _float32_values(self._bias_values, ["attn_output.bias"] if self.c.output_bias else [])
 
     def _feed_forward_tensors(self) -> list[Tensor]:
         return [*self.gate_up.tensors(), *self.down.tensors()]
@@ -189,12 +207,17 @@ class TransformerBlock:
         group = c.n_heads // c.n_kv_heads
         q = q.reshape(B, c.n_kv_heads, group, T, Hd)
         scores = q @ k.unsqueeze(2).transpose(-1, -2) * c.score_scale  # (B, KvH, group, T, S)
-        probs = (scores + mask.unsqueeze(1).unsqueeze(1)).softmax(-1)
+        scores = scores + mask.unsqueeze(1).unsqueeze(1)
+        if c.sinks:  # one more score a head, weighing no value
+            sinks = self.w["attn_sinks.weight"].float().reshape(1, c.n_kv_heads, group, 1, 1).expand(B, c.n_kv_heads, group, T, 1)
+            probs = scores.cat(sinks, dim=-1).softmax(-1)[..., :-1]
+        else:
+            probs = scores.softmax(-1)
         out = (probs @ v.unsqueeze(2)).reshape(B, H, T, Hd)
         return out.transpose(1, 2).reshape(B, T, H * Hd)
 
     def _ffn_and_out(self, x: Tensor, attn: Tensor) -> Tensor:
-        h = x + self.attn_output(attn)
+        h = x + self.attn_output(attn) + (self.w["attn_output.bias"] if self.c.output_bias else 0)
         n = rms_norm(h, self.w["ffn_norm.weight"], self.c.norm_eps)
         return (h + self.feed_forward(n)).contiguous()
 
@@ -220,7 +243,8 @@ class TransformerBlock:
 
     def _attention_plus(self, attn: Tensor, x: Tensor) -> Tensor:
         """The residual stream x plus the attention's output product, on the kernels."""
-        return _plus(self.attn_output, attn, x)
+        out = _plus(self.attn_output, attn, x)
+        return (out + self.w["attn_output.bias"]).contiguous() if self.c.output_bias else out
 
     def prefill(self, x: Tensor, slot: UOp, start: UOp, rotary: tuple[Tensor, Tensor], mask: Tensor) -> Tensor:
         """x (1, T, D) for positions start..start+T-1 of the sequence in `slot`."""

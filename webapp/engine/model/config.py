@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from webapp.engine.model.ggml_types import GGML_TYPES, UNREADABLE_TYPES
 from webapp.engine.model.rope import attention_factor
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "phi3", "gemma3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "phi3", "gemma3", "gpt-oss")
 # architectures whose files store the feed-forward's gate and up as one matrix (ffn_up, gate first)
 FUSED_GATE_UP = ("phi3",)
 # architectures whose files store each head's rotary pairs interleaved (llama.cpp's "norm" RoPE)
@@ -25,10 +25,15 @@ INTERLEAVED_ROPE = ("llama", "smollm3")
 NO_ROPE_EVERY = {"smollm3": 4}
 # architectures whose every layer's feed-forward is a mixture of experts, and whether they divide the
 # chosen experts' weights by their sum (as llama.cpp builds each)
-MIXTURE_OF_EXPERTS = {"qwen3moe": True}
+# (gpt-oss's softmax over the chosen experts' logits is the same as dividing their probabilities by their sum)
+MIXTURE_OF_EXPERTS = {"qwen3moe": True, "gpt-oss": True}
+# architectures whose experts' activation is gpt-oss's clamped SwiGLU (kernels' FORM_SWIGLU_CLAMPED)
+CLAMPED_SWIGLU = ("gpt-oss",)
+# the feed-forward's input norm where a file names it otherwise than ffn_norm
+FFN_NORM_NAMES = {"gpt-oss": "post_attention_norm.weight"}
 # architectures whose layers attend a sliding window (attention.sliding_window) but every n-th, and
 # the RoPE base of those local layers (llama.cpp's rope_freq_base_train_swa: Gemma 3's is fixed)
-SLIDING_WINDOW_EVERY = {"gemma3": 6}
+SLIDING_WINDOW_EVERY = {"gemma3": 6, "gpt-oss": 2}
 LOCAL_ROPE_BASE = {"gemma3": 10000.0}
 # Gemma 3's layer: its embedding scaled by sqrt(dim), each sublayer's output normed before it is
 # added, and gelu(gate) * up for its feed-forward
@@ -71,6 +76,11 @@ class ModelConfig:
     global_every: int = 0  # ...all but every global_every-th layer (gemma3: 6)...
     local_rope_theta: float = 0.0  # ...rotated with this base (0: the model's)
     gemma: bool = False  # the embedding times sqrt(dim), post-norms, GeGLU (GEMMA_LAYERS)
+    sinks: bool = False  # a sink logit a query head beside its keys' (attn_sinks, gpt-oss)
+    output_bias: bool = False  # a bias on the attention's output product (attn_output.bias)
+    expert_biases: bool = False  # biases on the router and every expert's products (gpt-oss)
+    swiglu_clamped: bool = False  # the experts' activation (CLAMPED_SWIGLU)
+    ffn_norm_name: str = "ffn_norm.weight"  # the feed-forward's input norm (FFN_NORM_NAMES)
 
     def qkv_names(self, p: str) -> tuple[str, ...]:
         """A layer's q, k and v matrices as the file stores them (one fused matrix, or three)."""
@@ -180,6 +190,11 @@ class ModelConfig:
             global_every=SLIDING_WINDOW_EVERY.get(arch, 0),
             local_rope_theta=LOCAL_ROPE_BASE.get(arch, 0.0),
             gemma=arch in GEMMA_LAYERS,
+            sinks="blk.0.attn_sinks.weight" in weights,
+            output_bias="blk.0.attn_output.bias" in weights,
+            expert_biases=bool(experts) and "blk.0.ffn_gate_exps.bias" in weights,
+            swiglu_clamped=arch in CLAMPED_SWIGLU,
+            ffn_norm_name=FFN_NORM_NAMES.get(arch, "ffn_norm.weight"),
         )
 
     def _feed_forward_shapes(self, p: str) -> dict[str, tuple[int, int]]:
@@ -189,10 +204,14 @@ class ModelConfig:
             gate_up = dict.fromkeys(self.gate_up_names(p), (self.hidden_dim * (2 if self.fused_gate_up else 1), self.dim))
             return gate_up | {p + "ffn_down.weight": (self.dim, self.hidden_dim)}
         E, F = self.experts, self.expert_hidden_dim
-        return {p + "ffn_gate_inp.weight": (E, self.dim), p + "ffn_gate_exps.weight": (E * F, self.dim)} | {
+        shapes = {p + "ffn_gate_inp.weight": (E, self.dim), p + "ffn_gate_exps.weight": (E * F, self.dim)} | {
             p + "ffn_up_exps.weight": (E * F, self.dim),
             p + "ffn_down_exps.weight": (E * self.dim, F),
         }
+        if self.expert_biases:  # a vector the router, a row an expert for the experts' products
+            shapes |= {p + "ffn_gate_inp.bias": (1, E), p + "ffn_gate_exps.bias": (E, F), p + "ffn_up_exps.bias": (E, F)}
+            shapes |= {p + "ffn_down_exps.bias": (E, self.dim)}
+        return shapes
 
     def tensor_shapes(self) -> dict[str, tuple[int, int]]:
         """Every tensor the model reads, as (rows, cols) the way weights.read_gguf gives them (a vector
@@ -205,7 +224,11 @@ class ModelConfig:
                 shapes[p + "attn_qkv.weight"] = (q + 2 * kv, self.dim)
             else:
                 shapes |= {p + "attn_q.weight": (q, self.dim), p + "attn_k.weight": (kv, self.dim), p + "attn_v.weight": (kv, self.dim)}
-            shapes |= {p + "attn_norm.weight": (1, self.dim), p + "attn_output.weight": (self.dim, q), p + "ffn_norm.weight": (1, self.dim)}
+            shapes |= {
+                p + "attn_norm.weight": (1, self.dim),
+                p + "attn_output.weight": (self.dim, q),
+                p + self.ffn_norm_name: (1, self.dim),
+            }
             shapes |= self._feed_forward_shapes(p)
             if self.qk_norm:
                 shapes |= {p + "attn_q_norm.weight": (1, self.head_dim), p + "attn_k_norm.weight": (1, self.head_dim)}
@@ -213,6 +236,10 @@ class ModelConfig:
                 shapes |= {p + "attn_q.bias": (1, q), p + "attn_k.bias": (1, kv), p + "attn_v.bias": (1, kv)}
             if self.gemma:
                 shapes |= {p + "post_attention_norm.weight": (1, self.dim), p + "post_ffw_norm.weight": (1, self.dim)}
+            if self.sinks:
+                shapes[p + "attn_sinks.weight"] = (1, self.n_heads)
+            if self.output_bias:
+                shapes[p + "attn_output.bias"] = (1, self.dim)
         return shapes
 
 

@@ -71,7 +71,7 @@ class MoeBlock(TransformerBlock):
     def feed_forward(self, n: Tensor) -> Tensor:
         """n (..., D) normed -> (..., D): every expert's SwiGLU, weighted by the router's choice."""
         c = self.c
-        probs = self.router(n).float().softmax(-1)  # (..., E)
+        probs = self._router_logits(n).softmax(-1)  # (..., E)
         top, chosen = probs.topk(c.experts_used)  # (..., K), the largest first
         if c.expert_weights_norm:
             top = top / top.sum(-1, keepdim=True).maximum(WEIGHT_SUM_FLOOR)
@@ -79,5 +79,13 @@ class MoeBlock(TransformerBlock):
         x = n.unsqueeze(-2).unsqueeze(-2)  # (..., 1, 1, D)
         gate = x @ self.gate_exps.cast(n.dtype)  # (..., E, 1, F)
         up = x @ self.up_exps.cast(n.dtype)
-        out = (gate.silu() * up) @ self.down_exps.cast(n.dtype)  # (..., E, 1, D)
+        out = self._expert_outputs(gate, up)  # (..., E, 1, D)
         return (out.squeeze(-2) * mask.unsqueeze(-1).cast(n.dtype)).sum(-2)  # (..., D)
+
+    # what gpt-oss's experts change (gpt_oss_block.py): the router's logits, and each expert's output
+    def _router_logits(self, n: Tensor) -> Tensor:
+        return self.router(n).float()
+
+    def _expert_outputs(self, gate: Tensor, up: Tensor) -> Tensor:
+        """Every expert's output (..., E, 1, D) from its gate and up rows (..., E, 1, F)."""
+        return (gate.silu() * up) @ self.down_exps.cast(gate.dtype)

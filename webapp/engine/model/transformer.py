@@ -40,6 +40,7 @@ from webapp.engine.model.config import ModelConfig, ModelLoadError, check_tensor
 from webapp.engine.model.gemma3_block import Gemma3Block
 from webapp.engine.model.ggml_types import KERNEL_ONLY_TYPES
 from webapp.engine.model.gguf import read_gguf
+from webapp.engine.model.gpt_oss_block import GptOssBlock
 from webapp.engine.model.kv_types import KV_TYPES, STEP_WRITES_AT_LEAST, KvRows, kv_type_named
 from webapp.engine.model.memory import auto_context
 from webapp.engine.model.memory import plan as memory_plan
@@ -54,10 +55,12 @@ log = logging.getLogger(__name__)
 # file's output head on tinygrad's kernels is stored as int8 with a scale per vocabulary row (see
 # weights.FloatHead); unquantized files keep an exact float16 head.
 FLOAT_FILE_TYPES = (0, 1, 32)
+# the layer of an architecture with a layer of its own
+ARCHITECTURE_BLOCKS = {"gemma3": Gemma3Block, "gpt-oss": GptOssBlock}
 
 
 class Transformer:
-    block = TransformerBlock  # the dense layer; a mixture of experts' files get MoeBlock, Gemma's Gemma3Block
+    block = TransformerBlock  # the dense layer; a mixture of experts' files get MoeBlock, ARCHITECTURE_BLOCKS theirs
 
     def __init__(
         self,
@@ -79,7 +82,7 @@ class Transformer:
         self.output_norm = weights.vector("output_norm.weight")
         self.head = weights.head(config.vocab_size, int8_head)  # (B, D) -> (B, vocab)
         # a padded prefill chunk may write up to max_chunk - 1 junk positions past the context
-        block = MoeBlock if config.experts else Gemma3Block if config.gemma else self.block
+        block = ARCHITECTURE_BLOCKS.get(config.arch) or (MoeBlock if config.experts else self.block)
         self.step_writes = max(max_chunk, STEP_WRITES_AT_LEAST)  # as load_model's memory plan counts them
         self.blocks = [block(config, weights, i, slots, context + max_chunk, kv_type, self.step_writes) for i in range(config.n_layers)]
         self.uses_cpu_kernels = weights.uses_kernels  # some matrix runs on the quantized CPU kernels

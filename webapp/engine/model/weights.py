@@ -149,11 +149,12 @@ class WeightSource:
         return self.tinygrad_tensor(name).cast(self.act_dtype).contiguous()
 
     def vector_values(self, name: str) -> np.ndarray | None:
-        """A float32 vector read from the file, on the CPU kernels' path (None elsewhere)."""
+        """A float32 vector read from the file (a 2-D tensor's rows one after another), on the CPU
+        kernels' path (None elsewhere)."""
         raw = self._raw.get(name)
         if raw is None or raw.ggml_type != 0 or self.act_dtype != dtypes.float32:
             return None
-        return raw.data.view(np.float32)[0]
+        return raw.data.view(np.float32).reshape(-1)
 
     def _rope_heads_of(self, name: str) -> int | None:
         return next((n for suffix, n in self._rope_heads.items() if name.endswith(suffix)), None)

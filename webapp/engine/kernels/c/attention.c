@@ -17,7 +17,8 @@
  *      sequence spreads over every core (a single lane at position 1,000 had 3 items for 2 threads,
  *      each streaming a whole kv head).
  * shape: tq_attention (B lanes, H heads, KvH kv heads, S slots, C positions, Hd); lanes = {slot_0..,
- * pos_0..}; extras holds the qkv bias (ATTEND_BIAS), then the q and k norm weights (ATTEND_QK_NORM).
+ * pos_0..}; extras holds the qkv bias (ATTEND_BIAS), then the q and k norm weights (ATTEND_QK_NORM),
+ * then a sink logit a query head (ATTEND_SINKS).
  * Position p lives in row p % positions of its slot (see tq_attention.window: a ring for a window).
  * Writing and reading in one kernel keeps their order inside it, where tinygrad cannot reorder them. */
 /* Bytes of one cache row: a position's key or value for one kv head. */
@@ -72,10 +73,12 @@ static void run_attend(const void *ctx, int first, int last) {
 
 
 /* out = the lane's chunks' outputs, each weighted by e^(its max - the overall max), over their sums
- * weighted alike: the softmax over all the keys, whatever the chunks. */
-static void combine_chunks(const float *parts, int chunks, int Hd, float *out) {
-  float top = -INFINITY, total = 0.0f;
+ * weighted alike: the softmax over all the keys, whatever the chunks; a sink (-INFINITY: none) is one
+ * more score in the softmax, with no value. */
+static void combine_chunks(const float *parts, int chunks, int Hd, float sink, float *out) {
+  float top = sink, total = 0.0f;
   for (int c = 0; c < chunks; c++) top = parts[c * (Hd + 2) + Hd] > top ? parts[c * (Hd + 2) + Hd] : top;
+  if (sink > -INFINITY) total = expf(sink - top);
   for (int i = 0; i < Hd; i++) out[i] = 0.0f;
   for (int c = 0; c < chunks; c++) {
     const float *part = parts + (size_t)c * (Hd + 2), weight = expf(part[Hd] - top);
@@ -126,6 +129,7 @@ static void attend(float *out, const float *qkv, void *cache, const int32_t *lan
   const int width = (H + 2 * KvH) * Hd, rotary = shape->rotary_dim;
   const float *bias = flags & ATTEND_BIAS ? extras : 0;
   const float *q_norm = flags & ATTEND_QK_NORM ? extras + (bias ? width : 0) : 0;
+  const float *sinks = flags & ATTEND_SINKS ? extras + (bias ? width : 0) + (q_norm ? 2 * Hd : 0) : 0;
   float *queries = at_least(&float_rows, ((size_t)B * H * Hd + width) * sizeof(float));
   float *row = queries + (size_t)B * H * Hd, rotated[MAX_HEAD_DIM];
   for (int b = 0; b < B; b++) {
@@ -169,7 +173,7 @@ static void attend(float *out, const float *qkv, void *cache, const int32_t *lan
   for (int b = 0; b < B; b++)
     for (int h = 0; h < H; h++)
       combine_chunks(partials + ((size_t)b * H + h) * chunks * (Hd + 2), key_chunks(lanes[B + b], shape->window), Hd,
-                     out + ((size_t)b * H + h) * Hd);
+                     sinks ? sinks[h] : -INFINITY, out + ((size_t)b * H + h) * Hd);
 }
 
 void tq_attend(float *out, const float *qkv, void *cache, const int32_t *lanes, const float *inv_freq, const float *extras,

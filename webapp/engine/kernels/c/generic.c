@@ -93,6 +93,15 @@ static void geglu_row(const float *gate, const float *up, int n, float *y) {
   }
 }
 
+/* y = gpt-oss's clamped SwiGLU of gate and up (tq.h's FORM_SWIGLU_CLAMPED), as llama.cpp's swiglu_oai */
+static void swiglu_clamped_row(const float *gate, const float *up, int n, float *y) {
+  const float alpha = 1.702f, limit = 7.0f;
+  for (int i = 0; i < n; i++) {
+    const float g = gate[i] < limit ? gate[i] : limit, u = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];
+    y[i] = g / (1.0f + expf(-alpha * g)) * (u + 1.0f);
+  }
+}
+
 /* float32 -> float16, rounding to nearest even as a hardware or compiler conversion does, so a key
  * written here equals the same key written by tinygrad's cast during prefill. */
 static uint16_t half_from_float(float f) {

@@ -56,7 +56,7 @@ static void *at_least(scratch_t *s, size_t bytes) {
 static __thread scratch_t int8_activations, float_rows, layer_intermediates, attend_partials;
 
 /* How a token's row of x becomes the product's input, before quantizing. */
-enum { AS_IS, RMS_NORM, SWIGLU, GEGLU };
+enum { AS_IS, RMS_NORM, SWIGLU, GEGLU, SWIGLU_CLAMPED };
 
 /* sums[r] = x[r * n + 0]^2 + ... + x[r * n + n - 1]^2 for `rows` rows, each one float sum in order
  * by fused multiply-adds (as `sum += x[i] * x[i]` compiles here), eight rows' chains interleaved: one
@@ -97,7 +97,8 @@ static void product(int type, int rows, int cols, int tokens, size_t stride, flo
 }
 
 /* out (tokens, rows) = [residual +] W . f(x) with f one of AS_IS, RMS_NORM (by `norm`, eps),
- * SWIGLU (x holds gate then up, 2 * cols per token: silu(gate) * up) or GEGLU (gelu(gate) * up). */
+ * SWIGLU (x holds gate then up, 2 * cols per token: silu(gate) * up), GEGLU (gelu(gate) * up) or
+ * SWIGLU_CLAMPED (gpt-oss's: tq.h's FORM_SWIGLU_CLAMPED). */
 static void linear(float *out, const uint8_t *w, const float *x, const tq_product *shape, int input, const float *norm, const float *residual) {
   const int type = shape->type, rows = shape->rows, cols = shape->cols, tokens = shape->tokens;
   xblock *xq8 = at_least(&int8_activations, (size_t)tokens * (cols / 32) * sizeof(xblock));
@@ -112,10 +113,11 @@ static void linear(float *out, const uint8_t *w, const float *x, const tq_produc
     if (input == RMS_NORM) {
       rms_scale_row(in, sums[t], norm, cols, shape->eps, row);
       in = row;
-    } else if (input == SWIGLU || input == GEGLU) {
+    } else if (input != AS_IS) {
       const float *gate = x + (size_t)t * 2 * cols, *up = gate + cols;
       if (input == SWIGLU) swiglu_row(gate, up, cols, row);
-      else geglu_row(gate, up, cols, row);
+      else if (input == GEGLU) geglu_row(gate, up, cols, row);
+      else swiglu_clamped_row(gate, up, cols, row);
       in = row;
     }
     quantize_row(in, cols, xq8 + (size_t)t * (cols / 32));

@@ -3,6 +3,9 @@
  * of B lanes, over the `used` experts its router picks (Qwen3-MoE):
  *   probs = softmax(W_router . n);  the `used` largest (ties: the lower expert), their probs as
  *   weights (divided by their sum with EXPERTS_NORM_WEIGHTS);  expert e: W_down[e] . swiglu(W_gate[e] . n | W_up[e] . n)
+ * With `biases` (FORM_BIASES: the router's, then every expert's gate, up and down biases) each
+ * product adds its own, and FORM_SWIGLU_CLAMPED takes gpt-oss's clamped SwiGLU for swiglu (gpt-oss's
+ * softmax over the chosen logits is their probs divided by their sum: EXPERTS_NORM_WEIGHTS).
  * The step's lanes are grouped by expert, so each chosen expert's blocks are read once a step however
  * many lanes chose it (a B=8 decode step of Qwen3-30B-A3B names ~52 of 128 experts with an even
  * router, where lane by lane would read 64), each expert's products spread over the pool like any
@@ -33,8 +36,14 @@ static void choose_experts(const float *logits, int count, int used, int flags, 
 
 static __thread scratch_t moe_buffers;
 
+/* rows (n, width, `stride` floats apart) += bias */
+static void add_bias(float *rows, int n, int width, size_t stride, const float *bias) {
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < width; j++) rows[(size_t)i * stride + j] += bias[j];
+}
+
 static void moe_feed_forward(float *out, const float *h, const uint8_t *w_router, const uint8_t *w_gate, const uint8_t *w_up, const uint8_t *w_down,
-                             const float *ffn_norm, int64_t *expert_tokens, const tq_layer_shape *shape) {
+                             const float *ffn_norm, const float *biases, int64_t *expert_tokens, const tq_layer_shape *shape) {
   const int B = shape->attention.lanes, D = shape->dim, E = shape->experts.count, K = shape->experts.used, F = shape->experts.ffn_dim;
   const int nb = D / 32;
   const int t_router = shape->types[LAYER_ROUTER], t_gate = shape->types[LAYER_GATE_UP], t_up = shape->types[LAYER_UP],
@@ -70,6 +79,9 @@ static void moe_feed_forward(float *out, const float *h, const uint8_t *w_router
     quantize_row(normed + (size_t)b * D, D, normed8 + (size_t)b * nb);
   }
   product(t_router, E, D, B, E, logits, w_router, normed8, normed, 0);
+  const float *gate_bias = biases ? biases + E : 0, *up_bias = biases ? biases + E + (size_t)E * F : 0;
+  const float *down_bias = biases ? biases + E + (size_t)2 * E * F : 0;
+  if (biases) add_bias(logits, B, E, E, biases);
   for (int b = 0; b < B; b++)
     choose_experts(logits + (size_t)b * E, E, K, shape->experts.flags, chosen + (size_t)b * K, weights + (size_t)b * K);
 
@@ -97,9 +109,14 @@ static void moe_feed_forward(float *out, const float *h, const uint8_t *w_router
     }
     product(t_gate, F, D, n, 2 * F, gate_up, w_gate + e * gate_bytes, gathered8, gathered, 0);
     product(t_up, F, D, n, 2 * F, gate_up + F, w_up + e * up_bytes, gathered8, gathered, 0);
+    if (biases) {
+      add_bias(gate_up, n, F, 2 * F, gate_bias + (size_t)e * F);
+      add_bias(gate_up + F, n, F, 2 * F, up_bias + (size_t)e * F);
+    }
     tq_product down_shape = down_shape_of;
     down_shape.tokens = n;
-    linear(expert_out, w_down + e * down_bytes, gate_up, &down_shape, SWIGLU, 0, 0);
+    linear(expert_out, w_down + e * down_bytes, gate_up, &down_shape, shape->form & FORM_SWIGLU_CLAMPED ? SWIGLU_CLAMPED : SWIGLU, 0, 0);
+    if (biases) add_bias(expert_out, n, D, D, down_bias + (size_t)e * D);
     for (int i = 0; i < n; i++) memcpy(outputs + (size_t)members[starts[e] + i] * D, expert_out + (size_t)i * D, D * sizeof(float));
   }
   for (int b = 0; b < B; b++) {

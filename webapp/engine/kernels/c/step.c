@@ -1,13 +1,14 @@
 /* ---- a whole layer ---------------------------------------------------------------------------- */
 /* tq_layer(out, x, w_qkv, w_o, w_gate_up, w_down, w_router, w_up, attn_norm, ffn_norm, cache, lanes,
- * inv_freq, extras, expert_tokens, post_norms, shape): one transformer layer for B lanes, the five
+ * inv_freq, extras, expert_tokens, post_norms, biases, shape): one transformer layer for B lanes, the five
  * kernels above in a row with their intermediates in this thread's scratch:
  *   qkv = W_qkv . rms_norm(x) * attn_norm;  a = attention(qkv);  h = x + W_o . a;
  *   out = h + W_down . swiglu(W_gate_up . rms_norm(h) * ffn_norm)
  * or, in a mixture-of-experts layer, the last line as moe.c's feed-forward. shape->form changes two
  * things (Gemma 3's layer): FORM_POST_NORMS adds rms_norm(W_o . a) * post_norms[0..D) and
  * rms_norm(W_down . ...) * post_norms[D..2D) in place of the products themselves, FORM_GEGLU takes
- * gelu(gate) * up for swiglu.
+ * gelu(gate) * up for swiglu; FORM_BIASES adds the output product's bias (biases[0..D)) and a mixture
+ * of experts' (moe.c).
  * One kernel a layer keeps a captured step at ~30 kernels: tinygrad's capture and replay cost grows
  * with their count. shape: tq_layer_shape. */
 /* Ask for the cache lines that attend() will write (each lane's new keys and values) before the qkv
@@ -39,7 +40,8 @@ static void add_normed(float *rows, const float *residual, const float *weight, 
 }
 
 static void layer(float *out, const float *x, const layer_matrices *w, const float *attn_norm, const float *ffn_norm, const float *post_norms,
-                  uint16_t *cache, const int32_t *lanes, const float *rotations, const float *extras, const tq_layer_shape *shape) {
+                  const float *biases, uint16_t *cache, const int32_t *lanes, const float *rotations, const float *extras,
+                  const tq_layer_shape *shape) {
   const tq_attention *attention = &shape->attention;
   const int B = attention->lanes, H = attention->heads, KvH = attention->kv_heads, Hd = attention->head_dim, D = shape->dim, F = shape->ffn_dim;
   const int moe = shape->experts.count > 0, post = shape->form & FORM_POST_NORMS;
@@ -53,8 +55,11 @@ static void layer(float *out, const float *x, const layer_matrices *w, const flo
   attend(attn, qkv, cache, lanes, rotations, extras, attention);
   linear(h, w->o, attn, &o_shape, AS_IS, 0, post ? 0 : x);
   if (post) add_normed(h, x, post_norms, B, D, eps);
+  if (shape->form & FORM_BIASES)
+    for (int b = 0; b < B; b++)
+      for (int i = 0; i < D; i++) h[(size_t)b * D + i] += biases[i];
   if (moe) {
-    moe_feed_forward(out, h, w->router, w->gate_up, w->up, w->down, ffn_norm, w->expert_tokens, shape);
+    moe_feed_forward(out, h, w->router, w->gate_up, w->up, w->down, ffn_norm, shape->form & FORM_BIASES ? biases + D : 0, w->expert_tokens, shape);
     return;
   }
   const tq_product gate_up_shape = {shape->types[LAYER_GATE_UP], 2 * F, D, B, eps}, down_shape = {shape->types[LAYER_DOWN], D, F, B, eps};
@@ -65,11 +70,12 @@ static void layer(float *out, const float *x, const layer_matrices *w, const flo
 
 void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w_o, const uint8_t *w_gate_up, const uint8_t *w_down,
               const uint8_t *w_router, const uint8_t *w_up, const float *attn_norm, const float *ffn_norm, uint16_t *cache, const int32_t *lanes,
-              const float *inv_freq, const float *extras, int64_t *expert_tokens, const float *post_norms, const tq_layer_shape *shape) {
+              const float *inv_freq, const float *extras, int64_t *expert_tokens, const float *post_norms, const float *biases,
+              const tq_layer_shape *shape) {
   const float *rotations = rope_rotations(&rotation_rows, lanes, shape->attention.lanes, inv_freq, shape->attention.head_dim,
                                           shape->attention.rotary_dim, shape->attention.rope_scale);
   const layer_matrices w = {w_qkv, w_o, w_gate_up, w_down, w_router, w_up, expert_tokens};
-  layer(out, x, &w, attn_norm, ffn_norm, post_norms, cache, lanes, rotations, extras, shape);
+  layer(out, x, &w, attn_norm, ffn_norm, post_norms, biases, cache, lanes, rotations, extras, shape);
 }
 
 /* ---- a whole step --------------------------------------------------------------------------- */
@@ -80,7 +86,7 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
  * `model` holds the model's tensors by address (uint64): the embedding matrix, the final norm, the
  * head matrix, the RoPE inverse frequencies, then per layer its qkv, o, gate_up and down matrices, its
  * two norms, its KV cache and its attention extras, and a mixture of experts' router, up matrices and
- * token counts, a post-normed layer's norms (the order of tq.h's MODEL_* and LAYER_* entries). step:
+ * token counts, a post-normed layer's norms, a layer's biases (the order of tq.h's MODEL_* and LAYER_* entries). step:
  * tq_step (B = step->attention.lanes, R = step->picks); layer_info: each layer's LAYER_INFO numbers in
  * turn (its matrices' types, its attention's flags, form, window and cache positions). cpu.py calls it directly, on the model thread, which then works through
  * the pool's jobs itself: replayed inside a TinyJit, the same one-kernel step took 2.8 ms longer of
@@ -119,7 +125,7 @@ void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, cons
                               AT(int64_t *, LAYER_EXPERT_TOKENS)};
     /* in place: layer() reads x for the last time (the attention's residual) before it writes out */
     layer(x, x, &w, AT(const float *, LAYER_ATTN_NORM), AT(const float *, LAYER_FFN_NORM), AT(const float *, LAYER_POST_NORMS),
-          AT(uint16_t *, LAYER_CACHE), lanes, layer_shape.attention.flags & ATTEND_LOCAL_ROPE ? local_rotations : rotations,
+          AT(const float *, LAYER_BIASES), AT(uint16_t *, LAYER_CACHE), lanes, layer_shape.attention.flags & ATTEND_LOCAL_ROPE ? local_rotations : rotations,
           AT(const float *, LAYER_EXTRAS), &layer_shape);
 #undef AT
   }

@@ -34,13 +34,19 @@ _Static_assert(sizeof(stack_header) == STACK_HEADER_BYTES, "the header cpu.py wr
 
 /* tq_attend's flags: which of the qkv bias and the q/k norm weights its `extras` hold, in that order;
  * ATTEND_NO_ROPE: q and k are not rotated (SmolLM3's every fourth layer); ATTEND_LOCAL_ROPE: rotated
- * by the model's second RoPE frequencies, MODEL_INV_FREQ_LOCAL (Gemma 3's sliding-window layers). */
-enum { ATTEND_BIAS = 1, ATTEND_QK_NORM = 2, ATTEND_NO_ROPE = 4, ATTEND_LOCAL_ROPE = 8 };
+ * by the model's second RoPE frequencies, MODEL_INV_FREQ_LOCAL (Gemma 3's sliding-window layers);
+ * ATTEND_SINKS: `extras` then holds a logit a query head (gpt-oss's attention sinks), a score every
+ * query has beside its keys' that weighs no value. */
+enum { ATTEND_BIAS = 1, ATTEND_QK_NORM = 2, ATTEND_NO_ROPE = 4, ATTEND_LOCAL_ROPE = 8, ATTEND_SINKS = 16 };
 /* How a layer's sublayers join the residual stream (tq_layer_shape.form). FORM_POST_NORMS: the
  * attention's and the feed-forward's outputs are rms-normalized (by the layer's LAYER_POST_NORMS, D
  * floats each) before they are added (Gemma 3); FORM_GEGLU: the feed-forward is gelu(gate) * up
- * (tanh's approximation) where it is silu(gate) * up. */
-enum { FORM_POST_NORMS = 1, FORM_GEGLU = 2 };
+ * (tanh's approximation) where it is silu(gate) * up. FORM_BIASES: the layer's LAYER_BIASES hold the
+ * output product's bias (D floats), then a mixture of experts' router bias (count floats) and every
+ * expert's gate, up and down biases (count x ffn_dim, count x ffn_dim, count x D), added after each
+ * product (gpt-oss); FORM_SWIGLU_CLAMPED: the experts' activation is gpt-oss's clamped SwiGLU,
+ * min(gate, 7) * sigmoid(1.702 min(gate, 7)) * (clamp(up, -7, 7) + 1). */
+enum { FORM_POST_NORMS = 1, FORM_GEGLU = 2, FORM_BIASES = 4, FORM_SWIGLU_CLAMPED = 8 };
 /* The KV cache's element types (tq_attention.kv_type). KV_F16: a row of Hd float16 values. KV_Q8_0: a row
  * of Hd / 32 blocks of GGUF's Q8_0 layout (a float16 scale d, then 32 int8 q: value d * q), 34 bytes per
  * 32 values, Hd a multiple of 32 (see attention_q8.c). */
@@ -57,10 +63,11 @@ enum { SPIN_US = 100 };
  * expert's gate, up and down matrices, expert after expert; a dense layer's GATE_UP holds gate over up,
  * and its ROUTER, UP and EXPERT_TOKENS are 0. EXPERT_TOKENS: where a step adds how many of its lanes
  * chose each expert (int64 an expert), or 0 for none. POST_NORMS: FORM_POST_NORMS' two norm weights
- * (D floats each), or 0. INV_FREQ_LOCAL: ATTEND_LOCAL_ROPE layers' RoPE frequencies, or 0 for none. */
+ * (D floats each), or 0; BIASES: FORM_BIASES' biases, or 0. INV_FREQ_LOCAL: ATTEND_LOCAL_ROPE layers'
+ * RoPE frequencies, or 0 for none. */
 enum { MODEL_EMBED, MODEL_NORM, MODEL_HEAD, MODEL_INV_FREQ, MODEL_INV_FREQ_LOCAL, MODEL_LAYERS };
 enum { LAYER_QKV, LAYER_O, LAYER_GATE_UP, LAYER_DOWN, LAYER_ROUTER, LAYER_UP, LAYER_MATRICES = 6 };
-enum { LAYER_ATTN_NORM = LAYER_MATRICES, LAYER_FFN_NORM, LAYER_CACHE, LAYER_EXTRAS, LAYER_EXPERT_TOKENS, LAYER_POST_NORMS, LAYER_ENTRIES };
+enum { LAYER_ATTN_NORM = LAYER_MATRICES, LAYER_FFN_NORM, LAYER_CACHE, LAYER_EXTRAS, LAYER_EXPERT_TOKENS, LAYER_POST_NORMS, LAYER_BIASES, LAYER_ENTRIES };
 /* tq_forward's layer_info: each layer's LAYER_MATRICES matrix types, then its attention's flags, its
  * form, its attention's window and its cache's positions (tq_attention's). */
 enum { LAYER_INFO_FLAGS = LAYER_MATRICES, LAYER_INFO_FORM, LAYER_INFO_WINDOW, LAYER_INFO_POSITIONS, LAYER_INFO };
@@ -105,7 +112,7 @@ typedef struct {
   int32_t dim, ffn_dim;
   int32_t types[LAYER_MATRICES]; /* of LAYER_QKV, LAYER_O, LAYER_GATE_UP, LAYER_DOWN, LAYER_ROUTER and LAYER_UP */
   tq_experts experts;
-  int32_t form; /* FORM_POST_NORMS | FORM_GEGLU */
+  int32_t form; /* FORM_POST_NORMS | FORM_GEGLU | FORM_BIASES | FORM_SWIGLU_CLAMPED */
 } tq_layer_shape;
 
 /* What tq_forward writes for each pick: the head's logits (vocab floats), or the final norm's output
@@ -163,7 +170,8 @@ void tq_attend(float *out, const float *qkv, void *cache, const int32_t *lanes, 
  * attention (shape->experts.count > 0; a dense layer's w_router, w_up and expert_tokens are unread). */
 void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w_o, const uint8_t *w_gate_up, const uint8_t *w_down,
               const uint8_t *w_router, const uint8_t *w_up, const float *attn_norm, const float *ffn_norm, uint16_t *cache, const int32_t *lanes,
-              const float *inv_freq, const float *extras, int64_t *expert_tokens, const float *post_norms, const tq_layer_shape *shape);
+              const float *inv_freq, const float *extras, int64_t *expert_tokens, const float *post_norms, const float *biases,
+              const tq_layer_shape *shape);
 /* A whole step: embedding, every layer, the final norm and the head, the model's tensors passed by
  * address (model, in MODEL_* and LAYER_* order), each layer's LAYER_INFO numbers in layer_info. */
 void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, const int32_t *picks, const uint64_t *model, const tq_step *step,
