@@ -69,6 +69,12 @@ def test_messages_to_functions_are_tool_calls(openai_client, fake_engine, stream
     ]
 
 
+def test_a_forced_call_comes_back_as_a_tool_call(openai_client, fake_engine):
+    fake_engine.replies.append(Reply.text('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'))
+    choice = chat(openai_client, tools=TOOLS, tool_choice="required").choices[0]
+    assert choice.finish_reason == "tool_calls" and json.loads(choice.message.tool_calls[0].function.arguments) == {"city": "Rome"}
+
+
 def test_a_tool_calls_reasoning_sent_back_reaches_the_template_as_thinking(openai_client, fake_engine):
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
     messages = [

@@ -102,6 +102,14 @@ def test_without_tools_or_with_arguments_that_are_not_json_the_body_is_content()
     assert parse(call.replace('{"city": "Oslo"}', "city=Oslo"))[0] == [("content", "city=Oslo")]
 
 
+def test_a_hermes_call_that_a_forced_tool_choices_grammar_writes_is_still_a_call():
+    """tool_choice "required" constrains any model's output to structured.py's hermes blocks: without a
+    Harmony header, the text is read as OutputParser reads it."""
+    text = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
+    pieces, parser = parse(text, [3] * len(text))
+    assert pieces == [("tool_call", ("get_time", {"zone": "UTC"}))] and len(parser.tool_calls) == 1
+
+
 def test_a_commentary_preamble_without_a_recipient_is_content():
     text = "<|channel|>commentary<|message|>Checking the weather now.<|end|><|start|>assistant<|channel|>final<|message|>Sunny."
     assert parse(text)[0] == [("content", "Checking the weather now.Sunny.")]

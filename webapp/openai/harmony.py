@@ -12,8 +12,10 @@ the text: the end of the output closes the message it is in.
 Contract: `HarmonyParser(tools)` has `OutputParser`'s interface (`feed(text)` and `finish()` return
 `Piece`s, `tool_calls` lists the calls made) and holds back any text that could still be the start of
 a special token, so deltas split anywhere give the same pieces. Output that does not open with a
-Harmony header is content as it comes. A call is only made when `tools` were offered and its body is
-a JSON object; otherwise its body is content. `output_parser(template_source, prompt, tools)` is the
+Harmony header is read as `OutputParser` reads other models' (content as it comes, or the hermes
+`<tool_call>` blocks a grammar forces when `tool_choice` requires a call, structured.py). A Harmony
+call is only made when `tools` were offered and its body is a JSON object; otherwise its body is
+content. `output_parser(template_source, prompt, tools)` is the
 one place that picks this parser or `OutputParser` for a chat: Harmony when the model's chat template
 writes `<|channel|>` (`uses_harmony`). `template_messages(template_source, messages)` hands such a
 template the reasoning a client sent back with a tool call, where gpt-oss's template reads it.
@@ -69,7 +71,8 @@ class HarmonyParser:
 
     def __init__(self, tools: list[dict] | None = None) -> None:
         self._calls = tools is not None  # a message to a function is a tool call only when tools were offered
-        self._mode = "header"  # "header" | "body" | "plain" (no Harmony: everything is content)
+        self._mode = "header"  # "header" | "body" | "plain" (no Harmony: OutputParser's reading)
+        self._plain = OutputParser(tools)
         self._buf = ""
         self._kind = "content"  # the body's: "content", "reasoning" or "tool" (its text kept whole)
         self._function = ""
@@ -90,15 +93,20 @@ class HarmonyParser:
             self._body_text(out, buf)
             self._close_body(out)
         elif self._mode == "plain" or buf.strip():  # a header cut off: what there is of it is text
-            self._emit(out, "content", buf)
+            self._read_plain(out, buf, final=True)
         return out
+
+    def _read_plain(self, out: list[Piece], text: str, final: bool = False) -> None:
+        pieces = self._plain.feed(text) + (self._plain.finish() if final else [])
+        self.tool_calls += [p.value for p in pieces if p.kind == "tool_call"]
+        out += pieces
 
     def _step(self, out: list[Piece]) -> bool:
         """Consume what can be decided in the buffer; True when a header or a body ended."""
         buf = self._buf
         if self._mode == "plain":
             self._buf = ""
-            self._emit(out, "content", buf)
+            self._read_plain(out, buf)
             return False
         if self._mode == "header":
             return self._header(out, buf)
