@@ -97,3 +97,14 @@ def test_a_qwen3moe_file_with_mxfp4_experts_runs_them_in_their_blocks_and_follow
 def test_the_same_file_on_tinygrads_path_follows_the_reference(moe_file):
     expected = Reference(moe_file).logits(PROMPT + [42])
     assert_tinygrad_path_matches(moe_file, expected, PROMPT, 42, tolerance=2e-3)
+
+
+def test_a_tokens_numbers_through_mxfp4_experts_do_not_depend_on_the_other_lanes(moe_file):
+    """Bit for bit: a sequence decoded alone, and among seven others that share its experts or not."""
+    steps = load_steps(moe_file, slots=8, context=64)
+    prompts = [PROMPT[: 3 + i] for i in range(8)]
+    for slot, prompt in enumerate(prompts):
+        steps.prefill(prompt, slot=slot, start=0)
+    alone = steps.decode([42], slots=[0], positions=[len(prompts[0])])[0]
+    together = steps.decode([42] + list(range(100, 107)), slots=list(range(8)), positions=[len(p) for p in prompts])
+    np.testing.assert_array_equal(together[0], alone)

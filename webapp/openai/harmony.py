@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 
-from webapp.openai.output_text import OutputParser, Piece, opens_reasoning, partial_tail
+from webapp.openai.output_text import OutputParser, Piece, opens_reasoning, partial_tail, tool_call
 
-START, CHANNEL, CONSTRAIN, MESSAGE = "<|start|>", "<|channel|>", "<|constrain|>", "<|message|>"
+START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"
 # what ends a message's body; a <|start|> without an <|end|> before it also opens the next message
 BODY_ENDS = (END, CALL, RETURN, START)
@@ -109,7 +108,7 @@ class HarmonyParser:
             self._read_plain(out, buf)
             return False
         if self._mode == "header":
-            return self._header(out, buf)
+            return self._header(buf)
         found = [(i, tag) for tag in BODY_ENDS if (i := buf.find(tag)) >= 0]
         if not found:
             keep = partial_tail(buf, BODY_ENDS)
@@ -123,10 +122,10 @@ class HarmonyParser:
         self._mode = "header"
         return True
 
-    def _header(self, out: list[Piece], buf: str) -> bool:
+    def _header(self, buf: str) -> bool:
         opening = buf.lstrip("\n")
         if not any(opening.startswith(o) or o.startswith(opening) for o in HEADER_OPENINGS):
-            self._mode = "plain"  # not Harmony (or no longer): text as it comes
+            self._mode = "plain"  # not Harmony (or no longer): OutputParser reads the rest
             return True
         at = buf.find(MESSAGE)
         if at < 0:
@@ -174,10 +173,4 @@ def _tool_call(name: str, body: str) -> dict | None:
         arguments = json.loads(body)
     except ValueError:
         return None
-    if not isinstance(arguments, dict):
-        return None
-    return {
-        "id": f"call_{uuid.uuid4().hex[:24]}",
-        "type": "function",
-        "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
-    }
+    return tool_call(name, arguments) if isinstance(arguments, dict) else None

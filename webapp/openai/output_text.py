@@ -204,6 +204,11 @@ def parse_tool_call(body: str, schemas: dict[str, dict]) -> dict | None:
             arguments[p.group(1)] = _xml_value(p.group(2), properties.get(p.group(1)))
     else:
         return None
+    return tool_call(name, arguments)
+
+
+def tool_call(name: str, arguments: dict) -> dict:
+    """An OpenAI tool call (a fresh id) to function `name` with these arguments."""
     return {
         "id": f"call_{uuid.uuid4().hex[:24]}",
         "type": "function",
