@@ -6,7 +6,7 @@
  * adds 12 to every level, making them unsigned (0..24), so a token's broadcast activations enter
  * maddubs as they are, as Q4_0's tile does, and takes 12 times the activations' sum back off the
  * integer dot: the same integers, without a sign per slice per token (at 8 tokens that took the
- * product from 1.63x Q4_0's time to 1.03x here, bench/block_products.py). */
+ * product from 1.63x Q4_0's time to 1.00-1.03x here, bench/block_products.py). */
 
 static inline __m256i mxfp4_table(void) { return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_TABLE)); }
 
