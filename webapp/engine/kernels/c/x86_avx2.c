@@ -73,22 +73,6 @@ static inline __attribute__((always_inline)) __m256i dot_s8_slices(const __m256i
   return sum;
 }
 
-/* dot_s8_slices for weights of magnitude at most 16 (MXFP4's doubled levels reach 12): a slice's pair
- * sums are then at most 2 * 16 * 127 and eight slices' 32,512, so with AVX2 alone they add within int16
- * and one madd widens the block's (8 maddubs and one madd, where dot_s8_slices takes 8 of each); with
- * AVX-VNNI dpbusd widens as it adds anyway. */
-static inline __attribute__((always_inline)) __m256i dot_small_s8_slices(const __m256i *q, const __m256i *magnitude, const xblock *x) {
-#if defined(__AVXVNNI__)
-  return dot_s8_slices(q, magnitude, x);
-#else
-  int32_t four[8];
-  memcpy(four, x->q, 32);
-  __m256i sum = _mm256_maddubs_epi16(magnitude[0], _mm256_sign_epi8(_mm256_set1_epi32(four[0]), q[0]));
-  for (int k = 1; k < 8; k++) sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(magnitude[k], _mm256_sign_epi8(_mm256_set1_epi32(four[k]), q[k])));
-  return _mm256_madd_epi16(sum, _mm256_set1_epi16(1));
-#endif
-}
-
 /* IQ4_TABLE (format_iq4_table.c) in both 128-bit halves, for pshufb lookups of IQ4_NL's and IQ4_XS's indices */
 static inline __m256i iq4_table(void) { return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_TABLE)); }
 static inline __m256i xq(const xblock *x) { return _mm256_loadu_si256((const __m256i *)x->q); }
