@@ -23,6 +23,8 @@ from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 TYPES = sorted(BLOCK_FORMATS)
 # the sixteen values of IQ4_NL's and IQ4_XS's 4-bit indices
 IQ4_TABLE = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float64)
+# MXFP4's E2M1 codes, doubled: a sign bit over 0, 0.5, 1, 1.5, 2, 3, 4, 6 (the scale is halved to match)
+MXFP4_TABLE = np.array([0, 1, 2, 3, 4, 6, 8, 12, -0.0, -1, -2, -3, -4, -6, -8, -12], np.float64)
 
 
 def _fp16_bytes(values: np.ndarray) -> np.ndarray:
@@ -54,6 +56,8 @@ def random_blocks(ggml_type: int, rows: int, cols: int, rng: np.random.Generator
         blocks[..., 108:110] = scales()
     if ggml_type == 23:
         blocks[..., 0:2] = scales()
+    if ggml_type == 39:  # MXFP4: E8M0 scales 2^-9 .. 2^-4 (the doubled levels reach 12), and now and then the smallest two
+        blocks[..., 0] = rng.choice(np.array([0, 1, *range(119, 125)], np.uint8), size=(rows, cols // values), p=[0.02, 0.02] + [0.16] * 6)
     return blocks.reshape(rows, -1)
 
 
@@ -100,6 +104,9 @@ def dequantize(ggml_type: int, raw: np.ndarray, cols: int) -> np.ndarray:
             sc = ((s[:, k % 8] >> 4 * (k // 8)) & 15 | ((s[:, 8 + k % 4] >> 2 * (k // 4)) & 3) << 4) - 32
             high = b[:, pos].astype(np.int64) >> (4 * h + j) & 1
             out = f16(108) * np.repeat(sc, 16, axis=1) * (low + 4 * high - 4)
+    elif ggml_type == 39:  # MXFP4: doubled E2M1 codes times 2^(e - 128)
+        scale = np.ldexp(1.0, b[:, :1].astype(np.int64) - 128)
+        out = MXFP4_TABLE[nib(b[:, 1:17]).astype(np.int64)] * scale
     elif ggml_type == 23:  # IQ4_XS: eight 6-bit scales minus 32, 4-bit indices into the IQ4 table as Q4_0 packs them
         j = np.arange(8)
         high = b[:, 2].astype(np.int64) | b[:, 3].astype(np.int64) << 8
@@ -197,10 +204,10 @@ def _repack(library, raw: np.ndarray, ggml_type: int, cols: int) -> tuple[np.nda
     return packed, stored_type
 
 
-@pytest.mark.parametrize("ggml_type", [2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23])
+@pytest.mark.parametrize("ggml_type", [2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 39])
 @pytest.mark.parametrize("rows", [40, 37])
 def test_interleaved_rows_give_the_same_products_rows_and_invariance(library, ggml_type, rows):
-    """Every format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS) with rows in eights is stored
+    """Every format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4) with rows in eights is stored
     interleaved where the SIMD kernels serve (other row counts and the portable build keep the file's layout): every product, dequantized row and
     embedding lookup stays that of the file's blocks, and a token's row is the same alone or among others."""
     rng = np.random.default_rng(rows + ggml_type)

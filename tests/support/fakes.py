@@ -103,6 +103,7 @@ class FakeChatTemplate:
 
     def __init__(self) -> None:
         self.calls: list[dict] = []
+        self.source = ""  # the template's text, as ChatTemplate.source (a test sets one that writes <|channel|> for Harmony)
         self.think = False  # end the generation prompt with "<think>\n", as thinking templates do
 
     def render(

@@ -103,7 +103,8 @@ def write_tiny_gguf(
     except those whose names end with one of `float_matrices`, written as F64, a type no kernel reads (a file
     whose layers mix the kernels' products with tinygrad's); "F32", "F16" and "BF16" write every matrix,
     the embedding too, in that float type. "Q4_K_M" and "Q5_K_M" give
-    each matrix, the embedding too, the type llama-quantize gives it in such a file. `tied` leaves out
+    each matrix, the embedding too, the type llama-quantize gives it in such a file; "MXFP4_MOE" (with
+    `experts`) writes the expert tensors in MXFP4 and the other matrices in Q8_0, as gpt-oss files are. `tied` leaves out
     output.weight (the head is the embedding); `head_dim` other than dim / n_heads is written as
     attention.key_length, as Qwen3 files do. `rope_factors` (head_dim / 2,) is written as
     rope_freqs.weight, as Llama 3.1/3.2 files carry it; `metadata` adds or replaces keys (the
@@ -175,6 +176,8 @@ def write_tiny_gguf(
             return
         if matrix_type in ("Q4_K_M", "Q5_K_M"):
             qtype = gguf.GGMLQuantizationType(k_m_type(name, layer, n_layers, tied, Q4_K if matrix_type == "Q4_K_M" else Q5_K))
+        elif matrix_type == "MXFP4_MOE":  # llama-quantize's: the experts in MXFP4, every other matrix in Q8_0
+            qtype = gguf.GGMLQuantizationType.MXFP4 if "_exps." in name else gguf.GGMLQuantizationType.Q8_0
         else:
             qtype = gguf.GGMLQuantizationType[matrix_type]
         quantizers = QUANTIZERS | LOW_BIT_QUANTIZERS

@@ -210,6 +210,21 @@ def test_stop_ids_and_bos_defaults():
     assert Tokenizer.from_gguf_metadata(synthetic_kv("smollm")).add_bos is False
 
 
+def test_a_harmony_vocabulary_stops_at_return_and_call_not_at_end():
+    """gpt-oss's <|end|> closes its reasoning message, then the answer follows: only <|return|> and
+    <|call|> end the turn there (llama.cpp drops <|end|> from such a vocabulary's stops alike)."""
+    harmony = ["<|return|>", "<|call|>", "<|end|>", "<|channel|>"]
+    kv = synthetic_kv("gpt2", extra=harmony)
+    kv["tokenizer.ggml.token_type"][-4:] = [3, 3, 3, 3]
+    kv["tokenizer.ggml.eot_token_id"] = len(kv["tokenizer.ggml.tokens"]) - 2  # files may name <|end|> their eot
+    tok = Tokenizer.from_gguf_metadata(kv)
+    ids = {t: tok.encode(t)[0] for t in harmony}
+    assert ids["<|return|>"] in tok.stop_ids and ids["<|call|>"] in tok.stop_ids
+    assert ids["<|end|>"] not in tok.stop_ids and ids["<|channel|>"] not in tok.stop_ids
+    kv["tokenizer.ggml.token_type"][-3] = 1  # no <|call|> token: not Harmony, so <|end|> stops again
+    assert ids["<|end|>"] in Tokenizer.from_gguf_metadata(kv).stop_ids
+
+
 def test_accepts_tinygrad_uint8_and_numpy_values():
     # tinygrad's reader returns GGUF uint8 as 1-byte bytes; the gguf package returns numpy arrays.
     kv = synthetic_kv("gpt2", **{"tokenizer.ggml.add_bos_token": b"\x00"})

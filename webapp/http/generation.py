@@ -21,7 +21,8 @@ from webapp.openai import requests as fmt
 from webapp.openai import responses, structured
 from webapp.openai.choices import Answer, ChoiceOutputs, ChoiceReader, ClientGone
 from webapp.openai.errors import ApiError, error_body
-from webapp.openai.output_text import OutputParser, Piece, opens_reasoning
+from webapp.openai.harmony import HarmonyParser, output_parser, template_messages
+from webapp.openai.output_text import OutputParser, Piece
 from webapp.openai.sampling_options import SamplingOptions, check_token_ids, parse_sampling_options
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ class ChatRun:
     params: fmt.ChatParams
     options: SamplingOptions
     answer: Answer
-    parsers: list[OutputParser]  # one per choice
+    parsers: list[OutputParser | HarmonyParser]  # one per choice (harmony.output_parser's choice)
     parallel: bool  # more than one tool call may come back
     model: str
 
@@ -51,12 +52,13 @@ def start_chat(engine, body: dict, answer_id: str, param: str) -> ChatRun:
     grammar = structured.output_grammar(body, tools, params.tool_choice, params.forced_tool)
     prompt = render_chat(engine.chat_template, list(params.messages), tools)
     answer = submit(engine, encode(engine.tokenizer, prompt), params, answer_id, param, options, grammar)
-    parsers = [OutputParser(tools, in_reasoning=opens_reasoning(prompt)) for _ in answer.readers]
+    parsers = [output_parser(engine.chat_template.source, prompt, tools) for _ in answer.readers]
     return ChatRun(params, options, answer, parsers, structured.parallel_tool_calls(body), params.model or engine.model_name)
 
 
 def render_chat(template, messages: list[dict], tools: list[dict] | None) -> str:
     """The prompt text; tools a template would silently drop go into the system prompt instead."""
+    messages = template_messages(template.source, messages)
     try:
         without = template.render(messages, tools=None, add_generation_prompt=True) if tools else None
         prompt = template.render(messages, tools=tools, add_generation_prompt=True)

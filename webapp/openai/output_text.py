@@ -19,7 +19,7 @@ import uuid
 from typing import Any, NamedTuple
 
 
-def _partial_tail(text: str, needles: tuple[str, ...]) -> int:
+def partial_tail(text: str, needles: tuple[str, ...]) -> int:
     """Length of the longest tail of `text` that is a proper prefix of one of `needles`."""
     longest = max((len(n) for n in needles), default=0)
     for k in range(min(len(text), longest - 1), 0, -1):
@@ -51,7 +51,7 @@ class StopMatcher:
             self._held = ""
             at, self.matched = min(hits, key=lambda hit: hit[0])
             return buf[:at], True
-        keep = _partial_tail(buf, self._stops)
+        keep = partial_tail(buf, self._stops)
         self._held = buf[len(buf) - keep :]
         return buf[: len(buf) - keep], False
 
@@ -132,7 +132,7 @@ class OutputParser:
         tags = (THINK_CLOSE,) if self._mode == "reasoning" else self._open_tags()
         found = [(i, tag) for tag in tags if (i := buf.find(tag)) >= 0]
         if not found:
-            keep = _partial_tail(buf, tags)
+            keep = partial_tail(buf, tags)
             self._buf = buf[len(buf) - keep :]
             self._emit(out, self._mode, buf[: len(buf) - keep])
             return False
@@ -204,6 +204,11 @@ def parse_tool_call(body: str, schemas: dict[str, dict]) -> dict | None:
             arguments[p.group(1)] = _xml_value(p.group(2), properties.get(p.group(1)))
     else:
         return None
+    return tool_call(name, arguments)
+
+
+def tool_call(name: str, arguments: dict) -> dict:
+    """An OpenAI tool call (a fresh id) to function `name` with these arguments."""
     return {
         "id": f"call_{uuid.uuid4().hex[:24]}",
         "type": "function",

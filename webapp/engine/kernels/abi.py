@@ -29,6 +29,7 @@ class BlockType(enum.IntEnum):
     Q5_0 = 6
     Q5_1 = 7
     IQ4_NL = 20
+    MXFP4 = 39
     F32 = 0
     F16 = 1
     BF16 = 30

@@ -37,6 +37,9 @@ SPECIAL_TYPES = (TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED
 # End-of-turn markers used by common chat formats; each is a stop token only when the vocab holds
 # it as a special token, so an ordinary word that happens to look alike never ends generation.
 _STOP_TOKEN_TEXTS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|end_of_text|>", "<|end|>", "<end_of_turn>")
+# Harmony (gpt-oss) ends a turn with <|return|> (an answer) or <|call|> (a tool call); its <|end|> only
+# closes one message of the turn (the reasoning before the answer), so there it must not stop
+HARMONY_STOP_TEXTS, HARMONY_MESSAGE_END = ("<|return|>", "<|call|>"), "<|end|>"
 
 
 def scalar(value):
@@ -94,6 +97,8 @@ class TokenizerBase:
         self.add_bos = bos_id is not None and add_bos
         stop = {eos_id} | ({eot_id} if eot_id is not None else set())
         stop |= {self._vocab[t] for t in _STOP_TOKEN_TEXTS if self._vocab.get(t) in self.special_ids}
+        if all(self._vocab.get(t) in self.special_ids for t in HARMONY_STOP_TEXTS):
+            stop = (stop | {self._vocab[t] for t in HARMONY_STOP_TEXTS}) - {self._vocab.get(HARMONY_MESSAGE_END)}
         self.stop_ids: frozenset[int] = frozenset(stop)
 
     @classmethod

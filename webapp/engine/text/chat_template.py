@@ -51,6 +51,19 @@ class _GenerationTag(Extension):
         return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
+class _Undefined(jinja2.Undefined):
+    """A missing name or key, as Jinja's own (printed as nothing; `is defined` false), except that `+`
+    with a string gives the string: gpt-oss's template writes `"// " + tool.description` for every
+    tool, and OpenAI's API lets a tool leave its description out (llama.cpp's renderer reads that as
+    the empty string too)."""
+
+    def __add__(self, other):
+        return other if isinstance(other, str) else super().__add__(other)
+
+    def __radd__(self, other):
+        return other if isinstance(other, str) else super().__radd__(other)
+
+
 def _raise_exception(message) -> NoReturn:
     raise TemplateError(str(message))
 
@@ -78,7 +91,7 @@ def _flatten_content(content):
 
 def _build_environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, autoescape=False, extensions=["jinja2.ext.loopcontrols", _GenerationTag]
+        trim_blocks=True, lstrip_blocks=True, autoescape=False, undefined=_Undefined, extensions=["jinja2.ext.loopcontrols", _GenerationTag]
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception

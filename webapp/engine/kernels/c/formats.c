@@ -16,7 +16,7 @@ static const block_format FORMATS[TYPE_IDS] = {
     [Q2_K] = {256, 84, dequantize_q2_k}, [Q3_K] = {256, 110, dequantize_q3_k},
     [IQ4_XS] = {256, 136, dequantize_iq4_xs},
     [Q5_0] = {32, 22, dequantize_q5_0}, [Q5_1] = {32, 24, dequantize_q5_1},
-    [IQ4_NL] = {32, 18, dequantize_iq4_nl},
+    [IQ4_NL] = {32, 18, dequantize_iq4_nl}, [MXFP4] = {32, 17, dequantize_mxfp4},
     [F32] = {32, 128, dequantize_f32, 1}, [F16] = {32, 64, dequantize_f16, 1}, [BF16] = {32, 64, dequantize_bf16, 1},
 };
 
@@ -78,6 +78,7 @@ static const interleaving INTERLEAVINGS[] = {
     {Q5_0, 3, {{0, 2, 2, 0}, {2, 4, 4, 16}, {6, 16, 4, 48}}},
     {Q5_1, 4, {{0, 2, 2, 0}, {2, 2, 2, 16}, {4, 4, 4, 32}, {8, 16, 4, 64}}},
     {IQ4_NL, 2, {{0, 2, 2, 0}, {2, 16, 4, 16}}},
+    {MXFP4, 2, {{0, 1, 1, 0}, {1, 16, 4, 8}}}, /* the eight scale bytes, then Q4_0's nibble slices */
 };
 
 static const interleaving *interleaving_of(int type) {

@@ -23,6 +23,7 @@ enum { Q2_Kx8 = INTERLEAVED + Q2_K, Q3_Kx8 = INTERLEAVED + Q3_K, IQ4_XSx8 = INTE
 enum { Q5_0 = 6, Q5_0x8 = INTERLEAVED + Q5_0 };
 enum { Q5_1 = 7, Q5_1x8 = INTERLEAVED + Q5_1 };
 enum { IQ4_NL = 20, IQ4_NLx8 = INTERLEAVED + IQ4_NL };
+enum { MXFP4 = 39, MXFP4x8 = INTERLEAVED + MXFP4 };
 /* A matrix stacked by rows from parts of different types (a Q4_K_M layer's q and k in Q4_K over its v in
  * Q6_K), made at load by cpu.py: its bytes open with a stack_header (STACK_HEADER_BYTES), then each
  * part's blocks in turn, each in its own layout (interleaved or not). Products run a part at a time. */

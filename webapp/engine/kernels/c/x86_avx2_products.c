@@ -212,6 +212,7 @@ static inline __attribute__((always_inline)) void tile_q6_k_x8(const uint8_t *g,
     else if (type == Q5_0x8) tile_q5_x8(g, xs, N, nb, out, stride, 0);                                                      \
     else if (type == Q5_1x8) tile_q5_x8(g, xs, N, nb, out, stride, 1);                                                      \
     else if (type == IQ4_NLx8) tile_iq4_nl_x8(g, xs, N, nb, out, stride);                                                   \
+    else if (type == MXFP4x8) tile_mxfp4_x8(g, xs, N, nb, out, stride);                                                     \
     else if (type == Q4_1x8) tile_x8(Q4_1x8, g, xs, N, nb, out, stride);                                                    \
     else tile_x8(Q4_0x8, g, xs, N, nb, out, stride);                                                                        \
   }
@@ -347,6 +348,7 @@ static void row_dot(int type, const uint8_t *w, int cols, const xblock *const *x
     case Q5_0:
     case Q5_1: row_dot_q5(type, w, nb, xs, n, acc); return;
     case IQ4_NL: row_dot_iq4_nl(w, nb, xs, n, acc); return;
+    case MXFP4: row_dot_mxfp4(w, nb, xs, n, acc); return;
     default: row_dot_generic(type, w, cols, xs, n, acc);
   }
 }
