@@ -41,14 +41,17 @@ SHAPES = {
     "smollm3-3b": ("smollm3", 36, 2048, 11008, 16, 4, 128, True, 5e6),
     "phi4-mini": ("phi3", 32, 3072, 8192, 24, 8, 128, True, 1e4),
     "gemma3-1b": ("gemma3", 26, 1152, 6912, 4, 1, 256, True, 1e6),
+    "gpt-oss-20b": ("gpt-oss", 24, 2880, 2880, 64, 8, 64, False, 150000.0),
 }
 # partial rotary: the values of a head that RoPE turns (Phi-4-mini: 96 of 128), with LongRoPE's
 # original context and attention factor (sqrt(1 + ln(131072 / 4096) / ln(4096)), as its converter writes it)
 PARTIAL_ROTARY = {"phi4-mini": (96, 4096, 1.190238)}
 # mixture-of-experts shapes: (experts, used a token, each one's FFN)
-EXPERTS = {"qwen3-30b-a3b": (128, 8, 768)}
+EXPERTS = {"qwen3-30b-a3b": (128, 8, 768), "gpt-oss-20b": (32, 4, 2880)}
 # sliding-window shapes: a local layer's window (Gemma 3: all but every sixth layer)
-SLIDING_WINDOW = {"gemma3-1b": 512}
+SLIDING_WINDOW = {"gemma3-1b": 512, "gpt-oss-20b": 128}
+# YaRN: (factor, original context), as gpt-oss's files carry it
+YARN = {"gpt-oss-20b": (32.0, 4096)}
 FINAL_NORM_SCALE = 6.0
 EMBEDDING_STD = 0.02
 # --predictable: an embedding ~10x larger than 28 random layers add to the residual, so the head sees
@@ -89,6 +92,10 @@ def write_shaped(shape: str, path: str, layers: int | None = None, seed: int = 0
         w.add_float32(f"{arch}.rope.scaling.attn_factor", attn_factor)
     if shape in SLIDING_WINDOW:
         w.add_sliding_window(SLIDING_WINDOW[shape])
+    if shape in YARN:
+        w.add_string(f"{arch}.rope.scaling.type", "yarn")
+        w.add_float32(f"{arch}.rope.scaling.factor", YARN[shape][0])
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length", YARN[shape][1])
     if shape in EXPERTS:
         count, used, expert_ffn = EXPERTS[shape]
         w.add_expert_count(count)
@@ -101,12 +108,17 @@ def write_shaped(shape: str, path: str, layers: int | None = None, seed: int = 0
     def matrix(rows: int, cols: int, scale: float | None = None) -> np.ndarray:
         return (rng.standard_normal((rows, cols), dtype=np.float32) * (scale or cols**-0.5)).astype(np.float16)
 
+    def bias(n: int) -> np.ndarray:
+        return (0.1 * rng.standard_normal(n)).astype(np.float32)
+
     def norm(n: int, scale: float = 1.0) -> np.ndarray:
         return (scale * (1.0 + 0.1 * rng.standard_normal(n))).astype(np.float32)
 
     # real embeddings are small beside what the layers add (std ~0.02): a large random one, tied to the
     # head, makes every greedy choice an echo of the last token
-    embedding = matrix(vocab, dim, scale=PREDICTABLE_STD if predictable else EMBEDDING_STD)
+    # (Gemma scales its embedding by sqrt(dim) as it reads it: stored that much smaller, it is as small)
+    embedding_std = EMBEDDING_STD / (np.sqrt(dim) if arch == "gemma3" else 1.0)
+    embedding = matrix(vocab, dim, scale=PREDICTABLE_STD if predictable else embedding_std)
     w.add_tensor("token_embd.weight", embedding)
     if predictable:  # head row successor[t] is token t's embedding: the greedy token after t is successor[t]
         head = np.empty_like(embedding)
@@ -134,7 +146,20 @@ def write_shaped(shape: str, path: str, layers: int | None = None, seed: int = 0
             w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
         w.add_tensor(p + "attn_output.weight", matrix(dim, heads * head_dim))
-        w.add_tensor(p + "ffn_norm.weight", norm(dim))
+        oss = arch == "gpt-oss"  # biases everywhere, a sink a head, its feed-forward norm named post_attention_norm
+        w.add_tensor(p + ("post_attention_norm.weight" if oss else "ffn_norm.weight"), norm(dim))
+        if oss:
+            for name, rows in (
+                ("attn_q", heads * head_dim),
+                ("attn_k", kv_heads * head_dim),
+                ("attn_v", kv_heads * head_dim),
+                ("attn_output", dim),
+            ):
+                w.add_tensor(p + name + ".bias", bias(rows))
+            w.add_tensor(p + "attn_sinks.weight", rng.standard_normal(heads).astype(np.float32))
+            w.add_tensor(p + "ffn_gate_inp.bias", bias(count))
+            for name, rows in (("gate", expert_ffn), ("up", expert_ffn), ("down", dim)):
+                w.add_tensor(p + f"ffn_{name}_exps.bias", np.stack([bias(rows) for _ in range(count)]))
         if arch == "gemma3":  # each sublayer's output normed before it is added
             w.add_tensor(p + "post_attention_norm.weight", norm(dim))
             w.add_tensor(p + "post_ffw_norm.weight", norm(dim))

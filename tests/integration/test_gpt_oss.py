@@ -85,9 +85,22 @@ def test_five_kernels_around_a_product_without_one_match_the_reference(tmp_path)
     assert _off(steps.prefill(PROMPT, slot=0, start=0), Reference(path).logits(PROMPT)[-1]) < 0.02
 
 
-def test_a_lane_is_the_same_alone_and_among_others_in_blocks(tmp_path):
-    """Bit for bit in a Q8_0 file: a sequence decoded alone and among three others (other experts, other positions)."""
-    steps = load_steps(_file(tmp_path, "Q8_0"), slots=4, context=512)
+def test_experts_in_mxfp4_as_the_downloads_store_them_match_the_reference(tmp_path):
+    """llama-quantize's MXFP4_MOE mix (the experts in MXFP4, every other matrix in Q8_0), in one call:
+    position by position, as 8-bit activations can flip a router's near-tie (another expert: a far
+    other output) at a position or two of twenty."""
+    path = _file(tmp_path, "MXFP4_MOE")
+    steps = load_steps(path, slots=2, context=512)
+    assert isinstance(steps, OneCallSteps)
+    got, want = steps.score(PROMPT, slot=0, start=0), Reference(path).logits(PROMPT)
+    off = np.abs(got - want).max(-1) / np.abs(want).max()
+    assert np.mean(off < 0.05) >= 0.9, off
+
+
+@pytest.mark.parametrize("matrix_type", ["Q8_0", "MXFP4_MOE"])
+def test_a_lane_is_the_same_alone_and_among_others_in_blocks(tmp_path, matrix_type):
+    """Bit for bit: a sequence decoded alone and among three others (other experts, other positions)."""
+    steps = load_steps(_file(tmp_path, matrix_type), slots=4, context=512)
     for slot in range(4):
         steps.prefill(PROMPT[: 8 + slot], slot=slot, start=0)
     alone = steps.decode([42], slots=[0], positions=[8])[0]

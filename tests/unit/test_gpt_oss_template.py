@@ -1,8 +1,10 @@
-"""gpt-oss's own chat template (tests/support/templates/gpt-oss.jinja: the `tokenizer.chat_template`
-of gpt-oss's GGUF files, as llama.cpp keeps it in models/templates/openai-gpt-oss-120b.jinja) through our
-renderer: a system message, tools, a past tool call with its result, and the generation prompt, in
-Harmony's `<|start|>...<|end|>` structure."""
+"""gpt-oss's own chat template (the `tokenizer.chat_template` of gpt-oss's GGUF files, as llama.cpp
+keeps it in models/templates/openai-gpt-oss-120b.jinja) through our renderer: a system message,
+tools, a past tool call with its result, and the generation prompt, in Harmony's `<|start|>...<|end|>`
+structure. The template is OpenAI's, not this project's, so it is not kept here: the tests read it
+from a llama.cpp checkout's models/templates folder named by LLAMA_CPP_TEMPLATES, and skip without one."""
 
+import os
 import pathlib
 
 import pytest
@@ -10,7 +12,9 @@ import pytest
 from webapp.engine.text.chat_template import ChatTemplate
 from webapp.openai.harmony import template_messages, uses_harmony
 
-SOURCE = (pathlib.Path(__file__).parents[1] / "support" / "templates" / "gpt-oss.jinja").read_text()
+TEMPLATE = pathlib.Path(os.environ.get("LLAMA_CPP_TEMPLATES", "/nonexistent")) / "openai-gpt-oss-120b.jinja"
+pytestmark = pytest.mark.skipif(not TEMPLATE.is_file(), reason="LLAMA_CPP_TEMPLATES names no llama.cpp templates folder")
+SOURCE = TEMPLATE.read_text() if TEMPLATE.is_file() else ""
 TOOLS = [
     {
         "type": "function",
