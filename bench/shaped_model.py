@@ -42,12 +42,13 @@ SHAPES = {
     "phi4-mini": ("phi3", 32, 3072, 8192, 24, 8, 128, True, 1e4),
     "gemma3-1b": ("gemma3", 26, 1152, 6912, 4, 1, 256, True, 1e6),
     "gpt-oss-20b": ("gpt-oss", 24, 2880, 2880, 64, 8, 64, False, 150000.0),
+    "olmoe-1b-7b": ("olmoe", 16, 2048, 1024, 16, 16, 128, False, 10000.0),
 }
 # partial rotary: the values of a head that RoPE turns (Phi-4-mini: 96 of 128), with LongRoPE's
 # original context and attention factor (sqrt(1 + ln(131072 / 4096) / ln(4096)), as its converter writes it)
 PARTIAL_ROTARY = {"phi4-mini": (96, 4096, 1.190238)}
 # mixture-of-experts shapes: (experts, used a token, each one's FFN)
-EXPERTS = {"qwen3-30b-a3b": (128, 8, 768), "gpt-oss-20b": (32, 4, 2880)}
+EXPERTS = {"qwen3-30b-a3b": (128, 8, 768), "gpt-oss-20b": (32, 4, 2880), "olmoe-1b-7b": (64, 8, 1024)}
 # sliding-window shapes: a local layer's window (Gemma 3: all but every sixth layer)
 SLIDING_WINDOW = {"gemma3-1b": 512, "gpt-oss-20b": 128}
 # YaRN: (factor, original context), as gpt-oss's files carry it
@@ -145,6 +146,9 @@ def write_shaped(shape: str, path: str, layers: int | None = None, seed: int = 0
         if arch in ("qwen3", "qwen3moe", "gemma3"):
             w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
+        if arch == "olmoe":  # over all of q and all of k
+            w.add_tensor(p + "attn_q_norm.weight", norm(heads * head_dim))
+            w.add_tensor(p + "attn_k_norm.weight", norm(kv_heads * head_dim))
         w.add_tensor(p + "attn_output.weight", matrix(dim, heads * head_dim))
         oss = arch == "gpt-oss"  # biases everywhere, a sink a head, its feed-forward norm named post_attention_norm
         w.add_tensor(p + ("post_attention_norm.weight" if oss else "ffn_norm.weight"), norm(dim))

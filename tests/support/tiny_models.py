@@ -218,6 +218,9 @@ def write_tiny_gguf(
         if arch in ("qwen3", "qwen3moe", "gemma3"):
             w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
+        if arch == "olmoe":  # over all of q and all of k
+            w.add_tensor(p + "attn_q_norm.weight", norm(n_heads * head_dim))
+            w.add_tensor(p + "attn_k_norm.weight", norm(n_kv_heads * head_dim))
         add_matrix(p + "attn_output.weight", mat(dim, n_heads * head_dim), i)
         w.add_tensor(p + ("post_attention_norm.weight" if arch == "gpt-oss" else "ffn_norm.weight"), norm(dim))
         if arch == "gpt-oss":
@@ -364,9 +367,11 @@ class Reference:
             window = self.window if (i + 1) % self.global_every else 0  # gemma3: every sixth layer global; gpt-oss: every other
             h = self._norm(x, w[p + "attn_norm.weight"])
             q, k, v = (h @ w[p + f"attn_{n}.weight"].T + w.get(p + f"attn_{n}.bias", 0.0) for n in "qkv")
+            if self.arch == "olmoe":  # its norms over all of q and all of k, before the heads
+                q, k = self._norm(q, w[p + "attn_q_norm.weight"]), self._norm(k, w[p + "attn_k_norm.weight"])
             hd = q.shape[-1] // self.n_heads
             q, k, v = q.reshape(T, self.n_heads, hd), k.reshape(T, self.n_kv, hd), v.reshape(T, self.n_kv, hd)
-            if p + "attn_q_norm.weight" in w:
+            if p + "attn_q_norm.weight" in w and self.arch != "olmoe":
                 q, k = self._norm(q, w[p + "attn_q_norm.weight"]), self._norm(k, w[p + "attn_k_norm.weight"])
             if not (self.arch == "smollm3" and (i + 1) % 4 == 0):  # SmolLM3: every fourth layer without RoPE
                 local = bool(window) and gemma  # gemma3's local layers' own base
@@ -400,12 +405,14 @@ class Reference:
 
     def routing(self, h: np.ndarray, p: str) -> tuple[np.ndarray, np.ndarray]:
         """A mixture of experts' choice for normed rows h (T, D): each row's experts (T, used), the most
-        probable first (ties: the lower one), and their weights (qwen3moe: divided by their sum)."""
+        probable first (ties: the lower one), and their weights (qwen3moe, gpt-oss: divided by their sum)."""
         logits = h @ self.w[p + "ffn_gate_inp.weight"].T + self.w.get(p + "ffn_gate_inp.bias", 0.0)  # (T, E)
         probs = np.exp(logits - logits.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
         chosen = np.argsort(-probs, axis=-1, kind="stable")[:, : self.experts_used]
         weights = np.take_along_axis(probs, chosen, -1)
+        if self.arch == "olmoe":  # OLMoE keeps the chosen probabilities as they are
+            return chosen, weights
         return chosen, weights / np.maximum(weights.sum(-1, keepdims=True), 6.103515625e-5)
 
     def experts(self, h: np.ndarray, p: str) -> np.ndarray:

@@ -75,6 +75,7 @@ class AttendFlag(enum.IntFlag):
     NO_ROPE = 4  # q and k are not rotated (SmolLM3's every fourth layer)
     LOCAL_ROPE = 8  # rotated by the model's second frequencies (Gemma 3's sliding-window layers)
     SINKS = 16  # extras end with a logit a query head (gpt-oss's attention sinks)
+    QK_NORM_WHOLE = 32  # the q/k norms over all of q and all of k, not a head at a time (OLMoE)
 
 
 class LayerForm(enum.IntFlag):

@@ -101,6 +101,7 @@ class TransformerBlock:
                 | (0 if self.rotates else AttendFlag.NO_ROPE)
                 | (AttendFlag.LOCAL_ROPE if self.local_rope else 0)
                 | (AttendFlag.SINKS if config.sinks else 0)
+                | (AttendFlag.QK_NORM_WHOLE if config.qk_norm_whole else 0)
             )
             # every product in blocks: the layer runs as one kernel; else five, tinygrad's products among them
             feed_forward = self._feed_forward_blocks()
@@ -188,10 +189,12 @@ class TransformerBlock:
         qkv = self.qkv(x, self.qkv_bias).contiguous()  # (B, T, H*Hd + 2*KvH*Hd)
         q_end, k_end = c.n_heads * c.head_dim, (c.n_heads + c.n_kv_heads) * c.head_dim
         q, k, v = qkv[..., :q_end], qkv[..., q_end:k_end], qkv[..., k_end:]
+        if c.qk_norm_whole:  # over all of q and all of k (OLMoE), before they become heads
+            q, k = rms_norm(q, w["attn_q_norm.weight"], c.norm_eps), rms_norm(k, w["attn_k_norm.weight"], c.norm_eps)
         q = q.reshape(B, T, c.n_heads, c.head_dim).transpose(1, 2)  # (B, H, T, Hd)
         k = k.reshape(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, KvH, T, Hd)
         v = v.reshape(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, KvH, T, Hd)
-        if c.qk_norm:
+        if c.qk_norm and not c.qk_norm_whole:
             q, k = rms_norm(q, w["attn_q_norm.weight"], c.norm_eps), rms_norm(k, w["attn_k_norm.weight"], c.norm_eps)
         return q, k, v
 

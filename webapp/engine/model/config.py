@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from webapp.engine.model.ggml_types import GGML_TYPES, UNREADABLE_TYPES
 from webapp.engine.model.rope import attention_factor
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "phi3", "gemma3", "gpt-oss")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "olmoe", "smollm3", "phi3", "gemma3", "gpt-oss")
 # architectures whose files store the feed-forward's gate and up as one matrix (ffn_up, gate first)
 FUSED_GATE_UP = ("phi3",)
 # architectures whose files store each head's rotary pairs interleaved (llama.cpp's "norm" RoPE)
@@ -26,7 +26,9 @@ NO_ROPE_EVERY = {"smollm3": 4}
 # architectures whose every layer's feed-forward is a mixture of experts, and whether they divide the
 # chosen experts' weights by their sum (as llama.cpp builds each)
 # (gpt-oss's softmax over the chosen experts' logits is the same as dividing their probabilities by their sum)
-MIXTURE_OF_EXPERTS = {"qwen3moe": True, "gpt-oss": True}
+MIXTURE_OF_EXPERTS = {"qwen3moe": True, "olmoe": False, "gpt-oss": True}
+# architectures whose q and k norms run over all of q and all of k, not a head at a time
+QK_NORM_WHOLE = ("olmoe",)
 # architectures whose experts' activation is gpt-oss's clamped SwiGLU (kernels' FORM_SWIGLU_CLAMPED)
 CLAMPED_SWIGLU = ("gpt-oss",)
 # the feed-forward's input norm where a file names it otherwise than ffn_norm
@@ -63,6 +65,7 @@ class ModelConfig:
     trained_context: int
     qkv_bias: bool
     qk_norm: bool
+    qk_norm_whole: bool = False  # the q/k norms over all of q and of k (QK_NORM_WHOLE), not each head
     rope_attention_factor: float = 1.0  # YaRN's or LongRoPE's factor on RoPE's cos and sin (rope.attention_factor)
     experts: int = 0  # a mixture of experts' count a layer (0: dense layers)...
     experts_used: int = 0  # ...how many a token uses...
@@ -179,6 +182,7 @@ class ModelConfig:
             fused_qkv="blk.0.attn_qkv.weight" in weights,
             fused_gate_up=arch in FUSED_GATE_UP,
             qk_norm="blk.0.attn_q_norm.weight" in weights,
+            qk_norm_whole=arch in QK_NORM_WHOLE,
             rope_attention_factor=attention_factor(kv, arch),
             experts=experts,
             experts_used=experts_used,
@@ -231,7 +235,8 @@ class ModelConfig:
             }
             shapes |= self._feed_forward_shapes(p)
             if self.qk_norm:
-                shapes |= {p + "attn_q_norm.weight": (1, self.head_dim), p + "attn_k_norm.weight": (1, self.head_dim)}
+                q_norm, k_norm = (q, kv) if self.qk_norm_whole else (self.head_dim, self.head_dim)
+                shapes |= {p + "attn_q_norm.weight": (1, q_norm), p + "attn_k_norm.weight": (1, k_norm)}
             if self.qkv_bias:
                 shapes |= {p + "attn_q.bias": (1, q), p + "attn_k.bias": (1, kv), p + "attn_v.bias": (1, kv)}
             if self.gemma:

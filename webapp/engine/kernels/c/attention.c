@@ -18,7 +18,8 @@
  *      each streaming a whole kv head).
  * shape: tq_attention (B lanes, H heads, KvH kv heads, S slots, C positions, Hd); lanes = {slot_0..,
  * pos_0..}; extras holds the qkv bias (ATTEND_BIAS), then the q and k norm weights (ATTEND_QK_NORM),
- * then a sink logit a query head (ATTEND_SINKS).
+ * then a sink logit a query head (ATTEND_SINKS); the norms are a head's, or all of q's and of k's
+ * (ATTEND_QK_NORM_WHOLE).
  * Position p lives in row p % positions of its slot (see tq_attention.window: a ring for a window).
  * Writing and reading in one kernel keeps their order inside it, where tinygrad cannot reorder them. */
 /* Bytes of one cache row: a position's key or value for one kv head. */
@@ -129,17 +130,22 @@ static void attend(float *out, const float *qkv, void *cache, const int32_t *lan
   const int width = (H + 2 * KvH) * Hd, rotary = shape->rotary_dim;
   const float *bias = flags & ATTEND_BIAS ? extras : 0;
   const float *q_norm = flags & ATTEND_QK_NORM ? extras + (bias ? width : 0) : 0;
-  const float *sinks = flags & ATTEND_SINKS ? extras + (bias ? width : 0) + (q_norm ? 2 * Hd : 0) : 0;
+  const int whole = flags & ATTEND_QK_NORM_WHOLE; /* q_norm then holds H Hd weights, then KvH Hd for k */
+  const float *sinks = flags & ATTEND_SINKS ? extras + (bias ? width : 0) + (q_norm ? (whole ? (H + KvH) * Hd : 2 * Hd) : 0) : 0;
   float *queries = at_least(&float_rows, ((size_t)B * H * Hd + width) * sizeof(float));
   float *row = queries + (size_t)B * H * Hd, rotated[MAX_HEAD_DIM];
   for (int b = 0; b < B; b++) {
     const int slot = lanes[b], pos = lanes[B + b];
     const float *cos_sin = rotations + (size_t)b * Hd;
     for (int i = 0; i < width; i++) row[i] = qkv[(size_t)b * width + i] + (bias ? bias[i] : 0.0f);
+    if (q_norm && whole) {
+      rms_norm_row(row, q_norm, H * Hd, eps, row);
+      rms_norm_row(row + (size_t)H * Hd, q_norm + (size_t)H * Hd, KvH * Hd, eps, row + (size_t)H * Hd);
+    }
     for (int h = 0; h < H + 2 * KvH; h++) {
       float *x = row + (size_t)h * Hd;
       const int is_v = h >= H + KvH;
-      if (q_norm && !is_v) rms_norm_row(x, h < H ? q_norm : q_norm + Hd, Hd, eps, x);
+      if (q_norm && !whole && !is_v) rms_norm_row(x, h < H ? q_norm : q_norm + Hd, Hd, eps, x);
       if (h < H) {
         if (rotates) rotate_half_pairs(x, cos_sin, rotary, Hd, queries + ((size_t)b * H + h) * Hd);
         else memcpy(queries + ((size_t)b * H + h) * Hd, x, Hd * sizeof(float));

@@ -37,8 +37,9 @@ _Static_assert(sizeof(stack_header) == STACK_HEADER_BYTES, "the header cpu.py wr
  * ATTEND_NO_ROPE: q and k are not rotated (SmolLM3's every fourth layer); ATTEND_LOCAL_ROPE: rotated
  * by the model's second RoPE frequencies, MODEL_INV_FREQ_LOCAL (Gemma 3's sliding-window layers);
  * ATTEND_SINKS: `extras` then holds a logit a query head (gpt-oss's attention sinks), a score every
- * query has beside its keys' that weighs no value. */
-enum { ATTEND_BIAS = 1, ATTEND_QK_NORM = 2, ATTEND_NO_ROPE = 4, ATTEND_LOCAL_ROPE = 8, ATTEND_SINKS = 16 };
+ * query has beside its keys' that weighs no value; ATTEND_QK_NORM_WHOLE: with ATTEND_QK_NORM, the norms
+ * run over all of q (H Hd weights) and all of k (KvH Hd) rather than a head at a time (OLMoE). */
+enum { ATTEND_BIAS = 1, ATTEND_QK_NORM = 2, ATTEND_NO_ROPE = 4, ATTEND_LOCAL_ROPE = 8, ATTEND_SINKS = 16, ATTEND_QK_NORM_WHOLE = 32 };
 /* How a layer's sublayers join the residual stream (tq_layer_shape.form). FORM_POST_NORMS: the
  * attention's and the feed-forward's outputs are rms-normalized (by the layer's LAYER_POST_NORMS, D
  * floats each) before they are added (Gemma 3); FORM_GEGLU: the feed-forward is gelu(gate) * up
