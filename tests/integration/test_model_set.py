@@ -13,7 +13,7 @@ import threading
 
 import openai
 import pytest
-from support import TINY_CONTEXT, get, post, running_server, wait_until
+from support import TINY_CONTEXT, get, metric_families, post, running_server, wait_until
 from support.tiny_models import write_tiny_gguf
 
 from webapp import create_app
@@ -45,14 +45,14 @@ def _engine_factory(gates: dict[str, threading.Event]):
 
 
 @contextlib.contextmanager
-def model_set_server(folder: str, budget: int | None):
+def model_set_server(folder: str, budget: int | None, **config):
     gates: dict[str, threading.Event] = {}
     make_engine, opened = _engine_factory(gates)
     models = ModelSet(folder, make_engine, budget).start()
-    app = create_app({"TESTING": True}, engine=models)
+    app = create_app({"TESTING": True, **config}, engine=models)
     try:
         with running_server(app, threads=16) as srv:
-            srv.models, srv.gates, srv.opened = models, gates, opened
+            srv.app, srv.models, srv.gates, srv.opened = app, models, gates, opened
             srv.client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=120)
             yield srv
             srv.client.close()
@@ -82,9 +82,7 @@ def _open(srv, *names):
 
 
 def _greedy(srv, model: str) -> str:
-    reply = srv.client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=8, temperature=0
-    )
+    reply = srv.client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=8, temperature=0)
     assert reply.model == model
     return reply.choices[0].message.content
 
@@ -143,3 +141,28 @@ def test_health_stays_200_while_a_model_loads(folder):
         asking.join(120)
         assert reply["text"] and _listed(srv)["beta"]["loaded"] is True
         assert get(srv, "/health")[0] == 200
+
+
+def test_metrics_and_the_dashboard_are_per_model(folder):
+    with model_set_server(folder, budget=None, METRICS_COMPAT="vllm") as srv:
+        _open(srv, "alpha", "beta")
+        _greedy(srv, "alpha")
+        _greedy(srv, "beta")  # the most recently used: the dashboard's default
+        families = metric_families(srv.app.test_client())
+        slots = {s.labels["model"]: s.value for s in families["llm_num_slots"].samples}
+        assert slots == {"alpha": SLOTS, "beta": SLOTS}
+        ready = {s.labels["model"]: s.value for s in families["llm_engine_ready"].samples}
+        assert ready == {"alpha": 1.0, "beta": 1.0}
+        generated = {s.labels["model"]: s.value for s in families["llm_generation_tokens"].samples}
+        assert generated["alpha"] > 0 and generated["beta"] > 0
+        finished = [s for s in families["llm_requests"].samples if s.labels["finish_reason"] == "length"]
+        assert {s.labels["model"]: s.value for s in finished} == {"alpha": 1, "beta": 1}
+        running = {s.labels["model_name"]: s.value for s in families["vllm:num_requests_running"].samples}
+        assert running == {"alpha": 0, "beta": 0}
+
+        status, _, stats = get(srv, "/admin/stats.json")
+        assert status == 200 and stats["model"] == "beta"
+        assert [(m["id"], m["status"], m["running"]) for m in stats["models"]] == [("alpha", "loaded", 0), ("beta", "loaded", 0)]
+        assert get(srv, "/admin/stats.json?model=alpha")[2]["model"] == "alpha"
+        page = srv.app.test_client().get("/admin?model=alpha").get_data(as_text=True)
+        assert "<h2>Models</h2>" in page and 'href="?model=beta"' in page and "ms-loaded" in page

@@ -13,7 +13,7 @@ from support.fakes import FakeRunner
 from webapp.engine.serving.engine import Engine
 from webapp.engine.serving.errors import EngineNotReady
 from webapp.engine.serving.loaded_model import LoadedModel
-from webapp.engine.serving.model_set import ModelNotFound, ModelSet, ModelsBusy
+from webapp.engine.serving.model_set import ModelNotFound, ModelsBusy, ModelSet
 from webapp.engine.serving.settings import byte_size, engine_settings
 
 
