@@ -113,6 +113,13 @@ def test_two_models_one_budget_lru_unloaded_and_reloaded_with_the_same_output(fo
         assert status == 200 and body["model"] == "alpha"
         status, _, body = post(srv, "/v1/messages", {"model": "beta", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
         assert status == 200 and body["model"] == "beta"
+        chunks = list(
+            srv.client.chat.completions.create(model="beta", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True)
+        )
+        assert chunks[-1].choices[0].finish_reason == "length" and {c.model for c in chunks} == {"beta"}
+        assert post(srv, "/v1/chat/completions", {"model": "beta", "messages": [], "max_tokens": 2})[0] == 400
+        # every request let go of its model: a refused one, a stream, the rest
+        assert wait_until(lambda: [m.get("running") for m in srv.models.listing()] == [None, 0])
 
 
 @pytest.mark.parametrize("name", ["nope", "../outside", "outside", "alpha.gguf", "../models/alpha", "/abs/alpha", "notes.txt"])

@@ -18,16 +18,20 @@ from webapp.engine.serving.settings import byte_size, engine_settings
 
 
 class Factory:
-    """Engines over fake runners, one per path asked for; a path in `broken` fails to load."""
+    """Engines over fake runners, one per path asked for; a path in `broken` fails to load, one in
+    `held` loads once its event is set."""
 
     def __init__(self):
         self.made: list[str] = []
         self.broken: set[str] = set()
+        self.held: dict[str, threading.Event] = {}
 
     def __call__(self, path: str) -> Engine:
         self.made.append(path)
 
         def load():
+            if path in self.held:
+                self.held[path].wait(10)
             if path in self.broken:
                 raise ValueError("not a GGUF")
             return LoadedModel(FakeRunner(), None, None, os.path.basename(path), 64, "FAKE", kv_bytes_per_token=1)
@@ -100,6 +104,28 @@ def test_a_busy_model_is_never_unloaded_the_load_waits_for_it_or_gets_models_bus
     assert got["lease"].engine.state == "ok" and _loaded(models) == ["b"]
     assert held.engine.settled.is_set() and not held.engine._thread.is_alive()  # a's thread has ended
     got["lease"].release()
+
+
+def test_loads_run_one_at_a_time_and_every_waiter_gets_the_engine(tmp_path, models_of, factory):
+    models = models_of(_files(tmp_path, "a", "b"))
+    factory.held[str(tmp_path / "a.gguf")] = gate = threading.Event()
+    leases = {}
+    asking = [threading.Thread(target=lambda n=n, i=i: leases.update({(n, i): models.lease(n)})) for n in "ab" for i in range(2)]
+    for thread in asking:
+        thread.start()
+    asking[-1].join(0.3)
+    assert factory.made == [str(tmp_path / "a.gguf")]  # b waits for a's load to end
+    assert [m["status"] for m in models.listing()] == ["loading", "unloaded"]
+    gate.set()
+    for thread in asking:
+        thread.join(10)
+    assert len(leases) == 4 and factory.made == [str(tmp_path / n) + ".gguf" for n in "ab"]
+    assert leases[("a", 0)].engine is leases[("a", 1)].engine and leases[("b", 0)].engine is leases[("b", 1)].engine
+    assert [m["running"] for m in models.listing()] == [2, 2]
+    for lease in leases.values():
+        lease.release()
+        lease.release()  # once only
+    assert [m["running"] for m in models.listing()] == [0, 0]
 
 
 def test_names_are_only_matched_against_the_listing(tmp_path, models_of, factory):

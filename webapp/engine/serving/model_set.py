@@ -130,7 +130,10 @@ class ModelSet:
             entries = []
         for entry in entries:
             if entry.name.endswith(SUFFIX) and not entry.name.startswith(".") and entry.is_file():
-                found.setdefault(entry.name.removesuffix(SUFFIX), _file(entry.path))
+                try:
+                    found.setdefault(entry.name.removesuffix(SUFFIX), _file(entry.path))
+                except OSError:  # removed since the folder was read
+                    continue
         return list(found.values())
 
     def find(self, name: str | None) -> ModelFile:
@@ -139,7 +142,7 @@ class ModelSet:
             return files[0]
         match = next((f for f in files if f.name == name), None)
         if match is None:
-            raise ModelNotFound(f"The model `{name}` does not exist." if name else "No model is available.")
+            raise ModelNotFound(f"The model `{name}` does not exist." if name is not None else "No model is available.")
         return match
 
     def listing(self) -> list[dict]:
@@ -165,31 +168,10 @@ class ModelSet:
     def lease(self, name: str | None) -> Lease:
         file = self.find(name)
         deadline = self._clock() + self.wait_s
-        while True:
-            victims, other_load, created = [], None, False
-            with self._cond:
-                if self._stopping:
-                    raise EngineNotReady("the server is shutting down")
-                self._settle_finished()
-                member = self._members.get(file.name)
-                if member is None and self._loading is not None:
-                    other_load = self._loading.engine.settled  # one load at a time: wait for it outside the lock
-                elif member is None:
-                    self._refuse_failed(file)
-                    victims = self._room_for(self._measured.get(file, file.size), file.name)
-                    if victims is None:
-                        left = deadline - self._clock()
-                        if left <= 0:
-                            raise ModelsBusy(f"Every loaded model is busy; `{file.name}` cannot be loaded yet.")
-                        self._cond.wait(left)  # a lease released may free one
-                        continue
-                    member, created = self._add(file, victims), True
-                member.leases += 1
-                member.last_used = self._clock()
-            if other_load is not None:
-                other_load.wait()
-                continue
-            break
+        claim = None
+        while claim is None:
+            claim = self._claim(file, deadline)
+        member, victims, created = claim
         self._unload(victims)
         if created:
             member.engine.start()
@@ -200,6 +182,33 @@ class ModelSet:
             self._release(member)
             raise EngineNotReady(f"the model {file.name} failed to load: {member.engine.error}")
         return Lease(self, member)
+
+    def _claim(self, file: ModelFile, deadline: float) -> tuple[Member, list[Member], bool] | None:
+        """A lease on the file's model: (its member, the models to unload first, whether its load
+        is ours to start); None after waiting, for another model's load or a busy model's release."""
+        with self._cond:
+            if self._stopping:
+                raise EngineNotReady("the server is shutting down")
+            self._settle_finished()
+            member, victims, created = self._members.get(file.name), [], False
+            if member is None and self._loading is not None:
+                other_load = self._loading.engine.settled
+            elif member is None:
+                self._refuse_failed(file)
+                victims = self._room_for(self._measured.get(file, file.size), file.name)
+                if victims is None:
+                    left = deadline - self._clock()
+                    if left <= 0:
+                        raise ModelsBusy(f"Every loaded model is busy; `{file.name}` cannot be loaded yet.")
+                    self._cond.wait(left)  # woken when a lease is released
+                    return None
+                member, created = self._add(file, victims), True
+            if member is not None:
+                member.leases += 1
+                member.last_used = self._clock()
+                return member, victims, created
+        other_load.wait()  # one load at a time: wait for it, not under the lock
+        return None
 
     def _release(self, member: Member) -> None:
         with self._cond:
@@ -256,7 +265,12 @@ class ModelSet:
         else:
             kv = (engine.n_slots + 1) * engine.max_context * engine.loaded.kv_bytes_per_token
             member.footprint = self._measured[member.file] = member.file.size + kv
-            victims = self._room_for(member.footprint, member.file.name, keep=member) or []
+            victims = self._room_for(member.footprint, member.file.name, keep=member)
+            if victims is None:
+                log.warning(
+                    "the loaded models pass LLM_MEMORY_BUDGET=%d while the busy ones cannot go; the next load makes room", self.budget
+                )
+                victims = []
             for victim in victims:
                 del self._members[victim.file.name]
             if victims:  # stopping joins a model thread: not under the lock, on a thread of its own
