@@ -17,7 +17,7 @@ import logging
 import os
 
 from webapp.engine.model.config import ModelLoadError
-from webapp.engine.model.tinygrad_setup import prepare_tinygrad, use_tinygrad_from_this_thread
+from webapp.engine.model.tinygrad_setup import free_cached_buffers, prepare_tinygrad, use_tinygrad_from_this_thread
 from webapp.engine.model.tuning_stamp import beam_for, tuning_key
 from webapp.engine.serving.engine import Engine
 from webapp.engine.serving.loaded_model import LoadedModel
@@ -122,6 +122,7 @@ def _engine(s: dict, path: str, draft: str | None, own_thread: bool = False) -> 
         if own_thread:  # one of several model threads: tinygrad's kernel cache connection is this one's now
             prepare_tinygrad()
             use_tinygrad_from_this_thread()
+            free_cached_buffers()  # an unloaded model's, before this one allocates its own
         return load_gguf_model(
             path, s["slots"], s["context"], s["prefill_chunk"], s["beam"], s["cpu_kernels"], s["pooling"], draft, s["kv_type"]
         )
