@@ -8,8 +8,9 @@ import os
 import threading
 
 import pytest
-from support.fakes import FakeRunner
+from support.fakes import FakeChatTemplate, FakeRunner, FakeTokenizer
 
+from webapp import create_app
 from webapp.engine.serving.engine import Engine
 from webapp.engine.serving.errors import EngineNotReady
 from webapp.engine.serving.loaded_model import LoadedModel
@@ -34,7 +35,8 @@ class Factory:
                 self.held[path].wait(10)
             if path in self.broken:
                 raise ValueError("not a GGUF")
-            return LoadedModel(FakeRunner(), None, None, os.path.basename(path), 64, "FAKE", kv_bytes_per_token=1)
+            runner = FakeRunner(vocab=FakeTokenizer.vocab_size)
+            return LoadedModel(runner, FakeTokenizer(), FakeChatTemplate(), os.path.basename(path), 64, "FAKE", kv_bytes_per_token=1)
 
         return Engine(load, slots=1)
 
@@ -126,6 +128,24 @@ def test_loads_run_one_at_a_time_and_every_waiter_gets_the_engine(tmp_path, mode
         lease.release()
         lease.release()  # once only
     assert [m["running"] for m in models.listing()] == [0, 0]
+
+
+def test_the_api_answers_503_model_busy_with_retry_after_when_no_model_can_go(tmp_path, models_of):
+    models = models_of(_files(tmp_path, "a", "b"), budget=228, wait_s=0.1)
+    client = create_app({"TESTING": True}, engine=models).test_client()
+
+    def ask(model):
+        body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        with client.post("/v1/chat/completions", json=body) as response:  # closed: the model is let go
+            return response.status_code, response.headers, response.json
+
+    assert ask("a")[0] == 200
+    held = models.lease("a")  # a request still running on a
+    status, headers, body = ask("b")
+    assert status == 503 and headers["Retry-After"] == "10"
+    assert body["error"]["code"] == "model_busy" and body["error"]["param"] == "model"
+    held.release()
+    assert ask("b")[0] == 200 and _loaded(models) == ["b"]
 
 
 def test_names_are_only_matched_against_the_listing(tmp_path, models_of, factory):
