@@ -4,41 +4,15 @@ failed load not retried until its file changes, and LLM_MEMORY_BUDGET's sizes.""
 
 from __future__ import annotations
 
-import os
 import threading
 
 import pytest
-from support.fakes import FakeChatTemplate, FakeRunner, FakeTokenizer
+from support.fakes import FakeModelEngines
 
 from webapp import create_app
-from webapp.engine.serving.engine import Engine
 from webapp.engine.serving.errors import EngineNotReady
-from webapp.engine.serving.loaded_model import LoadedModel
 from webapp.engine.serving.model_set import ModelNotFound, ModelsBusy, ModelSet
 from webapp.engine.serving.settings import byte_size, engine_settings
-
-
-class Factory:
-    """Engines over fake runners, one per path asked for; a path in `broken` fails to load, one in
-    `held` loads once its event is set."""
-
-    def __init__(self):
-        self.made: list[str] = []
-        self.broken: set[str] = set()
-        self.held: dict[str, threading.Event] = {}
-
-    def __call__(self, path: str) -> Engine:
-        self.made.append(path)
-
-        def load():
-            if path in self.held:
-                self.held[path].wait(10)
-            if path in self.broken:
-                raise ValueError("not a GGUF")
-            runner = FakeRunner(vocab=FakeTokenizer.vocab_size)
-            return LoadedModel(runner, FakeTokenizer(), FakeChatTemplate(), os.path.basename(path), 64, "FAKE", kv_bytes_per_token=1)
-
-        return Engine(load, slots=1)
 
 
 def _files(folder, *names, size=100):
@@ -49,7 +23,7 @@ def _files(folder, *names, size=100):
 
 @pytest.fixture
 def factory():
-    return Factory()
+    return FakeModelEngines()
 
 
 @pytest.fixture
