@@ -3,7 +3,8 @@ through the real `openai` client and a real Waitress server, each on its own eng
 
 Under a budget that holds one of them, asking for the other unloads the least recently used, and
 asking for it again reloads it with the same greedy output; a name outside the folder's listing is a
-404 in the API's own shape and opens nothing; `/health` stays 200 while a model loads."""
+404 in the API's own shape and opens nothing; `/health` stays 200 while a model loads, and a loaded
+model's stream runs on while another loads beside it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import threading
 
 import openai
 import pytest
-from support import TINY_CONTEXT, get, metric_families, post, running_server, wait_until
+from support import TINY_CONTEXT, get, metric_families, post, running_server, slowed_decode, wait_until
 from support.tiny_models import write_tiny_gguf
 
 from webapp import create_app
@@ -173,3 +174,28 @@ def test_metrics_and_the_dashboard_are_per_model(folder):
         assert get(srv, "/admin/stats.json?model=alpha")[2]["model"] == "alpha"
         page = srv.app.test_client().get("/admin?model=alpha").get_data(as_text=True)
         assert "<h2>Models</h2>" in page and 'href="?model=beta"' in page and "ms-loaded" in page
+
+
+def test_a_model_streams_on_while_another_loads_beside_it(folder):
+    with model_set_server(folder, budget=None) as srv:
+        _open(srv, "alpha")
+        alone = {"alpha": _greedy(srv, "alpha")}
+        lease = srv.models.lease("alpha")
+        lease.release()
+        alpha = lease.engine
+        long = {"model": "alpha", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 48, "temperature": 0}
+        with slowed_decode(alpha, 0.1):  # ~5 s of decoding
+            stream = srv.client.chat.completions.create(**long, stream=True)
+            chunks = [next(stream), next(stream)]  # alpha is decoding...
+            loading = threading.Thread(target=lambda: alone.update(beta=_greedy(srv, "beta")))
+            loading.start()
+            assert wait_until(lambda: _listed(srv)["beta"]["status"] == "loading")
+            _open(srv, "beta")  # ...while beta loads, warms up and answers on its own model thread
+            loading.join(120)
+            assert alpha.stats()["running"] == 1  # alpha's stream was running all along
+            chunks += list(stream)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text.startswith(alone["alpha"]) and alone["beta"]
+    with model_set_server(folder, budget=None) as fresh:  # beta alone, in a server of its own
+        _open(fresh, "beta")
+        assert _greedy(fresh, "beta") == alone["beta"]
