@@ -1,6 +1,6 @@
 // The dashboard's live updates. templates/admin.html is complete on its own; this polls
 // /admin/stats.json once a second and redraws the same elements: every [data-stat] value, the
-// plots (plain SVG paths, one x unit per second) and the slot and recent-request tables.
+// plots (plain SVG paths, one x unit per second) and the slot, recent-request and model tables.
 // format(), plotPaths() and kvSegments() mirror format_value, plot_paths and slot_row in
 // webapp/http/admin.py. Every string from the server goes in through textContent or an attribute.
 "use strict";
@@ -30,6 +30,8 @@ function format(value, kind) {
       return number(value, 2);
     case "pct":
       return (value * 100).toFixed(0) + "%";
+    case "bytes":
+      return value >= 2 ** 30 ? number(value / 2 ** 30, 2) + " GiB" : number(value / 2 ** 20, 1) + " MiB";
     case "latency":
       if (value < 1) return (value * 1000).toFixed(0) + " ms";
       if (value < 60) return value.toFixed(2) + " s";
@@ -242,6 +244,23 @@ function drawExperts(stats) {
   );
 }
 
+// LLM_MODELS_DIR: each model of the folder, its status and what it is counted for (templates/admin.html)
+function modelRow(m) {
+  const tr = el("tr");
+  const link = el("a", "", m.id);
+  link.href = "?model=" + encodeURIComponent(m.id);
+  const name = el("td", "id");
+  name.append(link);
+  tr.append(
+    name,
+    badge("ms", m.status),
+    el("td", "num", format(m.size, "bytes")),
+    el("td", "num", format(m.memory_bytes, "bytes")),
+    el("td", "num", format(m.running, "int")),
+  );
+  return tr;
+}
+
 function render(stats) {
   for (const node of document.querySelectorAll("[data-stat]")) {
     node.textContent = format(lookup(stats, node.dataset.stat), node.dataset.format);
@@ -251,6 +270,7 @@ function render(stats) {
   drawPlots(stats);
   drawTables(stats);
   drawExperts(stats);
+  if (stats.models && $("model-rows")) $("model-rows").replaceChildren(...stats.models.map(modelRow));
 }
 
 function setLive(ok, text) {
@@ -268,7 +288,7 @@ async function poll() {
   inFlight = true;
   const started = performance.now();
   try {
-    const response = await fetch(document.body.dataset.statsUrl, {
+    const response = await fetch(document.body.dataset.statsUrl + location.search, {
       cache: "no-store",
       headers: { Accept: "application/json" },
     });

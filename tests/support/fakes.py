@@ -15,6 +15,8 @@ its logits make greedy sampling pick `next_token(last token fed)`, and a test ca
 `FakeTokenizer` is byte-level: ids 0-255 are the UTF-8 bytes, so every multi-byte character and
 every tag is split across tokens, plus BOS (256, "<s>") and EOS (257, "</s>").
 
+`FakeModelEngines` makes a model set's engines: real engines over fake runners, one per model file.
+
 `StatsEngine` is a `FakeEngine` whose stats() come from a real `EngineMetrics` fed by hand (the pages'
 and /metrics' numbers), on a settable `Clock`.
 """
@@ -36,7 +38,9 @@ import numpy as np
 
 from webapp.engine.decoding.constraints import GrammarCompiler
 from webapp.engine.decoding.sampling import TokenLogprobs
+from webapp.engine.serving.engine import Engine
 from webapp.engine.serving.errors import EngineNotReady, QueueFull, completion_room
+from webapp.engine.serving.loaded_model import LoadedModel
 from webapp.engine.serving.metrics import EngineMetrics
 from webapp.engine.serving.request import Finished, FinishReason, Request, SamplingParams, Status
 
@@ -411,6 +415,32 @@ class FakeRunner:
         self.calls.append(("mixed", prompts, tuple(r.id for r in batch)))
         rows = [self._logits(r.output_ids[-1]) for r in batch]
         return [self._logits(tokens[-1]) for _, tokens, _ in chunks], np.stack(rows) if rows else np.zeros((0, self.vocab), np.float32)
+
+
+class FakeModelEngines:
+    """A model set's `make_engine` for tests: real engines over fake runners with the byte tokenizer,
+    one per path asked for (`made`); a path in `broken` fails to load, one in `held` loads once its
+    event is set. Each counts 1 byte of KV cache a token, so a footprint is easy to reckon."""
+
+    def __init__(self, context: int = 64):
+        self.context = context
+        self.made: list[str] = []
+        self.broken: set[str] = set()
+        self.held: dict[str, threading.Event] = {}
+
+    def __call__(self, path: str) -> Engine:
+        self.made.append(path)
+
+        def load():
+            if path in self.held:
+                self.held[path].wait(10)
+            if path in self.broken:
+                raise ValueError("not a GGUF")
+            runner = FakeRunner(vocab=FakeTokenizer.vocab_size)
+            name = path.rsplit("/", 1)[-1].removesuffix(".gguf")
+            return LoadedModel(runner, FakeTokenizer(), FakeChatTemplate(), name, self.context, "FAKE", kv_bytes_per_token=1)
+
+        return Engine(load, slots=1)
 
 
 # --- sample tool definitions and model outputs (the API and output-text tests share them) ----------

@@ -1,4 +1,6 @@
 """The dashboard: `/admin` (a Jinja page) and `/admin/stats.json` (what the page polls).
+With LLM_MODELS_DIR the panels are one model's (`?model=<name>`, else the most recently used one)
+and a Models table lists every model of the folder with its status (loaded, loading, unloaded, failed).
 
 Both read `engine.stats()`, a fresh dict derived from the engine's immutable metrics snapshot, so
 they answer at once however busy the model thread is. The page is complete without JavaScript:
@@ -21,9 +23,11 @@ from flask import (
     jsonify,
     make_response,
     render_template,
+    request,
 )
 
 from webapp.engine.serving.metrics import REQUEST_OUTCOMES
+from webapp.engine.serving.model_set import ModelSet
 from webapp.http.headers import PAGE_CSP
 
 bp = Blueprint("admin", __name__, url_prefix="/admin")
@@ -56,7 +60,10 @@ def stats_json():
 
 
 def _engine_stats() -> dict:
-    return current_app.extensions["engine"].stats()
+    served = current_app.extensions["engine"]
+    if isinstance(served, ModelSet):  # the panels are one model's: ?model=, else the most recently used
+        return served.stats(request.args.get("model"))
+    return served.stats()
 
 
 def _no_store(response: Response) -> Response:
@@ -79,8 +86,8 @@ def lookup(stats: dict, path: str):
 
 
 def format_value(value, kind: str = "int") -> str:
-    """A number as the dashboard shows it: int, rate (tok/s), ratio (two decimals), pct (0..1), latency (s)
-    or duration (s)."""
+    """A number as the dashboard shows it: int, rate (tok/s), ratio (two decimals), pct (0..1), bytes,
+    latency (s) or duration (s)."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return NO_VALUE
     if kind == "text":
@@ -93,6 +100,8 @@ def format_value(value, kind: str = "int") -> str:
         return f"{value:,.2f}"
     if kind == "pct":
         return f"{value * 100:.0f}%"
+    if kind == "bytes":
+        return f"{value / 2**30:,.2f} GiB" if value >= 2**30 else f"{value / 2**20:,.1f} MiB"
     if kind == "latency":
         if value < 1:
             return f"{value * 1000:.0f} ms"

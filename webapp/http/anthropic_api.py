@@ -31,7 +31,8 @@ PREFIX = events.PREFIX
 @bp.post(PREFIX)
 def messages():
     """An Anthropic message; its stream of events when `stream` is true."""
-    run = gen.start_chat(gen.engine(), chat_body(gen.json_body()), events.new_id("msg"), "messages")
+    body = gen.json_body()
+    run = gen.start_chat(gen.engine(body), chat_body(body), events.new_id("msg"), "messages")
     answer, parser, parallel, model = run.answer, run.parsers[0], run.parallel, run.model
     if run.params.stream:
         return gen.event_stream(answer, _events(answer, parser, parallel, model), _error_event)
@@ -52,8 +53,9 @@ def messages():
 @bp.post(PREFIX + "/count_tokens")
 def count_tokens():
     """How many tokens the prompt of these messages (system, tools and all) takes."""
-    engine = gen.engine()
-    body = count_tokens_body(gen.json_body())
+    raw = gen.json_body()
+    engine = gen.engine(raw)
+    body = count_tokens_body(raw)
     params = fmt.parse_chat_request(body, current_app.config["MAX_MESSAGES"])
     prompt = gen.render_chat(engine.chat_template, list(params.messages), params.active_tools)
     return jsonify(input_tokens=len(gen.encode(engine.tokenizer, prompt)))

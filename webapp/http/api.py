@@ -28,6 +28,7 @@ from functools import partial
 from flask import Blueprint, Response, jsonify
 
 from webapp.engine.serving.errors import RETRY_AFTER_S
+from webapp.engine.serving.model_set import ModelSet
 from webapp.engine.serving.request import FinishReason
 from webapp.http import generation as gen
 from webapp.openai import requests as fmt
@@ -52,7 +53,7 @@ def health():
     replica answers before asking the engine anything, so a proxy's check takes it out at once."""
     if gen.lifecycle().draining:
         return jsonify(status="draining"), 503, {"Retry-After": str(RETRY_AFTER_S)}
-    state = gen.engine().health()
+    state = gen.served().health()
     if state.get("status") != "ok":
         return jsonify(state), 503, {"Retry-After": str(RETRY_AFTER_S)}
     return jsonify(state)
@@ -60,15 +61,19 @@ def health():
 
 @bp.get("/v1/models")
 def models():
-    """The one model this server runs, as an OpenAI model list."""
-    return jsonify(responses.models_list(gen.engine().model_name, int(time.time())))
+    """The model this server runs, or with LLM_MODELS_DIR every model it offers, as an OpenAI model list."""
+    served = gen.served()
+    if isinstance(served, ModelSet):
+        return jsonify(responses.model_set_list(served.listing()))
+    return jsonify(responses.models_list(served.model_name, int(time.time())))
 
 
 @bp.post("/v1/chat/completions")
 def chat_completions():
     """An OpenAI chat completion; server-sent `chat.completion.chunk`s when `stream` is true."""
-    engine = gen.engine()
-    run = gen.start_chat(engine, gen.json_body(), responses.new_id("chatcmpl"), "messages")
+    body = gen.json_body()
+    engine = gen.engine(body)
+    run = gen.start_chat(engine, body, responses.new_id("chatcmpl"), "messages")
     params, options, answer, parsers, parallel, model = run.params, run.options, run.answer, run.parsers, run.parallel, run.model
     if params.stream:
         return gen.event_stream(answer, _chat_events(answer, parsers, parallel, params.include_usage, model))
@@ -90,8 +95,8 @@ def chat_completions():
 @bp.post("/v1/completions")
 def completions():
     """An OpenAI (legacy) text completion of a raw prompt; SSE chunks when `stream` is true."""
-    engine = gen.engine()
     body = gen.json_body()
+    engine = gen.engine(body)
     params = fmt.parse_completion_request(body)
     options = parse_sampling_options(body, chat=False)
     if isinstance(params.prompt, str):

@@ -23,8 +23,9 @@ bp = Blueprint("embeddings", __name__)
 
 @bp.post("/v1/embeddings")
 def embeddings():
-    engine = gen.engine()
-    params = fmt.parse_embedding_request(gen.json_body())
+    body = gen.json_body()
+    engine = gen.engine(body)
+    params = fmt.parse_embedding_request(body)
     prompts = [_prompt(engine, item, i) for i, item in enumerate(params.inputs)]
     vectors, window = [None] * len(prompts), max(1, engine.n_slots)
     running: list[tuple[int, ChoiceReader]] = []

@@ -12,10 +12,11 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from flask import Response, current_app, request
+from flask import Response, after_this_request, current_app, request
 
 from webapp.engine.decoding.constraints import GrammarError
-from webapp.engine.serving.errors import PromptTooLong, completion_room
+from webapp.engine.serving.errors import RETRY_AFTER_S, PromptTooLong, completion_room
+from webapp.engine.serving.model_set import ModelNotFound, ModelsBusy, ModelSet
 from webapp.engine.serving.request import Request, SamplingParams
 from webapp.openai import requests as fmt
 from webapp.openai import responses, structured
@@ -70,8 +71,33 @@ def render_chat(template, messages: list[dict], tools: list[dict] | None) -> str
     return prompt
 
 
-def engine():
+def served():
+    """What serves requests: the one `Engine`, or with LLM_MODELS_DIR the `ModelSet` (health, stats, listing)."""
     return current_app.extensions["engine"]
+
+
+def engine(body: dict | None = None):
+    """The engine for a request body's `model`: the one place a request picks its model. With one
+    model, it (whatever the name); with a model set, that model's, loaded first if need be, held
+    until the response is closed (so it is never unloaded under the request). An unknown name is a
+    404 `model_not_found`; a model that cannot be loaded while every other one is busy, a 503."""
+    models = served()
+    if not isinstance(models, ModelSet):
+        return models
+    name = body.get("model") if isinstance(body, dict) else None
+    try:
+        lease = models.lease(name if isinstance(name, str) else None)  # a non-string: the body's parser refuses it
+    except ModelNotFound as e:
+        raise ApiError(404, str(e), "model", "model_not_found") from e
+    except ModelsBusy as e:
+        raise ApiError(503, str(e), "model", "model_busy", headers={"Retry-After": str(RETRY_AFTER_S)}) from e
+
+    @after_this_request
+    def release_at_close(response: Response) -> Response:
+        response.call_on_close(lease.release)
+        return response
+
+    return lease.engine
 
 
 def lifecycle():

@@ -12,6 +12,7 @@ from flask import Blueprint, Response, current_app, request
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from webapp.engine.serving.model_set import ModelSet
 from webapp.ops.prometheus import EngineCollector
 
 bp = Blueprint("prometheus", __name__)
@@ -24,14 +25,18 @@ def _install(state) -> None:
     def stats() -> dict:
         return app.extensions["engine"].stats()
 
-    registry.register(EngineCollector(stats))
+    def models() -> dict[str, dict]:
+        return app.extensions["engine"].model_stats()
+
+    per_model = models if isinstance(app.extensions.get("engine"), ModelSet) else None  # LLM_MODELS_DIR: a `model` label
+    registry.register(EngineCollector(stats, per_model))
     compat = app.config.get("METRICS_COMPAT")
     if compat:
         from webapp.ops.vllm_metrics import MODES, VllmCollector
 
         if compat not in MODES:
             raise ValueError(f"LLM_METRICS_COMPAT={compat!r}: the supported value is {' or '.join(MODES)}")
-        registry.register(VllmCollector(stats))
+        registry.register(VllmCollector(stats, per_model))
     app.extensions["prometheus_registry"] = registry
 
 

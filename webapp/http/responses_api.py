@@ -39,7 +39,7 @@ def create():
     """A model response; its event stream when `stream` is true."""
     body = gen.json_body()
     history = _history(body.get("previous_response_id"))
-    run = gen.start_chat(gen.engine(), api.chat_body(body, history), api.new_id("resp"), "input")
+    run = gen.start_chat(gen.engine(body), api.chat_body(body, history), api.new_id("resp"), "input")
     answer, parser, parallel, model = run.answer, run.parsers[0], run.parallel, run.model
     conversation = [*history, *api.input_items(body)]
     if run.params.stream:

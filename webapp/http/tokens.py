@@ -23,8 +23,8 @@ bp = Blueprint("tokens", __name__)
 @bp.post("/tokenize")
 def tokenize():
     """Token ids of a text or of chat messages."""
-    engine = gen.engine()
     body = gen.json_body()
+    engine = gen.engine(body)
     special = _flag(body, "add_special", _flag(body, "add_special_tokens", True))
     if "messages" in body:
         params = fmt.parse_chat_request({"messages": body["messages"]}, current_app.config["MAX_MESSAGES"])
@@ -46,8 +46,8 @@ def tokenize():
 @bp.post("/detokenize")
 def detokenize():
     """The text of token ids."""
-    engine = gen.engine()
     body = gen.json_body()
+    engine = gen.engine(body)
     ids = body.get("tokens")
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise ApiError(400, "'tokens' must be an array of token ids.", "tokens")

@@ -42,6 +42,16 @@ def models_list(model_name: str, created: int) -> dict:
     return {"object": "list", "data": [model]}
 
 
+def model_set_list(entries: list[dict]) -> dict:
+    """A model set's listing as an OpenAI model list; `size` (bytes), `loaded` and `status` ride along."""
+    data = [
+        {"id": e["id"], "object": "model", "created": e["created"], "owned_by": "local"}
+        | {"size": e["size"], "loaded": e["loaded"], "status": e["status"]}
+        for e in entries
+    ]
+    return {"object": "list", "data": data}
+
+
 def _envelope(object: str, id: str, created: int, model: str, choices: list, **extra) -> dict:
     return {
         "id": id,

@@ -9,6 +9,7 @@ those. Counters are exposed with the `_total` suffix; token counts are in tokens
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from operator import itemgetter
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -46,59 +47,79 @@ HISTOGRAMS = (
 
 
 class EngineCollector:
-    """A custom collector over `stats()` (the engine's stats dict), read once per scrape."""
+    """A custom collector over `stats()` (the engine's stats dict), read once per scrape. With a model
+    set (LLM_MODELS_DIR), `models()` gives every loaded model's stats dict by name instead, and each
+    family carries a `model` label (`llm_model_info` names the model already)."""
 
-    def __init__(self, stats: Callable[[], dict]):
-        self._stats = stats
+    def __init__(self, stats: Callable[[], dict], models: Callable[[], dict[str, dict]] | None = None):
+        self._stats, self._models = stats, models
 
     def collect(self) -> Iterator[Metric]:
-        stats = self._stats()
-        ready = GaugeMetricFamily(PREFIX + "engine_ready", "1 when the model is loaded and serving, else 0.")
-        ready.add_metric([], 1.0 if stats.get("state") == "ok" else 0.0)
-        yield ready
-        if not counted(stats):
-            return
-        yield InfoMetricFamily(
-            PREFIX + "model",
-            "The model being served.",
-            value={"model": str(stats.get("model")), "device": str(stats.get("device")), "context": str(stats.get("context"))},
-        )
-        for name, doc, key in GAUGES:
-            yield GaugeMetricFamily(PREFIX + name, doc, value=stats[key])
-        yield GaugeMetricFamily(
-            PREFIX + "kv_cache_usage_ratio",
-            "Share of the KV cache (slots x context) holding tokens, idle slots kept for prefix reuse included.",
-            value=kv_cache_usage(stats),
-        )
-        for name, doc, key in COUNTERS:
-            yield CounterMetricFamily(PREFIX + name, doc, value=stats[key])
-        finished = CounterMetricFamily(
-            PREFIX + "requests", "Requests ended, by finish reason (rejected: refused with a full queue).", labels=["finish_reason"]
-        )
+        if self._models is None:
+            return engine_families({(): self._stats()}, ())
+        return engine_families({(name,): stats for name, stats in self._models().items()}, ("model",))
+
+
+def engine_families(rows: dict[tuple[str, ...], dict], labels: tuple[str, ...]) -> Iterator[Metric]:
+    """The metric families of engines' stats, one sample per engine, told apart by `labels`."""
+    ready = GaugeMetricFamily(PREFIX + "engine_ready", "1 when the model is loaded and serving, else 0.", labels=labels)
+    for key, stats in rows.items():
+        ready.add_metric(key, 1.0 if stats.get("state") == "ok" else 0.0)
+    yield ready
+    rows = {key: stats for key, stats in rows.items() if counted(stats)}
+    if not rows:
+        return
+    info = InfoMetricFamily(PREFIX + "model", "The model being served.")
+    for stats in rows.values():
+        info.add_metric([], {"model": str(stats.get("model")), "device": str(stats.get("device")), "context": str(stats.get("context"))})
+    yield info
+
+    def each(family, value: Callable[[dict], float]):
+        for key, stats in rows.items():
+            family.add_metric(key, value(stats))
+        return family
+
+    for name, doc, key in GAUGES:
+        yield each(GaugeMetricFamily(PREFIX + name, doc, labels=labels), itemgetter(key))
+    usage = "Share of the KV cache (slots x context) holding tokens, idle slots kept for prefix reuse included."
+    yield each(GaugeMetricFamily(PREFIX + "kv_cache_usage_ratio", usage, labels=labels), kv_cache_usage)
+    for name, doc, key in COUNTERS:
+        yield each(CounterMetricFamily(PREFIX + name, doc, labels=labels), itemgetter(key))
+    finished = CounterMetricFamily(
+        PREFIX + "requests", "Requests ended, by finish reason (rejected: refused with a full queue).", labels=[*labels, "finish_reason"]
+    )
+    for key, stats in rows.items():
         for reason in REQUEST_OUTCOMES:
-            finished.add_metric([reason], stats["requests_total"].get(reason, 0))
-        yield finished
-        for name, doc, key in HISTOGRAMS:
-            h = stats["histograms"][key]
-            yield HistogramMetricFamily(PREFIX + name, doc, buckets=histogram_buckets(h), sum_value=h["sum"])
-        if "experts" in stats:
-            yield from expert_families(stats["experts"])
+            finished.add_metric([*key, reason], stats["requests_total"].get(reason, 0))
+    yield finished
+    for name, doc, hist in HISTOGRAMS:
+        family = HistogramMetricFamily(PREFIX + name, doc, labels=labels)
+        for key, stats in rows.items():
+            h = stats["histograms"][hist]
+            family.add_metric(key, histogram_buckets(h), h["sum"])
+        yield family
+    experts = {key: stats["experts"] for key, stats in rows.items() if "experts" in stats}
+    if experts:
+        yield from expert_families(experts, labels)
 
 
-def expert_families(experts: dict) -> Iterator[Metric]:
+def expert_families(rows: dict[tuple[str, ...], dict], labels: tuple[str, ...] = ()) -> Iterator[Metric]:
     """A mixture of experts' routing: lanes per expert (summed over layers) and how uneven they are."""
     tokens = CounterMetricFamily(
-        PREFIX + "expert_tokens", "Token lanes the routers sent to each expert, summed over layers.", labels=["expert"]
+        PREFIX + "expert_tokens", "Token lanes the routers sent to each expert, summed over layers.", labels=[*labels, "expert"]
     )
-    for expert, n in enumerate(experts["tokens_total"]):
-        tokens.add_metric([str(expert)], n)
+    for key, experts in rows.items():
+        for expert, n in enumerate(experts["tokens_total"]):
+            tokens.add_metric([*key, str(expert)], n)
     yield tokens
-    if experts["imbalance"] is not None:
-        yield GaugeMetricFamily(
-            PREFIX + "expert_load_imbalance",
-            "The busiest expert's lanes over the mean expert's, since load (1: even).",
-            value=experts["imbalance"],
-        )
+    imbalance = GaugeMetricFamily(
+        PREFIX + "expert_load_imbalance", "The busiest expert's lanes over the mean expert's, since load (1: even).", labels=labels
+    )
+    for key, experts in rows.items():
+        if experts["imbalance"] is not None:
+            imbalance.add_metric(key, experts["imbalance"])
+    if imbalance.samples:
+        yield imbalance
 
 
 def kv_cache_usage(stats: dict) -> float:

@@ -18,6 +18,7 @@ LoRA, speculative decoding) is faked.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from operator import itemgetter
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
@@ -58,37 +59,40 @@ HISTOGRAMS = (
 
 
 class VllmCollector:
-    """Aliases over `stats()` (the engine's stats dict), read once per scrape; nothing while loading."""
+    """Aliases over `stats()` (the engine's stats dict), read once per scrape; nothing while loading.
+    With a model set, `models()` gives every loaded model's stats by name, one sample each."""
 
-    def __init__(self, stats: Callable[[], dict]):
-        self._stats = stats
+    def __init__(self, stats: Callable[[], dict], models: Callable[[], dict[str, dict]] | None = None):
+        self._stats, self._models = stats, models
 
     def collect(self) -> Iterator[Metric]:
-        stats = self._stats()
-        if not counted(stats):
+        every = [self._stats()] if self._models is None else list(self._models().values())
+        every = [stats for stats in every if counted(stats)]
+        if not every:
             return
-        model = [str(stats.get("model"))]
+
+        def each(family, value: Callable[[dict], float]):
+            for stats in every:
+                family.add_metric([str(stats.get("model"))], value(stats))
+            return family
+
         for name, doc, key in GAUGES:
-            yield _with(GaugeMetricFamily(PREFIX + name, doc, labels=[LABEL]), model, stats[key])
-        usage = kv_cache_usage(stats)
+            yield each(GaugeMetricFamily(PREFIX + name, doc, labels=[LABEL]), itemgetter(key))
         for name in KV_CACHE_GAUGES:
-            yield _with(GaugeMetricFamily(PREFIX + name, "KV-cache usage, 1 means 100 percent.", labels=[LABEL]), model, usage)
+            yield each(GaugeMetricFamily(PREFIX + name, "KV-cache usage, 1 means 100 percent.", labels=[LABEL]), kv_cache_usage)
         for name, doc, key in COUNTERS:
-            yield _with(CounterMetricFamily(PREFIX + name, doc, labels=[LABEL]), model, stats[key])
+            yield each(CounterMetricFamily(PREFIX + name, doc, labels=[LABEL]), itemgetter(key))
         success = CounterMetricFamily(PREFIX + "request_success", "Finished requests, by finish reason.", labels=[LABEL, "finished_reason"])
-        counts: dict[str, int] = {}
-        for ours, theirs in SUCCESS_REASONS.items():
-            counts[theirs] = counts.get(theirs, 0) + stats["requests_total"].get(ours, 0)
-        for reason, count in counts.items():
-            success.add_metric(model + [reason], count)
+        for stats in every:
+            counts: dict[str, int] = {}
+            for ours, theirs in SUCCESS_REASONS.items():
+                counts[theirs] = counts.get(theirs, 0) + stats["requests_total"].get(ours, 0)
+            for reason, count in counts.items():
+                success.add_metric([str(stats.get("model")), reason], count)
         yield success
         for name, doc, key in HISTOGRAMS:
-            h = stats["histograms"][key]
             family = HistogramMetricFamily(PREFIX + name, doc, labels=[LABEL])
-            family.add_metric(model, histogram_buckets(h), h["sum"])
+            for stats in every:
+                h = stats["histograms"][key]
+                family.add_metric([str(stats.get("model"))], histogram_buckets(h), h["sum"])
             yield family
-
-
-def _with(family, labels: list[str], value: float):
-    family.add_metric(labels, value)
-    return family

@@ -3,7 +3,8 @@
 Contract: `load_gguf_model(path, ...)` returns a `LoadedModel` (a `Runner`, the GGUF's tokenizer
 and chat template, its name and context); it runs on the model thread, which from then on is the
 only thread that touches tinygrad. `build_engine(config)` is the engine described by the app's
-settings (`webapp.engine.serving.settings`), not yet started.
+settings (`webapp.engine.serving.settings`), not yet started: with `LLM_MODELS_DIR`, a `ModelSet`
+of engines, one per model loaded.
 
 The BEAM value to compile with comes from the tuning stamp (`webapp.engine.model.tuning_stamp`).
 
@@ -16,11 +17,12 @@ import logging
 import os
 
 from webapp.engine.model.config import ModelLoadError
-from webapp.engine.model.tinygrad_setup import prepare_tinygrad
+from webapp.engine.model.tinygrad_setup import free_cached_buffers, prepare_tinygrad, use_tinygrad_from_this_thread
 from webapp.engine.model.tuning_stamp import beam_for, tuning_key
 from webapp.engine.serving.engine import Engine
 from webapp.engine.serving.kv_cache import RingRows
 from webapp.engine.serving.loaded_model import LoadedModel
+from webapp.engine.serving.model_set import ModelSet
 from webapp.engine.serving.settings import engine_settings
 
 log = logging.getLogger(__name__)
@@ -103,13 +105,32 @@ def load_gguf_model(
     )
 
 
-def build_engine(config) -> Engine:
-    """The engine described by the app's LLM_* settings (not started)."""
+def build_engine(config) -> Engine | ModelSet:
+    """The engine described by the app's LLM_* settings (not started): with LLM_MODELS_DIR, the
+    `ModelSet` of the folder's models (LLM_MODEL's among them, loaded at start; the draft model
+    goes with LLM_MODEL's model only, the one it was chosen for)."""
     s = engine_settings(config)
+    if s["models_dir"] is None:
+        return _engine(s, s["path"], s["draft"])
+
+    def make_engine(path: str) -> Engine:
+        return _engine(s, path, s["draft"] if path == s["path"] else None, own_thread=True)
+
+    return ModelSet(s["models_dir"], make_engine, s["memory_budget"], first=s["path"])
+
+
+def _engine(s: dict, path: str, draft: str | None, own_thread: bool = False) -> Engine:
+    def load() -> LoadedModel:
+        if own_thread:  # one of several model threads: tinygrad's kernel cache connection is this one's now
+            prepare_tinygrad()
+            use_tinygrad_from_this_thread()
+            free_cached_buffers()  # an unloaded model's, before this one allocates its own
+        return load_gguf_model(
+            path, s["slots"], s["context"], s["prefill_chunk"], s["beam"], s["cpu_kernels"], s["pooling"], draft, s["kv_type"]
+        )
+
     return Engine(
-        lambda: load_gguf_model(
-            s["path"], s["slots"], s["context"], s["prefill_chunk"], s["beam"], s["cpu_kernels"], s["pooling"], s["draft"], s["kv_type"]
-        ),
+        load,
         slots=s["slots"],
         queue_limit=s["queue_limit"],
         prefill_chunk=s["prefill_chunk"],

