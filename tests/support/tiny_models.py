@@ -282,6 +282,7 @@ class Reference:
     rounded as a KV cache of `kv_type` ("f16" or "q8_0") holds them."""
 
     kv_type = "f16"  # subclasses that read the file their own way keep the float16 cache
+    window, global_every = 0, 6  # sliding-window layers (gemma3, gpt-oss): none unless the file says
 
     def __init__(self, path: str, kv_type: str = "f16"):
         self.kv_type = kv_type
