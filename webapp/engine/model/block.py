@@ -136,6 +136,9 @@ class TransformerBlock:
                 window=self.window,
                 **self._kernel_form(),
             )
+        # views into the file's memory map: kept, they would keep every page of it read at load resident
+        # (a gpt-oss file's resident memory after warm-up was twice its size)
+        self._bias_values = {}
 
     @property
     def _attention_in_blocks(self) -> bool:
