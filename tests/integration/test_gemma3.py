@@ -7,7 +7,15 @@ import numpy as np
 import openai
 import pytest
 from support import tiny_engine_server
-from support.tiny_models import Reference, assert_tinygrad_path_matches, load_steps, write_tiny_gguf
+from support.tiny_models import (
+    Reference,
+    assert_chunked_prefill_matches,
+    assert_tinygrad_path_matches,
+    load_steps,
+    logits_without_windows,
+    off_by,
+    write_tiny_gguf,
+)
 
 from webapp.engine.kernels.abi import AttendFlag
 from webapp.engine.model.steps import KernelJitSteps, OneCallSteps
@@ -35,10 +43,6 @@ def gemma(tmp_path_factory):
     return path, Reference(path)
 
 
-def _off(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.abs(got - want).max() / np.abs(want).max())
-
-
 def test_in_one_call_the_model_matches_the_reference_and_the_window_matters(gemma):
     path, ref = gemma
     steps = load_steps(path, slots=2, context=1024)
@@ -49,22 +53,14 @@ def test_in_one_call_the_model_matches_the_reference_and_the_window_matters(gemm
     # the local layers' caches are rings of whole key chunks; the global layer's holds the context
     assert [b.positions for b in blocks] == [256] * 5 + [1024 + 64, 256]  # 64: load_model's largest chunk
     got = steps.score(PROMPT, slot=0, start=0)
-    assert _off(got, ref.logits(PROMPT)) < 0.03
-    ref.window = 0  # the same file read with every layer global: another model, far off
-    try:
-        assert _off(got, ref.logits(PROMPT)) > 0.2
-    finally:
-        ref.window = WINDOW
+    assert off_by(got, ref.logits(PROMPT)) < 0.03
+    assert off_by(got, logits_without_windows(path, PROMPT)) > 0.2  # every layer global: another model
 
 
 def test_a_long_prompt_in_chunks_wraps_the_rings_and_still_matches(gemma):
     """600 positions through 256-position rings, 16 at a time: each chunk's last logits as the reference's."""
     path, ref = gemma
-    want = ref.logits(LONG)
-    steps = load_steps(path, slots=2, context=1024)
-    for start in range(0, len(LONG), 16):
-        chunk = LONG[start : start + 16]
-        assert _off(steps.prefill(chunk, slot=1, start=start), want[start + len(chunk) - 1]) < 0.03
+    assert_chunked_prefill_matches(load_steps(path, slots=2, context=1024), ref.logits(LONG), LONG, 16, 0.03)
 
 
 def test_tinygrad_masks_the_window_of_a_whole_context(gemma):
@@ -78,7 +74,7 @@ def test_five_kernels_around_a_float_product_match_the_reference(tmp_path, float
     path = _file(tmp_path, matrix_type="Q8_0", float_matrices=(float_matrix,))
     steps = load_steps(path, slots=2, context=512)
     assert isinstance(steps, KernelJitSteps)
-    assert _off(steps.prefill(PROMPT, slot=0, start=0), Reference(path).logits(PROMPT)[-1]) < 0.03
+    assert off_by(steps.prefill(PROMPT, slot=0, start=0), Reference(path).logits(PROMPT)[-1]) < 0.03
 
 
 def test_a_lane_is_the_same_alone_among_others_and_after_a_copied_prefix(gemma):

@@ -7,7 +7,15 @@ import numpy as np
 import openai
 import pytest
 from support import tiny_engine_server
-from support.tiny_models import Reference, assert_tinygrad_path_matches, load_steps, write_tiny_gguf
+from support.tiny_models import (
+    Reference,
+    assert_chunked_prefill_matches,
+    assert_tinygrad_path_matches,
+    load_steps,
+    logits_without_windows,
+    off_by,
+    write_tiny_gguf,
+)
 
 from webapp.engine.kernels.abi import AttendFlag, LayerForm
 from webapp.engine.model.steps import KernelJitSteps, OneCallSteps
@@ -38,10 +46,6 @@ def gpt_oss(tmp_path_factory):
     return path, Reference(path)
 
 
-def _off(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.abs(got - want).max() / np.abs(want).max())
-
-
 def test_in_one_call_the_model_matches_the_reference_and_sinks_and_window_matter(gpt_oss):
     path, ref = gpt_oss
     steps = load_steps(path, slots=2, context=1024)
@@ -51,25 +55,17 @@ def test_in_one_call_the_model_matches_the_reference_and_sinks_and_window_matter
     assert all(b.attend_flags & AttendFlag.SINKS for b in blocks)
     assert all(b.layer_tensors.form == LayerForm.BIASES | LayerForm.SWIGLU_CLAMPED for b in blocks)
     got = steps.score(PROMPT, slot=0, start=0)
-    assert _off(got, ref.logits(PROMPT)) < 1e-4
+    assert off_by(got, ref.logits(PROMPT)) < 1e-4
     without_sinks = Reference(path)
     for i in range(4):
         del without_sinks.w[f"blk.{i}.attn_sinks.weight"]
-    assert _off(got, without_sinks.logits(PROMPT)) > 0.1
-    ref.window = 0
-    try:
-        assert _off(got, ref.logits(PROMPT)) > 0.1
-    finally:
-        ref.window = WINDOW
+    assert off_by(got, without_sinks.logits(PROMPT)) > 0.1
+    assert off_by(got, logits_without_windows(path, PROMPT)) > 0.1  # every layer global: another model
 
 
 def test_a_long_prompt_in_chunks_wraps_the_rings_and_still_matches(gpt_oss):
     path, ref = gpt_oss
-    want = ref.logits(LONG)
-    steps = load_steps(path, slots=2, context=1024)
-    for start in range(0, len(LONG), 32):
-        chunk = LONG[start : start + 32]
-        assert _off(steps.prefill(chunk, slot=1, start=start), want[start + len(chunk) - 1]) < 1e-4
+    assert_chunked_prefill_matches(load_steps(path, slots=2, context=1024), ref.logits(LONG), LONG, 32, 1e-4)
 
 
 def test_tinygrad_runs_sinks_biases_and_the_clamped_experts(gpt_oss):
@@ -82,7 +78,7 @@ def test_five_kernels_around_a_product_without_one_match_the_reference(tmp_path)
     path = _file(tmp_path, float_matrices=("attn_output.weight",))
     steps = load_steps(path, slots=2, context=512)
     assert isinstance(steps, KernelJitSteps)
-    assert _off(steps.prefill(PROMPT, slot=0, start=0), Reference(path).logits(PROMPT)[-1]) < 0.02
+    assert off_by(steps.prefill(PROMPT, slot=0, start=0), Reference(path).logits(PROMPT)[-1]) < 0.02
 
 
 def test_experts_in_mxfp4_as_the_downloads_store_them_match_the_reference(tmp_path):

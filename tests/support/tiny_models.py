@@ -277,6 +277,27 @@ def assert_tinygrad_path_matches(path: str, expected: np.ndarray, prompt: list[i
     np.testing.assert_allclose(steps.decode([token], slots=[0], positions=[len(prompt)])[0], expected[-1], atol=atol)
 
 
+def off_by(got: np.ndarray, want: np.ndarray) -> float:
+    """How far `got` is from the reference's `want`: the largest difference over the largest reference value."""
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def logits_without_windows(path: str, tokens: list[int]) -> np.ndarray:
+    """The reference's logits with every layer of a sliding-window file read as global: another model."""
+    reference = Reference(path)
+    reference.window = 0
+    return reference.logits(tokens)
+
+
+def assert_chunked_prefill_matches(steps, want: np.ndarray, prompt: list[int], chunk: int, tolerance: float) -> None:
+    """`prompt` prefilled into slot 1 `chunk` tokens at a time: each chunk's last logits within
+    `tolerance` of the largest reference logit of `want` (the reference's logits for `prompt`)."""
+    for start in range(0, len(prompt), chunk):
+        piece = prompt[start : start + chunk]
+        got = steps.prefill(piece, slot=1, start=start)
+        assert np.abs(got - want[start + len(piece) - 1]).max() < tolerance * np.abs(want).max(), start
+
+
 class Reference:
     """Float64 forward pass over a whole token sequence, straight from the GGUF file; keys and values
     rounded as a KV cache of `kv_type` ("f16" or "q8_0") holds them."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import re
 
-from webapp.openai.output_text import OutputParser, Piece, opens_reasoning, partial_tail, tool_call
+from webapp.openai.output_text import OutputParser, Piece, StreamedText, opens_reasoning, partial_tail, tool_call
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"
@@ -65,7 +65,7 @@ def template_messages(template_source: str | None, messages: list[dict]) -> list
     ]
 
 
-class HarmonyParser:
+class HarmonyParser(StreamedText):
     """Splits streamed Harmony text into content, reasoning and tool calls (see the module docstring)."""
 
     def __init__(self, tools: list[dict] | None = None) -> None:
@@ -77,13 +77,6 @@ class HarmonyParser:
         self._function = ""
         self._call_body = ""
         self.tool_calls: list[dict] = []
-
-    def feed(self, text: str) -> list[Piece]:
-        self._buf += text
-        out: list[Piece] = []
-        while self._step(out):
-            pass
-        return out
 
     def finish(self) -> list[Piece]:
         out: list[Piece] = []

@@ -76,7 +76,24 @@ def opens_reasoning(prompt_text: str) -> bool:
     return prompt_text.rstrip().endswith(THINK_OPEN)
 
 
-class OutputParser:
+class StreamedText:
+    """What the output parsers share: streamed text is buffered, and `_step(out)` (the parser's own)
+    turns as much of it as it can into pieces, True while it could go on."""
+
+    _buf: str
+
+    def feed(self, text: str) -> list[Piece]:
+        self._buf += text
+        out: list[Piece] = []
+        while self._step(out):
+            pass
+        return out
+
+    def _step(self, out: list[Piece]) -> bool:
+        raise NotImplementedError
+
+
+class OutputParser(StreamedText):
     """Splits streamed model text into content, reasoning and tool calls.
 
     `feed(text)` and, at the end, `finish()` return lists of `Piece`s. Text that could be the start
@@ -95,13 +112,6 @@ class OutputParser:
         # Leading whitespace of the reply, and after </think> or a tool call, is layout.
         self._strip_content = True
         self.tool_calls: list[dict] = []
-
-    def feed(self, text: str) -> list[Piece]:
-        self._buf += text
-        out: list[Piece] = []
-        while self._step(out):
-            pass
-        return out
 
     def finish(self) -> list[Piece]:
         out: list[Piece] = []
