@@ -6,7 +6,7 @@ Usage: DEV=CPU .venv/bin/python bench/window_memory.py MODEL.gguf [--context 819
 
 MODEL is a sliding-window file (gemma3; bench/shaped_model.py gemma3-1b writes one in Gemma 3 1B's
 shapes). It is loaded twice in one process with one slot of --context positions: as the server
-loads it (each local layer's cache a ring, kv_types.ring_positions) and with every ring as long
+loads it (each local layer's cache a ring, kv_types.cache_positions) and with every ring as long
 as the context (a full-attention cache; the window still masks, so both compute the same numbers).
 For each: the cache tensors' bytes a slot (every layer's key and value rows, the scratch slot
 apart), the resident memory the process gains while --prompt tokens are prefilled into the slot
@@ -42,13 +42,13 @@ def measure(path: str, context: int, prompt: list[int], steps: int, rings: bool)
     from webapp.engine.model.steps import steps_for
     from webapp.engine.model.transformer import load_model
 
-    ring_positions = block_module.ring_positions
-    if not rings:  # every ring as long as the context: a full-attention cache
-        block_module.ring_positions = lambda window, step_writes: 1 << 30
+    cache_positions = block_module.cache_positions
+    if not rings:  # every layer's cache as long as the context: a full-attention cache
+        block_module.cache_positions = lambda window, context, step_writes: context
     try:
         model, _ = load_model(path, slots=1, context=context, max_chunk=CHUNK)
     finally:
-        block_module.ring_positions = ring_positions
+        block_module.cache_positions = cache_positions
     run = steps_for(model, CHUNK)
     cache = sum(b.cache.nbytes() // (model.slots + 1) for b in model.blocks)
     before = resident_bytes()

@@ -21,7 +21,7 @@ from webapp.engine.kernels.abi import MAX_HEAD_DIM, AttendFlag
 from webapp.engine.kernels.layer_tables import LayerMatrices, LayerTensors
 from webapp.engine.model.config import ModelConfig, ModelLoadError
 from webapp.engine.model.device_buffers import device_array
-from webapp.engine.model.kv_types import KvRows, ring_positions
+from webapp.engine.model.kv_types import KvRows, cache_positions
 from webapp.engine.model.ops import rms_norm, rope
 from webapp.engine.model.weights import BlockLinear, WeightSource
 
@@ -110,8 +110,8 @@ class TransformerBlock:
         # (k|v, slot, kv_head, position, a row of head_dim values); the extra last slot is scratch for padding lanes.
         self.kv_type = kv_type
         # a ring where it is smaller than the context; tinygrad's path masks a whole context instead
-        self.ring = bool(self.window) and self.kernels is not None and ring_positions(self.window, step_writes) < context
-        self.positions = ring_positions(self.window, step_writes) if self.ring else context
+        self.positions = cache_positions(self.window, context, step_writes if self.kernels is not None else None)
+        self.ring = self.positions < context
         shape = (2, slots + 1, config.n_kv_heads, self.positions, kv_type.row_width(config.head_dim))
         if Device.DEFAULT == "CPU":
             # the CPU allocator maps fresh zero pages: no kernel writes 0.9 GB of zeros at load, and memory

@@ -7,7 +7,7 @@ planning counts. On tinygrad's path `store(x)` turns float keys or values (..., 
 and `load(rows)` reads them back as float32 (..., head_dim); the CPU kernels write and read the same
 rows themselves (c/attention.c, c/attention_q8.c), told which by `abi` (tq_attention.kv_type), and
 `cache_layout(cache)` recovers what they need from a cache tensor. `ring_positions(window,
-step_writes)` sizes a sliding-window layer's ring.
+step_writes)` sizes a sliding-window layer's ring, `cache_positions` says whether a layer has one.
 
 Q8_0 rows: head_dim / 32 blocks of a float16 scale d and 32 int8 q (value d * q; d = max |x| / 127,
 q = x / d rounded to nearest even), 34 bytes per 32 values against float16's 64: the same cache
@@ -100,6 +100,14 @@ def ring_positions(window: int, step_writes: int) -> int:
     """A sliding-window layer's cache positions on the CPU kernels: its window, a step's writes to a
     slot and RING_KEEP, in whole chunks of attention's keys (a chunk's rows never wrap)."""
     return -(-(window + max(step_writes, STEP_WRITES_AT_LEAST) + RING_KEEP) // KEY_CHUNK) * KEY_CHUNK
+
+
+def cache_positions(window: int, context: int, step_writes: int | None) -> int:
+    """A layer's cache positions a slot: the context, or a sliding-window layer's ring where the CPU
+    kernels keep one (`step_writes` given) and it is fewer. The blocks and the memory plan both ask here."""
+    if not window or step_writes is None:
+        return context
+    return min(context, ring_positions(window, step_writes))
 
 
 def cache_layout(cache: Tensor) -> tuple[int, int, int, int, KvType]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from webapp.engine.model.config import ModelConfig, ModelLoadError, used_tensors
-from webapp.engine.model.kv_types import KV_TYPES, KvRows, ring_positions
+from webapp.engine.model.kv_types import KV_TYPES, KvRows, cache_positions, ring_positions
 
 GIB = 1 << 30
 # "auto" context: the slots' caches may take this share of the memory the weights leave free...
@@ -66,28 +66,28 @@ def kv_bytes_per_position(config: ModelConfig, kv_type: KvRows = KV_TYPES["f16"]
     """Every layer's key and value rows of one position, or with `rings` the layers' whose rows grow
     with the context (a ring's are a slot's whatever its length)."""
     layers = sum(1 for i in range(config.n_layers) if not (rings and config.window(i)))
-    return layers * 2 * config.n_kv_heads * kv_type.row_bytes(config.head_dim)
+    return layers * _row_pair_bytes(config, kv_type)
+
+
+def _row_pair_bytes(config: ModelConfig, kv_type: KvRows) -> int:
+    """One layer's key and value rows of one position, every kv head."""
+    return 2 * config.n_kv_heads * kv_type.row_bytes(config.head_dim)
 
 
 def layer_positions(config: ModelConfig, positions: int, step_writes: int | None = None) -> list[int]:
-    """Each layer's cache positions a slot: `positions`, or a sliding-window layer's ring on the CPU
-    kernels (`step_writes` given) where that is fewer (block.py makes the same choice)."""
-    if not config.sliding_window or step_writes is None:
-        return [positions] * config.n_layers
-    ring = min(ring_positions(config.sliding_window, step_writes), positions)
-    return [ring if config.window(i) else positions for i in range(config.n_layers)]
+    """Each layer's cache positions a slot (kv_types.cache_positions: `positions`, or a ring)."""
+    return [cache_positions(config.window(i), positions, step_writes) for i in range(config.n_layers)]
 
 
 def ring_bytes(config: ModelConfig, kv_type: KvRows, step_writes: int) -> int:
-    """A slot's sliding-window layers' rings (none: 0)."""
-    rings = sum(1 for i in range(config.n_layers) if config.window(i))
-    ring = ring_positions(config.sliding_window, step_writes) if rings else 0
-    return rings * ring * 2 * config.n_kv_heads * kv_type.row_bytes(config.head_dim)
+    """A slot's sliding-window layers' rings, whatever the context (none: 0)."""
+    rings = sum(ring_positions(config.window(i), step_writes) for i in range(config.n_layers) if config.window(i))
+    return rings * _row_pair_bytes(config, kv_type)
 
 
 def slot_bytes(config: ModelConfig, positions: int, kv_type: KvRows, step_writes: int | None = None) -> int:
     """A slot's whole cache, every layer's rows (`layer_positions`)."""
-    return sum(layer_positions(config, positions, step_writes)) * 2 * config.n_kv_heads * kv_type.row_bytes(config.head_dim)
+    return sum(layer_positions(config, positions, step_writes)) * _row_pair_bytes(config, kv_type)
 
 
 def weight_bytes(config: ModelConfig, table: dict, kept_types: set[int]) -> int:

@@ -20,7 +20,7 @@ float32 on CPU, which has no float16 arithmetic.
 
 Sliding-window layers (gemma3's five of six) attend their last `window` positions, rotated by the
 local layers' own RoPE frequencies (`inv_freq_local`) where the file has them; on the CPU kernels
-their caches are rings (block.ring_positions), and `ring_rows` says which cached prefixes a ring still
+their caches are rings (kv_types.cache_positions), and `ring_rows` says which cached prefixes a ring still
 serves (the engine's kv_cache.RingRows). tinygrad's path masks a whole context instead.
 """
 
