@@ -9,6 +9,7 @@ import pytest
 from support import tiny_engine_server
 from support.tiny_models import (
     Reference,
+    assert_a_lane_does_not_depend_on_the_others,
     assert_chunked_prefill_matches,
     assert_tinygrad_path_matches,
     load_steps,
@@ -96,13 +97,7 @@ def test_experts_in_mxfp4_as_the_downloads_store_them_match_the_reference(tmp_pa
 @pytest.mark.parametrize("matrix_type", ["Q8_0", "MXFP4_MOE"])
 def test_a_lane_is_the_same_alone_and_among_others_in_blocks(tmp_path, matrix_type):
     """Bit for bit: a sequence decoded alone and among three others (other experts, other positions)."""
-    steps = load_steps(_file(tmp_path, matrix_type), slots=4, context=512)
-    for slot in range(4):
-        steps.prefill(PROMPT[: 8 + slot], slot=slot, start=0)
-    alone = steps.decode([42], slots=[0], positions=[8])[0]
-    together = steps.decode([42, 7, 8, 9], slots=[0, 1, 2, 3], positions=[8, 9, 10, 11])
-    np.testing.assert_array_equal(together[0], alone)
-    np.testing.assert_array_equal(steps.prefill(PROMPT[:8] + [42], slot=0, start=0), alone)
+    assert_a_lane_does_not_depend_on_the_others(load_steps(_file(tmp_path, matrix_type), slots=4, context=512), PROMPT, 4)
 
 
 def test_the_server_answers_the_openai_client(tmp_path):

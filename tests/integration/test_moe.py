@@ -9,7 +9,7 @@ import openai
 import pytest
 import requests
 from support import tiny_engine_server
-from support.tiny_models import Reference, load_steps, write_tiny_gguf
+from support.tiny_models import Reference, assert_a_lane_does_not_depend_on_the_others, load_steps, write_tiny_gguf
 
 from webapp.engine.model.config import ModelConfig, ModelLoadError, check_tensors
 from webapp.engine.model.gguf import read_gguf
@@ -83,15 +83,7 @@ def test_on_tinygrad_every_expert_runs_under_the_routers_mask(tmp_path):
 
 def test_a_tokens_experts_and_numbers_do_not_depend_on_the_other_lanes(tmp_path):
     """Bit for bit: a sequence decoded alone, and among seven others that share its experts or not."""
-    steps = load_steps(_file(tmp_path, "Q4_K_M", K_EXPERTS), slots=8, context=64)
-    prompts = [PROMPT[: 3 + i] for i in range(8)]
-    for slot, prompt in enumerate(prompts):
-        steps.prefill(prompt, slot=slot, start=0)
-    alone = steps.decode([42], slots=[0], positions=[len(prompts[0])])[0]
-    together = steps.decode([42] + list(range(100, 107)), slots=list(range(8)), positions=[len(p) for p in prompts])
-    np.testing.assert_array_equal(together[0], alone)
-    chunk = steps.prefill(prompts[0] + [42], slot=0, start=0)
-    np.testing.assert_array_equal(chunk, alone)  # a prompt's last token as its decode step computed it
+    assert_a_lane_does_not_depend_on_the_others(load_steps(_file(tmp_path, "Q4_K_M", K_EXPERTS), slots=8, context=64), PROMPT, 8)
 
 
 def _with_uint32(path: str, key: str, value: int) -> str:

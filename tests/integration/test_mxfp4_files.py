@@ -9,7 +9,13 @@ import logging
 import gguf
 import numpy as np
 import pytest
-from support.tiny_models import Reference, assert_tinygrad_path_matches, load_steps, write_tiny_gguf
+from support.tiny_models import (
+    Reference,
+    assert_a_lane_does_not_depend_on_the_others,
+    assert_tinygrad_path_matches,
+    load_steps,
+    write_tiny_gguf,
+)
 from test_kernels import dequantize, quantize_activations, random_blocks
 from tinygrad import Tensor
 from tinygrad.llm.gguf import ggml_data_to_tensor
@@ -101,10 +107,4 @@ def test_the_same_file_on_tinygrads_path_follows_the_reference(moe_file):
 
 def test_a_tokens_numbers_through_mxfp4_experts_do_not_depend_on_the_other_lanes(moe_file):
     """Bit for bit: a sequence decoded alone, and among seven others that share its experts or not."""
-    steps = load_steps(moe_file, slots=8, context=64)
-    prompts = [PROMPT[: 3 + i] for i in range(8)]
-    for slot, prompt in enumerate(prompts):
-        steps.prefill(prompt, slot=slot, start=0)
-    alone = steps.decode([42], slots=[0], positions=[len(prompts[0])])[0]
-    together = steps.decode([42] + list(range(100, 107)), slots=list(range(8)), positions=[len(p) for p in prompts])
-    np.testing.assert_array_equal(together[0], alone)
+    assert_a_lane_does_not_depend_on_the_others(load_steps(moe_file, slots=8, context=64), PROMPT, 8)

@@ -277,6 +277,19 @@ def assert_tinygrad_path_matches(path: str, expected: np.ndarray, prompt: list[i
     np.testing.assert_allclose(steps.decode([token], slots=[0], positions=[len(prompt)])[0], expected[-1], atol=atol)
 
 
+def assert_a_lane_does_not_depend_on_the_others(steps, prompt: list[int], lanes: int) -> None:
+    """Bit for bit: prompt[:3] + [42] decoded alone, among `lanes - 1` other sequences (prompt[:3 + i],
+    in slots 1..), and as the last token of a prefilled chunk (prefill == decode). A mixture of
+    experts' lanes share some experts and not others."""
+    prompts = [prompt[: 3 + i] for i in range(lanes)]
+    for slot, sequence in enumerate(prompts):
+        steps.prefill(sequence, slot=slot, start=0)
+    alone = steps.decode([42], slots=[0], positions=[len(prompts[0])])[0]
+    together = steps.decode([42] + list(range(100, 99 + lanes)), slots=list(range(lanes)), positions=[len(p) for p in prompts])
+    np.testing.assert_array_equal(together[0], alone)
+    np.testing.assert_array_equal(steps.prefill(prompts[0] + [42], slot=0, start=0), alone)
+
+
 def off_by(got: np.ndarray, want: np.ndarray) -> float:
     """How far `got` is from the reference's `want`: the largest difference over the largest reference value."""
     return float(np.abs(got - want).max() / np.abs(want).max())
