@@ -145,6 +145,15 @@ def quantize_activations(x: np.ndarray) -> np.ndarray:
     return (q * d).reshape(x.shape).astype(np.float64)
 
 
+def assert_rows_are_their_blocks_product(
+    got: np.ndarray, x: np.ndarray, raw: np.ndarray, ggml_type: int, picked: np.ndarray, cols: int
+) -> None:
+    """A product's rows `picked` of `got` (tokens, rows) are the float64 product of those rows'
+    blocks in `raw` with x's int8-rounded activations, within the kernels' float32 rounding."""
+    w = dequantize(ggml_type, raw[picked], cols)
+    np.testing.assert_allclose(got[:, picked], quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
+
+
 def _ptr(a: np.ndarray):
     return a.ctypes.data_as(ctypes.c_void_p)
 
@@ -450,8 +459,7 @@ def test_low_bit_matrices_at_real_shapes_multiply_every_row_right(ggml_type, row
     x = rng.standard_normal((3, cols)).astype(np.float32)
     got = kernels.linear(Tensor(x), weight).numpy()
     picked = np.unique(np.concatenate([rng.choice(rows, 60, replace=False), np.arange(rows - 4, rows)]))
-    w = dequantize(ggml_type, raw[picked], cols)
-    np.testing.assert_allclose(got[:, picked], quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
+    assert_rows_are_their_blocks_product(got, x, raw, ggml_type, picked, cols)
 
 
 @pytest.mark.parametrize(
@@ -473,11 +481,9 @@ def test_q5_and_iq4_nl_matrices_at_real_shapes_multiply_whole(ggml_type, rows, c
     kernels, rng, raw, weight = stored_random_matrix(ggml_type, rows, cols)
     picked = np.sort(rng.choice(rows, 64, replace=False))
     picked[-1] = rows - 1
-    w = dequantize(ggml_type, raw[picked], cols)
     for tokens in (1, 5):
         x = rng.standard_normal((tokens, cols)).astype(np.float32)
-        got = kernels.linear(Tensor(x), weight).numpy()
-        np.testing.assert_allclose(got[:, picked], quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
+        assert_rows_are_their_blocks_product(kernels.linear(Tensor(x), weight).numpy(), x, raw, ggml_type, picked, cols)
 
 
 def test_a_matrix_whose_bytes_do_not_fit_its_shape_is_refused_before_the_kernels_see_it():

@@ -16,7 +16,7 @@ from support.tiny_models import (
     load_steps,
     write_tiny_gguf,
 )
-from test_kernels import dequantize, quantize_activations, random_blocks
+from test_kernels import assert_rows_are_their_blocks_product, dequantize, random_blocks
 from tinygrad import Tensor
 from tinygrad.llm.gguf import ggml_data_to_tensor
 
@@ -51,11 +51,9 @@ def test_a_matrix_at_gpt_oss_widths_multiplies_every_row_right(rows, cols):
     weight = kernels.block_weight(raw, MXFP4, cols)
     assert weight.ggml_type == MXFP4 + (INTERLEAVED if rows % 8 == 0 and kernels.simd else 0)
     picked = np.unique(np.concatenate([rng.choice(rows, 60, replace=False), [rows - 1]]))
-    w = dequantize(MXFP4, raw[picked], cols)
     for tokens in (1, 5):
         x = rng.standard_normal((tokens, cols)).astype(np.float32)
-        got = kernels.linear(Tensor(x), weight).numpy()
-        np.testing.assert_allclose(got[:, picked], quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
+        assert_rows_are_their_blocks_product(kernels.linear(Tensor(x), weight).numpy(), x, raw, MXFP4, picked, cols)
 
 
 def test_an_expert_tensor_is_stored_expert_by_expert_and_each_multiplies_as_its_blocks():
@@ -69,9 +67,7 @@ def test_an_expert_tensor_is_stored_expert_by_expert_and_each_multiplies_as_its_
     x = rng.standard_normal((2, cols)).astype(np.float32)
     got = kernels.linear(Tensor(x), weight).numpy()
     for e in range(experts):
-        picked = e * rows + np.array([0, 7, 8, 1001, rows - 1])
-        w = dequantize(MXFP4, raw[picked], cols)
-        np.testing.assert_allclose(got[:, picked], quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
+        assert_rows_are_their_blocks_product(got, x, raw, MXFP4, e * rows + np.array([0, 7, 8, 1001, rows - 1]), cols)
 
 
 def test_tinygrads_dequantization_matches_the_reference():
