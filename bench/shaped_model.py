@@ -1,6 +1,7 @@
 """Random-weight GGUFs with real models' shapes, for the benches: speed depends on shapes, not numbers.
 
 Usage: .venv/bin/python bench/shaped_model.py SHAPE OUT.gguf [--type Q4_K_M] [--llama-quantize PATH] [--layers N]
+       .venv/bin/python bench/shaped_model.py SHAPE OUT.gguf --direct Q4_K_M [--layers N]
        .venv/bin/python bench/shaped_model.py --list
 
 Writes OUT as float16 matrices (float32 norms) with SHAPE's widths, depth, heads, QK-norm and tied
@@ -11,7 +12,10 @@ float16 file is removed. Random weights give flat logits, so the final norm is s
 greedy choices decided rather than coin flips. With --predictable, the embedding is large and the
 head (untied) sends each token to a fixed successor, the same map for every shape: any two such files
 agree on every greedy token, which makes a draft/target pair whose drafts are all confirmed (the
-upper bound in bench/speculative.py).
+upper bound in bench/speculative.py). With --direct Q4_K_M (or Q5_K_M), no float16 file is written:
+each matrix goes to OUT in the type llama-quantize's mix gives it, its rows drawn from a pool of
+random quantized rows (bench/block_files.py), for shapes whose float16 file would not fit on disk
+(a 48-layer Qwen3-30B-A3B: ~60 GB as float16, ~17 GB as Q4_K_M).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 from support.tiny_models import add_smollm_tokenizer, smollm_tokenizer_fields  # noqa: E402
+
+from bench.block_files import Random, write_blocks  # noqa: E402
 
 # (arch, layers, dim, FFN, heads, KV heads, head dim, tied, rope theta): the published configs
 SHAPES = {
@@ -54,6 +60,8 @@ SLIDING_WINDOW = {"gemma3-1b": 512, "gpt-oss-20b": 128}
 # YaRN: (factor, original context), as gpt-oss's files carry it
 YARN = {"gpt-oss-20b": (32.0, 4096)}
 FINAL_NORM_SCALE = 6.0
+# llama_ftype of the mixes --direct writes
+DIRECT_FILE_TYPES = {"Q4_K_M": 15, "Q5_K_M": 17}
 EMBEDDING_STD = 0.02
 # --predictable: an embedding ~10x larger than 28 random layers add to the residual, so the head sees
 # mostly the token's own row; the successor map's seed is shared by every shape
@@ -69,8 +77,14 @@ def llama3_rope_factors(head_dim: int, theta: float, factor=32.0, low=1.0, high=
     return (1.0 / ((1 - smooth) / factor + smooth)).astype(np.float32)
 
 
-def write_shaped(shape: str, path: str, layers: int | None = None, seed: int = 0, predictable: bool = False) -> str:
+def write_shaped(
+    shape: str, path: str, layers: int | None = None, seed: int = 0, predictable: bool = False, direct: str | None = None
+) -> str:
+    """Write SHAPE's random model to `path`: float16 matrices, or with `direct` (Q4_K_M, Q5_K_M) each matrix
+    straight in its type of that mix (bench/block_files.py)."""
     arch, n_layers, dim, ffn, heads, kv_heads, head_dim, tied, theta = SHAPES[shape]
+    if direct and (predictable or arch == "phi3"):
+        raise SystemExit("--direct writes unfused matrices of random rows: not with --predictable or phi3's fused ones")
     n_layers = layers or n_layers
     rng = np.random.default_rng(seed)
     tok = smollm_tokenizer_fields()
@@ -102,12 +116,26 @@ def write_shaped(shape: str, path: str, layers: int | None = None, seed: int = 0
         w.add_expert_count(count)
         w.add_expert_used_count(used)
         w.add_expert_feed_forward_length(expert_ffn)
-    w.add_file_type(1)  # mostly F16
+    w.add_file_type(DIRECT_FILE_TYPES[direct] if direct else 1)  # llama_ftype: mostly F16, or the mix
     add_smollm_tokenizer(w)
     w.add_chat_template(tok["tokenizer.chat_template"])
 
     def matrix(rows: int, cols: int, scale: float | None = None) -> np.ndarray:
         return (rng.standard_normal((rows, cols), dtype=np.float32) * (scale or cols**-0.5)).astype(np.float16)
+
+    def weight(rows: int, cols: int, scale: float | None = None, count: int = 0):
+        """A matrix (`count` of them stacked, for experts) to quantize: made now, or with `direct` when written."""
+        if direct:
+            return Random((count, rows, cols) if count else (rows, cols), scale or cols**-0.5)
+        return np.stack([matrix(rows, cols, scale) for _ in range(count)]) if count else matrix(rows, cols, scale)
+
+    tensors: list[tuple[str, object]] = []
+
+    def add(name: str, value) -> None:
+        if direct:
+            tensors.append((name, value))
+        else:
+            w.add_tensor(name, value)
 
     def bias(n: int) -> np.ndarray:
         return (0.1 * rng.standard_normal(n)).astype(np.float32)
@@ -119,39 +147,39 @@ def write_shaped(shape: str, path: str, layers: int | None = None, seed: int = 0
     # head, makes every greedy choice an echo of the last token
     # (Gemma scales its embedding by sqrt(dim) as it reads it: stored that much smaller, it is as small)
     embedding_std = EMBEDDING_STD / (np.sqrt(dim) if arch == "gemma3" else 1.0)
-    embedding = matrix(vocab, dim, scale=PREDICTABLE_STD if predictable else embedding_std)
-    w.add_tensor("token_embd.weight", embedding)
+    embedding = weight(vocab, dim, scale=PREDICTABLE_STD if predictable else embedding_std)
+    add("token_embd.weight", embedding)
     if predictable:  # head row successor[t] is token t's embedding: the greedy token after t is successor[t]
         head = np.empty_like(embedding)
         head[np.random.default_rng(SUCCESSOR_SEED).permutation(vocab)] = embedding
-        w.add_tensor("output.weight", head)
-    w.add_tensor("output_norm.weight", norm(dim, FINAL_NORM_SCALE))
+        add("output.weight", head)
+    add("output_norm.weight", norm(dim, FINAL_NORM_SCALE))
     if shape.startswith("llama3"):
-        w.add_tensor("rope_freqs.weight", llama3_rope_factors(head_dim, theta))
+        add("rope_freqs.weight", llama3_rope_factors(head_dim, theta))
     if original:  # LongRoPE's per-frequency factors: near 1 for short contexts, up to ~32 for long ones
-        w.add_tensor("rope_factors_short.weight", np.linspace(1.0, 1.3, rotary // 2, dtype=np.float32))
-        w.add_tensor("rope_factors_long.weight", np.geomspace(1.0, 32.0, rotary // 2).astype(np.float32))
+        add("rope_factors_short.weight", np.linspace(1.0, 1.3, rotary // 2, dtype=np.float32))
+        add("rope_factors_long.weight", np.geomspace(1.0, 32.0, rotary // 2).astype(np.float32))
     if not tied and not predictable:
-        w.add_tensor("output.weight", matrix(vocab, dim))
+        add("output.weight", weight(vocab, dim))
     for i in range(n_layers):
         p = f"blk.{i}."
-        w.add_tensor(p + "attn_norm.weight", norm(dim))
-        q, k, v = matrix(heads * head_dim, dim), matrix(kv_heads * head_dim, dim), matrix(kv_heads * head_dim, dim)
+        add(p + "attn_norm.weight", norm(dim))
+        q, k, v = weight(heads * head_dim, dim), weight(kv_heads * head_dim, dim), weight(kv_heads * head_dim, dim)
         if arch == "phi3":  # q, k and v as one matrix, as Phi files store them
-            w.add_tensor(p + "attn_qkv.weight", np.concatenate([q, k, v]))
+            add(p + "attn_qkv.weight", np.concatenate([q, k, v]))
         else:
-            w.add_tensor(p + "attn_q.weight", q)
-            w.add_tensor(p + "attn_k.weight", k)
-            w.add_tensor(p + "attn_v.weight", v)
+            add(p + "attn_q.weight", q)
+            add(p + "attn_k.weight", k)
+            add(p + "attn_v.weight", v)
         if arch in ("qwen3", "qwen3moe", "gemma3"):
-            w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
-            w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
+            add(p + "attn_q_norm.weight", norm(head_dim))
+            add(p + "attn_k_norm.weight", norm(head_dim))
         if arch == "olmoe":  # over all of q and all of k
-            w.add_tensor(p + "attn_q_norm.weight", norm(heads * head_dim))
-            w.add_tensor(p + "attn_k_norm.weight", norm(kv_heads * head_dim))
-        w.add_tensor(p + "attn_output.weight", matrix(dim, heads * head_dim))
+            add(p + "attn_q_norm.weight", norm(heads * head_dim))
+            add(p + "attn_k_norm.weight", norm(kv_heads * head_dim))
+        add(p + "attn_output.weight", weight(dim, heads * head_dim))
         oss = arch == "gpt-oss"  # biases everywhere, a sink a head, its feed-forward norm named post_attention_norm
-        w.add_tensor(p + ("post_attention_norm.weight" if oss else "ffn_norm.weight"), norm(dim))
+        add(p + ("post_attention_norm.weight" if oss else "ffn_norm.weight"), norm(dim))
         if oss:
             for name, rows in (
                 ("attn_q", heads * head_dim),
@@ -159,26 +187,29 @@ def write_shaped(shape: str, path: str, layers: int | None = None, seed: int = 0
                 ("attn_v", kv_heads * head_dim),
                 ("attn_output", dim),
             ):
-                w.add_tensor(p + name + ".bias", bias(rows))
-            w.add_tensor(p + "attn_sinks.weight", rng.standard_normal(heads).astype(np.float32))
-            w.add_tensor(p + "ffn_gate_inp.bias", bias(count))
+                add(p + name + ".bias", bias(rows))
+            add(p + "attn_sinks.weight", rng.standard_normal(heads).astype(np.float32))
+            add(p + "ffn_gate_inp.bias", bias(count))
             for name, rows in (("gate", expert_ffn), ("up", expert_ffn), ("down", dim)):
-                w.add_tensor(p + f"ffn_{name}_exps.bias", np.stack([bias(rows) for _ in range(count)]))
+                add(p + f"ffn_{name}_exps.bias", np.stack([bias(rows) for _ in range(count)]))
         if arch == "gemma3":  # each sublayer's output normed before it is added
-            w.add_tensor(p + "post_attention_norm.weight", norm(dim))
-            w.add_tensor(p + "post_ffw_norm.weight", norm(dim))
+            add(p + "post_attention_norm.weight", norm(dim))
+            add(p + "post_ffw_norm.weight", norm(dim))
         if shape in EXPERTS:  # the router stays float32, as llama-quantize keeps it
-            w.add_tensor(p + "ffn_gate_inp.weight", matrix(count, dim, scale=2 * dim**-0.5).astype(np.float32))
-            w.add_tensor(p + "ffn_gate_exps.weight", np.stack([matrix(expert_ffn, dim) for _ in range(count)]))
-            w.add_tensor(p + "ffn_up_exps.weight", np.stack([matrix(expert_ffn, dim) for _ in range(count)]))
-            w.add_tensor(p + "ffn_down_exps.weight", np.stack([matrix(dim, expert_ffn) for _ in range(count)]))
+            add(p + "ffn_gate_inp.weight", matrix(count, dim, scale=2 * dim**-0.5).astype(np.float32))
+            add(p + "ffn_gate_exps.weight", weight(expert_ffn, dim, count=count))
+            add(p + "ffn_up_exps.weight", weight(expert_ffn, dim, count=count))
+            add(p + "ffn_down_exps.weight", weight(dim, expert_ffn, count=count))
             continue
         if arch == "phi3":  # gate over up as one matrix
-            w.add_tensor(p + "ffn_up.weight", np.concatenate([matrix(ffn, dim), matrix(ffn, dim)]))
+            add(p + "ffn_up.weight", np.concatenate([matrix(ffn, dim), matrix(ffn, dim)]))
         else:
-            w.add_tensor(p + "ffn_gate.weight", matrix(ffn, dim))
-            w.add_tensor(p + "ffn_up.weight", matrix(ffn, dim))
-        w.add_tensor(p + "ffn_down.weight", matrix(dim, ffn))
+            add(p + "ffn_gate.weight", weight(ffn, dim))
+            add(p + "ffn_up.weight", weight(ffn, dim))
+        add(p + "ffn_down.weight", weight(dim, ffn))
+    if direct:
+        write_blocks(w, tensors, n_layers, tied, direct, seed)
+        return path
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -194,6 +225,9 @@ def main() -> None:
     parser.add_argument("--llama-quantize", default="llama-quantize", help="path of llama.cpp's llama-quantize")
     parser.add_argument("--layers", type=int, help="fewer layers than the real model (same widths)")
     parser.add_argument("--predictable", action="store_true", help="each greedy token a fixed successor of the last (see above)")
+    parser.add_argument(
+        "--direct", choices=sorted(DIRECT_FILE_TYPES), help="write this mix block by block, with no float16 file (bench/block_files.py)"
+    )
     parser.add_argument("--list", action="store_true")
     args = parser.parse_args()
     if args.list or not (args.shape and args.out):
@@ -203,8 +237,9 @@ def main() -> None:
                 f"{name:14} {arch:8} {layers} layers, dim {dim}, FFN {ffn}, {heads}/{kv} heads of {hd}{', tied' if tied else ''}{experts}"
             )
         return
-    if not args.type:
-        write_shaped(args.shape, args.out, args.layers, predictable=args.predictable)
+    if args.direct or not args.type:
+        write_shaped(args.shape, args.out, args.layers, predictable=args.predictable, direct=args.direct)
+        print(f"{args.out}: {os.path.getsize(args.out) / 2**20:.0f} MiB")
         return
     f16 = args.out + ".f16.tmp"
     write_shaped(args.shape, f16, args.layers, predictable=args.predictable)
