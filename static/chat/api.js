@@ -1,14 +1,17 @@
 // Talking to /v1/chat/completions like any other API client.
 //
-// Contract: `openStream(body, {signal, onWait})` POSTs a streaming chat request and resolves to the
-// Response once the server accepts it. A 429 (every slot and the queue taken) or 503 (model still
-// loading) is not an error yet: `onWait(message, secondsLeft)` is told once a second while it waits
-// for the server's Retry-After, then it asks again, up to MAX_TRIES times; Stop (the signal) ends
-// the wait at once. Any other refusal throws an Error whose message a person can act on.
+// Contract: `openStream(body, {signal, onWait, worthWaiting})` POSTs a streaming chat request and
+// resolves to the Response once the server accepts it. A 429 (every slot and the queue taken) or 503
+// (model still loading) is not an error yet: `onWait(message, secondsLeft)` is told once a second
+// while it waits for the server's Retry-After, then it asks again, up to MAX_TRIES times, unless
+// `await worthWaiting()` says no first (a model set's model that failed to load answers 503 at once
+// until its file changes); Stop (the signal) ends the wait at once. Any other refusal throws an
+// Error whose message a person can act on.
 // `events(response)` yields each JSON payload of the server-sent event stream. `listModels()` is
 // /v1/models' `data`: one entry with LLM_MODEL, every model of the folder with LLM_MODELS_DIR (each
-// with its `status`: loaded, loading, unloaded or failed). A thrown Error carries the HTTP `status`
-// and the API's error `code` (model_not_found: the named model is not, or no longer, offered).
+// with its `status`: loaded, loading, unloaded or failed). A thrown Error carries the HTTP `status`,
+// the API's error `code` (model_not_found: the named model is not, or no longer, offered) and the
+// server's own words (`detail`).
 "use strict";
 
 const MAX_TRIES = 8;
@@ -61,6 +64,7 @@ export function describeError(response, error) {
   const e = new Error(message);
   e.status = response.status;
   e.code = error.code || null;
+  e.detail = detail;
   return e;
 }
 
@@ -74,7 +78,7 @@ function sleep(seconds, signal) {
   });
 }
 
-export async function openStream(body, { signal, onWait }) {
+export async function openStream(body, { signal, onWait, worthWaiting = async () => true }) {
   for (let attempt = 1; ; attempt++) {
     const response = await fetch("/v1/chat/completions", {
       method: "POST",
@@ -85,7 +89,7 @@ export async function openStream(body, { signal, onWait }) {
     if (response.ok) return response;
     const error = await errorBody(response);
     const transient = response.status === 429 || (response.status === 503 && error.code !== "cancelled");
-    if (!transient || attempt >= MAX_TRIES) throw describeError(response, error);
+    if (!transient || attempt >= MAX_TRIES || !(await worthWaiting())) throw describeError(response, error);
     const detail = error.message || response.statusText;
     for (let left = retryAfter(response); left > 0; left--) {
       onWait(waitingMessage(response.status, error, detail, left));

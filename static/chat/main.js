@@ -63,6 +63,10 @@ function showModel() {
   }
 }
 
+function failedLoad(detail) {
+  return detail.charAt(0).toUpperCase() + detail.slice(1) + ". Pick another model at the top, or fix its file and send again.";
+}
+
 function picked(id) {
   const conversation = state.conversation;
   conversation.model = id;
@@ -199,7 +203,7 @@ async function generate(typed) {
     showNotice(`Loading ${body.model}: the reply starts once it is ready.`);
   }
   try {
-    const response = await openStream(body, { signal: controller.signal, onWait: showNotice });
+    const response = await openStream(body, { signal: controller.signal, onWait: showNotice, worthWaiting: () => picker.mayLoad(body.model) });
     showNotice("");
     for await (const chunk of events(response)) {
       if (chunk.error) throw new Error("The server failed while replying: " + (chunk.error.message || "unknown error"));
@@ -219,7 +223,9 @@ async function generate(typed) {
     if (e.name === "AbortError") {
       finish = "stopped";
     } else {
-      showError(e.name === "TypeError" ? "Could not reach the server: " + e.message : e.message);
+      if (e.name === "TypeError") showError("Could not reach the server: " + e.message);
+      else if (e.status === 503 && picker.status(body.model) === "failed") showError(failedLoad(e.detail));
+      else showError(e.message);
       if (e.status === 401) $("settings").open = true;
       finish = "error";
     }

@@ -6,7 +6,8 @@
 // Contract: `refresh()` reads /v1/models again (after each reply, after a 404 model_not_found, when
 // the API key changes) and keeps the selection when it is still listed. `select(id)` shows `id`
 // when listed, else the last pick, else the first listed; `value` is the id shown, the one requests
-// send (null until the first listing arrives). `offers(id)` and `status(id)` read the listing.
+// send (null until the first listing arrives). `offers(id)` and `status(id)` read the listing;
+// `mayLoad(id)` reads it again first, and says whether a 503 for `id` is worth waiting out.
 // `onPick(id)` is told when a person picks; their pick is remembered in localStorage ("chat.model")
 // as `lastPick`, the model a new chat starts with.
 "use strict";
@@ -45,6 +46,16 @@ export class ModelPicker {
   status(id) {
     const model = this.models && this.models.find((m) => m.id === id);
     return model ? model.status || "loaded" : null; // a lone LLM_MODEL is listed without one: it is loaded
+  }
+
+  // Not when the listing says its load failed: the server refuses it at once until its file changes.
+  async mayLoad(id) {
+    try {
+      await this.refresh();
+    } catch (_) {
+      return true; // the listing could not be read: the retries decide
+    }
+    return this.status(id) !== "failed";
   }
 
   async refresh() {

@@ -2,7 +2,8 @@
 over a model set of real engines on fake runners (support.fakes.FakeModelEngines): the dashboard's
 Models table follows a load live, a model's name shows its panels; the chat page's model picker
 sends each conversation to its own model (checked on the server: which engine served it), across a
-reload and a new chat, waits for a model's first load, and tells of a model gone from the folder;
+reload and a new chat, waits for a model's first load, and tells of a model that failed to load or is
+gone from the folder;
 no console errors, no serious accessibility violations. A screenshot of the header lands in test-output/.
 
 Skipped when Playwright or /usr/bin/chromium is missing.
@@ -12,7 +13,7 @@ import os
 import threading
 
 import pytest
-from support import CHROMIUM, SHOTS, axe_violations, post, running_server, send_message
+from support import CHROMIUM, DESKTOP, PHONE, SHOTS, axe_violations, post, running_server, send_message
 from support.fakes import FakeModelEngines
 
 from webapp import create_app
@@ -99,6 +100,12 @@ def test_each_conversation_talks_to_the_model_picked_for_it(pages, model_set_ser
     SHOTS.mkdir(exist_ok=True)
     page.locator(".bar").screenshot(path=str(SHOTS / "chat-model-picker.png"))
     assert axe_violations(page) == []
+    page.emulate_media(color_scheme="dark")
+    page.set_viewport_size(PHONE)
+    page.locator(".bar").screenshot(path=str(SHOTS / "chat-model-picker-phone-dark.png"))
+    assert axe_violations(page) == []
+    page.emulate_media(color_scheme="light")
+    page.set_viewport_size(DESKTOP)
 
     page.reload()  # the conversation remembers its model
     page.wait_for_selector(".msg.assistant")
@@ -120,9 +127,11 @@ def test_each_conversation_talks_to_the_model_picked_for_it(pages, model_set_ser
     assert page.input_value("#model-picker") == "alpha"  # the last one a person picked
 
 
-def test_a_first_load_is_waited_for_and_a_vanished_model_is_told(pages, model_set_server):
+def test_a_first_load_is_waited_for_and_a_failed_or_vanished_model_is_told(pages, model_set_server):
     srv = model_set_server
-    (srv.folder / "gamma.gguf").write_bytes(b"x" * 1000)
+    for name in ("delta", "gamma"):
+        (srv.folder / f"{name}.gguf").write_bytes(b"x" * 1000)
+    srv.engines.broken.add(str(srv.folder / "delta.gguf"))
     held = srv.engines.held[str(srv.folder / "beta.gguf")] = threading.Event()
     page = open_chat(pages, srv)
     page.select_option("#model-picker", "beta")
@@ -133,6 +142,15 @@ def test_a_first_load_is_waited_for_and_a_vanished_model_is_told(pages, model_se
     page.wait_for_function(REPLY_DONE, timeout=15_000)
     assert page.is_hidden("#notice") and served(srv) == {"beta": 1}
 
+    page.click("#new-chat")  # a file that fails to load: told at once, not retried while it is unchanged
+    page.select_option("#model-picker", "delta")
+    pages.expected.append("status of 503")
+    send_message(page, "hi")
+    page.wait_for_function("() => document.getElementById('error').textContent.includes('failed to load')")
+    told = "The model delta failed to load: ValueError: not a GGUF. Pick another model at the top, or fix its file and send again."
+    assert page.inner_text("#error") == told
+    assert page.evaluate(OPTIONS)[2] == "delta · failed to load" and page.is_hidden("#notice")
+
     page.click("#new-chat")
     page.select_option("#model-picker", "gamma")
     (srv.folder / "gamma.gguf").unlink()
@@ -140,6 +158,6 @@ def test_a_first_load_is_waited_for_and_a_vanished_model_is_told(pages, model_se
     send_message(page, "are you there?")
     page.wait_for_function("() => document.getElementById('error').textContent.includes('no longer offers “gamma”')")
     assert "now talks to “alpha”" in page.inner_text("#error")  # the first listed: the last pick was gamma
-    assert page.evaluate(OPTIONS) == ["alpha · not loaded", "beta · loaded"]  # the picker was read again
+    assert page.evaluate(OPTIONS) == ["alpha · not loaded", "beta · loaded", "delta · failed to load"]  # read again
     assert page.input_value("#input") == "are you there?"  # given back to send again
     assert page.locator(".msg").count() == 0
