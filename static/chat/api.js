@@ -1,11 +1,17 @@
 // Talking to /v1/chat/completions like any other API client.
 //
-// Contract: `openStream(body, {signal, onWait})` POSTs a streaming chat request and resolves to the
-// Response once the server accepts it. A 429 (every slot and the queue taken) or 503 (model still
-// loading) is not an error yet: `onWait(message, secondsLeft)` is told once a second while it waits
-// for the server's Retry-After, then it asks again, up to MAX_TRIES times; Stop (the signal) ends
-// the wait at once. Any other refusal throws an Error whose message a person can act on.
-// `events(response)` yields each JSON payload of the server-sent event stream.
+// Contract: `openStream(body, {signal, onWait, worthWaiting})` POSTs a streaming chat request and
+// resolves to the Response once the server accepts it. A 429 (every slot and the queue taken) or 503
+// (model still loading) is not an error yet: `onWait(message, secondsLeft)` is told once a second
+// while it waits for the server's Retry-After, then it asks again, up to MAX_TRIES times, unless
+// `await worthWaiting()` says no first (a model set's model that failed to load answers 503 at once
+// until its file changes); Stop (the signal) ends the wait at once. Any other refusal throws an
+// Error whose message a person can act on.
+// `events(response)` yields each JSON payload of the server-sent event stream. `listModels()` is
+// /v1/models' `data`: one entry with LLM_MODEL, every model of the folder with LLM_MODELS_DIR (each
+// with its `status`: loaded, loading, unloaded or failed). A thrown Error carries the HTTP `status`,
+// the API's error `code` (model_not_found: the named model is not, or no longer, offered) and the
+// server's own words (`detail`).
 "use strict";
 
 const MAX_TRIES = 8;
@@ -33,10 +39,10 @@ function retryAfter(response) {
   return Math.min(wait > 0 ? wait : DEFAULT_WAIT_S, MAX_WAIT_S);
 }
 
-function waitingMessage(status, detail, seconds) {
-  const why = status === 429
-    ? "The server is busy: every slot and the queue are taken."
-    : `The model is not ready yet (${detail}).`;
+function waitingMessage(status, error, detail, seconds) {
+  let why = `The model is not ready yet (${detail}).`;
+  if (status === 429) why = "The server is busy: every slot and the queue are taken.";
+  else if (error.code === "model_busy") why = "Every loaded model is busy, so this one cannot be loaded yet.";
   return `${why} Trying again in ${seconds} s…`;
 }
 
@@ -57,6 +63,8 @@ export function describeError(response, error) {
   }
   const e = new Error(message);
   e.status = response.status;
+  e.code = error.code || null;
+  e.detail = detail;
   return e;
 }
 
@@ -70,7 +78,7 @@ function sleep(seconds, signal) {
   });
 }
 
-export async function openStream(body, { signal, onWait }) {
+export async function openStream(body, { signal, onWait, worthWaiting = async () => true }) {
   for (let attempt = 1; ; attempt++) {
     const response = await fetch("/v1/chat/completions", {
       method: "POST",
@@ -81,10 +89,10 @@ export async function openStream(body, { signal, onWait }) {
     if (response.ok) return response;
     const error = await errorBody(response);
     const transient = response.status === 429 || (response.status === 503 && error.code !== "cancelled");
-    if (!transient || attempt >= MAX_TRIES) throw describeError(response, error);
+    if (!transient || attempt >= MAX_TRIES || !(await worthWaiting())) throw describeError(response, error);
     const detail = error.message || response.statusText;
     for (let left = retryAfter(response); left > 0; left--) {
-      onWait(waitingMessage(response.status, detail, left));
+      onWait(waitingMessage(response.status, error, detail, left));
       await sleep(1, signal);
     }
     onWait("");
@@ -115,11 +123,11 @@ export async function* events(response) {
   }
 }
 
-export async function modelName() {
+export async function listModels() {
   const response = await fetch("/v1/models", { headers: headers() });
   if (!response.ok) throw describeError(response, await errorBody(response));
   const body = await response.json();
-  return body.data[0].id;
+  return body.data;
 }
 
 function seconds(ms) {

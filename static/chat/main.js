@@ -4,11 +4,13 @@
 // Stop (or Esc) aborts the fetch; the server sees the connection close and frees the request's slot.
 // Regenerate drops the last reply and asks again; Edit cuts the conversation at a user message and
 // resends from there. Either way the prompt's start is already in the server's KV cache, which the
-// figures under the reply report ("N of M prompt tokens cached").
+// figures under the reply report ("N of M prompt tokens cached"). Each conversation records the
+// model it talks to (the header's picker, models.js); a chat not sent yet takes the last one picked.
 "use strict";
 
-import { events, figures, modelName, openStream } from "./api.js";
+import { events, figures, openStream } from "./api.js";
 import { copyText, handleCodeCopy } from "./markdown.js";
+import { ModelPicker } from "./models.js";
 import { Sidebar } from "./sidebar.js";
 import * as store from "./store.js";
 import { MessageView } from "./view.js";
@@ -16,7 +18,6 @@ import { MessageView } from "./view.js";
 const $ = (id) => document.getElementById(id);
 
 const state = {
-  model: null,        // id from /v1/models, echoed back in each request
   conversation: null, // the conversation on screen
   views: [],          // a MessageView per message of it
   controller: null,   // AbortController of the reply being streamed, if any
@@ -34,23 +35,43 @@ function showNotice(message) {
   $("notice").hidden = !message;
 }
 
-function save(conversation) {
+function save(conversation, touch = true) {
   try {
-    store.saveConversation(conversation);
+    store.saveConversation(conversation, touch);
   } catch (e) {
     showError("Could not save this chat in the browser (" + e.message + "). Delete old chats to make room.");
   }
 }
 
-async function loadModel() {
+// Reads /v1/models again (statuses change as models load and unload, files come and go).
+async function refreshModels() {
   try {
-    state.model = await modelName();
-    $("model-name").textContent = state.model;
-    document.title = state.model + " · Chat";
+    await picker.refresh();
   } catch (e) {
-    $("model-name").textContent = "Chat";
-    showError("Could not load the model name. " + e.message);
+    showError("Could not load the list of models. " + e.message);
+    return;
   }
+  showModel();
+}
+
+// Shows the model the conversation on screen talks to: its own, or the last pick for a chat not sent yet.
+function showModel() {
+  const wanted = state.conversation.model;
+  picker.select(wanted || picker.lastPick);
+  if (wanted && picker.value && !picker.offers(wanted)) {
+    showError(`The server no longer offers “${wanted}”: this chat now talks to “${picker.value}” (pick another at the top).`);
+  }
+}
+
+function failedLoad(detail) {
+  return detail.charAt(0).toUpperCase() + detail.slice(1) + ". Pick another model at the top, or fix its file and send again.";
+}
+
+function picked(id) {
+  const conversation = state.conversation;
+  conversation.model = id;
+  showError("");
+  if (conversation.messages.length) save(conversation, false); // a pick does not move the chat up the list
 }
 
 function scrollToEnd() {
@@ -88,6 +109,7 @@ function show(conversation) {
   $("empty").hidden = state.views.length > 0;
   refreshActions();
   showError("");
+  showModel();
   sidebar.render();
   scrollToEnd();
 }
@@ -118,7 +140,7 @@ function requestBody(messages) {
   const system = $("system-prompt").value.trim();
   if (system) body.messages.push({ role: "system", content: system });
   body.messages.push(...messages.map((m) => ({ role: m.role, content: m.content })));
-  if (state.model) body.model = state.model;
+  if (picker.value) body.model = picker.value;
   const temperature = parseFloat($("temperature").value);
   if (!Number.isNaN(temperature)) body.temperature = temperature;
   const maxTokens = parseInt($("max-tokens").value, 10);
@@ -153,6 +175,7 @@ async function generate(typed) {
     return;
   }
   showError("");
+  if (body.model) conversation.model = body.model;
   save(conversation);
   sidebar.render(); // a new chat is listed from its first message on
   const reply = { role: "assistant", content: "" };
@@ -175,8 +198,13 @@ async function generate(typed) {
     view.update(reply, true);
     scrollToEnd();
   };
+  // A model set loads a model on its first request, which waits for it (seconds for a big file).
+  if (["unloaded", "loading"].includes(picker.status(body.model))) {
+    showNotice(`Loading ${body.model}: the reply starts once it is ready.`);
+  }
   try {
-    const response = await openStream(body, { signal: controller.signal, onWait: showNotice });
+    const response = await openStream(body, { signal: controller.signal, onWait: showNotice, worthWaiting: () => picker.mayLoad(body.model) });
+    showNotice("");
     for await (const chunk of events(response)) {
       if (chunk.error) throw new Error("The server failed while replying: " + (chunk.error.message || "unknown error"));
       if (chunk.usage) usage = chunk.usage;
@@ -195,7 +223,9 @@ async function generate(typed) {
     if (e.name === "AbortError") {
       finish = "stopped";
     } else {
-      showError(e.name === "TypeError" ? "Could not reach the server: " + e.message : e.message);
+      if (e.name === "TypeError") showError("Could not reach the server: " + e.message);
+      else if (e.status === 503 && picker.status(body.model) === "failed") showError(failedLoad(e.detail));
+      else showError(e.message);
       if (e.status === 401) $("settings").open = true;
       finish = "error";
     }
@@ -216,6 +246,7 @@ async function generate(typed) {
     reply.meta = figures(finish, usage, timing);
   }
   save(conversation);
+  refreshModels(); // the hints follow: this model now loaded, another maybe unloaded, or gone (a 404)
   if (conversation !== state.conversation) return; // another chat was opened meanwhile
   if (!got && finish === "error") {
     dropView();
@@ -302,6 +333,8 @@ function restoreSettings() {
   schemaShown();
 }
 
+const picker = new ModelPicker({ onPick: picked });
+
 const sidebar = new Sidebar({
   current: () => state.conversation,
   open: (id) => {
@@ -317,7 +350,7 @@ const sidebar = new Sidebar({
 
 function init() {
   restoreSettings();
-  loadModel();
+  refreshModels();
   const saved = store.currentId() && store.getConversation(store.currentId());
   show(saved || store.newConversation());
   const input = $("input");
@@ -352,7 +385,7 @@ function init() {
   });
   handleCodeCopy($("log"));
   const key = $("api-key");
-  if (key) key.addEventListener("change", loadModel);
+  if (key) key.addEventListener("change", refreshModels);
 }
 
 init();

@@ -1,8 +1,9 @@
 // Conversations kept in this browser's localStorage; nothing is stored on the server.
 //
 // Contract: one key holds every conversation as JSON, newest first:
-//   {id, title, created, updated, messages: [{role: "user" | "assistant", content, reasoning?,
+//   {id, title, created, updated, model?, messages: [{role: "user" | "assistant", content, reasoning?,
 //    tool_calls?, meta?, json?}]}
+// `model` is the id of /v1/models the conversation talks to, set from its first turn on (or a pick).
 // `saveConversation` writes through at once (a reload loses nothing but a reply still streaming).
 // Imported files are untrusted: `parseImport` keeps only well-formed messages with string fields,
 // and every text is rendered later as text or sanitized markdown, never as raw HTML.
@@ -80,9 +81,9 @@ export function matches(conversation, query) {
 // --- export and import ----------------------------------------------------------------------------
 
 export function toJson(conversation) {
-  const { created, updated, messages } = conversation;
+  const { created, updated, model, messages } = conversation;
   const title = titleOf(conversation);
-  return JSON.stringify({ format: EXPORT_FORMAT, version: 1, title, created, updated, messages }, null, 2);
+  return JSON.stringify({ format: EXPORT_FORMAT, version: 1, title, created, updated, model, messages }, null, 2);
 }
 
 export function toMarkdown(conversation) {
@@ -124,6 +125,7 @@ export function parseImport(text) {
   }
   const conversation = newConversation();
   conversation.title = typeof data.title === "string" ? data.title.slice(0, 200) : "";
+  if (typeof data.model === "string" && data.model) conversation.model = data.model.slice(0, 200);
   conversation.messages = messages;
   return conversation;
 }

@@ -290,6 +290,7 @@ def test_keyboard_use(chat_page, fake_engine):
 def test_chat_page_has_no_serious_accessibility_violations(chat_page, fake_engine):
     fake_engine.replies.append(Reply.text(MARKDOWN))
     send_and_wait(chat_page, "How do I cook rice?")
+    assert chat_page.is_hidden("#model-choice") and chat_page.title() == "fake-model · Chat"  # one model: its name
     assert axe_violations(chat_page) == []
     chat_page.emulate_media(color_scheme="dark")
     assert axe_violations(chat_page) == []
