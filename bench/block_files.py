@@ -1,11 +1,12 @@
 """Quantized GGUF files written block by block, for shapes too big to write as float16 first.
 
 A 48-layer Qwen3-30B-A3B in Q4_K_M is ~18 GB; as float16 for llama-quantize it would be ~60 GB.
-`write_blocks(writer, tensors, layers, tied, base)` writes each matrix straight in the type that
-llama-quantize's _M mix gives it (tests/support/k_quants.k_m_type: Q6_K for the head and some layers'
-attn_v and ffn_down, `base` for the rest), its rows drawn from a pool of random rows of that width
-quantized once by tests/support/k_quants.py: real blocks with sane scales, at the speed of copying
-bytes. Speed depends on shapes, not numbers, so every expert drawing on one pool costs a product what
+`write_blocks(writer, tensors, layers, tied, mix)` writes each matrix straight in the type that
+llama-quantize's `mix` gives it (Q4_K_M and Q5_K_M: tests/support/k_quants.k_m_type, Q6_K for the
+head and some layers' attn_v and ffn_down, Q4_K or Q5_K for the rest; MXFP4_MOE: the experts in
+MXFP4, every other matrix in Q8_0, as gpt-oss files are), its rows drawn from a pool of random rows
+of that width quantized once (tests/support/k_quants.py, gguf-py's quantizers): real blocks with sane
+scales, at the speed of copying bytes. Speed depends on shapes, not numbers, so every expert drawing on one pool costs a product what
 its own random rows would. Tensors stream to the file one at a time: memory holds one tensor.
 """
 
@@ -17,7 +18,8 @@ import gguf
 import numpy as np
 from support.k_quants import Q4_K, Q5_K, QUANTIZERS, k_m_type
 
-BASES = {"Q4_K_M": Q4_K, "Q5_K_M": Q5_K}
+# llama_ftype of each mix, as its files' general.file_type says
+MIXES = {"Q4_K_M": 15, "Q5_K_M": 17, "MXFP4_MOE": 38}
 POOL_ROWS = 256
 
 
@@ -33,22 +35,35 @@ def _layer(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def write_blocks(writer: gguf.GGUFWriter, tensors: list[tuple[str, object]], layers: int, tied: bool, base: str, seed: int = 0) -> None:
+def mix_type(mix: str, name: str, layers: int, tied: bool) -> int:
+    """The type llama-quantize gives matrix `name` in a `mix` file."""
+    if mix == "MXFP4_MOE":
+        return gguf.GGMLQuantizationType.MXFP4 if "_exps." in name else gguf.GGMLQuantizationType.Q8_0
+    return k_m_type(name, _layer(name), layers, tied, Q4_K if mix == "Q4_K_M" else Q5_K)
+
+
+def _quantized(rows: np.ndarray, ggml_type: int) -> np.ndarray:
+    if ggml_type in QUANTIZERS:
+        return QUANTIZERS[ggml_type](rows)
+    return gguf.quants.quantize(rows, gguf.GGMLQuantizationType(ggml_type))
+
+
+def write_blocks(writer: gguf.GGUFWriter, tensors: list[tuple[str, object]], layers: int, tied: bool, mix: str, seed: int = 0) -> None:
     """Write `tensors` ((name, ndarray or Random) in file order) through `writer`, whose metadata is
-    set: arrays as they are, each Random in its type of the `base` mix (Q4_K_M, Q5_K_M)."""
+    set: arrays as they are, each Random in its type of `mix` (one of MIXES)."""
     rng = np.random.default_rng(seed)
     pools: dict[tuple[int, int, float], np.ndarray] = {}
 
     def kind(name: str, value) -> int | None:
         if not isinstance(value, Random):
             return None
-        return k_m_type(name, _layer(name), layers, tied, BASES[base])
+        return mix_type(mix, name, layers, tied)
 
     def blocks(value: Random, ggml_type: int) -> np.ndarray:
         *outer, rows, cols = value.shape
         key = (ggml_type, cols, value.scale)
         if key not in pools:
-            pools[key] = QUANTIZERS[ggml_type](rng.standard_normal((POOL_ROWS, cols), dtype=np.float32) * value.scale)
+            pools[key] = _quantized(rng.standard_normal((POOL_ROWS, cols), dtype=np.float32) * value.scale, ggml_type)
         picks = rng.integers(0, POOL_ROWS, size=int(np.prod(outer, dtype=np.int64)) * rows)
         return pools[key][picks].reshape(*outer, rows, -1)
 

@@ -1,7 +1,7 @@
 """Random-weight GGUFs with real models' shapes, for the benches: speed depends on shapes, not numbers.
 
 Usage: .venv/bin/python bench/shaped_model.py SHAPE OUT.gguf [--type Q4_K_M] [--llama-quantize PATH] [--layers N]
-       .venv/bin/python bench/shaped_model.py SHAPE OUT.gguf --direct Q4_K_M [--layers N]
+       .venv/bin/python bench/shaped_model.py SHAPE OUT.gguf --direct Q4_K_M|Q5_K_M|MXFP4_MOE [--layers N]
        .venv/bin/python bench/shaped_model.py --list
 
 Writes OUT as float16 matrices (float32 norms) with SHAPE's widths, depth, heads, QK-norm and tied
@@ -12,7 +12,7 @@ float16 file is removed. Random weights give flat logits, so the final norm is s
 greedy choices decided rather than coin flips. With --predictable, the embedding is large and the
 head (untied) sends each token to a fixed successor, the same map for every shape: any two such files
 agree on every greedy token, which makes a draft/target pair whose drafts are all confirmed (the
-upper bound in bench/speculative.py). With --direct Q4_K_M (or Q5_K_M), no float16 file is written:
+upper bound in bench/speculative.py). With --direct Q4_K_M (or Q5_K_M, MXFP4_MOE), no float16 file is written:
 each matrix goes to OUT in the type llama-quantize's mix gives it, its rows drawn from a pool of
 random quantized rows (bench/block_files.py), for shapes whose float16 file would not fit on disk
 (a 48-layer Qwen3-30B-A3B: ~60 GB as float16, ~17 GB as Q4_K_M).
@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 from support.tiny_models import add_smollm_tokenizer, smollm_tokenizer_fields  # noqa: E402
 
-from bench.block_files import Random, write_blocks  # noqa: E402
+from bench.block_files import MIXES, Random, write_blocks  # noqa: E402
 
 # (arch, layers, dim, FFN, heads, KV heads, head dim, tied, rope theta): the published configs
 SHAPES = {
@@ -60,8 +60,6 @@ SLIDING_WINDOW = {"gemma3-1b": 512, "gpt-oss-20b": 128}
 # YaRN: (factor, original context), as gpt-oss's files carry it
 YARN = {"gpt-oss-20b": (32.0, 4096)}
 FINAL_NORM_SCALE = 6.0
-# llama_ftype of the mixes --direct writes
-DIRECT_FILE_TYPES = {"Q4_K_M": 15, "Q5_K_M": 17}
 EMBEDDING_STD = 0.02
 # --predictable: an embedding ~10x larger than 28 random layers add to the residual, so the head sees
 # mostly the token's own row; the successor map's seed is shared by every shape
@@ -80,7 +78,7 @@ def llama3_rope_factors(head_dim: int, theta: float, factor=32.0, low=1.0, high=
 def write_shaped(
     shape: str, path: str, layers: int | None = None, seed: int = 0, predictable: bool = False, direct: str | None = None
 ) -> str:
-    """Write SHAPE's random model to `path`: float16 matrices, or with `direct` (Q4_K_M, Q5_K_M) each matrix
+    """Write SHAPE's random model to `path`: float16 matrices, or with `direct` (a mix of MIXES) each matrix
     straight in its type of that mix (bench/block_files.py)."""
     arch, n_layers, dim, ffn, heads, kv_heads, head_dim, tied, theta = SHAPES[shape]
     if direct and (predictable or arch == "phi3"):
@@ -116,7 +114,7 @@ def write_shaped(
         w.add_expert_count(count)
         w.add_expert_used_count(used)
         w.add_expert_feed_forward_length(expert_ffn)
-    w.add_file_type(DIRECT_FILE_TYPES[direct] if direct else 1)  # llama_ftype: mostly F16, or the mix
+    w.add_file_type(MIXES[direct] if direct else 1)  # llama_ftype: mostly F16, or the mix
     add_smollm_tokenizer(w)
     w.add_chat_template(tok["tokenizer.chat_template"])
 
@@ -226,7 +224,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, help="fewer layers than the real model (same widths)")
     parser.add_argument("--predictable", action="store_true", help="each greedy token a fixed successor of the last (see above)")
     parser.add_argument(
-        "--direct", choices=sorted(DIRECT_FILE_TYPES), help="write this mix block by block, with no float16 file (bench/block_files.py)"
+        "--direct", choices=sorted(MIXES), help="write this mix block by block, with no float16 file (bench/block_files.py)"
     )
     parser.add_argument("--list", action="store_true")
     args = parser.parse_args()
