@@ -218,6 +218,14 @@ def _check_against_the_reference(steps, path: str) -> None:
         for got, alone in zip(firsts, chunks_alone, strict=True):
             np.testing.assert_array_equal(got, alone)
         np.testing.assert_array_equal(rows[0], source)
+        # and drafted lanes beside them, each token as a verification of its own gives it
+        lane = [42, 5, 6]
+        alone = steps.verify([lane], [1], [len(PROMPT)])[0]
+        firsts, lanes = steps.prefill_and_verify([(PROMPT[:7], 0, 0), ([7, 8], 2, 0)], [lane], [1], [len(PROMPT)])
+        for got, chunk in zip(firsts, chunks_alone, strict=True):
+            np.testing.assert_array_equal(got, chunk)
+        np.testing.assert_array_equal(lanes[0], alone)
+        np.testing.assert_array_equal(alone[0], source)
 
 
 def test_importing_the_model_changes_nothing_until_prepare_tinygrad_is_called():

@@ -328,7 +328,8 @@ class FakeRunner:
     kills the model thread); `step_s` stretches each decode step. `calls` records every step:
     ("prefill", request id, start, n tokens), ("copy", request id, source slot, length) and
     ("decode", request ids); with `mixes`, prompt chunks run with a decode step are ("mixed", ((request id,
-    start, n tokens), ...), the decoding request ids).
+    start, n tokens), ...), the decoding request ids), and with drafts too ("mixed drafted", the same,
+    the drafts).
     """
 
     def __init__(
@@ -415,6 +416,16 @@ class FakeRunner:
         self.calls.append(("mixed", prompts, tuple(r.id for r in batch)))
         rows = [self._logits(r.output_ids[-1]) for r in batch]
         return [self._logits(tokens[-1]) for _, tokens, _ in chunks], np.stack(rows) if rows else np.zeros((0, self.vocab), np.float32)
+
+    def prefill_and_verify(self, chunks, batch: list[Request], drafts: list[list[int]], positions: list[int]):
+        assert self.mixes and self.speculates
+        if self.fault is not None:
+            raise self.fault
+        self.gate.wait(30)
+        prompts = tuple((r.id, start, len(tokens)) for r, tokens, start in chunks)
+        self.calls.append(("mixed drafted", prompts, tuple(r.id for r in batch), tuple(tuple(d) for d in drafts)))
+        rows = [np.stack([self._logits(t) for t in [r.output_ids[-1], *d]]) for r, d in zip(batch, drafts, strict=True)]
+        return [self._logits(tokens[-1]) for _, tokens, _ in chunks], rows
 
 
 class FakeModelEngines:

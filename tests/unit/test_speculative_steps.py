@@ -1,7 +1,8 @@
 """The engine's acceptance of drafted tokens, with a scripted drafter on the fake runner (whose next
 token is always the last one plus one): every draft confirmed (and the step's bonus token), none,
-the first refused, the last refused; outputs always those of plain decoding; a request cancelled
-during a verification step frees its slot and its drafter."""
+the first refused, the last refused; outputs always those of plain decoding; drafts verified in the
+step that also prefills another request's prompt; a request cancelled during a verification step
+frees its slot and its drafter."""
 
 import pytest
 from support import drain_outputs, engine_over, wait_until
@@ -17,7 +18,7 @@ class ScriptedDrafter:
     """Proposes its script's drafts in turn (then nothing), and remembers what it was told."""
 
     def __init__(self, script):
-        self.script, self.updates = list(script), []
+        self.script, self.updates, self.lanes = list(script), [], []
 
     def __call__(self, prompt_ids, recent=None):  # stands in for PromptLookup(prompt_ids, recent)
         return self
@@ -25,7 +26,8 @@ class ScriptedDrafter:
     def extend(self, tokens):
         pass
 
-    def propose(self, limit, batch=1):
+    def propose(self, limit, batch=1, lanes=None):
+        self.lanes.append(lanes)
         return self.script.pop(0)[:limit] if self.script else []
 
     def update(self, drafted, accepted):
@@ -70,13 +72,34 @@ def test_drafts_stop_at_max_tokens():
     assert tokens == [3, 4, 5, 6] and drafted[0][2] == ((4, 5),)  # 2 drafts + the token fed + the bonus = 4
 
 
+def test_drafts_are_verified_in_the_step_that_prefills_another_prompt():
+    runner = FakeRunner(vocab=VOCAB, speculates=True, mixes=True)
+    drafter = ScriptedDrafter([[], [5, 6, 9], [8, 9, 10]])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(speculation, "PromptLookup", drafter)
+        with engine_over(runner, context=64, slots=2, queue_limit=2, prefill_chunk=4) as engine:
+            runner.gate.clear()
+            first = Request([1, 2], SamplingParams(max_tokens=12, temperature=0.0))
+            second = Request(list(range(20, 32)), SamplingParams(max_tokens=1, temperature=0.0))
+            engine.submit(first)
+            engine.submit(second)  # 12 prompt tokens: chunks of 4, beside the first's decode lane
+            runner.gate.set()
+            assert drain_outputs(first) == ([3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14], "length")  # as plain decoding gives
+            assert drain_outputs(second) == ([32], "length")
+    mixed = [c for c in runner.calls if c[0] == "mixed drafted"]
+    assert mixed and mixed[0][2] == (first.id,) and mixed[0][3] == ((5, 6, 9),)
+    assert drafter.updates[0] == (3, 2)  # 5 6 confirmed, then the sample 7 where the draft said 9
+    # the chunk's tokens count as lanes of the step: a drafted lane costs less beside them
+    assert max(lanes for lanes in drafter.lanes if lanes) > 1
+
+
 def test_a_request_cancelled_while_its_drafts_are_verified_frees_its_slot_and_drafter():
     runner = FakeRunner(vocab=VOCAB, speculates=True)
 
     class Holding(ScriptedDrafter):
-        def propose(self, limit, batch=1):
+        def propose(self, limit, batch=1, lanes=None):
             runner.gate.clear()  # the verification step about to run waits at the gate
-            return super().propose(limit, batch)
+            return super().propose(limit, batch, lanes)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(speculation, "PromptLookup", Holding([[4, 5, 6]]))

@@ -38,7 +38,8 @@ class Runner(Protocol):
 
     # True when `prefill_and_decode` runs as one model step; the engine calls it only then
     mixes: bool
-    # True when `decode_drafted` gives each drafted position the logits decoding it alone would
+    # True when `decode_drafted` (and, where `mixes`, `prefill_and_verify`) gives each drafted
+    # position the logits decoding it alone would
     speculates: bool
     # the draft model (serving/draft_model.py) where LLM_DRAFT_MODEL loaded one, else None
     draft: object
@@ -52,6 +53,12 @@ class Runner(Protocol):
     ) -> tuple[list[np.ndarray], np.ndarray]:
         """`prefill(request, tokens, start)` for each chunk and `decode(batch, positions)` in one model
         step: each chunk's logits (vocab,), and the batch's (len(batch), vocab)."""
+
+    def prefill_and_verify(
+        self, chunks: list[tuple[Request, list[int], int]], batch: list[Request], drafts: list[list[int]], positions: list[int]
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """`prefill_and_decode` with `decode_drafted`'s lanes: each chunk's logits (vocab,), and per
+        request (1 + len(draft), vocab)."""
 
     def copy_prefix(self, request: Request, source_slot: int, length: int) -> None:
         """Copy the K/V of positions 0..length-1 from `source_slot` into `request`'s slot."""
@@ -103,6 +110,13 @@ class ModelRunner:
         token's logits (vocab,) and the batch's (len(batch), vocab)."""
         decoding, slots = [r.output_ids[-1] for r in batch], [r.slot for r in batch]
         return self.steps.prefill_and_decode([(t, r.slot, s) for r, t, s in chunks], decoding, slots, positions)
+
+    def prefill_and_verify(
+        self, chunks: list[tuple[Request, list[int], int]], batch: list[Request], drafts: list[list[int]], positions: list[int]
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Prompt chunks and a verification (`decode_drafted`) as one model step (where `mixes` and `speculates`)."""
+        lanes = [[r.output_ids[-1], *draft] for r, draft in zip(batch, drafts, strict=True)]
+        return self.steps.prefill_and_verify([(t, r.slot, s) for r, t, s in chunks], lanes, [r.slot for r in batch], positions)
 
     def copy_prefix(self, request: Request, source_slot: int, length: int) -> None:
         self.steps.copy_prefix(source_slot, request.slot, length)

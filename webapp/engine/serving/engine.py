@@ -231,22 +231,27 @@ class Engine:
             pass
 
     def _step(self) -> None:
-        """Run the scheduler's plan for one pass: prefix copies, then prompt chunks and decode lanes.
-        A mixed plan is one model step (the weights are read once for everything); should that step
-        fail, the parts run again apart, so a failure stays with the request that caused it."""
+        """Run the scheduler's plan for one pass: prefix copies, then prompt chunks and decode lanes
+        (with their drafts). A mixed plan is one model step (the weights are read once for everything);
+        should that step fail, the parts run again apart, so a failure stays with the request that
+        caused it."""
         runner = self.loaded.runner
         plan = self.scheduler.plan(mixes=runner.mixes)
         chunks = [c for c in plan.chunks if c.copy is None or self._copy_prefix(c)]
         if plan.mixed and len(chunks) == len(plan.chunks):
+            batch, parts = list(plan.decode), [(c.request, c.tokens, c.start) for c in chunks]
+            positions = self._positions(batch)
+            # the chunks' tokens are lanes of the step too: beside them a drafted lane costs less
+            drafts = self.speculation.drafts(batch, positions, self.loaded, lanes=len(batch) + sum(len(c.tokens) for c in chunks))
             try:
-                parts = [(c.request, c.tokens, c.start) for c in chunks]
-                firsts, rows = runner.prefill_and_decode(parts, list(plan.decode), self._positions(plan.decode))
+                verify = runner.prefill_and_verify if any(drafts) else lambda p, b, _, s: runner.prefill_and_decode(p, b, s)
+                firsts, rows = verify(parts, batch, drafts, positions)
             except Exception:
                 log.warning("a mixed step failed; running its parts apart", exc_info=True)
             else:
                 for chunk, first in zip(chunks, firsts):
                     self._prefilled(chunk.request, chunk.tokens, first)
-                self._decoded(list(plan.decode), rows)
+                self._verified(batch, drafts, rows)
                 return
         for chunk in chunks:
             self._prefill(chunk.request, chunk.tokens, chunk.start)
@@ -312,35 +317,23 @@ class Engine:
     def _decode(self, batch: list[Request]) -> None:
         positions = self._positions(batch)
         drafts = self.speculation.drafts(batch, positions, self.loaded)
-        if any(drafts):
-            self._decode_drafted(batch, drafts, positions)
-            return
+        runner = self.loaded.runner
         try:
-            logits = self.loaded.runner.decode(batch, positions)
+            rows = runner.decode_drafted(batch, drafts, positions) if any(drafts) else runner.decode(batch, positions)
         except Exception as e:
             self._fail(batch, e)
             return
-        self._decoded(batch, logits)
+        self._verified(batch, drafts, rows)
 
-    def _decoded(self, batch: list[Request], logits: np.ndarray) -> None:
-        for request, row in zip(batch, logits):
-            self.scheduler.decoded(request)
-            if request.status is Status.DECODE:
-                self._sample(request, row)
-
-    def _decode_drafted(self, batch: list[Request], drafts: list[list[int]], positions: list[int]) -> None:
-        """Verify the drafts as lanes of one step: each request's positions are sampled in order, as
-        plain decoding would sample them (the same logits, its own generator), and a draft is kept
-        while the sample equals it; the first sample that differs is the step's last token for that
-        request. So the output is the same, token for token, as without speculation."""
-        try:
-            rows = self.loaded.runner.decode_drafted(batch, drafts, positions)
-        except Exception as e:
-            self._fail(batch, e)
-            return
+    def _verified(self, batch: list[Request], drafts: list[list[int]], rows) -> None:
+        """Take each request's tokens from its lane's rows (a row, or 1 + len(draft) of them when it
+        drafted): its positions are sampled in order, as plain decoding would sample them (the same
+        logits, its own generator), and a draft is kept while the sample equals it; the first sample
+        that differs is the step's last token for that request. So the output is the same, token for
+        token, as without speculation."""
         for request, draft, lane_rows in zip(batch, drafts, rows, strict=True):
             accepted, drafter = 0, request.drafter  # kept: a request that ends here lets go of its drafter
-            for i, row in enumerate(lane_rows):
+            for i, row in enumerate(np.atleast_2d(lane_rows)):
                 # row i read the request's last output token (i = 0) or draft[i - 1]: usable only
                 # while each draft so far was the token sampled at its position
                 if i > 0 and (request.status is not Status.DECODE or request.output_ids[-1] != draft[i - 1]):
@@ -350,11 +343,12 @@ class Engine:
                 if request.status is not Status.DECODE:
                     break
                 self._sample(request, row)
-            request.drafted_tokens += len(draft)
-            request.accepted_tokens += accepted
-            self.metrics.on_drafts(len(draft), accepted)
-            if drafter is not None:
-                drafter.update(len(draft), accepted)
+            if draft:
+                request.drafted_tokens += len(draft)
+                request.accepted_tokens += accepted
+                self.metrics.on_drafts(len(draft), accepted)
+                if drafter is not None:
+                    drafter.update(len(draft), accepted)
 
     def _emit(self, request: Request, token: int, logprobs=None) -> None:
         params = request.params

@@ -58,6 +58,11 @@ class Steps:
     ) -> tuple[list[np.ndarray], np.ndarray]:
         raise NotImplementedError(f"{type(self).__name__} does not mix prompt chunks into decode steps")
 
+    def prefill_and_verify(
+        self, chunks: list[Chunk], lanes: list[list[int]], slots: list[int], positions: list[int]
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        raise NotImplementedError(f"{type(self).__name__} does not verify drafted tokens beside prompt chunks")
+
     def copy_prefix(self, source: int, target: int, length: int) -> None:
         """Copy the K/V of positions 0..length-1 from slot `source` to slot `target`, every layer."""
         self._prefix_copy(source, target, length)

@@ -96,6 +96,19 @@ class OneCallSteps(Steps):
         logits = self._step(tokens + decoding, lane_slots + slots + lane_positions + positions, picks)
         return list(logits[: len(chunks)]), logits[len(chunks) :]
 
+    def prefill_and_verify(
+        self, chunks: list[Chunk], lanes: list[list[int]], slots: list[int], positions: list[int]
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """`prefill_and_decode` with drafted tokens: lane i's tokens at positions[i].. of slots[i], as
+        `verify` runs them, beside the prompt chunks in one call; each chunk's last token's logits, and
+        every lane token's (len(lane), vocab) per lane."""
+        assert chunks and lanes and len(set([slot for _, slot, _ in chunks] + slots)) == len(chunks) + len(slots)
+        lane_chunks = list(zip(lanes, slots, positions, strict=True))
+        tokens, lane_slots, lane_positions = _chunk_lanes(chunks + lane_chunks)
+        lasts = [end - 1 for end in itertools.accumulate(len(chunk) for chunk, _, _ in chunks)]
+        logits = self._step(tokens, lane_slots + lane_positions, lasts + list(range(lasts[-1] + 1, len(tokens))))
+        return list(logits[: len(chunks)]), np.split(logits[len(chunks) :], np.cumsum([len(lane) for lane in lanes])[:-1])
+
     def warm_up(self, progress: Callable[[str], None]) -> None:
         scratch = self.model.slots
         progress("warm-up: nothing to compile (steps are one call each on the CPU kernels); one step reads every weight once")
