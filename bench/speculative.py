@@ -1,7 +1,7 @@
 """Speculative decoding's speed-up, one stream at a time, with the outputs checked equal.
 
 Usage: DEV=CPU .venv/bin/python bench/speculative.py [--model PATH] [--draft PATH] [--tokens 320] [--rounds 3]
-       [--kinds "code edit,free chat"] [--samplings greedy] [--no-streams] [--costs]
+       [--kinds "code edit,free chat"] [--samplings greedy] [--no-streams] [--beside-prompts] [--costs]
 
 For each kind of request (a code edit that repeats a whole file with one change, from
 bench/workloads/inventory.py; a summary of a text, a JSON extraction, a free chat answer) and each
@@ -15,6 +15,9 @@ same tokens (they must: speculation changes no output). Then, unless --no-stream
 (two of each kind, temperature 0.7, seeded), on and off alternating: the aggregate tok/s from the
 first token to the last, the issue's "no lower than without".
 
+`--beside-prompts` adds the code edit (greedy) while another client keeps a long prompt in prefill
+at every moment, so most of its steps also prefill a chunk (drafts are verified in those steps too).
+
 `--costs` measures the served model's verification step of 1..9 lanes of one sequence and the draft
 model's steps (its catch-up of two tokens, which yields the first draft, and a one-token step), then
 prints the speed-up that drafting at per-token acceptance p gives from those costs: k drafts yield
@@ -26,10 +29,12 @@ reaches on this machine, whatever its weights.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import platform
 import statistics
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -94,6 +99,7 @@ def main() -> int:
     ap.add_argument("--samplings", default=",".join(SAMPLINGS), help="comma-separated: " + ", ".join(SAMPLINGS))
     ap.add_argument("--streams", action=argparse.BooleanOptionalAction, default=True, help="the 8-stream row")
     ap.add_argument("--costs", action="store_true", help="step costs and the speed-up they allow at each acceptance")
+    ap.add_argument("--beside-prompts", action="store_true", help="the code edit while other prompts keep arriving (see above)")
     args = ap.parse_args()
     path = args.model or default_model_path()
     engine = Engine(lambda: load_gguf_model(path, 8, 4096, 32, draft=args.draft), slots=8, prefill_chunk=32).start()
@@ -127,12 +133,55 @@ def main() -> int:
                 cells += [f"{medians[m] / medians['plain']:.2f}x", str(r.drafted_tokens), f"{share:.0%}"]
             same = "yes" if len(outputs) == 1 else "NO"
             print(f"| {kind} | {name} | {len(last['plain'].output_ids)} | " + " | ".join(cells) + f" | {same} |")
+    if args.beside_prompts:
+        beside_prompts(engine, args.tokens, args.rounds)
     if args.streams:
         eight_streams(engine, args.tokens, args.rounds)
     if args.costs:
         costs(engine)
     engine.stop(5)
     return 0
+
+
+def beside_prompts(engine: Engine, tokens: int, rounds: int) -> None:
+    """The code edit (greedy) while another client keeps one long prompt in prefill at every moment
+    (its ~300 tokens, one token answered, then the next): most of the edit's steps then also prefill
+    a chunk, and drafts must be verified in those mixed steps to help at all."""
+    print("\n| code edit, greedy, beside arriving prompts | plain tok/s | n-gram tok/s | ratio | drafted | confirmed | same output |")
+    print("|---|---|---|---|---|---|---|")
+    render, encode = engine.chat_template.render, engine.tokenizer.encode
+    edit = encode(render([{"role": "user", "content": KINDS["code edit"]}], add_generation_prompt=True), special=True)
+
+    def keep_prefilling(done: threading.Event) -> None:
+        for n in itertools.count():  # a new opening each time: no cached prefix serves it
+            text = f"Article {n}, from the archive of {n * 7 % 31} years ago. " + ARTICLE * 3
+            other = Request(
+                encode(render([{"role": "user", "content": text}], add_generation_prompt=True), special=True), SamplingParams(max_tokens=1)
+            )
+            engine.submit(other)
+            while not isinstance(other.outputs.get(), Finished):
+                pass
+            if done.is_set():
+                return
+
+    rates, outputs, last = {"plain": [], "n-gram": []}, set(), None
+    for _ in range(rounds):
+        for mode in rates:
+            done = threading.Event()
+            background = threading.Thread(target=keep_prefilling, args=(done,))
+            background.start()
+            time.sleep(0.5)  # the first filler prompt is in prefill
+            rate, last = run(engine, edit, tokens, mode, SAMPLINGS["greedy"])
+            done.set()
+            background.join()
+            rates[mode].append(rate)
+            outputs.add(tuple(last.output_ids))
+    plain, drafted = statistics.median(rates["plain"]), statistics.median(rates["n-gram"])
+    share = last.accepted_tokens / last.drafted_tokens if last.drafted_tokens else 0.0
+    same = "yes" if len(outputs) == 1 else "NO"
+    print(
+        f"| {len(last.output_ids)} tokens | {plain:.1f} | {drafted:.1f} | {drafted / plain:.2f}x | {last.drafted_tokens} | {share:.0%} | {same} |"
+    )
 
 
 def eight_streams(engine: Engine, tokens: int, rounds: int) -> None:
