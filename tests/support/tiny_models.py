@@ -250,8 +250,8 @@ def write_tiny_gguf(
                 w.add_tensor(p + f"ffn_{name}_exps.bias", (0.5 * rng.standard_normal((count, rows))).astype(np.float32))
         if arch == "gpt-oss":
             w.add_tensor(p + "ffn_gate_inp.bias", (0.5 * rng.standard_normal(count)).astype(np.float32))
-        if arch == "qwen2moe":  # its gate a vector (F32, as llama-quantize keeps vectors), its matrices a dense layer's
-            w.add_tensor(p + "ffn_gate_inp_shexp.weight", mat(1, dim, scale=2 * dim**-0.5).reshape(dim))
+        if arch == "qwen2moe":  # its gate one F32 row (as the converter writes it), its matrices a dense layer's
+            w.add_tensor(p + "ffn_gate_inp_shexp.weight", mat(1, dim, scale=2 * dim**-0.5))
             add_matrix(p + "ffn_gate_shexp.weight", mat(hidden, dim), i)
             add_matrix(p + "ffn_up_shexp.weight", mat(hidden, dim), i)
             add_matrix(p + "ffn_down_shexp.weight", mat(dim, hidden), i)
