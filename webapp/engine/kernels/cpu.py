@@ -71,8 +71,8 @@ class QuantizedCPU:
             address = ctypes.cast(getattr(library, name), ctypes.c_void_p).value
             self._programs[name] = _trampoline(address)
         # what a layer passes tq_layer for what it lacks (a mixture of experts' router, up matrices and
-        # counts, Gemma's post-norms, gpt-oss's biases), which tq_layer never reads: one buffer each, as
-        # a kernel's arguments are distinct buffers
+        # counts, a shared expert's matrices and gate, Gemma's post-norms, gpt-oss's biases), which
+        # tq_layer never reads: one buffer each, as a kernel's arguments are distinct buffers
         self._unread = [device_array(np.zeros(1, np.int64)) for _ in range(8)]
         self._repack = library.tq_repack
         self._repack.argtypes, self._repack.restype = [ctypes.c_void_p] * 2 + [ctypes.POINTER(abi.Product)], ctypes.c_int

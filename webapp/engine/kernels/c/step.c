@@ -1,7 +1,8 @@
 /* ---- a whole layer ---------------------------------------------------------------------------- */
 /* tq_layer(out, x, w_qkv, w_o, w_gate_up, w_down, w_router, w_up, w_shared_gate_up, w_shared_down,
- * attn_norm, ffn_norm, cache, lanes, inv_freq, extras, expert_tokens, post_norms, biases, shared_gate, shape): one transformer layer for B lanes, the five
- * kernels above in a row with their intermediates in this thread's scratch:
+ * attn_norm, ffn_norm, cache, lanes, inv_freq, extras, expert_tokens, post_norms, biases, shared_gate,
+ * shape): one transformer layer for B lanes, the five kernels above in a row with their intermediates
+ * in this thread's scratch:
  *   qkv = W_qkv . rms_norm(x) * attn_norm;  a = attention(qkv);  h = x + W_o . a;
  *   out = h + W_down . swiglu(W_gate_up . rms_norm(h) * ffn_norm)
  * or, in a mixture-of-experts layer, the last line as moe.c's feed-forward. shape->form changes two
@@ -80,7 +81,8 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
  * `model` holds the model's tensors by address (uint64): the embedding matrix, the final norm, the
  * head matrix, the RoPE inverse frequencies, then per layer its qkv, o, gate_up and down matrices, its
  * two norms, its KV cache and its attention extras, and a mixture of experts' router, up matrices and
- * token counts and a shared expert's matrices and gate, a post-normed layer's norms, a layer's biases (the order of tq.h's MODEL_* and LAYER_* entries). step:
+ * token counts, a post-normed layer's norms, a layer's biases and a shared expert's gate (the order of
+ * tq.h's MODEL_* and LAYER_* entries; a shared expert's matrices follow the up matrices). step:
  * tq_step (B = step->attention.lanes, R = step->picks); layer_info: each layer's LAYER_INFO numbers in
  * turn (its matrices' types, its attention's flags, form, window and cache positions). cpu.py calls it directly, on the model thread, which then works through
  * the pool's jobs itself: replayed inside a TinyJit, the same one-kernel step took 2.8 ms longer of
