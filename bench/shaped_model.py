@@ -49,12 +49,15 @@ SHAPES = {
     "gemma3-1b": ("gemma3", 26, 1152, 6912, 4, 1, 256, True, 1e6),
     "gpt-oss-20b": ("gpt-oss", 24, 2880, 2880, 64, 8, 64, False, 150000.0),
     "olmoe-1b-7b": ("olmoe", 16, 2048, 1024, 16, 16, 128, False, 10000.0),
+    "qwen1.5-moe-a2.7b": ("qwen2moe", 24, 2048, 5632, 16, 16, 128, False, 1e6),
 }
 # partial rotary: the values of a head that RoPE turns (Phi-4-mini: 96 of 128), with LongRoPE's
 # original context and attention factor (sqrt(1 + ln(131072 / 4096) / ln(4096)), as its converter writes it)
 PARTIAL_ROTARY = {"phi4-mini": (96, 4096, 1.190238)}
 # mixture-of-experts shapes: (experts, used a token, each one's FFN)
-EXPERTS = {"qwen3-30b-a3b": (128, 8, 768), "gpt-oss-20b": (32, 4, 2880), "olmoe-1b-7b": (64, 8, 1024)}
+EXPERTS = {"qwen3-30b-a3b": (128, 8, 768), "gpt-oss-20b": (32, 4, 2880), "olmoe-1b-7b": (64, 8, 1024), "qwen1.5-moe-a2.7b": (60, 4, 1408)}
+# a shared expert's FFN beside the routed ones (qwen2moe), gated by one F32 row a layer
+SHARED_EXPERT = {"qwen1.5-moe-a2.7b": 5632}
 # sliding-window shapes: a local layer's window (Gemma 3: all but every sixth layer)
 SLIDING_WINDOW = {"gemma3-1b": 512, "gpt-oss-20b": 128}
 # YaRN: (factor, original context), as gpt-oss's files carry it
@@ -114,6 +117,8 @@ def write_shaped(
         w.add_expert_count(count)
         w.add_expert_used_count(used)
         w.add_expert_feed_forward_length(expert_ffn)
+    if shape in SHARED_EXPERT:
+        w.add_expert_shared_feed_forward_length(SHARED_EXPERT[shape])
     w.add_file_type(MIXES[direct] if direct else 1)  # llama_ftype: mostly F16, or the mix
     add_smollm_tokenizer(w)
     w.add_chat_template(tok["tokenizer.chat_template"])
@@ -175,6 +180,9 @@ def write_shaped(
         if arch == "olmoe":  # over all of q and all of k
             add(p + "attn_q_norm.weight", norm(heads * head_dim))
             add(p + "attn_k_norm.weight", norm(kv_heads * head_dim))
+        if arch == "qwen2moe":  # qwen2's q/k/v biases
+            for name, rows in (("attn_q", heads * head_dim), ("attn_k", kv_heads * head_dim), ("attn_v", kv_heads * head_dim)):
+                add(p + name + ".bias", bias(rows))
         add(p + "attn_output.weight", weight(dim, heads * head_dim))
         oss = arch == "gpt-oss"  # biases everywhere, a sink a head, its feed-forward norm named post_attention_norm
         add(p + ("post_attention_norm.weight" if oss else "ffn_norm.weight"), norm(dim))
@@ -198,6 +206,12 @@ def write_shaped(
             add(p + "ffn_gate_exps.weight", weight(expert_ffn, dim, count=count))
             add(p + "ffn_up_exps.weight", weight(expert_ffn, dim, count=count))
             add(p + "ffn_down_exps.weight", weight(dim, expert_ffn, count=count))
+            if shape in SHARED_EXPERT:  # the converter keeps its gate float32, as the router
+                shared = SHARED_EXPERT[shape]
+                add(p + "ffn_gate_inp_shexp.weight", matrix(1, dim, scale=2 * dim**-0.5).astype(np.float32))
+                add(p + "ffn_gate_shexp.weight", weight(shared, dim))
+                add(p + "ffn_up_shexp.weight", weight(shared, dim))
+                add(p + "ffn_down_shexp.weight", weight(dim, shared))
             continue
         if arch == "phi3":  # gate over up as one matrix
             add(p + "ffn_up.weight", np.concatenate([matrix(ffn, dim), matrix(ffn, dim)]))
@@ -231,8 +245,9 @@ def main() -> None:
     if args.list or not (args.shape and args.out):
         for name, (arch, layers, dim, ffn, heads, kv, hd, tied, _) in SHAPES.items():
             experts = ", {} experts ({} a token) of FFN {}".format(*EXPERTS[name]) if name in EXPERTS else ""
+            experts += f", a shared expert of FFN {SHARED_EXPERT[name]}" if name in SHARED_EXPERT else ""
             print(
-                f"{name:14} {arch:8} {layers} layers, dim {dim}, FFN {ffn}, {heads}/{kv} heads of {hd}{', tied' if tied else ''}{experts}"
+                f"{name:17} {arch:8} {layers} layers, dim {dim}, FFN {ffn}, {heads}/{kv} heads of {hd}{', tied' if tied else ''}{experts}"
             )
         return
     if args.direct or not args.type:

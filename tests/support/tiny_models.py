@@ -119,7 +119,9 @@ def write_tiny_gguf(
     rope_factors_short/long.weight. `renamed_tokens` ({id: text}) makes the vocabulary another one
     of the same size. A gemma3 file has q/k norms, post-norms and `sliding_window` (its local layers':
     all but every sixth); a gpt-oss file (with `experts`) q/k/v and output biases, sinks, biases on the
-    router and the experts, its feed-forward norm as post_attention_norm, every other layer windowed."""
+    router and the experts, its feed-forward norm as post_attention_norm, every other layer windowed;
+    a qwen2moe file (with `experts`) q/k/v biases and a shared expert of width `hidden` beside the
+    routed ones (ffn_{gate,up,down}_shexp, its F32 gate ffn_gate_inp_shexp)."""
     rng = np.random.default_rng(seed)
     tok = smollm_tokenizer_fields()
     vocab = len(tok["tokenizer.ggml.tokens"])
@@ -142,6 +144,8 @@ def write_tiny_gguf(
         w.add_expert_count(experts[0])
         w.add_expert_used_count(experts[1])
         w.add_expert_feed_forward_length(experts[2])
+        if arch == "qwen2moe":
+            w.add_expert_shared_feed_forward_length(hidden)
     w.add_rope_freq_base(10000.0)
     w.add_rope_dimension_count(rotary_dim or head_dim)
     if arch in ("gemma3", "gpt-oss"):
@@ -212,7 +216,7 @@ def write_tiny_gguf(
             add_matrix(p + "attn_q.weight", q, i)
             add_matrix(p + "attn_k.weight", k, i)
             add_matrix(p + "attn_v.weight", v, i)
-        if arch in ("qwen2", "gpt-oss"):
+        if arch in ("qwen2", "qwen2moe", "gpt-oss"):
             for name, n in (("q", n_heads), ("k", n_kv_heads), ("v", n_kv_heads)):
                 w.add_tensor(p + f"attn_{name}.bias", (0.1 * rng.standard_normal(n * head_dim)).astype(np.float32))
         if arch in ("qwen3", "qwen3moe", "gemma3"):
@@ -246,6 +250,11 @@ def write_tiny_gguf(
                 w.add_tensor(p + f"ffn_{name}_exps.bias", (0.5 * rng.standard_normal((count, rows))).astype(np.float32))
         if arch == "gpt-oss":
             w.add_tensor(p + "ffn_gate_inp.bias", (0.5 * rng.standard_normal(count)).astype(np.float32))
+        if arch == "qwen2moe":  # its gate one F32 row (as the converter writes it), its matrices a dense layer's
+            w.add_tensor(p + "ffn_gate_inp_shexp.weight", mat(1, dim, scale=2 * dim**-0.5))
+            add_matrix(p + "ffn_gate_shexp.weight", mat(hidden, dim), i)
+            add_matrix(p + "ffn_up_shexp.weight", mat(hidden, dim), i)
+            add_matrix(p + "ffn_down_shexp.weight", mat(dim, hidden), i)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -446,12 +455,20 @@ class Reference:
         probs /= probs.sum(-1, keepdims=True)
         chosen = np.argsort(-probs, axis=-1, kind="stable")[:, : self.experts_used]
         weights = np.take_along_axis(probs, chosen, -1)
-        if self.arch == "olmoe":  # OLMoE keeps the chosen probabilities as they are
+        if self.arch in ("olmoe", "qwen2moe"):  # OLMoE and Qwen2-MoE keep the chosen probabilities as they are
             return chosen, weights
         return chosen, weights / np.maximum(weights.sum(-1, keepdims=True), 6.103515625e-5)
 
+    def shared_expert(self, h: np.ndarray, p: str) -> np.ndarray:
+        """A shared expert's output for normed rows h (T, D): its SwiGLU times sigmoid(its gate . h), a number a row."""
+        w = self.w
+        gate, up = h @ w[p + "ffn_gate_shexp.weight"].T, h @ w[p + "ffn_up_shexp.weight"].T
+        out = ((gate / (1 + np.exp(-gate))) * up) @ w[p + "ffn_down_shexp.weight"].T
+        return out / (1 + np.exp(-(h @ w[p + "ffn_gate_inp_shexp.weight"].reshape(-1))))[:, None]
+
     def experts(self, h: np.ndarray, p: str) -> np.ndarray:
-        """The mixture of experts' output for normed rows h (T, D): each row's chosen experts' SwiGLU, weighted."""
+        """The mixture of experts' output for normed rows h (T, D): each row's chosen experts' SwiGLU,
+        weighted, plus the shared expert's where the layer has one."""
         gates, ups, downs = (self.w[p + f"ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))  # (E, F, D), (E, F, D), (E, D, F)
         out = np.zeros_like(h)
         bias = {n: self.w.get(p + f"ffn_{n}_exps.bias") for n in ("gate", "up", "down")}
@@ -463,4 +480,4 @@ class Reference:
                     continue
                 gate, up = np.minimum(gate + bias["gate"][e], 7.0), np.clip(up + bias["up"][e], -7.0, 7.0)  # gpt-oss's clamped SwiGLU
                 out[t] += weight * (downs[e] @ (gate / (1 + np.exp(-1.702 * gate)) * (up + 1)) + bias["down"][e])
-        return out
+        return out + self.shared_expert(h, p) if p + "ffn_gate_shexp.weight" in self.w else out

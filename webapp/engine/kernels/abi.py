@@ -44,7 +44,7 @@ KEY_CHUNK = 256  # attention's keys an item (isa.h): a sliding-window layer's ri
 SPIN_US = 100  # how long idle pool threads spin before sleeping (tq.h says why)
 CONSTANTS = {"INTERLEAVED": INTERLEAVED, "STACKED": STACKED, "MAX_PARTS": MAX_PARTS, "STACK_HEADER_BYTES": STACK_HEADER_BYTES}
 MAX_EXPERTS, MAX_EXPERTS_USED = 512, 32  # the most experts a layer has, and a token uses
-LAYER_MATRICES = 6  # a layer's first table entries are its matrices (LayerEntry.QKV .. UP)
+LAYER_MATRICES = 8  # a layer's first table entries are its matrices (LayerEntry.QKV .. SHARED_DOWN)
 # tq_forward's layer_info: each layer's LAYER_MATRICES matrix types, then its attention's flags, its
 # form, its attention's window and its cache's positions
 LAYER_INFO_FLAGS, LAYER_INFO_FORM, LAYER_INFO_WINDOW, LAYER_INFO_POSITIONS = range(LAYER_MATRICES, LAYER_MATRICES + 4)
@@ -116,7 +116,9 @@ class ModelEntry(enum.IntEnum):
 class LayerEntry(enum.IntEnum):
     """A layer's tensors in the model table; the first LAYER_MATRICES are its matrices (LayerShape.types'
     order). A mixture of experts' layer has a ROUTER, its GATE_UP, UP and DOWN are every expert's gate,
-    up and down matrices, and EXPERT_TOKENS counts the lanes each expert took; a dense layer's are 0."""
+    up and down matrices, and EXPERT_TOKENS counts the lanes each expert took; a dense layer's are 0.
+    A shared expert (Qwen2-MoE) has its SHARED_GATE_UP (gate over up) and SHARED_DOWN matrices and its
+    SHARED_GATE (D floats); a layer without one has 0 there."""
 
     QKV = 0
     O = 1  # noqa: E741 (tq.h's LAYER_O)
@@ -124,13 +126,16 @@ class LayerEntry(enum.IntEnum):
     DOWN = 3
     ROUTER = 4
     UP = 5
-    ATTN_NORM = 6
-    FFN_NORM = 7
-    CACHE = 8
-    EXTRAS = 9
-    EXPERT_TOKENS = 10
-    POST_NORMS = 11  # LayerForm.POST_NORMS' two norm weights (D floats each), or 0
-    BIASES = 12  # LayerForm.BIASES' biases (tq.h's order), or 0
+    SHARED_GATE_UP = 6
+    SHARED_DOWN = 7
+    ATTN_NORM = 8
+    FFN_NORM = 9
+    CACHE = 10
+    EXTRAS = 11
+    EXPERT_TOKENS = 12
+    POST_NORMS = 13  # LayerForm.POST_NORMS' two norm weights (D floats each), or 0
+    BIASES = 14  # LayerForm.BIASES' biases (tq.h's order), or 0
+    SHARED_GATE = 15  # a shared expert's gate (D floats), or 0
 
 
 def in_table_order(model: dict[ModelEntry, object], layers: list[dict[LayerEntry, object]]) -> list:
@@ -183,9 +188,11 @@ class Attention(ctypes.Structure):
 
 
 class Experts(ctypes.Structure):
-    """A mixture of experts: `count` a layer, `used` a token, each expert's feed-forward width; ExpertsFlag."""
+    """A mixture of experts: `count` a layer, `used` a token, each expert's feed-forward width; ExpertsFlag;
+    a shared expert's feed-forward width (0: none)."""
 
     _fields_ = [("count", ctypes.c_int32), ("used", ctypes.c_int32), ("ffn_dim", ctypes.c_int32), ("flags", ctypes.c_int32)]
+    _fields_ += [("shared_ffn_dim", ctypes.c_int32)]
 
 
 class LayerShape(ctypes.Structure):

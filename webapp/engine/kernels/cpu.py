@@ -71,9 +71,9 @@ class QuantizedCPU:
             address = ctypes.cast(getattr(library, name), ctypes.c_void_p).value
             self._programs[name] = _trampoline(address)
         # what a layer passes tq_layer for what it lacks (a mixture of experts' router, up matrices and
-        # counts, Gemma's post-norms, gpt-oss's biases), which tq_layer never reads: one buffer each, as
-        # a kernel's arguments are distinct buffers
-        self._unread = [device_array(np.zeros(1, np.int64)) for _ in range(5)]
+        # counts, a shared expert's matrices and gate, Gemma's post-norms, gpt-oss's biases), which
+        # tq_layer never reads: one buffer each, as a kernel's arguments are distinct buffers
+        self._unread = [device_array(np.zeros(1, np.int64)) for _ in range(8)]
         self._repack = library.tq_repack
         self._repack.argtypes, self._repack.restype = [ctypes.c_void_p] * 2 + [ctypes.POINTER(abi.Product)], ctypes.c_int
         self._forward = library.tq_forward
@@ -261,7 +261,8 @@ class QuantizedCPU:
         tokens = next(unread) if layer.expert_tokens is None else layer.expert_tokens
         post_norms = next(unread) if layer.post_norms is None else layer.post_norms
         biases = next(unread) if layer.biases is None else layer.biases
-        extras = (layer.cache, lanes, inv_freq, layer.extras, tokens, post_norms, biases, shape)
+        shared_gate = next(unread) if layer.shared_gate is None else layer.shared_gate
+        extras = (layer.cache, lanes, inv_freq, layer.extras, tokens, post_norms, biases, shared_gate, shape)
         return self._call("tq_layer", out, self._rows(x, D), *weights, attn_norm, ffn_norm, *extras)
 
     def whole_model(

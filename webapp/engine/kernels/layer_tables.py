@@ -20,7 +20,8 @@ from webapp.engine.kernels.block_weight import BlockWeight
 @dataclass(frozen=True)
 class LayerMatrices:
     """A layer's products in blocks, for `QuantizedCPU.layer`: a dense layer's four, or with a router a
-    mixture of experts' (gate_up, up and down then hold every expert's gate, up and down matrices)."""
+    mixture of experts' (gate_up, up and down then hold every expert's gate, up and down matrices), and
+    a shared expert's gate over up and down where it has one."""
 
     qkv: BlockWeight
     o: BlockWeight
@@ -28,11 +29,13 @@ class LayerMatrices:
     down: BlockWeight
     router: BlockWeight | None = None
     up: BlockWeight | None = None
+    shared_gate_up: BlockWeight | None = None
+    shared_down: BlockWeight | None = None
 
     @property
     def in_order(self) -> tuple[BlockWeight | None, ...]:
         """The matrices as the kernels take them (abi.LayerEntry's first LAYER_MATRICES)."""
-        return (self.qkv, self.o, self.gate_up, self.down, self.router, self.up)
+        return (self.qkv, self.o, self.gate_up, self.down, self.router, self.up, self.shared_gate_up, self.shared_down)
 
     @property
     def types(self):
@@ -62,6 +65,7 @@ class LayerTensors:
     form: int = 0  # abi.LayerForm
     post_norms: Tensor | None = None  # LayerForm.POST_NORMS' two weights, one after the other
     biases: Tensor | None = None  # LayerForm.BIASES': the output product's, then a mixture of experts'
+    shared_gate: Tensor | None = None  # a shared expert's gate (float32, D), with experts.shared_ffn_dim
 
     @property
     def info(self) -> list[int]:
@@ -75,7 +79,8 @@ class LayerTensors:
         E, m = abi.LayerEntry, self.matrices
         matrices = {entry: None if w is None else w.raw for entry, w in zip(list(E)[: abi.LAYER_MATRICES], m.in_order, strict=True)}
         own = {E.ATTN_NORM: self.attn_norm, E.FFN_NORM: self.ffn_norm, E.CACHE: self.cache, E.EXTRAS: self.extras}
-        return matrices | own | {E.EXPERT_TOKENS: self.expert_tokens, E.POST_NORMS: self.post_norms, E.BIASES: self.biases}
+        optional = {E.EXPERT_TOKENS: self.expert_tokens, E.POST_NORMS: self.post_norms, E.BIASES: self.biases}
+        return matrices | own | optional | {E.SHARED_GATE: self.shared_gate}
 
 
 @dataclass(frozen=True, eq=False)

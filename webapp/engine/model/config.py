@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from webapp.engine.model.ggml_types import GGML_TYPES, UNREADABLE_TYPES
 from webapp.engine.model.rope import attention_factor
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "olmoe", "smollm3", "phi3", "gemma3", "gpt-oss")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "olmoe", "smollm3", "phi3", "gemma3", "gpt-oss")
 # architectures whose files store the feed-forward's gate and up as one matrix (ffn_up, gate first)
 FUSED_GATE_UP = ("phi3",)
 # architectures whose files store each head's rotary pairs interleaved (llama.cpp's "norm" RoPE)
@@ -26,7 +26,9 @@ NO_ROPE_EVERY = {"smollm3": 4}
 # architectures whose every layer's feed-forward is a mixture of experts, and whether they divide the
 # chosen experts' weights by their sum (as llama.cpp builds each)
 # (gpt-oss's softmax over the chosen experts' logits is the same as dividing their probabilities by their sum)
-MIXTURE_OF_EXPERTS = {"qwen3moe": True, "olmoe": False, "gpt-oss": True}
+MIXTURE_OF_EXPERTS = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "gpt-oss": True}
+# mixtures with a shared expert beside the routed ones (ffn_*_shexp, gated by ffn_gate_inp_shexp)
+SHARED_EXPERT = ("qwen2moe",)
 # architectures whose q and k norms run over all of q and all of k, not a head at a time
 QK_NORM_WHOLE = ("olmoe",)
 # architectures whose experts' activation is gpt-oss's clamped SwiGLU (kernels' FORM_SWIGLU_CLAMPED)
@@ -44,6 +46,7 @@ GEMMA_LAYERS = ("gemma3",)
 # far past any real model: a file claiming more is corrupt, and would ask for absurd buffers
 LIMITS = {"block_count": 1024, "embedding_length": 1 << 17, "feed_forward_length": 1 << 20, "attention.head_count": 1024}
 LIMITS |= {"expert_count": 512, "expert_used_count": 32, "expert_feed_forward_length": 1 << 20}  # tq.h's MAX_EXPERTS, MAX_EXPERTS_USED
+LIMITS |= {"expert_shared_feed_forward_length": 1 << 20}
 
 
 class ModelLoadError(ValueError):
@@ -71,6 +74,7 @@ class ModelConfig:
     experts_used: int = 0  # ...how many a token uses...
     expert_hidden_dim: int = 0  # ...each one's feed-forward width...
     expert_weights_norm: bool = False  # ...and whether the chosen ones' weights are divided by their sum
+    shared_expert_hidden_dim: int = 0  # a shared expert's feed-forward width (SHARED_EXPERT; 0: none)
     no_rope_every: int = 0  # every n-th layer attends without RoPE (0: none)
     rotary_dim: int = 0  # RoPE turns each head's first rotary_dim values (rope.dimension_count; 0: the head size)
     fused_qkv: bool = False  # q, k and v stored as one matrix, attn_qkv (phi3)
@@ -155,6 +159,8 @@ class ModelConfig:
             expert_hidden = count("expert_feed_forward_length")
             if experts_used > experts:
                 raise ModelLoadError(f"GGUF metadata {arch}.expert_used_count = {experts_used}: more than the {experts} experts")
+        # as llama.cpp reads it: the shared expert's own width, else the file's feed-forward width
+        shared_hidden = count("expert_shared_feed_forward_length", kv.get(f"{arch}.feed_forward_length")) if arch in SHARED_EXPERT else 0
         rotary = count("rope.dimension_count", head_dim)
         if rotary % 2 or rotary > head_dim:
             raise ModelLoadError(
@@ -188,6 +194,7 @@ class ModelConfig:
             experts_used=experts_used,
             expert_hidden_dim=expert_hidden,
             expert_weights_norm=MIXTURE_OF_EXPERTS.get(arch, False),
+            shared_expert_hidden_dim=shared_hidden,
             no_rope_every=NO_ROPE_EVERY.get(arch, 0),
             rotary_dim=rotary,
             sliding_window=window,
@@ -215,6 +222,10 @@ class ModelConfig:
         if self.expert_biases:  # a vector the router, a row an expert for the experts' products
             shapes |= {p + "ffn_gate_inp.bias": (1, E), p + "ffn_gate_exps.bias": (E, F), p + "ffn_up_exps.bias": (E, F)}
             shapes |= {p + "ffn_down_exps.bias": (E, self.dim)}
+        if self.shared_expert_hidden_dim:  # its gate a vector, its matrices a dense layer's
+            S = self.shared_expert_hidden_dim
+            shapes |= {p + "ffn_gate_inp_shexp.weight": (1, self.dim), p + "ffn_gate_shexp.weight": (S, self.dim)}
+            shapes |= {p + "ffn_up_shexp.weight": (S, self.dim), p + "ffn_down_shexp.weight": (self.dim, S)}
         return shapes
 
     def tensor_shapes(self) -> dict[str, tuple[int, int]]:

@@ -35,7 +35,7 @@ class MoeBlock(TransformerBlock):
         self.expert_blocks = self.expert_tokens = None
         # in blocks only where the whole layer runs as one kernel: the five-kernel path has no
         # kernel for the experts, and takes the float16 ones
-        if self.kernels is not None and isinstance(self.router, BlockLinear) and self._attention_in_blocks:
+        if self.kernels is not None and self._router_in_blocks and self._attention_in_blocks:
             blocks = [weights.experts(name, c.experts) for name in names]
             if None not in blocks:
                 self.expert_blocks = blocks
@@ -44,6 +44,11 @@ class MoeBlock(TransformerBlock):
             self.gate_exps = weights.float_experts(names[0], transposed=True)  # (E, D, F)
             self.up_exps = weights.float_experts(names[1], transposed=True)  # (E, D, F)
             self.down_exps = weights.float_experts(names[2], transposed=True)  # (E, F, D)
+
+    @property
+    def _router_in_blocks(self) -> bool:
+        """Whether the feed-forward's matrices other than the experts are in blocks (a shared expert's too)."""
+        return isinstance(self.router, BlockLinear)
 
     def routed_tokens(self) -> np.ndarray | None:
         """How many lanes each expert has taken since load (int64, one an expert), where the kernels

@@ -47,6 +47,7 @@ from webapp.engine.model.memory import plan as memory_plan
 from webapp.engine.model.moe_block import MoeBlock
 from webapp.engine.model.ops import rms_norm, rotation
 from webapp.engine.model.rope import RopeUnsupported, inverse_frequencies
+from webapp.engine.model.shared_expert_block import SharedExpertBlock
 from webapp.engine.model.weights import WeightSource
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 # weights.FloatHead); unquantized files keep an exact float16 head.
 FLOAT_FILE_TYPES = (0, 1, 32)
 # the layer of an architecture with a layer of its own
-ARCHITECTURE_BLOCKS = {"gemma3": Gemma3Block, "gpt-oss": GptOssBlock}
+ARCHITECTURE_BLOCKS = {"gemma3": Gemma3Block, "gpt-oss": GptOssBlock, "qwen2moe": SharedExpertBlock}
 
 
 class Transformer:

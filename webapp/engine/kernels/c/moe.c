@@ -5,7 +5,9 @@
  *   weights (divided by their sum with EXPERTS_NORM_WEIGHTS);  expert e: W_down[e] . swiglu(W_gate[e] . n | W_up[e] . n)
  * With `biases` (FORM_BIASES: the router's, then every expert's gate, up and down biases) each
  * product adds its own, and FORM_SWIGLU_CLAMPED takes gpt-oss's clamped SwiGLU for swiglu (gpt-oss's
- * softmax over the chosen logits is their probs divided by their sum: EXPERTS_NORM_WEIGHTS).
+ * softmax over the chosen logits is their probs divided by their sum: EXPERTS_NORM_WEIGHTS). With
+ * experts.shared_ffn_dim, a shared expert's gated output (shared_expert.c) joins the routed sum before
+ * the residual: out = h + (sum_j ... + shared), as llama.cpp adds them (Qwen2-MoE).
  * The step's lanes are grouped by expert, so each chosen expert's blocks are read once a step however
  * many lanes chose it (a B=8 decode step of Qwen3-30B-A3B names ~52 of 128 experts with an even
  * router, where lane by lane would read 64), each expert's products spread over the pool like any
@@ -34,6 +36,13 @@ static void choose_experts(const float *logits, int count, int used, int flags, 
   }
 }
 
+/* A layer's matrices and what a mixture of experts adds, by address (tq.h's LAYER_* entries). */
+typedef struct {
+  const uint8_t *qkv, *o, *gate_up, *down, *router, *up, *shared_gate_up, *shared_down;
+  int64_t *expert_tokens;
+  const float *shared_gate;
+} layer_matrices;
+
 static __thread scratch_t moe_buffers;
 
 /* rows (n, width, `stride` floats apart) += bias */
@@ -42,8 +51,10 @@ static void add_bias(float *rows, int n, int width, size_t stride, const float *
     for (int j = 0; j < width; j++) rows[(size_t)i * stride + j] += bias[j];
 }
 
-static void moe_feed_forward(float *out, const float *h, const uint8_t *w_router, const uint8_t *w_gate, const uint8_t *w_up, const uint8_t *w_down,
-                             const float *ffn_norm, const float *biases, int64_t *expert_tokens, const tq_layer_shape *shape) {
+static void moe_feed_forward(float *out, const float *h, const layer_matrices *w, const float *ffn_norm, const float *biases,
+                             const tq_layer_shape *shape) {
+  const uint8_t *w_router = w->router, *w_gate = w->gate_up, *w_up = w->up, *w_down = w->down;
+  int64_t *expert_tokens = w->expert_tokens;
   const int B = shape->attention.lanes, D = shape->dim, E = shape->experts.count, K = shape->experts.used, F = shape->experts.ffn_dim;
   const int nb = D / 32;
   const int t_router = shape->types[LAYER_ROUTER], t_gate = shape->types[LAYER_GATE_UP], t_up = shape->types[LAYER_UP],
@@ -60,6 +71,7 @@ static void moe_feed_forward(float *out, const float *h, const uint8_t *w_router
       (size_t)B * 2 * F * sizeof(float),        /* 7: one expert's gate | up rows */
       (size_t)B * D * sizeof(float),            /* 8: one expert's outputs */
       (size_t)B * K * D * sizeof(float),        /* 9: every (lane, rank)'s expert output */
+      (size_t)B * D * sizeof(float),            /* 10: the shared expert's output, if any */
   };
   enum { PIECES = sizeof pieces / sizeof *pieces };
   size_t at[PIECES], total = 0;
@@ -71,6 +83,7 @@ static void moe_feed_forward(float *out, const float *h, const uint8_t *w_router
   float *weights = (float *)(chosen + (size_t)B * K);
   int32_t *starts = (int32_t *)(base + at[6]), *members = starts + E + 1;
   float *gate_up = (float *)(base + at[7]), *expert_out = (float *)(base + at[8]), *outputs = (float *)(base + at[9]);
+  float *shared = shape->experts.shared_ffn_dim ? (float *)(base + at[10]) : 0;
 
   float *sums = expert_out; /* free until the first expert runs */
   square_sums(h, B, D, sums);
@@ -119,13 +132,14 @@ static void moe_feed_forward(float *out, const float *h, const uint8_t *w_router
     if (biases) add_bias(expert_out, n, D, D, down_bias + (size_t)e * D);
     for (int i = 0; i < n; i++) memcpy(outputs + (size_t)members[starts[e] + i] * D, expert_out + (size_t)i * D, D * sizeof(float));
   }
+  if (shared) shared_expert(shared, normed, w->shared_gate_up, w->shared_down, w->shared_gate, shape);
   for (int b = 0; b < B; b++) {
     float *o = out + (size_t)b * D;
     const float *hb = h + (size_t)b * D;
     for (int i = 0; i < D; i++) {
       float mixed = 0.0f;
       for (int j = 0; j < K; j++) mixed += weights[(size_t)b * K + j] * outputs[((size_t)b * K + j) * D + i];
-      o[i] = hb[i] + mixed;
+      o[i] = hb[i] + (shared ? mixed + shared[(size_t)b * D + i] : mixed);
     }
   }
 }

@@ -1,7 +1,8 @@
 /* ---- a whole layer ---------------------------------------------------------------------------- */
-/* tq_layer(out, x, w_qkv, w_o, w_gate_up, w_down, w_router, w_up, attn_norm, ffn_norm, cache, lanes,
- * inv_freq, extras, expert_tokens, post_norms, biases, shape): one transformer layer for B lanes, the five
- * kernels above in a row with their intermediates in this thread's scratch:
+/* tq_layer(out, x, w_qkv, w_o, w_gate_up, w_down, w_router, w_up, w_shared_gate_up, w_shared_down,
+ * attn_norm, ffn_norm, cache, lanes, inv_freq, extras, expert_tokens, post_norms, biases, shared_gate,
+ * shape): one transformer layer for B lanes, the five kernels above in a row with their intermediates
+ * in this thread's scratch:
  *   qkv = W_qkv . rms_norm(x) * attn_norm;  a = attention(qkv);  h = x + W_o . a;
  *   out = h + W_down . swiglu(W_gate_up . rms_norm(h) * ffn_norm)
  * or, in a mixture-of-experts layer, the last line as moe.c's feed-forward. shape->form changes two
@@ -23,12 +24,6 @@ static void prefetch_new_entries(const uint16_t *cache, const int32_t *lanes, co
         for (size_t at = 0; at < kv_row_bytes(shape); at += 64) __builtin_prefetch(entry + at, 1, 3);
       }
 }
-
-/* A layer's matrices and what a mixture of experts adds, by address (tq.h's LAYER_* entries). */
-typedef struct {
-  const uint8_t *qkv, *o, *gate_up, *down, *router, *up;
-  int64_t *expert_tokens;
-} layer_matrices;
 
 /* rows (B, n) = residual + rms_norm(rows) * weight, a row at a time */
 static void add_normed(float *rows, const float *residual, const float *weight, int B, int n, float eps) {
@@ -59,7 +54,7 @@ static void layer(float *out, const float *x, const layer_matrices *w, const flo
     for (int b = 0; b < B; b++)
       for (int i = 0; i < D; i++) h[(size_t)b * D + i] += biases[i];
   if (moe) {
-    moe_feed_forward(out, h, w->router, w->gate_up, w->up, w->down, ffn_norm, shape->form & FORM_BIASES ? biases + D : 0, w->expert_tokens, shape);
+    moe_feed_forward(out, h, w, ffn_norm, shape->form & FORM_BIASES ? biases + D : 0, shape);
     return;
   }
   const tq_product gate_up_shape = {shape->types[LAYER_GATE_UP], 2 * F, D, B, eps}, down_shape = {shape->types[LAYER_DOWN], D, F, B, eps};
@@ -69,12 +64,12 @@ static void layer(float *out, const float *x, const layer_matrices *w, const flo
 }
 
 void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w_o, const uint8_t *w_gate_up, const uint8_t *w_down,
-              const uint8_t *w_router, const uint8_t *w_up, const float *attn_norm, const float *ffn_norm, uint16_t *cache, const int32_t *lanes,
-              const float *inv_freq, const float *extras, int64_t *expert_tokens, const float *post_norms, const float *biases,
-              const tq_layer_shape *shape) {
+              const uint8_t *w_router, const uint8_t *w_up, const uint8_t *w_shared_gate_up, const uint8_t *w_shared_down,
+              const float *attn_norm, const float *ffn_norm, uint16_t *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
+              int64_t *expert_tokens, const float *post_norms, const float *biases, const float *shared_gate, const tq_layer_shape *shape) {
   const float *rotations = rope_rotations(&rotation_rows, lanes, shape->attention.lanes, inv_freq, shape->attention.head_dim,
                                           shape->attention.rotary_dim, shape->attention.rope_scale);
-  const layer_matrices w = {w_qkv, w_o, w_gate_up, w_down, w_router, w_up, expert_tokens};
+  const layer_matrices w = {w_qkv, w_o, w_gate_up, w_down, w_router, w_up, w_shared_gate_up, w_shared_down, expert_tokens, shared_gate};
   layer(out, x, &w, attn_norm, ffn_norm, post_norms, biases, cache, lanes, rotations, extras, shape);
 }
 
@@ -86,7 +81,8 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
  * `model` holds the model's tensors by address (uint64): the embedding matrix, the final norm, the
  * head matrix, the RoPE inverse frequencies, then per layer its qkv, o, gate_up and down matrices, its
  * two norms, its KV cache and its attention extras, and a mixture of experts' router, up matrices and
- * token counts, a post-normed layer's norms, a layer's biases (the order of tq.h's MODEL_* and LAYER_* entries). step:
+ * token counts, a post-normed layer's norms, a layer's biases and a shared expert's gate (the order of
+ * tq.h's MODEL_* and LAYER_* entries; a shared expert's matrices follow the up matrices). step:
  * tq_step (B = step->attention.lanes, R = step->picks); layer_info: each layer's LAYER_INFO numbers in
  * turn (its matrices' types, its attention's flags, form, window and cache positions). cpu.py calls it directly, on the model thread, which then works through
  * the pool's jobs itself: replayed inside a TinyJit, the same one-kernel step took 2.8 ms longer of
@@ -122,7 +118,8 @@ void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, cons
     layer_shape.experts = m[LAYER_ROUTER] ? step->experts : dense;
     const layer_matrices w = {AT(const uint8_t *, LAYER_QKV),    AT(const uint8_t *, LAYER_O), AT(const uint8_t *, LAYER_GATE_UP),
                               AT(const uint8_t *, LAYER_DOWN),   AT(const uint8_t *, LAYER_ROUTER), AT(const uint8_t *, LAYER_UP),
-                              AT(int64_t *, LAYER_EXPERT_TOKENS)};
+                              AT(const uint8_t *, LAYER_SHARED_GATE_UP), AT(const uint8_t *, LAYER_SHARED_DOWN),
+                              AT(int64_t *, LAYER_EXPERT_TOKENS), AT(const float *, LAYER_SHARED_GATE)};
     /* in place: layer() reads x for the last time (the attention's residual) before it writes out */
     layer(x, x, &w, AT(const float *, LAYER_ATTN_NORM), AT(const float *, LAYER_FFN_NORM), AT(const float *, LAYER_POST_NORMS),
           AT(const float *, LAYER_BIASES), AT(uint16_t *, LAYER_CACHE), lanes, layer_shape.attention.flags & ATTEND_LOCAL_ROPE ? local_rotations : rotations,

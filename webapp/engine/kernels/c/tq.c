@@ -64,6 +64,7 @@
 #include "pool.c"
 #include "linear.c"
 #include "attention.c"
+#include "shared_expert.c"
 #include "moe.c"
 #include "step.c"
 #include "abi.c"

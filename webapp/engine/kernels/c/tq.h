@@ -65,11 +65,24 @@ enum { SPIN_US = 100 };
  * expert's gate, up and down matrices, expert after expert; a dense layer's GATE_UP holds gate over up,
  * and its ROUTER, UP and EXPERT_TOKENS are 0. EXPERT_TOKENS: where a step adds how many of its lanes
  * chose each expert (int64 an expert), or 0 for none. POST_NORMS: FORM_POST_NORMS' two norm weights
- * (D floats each), or 0; BIASES: FORM_BIASES' biases, or 0. INV_FREQ_LOCAL: ATTEND_LOCAL_ROPE layers'
- * RoPE frequencies, or 0 for none. */
+ * (D floats each), or 0; BIASES: FORM_BIASES' biases, or 0. A mixture with a shared expert (Qwen2-MoE,
+ * tq_experts.shared_ffn_dim > 0) has its SHARED_GATE_UP (gate over up) and SHARED_DOWN matrices and
+ * its SHARED_GATE, the D floats whose product with a lane's normed row, through a sigmoid, scales the
+ * shared expert's output (shared_expert.c); else the three are 0. INV_FREQ_LOCAL: ATTEND_LOCAL_ROPE
+ * layers' RoPE frequencies, or 0 for none. */
 enum { MODEL_EMBED, MODEL_NORM, MODEL_HEAD, MODEL_INV_FREQ, MODEL_INV_FREQ_LOCAL, MODEL_LAYERS };
-enum { LAYER_QKV, LAYER_O, LAYER_GATE_UP, LAYER_DOWN, LAYER_ROUTER, LAYER_UP, LAYER_MATRICES = 6 };
-enum { LAYER_ATTN_NORM = LAYER_MATRICES, LAYER_FFN_NORM, LAYER_CACHE, LAYER_EXTRAS, LAYER_EXPERT_TOKENS, LAYER_POST_NORMS, LAYER_BIASES, LAYER_ENTRIES };
+enum { LAYER_QKV, LAYER_O, LAYER_GATE_UP, LAYER_DOWN, LAYER_ROUTER, LAYER_UP, LAYER_SHARED_GATE_UP, LAYER_SHARED_DOWN, LAYER_MATRICES = 8 };
+enum {
+  LAYER_ATTN_NORM = LAYER_MATRICES,
+  LAYER_FFN_NORM,
+  LAYER_CACHE,
+  LAYER_EXTRAS,
+  LAYER_EXPERT_TOKENS,
+  LAYER_POST_NORMS,
+  LAYER_BIASES,
+  LAYER_SHARED_GATE,
+  LAYER_ENTRIES
+};
 /* tq_forward's layer_info: each layer's LAYER_MATRICES matrix types, then its attention's flags, its
  * form, its attention's window and its cache's positions (tq_attention's). */
 enum { LAYER_INFO_FLAGS = LAYER_MATRICES, LAYER_INFO_FORM, LAYER_INFO_WINDOW, LAYER_INFO_POSITIONS, LAYER_INFO };
@@ -102,9 +115,10 @@ typedef struct {
 } tq_attention;
 
 /* A mixture of experts' sizes: `count` experts a layer, `used` of them a token, each with a
- * feed-forward of ffn_dim; flags EXPERTS_NORM_WEIGHTS. count 0: the layers are dense. */
+ * feed-forward of ffn_dim; flags EXPERTS_NORM_WEIGHTS; a shared expert's feed-forward width, which
+ * every token runs beside its chosen ones (0: none). count 0: the layers are dense. */
 typedef struct {
-  int32_t count, used, ffn_dim, flags;
+  int32_t count, used, ffn_dim, flags, shared_ffn_dim;
 } tq_experts;
 
 /* A whole layer: its attention, the model's width D and the feed-forward's F, its matrices' types,
@@ -112,7 +126,7 @@ typedef struct {
 typedef struct {
   tq_attention attention;
   int32_t dim, ffn_dim;
-  int32_t types[LAYER_MATRICES]; /* of LAYER_QKV, LAYER_O, LAYER_GATE_UP, LAYER_DOWN, LAYER_ROUTER and LAYER_UP */
+  int32_t types[LAYER_MATRICES]; /* of LAYER_QKV .. LAYER_SHARED_DOWN, in that order */
   tq_experts experts;
   int32_t form; /* FORM_POST_NORMS | FORM_GEGLU | FORM_BIASES | FORM_SWIGLU_CLAMPED */
 } tq_layer_shape;
@@ -169,11 +183,12 @@ void tq_swiglu_linear(float *out, const uint8_t *w, const float *gate_up, const 
 void tq_attend(float *out, const float *qkv, void *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
                const tq_attention *shape);
 /* A whole layer: those five in a row (see step.c), or a mixture of experts' feed-forward after the
- * attention (shape->experts.count > 0; a dense layer's w_router, w_up and expert_tokens are unread). */
+ * attention (shape->experts.count > 0; a dense layer's w_router, w_up and expert_tokens are unread, and
+ * the shared expert's w_shared_gate_up, w_shared_down and shared_gate where it has none). */
 void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w_o, const uint8_t *w_gate_up, const uint8_t *w_down,
-              const uint8_t *w_router, const uint8_t *w_up, const float *attn_norm, const float *ffn_norm, uint16_t *cache, const int32_t *lanes,
-              const float *inv_freq, const float *extras, int64_t *expert_tokens, const float *post_norms, const float *biases,
-              const tq_layer_shape *shape);
+              const uint8_t *w_router, const uint8_t *w_up, const uint8_t *w_shared_gate_up, const uint8_t *w_shared_down,
+              const float *attn_norm, const float *ffn_norm, uint16_t *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
+              int64_t *expert_tokens, const float *post_norms, const float *biases, const float *shared_gate, const tq_layer_shape *shape);
 /* A whole step: embedding, every layer, the final norm and the head, the model's tensors passed by
  * address (model, in MODEL_* and LAYER_* order), each layer's LAYER_INFO numbers in layer_info. */
 void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, const int32_t *picks, const uint64_t *model, const tq_step *step,
