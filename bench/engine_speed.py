@@ -8,7 +8,7 @@ the per-token decode and sampling time of a request constrained by a JSON schema
 one, and batched decode steps at B = 1, 2, 4, 8. llama.cpp runs on the same GGUF in the same run when
 one of these is at hand, and a column with our speed as a share of its speed is printed:
   --llama-bench PATH  llama.cpp's `llama-bench` binary (`-p 50,500 -n 64 -t <usable cores> -o json`):
-                      the prefill and decode rows
+                      the prefill and decode rows, run before our model loads
   llama_cpp           llama-cpp-python (optional, never needed by the tests), in this process: the
                       prefill, decode, start and time-to-first-token rows
 Kernels are whatever the server would use: tuned ones when `make tune` has run for this
@@ -217,12 +217,15 @@ def main():
     ap.add_argument(
         "--cpu-kernels", choices=("on", "off"), default="on", help="off: tinygrad's float16 path for every matrix (LLM_CPU_KERNELS=false)"
     )
-    ap.add_argument("--llama-bench", metavar="PATH", help="llama.cpp's llama-bench binary, run on the same GGUF after our rows")
+    ap.add_argument("--llama-bench", metavar="PATH", help="llama.cpp's llama-bench binary, run on the same GGUF before our rows")
     args = ap.parse_args()
     path = args.model or default_model_path()
+    # llama-bench first: its process has ended before our model loads, so a file of more than half
+    # the memory is never held twice (a 17 GiB Qwen3-30B-A3B on this 24 GiB machine was killed)
+    theirs = llama_bench_rows(args.llama_bench, path) if args.llama_bench else None
     mine, chat = ours(path, cpu_kernels=args.cpu_kernels == "on")
     if args.llama_bench:
-        theirs, source = llama_bench_rows(args.llama_bench, path), f"llama.cpp = `llama-bench -t {usable_cores()}`"
+        source = f"llama.cpp = `llama-bench -t {usable_cores()}`"
     else:
         theirs, source = llama_cpp_rows(path, chat), f"llama.cpp = llama-cpp-python in this process, {usable_cores()} threads"
     print(
