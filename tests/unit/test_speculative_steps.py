@@ -18,7 +18,7 @@ class ScriptedDrafter:
     """Proposes its script's drafts in turn (then nothing), and remembers what it was told."""
 
     def __init__(self, script):
-        self.script, self.updates, self.lanes = list(script), [], []
+        self.script, self.updates, self.batches = list(script), [], []
 
     def __call__(self, prompt_ids, recent=None):  # stands in for PromptLookup(prompt_ids, recent)
         return self
@@ -26,8 +26,8 @@ class ScriptedDrafter:
     def extend(self, tokens):
         pass
 
-    def propose(self, limit, batch=1, lanes=None):
-        self.lanes.append(lanes)
+    def propose(self, limit, batch=1):
+        self.batches.append(batch)
         return self.script.pop(0)[:limit] if self.script else []
 
     def update(self, drafted, accepted):
@@ -89,17 +89,17 @@ def test_drafts_are_verified_in_the_step_that_prefills_another_prompt():
     mixed = [c for c in runner.calls if c[0] == "mixed drafted"]
     assert mixed and mixed[0][2] == (first.id,) and mixed[0][3] == ((5, 6, 9),)
     assert drafter.updates[0] == (3, 2)  # 5 6 confirmed, then the sample 7 where the draft said 9
-    # the chunk's tokens count as lanes of the step: a drafted lane costs less beside them
-    assert max(lanes for lanes in drafter.lanes if lanes) > 1
+    # the prefilling request counts as one that will decode beside the first: drafts must pay as in a batch of two
+    assert drafter.batches[:2] == [2, 2]
 
 
 def test_a_request_cancelled_while_its_drafts_are_verified_frees_its_slot_and_drafter():
     runner = FakeRunner(vocab=VOCAB, speculates=True)
 
     class Holding(ScriptedDrafter):
-        def propose(self, limit, batch=1, lanes=None):
+        def propose(self, limit, batch=1):
             runner.gate.clear()  # the verification step about to run waits at the gate
-            return super().propose(limit, batch, lanes)
+            return super().propose(limit, batch)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(speculation, "PromptLookup", Holding([[4, 5, 6]]))

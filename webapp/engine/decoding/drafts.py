@@ -31,14 +31,12 @@ RECOVERY = 0.02  # added to p per undrafted step
 MEMORY = 0.3  # the weight of the latest proposal in the acceptance average
 
 
-def lane_cost(batch: int, draft_cost: float = 0.0, lanes: int | None = None) -> float:
-    """A drafted token's cost against one sequence's share of a step of `batch` sequences in `lanes`
-    lanes (more than `batch` where prompt chunks share the step): a step costs 1 + LANE_COST (lanes - 1)
-    one-lane steps, so a lane's share of it shrinks as steps grow, and a draft must be likelier to pay
-    (at 8 sequences a drafted token needs p ~0.85 where one needs 0.2; one sequence beside a 32-token
-    prompt chunk, ~0.03). `draft_cost`: what making the token cost besides its lane (a draft model's step), in
-    one-lane steps."""
-    return (LANE_COST + draft_cost) * batch / (1 + LANE_COST * ((lanes or batch) - 1))
+def lane_cost(batch: int, draft_cost: float = 0.0) -> float:
+    """A drafted token's cost against one sequence's share of a step of `batch` lanes: a step costs
+    1 + LANE_COST (batch - 1) one-lane steps, so a lane's share of it shrinks as batches grow, and a
+    draft must be likelier to pay (at 8 lanes a drafted token needs p ~0.85 where one lane needs 0.2).
+    `draft_cost`: what making the token cost besides its lane (a draft model's step), in one-lane steps."""
+    return (LANE_COST + draft_cost) * batch / (1 + LANE_COST * (batch - 1))
 
 
 def gain(p: float, k: int, cost: float) -> float:
@@ -47,10 +45,10 @@ def gain(p: float, k: int, cost: float) -> float:
     return (1 - p ** (k + 1)) / (1 - p) / (1 + cost * k)
 
 
-def draft_length(p: float, limit: int = DRAFT_MAX, batch: int = 1, draft_cost: float = 0.0, lanes: int | None = None) -> int:
+def draft_length(p: float, limit: int = DRAFT_MAX, batch: int = 1, draft_cost: float = 0.0) -> int:
     """The k <= limit that maximizes expected tokens per step time, (1 - p^(k+1)) / (1 - p) / (1 + c k),
-    c a drafted token's cost in a step of `batch` sequences in `lanes` lanes (`lane_cost`)."""
-    cost = lane_cost(batch, draft_cost, lanes)
+    c a drafted token's cost in a step of `batch` lanes (`lane_cost`)."""
+    cost = lane_cost(batch, draft_cost)
     best, best_gain = 0, 1.0
     for k in range(1, limit + 1):
         if (g := gain(p, k, cost)) > best_gain:
@@ -66,15 +64,15 @@ class Acceptance:
     def __init__(self, draft_cost: float = 0.0):
         self.rate, self.draft_cost = 0.5, draft_cost
 
-    def length(self, limit: int, batch: int = 1, lanes: int | None = None) -> int:
+    def length(self, limit: int, batch: int = 1) -> int:
         """How many tokens to draft now (at most `limit`); an undrafted step raises p a little."""
-        k = draft_length(self.rate, min(limit, DRAFT_MAX), batch, self.draft_cost, lanes)
+        k = draft_length(self.rate, min(limit, DRAFT_MAX), batch, self.draft_cost)
         if k <= 0:
             self.rate = min(1.0, self.rate + RECOVERY)
         return k
 
-    def gain(self, k: int, batch: int = 1, lanes: int | None = None) -> float:
-        return gain(self.rate, k, lane_cost(batch, self.draft_cost, lanes))
+    def gain(self, k: int, batch: int = 1) -> float:
+        return gain(self.rate, k, lane_cost(batch, self.draft_cost))
 
     def update(self, drafted: int, accepted: int) -> None:
         """A proposal of `drafted` tokens had its first `accepted` confirmed: that many trials passed,
@@ -144,10 +142,10 @@ class PromptLookup(Acceptance):
                         self._previous[gram] = self._last[gram]
                     self._last[gram] = end
 
-    def propose(self, limit: int, batch: int = 1, lanes: int | None = None) -> list[int]:
-        """Up to `limit` tokens (as many as acceptance pays for in a step of `batch` sequences in
-        `lanes` lanes) that followed the last n-gram before."""
-        limit = self.length(limit, batch, lanes)
+    def propose(self, limit: int, batch: int = 1) -> list[int]:
+        """Up to `limit` tokens (as many as acceptance pays for in a step of `batch` sequences) that
+        followed the last n-gram before."""
+        limit = self.length(limit, batch)
         if limit <= 0:
             return []
         for gram in grams(self.tokens, len(self.tokens)):

@@ -138,13 +138,12 @@ class Drafter:
     def extend(self, tokens) -> None:
         self.lookup.extend(tokens)
 
-    def plan(self, limit: int, batch: int = 1, lanes: int | None = None) -> tuple[list[int], int]:
+    def plan(self, limit: int, batch: int = 1) -> tuple[list[int], int]:
         """(prompt lookup's draft, 0), or ([], k) to ask the draft model for k tokens: whichever source
-        yields more tokens per unit of step time at its own acceptance, in a step of `batch` sequences
-        in `lanes` lanes; ([], 0) when neither pays."""
-        draft = self.lookup.propose(limit, batch, lanes)
-        k = self.model.length(limit, batch, lanes) if self.model is not None else 0
-        if k and (not draft or self.model.gain(k, batch, lanes) > self.lookup.gain(len(draft), batch, lanes)):
+        yields more tokens per unit of step time at its own acceptance; ([], 0) when neither pays."""
+        draft = self.lookup.propose(limit, batch)
+        k = self.model.length(limit, batch) if self.model is not None else 0
+        if k and (not draft or self.model.gain(k, batch) > self.lookup.gain(len(draft), batch)):
             self.source = self.model
             return [], k
         self.source = self.lookup if draft else None

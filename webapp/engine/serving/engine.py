@@ -241,8 +241,8 @@ class Engine:
         if plan.mixed and len(chunks) == len(plan.chunks):
             batch, parts = list(plan.decode), [(c.request, c.tokens, c.start) for c in chunks]
             positions = self._positions(batch)
-            # the chunks' tokens are lanes of the step too: beside them a drafted lane costs less
-            drafts = self.speculation.drafts(batch, positions, self.loaded, lanes=len(batch) + sum(len(c.tokens) for c in chunks))
+            waiting = min(len(self.scheduler.running) + len(self.scheduler.waiting), self.n_slots)
+            drafts = self.speculation.drafts(batch, positions, self.loaded, sharing=waiting)
             try:
                 verify = runner.prefill_and_verify if any(drafts) else lambda p, b, _, s: runner.prefill_and_decode(p, b, s)
                 firsts, rows = verify(parts, batch, drafts, positions)

@@ -37,15 +37,18 @@ class Speculation:
             draft = runner.draft if self.use_draft_model else None
             request.drafter = Drafter(PromptLookup(request.prompt_ids, self.recent), draft)
 
-    def drafts(self, batch: list[Request], positions: list[int], loaded, lanes: int | None = None) -> list[list[int]]:
+    def drafts(self, batch: list[Request], positions: list[int], loaded, sharing: int = 0) -> list[list[int]]:
         """Each lane's drafted tokens, within the step's lane budget (oldest first): speculation fills
         a step that has room, never one that the batch fills already, and never drafts past a
-        request's max_tokens or the context (`positions`: where each lane's fed token goes; `lanes`:
-        the step's lanes, prompt chunks' tokens included, when more than the batch's)."""
+        request's max_tokens or the context (`positions`: where each lane's fed token goes).
+        `sharing`: the requests that will decode beside these soon (prefilling or queued, in a step
+        that prefills too): a drafted token is worth what a token costs in their batched steps, so
+        drafts must be as likely as in a full batch's step. Drafting beside a prompt by the batch
+        alone made each prefill step longer for everyone behind it (8 streams at once: 0.93x)."""
         room, drafts, asks = DRAFTED_LANES - len(batch), [], []
         for request, position in zip(batch, positions, strict=True):
             limit = min(room, request.params.max_tokens - len(request.output_ids) - 1, loaded.context - 2 - position)
-            draft, ask = request.drafter.plan(limit, len(batch), lanes) if request.drafter is not None and limit > 0 else ([], 0)
+            draft, ask = request.drafter.plan(limit, max(len(batch), sharing)) if request.drafter is not None and limit > 0 else ([], 0)
             room -= len(draft) + ask
             if ask:
                 asks.append((len(drafts), request, ask))
