@@ -15,8 +15,8 @@ and keeps a draft only while the sample equals it (webapp/engine/serving/engine.
 costs is its lanes in the step (LANE_COST of a one-lane step each, plus the draft model's own step
 for each token it drafts), so `Acceptance.length` drafts the length that makes the most tokens per
 unit of step time at the source's recent per-token acceptance p: k drafts yield
-(1 - p^(k+1)) / (1 - p) tokens for 1 + cost * k. At p = 0.3 that is one token, at 0.8 four, none
-below ~0.2; in a step of many sequences a lane costs more of each one's share, so drafts must be
+(1 - p^(k+1)) / (1 - p) tokens for 1 + cost * k. At p = 0.3 that is one token, at 0.81 four, none
+below ~0.26; in a step of many sequences a lane costs more of each one's share, so drafts must be
 likelier still. Undrafted steps raise p a little, so drafting is tried again.
 """
 
@@ -24,9 +24,10 @@ from __future__ import annotations
 
 MAX_NGRAM, MIN_NGRAM = 4, 2
 DRAFT_MAX = 8
-# a drafted lane's cost, in one-lane steps: on the default model here a step of 8 lanes took ~2.5
-# one-lane steps ((2.5 - 1) / 7); larger models read more weights a step, and lanes cost them less
-LANE_COST = 0.2
+# a drafted lane's cost, in one-lane steps: on the default model here a verification of 8 lanes took
+# 2.6-2.8 one-lane steps ((2.75 - 1) / 7; 2.5 before this machine's kernels changed, when it was 0.2);
+# larger models read more weights a step, and lanes cost them less
+LANE_COST = 0.25
 RECOVERY = 0.02  # added to p per undrafted step
 MEMORY = 0.3  # the weight of the latest proposal in the acceptance average
 
@@ -34,7 +35,7 @@ MEMORY = 0.3  # the weight of the latest proposal in the acceptance average
 def lane_cost(batch: int, draft_cost: float = 0.0) -> float:
     """A drafted token's cost against one sequence's share of a step of `batch` lanes: a step costs
     1 + LANE_COST (batch - 1) one-lane steps, so a lane's share of it shrinks as batches grow, and a
-    draft must be likelier to pay (at 8 lanes a drafted token needs p ~0.85 where one lane needs 0.2).
+    draft must be likelier to pay (at 8 lanes a drafted token needs p ~0.73 where one lane needs 0.26).
     `draft_cost`: what making the token cost besides its lane (a draft model's step), in one-lane steps."""
     return (LANE_COST + draft_cost) * batch / (1 + LANE_COST * (batch - 1))
 
