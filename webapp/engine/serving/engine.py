@@ -241,11 +241,13 @@ class Engine:
         if plan.mixed and len(chunks) == len(plan.chunks):
             batch, parts = list(plan.decode), [(c.request, c.tokens, c.start) for c in chunks]
             positions = self._positions(batch)
-            waiting = min(len(self.scheduler.running) + len(self.scheduler.waiting), self.n_slots)
-            drafts = self.speculation.drafts(batch, positions, self.loaded, sharing=waiting)
+            sharing = min(len(self.scheduler.running) + len(self.scheduler.waiting), self.n_slots)
+            drafts = self.speculation.drafts(batch, positions, self.loaded, sharing=sharing)
             try:
-                verify = runner.prefill_and_verify if any(drafts) else lambda p, b, _, s: runner.prefill_and_decode(p, b, s)
-                firsts, rows = verify(parts, batch, drafts, positions)
+                if any(drafts):
+                    firsts, rows = runner.prefill_and_verify(parts, batch, drafts, positions)
+                else:
+                    firsts, rows = runner.prefill_and_decode(parts, batch, positions)
             except Exception:
                 log.warning("a mixed step failed; running its parts apart", exc_info=True)
             else:
