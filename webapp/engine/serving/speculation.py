@@ -42,9 +42,10 @@ class Speculation:
         a step that has room, never one that the batch fills already, and never drafts past a
         request's max_tokens or the context (`positions`: where each lane's fed token goes).
         `sharing`: the requests that will decode beside these soon (prefilling or queued, in a step
-        that prefills too): a drafted token is worth what a token costs in their batched steps, so
-        drafts must be as likely as in a full batch's step. Drafting beside a prompt by the batch
-        alone made each prefill step longer for everyone behind it (8 streams at once: 0.93x)."""
+        that prefills too): a drafted lane lengthens the prefill they wait on, and a token drafted
+        now is one their shared steps would make cheaply later, so drafts must be as likely as in
+        the step they will share (priced by the decoding lanes alone, a draft beside a 32-token chunk
+        looked nearly free)."""
         room, drafts, asks = DRAFTED_LANES - len(batch), [], []
         for request, position in zip(batch, positions, strict=True):
             limit = min(room, request.params.max_tokens - len(request.output_ids) - 1, loaded.context - 2 - position)
