@@ -81,7 +81,7 @@ def test_a_float_matrix_whose_rows_are_not_whole_blocks_keeps_tinygrads_float16_
 def test_float_parts_stack_with_quantized_ones_and_fuse_the_norm_residual_and_swiglu(tokens):
     """A matrix stacked from F16, Q8_0 and BF16 parts multiplies as its parts do, the F16 and BF16 ones
     against the unrounded activations (after the rms norm, or silu(gate) * up), Q8_0 against int8."""
-    from integration.test_kernels import activations, dequantize, random_blocks
+    from integration.test_kernels import int8_product, random_blocks
 
     use_tinygrad_from_this_thread()
     kernels = QuantizedCPU.load()
@@ -99,7 +99,7 @@ def test_float_parts_stack_with_quantized_ones_and_fuse_the_norm_residual_and_sw
     mixed = gate / (1 + np.exp(-gate)) * gate_up[:, cols:]
 
     def expected(inputs: np.ndarray) -> np.ndarray:
-        return np.concatenate([activations(t, inputs) @ dequantize(t, raw, cols).T for raw, (t, _) in zip(raws, parts)], axis=1)
+        return np.concatenate([int8_product(t, raw, inputs, cols) for raw, (t, _) in zip(raws, parts)], axis=1)
 
     got = {
         "norm": kernels.norm_linear(Tensor(x), stacked, Tensor(norm), 1e-6).numpy(),

@@ -132,17 +132,44 @@ def dequantize(ggml_type: int, raw: np.ndarray, cols: int) -> np.ndarray:
     return out.reshape(raw.shape[0], cols)
 
 
-def activations(ggml_type: int, x: np.ndarray) -> np.ndarray:
-    """What a type's kernels multiply with: x as it is for the float formats, else rounded to int8."""
-    return x.astype(np.float64) if ggml_type in FLOATS else quantize_activations(x)
+# How the kernels round a format's activations to int8 (isa.h's ACT_*), as llama.cpp's CPU backend
+# does for the same weights: Q8_1 for these, Q8_K (256 values a scale) for the K-quants and IQ4_XS,
+# Q8_0 (32 values, the scale in float16) for the rest.
+Q8_1_FORMATS, Q8_K_FORMATS = {3, 7}, {10, 11, 12, 13, 14, 23}
 
 
-def quantize_activations(x: np.ndarray) -> np.ndarray:
-    """What the kernels multiply with: x rounded to int8 per 32 values with a float32 scale."""
-    blocks = x.astype(np.float32).reshape(x.shape[0], -1, 32)
-    d = np.abs(blocks).max(-1, keepdims=True) / np.float32(127)
-    q = np.rint(blocks / np.where(d > 0, d, 1))
-    return (q * d).reshape(x.shape).astype(np.float64)
+def quantize_activations(x: np.ndarray, ggml_type: int) -> tuple[np.ndarray, np.ndarray]:
+    """x rounded as the kernels round it for `ggml_type`'s products: the values q * d (float64, x's
+    shape) and each 32 values' s, d * sum(q), as the kernels keep it (tokens, cols / 32)."""
+    span = 256 if ggml_type in Q8_K_FORMATS else 32
+    spans = x.astype(np.float32).reshape(x.shape[0], -1, span)
+    amax = np.abs(spans).max(-1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), np.float32(0)).astype(np.float32)
+    q = np.rint(spans * inv)
+    if ggml_type in Q8_K_FORMATS:
+        d = np.where(inv > 0, np.float32(1) / np.where(inv > 0, inv, 1), np.float32(0)).astype(np.float32)
+    else:
+        d = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
+    sums = q.reshape(x.shape[0], -1, 32).sum(-1)
+    if ggml_type in Q8_1_FORMATS:  # in float16, from d before its rounding
+        s = ((amax[..., 0] / np.float32(127)) * sums).astype(np.float16)
+    else:
+        s = np.repeat(d, span // 32, axis=1)[..., 0] * sums
+    return (q * d).reshape(x.shape).astype(np.float64), s.astype(np.float64)
+
+
+def int8_product(ggml_type: int, raw: np.ndarray, x: np.ndarray, cols: int) -> np.ndarray:
+    """The reference product (tokens, rows), float64, of x and the rows of `raw`, as the kernels
+    compute it up to the order of float32 sums: x as it is for the float formats, else rounded to int8
+    (quantize_activations); a Q4_1 or Q5_1 block's min times the activations' own s."""
+    w = dequantize(ggml_type, raw, cols)
+    if ggml_type in FLOATS:
+        return x.astype(np.float64) @ w.T
+    values, s = quantize_activations(x, ggml_type)
+    if ggml_type not in Q8_1_FORMATS:
+        return values @ w.T
+    mins = raw.reshape(raw.shape[0], cols // 32, -1)[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+    return values @ (w - np.repeat(mins, 32, axis=1)).T + s @ mins.T
 
 
 def assert_rows_are_their_blocks_product(
@@ -151,7 +178,9 @@ def assert_rows_are_their_blocks_product(
     """A product's rows `picked` of `got` (tokens, rows) are the float64 product of those rows'
     blocks in `raw` with x's int8-rounded activations, within the kernels' float32 rounding."""
     w = dequantize(ggml_type, raw[picked], cols)
-    np.testing.assert_allclose(got[:, picked], quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
+    np.testing.assert_allclose(
+        got[:, picked], int8_product(ggml_type, raw[picked], x, cols), rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5
+    )
 
 
 def _ptr(a: np.ndarray):
@@ -186,7 +215,7 @@ def test_products_match_float64(library, ggml_type, tokens):
     library.tq_linear(_ptr(got), _ptr(raw), _ptr(x), _ref(Product(ggml_type, rows, cols, tokens)))
     w = dequantize(ggml_type, raw, cols)
     # exact up to float32 sums once x is rounded as the kernels round it; close to the unrounded product
-    np.testing.assert_allclose(got, activations(ggml_type, x) @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
+    np.testing.assert_allclose(got, int8_product(ggml_type, raw, x, cols), rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
     exact = x.astype(np.float64) @ w.T
     assert np.abs(got - exact).max() < 0.02 * np.abs(exact).max()
 
@@ -237,7 +266,7 @@ def test_interleaved_rows_give_the_same_products_rows_and_invariance(library, gg
     x = rng.standard_normal((9, cols)).astype(np.float32)
     together, alone = np.empty((9, rows), np.float32), np.empty((1, rows), np.float32)
     library.tq_linear(_ptr(together), _ptr(packed), _ptr(x), _ref(Product(stored_type, rows, cols, 9)))
-    np.testing.assert_allclose(together, quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
+    np.testing.assert_allclose(together, int8_product(ggml_type, raw, x, cols), rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
     for t in (0, 4, 8):
         library.tq_linear(_ptr(alone), _ptr(packed), _ptr(np.ascontiguousarray(x[t : t + 1])), _ref(Product(stored_type, rows, cols, 1)))
         assert np.array_equal(alone[0], together[t])
@@ -260,7 +289,7 @@ def test_kernels_run_inside_a_captured_tinygrad_step():
         x = rng.standard_normal((2, 64)).astype(np.float32)
         ids = np.array([i, 49 - i], np.int32)
         got = step(Tensor(x).realize(), Tensor(ids).realize()).numpy()
-        np.testing.assert_allclose(got, quantize_activations(2 * x) @ w.T + w[ids][:, :50], rtol=1e-4, atol=1e-3)
+        np.testing.assert_allclose(got, int8_product(8, raw, 2 * x, 64) + w[ids][:, :50], rtol=1e-4, atol=1e-3)
 
 
 def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -274,7 +303,6 @@ def test_fused_linears_match_their_parts(library, tokens):
     rng = np.random.default_rng(5)
     rows, cols, eps = 40, 64, 1e-5
     raw = random_blocks(3, rows, cols, rng)
-    w = dequantize(3, raw, cols)
     x = rng.standard_normal((tokens, cols)).astype(np.float32)
     norm = rng.uniform(0.5, 1.5, cols).astype(np.float32)
     residual = rng.standard_normal((tokens, rows)).astype(np.float32)
@@ -282,14 +310,14 @@ def test_fused_linears_match_their_parts(library, tokens):
     got = np.empty((tokens, rows), np.float32)
 
     library.tq_norm_linear(_ptr(got), _ptr(raw), _ptr(x), _ptr(norm), _ref(Product(3, rows, cols, tokens, eps)))
-    np.testing.assert_allclose(got, quantize_activations(_rms_norm(x, norm, eps)) @ w.T, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(got, int8_product(3, raw, _rms_norm(x, norm, eps), cols), rtol=1e-4, atol=1e-3)
 
     library.tq_residual_linear(_ptr(got), _ptr(raw), _ptr(x), _ptr(residual), _ref(Product(3, rows, cols, tokens)))
-    np.testing.assert_allclose(got, residual + quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(got, residual + int8_product(3, raw, x, cols), rtol=1e-4, atol=1e-3)
 
     library.tq_swiglu_linear(_ptr(got), _ptr(raw), _ptr(gate_up), _ptr(residual), _ref(Product(3, rows, cols, tokens)))
     gate, up = gate_up[:, :cols].astype(np.float64), gate_up[:, cols:]
-    np.testing.assert_allclose(got, residual + quantize_activations(gate / (1 + np.exp(-gate)) * up) @ w.T, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(got, residual + int8_product(3, raw, gate / (1 + np.exp(-gate)) * up, cols), rtol=1e-4, atol=1e-3)
 
 
 def _inverse_frequencies(head_dim: int) -> np.ndarray:
@@ -433,7 +461,9 @@ def test_k_quant_matrices_at_real_shapes_store_and_multiply_whole(ggml_type, row
     picked = np.sort(rng.choice(rows, 64, replace=False))
     picked[-1] = rows - 1
     w = dequantize(ggml_type, raw[picked], cols)
-    np.testing.assert_allclose(got[0, picked], activations(ggml_type, x)[0] @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
+    np.testing.assert_allclose(
+        got[0, picked], int8_product(ggml_type, raw[picked], x, cols)[0], rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5
+    )
 
 
 def stored_random_matrix(ggml_type: int, rows: int, cols: int):
@@ -521,7 +551,8 @@ def test_a_stack_of_types_multiplies_as_its_parts_would(tokens):
     normed = kernels.norm_linear(Tensor(x), stacked, norm, 1e-6).numpy()
     np.testing.assert_array_equal(normed, np.concatenate([kernels.norm_linear(Tensor(x), w, norm, 1e-6).numpy() for w in alone], axis=1))
     w = np.concatenate([dequantize(t, raw, cols) for raw, (t, _) in zip(raws, parts)])
-    np.testing.assert_allclose(got - residual, quantize_activations(x) @ w.T, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
+    want = np.concatenate([int8_product(t, raw, x, cols) for raw, (t, _) in zip(raws, parts)], axis=1)
+    np.testing.assert_allclose(got - residual, want, rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
     np.testing.assert_array_equal(kernels.linear(Tensor(x[:1]), stacked).numpy()[0], kernels.linear(Tensor(x), stacked).numpy()[0])
 
 

@@ -148,7 +148,7 @@ def test_a_truncated_file_names_the_tensor_that_runs_past_its_end(tmp_path):
 )
 def test_quantized_matrices_run_on_block_kernels_close_to_the_reference(tmp_path, arch, matrix_type, float_matrices):
     """On the CPU, layer matrices and the head stay in the file's blocks; activations are rounded to int8
-    per 32 values, so logits are close to the float64 reference, not equal. A model whose matrices are
+    (as llama.cpp rounds them for each format), so logits are close to the float64 reference, not equal. A model whose matrices are
     all in blocks runs a step as one kernel; a layer with a float matrix, as five kernels around
     tinygrad's product."""
     use_tinygrad_from_this_thread()
@@ -189,9 +189,10 @@ def test_k_quant_files_run_on_block_kernels_close_to_the_reference(tmp_path, arc
 def _check_against_the_reference(steps, path: str) -> None:
     expected = Reference(path).logits(PROMPT + [42])
     got = steps.prefill(PROMPT, slot=0, start=0)
-    scale = np.abs(expected).max()
-    assert np.abs(got - expected[len(PROMPT) - 1]).max() < 0.03 * scale
-    assert np.argmax(got) == np.argmax(expected[len(PROMPT) - 1])
+    scale, last = np.abs(expected).max(), expected[len(PROMPT) - 1]
+    assert np.abs(got - last).max() < 0.03 * scale
+    # our top-1 is the reference's, or ties it within the rounding (these random fixtures have near-ties)
+    assert last[np.argmax(got)] >= last.max() - 0.03 * scale
     got = steps.decode([42], slots=[0], positions=[len(PROMPT)])[0]
     assert np.abs(got - expected[len(PROMPT)]).max() < 0.03 * scale
     # chunked prefill and decode lanes see exactly the numbers a single chunk does

@@ -16,24 +16,6 @@ GENERIC float fp16_generic(const uint8_t *p) {
   return f;
 }
 
-GENERIC void quantize_row_generic(const float *x, int cols, xblock *out) {
-  for (int b = 0; b < cols / 32; b++, x += 32, out++) {
-    float amax = 0.0f;
-    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
-    const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
-    int sum[2] = {0, 0};
-    for (int i = 0; i < 32; i++) {
-      const int q = (int)lrintf(x[i] * inv);
-      out->q[i] = (int8_t)q;
-      sum[i / 16] += q;
-    }
-    out->d = d;
-    out->s = d * (float)(sum[0] + sum[1]);
-    out->sum16[0] = (int16_t)sum[0];
-    out->sum16[1] = (int16_t)sum[1];
-  }
-}
-
 /* Without tiles there is nothing to interleave for: matrices keep the file's layout. */
 GENERIC int interleaves_generic(int type) {
   (void)type;
@@ -55,10 +37,13 @@ GENERIC void row_dot_generic(int type, const uint8_t *w, int cols, const xblock 
   const int bv = block_values(type), bb = block_bytes(type);
   for (int b = 0; b < cols / bv; b++, w += bb) {
     dequantize_row(type, w, bv, row);
+    /* Q4_1 and Q5_1 (32-value blocks): the block's min meets the activations' own s, as in the SIMD
+       tiles and llama.cpp's Q8_1 products */
+    const float min = activation_of(type) == ACT_Q8_1 ? fp16(w + 2) : 0.0f;
     for (int t = 0; t < n; t++) {
       float s = 0.0f;
-      for (int i = 0; i < bv; i++) s += row[i] * xs[t][b * bv / 32 + i / 32].q[i % 32] * xs[t][b * bv / 32 + i / 32].d;
-      acc[t] += s;
+      for (int i = 0; i < bv; i++) s += (row[i] - min) * xs[t][b * bv / 32 + i / 32].q[i % 32] * xs[t][b * bv / 32 + i / 32].d;
+      acc[t] += s + min * xs[t][b].s;
     }
   }
 }
@@ -121,6 +106,45 @@ static uint16_t half_from_float(float f) {
 
 GENERIC void halves_from_floats_generic(const float *x, int n, uint16_t *to) {
   for (int i = 0; i < n; i++) to[i] = half_from_float(x[i]);
+}
+
+/* f rounded to the nearest float16, as a float */
+static float fp16_rounded(float f) {
+  const uint16_t h = half_from_float(f);
+  return fp16((const uint8_t *)&h);
+}
+
+/* A block's d and s from its scale before rounding (`d`) and its quants' sum, as `format` rounds them. */
+static void set_block_scale(xblock *out, int format, float d, int sum) {
+  out->d = format == ACT_Q8_K ? d : fp16_rounded(d);
+  out->s = format == ACT_Q8_1 ? fp16_rounded(d * (float)sum) : out->d * (float)sum;
+}
+
+/* The scale of `span` values of x (isa.h's ACT_*): the multiplier to int8 (127 / max |x|) and the
+ * value of one step, which Q8_K takes as the multiplier's inverse and Q8_0 and Q8_1 as max |x| / 127. */
+static float step_of(float amax, int format, float *inv) {
+  *inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  return format == ACT_Q8_K ? (*inv > 0.0f ? 1.0f / *inv : 0.0f) : amax / 127.0f;
+}
+
+GENERIC void quantize_row_generic(const float *x, int cols, int format, xblock *out) {
+  const int span = format == ACT_Q8_K ? 256 : 32;
+  for (int s = 0; s < cols / span; s++, x += span) {
+    float amax = 0.0f, inv;
+    for (int i = 0; i < span; i++) amax = fmaxf(amax, fabsf(x[i]));
+    const float d = step_of(amax, format, &inv);
+    for (int b = 0; b < span / 32; b++, out++) {
+      int sum[2] = {0, 0};
+      for (int i = 0; i < 32; i++) {
+        const int q = (int)lrintf(x[32 * b + i] * inv);
+        out->q[i] = (int8_t)q;
+        sum[i / 16] += q;
+      }
+      set_block_scale(out, format, d, sum[0] + sum[1]);
+      out->sum16[0] = (int16_t)sum[0];
+      out->sum16[1] = (int16_t)sum[1];
+    }
+  }
 }
 
 static float half_to_float(uint16_t h) {

@@ -16,6 +16,13 @@ enum { MAX_TOKEN_GROUP = 4 };
 /* attention's items (see attention.c): up to MAX_SHARED_HEADS query heads against KEY_CHUNK keys */
 enum { MAX_SHARED_HEADS = 3, KEY_CHUNK = 256 };
 
+/* How a format's products round their activations to int8: as llama.cpp's CPU backend does for the
+ * same weights (its vec_dot_type), so that both servers multiply the same integers and part only by
+ * the order of float sums. ACT_Q8_0: 32 values a scale, max |x| / 127 in float16 (Q4_0, Q5_0, Q8_0,
+ * IQ4_NL, MXFP4); ACT_Q8_1: the same with d * sum(q) in float16 too (Q4_1, Q5_1); ACT_Q8_K: 256 values
+ * a float32 scale (the K-quants, IQ4_XS). */
+enum { ACT_Q8_0, ACT_Q8_1, ACT_Q8_K, ACT_FORMATS };
+
 /* One quantized block of 32 activations: x[i] ~ d * q[i]; s = d * sum(q); sum16 = the sums of q over each half. */
 typedef struct {
   float d, s;
@@ -25,8 +32,9 @@ typedef struct {
 
 /* The float16 at p. */
 static float fp16(const uint8_t *p);
-/* x's cols values (a multiple of 32) as int8 blocks: the same numbers in every build. */
-static void quantize_row(const float *x, int cols, xblock *out);
+/* x's cols values (a multiple of 32; of 256 for ACT_Q8_K) as int8 blocks rounded as `format` says: the
+ * same numbers in every build. */
+static void quantize_row(const float *x, int cols, int format, xblock *out);
 /* Whether this ISA's products read a matrix of GGUF type `type` with its rows interleaved in eights
  * (tq_repack stores it so). */
 static int interleaves(int type);

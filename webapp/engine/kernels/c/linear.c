@@ -52,8 +52,32 @@ static void *at_least(scratch_t *s, size_t bytes) {
   return s->data;
 }
 
-/* the activations' int8 blocks; the transformed activations (a row a token), or attention's queries; a layer's intermediates */
-static __thread scratch_t int8_activations, float_rows, layer_intermediates, attend_partials;
+/* the transformed activations (a row a token), or attention's queries; a layer's intermediates */
+static __thread scratch_t float_rows, layer_intermediates, attend_partials;
+/* a product's input as int8 blocks, in each rounding (isa.h's ACT_*) */
+static __thread scratch_t int8_activations[ACT_FORMATS];
+
+/* A product's input rows as floats and, each quantized the first time a product asks for it, as int8
+ * blocks in the rounding of each format that reads them (a stack of parts or a layer's experts may
+ * mix formats). */
+typedef struct {
+  const float *x; /* (tokens, cols) */
+  int tokens, cols;
+  scratch_t *space;                /* ACT_FORMATS buffers */
+  const xblock *int8[ACT_FORMATS]; /* those quantized so far */
+} activations;
+
+static const xblock *int8_rows(activations *a, int type) {
+  const int format = activation_of(type);
+  if (takes_floats(type)) return 0;
+  if (!a->int8[format]) {
+    const int nb = a->cols / 32;
+    xblock *blocks = at_least(&a->space[format], (size_t)a->tokens * nb * sizeof(xblock));
+    for (int t = 0; t < a->tokens; t++) quantize_row(a->x + (size_t)t * a->cols, a->cols, format, blocks + (size_t)t * nb);
+    a->int8[format] = blocks;
+  }
+  return a->int8[format];
+}
 
 /* How a token's row of x becomes the product's input, before quantizing. */
 enum { AS_IS, RMS_NORM, SWIGLU, GEGLU, SWIGLU_CLAMPED };
@@ -86,12 +110,11 @@ static void rms_norm_row(const float *x, const float *weight, int n, float eps, 
 }
 
 /* One matrix's product over the pool: out[t * stride + r] = [residual[t * stride + r] +] W[r] . x[t]. */
-static void product(int type, int rows, int cols, int tokens, size_t stride, float *out, const uint8_t *w, const xblock *xq8, const float *xf,
-                    const float *residual) {
+static void product(int type, int rows, size_t stride, float *out, const uint8_t *w, activations *x, const float *residual) {
   /* ~8 chunks a thread balances load without making the counter hot */
   int chunk = rows / (8 * (n_workers + 1));
   chunk = chunk < 16 ? 16 : chunk - chunk % 16;
-  const linear_t lin = {type, rows, cols, tokens, stride, out, w, xq8, xf, residual};
+  const linear_t lin = {type, rows, x->cols, x->tokens, stride, out, w, int8_rows(x, type), x->x, residual};
   const job_t j = {run_rows, &lin, rows, chunk};
   run_job(&j);
 }
@@ -101,36 +124,30 @@ static void product(int type, int rows, int cols, int tokens, size_t stride, flo
  * SWIGLU_CLAMPED (gpt-oss's: tq.h's FORM_SWIGLU_CLAMPED). */
 static void linear(float *out, const uint8_t *w, const float *x, const tq_product *shape, int input, const float *norm, const float *residual) {
   const int type = shape->type, rows = shape->rows, cols = shape->cols, tokens = shape->tokens;
-  xblock *xq8 = at_least(&int8_activations, (size_t)tokens * (cols / 32) * sizeof(xblock));
   /* every token's transformed row is kept: the float formats' products read them as they are */
   float *rows_in = input == AS_IS ? 0 : at_least(&float_rows, ((size_t)tokens * cols + tokens) * sizeof(float));
   float *sums = rows_in + (size_t)tokens * cols;
   const float *xf = input == AS_IS ? x : rows_in;
   if (input == RMS_NORM) square_sums(x, tokens, cols, sums);
-  for (int t = 0; t < tokens; t++) {
-    const float *in = x + (size_t)t * cols;
-    float *row = rows_in + (size_t)t * cols;
-    if (input == RMS_NORM) {
-      rms_scale_row(in, sums[t], norm, cols, shape->eps, row);
-      in = row;
-    } else if (input != AS_IS) {
-      const float *gate = x + (size_t)t * 2 * cols, *up = gate + cols;
-      if (input == SWIGLU) swiglu_row(gate, up, cols, row);
-      else if (input == GEGLU) geglu_row(gate, up, cols, row);
-      else swiglu_clamped_row(gate, up, cols, row);
-      in = row;
+  if (input != AS_IS)
+    for (int t = 0; t < tokens; t++) {
+      const float *in = x + (size_t)t * (input == RMS_NORM ? cols : 2 * cols);
+      float *row = rows_in + (size_t)t * cols;
+      if (input == RMS_NORM) rms_scale_row(in, sums[t], norm, cols, shape->eps, row);
+      else if (input == SWIGLU) swiglu_row(in, in + cols, cols, row);
+      else if (input == GEGLU) geglu_row(in, in + cols, cols, row);
+      else swiglu_clamped_row(in, in + cols, cols, row);
     }
-    quantize_row(in, cols, xq8 + (size_t)t * (cols / 32));
-  }
+  activations input_rows = {xf, tokens, cols, int8_activations, {0}};
   if (type != STACKED) {
-    product(type, rows, cols, tokens, rows, out, w, xq8, xf, residual);
+    product(type, rows, rows, out, w, &input_rows, residual);
     return;
   }
-  /* a part at a time, each into its rows of every token's output, from the same int8 activations */
+  /* a part at a time, each into its rows of every token's output; parts of one rounding share its int8 rows */
   const stack_header *header = (const stack_header *)w;
   const uint8_t *part = w + STACK_HEADER_BYTES;
   for (int p = 0, first = 0; p < header->parts; first += header->rows[p], p++) {
-    product(header->types[p], header->rows[p], cols, tokens, rows, out + first, part, xq8, xf, residual ? residual + first : 0);
+    product(header->types[p], header->rows[p], rows, out + first, part, &input_rows, residual ? residual + first : 0);
     part += (size_t)header->rows[p] * (cols / block_values(header->types[p])) * block_bytes(header->types[p]);
   }
 }

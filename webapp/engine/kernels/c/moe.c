@@ -43,7 +43,7 @@ typedef struct {
   const float *shared_gate;
 } layer_matrices;
 
-static __thread scratch_t moe_buffers;
+static __thread scratch_t moe_buffers, normed_int8[ACT_FORMATS], gathered_int8[ACT_FORMATS];
 
 /* rows (n, width, `stride` floats apart) += bias */
 static void add_bias(float *rows, int n, int width, size_t stride, const float *bias) {
@@ -59,39 +59,37 @@ static void moe_feed_forward(float *out, const float *h, const layer_matrices *w
   const int nb = D / 32;
   const int t_router = shape->types[LAYER_ROUTER], t_gate = shape->types[LAYER_GATE_UP], t_up = shape->types[LAYER_UP],
             t_down = shape->types[LAYER_DOWN];
-  /* one allocation, its pieces 64-byte aligned: xblocks and floats side by side */
+  /* one allocation, its pieces 64-byte aligned */
   const size_t pieces[] = {
-      (size_t)B * nb * sizeof(xblock),          /* 0: every lane's normed row as int8 blocks */
-      (size_t)B * nb * sizeof(xblock),          /* 1: the lanes of one expert, gathered */
-      (size_t)B * D * sizeof(float),            /* 2: every lane's normed row as floats */
-      (size_t)B * D * sizeof(float),            /* 3: the lanes of one expert, gathered */
-      (size_t)B * E * sizeof(float),            /* 4: router logits */
-      (size_t)B * K * (sizeof(int32_t) + 4),    /* 5: each lane's experts, then their weights */
-      (size_t)(E + 1 + B * K) * sizeof(int32_t), /* 6: lanes by expert: offsets, then (lane, rank) pairs */
-      (size_t)B * 2 * F * sizeof(float),        /* 7: one expert's gate | up rows */
-      (size_t)B * D * sizeof(float),            /* 8: one expert's outputs */
-      (size_t)B * K * D * sizeof(float),        /* 9: every (lane, rank)'s expert output */
-      (size_t)B * D * sizeof(float),            /* 10: the shared expert's output, if any */
+      (size_t)B * D * sizeof(float),            /* 0: every lane's normed row */
+      (size_t)B * D * sizeof(float),            /* 1: the lanes of one expert, gathered */
+      (size_t)B * E * sizeof(float),            /* 2: router logits */
+      (size_t)B * K * (sizeof(int32_t) + 4),    /* 3: each lane's experts, then their weights */
+      (size_t)(E + 1 + B * K) * sizeof(int32_t), /* 4: lanes by expert: offsets, then (lane, rank) pairs */
+      (size_t)B * 2 * F * sizeof(float),        /* 5: one expert's gate | up rows */
+      (size_t)B * D * sizeof(float),            /* 6: one expert's outputs */
+      (size_t)B * K * D * sizeof(float),        /* 7: every (lane, rank)'s expert output */
+      (size_t)B * D * sizeof(float),            /* 8: the shared expert's output, if any */
   };
   enum { PIECES = sizeof pieces / sizeof *pieces };
   size_t at[PIECES], total = 0;
   for (int i = 0; i < PIECES; i++) at[i] = total, total += (pieces[i] + 63) / 64 * 64;
   char *base = at_least(&moe_buffers, total);
-  xblock *normed8 = (xblock *)(base + at[0]), *gathered8 = (xblock *)(base + at[1]);
-  float *normed = (float *)(base + at[2]), *gathered = (float *)(base + at[3]), *logits = (float *)(base + at[4]);
-  int32_t *chosen = (int32_t *)(base + at[5]);
+  float *normed = (float *)(base + at[0]), *gathered = (float *)(base + at[1]), *logits = (float *)(base + at[2]);
+  int32_t *chosen = (int32_t *)(base + at[3]);
   float *weights = (float *)(chosen + (size_t)B * K);
-  int32_t *starts = (int32_t *)(base + at[6]), *members = starts + E + 1;
-  float *gate_up = (float *)(base + at[7]), *expert_out = (float *)(base + at[8]), *outputs = (float *)(base + at[9]);
-  float *shared = shape->experts.shared_ffn_dim ? (float *)(base + at[10]) : 0;
+  int32_t *starts = (int32_t *)(base + at[4]), *members = starts + E + 1;
+  float *gate_up = (float *)(base + at[5]), *expert_out = (float *)(base + at[6]), *outputs = (float *)(base + at[7]);
+  float *shared = shape->experts.shared_ffn_dim ? (float *)(base + at[8]) : 0;
 
   float *sums = expert_out; /* free until the first expert runs */
   square_sums(h, B, D, sums);
-  for (int b = 0; b < B; b++) {
-    rms_scale_row(h + (size_t)b * D, sums[b], ffn_norm, D, shape->attention.eps, normed + (size_t)b * D);
-    quantize_row(normed + (size_t)b * D, D, normed8 + (size_t)b * nb);
-  }
-  product(t_router, E, D, B, E, logits, w_router, normed8, normed, 0);
+  for (int b = 0; b < B; b++) rms_scale_row(h + (size_t)b * D, sums[b], ffn_norm, D, shape->attention.eps, normed + (size_t)b * D);
+  activations normed_rows = {normed, B, D, normed_int8, {0}};
+  product(t_router, E, E, logits, w_router, &normed_rows, 0);
+  /* quantized once for all the experts, each expert's lanes gathered from them */
+  int8_rows(&normed_rows, t_gate);
+  int8_rows(&normed_rows, t_up);
   const float *gate_bias = biases ? biases + E : 0, *up_bias = biases ? biases + E + (size_t)E * F : 0;
   const float *down_bias = biases ? biases + E + (size_t)2 * E * F : 0;
   if (biases) add_bias(logits, B, E, E, biases);
@@ -115,13 +113,18 @@ static void moe_feed_forward(float *out, const float *h, const layer_matrices *w
   for (int e = 0; e < E; e++) {
     const int n = starts[e + 1] - starts[e];
     if (!n) continue;
+    activations expert_rows = {gathered, n, D, gathered_int8, {0}};
+    for (int f = 0; f < ACT_FORMATS; f++)
+      if (normed_rows.int8[f]) expert_rows.int8[f] = at_least(&gathered_int8[f], (size_t)n * nb * sizeof(xblock));
     for (int i = 0; i < n; i++) {
       const int lane = members[starts[e] + i] / K;
-      memcpy(gathered8 + (size_t)i * nb, normed8 + (size_t)lane * nb, nb * sizeof(xblock));
+      for (int f = 0; f < ACT_FORMATS; f++)
+        if (normed_rows.int8[f])
+          memcpy((xblock *)expert_rows.int8[f] + (size_t)i * nb, normed_rows.int8[f] + (size_t)lane * nb, nb * sizeof(xblock));
       memcpy(gathered + (size_t)i * D, normed + (size_t)lane * D, D * sizeof(float));
     }
-    product(t_gate, F, D, n, 2 * F, gate_up, w_gate + e * gate_bytes, gathered8, gathered, 0);
-    product(t_up, F, D, n, 2 * F, gate_up + F, w_up + e * up_bytes, gathered8, gathered, 0);
+    product(t_gate, F, 2 * F, gate_up, w_gate + e * gate_bytes, &expert_rows, 0);
+    product(t_up, F, 2 * F, gate_up + F, w_up + e * up_bytes, &expert_rows, 0);
     if (biases) {
       add_bias(gate_up, n, F, 2 * F, gate_bias + (size_t)e * F);
       add_bias(gate_up + F, n, F, 2 * F, up_bias + (size_t)e * F);

@@ -95,34 +95,43 @@ static inline __m256 exp_nonpositive(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
-static void quantize_row(const float *x, int cols, xblock *out) {
-  /* the same numbers 8 at a time: the max is exact in any order, and the conversion rounds to
-     nearest even as lrintf does */
+/* max |x| of n values (a multiple of 8): exact in any order */
+static float max_magnitude(const float *x, int n) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
-  for (int b = 0; b < cols / 32; b++, x += 32, out++) {
-    const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8), v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
-    __m256 top = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
-                               _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
-    __m128 top4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
-    top4 = _mm_max_ps(top4, _mm_movehl_ps(top4, top4));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(top4, _mm_movehdup_ps(top4)));
-    const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+  __m256 top = _mm256_setzero_ps();
+  for (int i = 0; i < n; i += 8) top = _mm256_max_ps(top, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+  __m128 top4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+  top4 = _mm_max_ps(top4, _mm_movehl_ps(top4, top4));
+  return _mm_cvtss_f32(_mm_max_ss(top4, _mm_movehdup_ps(top4)));
+}
+
+static void quantize_row(const float *x, int cols, int format, xblock *out) {
+  /* the same numbers as quantize_row_generic 8 at a time: the conversion rounds to nearest even as
+     lrintf does */
+  const int span = format == ACT_Q8_K ? 256 : 32;
+  for (int s = 0; s < cols / span; s++, x += span) {
+    float inv;
+    const float d = step_of(max_magnitude(x, span), format, &inv);
     const __m256 scale = _mm256_set1_ps(inv);
-    const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, scale)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, scale));
-    const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, scale)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, scale));
-    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3)); /* lanes shuffled per 128 bits */
-    _mm256_storeu_si256((__m256i *)out->q, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-    int sum[2];
-    for (int half = 0; half < 2; half++) {
-      const __m256i s8 = half ? _mm256_add_epi32(i2, i3) : _mm256_add_epi32(i0, i1);
-      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
-      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-      sum[half] = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1)));
+    for (int b = 0; b < span / 32; b++, out++) {
+      const float *v = x + 32 * b;
+      const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v), scale));
+      const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 8), scale));
+      const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 16), scale));
+      const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 24), scale));
+      const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3)); /* lanes shuffled per 128 bits */
+      _mm256_storeu_si256((__m256i *)out->q, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+      int sum[2];
+      for (int half = 0; half < 2; half++) {
+        const __m256i s8 = half ? _mm256_add_epi32(i2, i3) : _mm256_add_epi32(i0, i1);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        sum[half] = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1)));
+      }
+      set_block_scale(out, format, d, sum[0] + sum[1]);
+      out->sum16[0] = (int16_t)sum[0];
+      out->sum16[1] = (int16_t)sum[1];
     }
-    out->d = d;
-    out->s = d * (float)(sum[0] + sum[1]);
-    out->sum16[0] = (int16_t)sum[0];
-    out->sum16[1] = (int16_t)sum[1];
   }
 }
 
