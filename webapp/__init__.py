@@ -29,7 +29,7 @@ from flask import Flask, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from webapp.anthropic import events as anthropic_events
-from webapp.engine.serving.errors import RETRY_AFTER_S, EngineNotReady, PromptTooLong, QueueFull
+from webapp.engine.serving.errors import RETRY_AFTER_S, EngineNotReady, ModelLoadFailed, PromptTooLong, QueueFull
 from webapp.engine.serving.settings import ENGINE_DEFAULTS
 from webapp.http import admin, anthropic_api, api, auth, chat, embeddings, headers, metrics, responses_api, tokens
 from webapp.openai.errors import ApiError, error_body, error_type
@@ -104,6 +104,10 @@ def _register_error_handlers(app: Flask) -> None:
     @app.errorhandler(PromptTooLong)  # the engine's own guard; the API refuses these before submit
     def prompt_too_long(e: PromptTooLong):
         return _error(400, str(e), code="context_length_exceeded")
+
+    @app.errorhandler(ModelLoadFailed)  # before EngineNotReady's: no Retry-After, waiting will not mend a file
+    def model_load_failed(e: ModelLoadFailed):
+        return _error(503, str(e), code="model_load_failed")
 
     @app.errorhandler(EngineNotReady)
     def engine_not_ready(e: EngineNotReady):

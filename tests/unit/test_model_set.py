@@ -162,6 +162,22 @@ def test_a_failed_load_is_a_503_and_not_retried_until_the_file_changes(tmp_path,
     assert _use(models, "bad").state == "ok" and len(factory.made) == 2
 
 
+def test_the_api_answers_a_failed_load_with_503_model_load_failed_and_no_retry_after(tmp_path, models_of, factory):
+    """Waiting will not mend a broken file: no Retry-After for clients (the openai SDK honours it),
+    a code of its own, and Anthropic's shape on its route."""
+    models = models_of(_files(tmp_path, "bad"))
+    factory.broken.add(str(tmp_path / "bad.gguf"))
+    client = create_app({"TESTING": True}, engine=models).test_client()
+    chat = {"model": "bad", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    response = client.post("/v1/chat/completions", json=chat)
+    assert response.status_code == 503 and "Retry-After" not in response.headers
+    assert response.json["error"]["code"] == "model_load_failed"
+    assert response.json["error"]["message"] == "the model bad failed to load: ValueError: not a GGUF"
+    response = client.post("/v1/messages", json=chat)
+    assert response.status_code == 503 and "Retry-After" not in response.headers
+    assert response.json["type"] == "error" and "bad failed to load" in response.json["error"]["message"]
+
+
 def test_abort_and_stop_reach_every_engine(tmp_path, models_of):
     models = models_of(_files(tmp_path, "a", "b"))
     engines = [_use(models, "a"), _use(models, "b")]

@@ -24,7 +24,7 @@ import numpy as np
 from webapp.engine.decoding.constraints import GrammarCompiler
 from webapp.engine.decoding.sampling import RequestSampler, score_prompt
 from webapp.engine.serving import pooling
-from webapp.engine.serving.errors import EngineNotReady, QueueFull, completion_room
+from webapp.engine.serving.errors import EngineNotReady, ModelLoadFailed, QueueFull, completion_room
 from webapp.engine.serving.kv_cache import SlotTable
 from webapp.engine.serving.loaded_model import LoadedModel
 from webapp.engine.serving.metrics import REJECTED, EngineMetrics
@@ -82,8 +82,10 @@ class Engine:
             self._thread.join(timeout)
 
     def _require(self) -> LoadedModel:
+        if self.state == "error":
+            raise ModelLoadFailed(f"the model failed to load: {self.error}")
         if self.state != "ok" or self.loaded is None:
-            raise EngineNotReady(f"the model is {self.state}" + (f": {self.error}" if self.error else ""))
+            raise EngineNotReady(f"the model is {self.state}")
         return self.loaded
 
     @property

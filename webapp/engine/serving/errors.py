@@ -1,6 +1,7 @@
 """Exceptions the engine raises at its submit boundary; the web layer maps them to HTTP statuses.
 
-`QueueFull` -> 429 with a `Retry-After` header, `EngineNotReady` -> 503 with `RETRY_AFTER_S`, `PromptTooLong` -> 400
+`QueueFull` -> 429 with a `Retry-After` header, `EngineNotReady` -> 503 with `RETRY_AFTER_S`,
+`ModelLoadFailed` -> 503 `model_load_failed` with no `Retry-After`, `PromptTooLong` -> 400
 `context_length_exceeded`. Stdlib only, so the web layer and its tests can import these without
 pulling in the model code.
 
@@ -19,6 +20,11 @@ RETRY_AFTER_S = 10
 
 class EngineNotReady(Exception):
     """The engine cannot take requests: the model is still loading, failed, or is shutting down."""
+
+
+class ModelLoadFailed(EngineNotReady):
+    """The model's file failed to load. Waiting will not help: it stays failed until the file changes
+    (a model set tries a changed file again) or the server restarts with another."""
 
 
 class QueueFull(Exception):

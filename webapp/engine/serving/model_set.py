@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from webapp.engine.serving.errors import EngineNotReady
+from webapp.engine.serving.errors import EngineNotReady, ModelLoadFailed
 
 if TYPE_CHECKING:
     from webapp.engine.serving.engine import Engine
@@ -180,7 +180,7 @@ class ModelSet:
             self._settle(member)
         if member.engine.state != "ok":
             self._release(member)
-            raise EngineNotReady(f"the model {file.name} failed to load: {member.engine.error}")
+            raise ModelLoadFailed(f"the model {file.name} failed to load: {member.engine.error}")
         return Lease(self, member)
 
     def _claim(self, file: ModelFile, deadline: float) -> tuple[Member, list[Member], bool] | None:
@@ -219,7 +219,7 @@ class ModelSet:
     def _refuse_failed(self, file: ModelFile) -> None:
         failed = self._failed.get(file.name)
         if failed is not None and failed[0] == file:
-            raise EngineNotReady(f"the model {file.name} failed to load: {failed[1]}")
+            raise ModelLoadFailed(f"the model {file.name} failed to load: {failed[1]}")
 
     def _add(self, file: ModelFile, victims: list[Member]) -> Member:
         """Take the victims out of the set and put the new model in its place, loading (lock held)."""
