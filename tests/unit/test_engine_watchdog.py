@@ -11,6 +11,7 @@ from support import engine_over, wait_until
 from support.fakes import FakeChatTemplate, FakeRunner, FakeTokenizer
 
 from webapp import create_app
+from webapp.engine.serving.engine import Engine
 from webapp.engine.serving.request import Finished, Request, SamplingParams
 
 
@@ -53,3 +54,23 @@ def test_health_turns_503_when_the_model_thread_dies(watchdog_engine):
     assert wait_until(lambda: not engine._thread.is_alive())
     r = client.get("/health")
     assert r.status_code == 503 and r.get_json()["status"] == "error"
+
+
+def test_a_model_that_failed_to_load_answers_503_model_load_failed():
+    """One model (`LLM_MODEL` alone) whose load raised: its requests get the loader's error, with no
+    Retry-After, since waiting will not mend the file; /health says so too."""
+
+    def load():
+        raise ValueError("not a GGUF")
+
+    engine = Engine(load, slots=1).start()
+    try:
+        assert engine.settled.wait(10) and engine.state == "error"
+        client = create_app({"TESTING": True}, engine=engine).test_client()
+        response = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert response.status_code == 503 and "Retry-After" not in response.headers
+        error = response.get_json()["error"]
+        assert error["code"] == "model_load_failed" and error["message"] == "the model failed to load: ValueError: not a GGUF"
+        assert client.get("/health").status_code == 503
+    finally:
+        engine.stop(5)
