@@ -23,7 +23,6 @@ compiled on first use with this process's settings (tinygrad's defaults unless B
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import platform
@@ -34,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from bench.servers import HOST, exit_on_sigterm, start_llama_server, usable_cores  # noqa: E402
+from bench.servers import exit_on_sigterm, llama_completion, start_llama_server, usable_cores  # noqa: E402
 from bench.workload import QUESTIONS  # noqa: E402
 from webapp.engine.model.tinygrad_setup import prepare_tinygrad  # noqa: E402
 
@@ -60,16 +59,8 @@ def llama_continuation(port: int, prompt: list[int], n: int) -> tuple[list[int],
         "cache_prompt": False,
         "stream": False,
     }
-    conn = http.client.HTTPConnection(HOST, port, timeout=300)
-    try:
-        conn.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
-        response = conn.getresponse()
-        answer = json.loads(response.read())
-        if response.status != 200:
-            raise RuntimeError(f"llama-server answered {response.status}: {answer}")
-        return [int(t) for t in answer["tokens"]], answer.get("stop_type", "")
-    finally:
-        conn.close()
+    answer = llama_completion(port, body, timeout=300)
+    return [int(t) for t in answer["tokens"]], answer.get("stop_type", "")
 
 
 def teacher_forced_matches(steps, chunk: int, prompt: list[int], theirs: list[int]) -> list[bool]:

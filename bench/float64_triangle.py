@@ -23,8 +23,6 @@ Files are SHAPE:LAYERS:TYPE (bench/shaped_model.py's shapes, quantized by llama-
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
 import os
 import sys
 import time
@@ -38,7 +36,7 @@ from support.tiny_models import Reference  # noqa: E402
 
 from bench.conformance import BASELINE, ModelFiles, chat_prompts, parse_shape, type_mix  # noqa: E402
 from bench.fidelity import CHUNK, CONTEXT, SLOTS, teacher_forced_matches  # noqa: E402
-from bench.servers import HOST, exit_on_sigterm, start_llama_server  # noqa: E402
+from bench.servers import exit_on_sigterm, llama_completion, start_llama_server  # noqa: E402
 from webapp.engine.serving.settings import default_model_path  # noqa: E402
 
 GAP_BUCKETS = (0.0, 0.01, 0.03, 0.1, np.inf)  # float64 top-2 gap / float64 logits' std
@@ -52,15 +50,7 @@ def llama_with_probs(port: int, prompt: list[int], n: int, top: int) -> tuple[li
         "prompt": prompt, "n_predict": n, "temperature": 0, "top_k": 1, "repeat_penalty": 1.0, "return_tokens": True,
         "cache_prompt": False, "stream": False, "n_probs": top,
     }  # fmt: skip
-    conn = http.client.HTTPConnection(HOST, port, timeout=600)
-    try:
-        conn.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
-        response = conn.getresponse()
-        answer = json.loads(response.read())
-        if response.status != 200:
-            raise RuntimeError(f"llama-server answered {response.status}: {answer}")
-    finally:
-        conn.close()
+    answer = llama_completion(port, body)
     probs = [{int(p["id"]): float(p["logprob"]) for p in step["top_logprobs"]} for step in answer["completion_probabilities"]]
     tokens = [int(t) for t in answer["tokens"]]
     return tokens[: len(probs)], probs

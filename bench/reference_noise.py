@@ -18,14 +18,13 @@ beside which our figure in the same file is shown.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from bench.servers import HOST, start_llama_server  # noqa: E402
+from bench.servers import llama_completion, start_llama_server  # noqa: E402
 from webapp.engine.serving.settings import default_model_path  # noqa: E402
 
 
@@ -40,16 +39,7 @@ def next_token(port: int, tokens: list[int]) -> int:
         "return_tokens": True,
         "cache_prompt": True,
     }
-    conn = http.client.HTTPConnection(HOST, port, timeout=300)
-    try:
-        conn.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
-        response = conn.getresponse()
-        answer = json.loads(response.read())
-        if response.status != 200:
-            raise RuntimeError(f"llama-server answered {response.status}: {answer}")
-        return int(answer["tokens"][0])
-    finally:
-        conn.close()
+    return int(llama_completion(port, body, timeout=300)["tokens"][0])
 
 
 def case_file(case: str, workdir: str) -> str:

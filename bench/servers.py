@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import os
 import signal
 import socket
@@ -139,6 +140,20 @@ def start_llama_server(binary: str, model: str, port: int = 0, parallel: int = 8
         "--port", str(port), "--host", HOST,
     ]  # fmt: skip
     return _ready(Launched("llama-server", argv, port), timeout)
+
+
+def llama_completion(port: int, body: dict, timeout: float = 600) -> dict:
+    """llama-server's /completion answer to `body` (its JSON), or RuntimeError with what it said."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    try:
+        conn.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        answer = json.loads(response.read())
+        if response.status != 200:
+            raise RuntimeError(f"llama-server answered {response.status}: {answer}")
+        return answer
+    finally:
+        conn.close()
 
 
 def _ready(server: Launched, timeout: float) -> Launched:
