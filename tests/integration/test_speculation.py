@@ -12,9 +12,12 @@ from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.serving.engine import Engine
 from webapp.engine.serving.request import Request, SamplingParams
 
+# a text the default model repeats greedily for the 60 tokens asked (76% of its drafts confirmed, with
+# the kernels' activations rounded per 32 values or as llama.cpp rounds them; a schedule() function
+# tried first was repeated for a line, then became other code)
 TEXT = (
-    "def schedule(requests, slots):\n    waiting = list(requests)\n    running = []\n"
-    "    while waiting and len(running) < slots:\n        running.append(waiting.pop(0))\n    return running, waiting\n"
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
+    "        self.items.append(item)\n\n    def pop(self):\n        return self.items.pop()\n"
 )
 
 
