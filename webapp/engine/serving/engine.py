@@ -85,7 +85,7 @@ class Engine:
         if self.state == "error":
             raise ModelLoadFailed(f"the model failed to load: {self.error}")
         if self.state != "ok" or self.loaded is None:
-            raise EngineNotReady(f"the model is {self.state}")
+            raise EngineNotReady(f"the model is {self.state}" + (f": {self.error}" if self.error else ""))
         return self.loaded
 
     @property
