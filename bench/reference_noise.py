@@ -24,6 +24,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from bench.conformance import BASELINE, ModelFiles  # noqa: E402
 from bench.servers import llama_completion, start_llama_server  # noqa: E402
 from webapp.engine.serving.settings import default_model_path  # noqa: E402
 
@@ -42,18 +43,9 @@ def next_token(port: int, tokens: list[int]) -> int:
     return int(llama_completion(port, body, timeout=300)["tokens"][0])
 
 
-def case_file(case: str, workdir: str) -> str:
-    """The GGUF a conformance case ran on: the default model's, or `SHAPE:LAYERS:TYPE` in the workdir."""
-    if case == "default":
-        return default_model_path()
-    shape, layers, ggml_type = case.split(":")
-    return os.path.join(workdir, f"{shape}-{layers}L.{ggml_type}.gguf")
-
-
 def self_agreement(binary: str, path: str, flash_attn: str, prompts: list[list[int]], continuations: list[list[int]]) -> tuple[int, int]:
     """(positions where llama-server with `flash_attn` picks the saved token, positions)."""
-    os.environ["LLAMA_ARG_FLASH_ATTN"] = flash_attn
-    server = start_llama_server(binary, path, parallel=1)
+    server = start_llama_server(binary, path, parallel=1, extra=("--flash-attn", flash_attn))
     try:
         same = total = 0
         for prompt, theirs in zip(prompts, continuations):
@@ -63,7 +55,6 @@ def self_agreement(binary: str, path: str, flash_attn: str, prompts: list[list[i
         return same, total
     finally:
         server.stop()
-        del os.environ["LLAMA_ARG_FLASH_ATTN"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,11 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-server", required=True, metavar="PATH")
     ap.add_argument("--continuations", required=True, metavar="FILE", help="a bench/conformance.py --save file")
     ap.add_argument("--workdir", required=True, help="that run's --workdir (its model files)")
+    ap.add_argument("--llama-quantize", metavar="PATH", default="llama-quantize", help="to write again a file the workdir lacks")
     ap.add_argument("--flash-attn", default="off", choices=("on", "off"), help="the second llama-server's setting (default off)")
     ap.add_argument("--cases", help="CASE,... of the file (default: all)")
     args = ap.parse_args(argv)
     saved = json.load(open(args.continuations))
     cases = args.cases.split(",") if args.cases else list(saved)
+    files = ModelFiles(args.llama_quantize, args.workdir)
     print(f"| case | llama.cpp (flash attention {args.flash_attn}) = llama.cpp (default) | ours = llama.cpp (default) |")
     print("|---|---:|---:|")
     for case in cases:
@@ -83,7 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         if "continuations" not in entry:
             continue
         theirs = [tokens for tokens, _stop in entry["continuations"]]
-        same, total = self_agreement(args.llama_server, case_file(case, args.workdir), args.flash_attn, entry["prompts"], theirs)
+        if case == BASELINE:
+            path = default_model_path()
+        else:
+            shape, layers, qtype = case.split(":")
+            path = files.get(shape, int(layers), qtype)
+        same, total = self_agreement(args.llama_server, path, args.flash_attn, entry["prompts"], theirs)
         ours = sum(map(sum, entry["matches"]))
         print(f"| {case} | {100 * same / total:.1f}% ({same}/{total}) | {100 * ours / total:.1f}% ({ours}/{total}) |", flush=True)
     return 0

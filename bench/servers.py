@@ -132,12 +132,15 @@ def start_ours(port: int = 0, timeout: float = 900, model: str | None = None) ->
     return _ready(Launched("tinyserve", argv, port, {"LLM_MODEL": model} if model else None), timeout)
 
 
-def start_llama_server(binary: str, model: str, port: int = 0, parallel: int = 8, context: int = 4096, timeout: float = 300) -> Launched:
-    """`llama-server` on `model` with `parallel` slots of `context` tokens each, every usable core."""
+def start_llama_server(
+    binary: str, model: str, port: int = 0, parallel: int = 8, context: int = 4096, timeout: float = 300, extra: tuple[str, ...] = ()
+) -> Launched:
+    """`llama-server` on `model` with `parallel` slots of `context` tokens each, every usable core,
+    and `extra` arguments after those."""
     port = port or free_port()
     argv = [
         binary, "-m", model, "-np", str(parallel), "-t", str(usable_cores()), "-c", str(parallel * context),
-        "--port", str(port), "--host", HOST,
+        "--port", str(port), "--host", HOST, *extra,
     ]  # fmt: skip
     return _ready(Launched("llama-server", argv, port), timeout)
 
