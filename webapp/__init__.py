@@ -105,7 +105,7 @@ def _register_error_handlers(app: Flask) -> None:
     def prompt_too_long(e: PromptTooLong):
         return _error(400, str(e), code="context_length_exceeded")
 
-    @app.errorhandler(ModelLoadFailed)  # before EngineNotReady's: no Retry-After, waiting will not mend a file
+    @app.errorhandler(ModelLoadFailed)  # an EngineNotReady Flask hands here: no Retry-After, waiting will not mend a file
     def model_load_failed(e: ModelLoadFailed):
         return _error(503, str(e), code="model_load_failed")
 
