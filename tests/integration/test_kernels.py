@@ -361,7 +361,7 @@ def test_attention_writes_the_new_keys_then_matches_numpy(library, head_dim, pos
                 expected[0, slot, :, pos] = k.astype(np.float16)
                 expected[1, slot, :, pos] = qkv[b, k_end:].reshape(kv_heads, head_dim).astype(np.float16)
         shape = Attention(lanes_n, heads, kv_heads, slots, positions, head_dim, 0, 0, head_dim**-0.5, head_dim, 1.0)
-        library.tq_attend(_ptr(got), _ptr(qkv), _ptr(cache), _ptr(lanes), _ptr(inv_freq), _ptr(no_extras), _ref(shape))
+        library.tq_attend(_ptr(got), _ptr(qkv), _ptr(cache), _ptr(lanes), _ptr(inv_freq), _ptr(no_extras), None, _ref(shape))
         # bit for bit without rotation (the rounding); within float32 rounding of the rotation with it
         np.testing.assert_allclose(cache.astype(np.float32), expected.astype(np.float32), rtol=2e-3 if inv_freq.any() else 0)
 
@@ -398,7 +398,7 @@ def test_attention_adds_the_bias_and_normalizes_q_and_k_heads(library):
     cache = rng.standard_normal((2, slots, kv_heads, positions, head_dim)).astype(np.float16)
     got = np.empty((1, heads * head_dim), np.float32)
     library.tq_attend(
-        _ptr(got), _ptr(qkv), _ptr(cache), _ptr(lanes), _ptr(inv_freq), _ptr(np.concatenate([bias, q_norm, k_norm])), _ref(shape)
+        _ptr(got), _ptr(qkv), _ptr(cache), _ptr(lanes), _ptr(inv_freq), _ptr(np.concatenate([bias, q_norm, k_norm])), None, _ref(shape)
     )
 
     x = (qkv[0] + bias).astype(np.float64)
@@ -427,14 +427,16 @@ def test_a_lanes_attention_is_the_same_bits_alone_and_among_others(library):
     shape = Attention(lanes_n, heads, kv_heads, slots, positions, head_dim, 0, 0, head_dim**-0.5, head_dim, 1.0)
     lanes = np.array(slot_of + pos_of, np.int32)
     library.tq_attend(
-        _ptr(together), _ptr(qkv), _ptr(cache.copy()), _ptr(lanes), _ptr(inv_freq), _ptr(np.zeros(1, np.float32)), _ref(shape)
+        _ptr(together), _ptr(qkv), _ptr(cache.copy()), _ptr(lanes), _ptr(inv_freq), _ptr(np.zeros(1, np.float32)), None, _ref(shape)
     )
     for b in range(lanes_n):
         alone = np.empty((1, heads * head_dim), np.float32)
         one = Attention(1, heads, kv_heads, slots, positions, head_dim, 0, 0, head_dim**-0.5, head_dim, 1.0)
         row = np.ascontiguousarray(qkv[b : b + 1])
         lane = np.array([slot_of[b], pos_of[b]], np.int32)
-        library.tq_attend(_ptr(alone), _ptr(row), _ptr(cache.copy()), _ptr(lane), _ptr(inv_freq), _ptr(np.zeros(1, np.float32)), _ref(one))
+        library.tq_attend(
+            _ptr(alone), _ptr(row), _ptr(cache.copy()), _ptr(lane), _ptr(inv_freq), _ptr(np.zeros(1, np.float32)), None, _ref(one)
+        )
         np.testing.assert_array_equal(alone[0].view(np.uint32), together[b].view(np.uint32))
 
 

@@ -76,7 +76,14 @@ def test_attention_writes_q8_rows_then_attends_them_as_numpy(library, head_dim, 
 
     qkv = _values(rng, (lanes_n, (heads + 2 * kv_heads) * head_dim))
     library.tq_attend(
-        _ptr(got), _ptr(qkv), _ptr(cache), _ptr(lanes), _ptr(np.zeros(head_dim // 2, np.float32)), _ptr(NO_EXTRAS), ctypes.byref(shape)
+        _ptr(got),
+        _ptr(qkv),
+        _ptr(cache),
+        _ptr(lanes),
+        _ptr(np.zeros(head_dim // 2, np.float32)),
+        _ptr(NO_EXTRAS),
+        None,
+        ctypes.byref(shape),
     )
     for b, (slot, pos) in enumerate(zip(slot_of, pos_of)):
         np.testing.assert_array_equal(cache[0, slot, :, pos], q8_rows(qkv[b, q_end:k_end].reshape(kv_heads, head_dim)))
@@ -84,7 +91,7 @@ def test_attention_writes_q8_rows_then_attends_them_as_numpy(library, head_dim, 
 
     inv_freq = (1.0 / 10000.0 ** (np.arange(head_dim // 2) * 2 / head_dim)).astype(np.float32)
     qkv = (rng.standard_normal((lanes_n, (heads + 2 * kv_heads) * head_dim)) * 3).astype(np.float32)
-    library.tq_attend(_ptr(got), _ptr(qkv), _ptr(cache), _ptr(lanes), _ptr(inv_freq), _ptr(NO_EXTRAS), ctypes.byref(shape))
+    library.tq_attend(_ptr(got), _ptr(qkv), _ptr(cache), _ptr(lanes), _ptr(inv_freq), _ptr(NO_EXTRAS), None, ctypes.byref(shape))
     values = q8_values(cache).astype(np.float64)
     for b, (slot, pos) in enumerate(zip(slot_of, pos_of)):
         k = _rotate(qkv[b, q_end:k_end].reshape(kv_heads, head_dim).astype(np.float64), pos, inv_freq)
@@ -117,13 +124,15 @@ def test_a_lanes_attention_over_q8_rows_is_the_same_bits_alone_and_among_seven_o
     together = np.empty((lanes_n, heads * head_dim), np.float32)
     lanes = np.array(slot_of + pos_of, np.int32)
     shape = _attention(lanes_n, heads, kv_heads, slots, positions, head_dim)
-    library.tq_attend(_ptr(together), _ptr(qkv), _ptr(cache.copy()), _ptr(lanes), _ptr(inv_freq), _ptr(NO_EXTRAS), ctypes.byref(shape))
+    library.tq_attend(
+        _ptr(together), _ptr(qkv), _ptr(cache.copy()), _ptr(lanes), _ptr(inv_freq), _ptr(NO_EXTRAS), None, ctypes.byref(shape)
+    )
     one = _attention(1, heads, kv_heads, slots, positions, head_dim)
     for b in range(lanes_n):
         alone = np.empty((1, heads * head_dim), np.float32)
         lane = np.array([slot_of[b], pos_of[b]], np.int32)
         row = np.ascontiguousarray(qkv[b : b + 1])
-        library.tq_attend(_ptr(alone), _ptr(row), _ptr(cache.copy()), _ptr(lane), _ptr(inv_freq), _ptr(NO_EXTRAS), ctypes.byref(one))
+        library.tq_attend(_ptr(alone), _ptr(row), _ptr(cache.copy()), _ptr(lane), _ptr(inv_freq), _ptr(NO_EXTRAS), None, ctypes.byref(one))
         np.testing.assert_array_equal(alone[0].view(np.uint32), together[b].view(np.uint32))
 
 

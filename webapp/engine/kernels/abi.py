@@ -41,6 +41,8 @@ INTERLEAVED = 100
 STACKED, MAX_PARTS, STACK_HEADER_BYTES = 1000, 7, 64
 MAX_HEAD_DIM = 512  # the largest head tq_attend rotates
 KEY_CHUNK = 256  # attention's keys an item (isa.h): a sliding-window layer's ring holds whole chunks
+# a paged cache's block_positions: a power of two from this to KEY_CHUNK (an item's keys are whole blocks)
+MIN_BLOCK_POSITIONS = 16
 SPIN_US = 100  # how long idle pool threads spin before sleeping (tq.h says why)
 CONSTANTS = {"INTERLEAVED": INTERLEAVED, "STACKED": STACKED, "MAX_PARTS": MAX_PARTS, "STACK_HEADER_BYTES": STACK_HEADER_BYTES}
 MAX_EXPERTS, MAX_EXPERTS_USED = 512, 32  # the most experts a layer has, and a token uses
@@ -52,6 +54,7 @@ LAYER_INFO = LAYER_MATRICES + 4
 CONSTANTS |= {
     "MAX_HEAD_DIM": MAX_HEAD_DIM,
     "KEY_CHUNK": KEY_CHUNK,
+    "MIN_BLOCK_POSITIONS": MIN_BLOCK_POSITIONS,
     "SPIN_US": SPIN_US,
     "MAX_EXPERTS": MAX_EXPERTS,
     "MAX_EXPERTS_USED": MAX_EXPERTS_USED,
@@ -110,7 +113,8 @@ class ModelEntry(enum.IntEnum):
     HEAD = 2
     INV_FREQ = 3
     INV_FREQ_LOCAL = 4  # LOCAL_ROPE layers' frequencies, or 0
-    LAYERS = 5
+    BLOCK_TABLES = 5  # a paged cache's block tables (int32, rows x table_width), or 0
+    LAYERS = 6
 
 
 class LayerEntry(enum.IntEnum):
@@ -168,7 +172,9 @@ class Product(ctypes.Structure):
 
 
 class Attention(ctypes.Structure):
-    """A layer's attention for `lanes` lanes over the KV cache (2, slots, kv_heads, positions, a row of head_dim values)."""
+    """A layer's attention for `lanes` lanes over the KV cache (2, slots, kv_heads, positions, a row of head_dim values),
+    or with block_positions > 0 over a pool of blocks (2, slots = blocks, kv_heads, block_positions, a row) that
+    each lane's row of the block tables (rows, table_width) maps its positions to (tq.h says how)."""
 
     _fields_ = [
         ("lanes", ctypes.c_int32),
@@ -184,6 +190,8 @@ class Attention(ctypes.Structure):
         ("rope_scale", ctypes.c_float),  # on RoPE's cos and sin: YaRN's or LongRoPE's attention factor
         ("kv_type", ctypes.c_int32),  # KvType: how the cache's rows hold their values
         ("window", ctypes.c_int32),  # a query attends its last `window` positions (0: all); row = position % positions
+        ("block_positions", ctypes.c_int32),  # a paged cache's positions a block (0: not paged); window 0 then
+        ("table_width", ctypes.c_int32),  # a paged cache's blocks a row of the block tables
     ]
 
 

@@ -229,6 +229,9 @@ class QuantizedCPU:
         rotary: int = 0,
         rope_scale: float = 1.0,
         window: int = 0,
+        tables: Tensor | np.ndarray | None = None,
+        block_positions: int = 0,
+        positions: int | None = None,
     ) -> Tensor:
         """A layer's attention for B lanes (a decode step's sequences, or a prefill piece's tokens) from
         its qkv rows (B, (heads + 2 kv_heads) Hd): adds the bias and applies the q/k norms (as `flags`
@@ -237,16 +240,26 @@ class QuantizedCPU:
         positions, a row: float16 or Q8_0, kv_types.py), then attends over it. lanes (2B,) int32 = each lane's slot, then its position
         (it attends positions 0..pos, or its last `window` of them; position p is row p % positions);
         `scale` multiplies q . k; RoPE turns each head's first `rotary` values (0: all of them), its
-        cos and sin times `rope_scale`. -> (B, heads * Hd) float32."""
-        slots, kv_heads, positions, head_dim, kv_type = cache_layout(cache)
+        cos and sin times `rope_scale`. -> (B, heads * Hd) float32.
+
+        Paged (block_positions > 0): `cache` is a pool of blocks (2, blocks, kv_heads, block_positions,
+        a row), each lane's slot a row of `tables` (rows, table_width) int32, the blocks holding its
+        sequence's positions in order (tq.h's tq_attention); `positions`, the most a sequence
+        reaches, defaults to table_width * block_positions. A tensor is read in place (rewrite it
+        between calls), an array copied in at the call."""
+        slots, kv_heads, cache_positions, head_dim, kv_type = cache_layout(cache)
         B = qkv.shape[0]
         out = Tensor.empty(B, heads * head_dim, dtype=dtypes.float32)
-        shape = self._shape(
-            abi.Attention(
-                B, heads, kv_heads, slots, positions, head_dim, flags, eps, scale, rotary or head_dim, rope_scale, kv_type, window
-            )
+        attention = abi.Attention(
+            B, heads, kv_heads, slots, cache_positions, head_dim, flags, eps, scale, rotary or head_dim, rope_scale, kv_type, window
         )
-        return self._call("tq_attend", out, self._rows(qkv, (heads + 2 * kv_heads) * head_dim), cache, lanes, inv_freq, extras, shape)
+        table = self._unread[0]  # tq_attend leaves it unread unpaged
+        if tables is not None:
+            _page(attention, tuple(tables.shape), block_positions, positions)
+            table = device_array(np.ascontiguousarray(tables, np.int32)) if isinstance(tables, np.ndarray) else tables
+        shape = self._shape(attention)
+        rows = self._rows(qkv, (heads + 2 * kv_heads) * head_dim)
+        return self._call("tq_attend", out, rows, cache, lanes, inv_freq, extras, table, shape)
 
     def layer(self, x: Tensor, layer: LayerTensors, lanes: Tensor, inv_freq: Tensor, eps: float) -> Tensor:
         """A whole transformer layer as one kernel (see tq_layer): x (B, D) float32 -> (B, D); lanes and
@@ -275,21 +288,40 @@ class QuantizedCPU:
         eps: float,
         inv_freq_local: Tensor | None = None,
         embed_scale: float = 1.0,
+        block_tables: np.ndarray | None = None,
+        block_positions: int = 0,
     ) -> WholeModel:
         """Everything `step` reads, by address (see tq_forward): the tensors must be realized, whole
         buffers, and stay alive with the model. `eps` is the norms' epsilon; `inv_freq_local` the
-        LOCAL_ROPE layers' frequencies, `embed_scale` a factor on the embedding's rows."""
+        LOCAL_ROPE layers' frequencies, `embed_scale` a factor on the embedding's rows.
+
+        Paged: every layer's cache is a pool of blocks (2, blocks, kv_heads, block_positions, a row)
+        and `block_tables` (rows, table_width) int32, C-contiguous, maps each lane's slot (a row) to
+        its blocks. The kernels read the table by address at every step, so the caller rewrites it in
+        place between steps and never replaces it; the model keeps it alive. Every layer then takes
+        the step's positions, table_width * block_positions (tq_forward ignores layer_info's)."""
         first = layers[0]
         E = abi.ModelEntry
         model = {E.EMBED: embed.raw, E.NORM: norm, E.HEAD: head.raw, E.INV_FREQ: inv_freq, E.INV_FREQ_LOCAL: inv_freq_local}
+        model[E.BLOCK_TABLES] = None  # an array's address, written below: not a tensor
         tensors = abi.in_table_order(model, [layer.table_entries for layer in layers])
         attention = _layer_attention(first, 0, eps)  # its lanes are each step's
+        if block_tables is not None:
+            if block_tables.dtype != np.int32 or block_tables.ndim != 2 or not block_tables.flags.c_contiguous:
+                raise ValueError(
+                    f"block tables are a C-contiguous (rows, table_width) int32 array, not {block_tables.dtype} {block_tables.shape}"
+                )
+            if any(layer.window for layer in layers) or any(layer.cache.shape[3] != block_positions for layer in layers):
+                raise ValueError(f"a paged model's layers have no window and caches of {block_positions}-position blocks")
+            _page(attention, block_tables.shape, block_positions)
         experts = next((layer.experts for layer in layers if layer.experts.count), abi.Experts())
         dims = abi.Step(attention, embed.cols, first.matrices.down.cols, len(layers), head.rows, embed.ggml_type, head.ggml_type)
         dims.experts, dims.embed_scale = experts, embed_scale
         info = np.array([layer.info for layer in layers], dtype=np.int32)  # abi.LAYER_INFO a layer
         table = np.array([0 if t is None else host_address(t) for t in tensors], dtype=np.uint64)
-        return WholeModel(table, dims, info, tuple(t for t in tensors if t is not None))
+        if block_tables is not None:
+            table[E.BLOCK_TABLES] = block_tables.ctypes.data
+        return WholeModel(table, dims, info, tuple(t for t in tensors if t is not None), block_tables)
 
     def step(self, model: WholeModel, tokens: list[int], lanes: list[int], picks: list[int], hidden: bool = False) -> np.ndarray:
         """A whole step (tq_forward) as one call on this thread, which works through the pool's jobs
@@ -316,6 +348,26 @@ def _layer_attention(layer: LayerTensors, lanes: int, eps: float) -> abi.Attenti
     return abi.Attention(
         lanes, layer.heads, kv_heads, slots, positions, head_dim, flags, eps, scale, layer.rotary, layer.rope_scale, kv_type, layer.window
     )
+
+
+def _page(attention: abi.Attention, table_shape: tuple[int, ...], block_positions: int, positions: int | None = None) -> None:
+    """Make `attention` (its slots the pool's blocks) paged over block tables of `table_shape`, or
+    ValueError where the kernels cannot read it so: they trust the shape, and a block of another size
+    would run an item's keys past its runs."""
+    bp = block_positions
+    if not (abi.MIN_BLOCK_POSITIONS <= bp <= abi.KEY_CHUNK and bp & (bp - 1) == 0):
+        raise ValueError(f"a block holds a power of two of {abi.MIN_BLOCK_POSITIONS} to {abi.KEY_CHUNK} positions, not {bp}")
+    if attention.positions != bp or attention.window:
+        raise ValueError(
+            f"a paged cache is blocks of {bp} positions without a window, not {attention.positions} (window {attention.window})"
+        )
+    if len(table_shape) != 2:
+        raise ValueError(f"block tables are (rows, table_width), not {table_shape}")
+    width = table_shape[1]
+    positions = width * bp if positions is None else positions
+    if not 0 < positions <= width * bp:
+        raise ValueError(f"{positions} positions do not fit a table row of {width} blocks of {bp}")
+    attention.block_positions, attention.table_width, attention.positions = bp, width, positions
 
 
 def _checked_blocks(rows: np.ndarray, ggml_type: int, cols: int) -> np.ndarray:

@@ -69,7 +69,8 @@ class LayerTensors:
 
     @property
     def info(self) -> list[int]:
-        """tq_forward's layer_info for this layer (abi.LAYER_INFO numbers)."""
+        """tq_forward's layer_info for this layer (abi.LAYER_INFO numbers). A paged cache's positions
+        here are a block's, which tq_forward leaves unread: a paged step's layers take the step's."""
         positions = self.cache.shape[3]
         return [*self.matrices.types, self.flags, self.form, self.window, positions]
 
@@ -92,6 +93,7 @@ class WholeModel:
     dims: abi.Step  # every field but attention.lanes, picks and outputs
     layer_info: np.ndarray  # int32 (layers, abi.LAYER_INFO): LayerTensors.info of each layer
     tensors: tuple[Tensor, ...]
+    block_tables: np.ndarray | None = None  # a paged cache's (rows, table_width) int32, read by address each step
     _steps: dict = field(default_factory=dict, compare=False)
 
     def step(self, lanes: int, picks: int, outputs: int = 0) -> abi.Step:

@@ -1,12 +1,12 @@
 /* ---- attention ------------------------------------------------------------------------------ */
-/* tq_attend(out, qkv, cache, lanes, inv_freq, extras, shape) runs a layer's attention for B lanes (a
+/* tq_attend(out, qkv, cache, lanes, inv_freq, extras, tables, shape) runs a layer's attention for B lanes (a
  * decode step's sequences, or a prefill piece's tokens, each a lane of the same slot), from the qkv
  * product's rows (B, (H + 2 KvH) Hd) float32 to out (B, H Hd) float32:
  *   1. on the calling thread, per lane: add the bias, rms-normalize each q and k head (qwen3), rotate
  *      q and k by RoPE at the lane's position (half-split pairs, angle = pos * inv_freq[i]; not with
  *      ATTEND_NO_ROPE), and write k and v at that position of the lane's slot in the KV cache (2,
- *      slots, KvH, positions, a row), a row being Hd float16 values or, with shape->kv_type KV_Q8_0,
- *      Hd / 32 Q8_0 blocks (attention_q8.c);
+ *      slots, KvH, positions, a row; paged: the row of the slot's block, below), a row being Hd
+ *      float16 values or, with shape->kv_type KV_Q8_0, Hd / 32 Q8_0 blocks (attention_q8.c);
  *   2. over the pool: softmax(q . K[first..pos] * scale) . V[first..pos] for every (lane, query head),
  *      first being 0, or pos - window + 1 for a sliding-window layer (shape->window),
  *      reading the cache in place, in chunks of KEY_CHUNK keys; an item is a chunk of keys for a
@@ -15,21 +15,33 @@
  *      unnormalized output; 3. the calling thread combines a lane's chunks in order. The chunks are
  *      fixed by position alone, so a lane's numbers never depend on the other lanes, and one long
  *      sequence spreads over every core (a single lane at position 1,000 had 3 items for 2 threads,
- *      each streaming a whole kv head).
+ *      each streaming a whole kv head). An item reads its chunk as runs of adjacent rows (key_runs of
+ *      isa.h): one run in an unpaged cache, a run per block in a paged one, the sums kept in the
+ *      same order either way, so a paged cache gives the bits of an unpaged one holding its rows.
  * shape: tq_attention (B lanes, H heads, KvH kv heads, S slots, C positions, Hd); lanes = {slot_0..,
  * pos_0..}; extras holds the qkv bias (ATTEND_BIAS), then the q and k norm weights (ATTEND_QK_NORM),
  * then a sink logit a query head (ATTEND_SINKS); the norms are a head's, or all of q's and of k's
  * (ATTEND_QK_NORM_WHOLE).
- * Position p lives in row p % positions of its slot (see tq_attention.window: a ring for a window).
+ * Position p lives in row p % positions of its slot (see tq_attention.window: a ring for a window);
+ * in a paged cache (shape->block_positions > 0: a pool of blocks, no window), in row
+ * p % block_positions of block tables[slot * table_width + p / block_positions]. `tables` is unread
+ * (may be NULL) when block_positions is 0.
  * Writing and reading in one kernel keeps their order inside it, where tinygrad cannot reorder them. */
 /* Bytes of one cache row: a position's key or value for one kv head. */
 static size_t kv_row_bytes(const tq_attention *shape) {
   return shape->kv_type == KV_Q8_0 ? (size_t)shape->head_dim / 32 * Q8_BLOCK_BYTES : (size_t)shape->head_dim * 2;
 }
 
-/* The row of (k or v, slot, kv head, position) in the cache. */
-static uint8_t *kv_row(const void *cache, const tq_attention *shape, int is_v, int slot, int kvh, int pos) {
-  const size_t row = (((size_t)is_v * shape->slots + slot) * shape->kv_heads + kvh) * shape->positions + pos % shape->positions;
+/* The row of (k or v, slot, kv head, position) in the cache: row pos % positions of the slot's rows,
+ * or in a paged cache row pos % block_positions of the block that the slot's row of `tables` names
+ * for pos (shape->slots then counts the pool's blocks). */
+static uint8_t *kv_row(const void *cache, const int32_t *tables, const tq_attention *shape, int is_v, int slot, int kvh, int pos) {
+  int block = slot, rows = shape->positions;
+  if (shape->block_positions > 0) {
+    block = tables[(size_t)slot * shape->table_width + pos / shape->block_positions];
+    rows = shape->block_positions;
+  }
+  const size_t row = (((size_t)is_v * shape->slots + block) * shape->kv_heads + kvh) * rows + pos % rows;
   return (uint8_t *)cache + row * kv_row_bytes(shape);
 }
 
@@ -40,6 +52,7 @@ static int key_chunks(int pos, int window) { return pos / KEY_CHUNK - first_key(
 typedef struct {
   const float *q;
   const uint8_t *cache;
+  const int32_t *tables; /* a paged cache's block tables (tq_attention.block_positions > 0) */
   const tq_attention *shape;
   const int32_t *lanes;
   int shared; /* query heads an item attends together over their kv head's keys */
@@ -62,12 +75,18 @@ static void run_attend(const void *ctx, int first, int last) {
     const int j0 = (first / KEY_CHUNK + chunk) * KEY_CHUNK, lo = j0 > first ? j0 : first;
     const int n = pos + 1 - lo < j0 + KEY_CHUNK - lo ? pos + 1 - lo : j0 + KEY_CHUNK - lo;
     if (n <= 0) continue; /* past this lane's position */
-    /* keys lo .. lo + n - 1 are one chunk's: adjacent rows, also in a ring of whole chunks */
-    const uint8_t *k = kv_row(a->cache, a->shape, 0, slot, kvh, lo), *v = kv_row(a->cache, a->shape, 1, slot, kvh, lo);
+    /* keys lo .. lo + n - 1 are one chunk's: adjacent rows (also in a ring of whole chunks), or in a
+       paged cache a run of adjacent rows per block, each starting at a multiple of block_positions
+       (lo is a chunk's first key: a paged layer has no window) */
+    key_runs runs = {.run_keys = a->shape->block_positions > 0 ? a->shape->block_positions : KEY_CHUNK};
+    for (int r = 0, first = 0; first < n; r++, first += runs.run_keys) {
+      runs.keys[r] = kv_row(a->cache, a->tables, a->shape, 0, slot, kvh, lo + first);
+      runs.values[r] = kv_row(a->cache, a->tables, a->shape, 1, slot, kvh, lo + first);
+    }
     const size_t head = (size_t)b * H + h0;
     float *part = a->partials + head * part_stride + (size_t)chunk * (Hd + 2);
-    if (a->shape->kv_type == KV_Q8_0) attend_item_q8(a->q + head * Hd, heads, k, v, n, Hd, scale, part, part_stride);
-    else attend_item(a->q + head * Hd, heads, (const uint16_t *)k, (const uint16_t *)v, n, Hd, scale, part, part_stride);
+    if (a->shape->kv_type == KV_Q8_0) attend_item_q8(a->q + head * Hd, heads, &runs, n, Hd, scale, part, part_stride);
+    else attend_item(a->q + head * Hd, heads, &runs, n, Hd, scale, part, part_stride);
   }
 }
 
@@ -123,7 +142,7 @@ static const float *rope_rotations(scratch_t *scratch, const int32_t *lanes, int
  * for all its layers, 64 cosines and sines a lane that took ~0.4 ms of a B=8 step when each layer
  * computed its own. */
 static void attend(float *out, const float *qkv, void *cache, const int32_t *lanes, const float *rotations, const float *extras,
-                   const tq_attention *shape) {
+                   const int32_t *tables, const tq_attention *shape) {
   const int B = shape->lanes, H = shape->heads, KvH = shape->kv_heads, Hd = shape->head_dim;
   const int flags = shape->flags, rotates = !(flags & ATTEND_NO_ROPE);
   const float eps = shape->eps;
@@ -157,7 +176,7 @@ static void attend(float *out, const float *qkv, void *cache, const int32_t *lan
         value = rotated;
       }
       const int kvh = is_v ? h - H - KvH : h - H;
-      uint8_t *to = kv_row(cache, shape, is_v, slot, kvh, pos);
+      uint8_t *to = kv_row(cache, tables, shape, is_v, slot, kvh, pos);
       if (shape->kv_type == KV_Q8_0) q8_row_from_floats(value, Hd, to);
       else halves_from_floats(value, Hd, (uint16_t *)to);
     }
@@ -173,7 +192,7 @@ static void attend(float *out, const float *qkv, void *cache, const int32_t *lan
   for (int b = 0; b < B; b++) chunks = key_chunks(lanes[B + b], shape->window) > chunks ? key_chunks(lanes[B + b], shape->window) : chunks;
   if (B * KvH * parts * chunks < 2 * (n_workers + 1)) shared = 1;
   float *partials = at_least(&attend_partials, (size_t)B * H * chunks * (Hd + 2) * sizeof(float));
-  const attend_t a = {queries, cache, shape, lanes, shared, chunks, partials};
+  const attend_t a = {queries, cache, tables, shape, lanes, shared, chunks, partials};
   const job_t j = {run_attend, &a, B * KvH * ((group + shared - 1) / shared) * chunks, 1};
   run_job(&j);
   for (int b = 0; b < B; b++)
@@ -183,7 +202,7 @@ static void attend(float *out, const float *qkv, void *cache, const int32_t *lan
 }
 
 void tq_attend(float *out, const float *qkv, void *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
-               const tq_attention *shape) {
+               const int32_t *tables, const tq_attention *shape) {
   attend(out, qkv, cache, lanes, rope_rotations(&rotation_rows, lanes, shape->lanes, inv_freq, shape->head_dim, shape->rotary_dim, shape->rope_scale),
-         extras, shape);
+         extras, tables, shape);
 }

@@ -25,28 +25,34 @@ static void q8_row_from_floats(const float *x, int Hd, uint8_t *row) {
 }
 
 /* attend_item over Q8_0 rows, a head at a time: each key and value dequantized, then as the float16
- * version. */
-GENERIC void attend_item_q8_generic(const float *q, int heads, const uint8_t *k, const uint8_t *v, int n, int Hd, float scale, float *part,
+ * version (its runs walked alike). */
+GENERIC void attend_item_q8_generic(const float *q, int heads, const key_runs *runs, int n, int Hd, float scale, float *part,
                                     size_t part_stride) {
   const size_t row = (size_t)Hd / 32 * Q8_BLOCK_BYTES;
   float scores[KEY_CHUNK], values[MAX_HEAD_DIM];
   for (int h = 0; h < heads; h++, q += Hd, part += part_stride) {
     float top = -INFINITY;
-    for (int j = 0; j < n; j++) {
-      float dot = 0.0f;
-      for (int b = 0; b < Hd / 32; b++) {
-        dequantize_q8_0(k + j * row + (size_t)b * Q8_BLOCK_BYTES, values);
-        for (int i = 0; i < 32; i++) dot += q[32 * b + i] * values[i];
+    for (int r = 0, first = 0; first < n; r++, first += runs->run_keys) {
+      const uint8_t *k = runs->keys[r];
+      for (int j = 0; j < run_length(runs, first, n); j++) {
+        float dot = 0.0f;
+        for (int b = 0; b < Hd / 32; b++) {
+          dequantize_q8_0(k + j * row + (size_t)b * Q8_BLOCK_BYTES, values);
+          for (int i = 0; i < 32; i++) dot += q[32 * b + i] * values[i];
+        }
+        scores[first + j] = dot * scale;
+        top = scores[first + j] > top ? scores[first + j] : top;
       }
-      scores[j] = dot * scale;
-      top = scores[j] > top ? scores[j] : top;
     }
     float total = 0.0f;
     for (int j = 0; j < n; j++) total += (scores[j] = expf(scores[j] - top));
     for (int i = 0; i < Hd; i++) part[i] = 0.0f;
-    for (int j = 0; j < n; j++) {
-      for (int b = 0; b < Hd / 32; b++) dequantize_q8_0(v + j * row + (size_t)b * Q8_BLOCK_BYTES, values + 32 * b);
-      for (int i = 0; i < Hd; i++) part[i] += scores[j] * values[i];
+    for (int r = 0, first = 0; first < n; r++, first += runs->run_keys) {
+      const uint8_t *v = runs->values[r];
+      for (int j = 0; j < run_length(runs, first, n); j++) {
+        for (int b = 0; b < Hd / 32; b++) dequantize_q8_0(v + j * row + (size_t)b * Q8_BLOCK_BYTES, values + 32 * b);
+        for (int i = 0; i < Hd; i++) part[i] += scores[first + j] * values[i];
+      }
     }
     part[Hd] = top;
     part[Hd + 1] = total;

@@ -154,22 +154,28 @@ static float half_to_float(uint16_t h) {
 }
 
 /* A head at a time, its scores in one row. */
-GENERIC void attend_item_generic(const float *q, int heads, const uint16_t *k, const uint16_t *v, int n, int Hd, float scale, float *part,
+GENERIC void attend_item_generic(const float *q, int heads, const key_runs *runs, int n, int Hd, float scale, float *part,
                                  size_t part_stride) {
   float scores[KEY_CHUNK];
   for (int h = 0; h < heads; h++, q += Hd, part += part_stride) {
     float top = -INFINITY;
-    for (int j = 0; j < n; j++) {
-      float dot = 0.0f;
-      for (int i = 0; i < Hd; i++) dot += q[i] * half_to_float(k[(size_t)j * Hd + i]);
-      scores[j] = dot * scale;
-      top = scores[j] > top ? scores[j] : top;
+    for (int r = 0, first = 0; first < n; r++, first += runs->run_keys) {
+      const uint16_t *k = (const uint16_t *)runs->keys[r];
+      for (int j = 0; j < run_length(runs, first, n); j++) {
+        float dot = 0.0f;
+        for (int i = 0; i < Hd; i++) dot += q[i] * half_to_float(k[(size_t)j * Hd + i]);
+        scores[first + j] = dot * scale;
+        top = scores[first + j] > top ? scores[first + j] : top;
+      }
     }
     float total = 0.0f;
     for (int j = 0; j < n; j++) total += (scores[j] = expf(scores[j] - top));
     for (int i = 0; i < Hd; i++) part[i] = 0.0f;
-    for (int j = 0; j < n; j++)
-      for (int i = 0; i < Hd; i++) part[i] += scores[j] * half_to_float(v[(size_t)j * Hd + i]);
+    for (int r = 0, first = 0; first < n; r++, first += runs->run_keys) {
+      const uint16_t *v = (const uint16_t *)runs->values[r];
+      for (int j = 0; j < run_length(runs, first, n); j++)
+        for (int i = 0; i < Hd; i++) part[i] += scores[first + j] * half_to_float(v[(size_t)j * Hd + i]);
+    }
     part[Hd] = top;
     part[Hd + 1] = total;
   }

@@ -15,6 +15,24 @@
 enum { MAX_TOKEN_GROUP = 4 };
 /* attention's items (see attention.c): up to MAX_SHARED_HEADS query heads against KEY_CHUNK keys */
 enum { MAX_SHARED_HEADS = 3, KEY_CHUNK = 256 };
+/* A paged cache's blocks hold MIN_BLOCK_POSITIONS .. KEY_CHUNK positions (a power of two: see
+ * tq_attention.block_positions), so an item's keys are at most MAX_KEY_RUNS runs of adjacent rows. */
+enum { MIN_BLOCK_POSITIONS = 16, MAX_KEY_RUNS = KEY_CHUNK / MIN_BLOCK_POSITIONS };
+
+/* An item's n keys and values as runs of adjacent cache rows: run r holds the item's keys
+ * r * run_keys .. (every run but the last holds run_keys of them), its first key's row at keys[r] and
+ * its first value's at values[r]. An unpaged cache's item is one run (run_keys KEY_CHUNK); a paged
+ * one's is a run per block (run_keys = block_positions). The kernels walk the runs in order and keep
+ * every sum as over one run: a score is per key, written at the key's place in the item, and the
+ * value sums carry on from run to run in the same registers. The scores' groups of four keys never
+ * straddle two runs (run_keys is a multiple of 16), so the numbers are bit for bit an unpaged item's. */
+typedef struct {
+  const uint8_t *keys[MAX_KEY_RUNS], *values[MAX_KEY_RUNS];
+  int run_keys;
+} key_runs;
+
+/* How many of an item's n keys the run starting at key `first` holds. */
+static inline int run_length(const key_runs *runs, int first, int n) { return n - first < runs->run_keys ? n - first : runs->run_keys; }
 
 /* How a format's products round their activations to int8: as llama.cpp's CPU backend does for the
  * same weights (its vec_dot_type), so that both servers multiply the same integers and part only by
@@ -54,10 +72,8 @@ static void swiglu_row(const float *gate, const float *up, int n, float *y);
 /* to[i] = x[i] as float16 for i < n, rounded to nearest even. */
 static void halves_from_floats(const float *x, int n, uint16_t *to);
 /* One attention item: `heads` query heads (q, Hd floats apart) against n float16 keys and values
- * (k, v: n rows of Hd), scores scaled by `scale`; head h's unnormalized output at part + h *
+ * (rows of Hd, in `runs`), scores scaled by `scale`; head h's unnormalized output at part + h *
  * part_stride, then its scores' max and its sum of e^(score - max). */
-static void attend_item(const float *q, int heads, const uint16_t *k, const uint16_t *v, int n, int Hd, float scale, float *part,
-                        size_t part_stride);
-/* attend_item over Q8_0 cache rows (attention_q8.c): k, v n rows of Hd / 32 blocks each, Hd a multiple of 32. */
-static void attend_item_q8(const float *q, int heads, const uint8_t *k, const uint8_t *v, int n, int Hd, float scale, float *part,
-                           size_t part_stride);
+static void attend_item(const float *q, int heads, const key_runs *runs, int n, int Hd, float scale, float *part, size_t part_stride);
+/* attend_item over Q8_0 cache rows (attention_q8.c): rows of Hd / 32 blocks each, Hd a multiple of 32. */
+static void attend_item_q8(const float *q, int heads, const key_runs *runs, int n, int Hd, float scale, float *part, size_t part_stride);

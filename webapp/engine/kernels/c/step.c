@@ -15,12 +15,12 @@
 /* Ask for the cache lines that attend() will write (each lane's new keys and values) before the qkv
  * product, which hides their misses: writing them cold took ~0.5 of a B=8 step's 0.7 ms of RoPE and
  * cache writes (every layer's cache from DRAM at position 100). */
-static void prefetch_new_entries(const uint16_t *cache, const int32_t *lanes, const tq_attention *shape) {
+static void prefetch_new_entries(const uint16_t *cache, const int32_t *lanes, const int32_t *tables, const tq_attention *shape) {
   const int B = shape->lanes, KvH = shape->kv_heads;
   for (int b = 0; b < B; b++)
     for (int is_v = 0; is_v < 2; is_v++)
       for (int kvh = 0; kvh < KvH; kvh++) {
-        const char *entry = (const char *)kv_row(cache, shape, is_v, lanes[b], kvh, lanes[B + b]);
+        const char *entry = (const char *)kv_row(cache, tables, shape, is_v, lanes[b], kvh, lanes[B + b]);
         for (size_t at = 0; at < kv_row_bytes(shape); at += 64) __builtin_prefetch(entry + at, 1, 3);
       }
 }
@@ -36,7 +36,7 @@ static void add_normed(float *rows, const float *residual, const float *weight, 
 
 static void layer(float *out, const float *x, const layer_matrices *w, const float *attn_norm, const float *ffn_norm, const float *post_norms,
                   const float *biases, uint16_t *cache, const int32_t *lanes, const float *rotations, const float *extras,
-                  const tq_layer_shape *shape) {
+                  const int32_t *tables, const tq_layer_shape *shape) {
   const tq_attention *attention = &shape->attention;
   const int B = attention->lanes, H = attention->heads, KvH = attention->kv_heads, Hd = attention->head_dim, D = shape->dim, F = shape->ffn_dim;
   const int moe = shape->experts.count > 0, post = shape->form & FORM_POST_NORMS;
@@ -45,9 +45,9 @@ static void layer(float *out, const float *x, const layer_matrices *w, const flo
   float *qkv = at_least(&layer_intermediates, (size_t)B * (width + H * Hd + D + (moe ? 0 : 2 * F)) * sizeof(float)), *attn = qkv + (size_t)B * width,
         *h = attn + (size_t)B * H * Hd, *gate_up = h + (size_t)B * D;
   const tq_product qkv_shape = {shape->types[LAYER_QKV], width, D, B, eps}, o_shape = {shape->types[LAYER_O], D, H * Hd, B, eps};
-  prefetch_new_entries(cache, lanes, attention);
+  prefetch_new_entries(cache, lanes, tables, attention);
   linear(qkv, w->qkv, x, &qkv_shape, RMS_NORM, attn_norm, 0);
-  attend(attn, qkv, cache, lanes, rotations, extras, attention);
+  attend(attn, qkv, cache, lanes, rotations, extras, tables, attention);
   linear(h, w->o, attn, &o_shape, AS_IS, 0, post ? 0 : x);
   if (post) add_normed(h, x, post_norms, B, D, eps);
   if (shape->form & FORM_BIASES)
@@ -70,7 +70,7 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
   const float *rotations = rope_rotations(&rotation_rows, lanes, shape->attention.lanes, inv_freq, shape->attention.head_dim,
                                           shape->attention.rotary_dim, shape->attention.rope_scale);
   const layer_matrices w = {w_qkv, w_o, w_gate_up, w_down, w_router, w_up, w_shared_gate_up, w_shared_down, expert_tokens, shared_gate};
-  layer(out, x, &w, attn_norm, ffn_norm, post_norms, biases, cache, lanes, rotations, extras, shape);
+  layer(out, x, &w, attn_norm, ffn_norm, post_norms, biases, cache, lanes, rotations, extras, 0, shape); /* unpaged (tq.h) */
 }
 
 /* ---- a whole step --------------------------------------------------------------------------- */
@@ -79,12 +79,14 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
  * real token): embedding, every layer as tq_layer, then the final norm and the output head (or, with
  * step->outputs STEP_HIDDEN, the final norm's rows alone: `logits` then holds R x dim floats).
  * `model` holds the model's tensors by address (uint64): the embedding matrix, the final norm, the
- * head matrix, the RoPE inverse frequencies, then per layer its qkv, o, gate_up and down matrices, its
+ * head matrix, the RoPE inverse frequencies (global, then local), a paged cache's block tables, then per layer its qkv, o, gate_up and down matrices, its
  * two norms, its KV cache and its attention extras, and a mixture of experts' router, up matrices and
  * token counts, a post-normed layer's norms, a layer's biases and a shared expert's gate (the order of
  * tq.h's MODEL_* and LAYER_* entries; a shared expert's matrices follow the up matrices). step:
  * tq_step (B = step->attention.lanes, R = step->picks); layer_info: each layer's LAYER_INFO numbers in
- * turn (its matrices' types, its attention's flags, form, window and cache positions). cpu.py calls it directly, on the model thread, which then works through
+ * turn (its matrices' types, its attention's flags, form, window and cache positions; a paged step,
+ * step->attention.block_positions > 0, takes step->attention.positions for every layer and leaves
+ * info's positions unread). cpu.py calls it directly, on the model thread, which then works through
  * the pool's jobs itself: replayed inside a TinyJit, the same one-kernel step took 2.8 ms longer of
  * 15.5 (Python before it started, tinygrad's worker thread running it, noticing its end). */
 static __thread scratch_t step_rows, local_rotation_rows;
@@ -94,6 +96,7 @@ void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, cons
   const int B = step->attention.lanes, D = step->dim, R = step->picks;
   float *x = at_least(&step_rows, (size_t)(B + R) * D * sizeof(float)), *picked = x + (size_t)B * D;
   const tq_attention *a = &step->attention;
+  const int32_t *tables = (const int32_t *)(uintptr_t)model[MODEL_BLOCK_TABLES]; /* 0 unless a->block_positions > 0 */
   const float *rotations = rope_rotations(&rotation_rows, lanes, B, (const float *)(uintptr_t)model[MODEL_INV_FREQ], a->head_dim,
                                           a->rotary_dim, a->rope_scale);
   const float *local_rotations = model[MODEL_INV_FREQ_LOCAL] ? rope_rotations(&local_rotation_rows, lanes, B,
@@ -111,7 +114,8 @@ void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, cons
     memcpy(layer_shape.types, info, sizeof layer_shape.types);
     layer_shape.attention.flags = info[LAYER_INFO_FLAGS];
     layer_shape.attention.window = info[LAYER_INFO_WINDOW];
-    layer_shape.attention.positions = info[LAYER_INFO_POSITIONS];
+    /* a paged model's layers share one block table and so one positions a sequence, the step's */
+    if (!a->block_positions) layer_shape.attention.positions = info[LAYER_INFO_POSITIONS];
     layer_shape.form = info[LAYER_INFO_FORM];
 #define AT(type, entry) ((type)(uintptr_t)m[entry])
     const tq_experts dense = {0};
@@ -123,7 +127,7 @@ void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, cons
     /* in place: layer() reads x for the last time (the attention's residual) before it writes out */
     layer(x, x, &w, AT(const float *, LAYER_ATTN_NORM), AT(const float *, LAYER_FFN_NORM), AT(const float *, LAYER_POST_NORMS),
           AT(const float *, LAYER_BIASES), AT(uint16_t *, LAYER_CACHE), lanes, layer_shape.attention.flags & ATTEND_LOCAL_ROPE ? local_rotations : rotations,
-          AT(const float *, LAYER_EXTRAS), &layer_shape);
+          AT(const float *, LAYER_EXTRAS), tables, &layer_shape);
 #undef AT
   }
   for (int r = 0; r < R; r++) memcpy(picked + (size_t)r * D, x + (size_t)(picks[r] < 0 || picks[r] >= B ? 0 : picks[r]) * D, D * sizeof(float));

@@ -69,8 +69,9 @@ enum { SPIN_US = 100 };
  * tq_experts.shared_ffn_dim > 0) has its SHARED_GATE_UP (gate over up) and SHARED_DOWN matrices and
  * its SHARED_GATE, the D floats whose product with a lane's normed row, through a sigmoid, scales the
  * shared expert's output (shared_expert.c); else the three are 0. INV_FREQ_LOCAL: ATTEND_LOCAL_ROPE
- * layers' RoPE frequencies, or 0 for none. */
-enum { MODEL_EMBED, MODEL_NORM, MODEL_HEAD, MODEL_INV_FREQ, MODEL_INV_FREQ_LOCAL, MODEL_LAYERS };
+ * layers' RoPE frequencies, or 0 for none. BLOCK_TABLES: a paged cache's block tables (int32, rows x
+ * tq_step.attention.table_width, which every layer's cache shares), or 0 for an unpaged one. */
+enum { MODEL_EMBED, MODEL_NORM, MODEL_HEAD, MODEL_INV_FREQ, MODEL_INV_FREQ_LOCAL, MODEL_BLOCK_TABLES, MODEL_LAYERS };
 enum { LAYER_QKV, LAYER_O, LAYER_GATE_UP, LAYER_DOWN, LAYER_ROUTER, LAYER_UP, LAYER_SHARED_GATE_UP, LAYER_SHARED_DOWN, LAYER_MATRICES = 8 };
 enum {
   LAYER_ATTN_NORM = LAYER_MATRICES,
@@ -84,7 +85,8 @@ enum {
   LAYER_ENTRIES
 };
 /* tq_forward's layer_info: each layer's LAYER_MATRICES matrix types, then its attention's flags, its
- * form, its attention's window and its cache's positions (tq_attention's). */
+ * form, its attention's window and its cache's positions (tq_attention's; unread in a paged step,
+ * whose layers all take the step's positions). */
 enum { LAYER_INFO_FLAGS = LAYER_MATRICES, LAYER_INFO_FORM, LAYER_INFO_WINDOW, LAYER_INFO_POSITIONS, LAYER_INFO };
 /* tq_experts' flags: the chosen experts' weights divided by their sum (Qwen3-MoE's norm_topk_prob). */
 enum { EXPERTS_NORM_WEIGHTS = 1 };
@@ -112,6 +114,14 @@ typedef struct {
    * p % positions of its slot: a sliding-window layer's cache can be a ring of fewer positions than
    * the context, a multiple of KEY_CHUNK holding window - 1 past keys and every key a step writes. */
   int32_t window;
+  /* A paged cache (block_positions > 0; 0: the layout above): a pool (2, slots, kv_heads,
+   * block_positions, a row), `slots` counting its blocks. A lane's slot is a row of tq_attend's int32
+   * block tables (rows x table_width); position p of its sequence is row p % block_positions of block
+   * tables[slot * table_width + p / block_positions], so sequences can share blocks (a common prefix)
+   * and take blocks as they grow. positions stays the most a sequence reaches (at most table_width x
+   * block_positions). block_positions is a power of two, MIN_BLOCK_POSITIONS (isa.h) .. KEY_CHUNK, so
+   * a chunk of keys is whole blocks; a paged layer has no window (window 0: no rings). */
+  int32_t block_positions, table_width;
 } tq_attention;
 
 /* A mixture of experts' sizes: `count` experts a layer, `used` of them a token, each with a
@@ -179,11 +189,12 @@ void tq_residual_linear(float *out, const uint8_t *w, const float *x, const floa
 void tq_swiglu_linear(float *out, const uint8_t *w, const float *gate_up, const float *residual, const tq_product *shape);
 /* A layer's attention from its qkv rows: bias, q/k norm, RoPE, the new keys and values into the
  * KV cache (float16 or Q8_0 rows, as shape->kv_type says), then softmax attention over it (see
- * attention.c). `cache` is the cache's first byte, whatever its type. */
+ * attention.c). `cache` is the cache's first byte, whatever its type; `tables` a paged cache's block
+ * tables (int32, rows x shape->table_width), unread (NULL) when shape->block_positions is 0. */
 void tq_attend(float *out, const float *qkv, void *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
-               const tq_attention *shape);
+               const int32_t *tables, const tq_attention *shape);
 /* A whole layer: those five in a row (see step.c), or a mixture of experts' feed-forward after the
- * attention (shape->experts.count > 0; a dense layer's w_router, w_up and expert_tokens are unread, and
+ * attention, over an unpaged cache (shape->attention.block_positions must be 0: no block tables here) (shape->experts.count > 0; a dense layer's w_router, w_up and expert_tokens are unread, and
  * the shared expert's w_shared_gate_up, w_shared_down and shared_gate where it has none). */
 void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w_o, const uint8_t *w_gate_up, const uint8_t *w_down,
               const uint8_t *w_router, const uint8_t *w_up, const uint8_t *w_shared_gate_up, const uint8_t *w_shared_down,

@@ -70,19 +70,24 @@ static float attend_softmax(float *scores, int n, float *top_out) {
 }
 
 /* o_h[i0..i0 + 8 W) = sum_j w[h * stride + j] v_j[i0..i0 + 8 W) for the S heads (head h's at o + h *
- * o_stride), the S x W sums held in registers; W is a constant in each use, so they stay there. */
-static inline __attribute__((always_inline)) void attend_value_columns(const float *w, size_t stride, const int S, const uint16_t *v, int n, int Hd,
-                                                                       int i0, const int W, float *o, size_t o_stride) {
+ * o_stride), the S x W sums held in registers across all the runs; W is a constant in each use, so
+ * they stay there. */
+static inline __attribute__((always_inline)) void attend_value_columns(const float *w, size_t stride, const int S, const key_runs *runs, int n,
+                                                                       int Hd, int i0, const int W, float *o, size_t o_stride) {
   __m256 acc[MAX_SHARED_HEADS][4];
   for (int h = 0; h < S; h++)
     for (int c = 0; c < W; c++) acc[h][c] = _mm256_setzero_ps();
-  for (int j = 0; j < n; j++) {
-    __m256 p[MAX_SHARED_HEADS];
-    for (int h = 0; h < S; h++) p[h] = _mm256_broadcast_ss(w + h * stride + j);
-    const uint16_t *vj = v + (size_t)j * Hd + i0;
-    for (int c = 0; c < W; c++) {
-      const __m256 value = load_half8(vj + 8 * c);
-      for (int h = 0; h < S; h++) acc[h][c] = _mm256_fmadd_ps(p[h], value, acc[h][c]);
+  for (int r = 0, first = 0; first < n; r++, first += runs->run_keys) {
+    const uint16_t *v = (const uint16_t *)runs->values[r] + i0;
+    const int keys = run_length(runs, first, n);
+    for (int j = 0; j < keys; j++) {
+      __m256 p[MAX_SHARED_HEADS];
+      for (int h = 0; h < S; h++) p[h] = _mm256_broadcast_ss(w + h * stride + first + j);
+      const uint16_t *vj = v + (size_t)j * Hd;
+      for (int c = 0; c < W; c++) {
+        const __m256 value = load_half8(vj + 8 * c);
+        for (int h = 0; h < S; h++) acc[h][c] = _mm256_fmadd_ps(p[h], value, acc[h][c]);
+      }
     }
   }
   for (int h = 0; h < S; h++)
@@ -91,38 +96,40 @@ static inline __attribute__((always_inline)) void attend_value_columns(const flo
 
 /* o_h = sum_j w[h * stride + j] v_j for the S heads: 32 dimensions at a time, then 8 at a time;
  * each value vector is converted once for all S heads. */
-static inline __attribute__((always_inline)) void attend_values(const float *w, size_t stride, const int S, const uint16_t *v, int n, int Hd,
+static inline __attribute__((always_inline)) void attend_values(const float *w, size_t stride, const int S, const key_runs *runs, int n, int Hd,
                                                                 float *o, size_t o_stride) {
   int i0 = 0;
-  for (; i0 + 32 <= Hd; i0 += 32) attend_value_columns(w, stride, S, v, n, Hd, i0, 4, o, o_stride);
-  for (; i0 < Hd; i0 += 8) attend_value_columns(w, stride, S, v, n, Hd, i0, 1, o, o_stride);
+  for (; i0 + 32 <= Hd; i0 += 32) attend_value_columns(w, stride, S, runs, n, Hd, i0, 4, o, o_stride);
+  for (; i0 < Hd; i0 += 8) attend_value_columns(w, stride, S, runs, n, Hd, i0, 1, o, o_stride);
 }
 
 /* The S heads of one item over n keys, S a constant in each instance below: head h's unnormalized
- * output at part + h * part_stride, then its scores' max and its sum of e^(score - max). */
-static inline __attribute__((always_inline)) void attend_heads(const float *q, const int S, const uint16_t *k, const uint16_t *v, int n, int Hd,
-                                                               float scale, float *scores, size_t stride, float *part, size_t part_stride) {
-  attend_scores(q, S, k, n, Hd, scale, scores, stride);
+ * output at part + h * part_stride, then its scores' max and its sum of e^(score - max). Each run's
+ * scores land at its keys' place in the item's row of scores. */
+static inline __attribute__((always_inline)) void attend_heads(const float *q, const int S, const key_runs *runs, int n, int Hd, float scale,
+                                                               float *scores, size_t stride, float *part, size_t part_stride) {
+  for (int r = 0, first = 0; first < n; r++, first += runs->run_keys)
+    attend_scores(q, S, (const uint16_t *)runs->keys[r], run_length(runs, first, n), Hd, scale, scores + first, stride);
   for (int h = 0; h < S; h++) part[h * part_stride + Hd + 1] = attend_softmax(scores + h * stride, n, &part[h * part_stride + Hd]);
-  attend_values(scores, stride, S, v, n, Hd, part, part_stride);
+  attend_values(scores, stride, S, runs, n, Hd, part, part_stride);
 }
 
-static void attend_item(const float *q, int heads, const uint16_t *k, const uint16_t *v, int n, int Hd, float scale, float *part,
-                        size_t part_stride) {
+static void attend_item(const float *q, int heads, const key_runs *runs, int n, int Hd, float scale, float *part, size_t part_stride) {
   /* An item's keys and values are a few KB to 64 KB each: ask for all of them at once rather than
      wait for the hardware prefetcher to notice each stream. The B=8 step's attention at position
      100 went from 6.1-7.0 to 5.0-5.6 ms (4 alternating pairs, every layer's cache from DRAM). */
-  for (size_t at = 0; at < (size_t)n * Hd * 2; at += 64) {
-    _mm_prefetch((const char *)k + at, _MM_HINT_T0);
-    _mm_prefetch((const char *)v + at, _MM_HINT_T0);
-  }
+  for (int r = 0, first = 0; first < n; r++, first += runs->run_keys)
+    for (size_t at = 0; at < (size_t)run_length(runs, first, n) * Hd * 2; at += 64) {
+      _mm_prefetch((const char *)runs->keys[r] + at, _MM_HINT_T0);
+      _mm_prefetch((const char *)runs->values[r] + at, _MM_HINT_T0);
+    }
   if (Hd % 8 != 0) {
-    attend_item_generic(q, heads, k, v, n, Hd, scale, part, part_stride);
+    attend_item_generic(q, heads, runs, n, Hd, scale, part, part_stride);
     return;
   }
   float scores[MAX_SHARED_HEADS * (KEY_CHUNK + 8)];
   const size_t stride = KEY_CHUNK + 8;
-  if (heads == 3) attend_heads(q, 3, k, v, n, Hd, scale, scores, stride, part, part_stride);
-  else if (heads == 2) attend_heads(q, 2, k, v, n, Hd, scale, scores, stride, part, part_stride);
-  else attend_heads(q, 1, k, v, n, Hd, scale, scores, stride, part, part_stride);
+  if (heads == 3) attend_heads(q, 3, runs, n, Hd, scale, scores, stride, part, part_stride);
+  else if (heads == 2) attend_heads(q, 2, runs, n, Hd, scale, scores, stride, part, part_stride);
+  else attend_heads(q, 1, runs, n, Hd, scale, scores, stride, part, part_stride);
 }

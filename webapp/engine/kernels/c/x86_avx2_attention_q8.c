@@ -41,21 +41,26 @@ static inline __attribute__((always_inline)) void attend_scores_q8(const float *
 }
 
 /* o_h = sum_j w[h * stride + j] v_j for the S heads, a block (32 dimensions) at a time: the S x 4 sums
- * in registers, each value block converted once for all S heads and its scale folded into the weights. */
-static inline __attribute__((always_inline)) void attend_values_q8(const float *w, size_t stride, const int S, const uint8_t *v, size_t row, int n,
-                                                                   int Hd, float *o, size_t o_stride) {
+ * in registers across all the runs, each value block converted once for all S heads and its scale
+ * folded into the weights. */
+static inline __attribute__((always_inline)) void attend_values_q8(const float *w, size_t stride, const int S, const key_runs *runs, size_t row,
+                                                                   int n, int Hd, float *o, size_t o_stride) {
   for (int b = 0; b < Hd / 32; b++) {
     __m256 acc[MAX_SHARED_HEADS][4];
     for (int h = 0; h < S; h++)
       for (int c = 0; c < 4; c++) acc[h][c] = _mm256_setzero_ps();
-    for (int j = 0; j < n; j++) {
-      const uint8_t *block = v + j * row + (size_t)b * Q8_BLOCK_BYTES;
-      const float d = fp16(block);
-      __m256 p[MAX_SHARED_HEADS];
-      for (int h = 0; h < S; h++) p[h] = _mm256_set1_ps(w[h * stride + j] * d);
-      for (int c = 0; c < 4; c++) {
-        const __m256 value = load_q8x8(block + 2 + 8 * c);
-        for (int h = 0; h < S; h++) acc[h][c] = _mm256_fmadd_ps(p[h], value, acc[h][c]);
+    for (int r = 0, first = 0; first < n; r++, first += runs->run_keys) {
+      const uint8_t *v = runs->values[r] + (size_t)b * Q8_BLOCK_BYTES;
+      const int keys = run_length(runs, first, n);
+      for (int j = 0; j < keys; j++) {
+        const uint8_t *block = v + j * row;
+        const float d = fp16(block);
+        __m256 p[MAX_SHARED_HEADS];
+        for (int h = 0; h < S; h++) p[h] = _mm256_set1_ps(w[h * stride + first + j] * d);
+        for (int c = 0; c < 4; c++) {
+          const __m256 value = load_q8x8(block + 2 + 8 * c);
+          for (int h = 0; h < S; h++) acc[h][c] = _mm256_fmadd_ps(p[h], value, acc[h][c]);
+        }
       }
     }
     for (int h = 0; h < S; h++)
@@ -63,23 +68,25 @@ static inline __attribute__((always_inline)) void attend_values_q8(const float *
   }
 }
 
-static inline __attribute__((always_inline)) void attend_heads_q8(const float *q, const int S, const uint8_t *k, const uint8_t *v, size_t row, int n,
-                                                                  int Hd, float scale, float *scores, size_t stride, float *part, size_t part_stride) {
-  attend_scores_q8(q, S, k, row, n, Hd, scale, scores, stride);
+/* As attend_heads (x86_avx2_attention.c): each run's scores at its keys' place in the item's row. */
+static inline __attribute__((always_inline)) void attend_heads_q8(const float *q, const int S, const key_runs *runs, size_t row, int n, int Hd,
+                                                                  float scale, float *scores, size_t stride, float *part, size_t part_stride) {
+  for (int r = 0, first = 0; first < n; r++, first += runs->run_keys)
+    attend_scores_q8(q, S, runs->keys[r], row, run_length(runs, first, n), Hd, scale, scores + first, stride);
   for (int h = 0; h < S; h++) part[h * part_stride + Hd + 1] = attend_softmax(scores + h * stride, n, &part[h * part_stride + Hd]);
-  attend_values_q8(scores, stride, S, v, row, n, Hd, part, part_stride);
+  attend_values_q8(scores, stride, S, runs, row, n, Hd, part, part_stride);
 }
 
-static void attend_item_q8(const float *q, int heads, const uint8_t *k, const uint8_t *v, int n, int Hd, float scale, float *part,
-                           size_t part_stride) {
+static void attend_item_q8(const float *q, int heads, const key_runs *runs, int n, int Hd, float scale, float *part, size_t part_stride) {
   const size_t row = (size_t)Hd / 32 * Q8_BLOCK_BYTES;
-  for (size_t at = 0; at < (size_t)n * row; at += 64) { /* as attend_item: the item's rows asked for at once */
-    _mm_prefetch((const char *)k + at, _MM_HINT_T0);
-    _mm_prefetch((const char *)v + at, _MM_HINT_T0);
-  }
+  for (int r = 0, first = 0; first < n; r++, first += runs->run_keys) /* as attend_item: the item's rows asked for at once */
+    for (size_t at = 0; at < (size_t)run_length(runs, first, n) * row; at += 64) {
+      _mm_prefetch((const char *)runs->keys[r] + at, _MM_HINT_T0);
+      _mm_prefetch((const char *)runs->values[r] + at, _MM_HINT_T0);
+    }
   float scores[MAX_SHARED_HEADS * (KEY_CHUNK + 8)];
   const size_t stride = KEY_CHUNK + 8;
-  if (heads == 3) attend_heads_q8(q, 3, k, v, row, n, Hd, scale, scores, stride, part, part_stride);
-  else if (heads == 2) attend_heads_q8(q, 2, k, v, row, n, Hd, scale, scores, stride, part, part_stride);
-  else attend_heads_q8(q, 1, k, v, row, n, Hd, scale, scores, stride, part, part_stride);
+  if (heads == 3) attend_heads_q8(q, 3, runs, row, n, Hd, scale, scores, stride, part, part_stride);
+  else if (heads == 2) attend_heads_q8(q, 2, runs, row, n, Hd, scale, scores, stride, part, part_stride);
+  else attend_heads_q8(q, 1, runs, row, n, Hd, scale, scores, stride, part, part_stride);
 }
