@@ -78,7 +78,8 @@ static void run_attend(const void *ctx, int first, int last) {
     /* keys lo .. lo + n - 1 are one chunk's: adjacent rows (also in a ring of whole chunks), or in a
        paged cache a run of adjacent rows per block, each starting at a multiple of block_positions
        (lo is a chunk's first key: a paged layer has no window) */
-    key_runs runs = {.run_keys = a->shape->block_positions > 0 ? a->shape->block_positions : KEY_CHUNK};
+    key_runs runs; /* only its first runs are set: no zeroing of all MAX_KEY_RUNS an item */
+    runs.run_keys = a->shape->block_positions > 0 ? a->shape->block_positions : KEY_CHUNK;
     for (int r = 0, first = 0; first < n; r++, first += runs.run_keys) {
       runs.keys[r] = kv_row(a->cache, a->tables, a->shape, 0, slot, kvh, lo + first);
       runs.values[r] = kv_row(a->cache, a->tables, a->shape, 1, slot, kvh, lo + first);

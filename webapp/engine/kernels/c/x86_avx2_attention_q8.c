@@ -41,26 +41,27 @@ static inline __attribute__((always_inline)) void attend_scores_q8(const float *
 }
 
 /* o_h = sum_j w[h * stride + j] v_j for the S heads, a block (32 dimensions) at a time: the S x 4 sums
- * in registers across all the runs, each value block converted once for all S heads and its scale
- * folded into the weights. */
+ * in registers, each value block converted once for all S heads and its scale folded into the
+ * weights; the keys in one loop that moves to the next run's rows at a run's end, as
+ * attend_value_columns does. */
 static inline __attribute__((always_inline)) void attend_values_q8(const float *w, size_t stride, const int S, const key_runs *runs, size_t row,
                                                                    int n, int Hd, float *o, size_t o_stride) {
   for (int b = 0; b < Hd / 32; b++) {
     __m256 acc[MAX_SHARED_HEADS][4];
     for (int h = 0; h < S; h++)
       for (int c = 0; c < 4; c++) acc[h][c] = _mm256_setzero_ps();
-    for (int r = 0, first = 0; first < n; r++, first += runs->run_keys) {
-      const uint8_t *v = runs->values[r] + (size_t)b * Q8_BLOCK_BYTES;
-      const int keys = run_length(runs, first, n);
-      for (int j = 0; j < keys; j++) {
-        const uint8_t *block = v + j * row;
-        const float d = fp16(block);
-        __m256 p[MAX_SHARED_HEADS];
-        for (int h = 0; h < S; h++) p[h] = _mm256_set1_ps(w[h * stride + first + j] * d);
-        for (int c = 0; c < 4; c++) {
-          const __m256 value = load_q8x8(block + 2 + 8 * c);
-          for (int h = 0; h < S; h++) acc[h][c] = _mm256_fmadd_ps(p[h], value, acc[h][c]);
-        }
+    const uint8_t *block = runs->values[0] + (size_t)b * Q8_BLOCK_BYTES;
+    for (int j = 0, run_end = runs->run_keys; j < n; j++, block += row) {
+      if (j == run_end) {
+        block = runs->values[j / runs->run_keys] + (size_t)b * Q8_BLOCK_BYTES;
+        run_end += runs->run_keys;
+      }
+      const float d = fp16(block);
+      __m256 p[MAX_SHARED_HEADS];
+      for (int h = 0; h < S; h++) p[h] = _mm256_set1_ps(w[h * stride + j] * d);
+      for (int c = 0; c < 4; c++) {
+        const __m256 value = load_q8x8(block + 2 + 8 * c);
+        for (int h = 0; h < S; h++) acc[h][c] = _mm256_fmadd_ps(p[h], value, acc[h][c]);
       }
     }
     for (int h = 0; h < S; h++)
