@@ -51,5 +51,5 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=300s --retries=3 \
 
 # SIGTERM drains: new requests get 503, running ones finish within LLM_DRAIN_SECONDS, then exit 0.
 STOPSIGNAL SIGTERM
-# THREADS must exceed LLM_SLOTS + LLM_QUEUE_LIMIT (+8 for /health and /metrics); the log says so if not.
+# THREADS must exceed the running requests (LLM_MAX_BATCH, or LLM_SLOTS: the larger) + LLM_QUEUE_LIMIT (+8 for /health and /metrics); the log says so if not.
 CMD ["sh", "-c", "exec waitress-serve --threads=${THREADS} --channel-request-lookahead=1 --channel-timeout=600 --max-request-body-size=${MAX_BODY} --listen=0.0.0.0:${PORT} wsgi:app"]

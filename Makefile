@@ -4,7 +4,7 @@ PYTHON  ?= python3
 PORT    ?= 8000
 # 0.0.0.0 serves the network: set LLM_ADMIN_TOKEN (and LLM_API_KEY) then, or HOST=127.0.0.1.
 HOST    ?= 0.0.0.0
-# Each streaming request holds one Waitress thread: slots + queue limit + headroom for /health and /admin.
+# Each streaming request holds one Waitress thread: running requests (LLM_MAX_BATCH or LLM_SLOTS) + queue limit + headroom for /health and /admin.
 THREADS ?= 96
 # Waitress buffers a whole body before the app sees it; cut absurd uploads off there. Keep it above
 # LLM_MAX_CONTENT_LENGTH (4 MiB) so that ordinary oversized bodies get the API's JSON 413.

@@ -18,9 +18,9 @@ from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 
 @pytest.fixture(scope="module")
 def default_model_client():
-    """The real `openai` client of the real default model (2 slots, 1,024 positions) behind Waitress."""
+    """The real `openai` client of the real default model (2 requests at once, 1,024 positions) behind Waitress."""
     use_tinygrad_from_this_thread()
-    app = create_app({"TESTING": True, "SLOTS": 2, "MAX_CONTEXT": 1024})
+    app = create_app({"TESTING": True, "SLOTS": 2, "MAX_BATCH": 2, "MAX_CONTEXT": 1024})
     engine = app.extensions["engine"]
     with running_server(app) as srv:
         deadline = time.monotonic() + 900

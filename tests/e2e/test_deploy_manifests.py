@@ -26,6 +26,8 @@ import pytest
 import yaml
 from support import ROOT
 
+from webapp.ops.waitress_settings import threads_needed
+
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 K8S_VERSION = "1.32.0"  # the oldest version still supported upstream when this was written
 BIN = Path(sys.executable).parent
@@ -192,7 +194,8 @@ def test_the_model_pods_drain_before_they_are_killed(rendered):
     pre_stop = int(pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][-1])
     assert pod["terminationGracePeriodSeconds"] >= pre_stop + int(env["LLM_DRAIN_SECONDS"]) + 5
     assert env["LLM_METRICS_COMPAT"] == "vllm"  # the endpoint picker reads vLLM's names
-    assert int(env["THREADS"]) >= int(env["LLM_SLOTS"]) + int(env["LLM_QUEUE_LIMIT"]) + 8
+    running = {"SLOTS": env["LLM_SLOTS"], "QUEUE_LIMIT": env["LLM_QUEUE_LIMIT"], "MAX_BATCH": env.get("LLM_MAX_BATCH")}
+    assert int(env["THREADS"]) >= threads_needed(running)  # every running or queued stream holds a thread
     probes = pod["containers"][0]
     assert {probes[p]["httpGet"]["path"] for p in ("startupProbe", "readinessProbe", "livenessProbe")} == {"/health"}
 

@@ -31,7 +31,7 @@ from bench import soak
 def waitress_process(tmp_path_factory):
     """`waitress-serve wsgi:app` on a tiny GGUF, as `make serve` runs it."""
     path = write_tiny_gguf(str(tmp_path_factory.mktemp("spawned") / "tiny.gguf"), "llama", context=256)
-    server = soak.Server(path, {"LLM_SLOTS": "2", "LLM_MAX_CONTEXT": "256", "LLM_DRAIN_SECONDS": "30"}).start()
+    server = soak.Server(path, {"LLM_SLOTS": "2", "LLM_MAX_BATCH": "2", "LLM_MAX_CONTEXT": "256", "LLM_DRAIN_SECONDS": "30"}).start()
     try:
         server.wait_ready(300)
         yield server

@@ -17,7 +17,7 @@ from webapp.engine.serving.errors import RETRY_AFTER_S
 from webapp.ops.waitress_settings import HEADROOM_THREADS, missing_flags, waitress_adjustments, warn_if_underprovisioned
 
 CONFIG = {"SLOTS": DEFAULTS["SLOTS"], "QUEUE_LIMIT": DEFAULTS["QUEUE_LIMIT"]}
-NEEDED = DEFAULTS["SLOTS"] + DEFAULTS["QUEUE_LIMIT"] + HEADROOM_THREADS
+NEEDED = max(DEFAULTS["SLOTS"], DEFAULTS["MAX_BATCH"]) + DEFAULTS["QUEUE_LIMIT"] + HEADROOM_THREADS
 
 
 # --- the Waitress warning -------------------------------------------------------------------------

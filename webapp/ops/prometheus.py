@@ -81,7 +81,7 @@ def engine_families(rows: dict[tuple[str, ...], dict], labels: tuple[str, ...]) 
 
     for name, doc, key in GAUGES:
         yield each(GaugeMetricFamily(PREFIX + name, doc, labels=labels), itemgetter(key))
-    usage = "Share of the KV cache (slots x context) holding tokens, idle slots kept for prefix reuse included."
+    usage = "Share of the KV cache holding tokens: a pool's blocks running requests hold, or slots x context (idle slots' kept tokens included)."
     yield each(GaugeMetricFamily(PREFIX + "kv_cache_usage_ratio", usage, labels=labels), kv_cache_usage)
     for name, doc, key in COUNTERS:
         yield each(CounterMetricFamily(PREFIX + name, doc, labels=labels), itemgetter(key))
@@ -98,9 +98,31 @@ def engine_families(rows: dict[tuple[str, ...], dict], labels: tuple[str, ...]) 
             h = stats["histograms"][hist]
             family.add_metric(key, histogram_buckets(h), h["sum"])
         yield family
+    pools = {key: stats["kv_pool"] for key, stats in rows.items() if "kv_pool" in stats}
+    if pools:
+        yield from kv_pool_families(pools, labels)
     experts = {key: stats["experts"] for key, stats in rows.items() if "experts" in stats}
     if experts:
         yield from expert_families(experts, labels)
+
+
+def kv_pool_families(rows: dict[tuple[str, ...], dict], labels: tuple[str, ...] = ()) -> Iterator[Metric]:
+    """A paged KV cache's pool: its blocks by state, those several sequences share, and preemptions."""
+    blocks = GaugeMetricFamily(
+        PREFIX + "kv_blocks",
+        "KV-cache blocks: used (held by running requests), cached (held by none, kept for prefix reuse), free.",
+        labels=[*labels, "state"],
+    )
+    shared = GaugeMetricFamily(PREFIX + "kv_blocks_shared", "KV-cache blocks more than one request holds.", labels=labels)
+    preempted = CounterMetricFamily(
+        PREFIX + "preemptions", "Requests that gave their KV blocks back when the pool ran out, computed again later.", labels=labels
+    )
+    for key, pool in rows.items():
+        for state in ("used", "cached", "free"):
+            blocks.add_metric([*key, state], pool[f"blocks_{state}"])
+        shared.add_metric(key, pool["blocks_shared"])
+        preempted.add_metric(key, pool["preemptions_total"])
+    yield from (blocks, shared, preempted)
 
 
 def expert_families(rows: dict[tuple[str, ...], dict], labels: tuple[str, ...] = ()) -> Iterator[Metric]:
@@ -123,7 +145,11 @@ def expert_families(rows: dict[tuple[str, ...], dict], labels: tuple[str, ...] =
 
 
 def kv_cache_usage(stats: dict) -> float:
-    """Share of the KV cache (slots x context) holding tokens, from 0 to 1."""
+    """Share of the KV cache holding tokens, from 0 to 1: a pool's blocks that running requests hold,
+    or the slots' positions (slots x context) holding tokens, idle slots kept for reuse included."""
+    if "kv_pool" in stats:
+        pool = stats["kv_pool"]
+        return pool["blocks_used"] / pool["blocks_total"] if pool["blocks_total"] else 0.0
     context, slots = stats.get("context") or 0, stats["slots_total"]
     return stats.get("kv_tokens", 0) / (slots * context) if slots and context else 0.0
 

@@ -5,7 +5,8 @@ Contract:
   and returns its effective `Adjustments` (defaults included), or None when `argv` is not
   `waitress-serve`'s (a test, another server) or Waitress would reject it anyway.
 - `threads_needed(config)` is the pool this app needs: every streaming request holds one Waitress
-  thread for its whole length, so LLM_SLOTS + LLM_QUEUE_LIMIT threads can be taken by accepted
+  thread for its whole length, so the most requests running at once (LLM_MAX_BATCH on a paged KV
+  cache, LLM_SLOTS on slots: the larger) + LLM_QUEUE_LIMIT threads can be taken by accepted
   requests, plus `HEADROOM_THREADS` for `/health`, `/metrics`, `/admin` and the 429s of a full queue.
 - `missing_flags(config, adjustments)` lists the exact flags to add; `warn_if_underprovisioned`
   logs them as one loud warning at start-up (`wsgi.py`) and returns them.
@@ -21,6 +22,8 @@ from __future__ import annotations
 import getopt
 import logging
 import os
+
+from webapp.engine.serving.settings import ENGINE_DEFAULTS
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +45,14 @@ def waitress_adjustments(argv: list[str]):
         return None
 
 
+def running_at_most(config) -> int:
+    """Requests the engine runs at once: LLM_MAX_BATCH on a paged cache, LLM_SLOTS on slots; which
+    one a model gets is known only once it loads, so the larger."""
+    return max(int(config["SLOTS"]), int(config.get("MAX_BATCH") or ENGINE_DEFAULTS["MAX_BATCH"]))
+
+
 def threads_needed(config) -> int:
-    return int(config["SLOTS"]) + int(config["QUEUE_LIMIT"]) + HEADROOM_THREADS
+    return running_at_most(config) + int(config["QUEUE_LIMIT"]) + HEADROOM_THREADS
 
 
 def missing_flags(config, adjustments) -> list[str]:
@@ -68,7 +77,7 @@ def warn_if_underprovisioned(config, argv: list[str]) -> list[str]:
     if adjustments.threads < threads_needed(config):
         why.append(
             f"!! Waitress runs {adjustments.threads} threads, and every open stream holds one: "
-            f"LLM_SLOTS={config['SLOTS']} + LLM_QUEUE_LIMIT={config['QUEUE_LIMIT']} + "
+            f"{running_at_most(config)} running (LLM_MAX_BATCH or LLM_SLOTS) + LLM_QUEUE_LIMIT={config['QUEUE_LIMIT']} + "
             f"{HEADROOM_THREADS} for /health and /metrics = {threads_needed(config)}.\n"
             "!! With fewer, /health, /metrics and new requests wait behind the streams."
         )

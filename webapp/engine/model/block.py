@@ -3,7 +3,9 @@
 Contract: `TransformerBlock(config, weights, layer, slots, context, kv_type, step_writes)` holds the
 layer's products in the form `WeightSource` chose and its KV cache (2, slots + 1, kv_heads, context,
 a row of head_dim values in `kv_type`'s rows: float16 or Q8_0, kv_types.py); the extra last slot is
-scratch for padding lanes. A sliding-window layer (`window`) on the CPU kernels keeps a ring of
+scratch for padding lanes; with a `pool` (kv_types.KvPool, on the CPU kernels' whole-model steps)
+the cache is the pool's blocks instead, (2, blocks + 1, kv_heads, block_positions, a row), the last
+block taking stray writes. A sliding-window layer (`window`) on the CPU kernels keeps a ring of
 `kv_types.ring_positions(window, step_writes)` positions instead of the context: position p in row p % ring,
 `step_writes` being the most positions one step writes to a slot. The step strategies
 (`webapp.engine.model.steps`) call `prefill` / `decode` on tinygrad's path and `on_kernels` on the
@@ -21,7 +23,7 @@ from webapp.engine.kernels.abi import MAX_HEAD_DIM, AttendFlag
 from webapp.engine.kernels.layer_tables import LayerMatrices, LayerTensors
 from webapp.engine.model.config import ModelConfig, ModelLoadError
 from webapp.engine.model.device_buffers import device_array
-from webapp.engine.model.kv_types import KvRows, cache_positions
+from webapp.engine.model.kv_types import KvPool, KvRows, cache_positions
 from webapp.engine.model.ops import rms_norm, rope
 from webapp.engine.model.weights import BlockLinear, WeightSource
 
@@ -60,7 +62,15 @@ class TransformerBlock:
     cache, and its computation on tinygrad (`prefill`, `decode`) and on the CPU kernels (`on_kernels`)."""
 
     def __init__(
-        self, config: ModelConfig, weights: WeightSource, layer: int, slots: int, context: int, kv_type: KvRows, step_writes: int = 0
+        self,
+        config: ModelConfig,
+        weights: WeightSource,
+        layer: int,
+        slots: int,
+        context: int,
+        kv_type: KvRows,
+        step_writes: int = 0,
+        pool: KvPool | None = None,
     ):
         self.c = config
         self.rotates = config.rotates(layer)
@@ -113,6 +123,8 @@ class TransformerBlock:
         self.positions = cache_positions(self.window, context, step_writes if self.kernels is not None else None)
         self.ring = self.positions < context
         shape = (2, slots + 1, config.n_kv_heads, self.positions, kv_type.row_width(config.head_dim))
+        if pool is not None:  # a paged cache (kv_types.KvPool): its blocks, and one more that takes stray writes
+            shape = (2, pool.blocks + 1, config.n_kv_heads, pool.block_positions, kv_type.row_width(config.head_dim))
         if Device.DEFAULT == "CPU":
             # the CPU allocator maps fresh zero pages: no kernel writes 0.9 GB of zeros at load, and memory
             # is only committed as positions fill

@@ -16,6 +16,8 @@ memory holds 1.88x the positions. Its cost in fidelity and speed is measured in 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tinygrad import Tensor, dtypes
 
 from webapp.engine.kernels.abi import KEY_CHUNK, KvType
@@ -116,3 +118,29 @@ def cache_layout(cache: Tensor) -> tuple[int, int, int, int, KvType]:
     if cache.dtype == dtypes.uint8:
         return slots, kv_heads, positions, width // Q8_BLOCK_BYTES * Q8_BLOCK, KvType.Q8_0
     return slots, kv_heads, positions, width, KvType.F16
+
+
+# A paged cache's positions a block: vLLM's default. Sixteen users of one long system prompt hold it
+# once and keep fewer than 16 positions of their own each before their first token; the attention
+# kernel walks a chunk's keys block by block in the same order, so its numbers do not depend on it.
+BLOCK_POSITIONS = 16
+
+
+@dataclass(frozen=True)
+class KvPool:
+    """A paged KV cache (on the CPU kernels, for models whose layers all attend the whole context):
+    one pool of `blocks` blocks of `block_positions` positions a layer, shared by `rows` sequences of
+    up to `positions` each through a block table (serving/paged_slots.py)."""
+
+    blocks: int
+    rows: int
+    positions: int
+    block_positions: int = BLOCK_POSITIONS
+
+    @property
+    def table_width(self) -> int:
+        return -(-self.positions // self.block_positions)
+
+    @property
+    def pool_positions(self) -> int:
+        return self.blocks * self.block_positions

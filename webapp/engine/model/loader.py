@@ -55,6 +55,7 @@ def load_gguf_model(
     pooling: str = "auto",
     draft: str | None = None,
     kv_type: str = "f16",
+    paging: tuple[int, tuple[str, int] | None] | None = None,
 ) -> LoadedModel:
     """The real loader: tinygrad model, GGUF tokenizer and the file's chat template; `draft`, a draft
     model's GGUF for speculative decoding (model/draft_loader.py)."""
@@ -71,7 +72,9 @@ def load_gguf_model(
     from webapp.engine.text.tokenizer import Tokenizer
 
     piece = prefill_pieces(prefill_chunk)[0]  # the largest
-    model, kv = load_model(path, slots=slots, context=max_context, max_chunk=piece, cpu_kernels=cpu_kernels, kv_type=kv_type)
+    # a paged cache keeps no per-slot copy for a draft model to mirror: a draft model keeps slots
+    paging = None if draft else paging
+    model, kv = load_model(path, slots, max_context, piece, cpu_kernels, kv_type, paging)
     try:  # the tokenizer's metadata and the template are the file's too: untrusted, refused in one line
         tokenizer = Tokenizer.from_gguf_metadata(kv)
         template = ChatTemplate(kv.get("tokenizer.chat_template"), bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
@@ -102,6 +105,8 @@ def load_gguf_model(
         kv_type=model.kv_type.name,
         kv_bytes_per_token=kv_bytes_per_position(model.config, model.kv_type, rings=model.ring_rows is not None),
         ring_rows=RingRows(*model.ring_rows) if model.ring_rows else None,
+        kv_pool=model.pool,
+        block_table=model.block_table,
     )
 
 
@@ -125,8 +130,9 @@ def _engine(s: dict, path: str, draft: str | None, own_thread: bool = False) -> 
             prepare_tinygrad()
             use_tinygrad_from_this_thread()
             free_cached_buffers()  # an unloaded model's, before this one allocates its own
+        paging = (s["max_batch"], s["kv_budget"]) if s["kv_layout"] == "auto" else None
         return load_gguf_model(
-            path, s["slots"], s["context"], s["prefill_chunk"], s["beam"], s["cpu_kernels"], s["pooling"], draft, s["kv_type"]
+            path, s["slots"], s["context"], s["prefill_chunk"], s["beam"], s["cpu_kernels"], s["pooling"], draft, s["kv_type"], paging
         )
 
     return Engine(

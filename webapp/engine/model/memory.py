@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from webapp.engine.model.config import ModelConfig, ModelLoadError, used_tensors
-from webapp.engine.model.kv_types import KV_TYPES, KvRows, cache_positions, ring_positions
+from webapp.engine.model.kv_types import KV_TYPES, KvPool, KvRows, cache_positions, ring_positions
 
 GIB = 1 << 30
 # "auto" context: the slots' caches may take this share of the memory the weights leave free...
@@ -41,6 +41,7 @@ class MemoryPlan:
     positions: int
     kv_type: str
     kv_bytes_per_token: int  # every layer's key and value rows of one position
+    pool: KvPool | None = None  # a paged cache's pool (its positions are kv_cache's), else slots
 
     def check(self) -> None:
         if self.available is not None and self.weights > self.available:
@@ -50,15 +51,25 @@ class MemoryPlan:
             )
 
     def describe(self) -> str:
+        if self.pool is not None:
+            cache = (
+                f"a pool of {self.pool.blocks} blocks of {self.pool.block_positions} positions ({self.pool.pool_positions} positions "
+                f"shared by up to {self.slots} sequences of up to {self.positions})"
+            )
+        else:
+            cache = f"{self.slots} slots x {self.positions} positions"
         line = (
             f"memory: weights {self.weights / GIB:.2f} GiB, KV cache ({self.kv_type}, {self.kv_bytes_per_token / 1024:.1f} KiB a token) "
-            f"{self.slots} slots x {self.positions} positions = "
-            f"{self.kv_cache / GIB:.2f} GiB when full (committed as positions fill)"
+            f"{cache} = {self.kv_cache / GIB:.2f} GiB when full (committed as positions fill)"
         )
         if self.available is not None:
             line += f", {self.available / GIB:.1f} GiB available"
             if self.weights + self.kv_cache > self.available:
-                line += "; a full cache would not fit: lower LLM_SLOTS or LLM_MAX_CONTEXT if long requests fail"
+                line += (
+                    "; a full cache would not fit: lower "
+                    + ("LLM_KV_BUDGET" if self.pool else "LLM_SLOTS or LLM_MAX_CONTEXT")
+                    + " if long requests fail"
+                )
         return line
 
 
@@ -111,6 +122,34 @@ def plan(
     weights, per_token = weight_bytes(config, table, kept_types), kv_bytes_per_position(config, kv_type, step_writes is not None)
     kv_cache = (slots + 1) * slot_bytes(config, positions, kv_type, step_writes)
     return MemoryPlan(weights, kv_cache, available_bytes(), slots, positions, kv_type.name, per_token)
+
+
+def pool_plan(
+    config: ModelConfig, table: dict, kept_types: set[int], kv_type: KvRows, rows: int, context: int | None, budget: tuple[str, int] | None
+) -> tuple[MemoryPlan, str]:
+    """A paged cache's pool and its memory plan, and why it is that size, in words. `budget` is
+    LLM_KV_BUDGET as ("positions" | "bytes", n); None: KV_SHARE of the memory the weights leave free,
+    never more than every row at the whole context. The context (None: the trained one) is what one
+    sequence may reach, within the pool."""
+    per_position = kv_bytes_per_position(config, kv_type)
+    context = min(context or config.trained_context, config.trained_context)
+    weights, available = weight_bytes(config, table, kept_types), available_bytes()
+    if budget is not None:
+        kind, amount = budget
+        positions = amount if kind == "positions" else amount // per_position
+        why = f"LLM_KV_BUDGET={amount}{'' if kind == 'positions' else ' bytes'}"
+    elif available is None:
+        positions, why = rows * min(context, FIXED_CONTEXT), "this machine's free memory is not known"
+    else:
+        free = max(0, available - weights)
+        positions = min(rows * context, int(free * KV_SHARE) // per_position)
+        why = f"at most {KV_SHARE:.0%} of the {free / GIB:.1f} GiB the weights leave free, no more than {rows} sequences of {context}"
+    pool = KvPool(blocks=positions // KvPool.block_positions, rows=rows, positions=context)
+    if pool.pool_positions <= AUTO_CONTEXT_FLOOR // 8:
+        raise ModelLoadError(f"the KV cache's pool holds {pool.pool_positions} positions ({why}): too few to serve a chat")
+    pool = KvPool(pool.blocks, rows, min(context, pool.pool_positions - 1))  # one sequence may fill the pool, less its next position
+    kv_cache = pool.pool_positions * per_position
+    return MemoryPlan(weights, kv_cache, available, rows, pool.positions, kv_type.name, per_position, pool), why
 
 
 def auto_context(

@@ -41,13 +41,14 @@ from webapp.engine.model.gemma3_block import Gemma3Block
 from webapp.engine.model.ggml_types import KERNEL_ONLY_TYPES
 from webapp.engine.model.gguf import read_gguf
 from webapp.engine.model.gpt_oss_block import GptOssBlock
-from webapp.engine.model.kv_types import KV_TYPES, STEP_WRITES_AT_LEAST, KvRows, kv_type_named
-from webapp.engine.model.memory import auto_context
+from webapp.engine.model.kv_types import KV_TYPES, STEP_WRITES_AT_LEAST, KvPool, KvRows, kv_type_named
+from webapp.engine.model.memory import auto_context, pool_plan
 from webapp.engine.model.memory import plan as memory_plan
 from webapp.engine.model.moe_block import MoeBlock
 from webapp.engine.model.ops import rms_norm, rotation
 from webapp.engine.model.rope import RopeUnsupported, inverse_frequencies
 from webapp.engine.model.shared_expert_block import SharedExpertBlock
+from webapp.engine.model.steps.one_call import OneCallSteps
 from webapp.engine.model.weights import WeightSource
 
 log = logging.getLogger(__name__)
@@ -75,17 +76,25 @@ class Transformer:
         int8_head: bool = False,
         kv_type: KvRows = KV_TYPES["f16"],
         inv_freq_local: np.ndarray | None = None,
+        pool: KvPool | None = None,
     ):
         """`inv_freq` (head_dim / 2,) float32 are RoPE's inverse frequencies, as the file asks (rope.py),
-        `inv_freq_local` the local layers' where they differ; `kv_type` the KV cache's rows (kv_types.py)."""
+        `inv_freq_local` the local layers' where they differ; `kv_type` the KV cache's rows (kv_types.py);
+        `pool` a paged cache's size, its sequences then the slots (None: slots of the whole context)."""
         self.config, self.slots, self.context, self.act_dtype, self.kv_type = config, slots, context, act_dtype, kv_type
+        self.pool = pool
+        # the block table the kernels read each step, rewritten in place by serving/paged_slots.py: a
+        # row a sequence and one for the warm-up's scratch, every entry the stray-write block at first
+        self.block_table = None if pool is None else np.full((pool.rows + 1, pool.table_width), pool.blocks, np.int32)
         self.embed = weights.embedding()  # token ids -> (..., D)
         self.output_norm = weights.vector("output_norm.weight")
         self.head = weights.head(config.vocab_size, int8_head)  # (B, D) -> (B, vocab)
         # a padded prefill chunk may write up to max_chunk - 1 junk positions past the context
         block = ARCHITECTURE_BLOCKS.get(config.arch) or (MoeBlock if config.experts else self.block)
         self.step_writes = max(max_chunk, STEP_WRITES_AT_LEAST)  # as load_model's memory plan counts them
-        self.blocks = [block(config, weights, i, slots, context + max_chunk, kv_type, self.step_writes) for i in range(config.n_layers)]
+        self.blocks = [
+            block(config, weights, i, slots, context + max_chunk, kv_type, self.step_writes, pool) for i in range(config.n_layers)
+        ]
         self.uses_cpu_kernels = weights.uses_kernels  # some matrix runs on the quantized CPU kernels
         # every layer runs on the CPU kernels, or none does (attention always, each product where its
         # type has one)
@@ -244,12 +253,20 @@ def _rope_frequencies(kv: dict, table: dict, config: ModelConfig, context: int) 
 
 
 def load_model(
-    path: str, slots: int, context: int | None, max_chunk: int = 64, cpu_kernels: bool = True, kv_type: str = "f16"
+    path: str,
+    slots: int,
+    context: int | None,
+    max_chunk: int = 64,
+    cpu_kernels: bool = True,
+    kv_type: str = "f16",
+    paging: tuple[int, tuple[str, int] | None] | None = None,
 ) -> tuple[Transformer, dict]:
     """Read a GGUF file; returns the model and the file's metadata (the tokenizer needs it).
     `context` None sizes each slot from free memory (`memory.auto_context`); `cpu_kernels=False` keeps
     every matrix on tinygrad's float16 path, even where a kernel exists; `kv_type` names the KV
-    cache's rows (`LLM_KV_TYPE`: "f16" or "q8_0", kv_types.py)."""
+    cache's rows (`LLM_KV_TYPE`: "f16" or "q8_0", kv_types.py). `paging` = (sequences, LLM_KV_BUDGET)
+    asks for a paged cache (`memory.pool_plan`; `context` None: the trained one) where the CPU kernels
+    run the whole model in one call and no layer has a sliding window; elsewhere `slots` slots."""
     rows = kv_type_named(kv_type)
     try:
         kv, table = read_gguf(path)
@@ -273,11 +290,17 @@ def load_model(
             )
     # the most positions a step writes to a slot, where the kernels keep sliding-window layers' rings
     step_writes = max(max_chunk, STEP_WRITES_AT_LEAST) if kernels is not None else None
-    if context is None:
-        context, why = auto_context(config, table, slots, kept, Device.DEFAULT, rows, step_writes)
-        log.info("context: %d positions a slot (%s; LLM_MAX_CONTEXT sets it)", context, why)
-    context = min(context, config.trained_context)
-    memory = memory_plan(config, table, slots, context + max_chunk, kept, rows, step_writes)
+    pageable = paging is not None and kernels is not None and not any(config.window(i) for i in range(config.n_layers))
+    if pageable:
+        memory, why = pool_plan(config, table, kept, rows, paging[0], context, paging[1])
+        slots, context = paging[0], memory.positions
+        log.info("KV cache: paged, %d blocks (%s); context %d positions (LLM_MAX_CONTEXT sets it)", memory.pool.blocks, why, context)
+    else:
+        if context is None:
+            context, why = auto_context(config, table, slots, kept, Device.DEFAULT, rows, step_writes)
+            log.info("context: %d positions a slot (%s; LLM_MAX_CONTEXT sets it)", context, why)
+        context = min(context, config.trained_context)
+        memory = memory_plan(config, table, slots, context + max_chunk, kept, rows, step_writes)
     memory.check()  # before any weight is read
     log.info("%s", memory.describe())
     weights = WeightSource(path, table, config.arch, config.n_heads, config.n_kv_heads, act_dtype, kernels)
@@ -297,9 +320,16 @@ def load_model(
         int8_head=int8_head,
         kv_type=rows,
         inv_freq_local=inv_freq_local,
+        pool=memory.pool,
     )
+    if memory.pool is not None and not OneCallSteps.fits(model):  # a block only the kernels' whole-model call pages
+        log.warning("KV cache: some product of %s runs outside the CPU kernels' whole-model step; slots instead of a pool", path)
+        del model
+        return load_model(path, slots, None, max_chunk, cpu_kernels, kv_type)
     log.info(
-        "loaded %s: %s, %d layers, dim %d, %d slots x %d positions of %s keys and values; weights: %s",
+        "loaded %s: %s, %d layers, dim %d, %d "
+        + ("sequences" if memory.pool else "slots")
+        + " x %d positions of %s keys and values; weights: %s",
         path,
         config.arch,
         config.n_layers,

@@ -183,7 +183,8 @@ class Engine:
                 | {"kv_type": loaded.kv_type, "kv_bytes_per_token": loaded.kv_bytes_per_token},
                 routed=loaded.routed_tokens,
             )
-            self.scheduler.slots.ring = loaded.ring_rows
+            self.scheduler.slots = loaded.kv_table(self.n_slots)
+            self.n_slots = len(self.scheduler.slots.slots)
             self.loaded, self.state = loaded, "ok"
             self._publish()
         except Exception as e:
@@ -244,7 +245,7 @@ class Engine:
             batch, parts = list(plan.decode), [(c.request, c.tokens, c.start) for c in chunks]
             positions = self._positions(batch)
             sharing = min(len(self.scheduler.running) + len(self.scheduler.waiting), self.n_slots)
-            drafts = self.speculation.drafts(batch, positions, self.loaded, sharing=sharing)
+            drafts = self.speculation.drafts(batch, positions, self.loaded, sharing=sharing, room=self.scheduler.room)
             try:
                 if any(drafts):
                     firsts, rows = runner.prefill_and_verify(parts, batch, drafts, positions)
@@ -266,7 +267,8 @@ class Engine:
     def _copy_prefix(self, chunk: PromptChunk) -> bool:
         """Run the chunk's prefix copy; False if it failed (the request has failed then)."""
         try:
-            self.loaded.runner.copy_prefix(chunk.request, chunk.copy.source, chunk.copy.length)
+            if chunk.copy.source is not None:  # None: blocks shared, nothing copied
+                self.loaded.runner.copy_prefix(chunk.request, chunk.copy.source, chunk.copy.length)
         except Exception as e:
             self._fail([chunk.request], e)
             return False
@@ -295,7 +297,7 @@ class Engine:
                 self._finish(request, FinishReason.STOP)
             elif request.params.max_tokens == 0:  # prompt scoring only
                 self._finish(request, FinishReason.LENGTH)
-            else:
+            elif not request.output_ids:  # else it resumes after a preemption: its next token is known
                 self._sample(request, logits)
 
     def _score_prompt_chunk(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
@@ -320,7 +322,7 @@ class Engine:
 
     def _decode(self, batch: list[Request]) -> None:
         positions = self._positions(batch)
-        drafts = self.speculation.drafts(batch, positions, self.loaded)
+        drafts = self.speculation.drafts(batch, positions, self.loaded, room=self.scheduler.room)
         runner = self.loaded.runner
         try:
             rows = runner.decode_drafted(batch, drafts, positions) if any(drafts) else runner.decode(batch, positions)
@@ -375,7 +377,7 @@ class Engine:
             self._finish(request, FinishReason.LENGTH)
 
     def _finish(self, request: Request, reason: str) -> None:
-        was_waiting = request.status is Status.WAITING
+        was_waiting = request.status is Status.WAITING and not request.preemptions  # counted in _waiting
         self.scheduler.finish(request, reason)
         if was_waiting:
             with self._lock:
@@ -393,4 +395,4 @@ class Engine:
             self._finish(request, FinishReason.ERROR)
 
     def _publish(self) -> None:
-        self.metrics.publish(self._waiting, self.scheduler.running, self.scheduler.slots.slots)
+        self.metrics.publish(self._waiting, self.scheduler.running, self.scheduler.slots.slots, self.scheduler.kv_pool())

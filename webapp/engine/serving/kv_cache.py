@@ -89,3 +89,40 @@ class SlotTable:
     def release(self, slot: Slot) -> None:
         slot.owner = None
         slot.last_used = next(self._clock)
+
+    # --- what the scheduler asks of any table (paged_slots.PagedSlots answers the same) ----------
+
+    def admits(self, prompt: list[int], running: int = 0) -> bool:
+        """A free slot holds any prompt that fits the context."""
+        return bool(self.free)
+
+    def reserve(self, slot: Slot, positions: int) -> bool:
+        return True  # a slot holds the whole context from the start
+
+    def room(self, slot: Slot) -> int | None:
+        return None  # as far as the context
+
+    def extend(self, slot: Slot, tokens: list[int]) -> None:
+        slot.tokens.extend(tokens)
+
+    def reset(self, slot: Slot) -> None:
+        slot.tokens.clear()
+
+    def forget(self, slot: Slot) -> None:
+        """After a failed step the slot's cache contents are unknown: reuse none of it."""
+        slot.tokens.clear()
+
+    def elsewhere(self, slot: Slot, prompt: list[int]) -> tuple[Slot | None, int]:
+        """The other slot, busy or free, caching the most of `prompt`, and how much: a copy's source."""
+        others = ((self.reusable(s, prompt), s) for s in self.slots if s is not slot)
+        length, source = max(others, key=lambda pair: pair[0], default=(0, None))
+        return source, length
+
+    def take_prefix(self, slot: Slot, prompt: list[int], length: int, source: Slot) -> None:
+        """`prompt`'s first `length` positions were copied into `slot` from `source` (a sliding-window
+        layer's whole ring: what the source overwrote is gone in the copy too)."""
+        slot.tokens[:] = prompt[:length]
+        slot.high = source.reach
+
+    def describe(self) -> dict | None:
+        return None  # no pool of blocks

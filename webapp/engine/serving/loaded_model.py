@@ -9,11 +9,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from webapp.engine.serving.block_pool import BlockPool
+from webapp.engine.serving.kv_cache import RingRows, SlotTable
+from webapp.engine.serving.paged_slots import PagedSlots
+
 if TYPE_CHECKING:
     import numpy as np
 
     from webapp.engine.model.runner import Runner
-    from webapp.engine.serving.kv_cache import RingRows
 
 
 @dataclass
@@ -38,3 +41,18 @@ class LoadedModel:
     routed_tokens: Callable[[], np.ndarray | None] | None = None
     # a sliding-window model's rings: which cached prefixes a slot still serves (Transformer.ring_rows)
     ring_rows: RingRows | None = None
+    # a paged cache's pool (model/kv_types.KvPool) and the block table its kernels read, else None
+    kv_pool: object = None
+    block_table: np.ndarray | None = None
+
+    def kv_bytes(self, slots: int) -> int:
+        """The KV cache when full: the pool's blocks, or `slots` slots and the scratch one at the whole context."""
+        if self.kv_pool is not None:
+            return self.kv_pool.pool_positions * self.kv_bytes_per_token
+        return (slots + 1) * self.context * self.kv_bytes_per_token
+
+    def kv_table(self, slots: int) -> SlotTable | PagedSlots:
+        """The scheduler's table of what the cache holds: the pool's sequences, or `slots` slots."""
+        if self.kv_pool is None:
+            return SlotTable(slots, self.ring_rows)
+        return PagedSlots(BlockPool(self.kv_pool.blocks, self.kv_pool.block_positions), self.block_table)

@@ -157,8 +157,9 @@ class EngineMetrics:
         self.steps += 1
         self.last_step_at = self.clock()
 
-    def publish(self, waiting: int, running: list, slots: list) -> MappingProxyType:
-        """Freeze the counters and the slot table into a new read-only snapshot."""
+    def publish(self, waiting: int, running: list, slots: list, kv_pool: dict | None = None) -> MappingProxyType:
+        """Freeze the counters and the slot table (and a paged cache's pool: Scheduler.kv_pool) into a
+        new read-only snapshot."""
         now = self.clock()
         self.timeline.gauges(now, waiting, len(running))
         ttft, itl, queue_time = self.ttft.quantiles(), self.itl.quantiles(), self.queue_time.quantiles()
@@ -196,6 +197,8 @@ class EngineMetrics:
                 }
             ),
         }
+        if kv_pool is not None:
+            snap["kv_pool"] = MappingProxyType(kv_pool)
         routed = self.routed() if self.routed is not None else None
         if routed is not None:
             snap["experts"] = expert_load(routed, self.steps)

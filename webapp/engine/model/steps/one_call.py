@@ -44,6 +44,8 @@ class OneCallSteps(Steps):
             model.config.norm_eps,
             inv_freq_local=model.inv_freq_local,
             embed_scale=model.config.embed_scale,
+            block_tables=model.block_table,
+            block_positions=0 if model.pool is None else model.pool.block_positions,
         )
         self._prefix_copy.synchronize = True
 
@@ -114,6 +116,8 @@ class OneCallSteps(Steps):
         progress("warm-up: nothing to compile (steps are one call each on the CPU kernels); one step reads every weight once")
         self.prefill([0] * WARM_UP_TOKENS, scratch, 0)
         self.decode([0], [scratch], [0])
+        if self.model.pool is not None:
+            return  # a paged cache shares blocks: no prefix is ever copied (the scratch row writes the stray-write block)
         for _ in range(2):  # the prefix copy's jit captures on the first call; the second checks the replay
             self.copy_prefix(0, scratch, 1)
 
