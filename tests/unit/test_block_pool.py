@@ -48,11 +48,17 @@ def test_eviction_takes_the_least_recently_used_cached_block():
     assert pool.match([1, 1, 1, 1]) == [first]
 
 
-def test_the_index_matches_a_chain_block_by_block_comparing_tokens():
-    pool = BlockPool(4, B)
+def filed_chain(pool: BlockPool) -> tuple[int, int]:
+    """Two blocks filed as one prefix: (1, 2, 3, 4), then (5, 6, 7, 8)."""
     a, b = pool.allocate(), pool.allocate()
     pool.seal(a, None, (1, 2, 3, 4))
     pool.seal(b, a, (5, 6, 7, 8))
+    return a, b
+
+
+def test_the_index_matches_a_chain_block_by_block_comparing_tokens():
+    pool = BlockPool(4, B)
+    a, b = filed_chain(pool)
     assert pool.match([1, 2, 3, 4, 5, 6, 7, 8, 9]) == [a, b]
     assert pool.match([1, 2, 3, 4, 5, 6, 7, 0]) == [a]  # one token differs: the second block is not it
     assert pool.match([0, 2, 3, 4, 5, 6, 7, 8]) == []  # the same second block after another first is not it
@@ -62,9 +68,7 @@ def test_the_index_matches_a_chain_block_by_block_comparing_tokens():
 def test_a_child_of_an_evicted_block_is_never_matched_again():
     """Its key names its parent's seal number, which no later block gets, even one with the same tokens."""
     pool = BlockPool(2, B)
-    a, b = pool.allocate(), pool.allocate()
-    pool.seal(a, None, (1, 2, 3, 4))
-    pool.seal(b, a, (5, 6, 7, 8))
+    a, b = filed_chain(pool)
     pool.drop(a)
     pool.drop(b)
     again = pool.allocate()  # evicts a, the least recently used

@@ -25,15 +25,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from webapp.engine.serving.block_pool import BlockPool
-from webapp.engine.serving.kv_cache import reusable_prefix
+from webapp.engine.serving.kv_cache import Slot, reusable_prefix
 
 
 @dataclass
-class SequenceRow:
-    index: int
-    tokens: list[int] = field(default_factory=list)
-    owner: object | None = None  # the Request running here, None when free
-    last_used: int = 0
+class SequenceRow(Slot):
+    """A slot's bookkeeping (its tokens, owner, last use), its positions in the pool's `blocks`."""
+
     blocks: list[int] = field(default_factory=list)
 
 
