@@ -291,6 +291,7 @@ def load_model(
     # the most positions a step writes to a slot, where the kernels keep sliding-window layers' rings
     step_writes = max(max_chunk, STEP_WRITES_AT_LEAST) if kernels is not None else None
     pageable = paging is not None and kernels is not None and not any(config.window(i) for i in range(config.n_layers))
+    asked = (slots, context)  # for slots instead, should the pool not fit the model (below)
     if pageable:
         memory, why = pool_plan(config, table, kept, rows, paging[0], context, paging[1])
         slots, context = paging[0], memory.positions
@@ -325,7 +326,7 @@ def load_model(
     if memory.pool is not None and not OneCallSteps.fits(model):  # a block only the kernels' whole-model call pages
         log.warning("KV cache: some product of %s runs outside the CPU kernels' whole-model step; slots instead of a pool", path)
         del model
-        return load_model(path, slots, None, max_chunk, cpu_kernels, kv_type)
+        return load_model(path, *asked, max_chunk, cpu_kernels, kv_type)
     log.info(
         "loaded %s: %s, %d layers, dim %d, %d "
         + ("sequences" if memory.pool else "slots")
