@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from webapp.engine.serving.block_pool import BlockPool
-from webapp.engine.serving.kv_cache import Slot, reusable_prefix
+from webapp.engine.serving.kv_cache import Slot
 
 
 @dataclass
@@ -70,9 +70,6 @@ class PagedSlots:
         taken_from_cache = sum(1 for b in shared if self.pool.blocks[b].refs == 0)
         needed = self.blocks_for(len(prompt) + 1) - len(shared)
         return needed + running <= self.pool.available - taken_from_cache
-
-    def reusable(self, slot: SequenceRow, prompt: list[int]) -> int:
-        return reusable_prefix(slot.tokens, prompt)
 
     def acquire(self, owner, prompt: list[int]) -> tuple[SequenceRow, int]:
         free = self.free
@@ -143,8 +140,7 @@ class PagedSlots:
         self.reset(row)
 
     def release(self, row: SequenceRow) -> None:
-        self._drop_blocks(row)
-        row.tokens.clear()
+        self.reset(row)
         row.owner, row.last_used = None, next(self._clock)
 
     def _drop_blocks(self, row: SequenceRow) -> None:
