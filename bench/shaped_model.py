@@ -50,7 +50,12 @@ SHAPES = {
     "gpt-oss-20b": ("gpt-oss", 24, 2880, 2880, 64, 8, 64, False, 150000.0),
     "olmoe-1b-7b": ("olmoe", 16, 2048, 1024, 16, 16, 128, False, 10000.0),
     "qwen1.5-moe-a2.7b": ("qwen2moe", 24, 2048, 5632, 16, 16, 128, False, 1e6),
+    # DeepSeek-V2-Lite's attention (its head size here: the latent row cached, kv_lora + rope), every
+    # layer dense with its first layer's FFN: a deepseek2 file without experts (its experts: not yet)
+    "deepseek-v2-lite-dense": ("deepseek2", 27, 2048, 10944, 16, 1, 576, False, 10000.0),
 }
+# multi-head latent attention's sizes: (q_lora, kv_lora, nope, rope, v_dim), as the published config
+LATENT = {"deepseek-v2-lite-dense": (0, 512, 128, 64, 128)}
 # partial rotary: the values of a head that RoPE turns (Phi-4-mini: 96 of 128), with LongRoPE's
 # original context and attention factor (sqrt(1 + ln(131072 / 4096) / ln(4096)), as its converter writes it)
 PARTIAL_ROTARY = {"phi4-mini": (96, 4096, 1.190238)}
@@ -61,7 +66,9 @@ SHARED_EXPERT = {"qwen1.5-moe-a2.7b": 5632}
 # sliding-window shapes: a local layer's window (Gemma 3: all but every sixth layer)
 SLIDING_WINDOW = {"gemma3-1b": 512, "gpt-oss-20b": 128}
 # YaRN: (factor, original context), as gpt-oss's files carry it
-YARN = {"gpt-oss-20b": (32.0, 4096)}
+YARN = {"gpt-oss-20b": (32.0, 4096), "deepseek-v2-lite-dense": (40.0, 4096)}
+# DeepSeek-V2's YaRN: its rope.scaling.yarn_log_multiplier (0.1 x mscale_all_dim 0.707)
+YARN_LOG_MULTIPLIER = {"deepseek-v2-lite-dense": 0.0707}
 FINAL_NORM_SCALE = 6.0
 EMBEDDING_STD = 0.02
 # --predictable: an embedding ~10x larger than 28 random layers add to the residual, so the head sees
@@ -97,11 +104,20 @@ def write_shaped(
     w.add_feed_forward_length(ffn)
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
+    latent = LATENT.get(shape)
     w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
+    w.add_value_length(latent[1] if latent else head_dim)
     w.add_layer_norm_rms_eps(1e-6)
+    if latent:
+        q_lora, kv_lora, nope, rope_dims, v_dim = latent
+        numbers = {"attention.kv_lora_rank": kv_lora, "attention.key_length_mla": nope + rope_dims, "attention.value_length_mla": v_dim}
+        numbers |= {"leading_dense_block_count": n_layers, "expert_feed_forward_length": ffn, "expert_shared_count": 0}
+        # q_lora_rank 0 for a Lite model: llama.cpp reads it unless the depth is Lite's own 27 layers
+        for key, value in (numbers | {"attention.q_lora_rank": q_lora}).items():
+            w.add_uint32(f"{arch}.{key}", value)
+        w.add_float32(f"{arch}.rope.scaling.yarn_log_multiplier", YARN_LOG_MULTIPLIER[shape])
     w.add_rope_freq_base(theta)
-    rotary, original, attn_factor = PARTIAL_ROTARY.get(shape, (head_dim, None, None))
+    rotary, original, attn_factor = PARTIAL_ROTARY.get(shape, (latent[3] if latent else head_dim, None, None))
     w.add_rope_dimension_count(rotary)
     if original:
         w.add_uint32(f"{arch}.rope.scaling.original_context_length", original)
@@ -167,6 +183,23 @@ def write_shaped(
     for i in range(n_layers):
         p = f"blk.{i}."
         add(p + "attn_norm.weight", norm(dim))
+        if latent:  # MLA's products and norms (k_b and v_b a head's matrix after another's)
+            if q_lora:
+                add(p + "attn_q_a.weight", weight(q_lora, dim))
+                add(p + "attn_q_a_norm.weight", norm(q_lora))
+                add(p + "attn_q_b.weight", weight(heads * (nope + rope_dims), q_lora))
+            else:
+                add(p + "attn_q.weight", weight(heads * (nope + rope_dims), dim))
+            add(p + "attn_kv_a_mqa.weight", weight(kv_lora + rope_dims, dim))
+            add(p + "attn_kv_a_norm.weight", norm(kv_lora))
+            add(p + "attn_k_b.weight", weight(kv_lora, nope, count=heads))
+            add(p + "attn_v_b.weight", weight(v_dim, kv_lora, count=heads))
+            add(p + "attn_output.weight", weight(dim, heads * v_dim))
+            add(p + "ffn_norm.weight", norm(dim))
+            add(p + "ffn_gate.weight", weight(ffn, dim))
+            add(p + "ffn_up.weight", weight(ffn, dim))
+            add(p + "ffn_down.weight", weight(dim, ffn))
+            continue
         q, k, v = weight(heads * head_dim, dim), weight(kv_heads * head_dim, dim), weight(kv_heads * head_dim, dim)
         if arch == "phi3":  # q, k and v as one matrix, as Phi files store them
             add(p + "attn_qkv.weight", np.concatenate([q, k, v]))

@@ -39,14 +39,14 @@ class BlockType(enum.IntEnum):
 INTERLEAVED = 100
 # a matrix stacked from parts of different types, its bytes opening with a StackHeader (STACK_HEADER_BYTES)
 STACKED, MAX_PARTS, STACK_HEADER_BYTES = 1000, 7, 64
-MAX_HEAD_DIM = 512  # the largest head tq_attend rotates
+MAX_HEAD_DIM = 576  # the largest head tq_attend rotates (DeepSeek-V2's latent row)
 KEY_CHUNK = 256  # attention's keys an item (isa.h): a sliding-window layer's ring holds whole chunks
 # a paged cache's block_positions: a power of two from this to KEY_CHUNK (an item's keys are whole blocks)
 MIN_BLOCK_POSITIONS = 16
 SPIN_US = 100  # how long idle pool threads spin before sleeping (tq.h says why)
 CONSTANTS = {"INTERLEAVED": INTERLEAVED, "STACKED": STACKED, "MAX_PARTS": MAX_PARTS, "STACK_HEADER_BYTES": STACK_HEADER_BYTES}
 MAX_EXPERTS, MAX_EXPERTS_USED = 512, 32  # the most experts a layer has, and a token uses
-LAYER_MATRICES = 8  # a layer's first table entries are its matrices (LayerEntry.QKV .. SHARED_DOWN)
+LAYER_MATRICES = 11  # a layer's first table entries are its matrices (LayerEntry.QKV .. V_B)
 # tq_forward's layer_info: each layer's LAYER_MATRICES matrix types, then its attention's flags, its
 # form, its attention's window and its cache's positions
 LAYER_INFO_FLAGS, LAYER_INFO_FORM, LAYER_INFO_WINDOW, LAYER_INFO_POSITIONS = range(LAYER_MATRICES, LAYER_MATRICES + 4)
@@ -79,6 +79,7 @@ class AttendFlag(enum.IntFlag):
     LOCAL_ROPE = 8  # rotated by the model's second frequencies (Gemma 3's sliding-window layers)
     SINKS = 16  # extras end with a logit a query head (gpt-oss's attention sinks)
     QK_NORM_WHOLE = 32  # the q/k norms over all of q and all of k, not a head at a time (OLMoE)
+    LATENT = 64  # no value heads, a key row its own value (multi-head latent attention, mla.c)
 
 
 class LayerForm(enum.IntFlag):
@@ -90,6 +91,7 @@ class LayerForm(enum.IntFlag):
     GEGLU = 2
     BIASES = 4
     SWIGLU_CLAMPED = 8
+    LATENT = 16  # the attention is multi-head latent attention (mla.c), Latent's sizes
 
 
 class ExpertsFlag(enum.IntFlag):
@@ -132,14 +134,17 @@ class LayerEntry(enum.IntEnum):
     UP = 5
     SHARED_GATE_UP = 6
     SHARED_DOWN = 7
-    ATTN_NORM = 8
-    FFN_NORM = 9
-    CACHE = 10
-    EXTRAS = 11
-    EXPERT_TOKENS = 12
-    POST_NORMS = 13  # LayerForm.POST_NORMS' two norm weights (D floats each), or 0
-    BIASES = 14  # LayerForm.BIASES' biases (tq.h's order), or 0
-    SHARED_GATE = 15  # a shared expert's gate (D floats), or 0
+    Q_B = 8  # LayerForm.LATENT's q_b (0 without a q_a), every head's k_b and every head's v_b, or 0
+    K_B = 9
+    V_B = 10
+    ATTN_NORM = 11
+    FFN_NORM = 12
+    CACHE = 13
+    EXTRAS = 14
+    EXPERT_TOKENS = 15
+    POST_NORMS = 16  # LayerForm.POST_NORMS' two norm weights (D floats each), or 0
+    BIASES = 17  # LayerForm.BIASES' biases (tq.h's order), or 0
+    SHARED_GATE = 18  # a shared expert's gate (D floats), or 0
 
 
 def in_table_order(model: dict[ModelEntry, object], layers: list[dict[LayerEntry, object]]) -> list:
@@ -203,6 +208,13 @@ class Experts(ctypes.Structure):
     _fields_ += [("shared_ffn_dim", ctypes.c_int32)]
 
 
+class Latent(ctypes.Structure):
+    """A LayerForm.LATENT layer's sizes (tq.h's tq_latent): q's low rank (0: none), the latent's width,
+    a query head's values without and with RoPE, a head's output before W_o."""
+
+    _fields_ = [(name, ctypes.c_int32) for name in ("q_lora", "kv_lora", "nope", "rope", "v_dim")]
+
+
 class LayerShape(ctypes.Structure):
     """A whole layer: its attention, the widths D and F, its matrices' stored types, its experts (count 0: dense)."""
 
@@ -213,6 +225,7 @@ class LayerShape(ctypes.Structure):
         ("types", ctypes.c_int32 * LAYER_MATRICES),
         ("experts", Experts),
         ("form", ctypes.c_int32),  # LayerForm
+        ("latent", Latent),
     ]
 
 
@@ -231,6 +244,7 @@ class Step(ctypes.Structure):
         ("outputs", ctypes.c_int32),  # STEP_LOGITS or STEP_HIDDEN
         ("experts", Experts),  # of the layers with a router
         ("embed_scale", ctypes.c_float),  # on the embedding's rows (Gemma's sqrt(dim); 1: none)
+        ("latent", Latent),  # of LayerForm.LATENT layers
     ]
 
 
@@ -241,7 +255,7 @@ class AbiEntry(ctypes.Structure):
 
 
 STRUCTS = {"stack_header": StackHeader, "tq_product": Product, "tq_attention": Attention, "tq_experts": Experts}
-STRUCTS |= {"tq_layer_shape": LayerShape, "tq_step": Step}
+STRUCTS |= {"tq_layer_shape": LayerShape, "tq_step": Step, "tq_latent": Latent}
 ENUMS = {
     "": BlockType,
     "STEP_": StepOutput,

@@ -258,13 +258,16 @@ class QuantizedCPU:
             _page(attention, tuple(tables.shape), block_positions, positions)
             table = device_array(np.ascontiguousarray(tables, np.int32)) if isinstance(tables, np.ndarray) else tables
         shape = self._shape(attention)
-        rows = self._rows(qkv, (heads + 2 * kv_heads) * head_dim)
+        row_heads = heads + (1 if flags & abi.AttendFlag.LATENT else 2) * kv_heads  # latent: no value heads
+        rows = self._rows(qkv, row_heads * head_dim)
         return self._call("tq_attend", out, rows, cache, lanes, inv_freq, extras, table, shape)
 
     def layer(self, x: Tensor, layer: LayerTensors, lanes: Tensor, inv_freq: Tensor, eps: float) -> Tensor:
         """A whole transformer layer as one kernel (see tq_layer): x (B, D) float32 -> (B, D); lanes and
         inv_freq as `attend` takes them, eps the norms' epsilon."""
         B, D = x.shape
+        if layer.form & abi.LayerForm.LATENT:
+            raise ValueError("a latent attention layer runs in a whole step (whole_model): tq_layer takes none of its matrices")
         out = Tensor.empty(B, D, dtype=dtypes.float32)
         m = layer.matrices
         shape = self._shape(abi.LayerShape(_layer_attention(layer, B, eps), D, m.down.cols, m.types, layer.experts, layer.form))
@@ -317,6 +320,7 @@ class QuantizedCPU:
         experts = next((layer.experts for layer in layers if layer.experts.count), abi.Experts())
         dims = abi.Step(attention, embed.cols, first.matrices.down.cols, len(layers), head.rows, embed.ggml_type, head.ggml_type)
         dims.experts, dims.embed_scale = experts, embed_scale
+        dims.latent = next((layer.latent for layer in layers if layer.form & abi.LayerForm.LATENT), abi.Latent())
         info = np.array([layer.info for layer in layers], dtype=np.int32)  # abi.LAYER_INFO a layer
         table = np.array([0 if t is None else host_address(t) for t in tensors], dtype=np.uint64)
         if block_tables is not None:

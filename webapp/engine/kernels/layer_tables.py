@@ -31,11 +31,15 @@ class LayerMatrices:
     up: BlockWeight | None = None
     shared_gate_up: BlockWeight | None = None
     shared_down: BlockWeight | None = None
+    q_b: BlockWeight | None = None  # multi-head latent attention's (LayerForm.LATENT): q_b, where q has a q_a...
+    k_b: BlockWeight | None = None  # ...and every head's k_b and v_b, head after head (QuantizedCPU.expert_weight)
+    v_b: BlockWeight | None = None
 
     @property
     def in_order(self) -> tuple[BlockWeight | None, ...]:
         """The matrices as the kernels take them (abi.LayerEntry's first LAYER_MATRICES)."""
-        return (self.qkv, self.o, self.gate_up, self.down, self.router, self.up, self.shared_gate_up, self.shared_down)
+        routed = (self.router, self.up, self.shared_gate_up, self.shared_down)
+        return (self.qkv, self.o, self.gate_up, self.down, *routed, self.q_b, self.k_b, self.v_b)
 
     @property
     def types(self):
@@ -66,6 +70,7 @@ class LayerTensors:
     post_norms: Tensor | None = None  # LayerForm.POST_NORMS' two weights, one after the other
     biases: Tensor | None = None  # LayerForm.BIASES': the output product's, then a mixture of experts'
     shared_gate: Tensor | None = None  # a shared expert's gate (float32, D), with experts.shared_ffn_dim
+    latent: abi.Latent = field(default_factory=abi.Latent)  # LayerForm.LATENT's sizes
 
     @property
     def info(self) -> list[int]:

@@ -50,6 +50,15 @@ def _float32_values(values: dict[str, np.ndarray | None], names: list[str]) -> l
     return [values[name] for name in names]
 
 
+def _float32_buffer(weights: WeightSource, names: list[str]) -> Tensor:
+    """The named vectors one after another as one float32 buffer (the kernels read them so), read from
+    the file straight into it where they are stored as F32."""
+    values = [weights.vector_values(n) for n in names]
+    if all(v is not None for v in values):
+        return device_array(np.concatenate(values) if values else np.zeros(1, np.float32))
+    return Tensor.cat(*(weights.vector(n) for n in names)).float().contiguous()
+
+
 def _swiglu_plus(linear, gate_up: Tensor, residual: Tensor) -> Tensor:
     if isinstance(linear, BlockLinear):
         return linear.kernels.swiglu_linear(gate_up, linear.weight, residual)
@@ -82,49 +91,32 @@ class TransformerBlock:
         stored |= {name: name for name in ("attn_q_norm.weight", "attn_k_norm.weight", "attn_sinks.weight", "attn_output.bias")}
         self.w = {name: weights.vector(p + file_name) for name, file_name in stored.items() if weights.has(p + file_name)}
         self._bias_values = {name: weights.vector_values(p + name) for name in ("attn_output.bias",) if config.output_bias}
-        # one product for q, k and v and one for gate and up: fewer, larger kernels run faster here
-        self.qkv = weights.linear(*config.qkv_names(p))  # D -> H*Hd + 2*KvH*Hd
-        self.attn_output = weights.linear(p + "attn_output.weight")  # H*Hd -> D
+        self._load_attention(weights, p)
         # the whole layer runs on the CPU kernels when they are loaded and can rotate its heads
         head_dim_ok = config.head_dim % 2 == 0 and config.head_dim <= MAX_HEAD_DIM
         self.kernels = weights.kernels if head_dim_ok else None
         self._load_feed_forward(weights, p)
-        bias_names = [p + f"attn_{n}.bias" for n in "qkv"] if config.qkv_bias else []
         self.qkv_bias = None  # added by tinygrad's product; on the kernels, by the attention kernel
         self.attend_extras = self.layer_tensors = None
         matrices = None
         if self.kernels is None:
-            if bias_names:
-                self.qkv_bias = Tensor.cat(*(weights.vector(n) for n in bias_names)).contiguous()
+            self._load_tinygrad_attention(weights, p)
         else:
-            # tq_attend's extras: the qkv bias, then the q and k norm weights, then the sinks, as the model has them
-            names = bias_names + ([p + "attn_q_norm.weight", p + "attn_k_norm.weight"] if config.qk_norm else [])
-            names += [p + "attn_sinks.weight"] if config.sinks else []
-            extras = [weights.vector_values(n) for n in names]
-            if all(e is not None for e in extras):  # read from the file straight into one buffer
-                self.attend_extras = device_array(np.concatenate(extras) if extras else np.zeros(1, np.float32))
-            else:
-                self.attend_extras = Tensor.cat(*(weights.vector(n) for n in names)).float().contiguous()
-            self.attend_flags = int(
-                (AttendFlag.BIAS if config.qkv_bias else 0)
-                | (AttendFlag.QK_NORM if config.qk_norm else 0)
-                | (0 if self.rotates else AttendFlag.NO_ROPE)
-                | (AttendFlag.LOCAL_ROPE if self.local_rope else 0)
-                | (AttendFlag.SINKS if config.sinks else 0)
-                | (AttendFlag.QK_NORM_WHOLE if config.qk_norm_whole else 0)
-            )
+            self.attend_extras, self.attend_flags = self._kernel_attention(weights, p)
             # every product in blocks: the layer runs as one kernel; else five, tinygrad's products among them
-            feed_forward = self._feed_forward_blocks()
-            if self._attention_in_blocks and feed_forward is not None:
-                matrices = LayerMatrices(self.qkv.weight, self.attn_output.weight, **feed_forward)
-        # (k|v, slot, kv_head, position, a row of head_dim values); the extra last slot is scratch for padding lanes.
+            feed_forward, attention = self._feed_forward_blocks(), self._attention_blocks()
+            if attention is not None and feed_forward is not None:
+                matrices = LayerMatrices(**attention, **feed_forward)
+        # (k|v, slot, kv_head, position, a row of head_dim values); the extra last slot is scratch for padding
+        # lanes; config.cache_rows is 1 where a key's row is also its value (multi-head latent attention)
         self.kv_type = kv_type
         # a ring where it is smaller than the context; tinygrad's path masks a whole context instead
         self.positions = cache_positions(self.window, context, step_writes if self.kernels is not None else None)
         self.ring = self.positions < context
-        shape = (2, slots + 1, config.n_kv_heads, self.positions, kv_type.row_width(config.head_dim))
+        row, kinds = kv_type.row_width(config.head_dim), config.cache_rows
+        shape = (kinds, slots + 1, config.n_kv_heads, self.positions, row)
         if pool is not None:  # a paged cache (kv_types.KvPool): its blocks, and one more that takes stray writes
-            shape = (2, pool.blocks + 1, config.n_kv_heads, pool.block_positions, kv_type.row_width(config.head_dim))
+            shape = (kinds, pool.blocks + 1, config.n_kv_heads, pool.block_positions, row)
         if Device.DEFAULT == "CPU":
             # the CPU allocator maps fresh zero pages: no kernel writes 0.9 GB of zeros at load, and memory
             # is only committed as positions fill
@@ -151,6 +143,39 @@ class TransformerBlock:
         # views into the file's memory map: kept, they would keep every page of it read at load resident
         # (a gpt-oss file's resident memory after warm-up was twice its size)
         self._bias_values = {}
+
+    # The attention's hooks: q, k and v as one product here; multi-head latent attention (mla_block.py)
+    # fills them its own way.
+    def _load_attention(self, weights: WeightSource, p: str) -> None:
+        # one product for q, k and v and one for gate and up: fewer, larger kernels run faster here
+        self.qkv = weights.linear(*self.c.qkv_names(p))  # D -> H*Hd + 2*KvH*Hd
+        self.attn_output = weights.linear(p + "attn_output.weight")  # H*Hd -> D
+
+    def _load_tinygrad_attention(self, weights: WeightSource, p: str) -> None:
+        """What tinygrad's path adds to the attention's products (q/k/v biases, which the kernels add)."""
+        if self.c.qkv_bias:
+            self.qkv_bias = Tensor.cat(*(weights.vector(p + f"attn_{n}.bias") for n in "qkv")).contiguous()
+
+    def _kernel_attention(self, weights: WeightSource, p: str) -> tuple[Tensor, int]:
+        """tq_attend's extras and flags: the qkv bias, then the q and k norm weights, then the sinks, as
+        the model has them."""
+        config = self.c
+        names = [p + f"attn_{n}.bias" for n in "qkv"] if config.qkv_bias else []
+        names += [p + "attn_q_norm.weight", p + "attn_k_norm.weight"] if config.qk_norm else []
+        names += [p + "attn_sinks.weight"] if config.sinks else []
+        flags = int(
+            (AttendFlag.BIAS if config.qkv_bias else 0)
+            | (AttendFlag.QK_NORM if config.qk_norm else 0)
+            | (0 if self.rotates else AttendFlag.NO_ROPE)
+            | (AttendFlag.LOCAL_ROPE if self.local_rope else 0)
+            | (AttendFlag.SINKS if config.sinks else 0)
+            | (AttendFlag.QK_NORM_WHOLE if config.qk_norm_whole else 0)
+        )
+        return _float32_buffer(weights, names), flags
+
+    def _attention_blocks(self) -> dict | None:
+        """LayerMatrices' attention fields when every one of its matrices is in blocks, else None."""
+        return {"qkv": self.qkv.weight, "o": self.attn_output.weight} if self._attention_in_blocks else None
 
     @property
     def _attention_in_blocks(self) -> bool:

@@ -14,13 +14,16 @@ import math
 from dataclasses import dataclass
 
 from webapp.engine.model.ggml_types import GGML_TYPES, UNREADABLE_TYPES
+from webapp.engine.model.latent_config import Latent, latent_sizes, latent_tensor_shapes
 from webapp.engine.model.rope import attention_factor
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "olmoe", "smollm3", "phi3", "gemma3", "gpt-oss")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "olmoe", "smollm3", "phi3", "gemma3", "gpt-oss", "deepseek2")
 # architectures whose files store the feed-forward's gate and up as one matrix (ffn_up, gate first)
 FUSED_GATE_UP = ("phi3",)
 # architectures whose files store each head's rotary pairs interleaved (llama.cpp's "norm" RoPE)
-INTERLEAVED_ROPE = ("llama", "smollm3")
+INTERLEAVED_ROPE = ("llama", "smollm3", "deepseek2")
+# architectures whose attention is multi-head latent attention (DeepSeek-V2's MLA: latent_config.py)
+LATENT_ATTENTION = ("deepseek2",)
 # architectures whose every n-th layer has no RoPE (llama.cpp's n_no_rope_layer_step)
 NO_ROPE_EVERY = {"smollm3": 4}
 # architectures whose every layer's feed-forward is a mixture of experts, and whether they divide the
@@ -88,6 +91,15 @@ class ModelConfig:
     expert_biases: bool = False  # biases on the router and every expert's products (gpt-oss)
     swiglu_clamped: bool = False  # the experts' activation (CLAMPED_SWIGLU)
     ffn_norm_name: str = "ffn_norm.weight"  # the feed-forward's input norm (FFN_NORM_NAMES)
+    # multi-head latent attention's sizes (LATENT_ATTENTION; None: q, k and v heads): head_dim is then a
+    # cache row's values, n_kv_heads 1
+    latent: Latent | None = None
+
+    @property
+    def cache_rows(self) -> int:
+        """Rows a position takes a kv head in the KV cache: a key's and a value's, or one where the
+        key's row is its value too (multi-head latent attention)."""
+        return 1 if self.latent else 2
 
     def qkv_names(self, p: str) -> tuple[str, ...]:
         """A layer's q, k and v matrices as the file stores them (one fused matrix, or three)."""
@@ -117,7 +129,10 @@ class ModelConfig:
     def score_scale(self) -> float:
         """Attention's scale on q . k: 1 / sqrt(head size). (YaRN's and LongRoPE's factor scales the
         rotated values, in RoPE's cos and sin: a partial rotary's other values keep their size.) Gemma
-        3 27B (62 layers) takes its width per head instead, as llama.cpp does."""
+        3 27B (62 layers) takes its width per head instead, as llama.cpp does; latent attention its own
+        (latent_config.py)."""
+        if self.latent:
+            return self.latent.score_scale
         if self.gemma and self.n_layers == 62:
             return 1.0 / math.sqrt(self.dim / self.n_heads)
         return 1.0 / math.sqrt(self.head_dim)
@@ -166,9 +181,10 @@ class ModelConfig:
             raise ModelLoadError(
                 f"GGUF metadata {arch}.rope.dimension_count = {rotary}: expected an even number up to the head size {head_dim}"
             )
-        if rotary < head_dim and arch in INTERLEAVED_ROPE:
+        if rotary < head_dim and arch in INTERLEAVED_ROPE and arch not in LATENT_ATTENTION:
             raise ModelLoadError(f"partial rotary ({rotary} of {head_dim} values) with {arch}'s interleaved pairs is not supported")
         window = count("attention.sliding_window") if arch in SLIDING_WINDOW_EVERY else 0
+        latent = latent_sizes(kv, arch, head_dim, n_kv_heads, rotary, n_heads, count) if arch in LATENT_ATTENTION else None
         tokens = need("tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens:
             raise ModelLoadError("GGUF metadata tokenizer.ggml.tokens is not a list of tokens")
@@ -189,7 +205,7 @@ class ModelConfig:
             fused_gate_up=arch in FUSED_GATE_UP,
             qk_norm="blk.0.attn_q_norm.weight" in weights,
             qk_norm_whole=arch in QK_NORM_WHOLE,
-            rope_attention_factor=attention_factor(kv, arch),
+            rope_attention_factor=1.0 if latent else attention_factor(kv, arch),  # latent: in the score scale instead
             experts=experts,
             experts_used=experts_used,
             expert_hidden_dim=expert_hidden,
@@ -206,6 +222,7 @@ class ModelConfig:
             expert_biases=bool(experts) and "blk.0.ffn_gate_exps.bias" in weights,
             swiglu_clamped=arch in CLAMPED_SWIGLU,
             ffn_norm_name=FFN_NORM_NAMES.get(arch, "ffn_norm.weight"),
+            latent=latent,
         )
 
     def _feed_forward_shapes(self, p: str) -> dict[str, tuple[int, int]]:
@@ -235,6 +252,9 @@ class ModelConfig:
         shapes = {"token_embd.weight": (self.vocab_size, self.dim), "output_norm.weight": (1, self.dim)}
         for i in range(self.n_layers):
             p = f"blk.{i}."
+            if self.latent:
+                shapes |= latent_tensor_shapes(self, p) | self._feed_forward_shapes(p)
+                continue
             if self.fused_qkv:
                 shapes[p + "attn_qkv.weight"] = (q + 2 * kv, self.dim)
             else:

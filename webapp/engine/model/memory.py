@@ -82,7 +82,7 @@ def kv_bytes_per_position(config: ModelConfig, kv_type: KvRows = KV_TYPES["f16"]
 
 def _row_pair_bytes(config: ModelConfig, kv_type: KvRows) -> int:
     """One layer's key and value rows of one position, every kv head."""
-    return 2 * config.n_kv_heads * kv_type.row_bytes(config.head_dim)
+    return config.cache_rows * config.n_kv_heads * kv_type.row_bytes(config.head_dim)
 
 
 def layer_positions(config: ModelConfig, positions: int, step_writes: int | None = None) -> list[int]:

@@ -26,7 +26,6 @@ from tinygrad.llm.gguf import ggml_data_to_tensor
 
 from webapp.engine.kernels.block_weight import BlockWeight, stored_form
 from webapp.engine.kernels.cpu import QuantizedCPU
-from webapp.engine.model.config import INTERLEAVED_ROPE
 from webapp.engine.model.device_buffers import device_array
 from webapp.engine.model.gguf import RawTensor
 
@@ -36,14 +35,21 @@ WEIGHT_DTYPE = dtypes.float16
 HEAD_CHUNK = 3072  # lm-head columns per batch entry: one (vocab, D) product is a slow kernel, 16 of these a fast one
 
 
-def unpermute_rope_rows(rows, n_heads: int):
+def unpermute_rope_rows(rows, n_heads: int, rotary: int | None = None):
     """llama GGUFs store q/k rows with each head's rotary pairs interleaved; regroup them as two halves.
-    Works on a tinygrad (out, in) matrix and on a NumPy array of raw block rows alike."""
+    `rotary`: only each head's last `rotary` rows are pairs (DeepSeek-V2's q heads and latent row), the
+    others stay. Works on a tinygrad (out, in) matrix and on a NumPy array of raw block rows alike."""
     out_dim = rows.shape[0]
     head_dim = out_dim // n_heads
-    grouped = rows.reshape(n_heads, head_dim // 2, 2, *rows.shape[1:])
+    rotary = rotary or head_dim
+    heads = rows.reshape(n_heads, head_dim, *rows.shape[1:])
+    kept, turned = heads[:, : head_dim - rotary], heads[:, head_dim - rotary :]
+    grouped = turned.reshape(n_heads, rotary // 2, 2, *rows.shape[1:])
     swapped = grouped.transpose(1, 2) if isinstance(rows, Tensor) else grouped.swapaxes(1, 2)
-    return swapped.reshape(rows.shape)
+    turned = swapped.reshape(n_heads, rotary, *rows.shape[1:])
+    if rotary < head_dim:
+        turned = kept.cat(turned, dim=1) if isinstance(rows, Tensor) else np.concatenate([kept, turned], axis=1)
+    return turned.reshape(rows.shape)
 
 
 class FloatLinear:
@@ -115,16 +121,17 @@ def _int8_rows(w: Tensor) -> tuple[Tensor, Tensor]:
 
 class WeightSource:
     def __init__(
-        self, path: str, table: dict[str, RawTensor], arch: str, n_heads: int, n_kv_heads: int, act_dtype, kernels: QuantizedCPU | None
+        self, path: str, table: dict[str, RawTensor], rope_rows: dict[str, tuple[int, int]], act_dtype, kernels: QuantizedCPU | None
     ):
         """`table` is the file's tensors as `read_gguf` gives them; their raw blocks feed `kernels` when
-        given, and tinygrad's lazily dequantized tensors everything else."""
+        given, and tinygrad's lazily dequantized tensors everything else. `rope_rows`: the matrices
+        (by name suffix) whose rows interleave rotary pairs, as (groups, rotated rows a group)."""
         self.path, self.names, self.act_dtype, self.kernels = path, set(table), act_dtype, kernels
         self._table = table
         self._raw = table if kernels is not None else {}
         self._file: Tensor | None = None
         # llama files interleave each head's rotary pairs in q and k rows
-        self._rope_heads = {"attn_q.weight": n_heads, "attn_k.weight": n_kv_heads} if arch in INTERLEAVED_ROPE else {}
+        self._rope_heads = rope_rows
         self.forms: Counter = Counter()  # which form each matrix took, for the log
         self.kept = 0  # how many of them stay in the file's bytes, on the kernels
         self._blocks: dict[tuple[str, ...], BlockWeight | None] = {}  # a tied head shares the embedding's blocks
@@ -156,13 +163,13 @@ class WeightSource:
             return None
         return raw.data.view(np.float32).reshape(-1)
 
-    def _rope_heads_of(self, name: str) -> int | None:
+    def _rope_heads_of(self, name: str) -> tuple[int, int] | None:
         return next((n for suffix, n in self._rope_heads.items() if name.endswith(suffix)), None)
 
     def _float(self, name: str) -> Tensor:
         t = self.tinygrad_tensor(name)
         heads = self._rope_heads_of(name)
-        return unpermute_rope_rows(t, heads) if heads else t
+        return unpermute_rope_rows(t, *heads) if heads else t
 
     def _block(self, names: tuple[str, ...]) -> BlockWeight | None:
         if names not in self._blocks:
@@ -183,7 +190,7 @@ class WeightSource:
         for name, raw in zip(names, raws):
             rows = raw.data  # (rows, bytes per row)
             heads = self._rope_heads_of(name)
-            parts.append(unpermute_rope_rows(rows, heads) if heads else rows)
+            parts.append(unpermute_rope_rows(rows, *heads) if heads else rows)
         # consecutive matrices of one type are one part (q and k of a Q4_K_M layer; all of them, mostly)
         merged: list[tuple[list[np.ndarray], int]] = []
         for rows, raw in zip(parts, raws):

@@ -19,7 +19,8 @@
  *      isa.h): one run in an unpaged cache, a run per block in a paged one, the sums kept in the
  *      same order either way, so a paged cache gives the bits of an unpaged one holding its rows.
  * shape: tq_attention (B lanes, H heads, KvH kv heads, S slots, C positions, Hd); lanes = {slot_0..,
- * pos_0..}; extras holds the qkv bias (ATTEND_BIAS), then the q and k norm weights (ATTEND_QK_NORM),
+ * pos_0..}; with ATTEND_LATENT qkv has no value heads, the cache no value rows (mla.c);
+ * extras holds the qkv bias (ATTEND_BIAS), then the q and k norm weights (ATTEND_QK_NORM),
  * then a sink logit a query head (ATTEND_SINKS); the norms are a head's, or all of q's and of k's
  * (ATTEND_QK_NORM_WHOLE).
  * Position p lives in row p % positions of its slot (see tq_attention.window: a ring for a window);
@@ -80,9 +81,10 @@ static void run_attend(const void *ctx, int first, int last) {
        (lo is a chunk's first key: a paged layer has no window) */
     key_runs runs; /* only its first runs are set: no zeroing of all MAX_KEY_RUNS an item */
     runs.run_keys = a->shape->block_positions > 0 ? a->shape->block_positions : KEY_CHUNK;
+    const int latent = a->shape->flags & ATTEND_LATENT; /* a key row is its own value row */
     for (int r = 0, first = 0; first < n; r++, first += runs.run_keys) {
       runs.keys[r] = kv_row(a->cache, a->tables, a->shape, 0, slot, kvh, lo + first);
-      runs.values[r] = kv_row(a->cache, a->tables, a->shape, 1, slot, kvh, lo + first);
+      runs.values[r] = latent ? runs.keys[r] : kv_row(a->cache, a->tables, a->shape, 1, slot, kvh, lo + first);
     }
     const size_t head = (size_t)b * H + h0;
     float *part = a->partials + head * part_stride + (size_t)chunk * (Hd + 2);
@@ -145,9 +147,9 @@ static const float *rope_rotations(scratch_t *scratch, const int32_t *lanes, int
 static void attend(float *out, const float *qkv, void *cache, const int32_t *lanes, const float *rotations, const float *extras,
                    const int32_t *tables, const tq_attention *shape) {
   const int B = shape->lanes, H = shape->heads, KvH = shape->kv_heads, Hd = shape->head_dim;
-  const int flags = shape->flags, rotates = !(flags & ATTEND_NO_ROPE);
+  const int flags = shape->flags, rotates = !(flags & ATTEND_NO_ROPE), row_heads = H + (flags & ATTEND_LATENT ? 1 : 2) * KvH;
   const float eps = shape->eps;
-  const int width = (H + 2 * KvH) * Hd, rotary = shape->rotary_dim;
+  const int width = row_heads * Hd, rotary = shape->rotary_dim;
   const float *bias = flags & ATTEND_BIAS ? extras : 0;
   const float *q_norm = flags & ATTEND_QK_NORM ? extras + (bias ? width : 0) : 0;
   const int whole = flags & ATTEND_QK_NORM_WHOLE; /* q_norm then holds H Hd weights, then KvH Hd for k */
@@ -162,7 +164,7 @@ static void attend(float *out, const float *qkv, void *cache, const int32_t *lan
       rms_norm_row(row, q_norm, H * Hd, eps, row);
       rms_norm_row(row + (size_t)H * Hd, q_norm + (size_t)H * Hd, KvH * Hd, eps, row + (size_t)H * Hd);
     }
-    for (int h = 0; h < H + 2 * KvH; h++) {
+    for (int h = 0; h < row_heads; h++) {
       float *x = row + (size_t)h * Hd;
       const int is_v = h >= H + KvH;
       if (q_norm && !whole && !is_v) rms_norm_row(x, h < H ? q_norm : q_norm + Hd, Hd, eps, x);

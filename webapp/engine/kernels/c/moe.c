@@ -39,6 +39,7 @@ static void choose_experts(const float *logits, int count, int used, int flags, 
 /* A layer's matrices and what a mixture of experts adds, by address (tq.h's LAYER_* entries). */
 typedef struct {
   const uint8_t *qkv, *o, *gate_up, *down, *router, *up, *shared_gate_up, *shared_down;
+  const uint8_t *q_b, *k_b, *v_b; /* FORM_LATENT's (mla.c) */
   int64_t *expert_tokens;
   const float *shared_gate;
 } layer_matrices;

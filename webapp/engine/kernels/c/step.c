@@ -9,7 +9,8 @@
  * things (Gemma 3's layer): FORM_POST_NORMS adds rms_norm(W_o . a) * post_norms[0..D) and
  * rms_norm(W_down . ...) * post_norms[D..2D) in place of the products themselves, FORM_GEGLU takes
  * gelu(gate) * up for swiglu; FORM_BIASES adds the output product's bias (biases[0..D)) and a mixture
- * of experts' (moe.c).
+ * of experts' (moe.c); FORM_LATENT's attention is mla.c's (its matrices from the model table only:
+ * tq_layer has none of them).
  * One kernel a layer keeps a captured step at ~30 kernels: tinygrad's capture and replay cost grows
  * with their count. shape: tq_layer_shape. */
 /* Ask for the cache lines that attend() will write (each lane's new keys and values) before the qkv
@@ -18,7 +19,7 @@
 static void prefetch_new_entries(const uint16_t *cache, const int32_t *lanes, const int32_t *tables, const tq_attention *shape) {
   const int B = shape->lanes, KvH = shape->kv_heads;
   for (int b = 0; b < B; b++)
-    for (int is_v = 0; is_v < 2; is_v++)
+    for (int is_v = 0; is_v < (shape->flags & ATTEND_LATENT ? 1 : 2); is_v++)
       for (int kvh = 0; kvh < KvH; kvh++) {
         const char *entry = (const char *)kv_row(cache, tables, shape, is_v, lanes[b], kvh, lanes[B + b]);
         for (size_t at = 0; at < kv_row_bytes(shape); at += 64) __builtin_prefetch(entry + at, 1, 3);
@@ -39,15 +40,19 @@ static void layer(float *out, const float *x, const layer_matrices *w, const flo
                   const int32_t *tables, const tq_layer_shape *shape) {
   const tq_attention *attention = &shape->attention;
   const int B = attention->lanes, H = attention->heads, KvH = attention->kv_heads, Hd = attention->head_dim, D = shape->dim, F = shape->ffn_dim;
-  const int moe = shape->experts.count > 0, post = shape->form & FORM_POST_NORMS;
+  const int moe = shape->experts.count > 0, post = shape->form & FORM_POST_NORMS, latent = shape->form & FORM_LATENT;
   const float eps = attention->eps;
-  const int width = (H + 2 * KvH) * Hd;
+  const int width = (H + 2 * KvH) * Hd, attended = latent ? H * shape->latent.v_dim : H * Hd;
   float *qkv = at_least(&layer_intermediates, (size_t)B * (width + H * Hd + D + (moe ? 0 : 2 * F)) * sizeof(float)), *attn = qkv + (size_t)B * width,
         *h = attn + (size_t)B * H * Hd, *gate_up = h + (size_t)B * D;
-  const tq_product qkv_shape = {shape->types[LAYER_QKV], width, D, B, eps}, o_shape = {shape->types[LAYER_O], D, H * Hd, B, eps};
+  const tq_product qkv_shape = {shape->types[LAYER_QKV], width, D, B, eps}, o_shape = {shape->types[LAYER_O], D, attended, B, eps};
   prefetch_new_entries(cache, lanes, tables, attention);
-  linear(qkv, w->qkv, x, &qkv_shape, RMS_NORM, attn_norm, 0);
-  attend(attn, qkv, cache, lanes, rotations, extras, tables, attention);
+  if (latent) {
+    latent_attention(attn, x, w, attn_norm, extras, cache, lanes, rotations, tables, shape);
+  } else {
+    linear(qkv, w->qkv, x, &qkv_shape, RMS_NORM, attn_norm, 0);
+    attend(attn, qkv, cache, lanes, rotations, extras, tables, attention);
+  }
   linear(h, w->o, attn, &o_shape, AS_IS, 0, post ? 0 : x);
   if (post) add_normed(h, x, post_norms, B, D, eps);
   if (shape->form & FORM_BIASES)
@@ -69,7 +74,7 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
               int64_t *expert_tokens, const float *post_norms, const float *biases, const float *shared_gate, const tq_layer_shape *shape) {
   const float *rotations = rope_rotations(&rotation_rows, lanes, shape->attention.lanes, inv_freq, shape->attention.head_dim,
                                           shape->attention.rotary_dim, shape->attention.rope_scale);
-  const layer_matrices w = {w_qkv, w_o, w_gate_up, w_down, w_router, w_up, w_shared_gate_up, w_shared_down, expert_tokens, shared_gate};
+  const layer_matrices w = {w_qkv, w_o, w_gate_up, w_down, w_router, w_up, w_shared_gate_up, w_shared_down, 0, 0, 0, expert_tokens, shared_gate};
   layer(out, x, &w, attn_norm, ffn_norm, post_norms, biases, cache, lanes, rotations, extras, 0, shape); /* unpaged (tq.h) */
 }
 
@@ -107,7 +112,7 @@ void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, cons
   tq_embed(x, (const uint8_t *)(uintptr_t)model[MODEL_EMBED], tokens, &embed_shape);
   if (step->embed_scale != 1.0f)
     for (size_t i = 0; i < (size_t)B * D; i++) x[i] *= step->embed_scale;
-  tq_layer_shape layer_shape = {step->attention, D, step->ffn_dim, {0}, {0}, 0};
+  tq_layer_shape layer_shape = {step->attention, D, step->ffn_dim, {0}, {0}, 0, step->latent};
   for (int l = 0; l < step->layers; l++) {
     const uint64_t *m = model + MODEL_LAYERS + (size_t)l * LAYER_ENTRIES;
     const int32_t *info = layer_info + LAYER_INFO * (size_t)l;
@@ -123,6 +128,7 @@ void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, cons
     const layer_matrices w = {AT(const uint8_t *, LAYER_QKV),    AT(const uint8_t *, LAYER_O), AT(const uint8_t *, LAYER_GATE_UP),
                               AT(const uint8_t *, LAYER_DOWN),   AT(const uint8_t *, LAYER_ROUTER), AT(const uint8_t *, LAYER_UP),
                               AT(const uint8_t *, LAYER_SHARED_GATE_UP), AT(const uint8_t *, LAYER_SHARED_DOWN),
+                              AT(const uint8_t *, LAYER_Q_B),    AT(const uint8_t *, LAYER_K_B), AT(const uint8_t *, LAYER_V_B),
                               AT(int64_t *, LAYER_EXPERT_TOKENS), AT(const float *, LAYER_SHARED_GATE)};
     /* in place: layer() reads x for the last time (the attention's residual) before it writes out */
     layer(x, x, &w, AT(const float *, LAYER_ATTN_NORM), AT(const float *, LAYER_FFN_NORM), AT(const float *, LAYER_POST_NORMS),

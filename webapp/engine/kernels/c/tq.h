@@ -40,6 +40,10 @@ _Static_assert(sizeof(stack_header) == STACK_HEADER_BYTES, "the header cpu.py wr
  * query has beside its keys' that weighs no value; ATTEND_QK_NORM_WHOLE: with ATTEND_QK_NORM, the norms
  * run over all of q (H Hd weights) and all of k (KvH Hd) rather than a head at a time (OLMoE). */
 enum { ATTEND_BIAS = 1, ATTEND_QK_NORM = 2, ATTEND_NO_ROPE = 4, ATTEND_LOCAL_ROPE = 8, ATTEND_SINKS = 16, ATTEND_QK_NORM_WHOLE = 32 };
+/* ATTEND_LATENT: multi-head latent attention after absorption (DeepSeek-V2's MLA, mla.c): qkv holds H
+ * query heads and one key head (no value head), and a key's row is also its value (the value a query
+ * reads is the whole row); the cache is (1, slots, 1, positions, a row): no value rows. */
+enum { ATTEND_LATENT = 64 };
 /* How a layer's sublayers join the residual stream (tq_layer_shape.form). FORM_POST_NORMS: the
  * attention's and the feed-forward's outputs are rms-normalized (by the layer's LAYER_POST_NORMS, D
  * floats each) before they are added (Gemma 3); FORM_GEGLU: the feed-forward is gelu(gate) * up
@@ -49,12 +53,16 @@ enum { ATTEND_BIAS = 1, ATTEND_QK_NORM = 2, ATTEND_NO_ROPE = 4, ATTEND_LOCAL_ROP
  * product (gpt-oss); FORM_SWIGLU_CLAMPED: the experts' activation is gpt-oss's clamped SwiGLU,
  * min(gate, 7) * sigmoid(1.702 min(gate, 7)) * (clamp(up, -7, 7) + 1). */
 enum { FORM_POST_NORMS = 1, FORM_GEGLU = 2, FORM_BIASES = 4, FORM_SWIGLU_CLAMPED = 8 };
+/* FORM_LATENT: the layer's attention is multi-head latent attention (mla.c, tq_latent's sizes): its
+ * QKV matrix is q's (or q_a's) rows over the latent's, and LAYER_Q_B, LAYER_K_B and LAYER_V_B hold
+ * q_b (0 without a q_a), every head's absorbing k_b and every head's v_b, head after head. */
+enum { FORM_LATENT = 16 };
 /* The KV cache's element types (tq_attention.kv_type). KV_F16: a row of Hd float16 values. KV_Q8_0: a row
  * of Hd / 32 blocks of GGUF's Q8_0 layout (a float16 scale d, then 32 int8 q: value d * q), 34 bytes per
  * 32 values, Hd a multiple of 32 (see attention_q8.c). */
 enum { KV_F16 = 0, KV_Q8_0 = 1 };
-/* the largest head tq_attend rotates (its rotation buffer) */
-enum { MAX_HEAD_DIM = 512 };
+/* the largest head tq_attend rotates (its rotation buffer): DeepSeek-V2's latent row is 576 */
+enum { MAX_HEAD_DIM = 576 };
 /* Idle pool threads spin this long before sleeping: a decode step's ~150 jobs come microseconds
  * apart, and a sleeping thread takes tens of microseconds to wake. */
 enum { SPIN_US = 100 };
@@ -72,7 +80,8 @@ enum { SPIN_US = 100 };
  * layers' RoPE frequencies, or 0 for none. BLOCK_TABLES: a paged cache's block tables (int32, rows x
  * tq_step.attention.table_width, which every layer's cache shares), or 0 for an unpaged one. */
 enum { MODEL_EMBED, MODEL_NORM, MODEL_HEAD, MODEL_INV_FREQ, MODEL_INV_FREQ_LOCAL, MODEL_BLOCK_TABLES, MODEL_LAYERS };
-enum { LAYER_QKV, LAYER_O, LAYER_GATE_UP, LAYER_DOWN, LAYER_ROUTER, LAYER_UP, LAYER_SHARED_GATE_UP, LAYER_SHARED_DOWN, LAYER_MATRICES = 8 };
+enum { LAYER_QKV, LAYER_O, LAYER_GATE_UP, LAYER_DOWN, LAYER_ROUTER, LAYER_UP, LAYER_SHARED_GATE_UP, LAYER_SHARED_DOWN };
+enum { LAYER_Q_B = LAYER_SHARED_DOWN + 1, LAYER_K_B, LAYER_V_B, LAYER_MATRICES }; /* FORM_LATENT's (else 0) */
 enum {
   LAYER_ATTN_NORM = LAYER_MATRICES,
   LAYER_FFN_NORM,
@@ -131,14 +140,22 @@ typedef struct {
   int32_t count, used, ffn_dim, flags, shared_ffn_dim;
 } tq_experts;
 
+/* A FORM_LATENT layer's sizes (DeepSeek-V2): q_lora, the rank of q's low-rank product (0: q is one
+ * product of x); kv_lora, the latent's width; nope and rope, a query head's values without and with
+ * RoPE; v_dim, a head's output before W_o. The attention's head_dim is then rope + kv_lora. */
+typedef struct {
+  int32_t q_lora, kv_lora, nope, rope, v_dim;
+} tq_latent;
+
 /* A whole layer: its attention, the model's width D and the feed-forward's F, its matrices' types,
  * its experts (count 0: a dense layer). */
 typedef struct {
   tq_attention attention;
   int32_t dim, ffn_dim;
-  int32_t types[LAYER_MATRICES]; /* of LAYER_QKV .. LAYER_SHARED_DOWN, in that order */
+  int32_t types[LAYER_MATRICES]; /* of LAYER_QKV .. LAYER_V_B, in that order */
   tq_experts experts;
-  int32_t form; /* FORM_POST_NORMS | FORM_GEGLU | FORM_BIASES | FORM_SWIGLU_CLAMPED */
+  int32_t form; /* FORM_POST_NORMS | FORM_GEGLU | FORM_BIASES | FORM_SWIGLU_CLAMPED | FORM_LATENT */
+  tq_latent latent;
 } tq_layer_shape;
 
 /* What tq_forward writes for each pick: the head's logits (vocab floats), or the final norm's output
@@ -154,6 +171,7 @@ typedef struct {
   int32_t outputs;    /* STEP_LOGITS or STEP_HIDDEN */
   tq_experts experts; /* of the layers with a router */
   float embed_scale;  /* on the embedding's rows (Gemma's sqrt(dim); 1: none) */
+  tq_latent latent;   /* of FORM_LATENT layers */
 } tq_step;
 
 /* tq_abi's description of one name: a constant (its value), a struct (its size) or a field

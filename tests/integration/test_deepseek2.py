@@ -1,0 +1,140 @@
+"""DeepSeek-V2's multi-head latent attention (deepseek2): the latent row cached once for every head,
+W_k_b absorbed into the query, against a float64 reference that decompresses full keys and values
+instead, on every way of running a step, and end to end through the openai client."""
+
+import numpy as np
+import openai
+import pytest
+from support import tiny_engine_server
+from support.tiny_deepseek2 import SIZES, LatentReference, write_tiny_deepseek2
+from support.tiny_models import (
+    assert_a_lane_does_not_depend_on_the_others,
+    assert_chunked_prefill_matches,
+    assert_tinygrad_path_matches,
+    load_steps,
+    off_by,
+)
+
+from webapp.engine.kernels import abi
+from webapp.engine.model.config import ModelLoadError
+from webapp.engine.model.memory import kv_bytes_per_position
+from webapp.engine.model.mla_block import LatentBlock
+from webapp.engine.model.steps import KernelJitSteps, OneCallSteps
+from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
+from webapp.engine.model.transformer import load_model
+
+RNG = np.random.default_rng(5)
+PROMPT = [int(t) for t in RNG.integers(2, 4000, 16)]
+LONG = [int(t) for t in RNG.integers(2, 4000, 70)]
+
+
+@pytest.fixture(autouse=True)
+def _tinygrad_here():
+    use_tinygrad_from_this_thread()
+
+
+@pytest.fixture(scope="module", params=[0, 64], ids=["lite", "q_lora"])
+def deepseek2(tmp_path_factory, request):
+    path = write_tiny_deepseek2(str(tmp_path_factory.mktemp("deepseek2") / "ds.gguf"), q_lora=request.param)
+    return path, LatentReference(path)
+
+
+def test_in_one_call_the_model_matches_the_decompressed_reference(deepseek2):
+    path, ref = deepseek2
+    steps = load_steps(path, slots=2, context=256)
+    assert isinstance(steps, OneCallSteps)
+    blocks = steps.model.blocks
+    assert all(isinstance(b, LatentBlock) and b.layer_tensors.form & abi.LayerForm.LATENT for b in blocks)
+    assert off_by(steps.score(PROMPT, slot=0, start=0), ref.logits(PROMPT)) < 1e-4
+
+
+def test_the_cache_holds_one_latent_row_a_position(deepseek2):
+    path, _ = deepseek2
+    model, _ = load_model(path, slots=2, context=64)
+    row = SIZES["rope"] + SIZES["kv_lora"]
+    # (rows, slots + 1, kv heads, positions, a row): no value rows, a key's row is its value
+    assert all((b.cache.shape[:3], b.cache.shape[4]) == ((1, 3, 1), row) for b in model.blocks)
+    assert kv_bytes_per_position(model.config) == 2 * row * 2  # two layers, float16: full heads would take 4 x (64 + 32) x 2
+
+
+def test_a_long_prompt_in_chunks_matches(deepseek2):
+    path, ref = deepseek2
+    assert_chunked_prefill_matches(load_steps(path, slots=2, context=256), ref.logits(LONG), LONG, 16, 1e-4)
+
+
+def test_tinygrad_path_matches(deepseek2):
+    path, ref = deepseek2
+    assert_tinygrad_path_matches(path, ref.logits(PROMPT + [42]), PROMPT, 42)
+
+
+@pytest.mark.parametrize("outside", ["output.weight", "attn_output.weight"])
+def test_the_kernels_attention_among_tinygrad_products_matches(tmp_path, outside):
+    """A matrix without a kernel: the head (every layer's matrices in blocks, a head's k_b and v_b read
+    from them), or each layer's W_o (the per-head matrices then float16)."""
+    path = write_tiny_deepseek2(str(tmp_path / "ds.gguf"), q_lora=64, float_matrices=(outside,))
+    steps = load_steps(path, slots=2, context=256)
+    assert isinstance(steps, KernelJitSteps)
+    want = LatentReference(path).logits(PROMPT + [42])
+    assert off_by(steps.prefill(PROMPT, slot=0, start=0), want[-2]) < 0.02
+    assert off_by(steps.decode([42], slots=[0], positions=[len(PROMPT)])[0], want[-1]) < 0.02
+
+
+def test_an_8_bit_cache_matches_the_reference_rounding_alike(tmp_path):
+    path = write_tiny_deepseek2(str(tmp_path / "ds.gguf"))
+    steps = load_steps(path, slots=2, context=256, kv_type="q8_0")
+    assert off_by(steps.score(PROMPT, slot=0, start=0), LatentReference(path, kv_type="q8_0").logits(PROMPT)) < 1e-4
+
+
+@pytest.mark.parametrize("matrix_type", ["Q8_0", "Q4_0"])
+def test_quantized_files_and_a_lane_alone_or_among_others(tmp_path, matrix_type):
+    path = write_tiny_deepseek2(str(tmp_path / "ds.gguf"), q_lora=64, matrix_type=matrix_type)
+    steps = load_steps(path, slots=4, context=256)
+    assert isinstance(steps, OneCallSteps)
+    assert off_by(steps.score(PROMPT, slot=0, start=0), LatentReference(path).logits(PROMPT)) < 0.1
+    assert_a_lane_does_not_depend_on_the_others(steps, PROMPT, 4)
+
+
+def test_yarn_scales_the_scores_as_llama_cpp_does(tmp_path):
+    """DeepSeek-V2's YaRN: q . k times mscale squared, mscale = 1 + 0.1 * mscale_all_dim * ln(factor)."""
+    yarn = {"rope.scaling.type": "yarn", "rope.scaling.factor": 40.0, "rope.scaling.original_context_length": 64}
+    path = write_tiny_deepseek2(str(tmp_path / "ds.gguf"), metadata=yarn | {"rope.scaling.yarn_log_multiplier": 0.0707})
+    model, _ = load_model(path, slots=1, context=32)
+    mscale = 1 + 0.1 * 0.707 * np.log(40.0)
+    assert model.config.score_scale == pytest.approx(mscale**2 / np.sqrt(SIZES["nope"] + SIZES["rope"]))
+    assert model.config.rope_attention_factor == 1.0
+    with pytest.raises(ModelLoadError, match="yarn_log_multiplier"):
+        load_model(write_tiny_deepseek2(str(tmp_path / "no-mul.gguf"), metadata=yarn), slots=1, context=32)
+
+
+@pytest.mark.parametrize(
+    "change, error",
+    [
+        ({"attention.key_length_mla": None}, "convert the model again"),
+        ({"leading_dense_block_count": 1}, "mixtures of experts"),
+    ],
+)
+def test_files_this_server_cannot_run_are_refused_in_one_line(tmp_path, change, error):
+    path = write_tiny_deepseek2(str(tmp_path / "ds.gguf"))
+    data = bytearray(open(path, "rb").read())
+    key, value = next(iter(change.items()))
+    name = f"deepseek2.{key}".encode()
+    if value is None:  # the key renamed away: a file written before MLA's split
+        data = data.replace(name, name.replace(b"mla", b"xyz"))
+    else:  # a uint32 value: the 4 bytes after the key's name and type
+        at = data.index(name) + len(name) + 4
+        data[at : at + 4] = np.uint32(value).tobytes()
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(ModelLoadError, match=error):
+        load_model(path, slots=1, context=32)
+
+
+def test_the_server_answers_the_openai_client(tmp_path):
+    path = write_tiny_deepseek2(str(tmp_path / "ds.gguf"), q_lora=64, matrix_type="Q8_0")
+    with tiny_engine_server(path, slots=2, queue_limit=2) as (engine, srv):
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=120)
+        ask = {"model": "deepseek2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "temperature": 0}
+        reply, again = client.chat.completions.create(**ask), client.chat.completions.create(**ask)
+        assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 6
+        assert again.choices[0].message.content == reply.choices[0].message.content
+        assert again.usage.prompt_tokens_details.cached_tokens > 0
+        client.close()
