@@ -64,6 +64,10 @@ def test_in_one_call_the_model_matches_the_reference(glm4moe):
     assert experts.flags == F.NORM_WEIGHTS | F.SIGMOID | F.SELECTION_BIAS | F.SHARED_UNGATED and experts.weights_scale == 2.5
     assert experts.shared_ffn_dim == 64
     assert off_by(steps.score(PROMPT, slot=0, start=0), ref.logits(PROMPT)) < 1e-4
+    # the NextN block's tensors are in the file and never read; the dense layer routes no token
+    assert len(steps.model.blocks) == 3 and "blk.3.nextn.eh_proj.weight" in Reference(path).w
+    routed_tokens = steps.model.routed_tokens()
+    assert routed_tokens.shape == (2, 8) and (routed_tokens.sum(-1) == len(PROMPT) * 2).all()
 
 
 def test_the_selection_bias_chooses_the_experts_and_the_probabilities_weigh_them(glm4moe):
