@@ -1,8 +1,8 @@
 /* ---- a whole layer ---------------------------------------------------------------------------- */
 /* tq_layer(out, x, w_qkv, w_o, w_gate_up, w_down, w_router, w_up, w_shared_gate_up, w_shared_down,
  * attn_norm, ffn_norm, cache, lanes, inv_freq, extras, expert_tokens, post_norms, biases, shared_gate,
- * selection_bias, shape): one transformer layer for B lanes, the five kernels above in a row with their intermediates
- * in this thread's scratch:
+ * selection_bias, shape): one transformer layer for B lanes, the five kernels above in a row with
+ * their intermediates in this thread's scratch:
  *   qkv = W_qkv . rms_norm(x) * attn_norm;  a = attention(qkv);  h = x + W_o . a;
  *   out = h + W_down . swiglu(W_gate_up . rms_norm(h) * ffn_norm)
  * or, in a mixture-of-experts layer, the last line as moe.c's feed-forward. shape->form changes two
@@ -70,7 +70,7 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
               const tq_layer_shape *shape) {
   const float *rotations = rope_rotations(&rotation_rows, lanes, shape->attention.lanes, inv_freq, shape->attention.head_dim,
                                           shape->attention.rotary_dim, shape->attention.rope_scale);
-  const layer_matrices w = {w_qkv,         w_o,           w_gate_up,   w_down, w_router, w_up, w_shared_gate_up, w_shared_down,
+  const layer_matrices w = {w_qkv, w_o, w_gate_up, w_down, w_router, w_up, w_shared_gate_up, w_shared_down,
                             expert_tokens, shared_gate, selection_bias};
   layer(out, x, &w, attn_norm, ffn_norm, post_norms, biases, cache, lanes, rotations, extras, 0, shape); /* unpaged (tq.h) */
 }
@@ -84,8 +84,7 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
  * head matrix, the RoPE inverse frequencies (global, then local), a paged cache's block tables, then per layer its qkv, o, gate_up and down matrices, its
  * two norms, its KV cache and its attention extras, and a mixture of experts' router, up matrices and
  * token counts, a post-normed layer's norms, a layer's biases, a shared expert's gate and the experts'
- * selection bias (the order of
- * tq.h's MODEL_* and LAYER_* entries; a shared expert's matrices follow the up matrices). step:
+ * selection bias (the order of tq.h's MODEL_* and LAYER_* entries; a shared expert's matrices follow the up matrices). step:
  * tq_step (B = step->attention.lanes, R = step->picks); layer_info: each layer's LAYER_INFO numbers in
  * turn (its matrices' types, its attention's flags, form, window and cache positions; a paged step,
  * step->attention.block_positions > 0, takes step->attention.positions for every layer and leaves
