@@ -115,12 +115,15 @@ def test_five_kernels_around_a_product_without_one_match_the_reference(tmp_path)
     assert off_by(steps.prefill(PROMPT, slot=0, start=0), Reference(path).logits(PROMPT)[-1]) < 0.02
 
 
-def test_q_and_k_norms_and_softmax_routing_from_the_file(tmp_path):
-    """GLM-4.5 (355B)'s q/k norms, and expert_gating_func 1 (softmax) with no scale or division."""
+def test_q_and_k_norms_softmax_routing_and_no_shared_expert_from_the_file(tmp_path):
+    """GLM-4.5 (355B)'s q/k norms, expert_gating_func 1 (softmax) with no scale or division, two
+    leading dense layers and no shared expert (expert_shared_count 0: the plain MoeBlock)."""
     metadata = {"expert_gating_func": 1, "expert_weights_norm": False, "expert_weights_scale": 1.0}
+    metadata |= {"leading_dense_block_count": 2, "expert_shared_count": 0}
     path = _file(tmp_path, qk_norm=True, metadata=metadata, nextn_layers=0)
     steps = load_steps(path, slots=2, context=256)
     assert steps.model.config.qk_norm and not steps.model.config.expert_sigmoid
+    assert [type(b).__name__ for b in steps.model.blocks] == ["TransformerBlock", "TransformerBlock", "MoeBlock"]
     assert off_by(steps.score(PROMPT, slot=0, start=0), Reference(path).logits(PROMPT)) < 1e-4
 
 
