@@ -53,16 +53,22 @@ SHAPES = {
     # DeepSeek-V2-Lite's attention (its head size here: the latent row cached, kv_lora + rope), every
     # layer dense with its first layer's FFN: a deepseek2 file without experts (its experts: not yet)
     "deepseek-v2-lite-dense": ("deepseek2", 27, 2048, 10944, 16, 1, 576, False, 10000.0),
+    "glm4.5-air": ("glm4moe", 46, 4096, 10944, 96, 8, 128, False, 1e6),
 }
 # multi-head latent attention's sizes: (q_lora, kv_lora, nope, rope, v_dim), as the published config
 LATENT = {"deepseek-v2-lite-dense": (0, 512, 128, 64, 128)}
 # partial rotary: the values of a head that RoPE turns (Phi-4-mini: 96 of 128), with LongRoPE's
 # original context and attention factor (sqrt(1 + ln(131072 / 4096) / ln(4096)), as its converter writes it)
-PARTIAL_ROTARY = {"phi4-mini": (96, 4096, 1.190238)}
+PARTIAL_ROTARY = {"phi4-mini": (96, 4096, 1.190238), "glm4.5-air": (64, None, None)}
 # mixture-of-experts shapes: (experts, used a token, each one's FFN)
 EXPERTS = {"qwen3-30b-a3b": (128, 8, 768), "gpt-oss-20b": (32, 4, 2880), "olmoe-1b-7b": (64, 8, 1024), "qwen1.5-moe-a2.7b": (60, 4, 1408)}
+EXPERTS |= {"glm4.5-air": (128, 8, 1408)}
 # a shared expert's FFN beside the routed ones (qwen2moe), gated by one F32 row a layer
 SHARED_EXPERT = {"qwen1.5-moe-a2.7b": 5632}
+# routing the file describes (glm4moe): (leading dense layers, shared experts of the experts' FFN,
+# expert_weights_scale, expert_weights_norm), sigmoid gating and a selection bias (exp_probs_b) a layer;
+# no NextN block (nextn_predict_layers 0: the trunk alone, which is all this server runs)
+ROUTING = {"glm4.5-air": (1, 1, 1.0, True)}
 # sliding-window shapes: a local layer's window (Gemma 3: all but every sixth layer)
 SLIDING_WINDOW = {"gemma3-1b": 512, "gpt-oss-20b": 128}
 # YaRN: (factor, original context), as gpt-oss's files carry it
@@ -135,6 +141,14 @@ def write_shaped(
         w.add_expert_feed_forward_length(expert_ffn)
     if shape in SHARED_EXPERT:
         w.add_expert_shared_feed_forward_length(SHARED_EXPERT[shape])
+    dense_lead, shared_count, weights_scale, weights_norm = ROUTING.get(shape, (0, 0, 1.0, False))
+    if shape in ROUTING:
+        w.add_leading_dense_block_count(dense_lead)
+        w.add_expert_shared_count(shared_count)
+        w.add_expert_weights_scale(weights_scale)
+        w.add_expert_weights_norm(weights_norm)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_nextn_predict_layers(0)
     w.add_file_type(MIXES[direct] if direct else 1)  # llama_ftype: mostly F16, or the mix
     add_smollm_tokenizer(w)
     w.add_chat_template(tok["tokenizer.chat_template"])
@@ -213,12 +227,12 @@ def write_shaped(
         if arch == "olmoe":  # over all of q and all of k
             add(p + "attn_q_norm.weight", norm(heads * head_dim))
             add(p + "attn_k_norm.weight", norm(kv_heads * head_dim))
-        if arch == "qwen2moe":  # qwen2's q/k/v biases
+        if arch in ("qwen2moe", "glm4moe"):  # qwen2's q/k/v biases
             for name, rows in (("attn_q", heads * head_dim), ("attn_k", kv_heads * head_dim), ("attn_v", kv_heads * head_dim)):
                 add(p + name + ".bias", bias(rows))
         add(p + "attn_output.weight", weight(dim, heads * head_dim))
         oss = arch == "gpt-oss"  # biases everywhere, a sink a head, its feed-forward norm named post_attention_norm
-        add(p + ("post_attention_norm.weight" if oss else "ffn_norm.weight"), norm(dim))
+        add(p + ("post_attention_norm.weight" if oss or arch == "glm4moe" else "ffn_norm.weight"), norm(dim))
         if oss:
             for name, rows in (
                 ("attn_q", heads * head_dim),
@@ -234,7 +248,7 @@ def write_shaped(
         if arch == "gemma3":  # each sublayer's output normed before it is added
             add(p + "post_attention_norm.weight", norm(dim))
             add(p + "post_ffw_norm.weight", norm(dim))
-        if shape in EXPERTS:  # the router stays float32, as llama-quantize keeps it
+        if shape in EXPERTS and i >= dense_lead:  # the router stays float32, as llama-quantize keeps it
             add(p + "ffn_gate_inp.weight", matrix(count, dim, scale=2 * dim**-0.5).astype(np.float32))
             add(p + "ffn_gate_exps.weight", weight(expert_ffn, dim, count=count))
             add(p + "ffn_up_exps.weight", weight(expert_ffn, dim, count=count))
@@ -242,6 +256,12 @@ def write_shaped(
             if shape in SHARED_EXPERT:  # the converter keeps its gate float32, as the router
                 shared = SHARED_EXPERT[shape]
                 add(p + "ffn_gate_inp_shexp.weight", matrix(1, dim, scale=2 * dim**-0.5).astype(np.float32))
+                add(p + "ffn_gate_shexp.weight", weight(shared, dim))
+                add(p + "ffn_up_shexp.weight", weight(shared, dim))
+                add(p + "ffn_down_shexp.weight", weight(dim, shared))
+            if shape in ROUTING:  # the selection bias (float32), and ungated shared experts of the experts' width
+                add(p + "exp_probs_b.bias", (0.05 * rng.standard_normal(count)).astype(np.float32))
+                shared = shared_count * expert_ffn
                 add(p + "ffn_gate_shexp.weight", weight(shared, dim))
                 add(p + "ffn_up_shexp.weight", weight(shared, dim))
                 add(p + "ffn_down_shexp.weight", weight(dim, shared))
@@ -279,6 +299,7 @@ def main() -> None:
         for name, (arch, layers, dim, ffn, heads, kv, hd, tied, _) in SHAPES.items():
             experts = ", {} experts ({} a token) of FFN {}".format(*EXPERTS[name]) if name in EXPERTS else ""
             experts += f", a shared expert of FFN {SHARED_EXPERT[name]}" if name in SHARED_EXPERT else ""
+            experts += ", {} dense first, {} shared, sigmoid + selection bias".format(*ROUTING[name][:2]) if name in ROUTING else ""
             print(
                 f"{name:17} {arch:8} {layers} layers, dim {dim}, FFN {ffn}, {heads}/{kv} heads of {hd}{', tied' if tied else ''}{experts}"
             )

@@ -18,7 +18,7 @@ from support.tiny_models import (
 from webapp.engine.kernels import abi
 from webapp.engine.model.config import ModelLoadError
 from webapp.engine.model.memory import kv_bytes_per_position
-from webapp.engine.model.mla_block import LatentBlock
+from webapp.engine.model.mla_block import LatentBlock, LatentSharedExpertBlock
 from webapp.engine.model.steps import KernelJitSteps, OneCallSteps
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.model.transformer import load_model
@@ -106,26 +106,38 @@ def test_yarn_scales_the_scores_as_llama_cpp_does(tmp_path):
         load_model(write_tiny_deepseek2(str(tmp_path / "no-mul.gguf"), metadata=yarn), slots=1, context=32)
 
 
-@pytest.mark.parametrize(
-    "change, error",
-    [
-        ({"attention.key_length_mla": None}, "convert the model again"),
-        ({"leading_dense_block_count": 1}, "mixtures of experts"),
-    ],
-)
-def test_files_this_server_cannot_run_are_refused_in_one_line(tmp_path, change, error):
+def test_a_file_written_before_mla_was_split_is_refused_in_one_line(tmp_path):
     path = write_tiny_deepseek2(str(tmp_path / "ds.gguf"))
-    data = bytearray(open(path, "rb").read())
-    key, value = next(iter(change.items()))
-    name = f"deepseek2.{key}".encode()
-    if value is None:  # the key renamed away: a file written before MLA's split
-        data = data.replace(name, name.replace(b"mla", b"xyz"))
-    else:  # a uint32 value: the 4 bytes after the key's name and type
-        at = data.index(name) + len(name) + 4
-        data[at : at + 4] = np.uint32(value).tobytes()
-    open(path, "wb").write(bytes(data))
-    with pytest.raises(ModelLoadError, match=error):
+    data = open(path, "rb").read()
+    name = b"deepseek2.attention.key_length_mla"
+    open(path, "wb").write(data.replace(name, name.replace(b"mla", b"xyz")))  # the key renamed away
+    with pytest.raises(ModelLoadError, match="convert the model again"):
         load_model(path, slots=1, context=32)
+
+
+# DeepSeek-V2(-Lite)'s mixture: softmax, the chosen probabilities as they are, two shared experts;
+# DeepSeek-V3's (Moonlight): sigmoid, chosen with a selection bias, divided by their sum, scaled
+MIXTURES = {
+    "v2": ({}, False, 2),
+    "v3": ({"expert_gating_func": 2, "expert_weights_norm": True, "expert_weights_scale": 2.5}, True, 1),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MIXTURES))
+def test_mixtures_of_experts_after_a_dense_layer_match_the_reference(tmp_path, kind):
+    routing, bias, shared = MIXTURES[kind]
+    path = write_tiny_deepseek2(
+        str(tmp_path / "ds.gguf"), n_layers=3, q_lora=64, experts=(8, 2, 64), shared=shared, selection_bias=bias, metadata=routing
+    )
+    steps = load_steps(path, slots=4, context=256)
+    assert isinstance(steps, OneCallSteps)
+    blocks = steps.model.blocks
+    assert type(blocks[0]) is LatentBlock and all(isinstance(b, LatentSharedExpertBlock) for b in blocks[1:])
+    assert steps.model.config.selection_bias is bias and steps.model.config.shared_expert_hidden_dim == shared * 64
+    ref = LatentReference(path)
+    assert off_by(steps.score(PROMPT, slot=0, start=0), ref.logits(PROMPT)) < 1e-4
+    assert_a_lane_does_not_depend_on_the_others(steps, PROMPT, 4)
+    assert_tinygrad_path_matches(path, ref.logits(PROMPT + [42]), PROMPT, 42)
 
 
 def test_the_server_answers_the_openai_client(tmp_path):

@@ -30,10 +30,15 @@ def write_tiny_deepseek2(
     matrix_type: str = "F32",
     metadata: dict | None = None,
     float_matrices: tuple[str, ...] = (),
+    experts: tuple[int, int, int] | None = None,
+    shared: int = 1,
+    selection_bias: bool = False,
 ) -> str:
-    """Every layer dense (leading_dense_block_count = block_count, as llama.cpp's converter writes a
-    DeepSeek-style file without experts); `q_lora` > 0 gives q a low-rank product (DeepSeek-V2, not
-    -Lite); `matrix_type` F32 or a block type of support.k_quants (the latent's norms stay F32);
+    """Every layer dense (no expert_count, as llama.cpp's converter writes a DeepSeek-style file
+    without experts), or with `experts` (count, used, width) the first layer dense and the others
+    mixtures (softmax routing, as DeepSeek-V2's, unless `metadata` says otherwise) with `shared`
+    ungated shared experts of that width and, with `selection_bias`, DeepSeek-V3's exp_probs_b.bias;
+    `q_lora` > 0 gives q a low-rank product (DeepSeek-V2, not -Lite); `matrix_type` F32 or a block type of support.k_quants (the latent's norms stay F32);
     matrices named with an end in `float_matrices` are F64, a type no kernel reads."""
     s = SIZES
     D, H, N, R, L, V = s["dim"], s["heads"], s["nope"], s["rope"], s["kv_lora"], s["v_dim"]
@@ -53,12 +58,15 @@ def write_tiny_deepseek2(
     w.add_rope_freq_base(10000.0)
     w.add_rope_dimension_count(R)
     numbers = {"attention.kv_lora_rank": L, "attention.key_length_mla": N + R, "attention.value_length_mla": V}
-    numbers |= {"leading_dense_block_count": n_layers, "expert_feed_forward_length": hidden, "expert_shared_count": 0}
+    numbers |= {"leading_dense_block_count": 1 if experts else n_layers, "expert_feed_forward_length": experts[2] if experts else hidden}
+    numbers |= {"expert_shared_count": shared if experts else 0}
+    numbers |= {"expert_count": experts[0], "expert_used_count": experts[1]} if experts else {}
     numbers["attention.q_lora_rank"] = q_lora  # 0: q in one product (llama.cpp reads the key unless 27 layers deep)
     for key, value in numbers.items():
         w.add_uint32(f"{arch}.{key}", value)
     for key, value in (metadata or {}).items():
-        add = w.add_string if isinstance(value, str) else w.add_float32 if isinstance(value, float) else w.add_uint32
+        kinds = {str: w.add_string, float: w.add_float32, bool: w.add_bool}
+        add = kinds.get(type(value), w.add_uint32)
         add(f"{arch}.{key}", value)
     add_smollm_tokenizer(w)
     w.add_chat_template(smollm_tokenizer_fields()["tokenizer.chat_template"])
@@ -99,6 +107,16 @@ def write_tiny_deepseek2(
         add_matrix(p + "attn_v_b.weight", np.stack([mat(V, L) for _ in range(H)]))  # (H, V, L): ne {L, V, H}
         add_matrix(p + "attn_output.weight", mat(D, H * V))
         w.add_tensor(p + "ffn_norm.weight", norm(D))
+        if experts and i >= 1:
+            count, _, width = experts
+            w.add_tensor(p + "ffn_gate_inp.weight", mat(count, D) * 2)  # F32, as llama-quantize keeps it
+            for name, rows, cols in (("gate", width, D), ("up", width, D), ("down", D, width)):
+                add_matrix(p + f"ffn_{name}_exps.weight", np.stack([mat(rows, cols) for _ in range(count)]))
+            for name, rows, cols in (("gate", shared * width, D), ("up", shared * width, D), ("down", D, shared * width)):
+                add_matrix(p + f"ffn_{name}_shexp.weight", mat(rows, cols)) if shared else None
+            if selection_bias:
+                w.add_tensor(p + "exp_probs_b.bias", (0.2 * rng.standard_normal(count)).astype(np.float32))
+            continue
         add_matrix(p + "ffn_gate.weight", mat(hidden, D))
         add_matrix(p + "ffn_up.weight", mat(hidden, D))
         add_matrix(p + "ffn_down.weight", mat(D, hidden))
@@ -121,6 +139,8 @@ class LatentReference(Reference):
         self.nope = f("attention.key_length_mla") - self.rope_dims
         self.v_dim = f("attention.value_length_mla")
         self.scale = 1 / np.sqrt(self.nope + self.rope_dims)
+        norm = reader.fields.get("deepseek2.expert_weights_norm")
+        self.norm_weights = bool(norm.contents()) if norm else False  # deepseek2: divided only where the file says
 
     def _interleaved_rope(self, x, positions):  # x (T, heads, R): consecutive values are a pair
         R = x.shape[-1]
@@ -155,6 +175,9 @@ class LatentReference(Reference):
             attn = np.einsum("hts,shv->thv", probs, values).reshape(T, -1)
             x = x + attn @ w[p + "attn_output.weight"].T
             h = self._norm(x, w[p + "ffn_norm.weight"])
+            if p + "ffn_gate_inp.weight" in w:
+                x = x + self.experts(h, p)
+                continue
             gate = h @ w[p + "ffn_gate.weight"].T
             x = x + ((gate / (1 + np.exp(-gate))) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
         return self._norm(x, w["output_norm.weight"])

@@ -97,6 +97,8 @@ def write_tiny_gguf(
     long_rope: tuple[np.ndarray, np.ndarray] | None = None,
     renamed_tokens: dict[int, str] | None = None,
     sliding_window: int = 4,
+    nextn_layers: int = 0,
+    qk_norm: bool = False,
 ) -> str:
     """A random-weight GGUF; `matrix_type` ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS") quantizes every layer
     matrix and the output head into that block format, as real files do (the default model is Q4_1),
@@ -121,14 +123,25 @@ def write_tiny_gguf(
     all but every sixth); a gpt-oss file (with `experts`) q/k/v and output biases, sinks, biases on the
     router and the experts, its feed-forward norm as post_attention_norm, every other layer windowed;
     a qwen2moe file (with `experts`) q/k/v biases and a shared expert of width `hidden` beside the
-    routed ones (ffn_{gate,up,down}_shexp, its F32 gate ffn_gate_inp_shexp)."""
+    routed ones (ffn_{gate,up,down}_shexp, its F32 gate ffn_gate_inp_shexp). A glm4moe file (with
+    `experts`) has q/k/v biases (q/k norms too with `qk_norm`), its feed-forward norm as
+    post_attention_norm, a dense first layer of width `hidden` (leading_dense_block_count, in
+    `metadata` to change), then mixtures routed by sigmoid with an F32 selection bias (exp_probs_b.bias),
+    weights divided by their sum and scaled by 2.5, and one ungated shared expert of the experts'
+    width; `nextn_layers` more MoE blocks past the trunk carry NextN tensors (nextn.*), counted in
+    block_count as llama.cpp's converter writes them."""
     rng = np.random.default_rng(seed)
     tok = smollm_tokenizer_fields()
     vocab = len(tok["tokenizer.ggml.tokens"])
     explicit_head_dim = head_dim is not None
     head_dim = head_dim or dim // n_heads
     w = gguf.GGUFWriter(path, arch)
-    w.add_block_count(n_layers)
+    w.add_block_count(n_layers + nextn_layers)
+    glm = arch == "glm4moe"
+    if glm:  # GLM-4.5-Air's routing, unless `metadata` says otherwise
+        routing = {"leading_dense_block_count": 1, "expert_shared_count": 1, "expert_gating_func": 2}
+        routing |= {"expert_weights_norm": True, "expert_weights_scale": 2.5, "nextn_predict_layers": nextn_layers}
+        metadata = routing | (metadata or {})
     w.add_context_length(context)
     w.add_embedding_length(dim)
     w.add_feed_forward_length(hidden)
@@ -151,7 +164,9 @@ def write_tiny_gguf(
     if arch in ("gemma3", "gpt-oss"):
         w.add_sliding_window(sliding_window)
     for key, value in (metadata or {}).items():
-        if isinstance(value, str):
+        if isinstance(value, bool):
+            w.add_bool(f"{arch}.{key}", value)
+        elif isinstance(value, str):
             w.add_string(f"{arch}.{key}", value)
         elif isinstance(value, float):
             w.add_float32(f"{arch}.{key}", value)
@@ -206,8 +221,13 @@ def write_tiny_gguf(
         w.add_tensor("rope_factors_long.weight", np.asarray(long_rope[1], dtype=np.float32))
     if not tied:
         add_matrix("output.weight", mat(vocab, dim))
-    for i in range(n_layers):
+    dense_layers = metadata.get("leading_dense_block_count", 0) if glm else 0
+    for i in range(n_layers + nextn_layers):
         p = f"blk.{i}."
+        if i >= n_layers:  # a NextN block's own tensors (llama.cpp's LLM_TENSOR_NEXTN_*), beside a layer's
+            add_matrix(p + "nextn.eh_proj.weight", mat(dim, 2 * dim), i)
+            for name in ("enorm", "hnorm", "shared_head_norm"):
+                w.add_tensor(p + f"nextn.{name}.weight", norm(dim))
         w.add_tensor(p + "attn_norm.weight", norm(dim))
         q, k, v = mat(n_heads * head_dim, dim), mat(n_kv_heads * head_dim, dim), mat(n_kv_heads * head_dim, dim)
         if arch == "phi3":
@@ -216,17 +236,17 @@ def write_tiny_gguf(
             add_matrix(p + "attn_q.weight", q, i)
             add_matrix(p + "attn_k.weight", k, i)
             add_matrix(p + "attn_v.weight", v, i)
-        if arch in ("qwen2", "qwen2moe", "gpt-oss"):
+        if arch in ("qwen2", "qwen2moe", "gpt-oss", "glm4moe"):
             for name, n in (("q", n_heads), ("k", n_kv_heads), ("v", n_kv_heads)):
                 w.add_tensor(p + f"attn_{name}.bias", (0.1 * rng.standard_normal(n * head_dim)).astype(np.float32))
-        if arch in ("qwen3", "qwen3moe", "gemma3"):
+        if arch in ("qwen3", "qwen3moe", "gemma3") or qk_norm:
             w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
         if arch == "olmoe":  # over all of q and all of k
             w.add_tensor(p + "attn_q_norm.weight", norm(n_heads * head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(n_kv_heads * head_dim))
         add_matrix(p + "attn_output.weight", mat(dim, n_heads * head_dim), i)
-        w.add_tensor(p + ("post_attention_norm.weight" if arch == "gpt-oss" else "ffn_norm.weight"), norm(dim))
+        w.add_tensor(p + ("post_attention_norm.weight" if arch in ("gpt-oss", "glm4moe") else "ffn_norm.weight"), norm(dim))
         if arch == "gpt-oss":
             w.add_tensor(p + "attn_output.bias", (0.1 * rng.standard_normal(dim)).astype(np.float32))
             w.add_tensor(p + "attn_sinks.weight", rng.standard_normal(n_heads).astype(np.float32))
@@ -237,7 +257,7 @@ def write_tiny_gguf(
             add_matrix(p + "ffn_up.weight", np.concatenate([mat(hidden, dim), mat(hidden, dim)]), i)  # gate, then up
             add_matrix(p + "ffn_down.weight", mat(dim, hidden), i)
             continue
-        if experts is None:
+        if experts is None or i < dense_layers:
             add_matrix(p + "ffn_gate.weight", mat(hidden, dim), i)
             add_matrix(p + "ffn_up.weight", mat(hidden, dim), i)
             add_matrix(p + "ffn_down.weight", mat(dim, hidden), i)
@@ -255,6 +275,13 @@ def write_tiny_gguf(
             add_matrix(p + "ffn_gate_shexp.weight", mat(hidden, dim), i)
             add_matrix(p + "ffn_up_shexp.weight", mat(hidden, dim), i)
             add_matrix(p + "ffn_down_shexp.weight", mat(dim, hidden), i)
+        if glm:  # the selection bias sigmoid probabilities are chosen by; shared experts without a gate
+            w.add_tensor(p + "exp_probs_b.bias", (0.2 * rng.standard_normal(count)).astype(np.float32))
+            shared = metadata["expert_shared_count"] * width
+            if shared:
+                add_matrix(p + "ffn_gate_shexp.weight", mat(shared, dim), i)
+                add_matrix(p + "ffn_up_shexp.weight", mat(shared, dim), i)
+                add_matrix(p + "ffn_down_shexp.weight", mat(dim, shared), i)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -332,12 +359,18 @@ class Reference:
         reader = gguf.GGUFReader(path)
         self.arch = reader.fields["general.architecture"].contents()
         f = lambda key: reader.fields[f"{self.arch}.{key}"].contents()  # noqa: E731
-        self.n_layers, self.n_heads, self.n_kv = f("block_count"), f("attention.head_count"), f("attention.head_count_kv")
+        self.n_heads, self.n_kv = f("attention.head_count"), f("attention.head_count_kv")
         self.eps, self.theta = f("attention.layer_norm_rms_epsilon"), f("rope.freq_base")
         field = lambda key, default: reader.fields[f"{self.arch}.{key}"].contents() if f"{self.arch}.{key}" in reader.fields else default  # noqa: E731
         self.scaling, self.factor = field("rope.scaling.type", "linear"), float(field("rope.scaling.factor", 1.0))
         self.yarn_original = field("rope.scaling.original_context_length", None)
         self.experts_used = field("expert_used_count", 0)
+        self.n_layers = f("block_count") - field("nextn_predict_layers", 0)  # NextN blocks past the trunk
+        glm = self.arch == "glm4moe"
+        self.sigmoid = field("expert_gating_func", 2 if glm else 1) == 2
+        self.norm_weights = field("expert_weights_norm", False) if glm else self.arch not in ("olmoe", "qwen2moe")
+        self.weights_scale = float(field("expert_weights_scale", 0.0)) or 1.0
+        self.bias_weighs = False  # for tests: weigh the experts by probs + the selection bias, as llama.cpp does not
         self.rotary = field("rope.dimension_count", None)
         self.window = field("attention.sliding_window", 0) if self.arch in ("gemma3", "gpt-oss") else 0
         self.global_every = 2 if self.arch == "gpt-oss" else 6
@@ -433,7 +466,7 @@ class Reference:
             attn = np.einsum("hts,shd->thd", probs, v).reshape(T, -1)
             out = attn @ w[p + "attn_output.weight"].T + w.get(p + "attn_output.bias", 0.0)
             x = x + (self._norm(out, w[p + "post_attention_norm.weight"]) if gemma else out)
-            h = self._norm(x, w[p + ("post_attention_norm.weight" if self.arch == "gpt-oss" else "ffn_norm.weight")])
+            h = self._norm(x, w[p + ("post_attention_norm.weight" if self.arch in ("gpt-oss", "glm4moe") else "ffn_norm.weight")])
             self.ffn_inputs.append(h)
             if p + "ffn_gate_inp.weight" in w:
                 x = x + self.experts(h, p)
@@ -449,21 +482,30 @@ class Reference:
 
     def routing(self, h: np.ndarray, p: str) -> tuple[np.ndarray, np.ndarray]:
         """A mixture of experts' choice for normed rows h (T, D): each row's experts (T, used), the most
-        probable first (ties: the lower one), and their weights (qwen3moe, gpt-oss: divided by their sum)."""
+        probable first (ties: the lower one), and their weights (qwen3moe, gpt-oss: divided by their sum;
+        glm4moe: sigmoid probabilities, chosen with the selection bias added, weighted without it,
+        divided by their sum, scaled)."""
         logits = h @ self.w[p + "ffn_gate_inp.weight"].T + self.w.get(p + "ffn_gate_inp.bias", 0.0)  # (T, E)
-        probs = np.exp(logits - logits.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
-        chosen = np.argsort(-probs, axis=-1, kind="stable")[:, : self.experts_used]
-        weights = np.take_along_axis(probs, chosen, -1)
-        if self.arch in ("olmoe", "qwen2moe"):  # OLMoE and Qwen2-MoE keep the chosen probabilities as they are
-            return chosen, weights
-        return chosen, weights / np.maximum(weights.sum(-1, keepdims=True), 6.103515625e-5)
+        if self.sigmoid:
+            probs = 1 / (1 + np.exp(-logits))
+        else:
+            probs = np.exp(logits - logits.max(-1, keepdims=True))
+            probs /= probs.sum(-1, keepdims=True)
+        ranked = probs + self.w.get(p + "exp_probs_b.bias", 0.0)
+        chosen = np.argsort(-ranked, axis=-1, kind="stable")[:, : self.experts_used]
+        weights = np.take_along_axis(ranked if self.bias_weighs else probs, chosen, -1)
+        if self.norm_weights:  # OLMoE and Qwen2-MoE keep the chosen probabilities as they are
+            weights = weights / np.maximum(weights.sum(-1, keepdims=True), 6.103515625e-5)
+        return chosen, weights * self.weights_scale
 
     def shared_expert(self, h: np.ndarray, p: str) -> np.ndarray:
-        """A shared expert's output for normed rows h (T, D): its SwiGLU times sigmoid(its gate . h), a number a row."""
+        """A shared expert's output for normed rows h (T, D): its SwiGLU times sigmoid(its gate . h), a
+        number a row (glm4moe's has no gate: as it is)."""
         w = self.w
         gate, up = h @ w[p + "ffn_gate_shexp.weight"].T, h @ w[p + "ffn_up_shexp.weight"].T
         out = ((gate / (1 + np.exp(-gate))) * up) @ w[p + "ffn_down_shexp.weight"].T
+        if p + "ffn_gate_inp_shexp.weight" not in w:
+            return out
         return out / (1 + np.exp(-(h @ w[p + "ffn_gate_inp_shexp.weight"].reshape(-1))))[:, None]
 
     def experts(self, h: np.ndarray, p: str) -> np.ndarray:

@@ -98,6 +98,9 @@ class ExpertsFlag(enum.IntFlag):
     """How a mixture of experts weighs the experts a token chose."""
 
     NORM_WEIGHTS = 1  # divided by their sum (Qwen3-MoE's norm_topk_prob)
+    SIGMOID = 2  # the router's probabilities by sigmoid, not softmax (GLM-4.5)
+    SELECTION_BIAS = 4  # chosen by probs + LayerEntry.SELECTION_BIAS, weighted by probs
+    SHARED_UNGATED = 8  # the shared expert's output added as it is (LayerEntry.SHARED_GATE unread)
 
 
 class KvType(enum.IntEnum):
@@ -145,6 +148,7 @@ class LayerEntry(enum.IntEnum):
     POST_NORMS = 16  # LayerForm.POST_NORMS' two norm weights (D floats each), or 0
     BIASES = 17  # LayerForm.BIASES' biases (tq.h's order), or 0
     SHARED_GATE = 18  # a shared expert's gate (D floats), or 0
+    SELECTION_BIAS = 19  # the experts' selection bias (count floats) with ExpertsFlag.SELECTION_BIAS, or 0
 
 
 def in_table_order(model: dict[ModelEntry, object], layers: list[dict[LayerEntry, object]]) -> list:
@@ -202,10 +206,10 @@ class Attention(ctypes.Structure):
 
 class Experts(ctypes.Structure):
     """A mixture of experts: `count` a layer, `used` a token, each expert's feed-forward width; ExpertsFlag;
-    a shared expert's feed-forward width (0: none)."""
+    a shared expert's feed-forward width (0: none); a scale on the chosen experts' weights (0 or 1: none)."""
 
     _fields_ = [("count", ctypes.c_int32), ("used", ctypes.c_int32), ("ffn_dim", ctypes.c_int32), ("flags", ctypes.c_int32)]
-    _fields_ += [("shared_ffn_dim", ctypes.c_int32)]
+    _fields_ += [("shared_ffn_dim", ctypes.c_int32), ("weights_scale", ctypes.c_float)]
 
 
 class Latent(ctypes.Structure):

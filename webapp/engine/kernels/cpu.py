@@ -71,9 +71,10 @@ class QuantizedCPU:
             address = ctypes.cast(getattr(library, name), ctypes.c_void_p).value
             self._programs[name] = _trampoline(address)
         # what a layer passes tq_layer for what it lacks (a mixture of experts' router, up matrices and
-        # counts, a shared expert's matrices and gate, Gemma's post-norms, gpt-oss's biases), which
-        # tq_layer never reads: one buffer each, as a kernel's arguments are distinct buffers
-        self._unread = [device_array(np.zeros(1, np.int64)) for _ in range(8)]
+        # counts, a shared expert's matrices and gate, the experts' selection bias, Gemma's post-norms,
+        # gpt-oss's biases), which tq_layer never reads: one buffer each, as a kernel's arguments are
+        # distinct buffers
+        self._unread = [device_array(np.zeros(1, np.int64)) for _ in range(9)]
         self._repack = library.tq_repack
         self._repack.argtypes, self._repack.restype = [ctypes.c_void_p] * 2 + [ctypes.POINTER(abi.Product)], ctypes.c_int
         self._forward = library.tq_forward
@@ -278,7 +279,8 @@ class QuantizedCPU:
         post_norms = next(unread) if layer.post_norms is None else layer.post_norms
         biases = next(unread) if layer.biases is None else layer.biases
         shared_gate = next(unread) if layer.shared_gate is None else layer.shared_gate
-        extras = (layer.cache, lanes, inv_freq, layer.extras, tokens, post_norms, biases, shared_gate, shape)
+        selection_bias = next(unread) if layer.selection_bias is None else layer.selection_bias
+        extras = (layer.cache, lanes, inv_freq, layer.extras, tokens, post_norms, biases, shared_gate, selection_bias, shape)
         return self._call("tq_layer", out, self._rows(x, D), *weights, attn_norm, ffn_norm, *extras)
 
     def whole_model(
@@ -318,7 +320,9 @@ class QuantizedCPU:
                 raise ValueError(f"a paged model's layers have no window and caches of {block_positions}-position blocks")
             _page(attention, block_tables.shape, block_positions)
         experts = next((layer.experts for layer in layers if layer.experts.count), abi.Experts())
-        dims = abi.Step(attention, embed.cols, first.matrices.down.cols, len(layers), head.rows, embed.ggml_type, head.ggml_type)
+        # the dense layers' width (a mixture's leading dense layers differ from its experts')
+        ffn_dim = next((layer.matrices.down.cols for layer in layers if not layer.experts.count), first.matrices.down.cols)
+        dims = abi.Step(attention, embed.cols, ffn_dim, len(layers), head.rows, embed.ggml_type, head.ggml_type)
         dims.experts, dims.embed_scale = experts, embed_scale
         dims.latent = next((layer.latent for layer in layers if layer.form & abi.LayerForm.LATENT), abi.Latent())
         info = np.array([layer.info for layer in layers], dtype=np.int32)  # abi.LAYER_INFO a layer

@@ -70,6 +70,7 @@ class LayerTensors:
     post_norms: Tensor | None = None  # LayerForm.POST_NORMS' two weights, one after the other
     biases: Tensor | None = None  # LayerForm.BIASES': the output product's, then a mixture of experts'
     shared_gate: Tensor | None = None  # a shared expert's gate (float32, D), with experts.shared_ffn_dim
+    selection_bias: Tensor | None = None  # the experts' selection bias (float32, count), with ExpertsFlag.SELECTION_BIAS
     latent: abi.Latent = field(default_factory=abi.Latent)  # LayerForm.LATENT's sizes
 
     @property
@@ -86,7 +87,7 @@ class LayerTensors:
         matrices = {entry: None if w is None else w.raw for entry, w in zip(list(E)[: abi.LAYER_MATRICES], m.in_order, strict=True)}
         own = {E.ATTN_NORM: self.attn_norm, E.FFN_NORM: self.ffn_norm, E.CACHE: self.cache, E.EXTRAS: self.extras}
         optional = {E.EXPERT_TOKENS: self.expert_tokens, E.POST_NORMS: self.post_norms, E.BIASES: self.biases}
-        return matrices | own | optional | {E.SHARED_GATE: self.shared_gate}
+        return matrices | own | optional | {E.SHARED_GATE: self.shared_gate, E.SELECTION_BIAS: self.selection_bias}
 
 
 @dataclass(frozen=True, eq=False)

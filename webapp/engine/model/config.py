@@ -17,7 +17,8 @@ from webapp.engine.model.ggml_types import GGML_TYPES, UNREADABLE_TYPES
 from webapp.engine.model.latent_config import Latent, latent_sizes, latent_tensor_shapes
 from webapp.engine.model.rope import attention_factor
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "olmoe", "smollm3", "phi3", "gemma3", "gpt-oss", "deepseek2")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "olmoe", "smollm3", "phi3", "gemma3", "gpt-oss")
+SUPPORTED_ARCHITECTURES += ("glm4moe", "deepseek2")
 # architectures whose files store the feed-forward's gate and up as one matrix (ffn_up, gate first)
 FUSED_GATE_UP = ("phi3",)
 # architectures whose files store each head's rotary pairs interleaved (llama.cpp's "norm" RoPE)
@@ -29,15 +30,24 @@ NO_ROPE_EVERY = {"smollm3": 4}
 # architectures whose every layer's feed-forward is a mixture of experts, and whether they divide the
 # chosen experts' weights by their sum (as llama.cpp builds each)
 # (gpt-oss's softmax over the chosen experts' logits is the same as dividing their probabilities by their sum)
-MIXTURE_OF_EXPERTS = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "gpt-oss": True}
+MIXTURE_OF_EXPERTS = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "gpt-oss": True, "glm4moe": False, "deepseek2": False}
+# mixtures whose files may have no experts at all (every layer dense: a DeepSeek-style file without expert_count)
+EXPERTS_OPTIONAL = ("deepseek2",)
 # mixtures with a shared expert beside the routed ones (ffn_*_shexp, gated by ffn_gate_inp_shexp)
-SHARED_EXPERT = ("qwen2moe",)
+SHARED_EXPERT = ("qwen2moe", "glm4moe", "deepseek2")
+# mixtures whose routing the file describes (llama.cpp's DeepSeek-V3 style, GLM-4.5): leading dense
+# layers, expert_gating_func, expert_weights_norm and _scale, a selection bias (exp_probs_b.bias) on
+# the probabilities that choose the experts but not on their weights, and expert_shared_count
+# ungated shared experts of the routed experts' width (no ffn_gate_inp_shexp)
+ROUTING_FROM_FILE = ("glm4moe", "deepseek2")  # (deepseek2's selection bias: DeepSeek-V3-style files only)
+# expert_gating_func's values (llama.cpp's llama_expert_gating_func_type) this server computes
+GATING_FUNCS = {1: "softmax", 2: "sigmoid"}
 # architectures whose q and k norms run over all of q and all of k, not a head at a time
 QK_NORM_WHOLE = ("olmoe",)
 # architectures whose experts' activation is gpt-oss's clamped SwiGLU (kernels' FORM_SWIGLU_CLAMPED)
 CLAMPED_SWIGLU = ("gpt-oss",)
 # the feed-forward's input norm where a file names it otherwise than ffn_norm
-FFN_NORM_NAMES = {"gpt-oss": "post_attention_norm.weight"}
+FFN_NORM_NAMES = {"gpt-oss": "post_attention_norm.weight", "glm4moe": "post_attention_norm.weight"}
 # architectures whose layers attend a sliding window (attention.sliding_window) but every n-th, and
 # the RoPE base of those local layers (llama.cpp's rope_freq_base_train_swa: Gemma 3's is fixed)
 SLIDING_WINDOW_EVERY = {"gemma3": 6, "gpt-oss": 2}
@@ -49,7 +59,7 @@ GEMMA_LAYERS = ("gemma3",)
 # far past any real model: a file claiming more is corrupt, and would ask for absurd buffers
 LIMITS = {"block_count": 1024, "embedding_length": 1 << 17, "feed_forward_length": 1 << 20, "attention.head_count": 1024}
 LIMITS |= {"expert_count": 512, "expert_used_count": 32, "expert_feed_forward_length": 1 << 20}  # tq.h's MAX_EXPERTS, MAX_EXPERTS_USED
-LIMITS |= {"expert_shared_feed_forward_length": 1 << 20}
+LIMITS |= {"expert_shared_feed_forward_length": 1 << 20, "expert_shared_count": 64, "nextn_predict_layers": 16}
 
 
 class ModelLoadError(ValueError):
@@ -76,8 +86,13 @@ class ModelConfig:
     experts: int = 0  # a mixture of experts' count a layer (0: dense layers)...
     experts_used: int = 0  # ...how many a token uses...
     expert_hidden_dim: int = 0  # ...each one's feed-forward width...
-    expert_weights_norm: bool = False  # ...and whether the chosen ones' weights are divided by their sum
-    shared_expert_hidden_dim: int = 0  # a shared expert's feed-forward width (SHARED_EXPERT; 0: none)
+    expert_weights_norm: bool = False  # ...and whether the chosen ones' weights are divided by their sum...
+    expert_sigmoid: bool = False  # ...the router's probabilities sigmoid(logits), not their softmax...
+    expert_weights_scale: float = 1.0  # ...the weights times this after any division...
+    selection_bias: bool = False  # ...and the experts chosen by probs + exp_probs_b.bias, weighted by probs alone
+    dense_layers: int = 0  # the first layers of a mixture of experts are dense (leading_dense_block_count)
+    shared_expert_hidden_dim: int = 0  # a shared expert's feed-forward width (SHARED_EXPERT; 0: none)...
+    shared_expert_gated: bool = True  # ...scaled by sigmoid(ffn_gate_inp_shexp . n), or added as it is
     no_rope_every: int = 0  # every n-th layer attends without RoPE (0: none)
     rotary_dim: int = 0  # RoPE turns each head's first rotary_dim values (rope.dimension_count; 0: the head size)
     fused_qkv: bool = False  # q, k and v stored as one matrix, attn_qkv (phi3)
@@ -112,6 +127,10 @@ class ModelConfig:
     def __post_init__(self):
         if not self.rotary_dim:
             object.__setattr__(self, "rotary_dim", self.head_dim)
+
+    def routed(self, layer: int) -> bool:
+        """Whether layer `layer` (from 0) is a mixture of experts (not one of the leading dense layers)."""
+        return bool(self.experts) and layer >= self.dense_layers
 
     def rotates(self, layer: int) -> bool:
         """Whether layer `layer` (from 0) rotates q and k by RoPE."""
@@ -169,13 +188,18 @@ class ModelConfig:
         if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not (math.isfinite(theta) and theta > 1):
             raise ModelLoadError(f"GGUF metadata {arch}.rope.freq_base = {theta!r}: expected a number above 1")
         experts = experts_used = expert_hidden = 0
-        if arch in MIXTURE_OF_EXPERTS:
+        if arch in MIXTURE_OF_EXPERTS and not (arch in EXPERTS_OPTIONAL and f"{arch}.expert_count" not in kv):
             experts, experts_used = count("expert_count"), count("expert_used_count")
             expert_hidden = count("expert_feed_forward_length")
             if experts_used > experts:
                 raise ModelLoadError(f"GGUF metadata {arch}.expert_used_count = {experts_used}: more than the {experts} experts")
+        routing = _routing_from_file(kv, arch, count) if arch in ROUTING_FROM_FILE and experts else {}
         # as llama.cpp reads it: the shared expert's own width, else the file's feed-forward width
         shared_hidden = count("expert_shared_feed_forward_length", kv.get(f"{arch}.feed_forward_length")) if arch in SHARED_EXPERT else 0
+        shared_hidden = shared_hidden if experts else 0
+        if arch in ROUTING_FROM_FILE and experts:  # expert_shared_count experts of the routed ones' width, as one
+            shared_hidden = count("expert_shared_count", low=0) * expert_hidden
+        dense_lead = routing.get("dense_layers", 0)
         rotary = count("rope.dimension_count", head_dim)
         if rotary % 2 or rotary > head_dim:
             raise ModelLoadError(
@@ -188,11 +212,22 @@ class ModelConfig:
         tokens = need("tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens:
             raise ModelLoadError("GGUF metadata tokenizer.ggml.tokens is not a list of tokens")
+        if any(kv.get(f"{arch}.rope.dimension_sections") or []):
+            raise ModelLoadError(f"GGUF metadata {arch}.rope.dimension_sections: multimodal RoPE (M-RoPE) is not supported")
+        # llama.cpp's converter counts NextN/MTP layers in block_count, after the trunk's: they predict
+        # further tokens for speculation, and the trunk alone makes the logits
+        blocks = count("block_count")
+        nextn = count("nextn_predict_layers", 0, low=0)
+        if nextn >= blocks:
+            raise ModelLoadError(f"GGUF metadata {arch}.nextn_predict_layers = {nextn}: not fewer than the {blocks} blocks")
+        if dense_lead > blocks - nextn:
+            raise ModelLoadError(f"GGUF metadata {arch}.leading_dense_block_count = {dense_lead}: more than the {blocks - nextn} layers")
+        dense_ffn = not experts or dense_lead > 0
         return cls(
             arch=arch,
-            n_layers=count("block_count"),
+            n_layers=blocks - nextn,
             dim=dim,
-            hidden_dim=count("feed_forward_length", 0 if experts else None, low=0 if experts else 1),
+            hidden_dim=count("feed_forward_length", None if dense_ffn else 0, low=1 if dense_ffn else 0),
             n_heads=n_heads,
             n_kv_heads=n_kv_heads,
             head_dim=head_dim,
@@ -209,8 +244,13 @@ class ModelConfig:
             experts=experts,
             experts_used=experts_used,
             expert_hidden_dim=expert_hidden,
-            expert_weights_norm=MIXTURE_OF_EXPERTS.get(arch, False),
+            expert_weights_norm=routing.get("norm", MIXTURE_OF_EXPERTS.get(arch, False)),
+            expert_sigmoid=routing.get("sigmoid", False),
+            expert_weights_scale=routing.get("scale", 1.0),
+            selection_bias=bool(routing) and (arch not in EXPERTS_OPTIONAL or f"blk.{dense_lead}.exp_probs_b.bias" in weights),
+            dense_layers=dense_lead,
             shared_expert_hidden_dim=shared_hidden,
+            shared_expert_gated=arch not in ROUTING_FROM_FILE,
             no_rope_every=NO_ROPE_EVERY.get(arch, 0),
             rotary_dim=rotary,
             sliding_window=window,
@@ -219,16 +259,16 @@ class ModelConfig:
             gemma=arch in GEMMA_LAYERS,
             sinks="blk.0.attn_sinks.weight" in weights,
             output_bias="blk.0.attn_output.bias" in weights,
-            expert_biases=bool(experts) and "blk.0.ffn_gate_exps.bias" in weights,
+            expert_biases=bool(experts) and f"blk.{dense_lead}.ffn_gate_exps.bias" in weights,
             swiglu_clamped=arch in CLAMPED_SWIGLU,
             ffn_norm_name=FFN_NORM_NAMES.get(arch, "ffn_norm.weight"),
             latent=latent,
         )
 
-    def _feed_forward_shapes(self, p: str) -> dict[str, tuple[int, int]]:
+    def _feed_forward_shapes(self, p: str, layer: int) -> dict[str, tuple[int, int]]:
         """A layer's feed-forward matrices: SwiGLU's three, or a router and every expert's three (a
         3-D tensor of experts x rows x cols, as (experts * rows, cols))."""
-        if not self.experts:
+        if not self.routed(layer):
             gate_up = dict.fromkeys(self.gate_up_names(p), (self.hidden_dim * (2 if self.fused_gate_up else 1), self.dim))
             return gate_up | {p + "ffn_down.weight": (self.dim, self.hidden_dim)}
         E, F = self.experts, self.expert_hidden_dim
@@ -239,9 +279,13 @@ class ModelConfig:
         if self.expert_biases:  # a vector the router, a row an expert for the experts' products
             shapes |= {p + "ffn_gate_inp.bias": (1, E), p + "ffn_gate_exps.bias": (E, F), p + "ffn_up_exps.bias": (E, F)}
             shapes |= {p + "ffn_down_exps.bias": (E, self.dim)}
+        if self.selection_bias:  # a number an expert
+            shapes[p + "exp_probs_b.bias"] = (1, E)
         if self.shared_expert_hidden_dim:  # its gate a vector, its matrices a dense layer's
             S = self.shared_expert_hidden_dim
-            shapes |= {p + "ffn_gate_inp_shexp.weight": (1, self.dim), p + "ffn_gate_shexp.weight": (S, self.dim)}
+            if self.shared_expert_gated:
+                shapes[p + "ffn_gate_inp_shexp.weight"] = (1, self.dim)
+            shapes |= {p + "ffn_gate_shexp.weight": (S, self.dim)}
             shapes |= {p + "ffn_up_shexp.weight": (S, self.dim), p + "ffn_down_shexp.weight": (self.dim, S)}
         return shapes
 
@@ -253,7 +297,7 @@ class ModelConfig:
         for i in range(self.n_layers):
             p = f"blk.{i}."
             if self.latent:
-                shapes |= latent_tensor_shapes(self, p) | self._feed_forward_shapes(p)
+                shapes |= latent_tensor_shapes(self, p) | self._feed_forward_shapes(p, i)
                 continue
             if self.fused_qkv:
                 shapes[p + "attn_qkv.weight"] = (q + 2 * kv, self.dim)
@@ -264,7 +308,7 @@ class ModelConfig:
                 p + "attn_output.weight": (self.dim, q),
                 p + self.ffn_norm_name: (1, self.dim),
             }
-            shapes |= self._feed_forward_shapes(p)
+            shapes |= self._feed_forward_shapes(p, i)
             if self.qk_norm:
                 q_norm, k_norm = (q, kv) if self.qk_norm_whole else (self.head_dim, self.head_dim)
                 shapes |= {p + "attn_q_norm.weight": (1, q_norm), p + "attn_k_norm.weight": (1, k_norm)}
@@ -277,6 +321,32 @@ class ModelConfig:
             if self.output_bias:
                 shapes[p + "attn_output.bias"] = (1, self.dim)
         return shapes
+
+
+def _routing_from_file(kv: dict, arch: str, count) -> dict:
+    """ROUTING_FROM_FILE's keys, as llama.cpp reads them (sigmoid where expert_gating_func is absent,
+    no division or scale where the norm and scale are), or ModelLoadError naming the key at fault."""
+    # llama.cpp: 0 (none) is glm4moe's sigmoid and deepseek2's softmax, but GLM-4.7-Flash's sigmoid
+    glm_flash = arch == "deepseek2" and kv.get(f"{arch}.block_count") in (47, 48) and len(kv.get("tokenizer.ggml.tokens") or ()) == 154880
+    gating = count("expert_gating_func", 0, low=0) or (1 if arch == "deepseek2" and not glm_flash else 2)
+    if gating not in GATING_FUNCS:
+        raise ModelLoadError(f"GGUF metadata {arch}.expert_gating_func = {gating}: only {GATING_FUNCS} are supported")
+    norm = kv.get(f"{arch}.expert_weights_norm", False)
+    if not isinstance(norm, bool):
+        raise ModelLoadError(f"GGUF metadata {arch}.expert_weights_norm = {norm!r}: expected true or false")
+    scale = kv.get(f"{arch}.expert_weights_scale", 0.0)
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not (math.isfinite(scale) and 0 <= scale <= 1000):
+        raise ModelLoadError(f"GGUF metadata {arch}.expert_weights_scale = {scale!r}: expected a finite number from 0 to 1000")
+    groups, groups_used = count("expert_group_count", 1, low=0), count("expert_group_used_count", 0, low=0)
+    # llama.cpp keeps only the best groups' experts: the same choice as none when every group is kept
+    if groups > 1 and groups_used != groups:
+        raise ModelLoadError(
+            f"GGUF metadata {arch}.expert_group_count = {groups} with expert_group_used_count = {groups_used}: "
+            "group-limited expert routing is not supported"
+        )
+    dense = count("leading_dense_block_count", 0, low=0)
+    # llama.cpp: a scale of 0 is none
+    return {"sigmoid": GATING_FUNCS[gating] == "sigmoid", "norm": norm, "scale": float(scale) or 1.0, "dense_layers": dense}
 
 
 def used_tensors(config: ModelConfig, table: dict) -> dict[str, tuple[int, int]]:

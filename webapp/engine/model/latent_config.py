@@ -51,11 +51,6 @@ def latent_sizes(kv: dict, arch: str, head_dim: int, n_kv_heads: int, rotary: in
         raise ModelLoadError(
             f"{arch} sizes key_length_mla {key_mla}, rope {rotary}, kv_lora_rank {kv_lora}: not an MLA layer this server runs"
         )
-    if count("leading_dense_block_count", 0, low=0) < count("block_count"):
-        raise ModelLoadError(
-            f"this {arch} file's layers past {arch}.leading_dense_block_count are mixtures of experts, which this "
-            f"server does not run for {arch} yet (its dense layers it does)"
-        )
     if kv.get(f"{arch}.attention.temperature_scale"):
         raise ModelLoadError(f"{arch}.attention.temperature_scale (Mistral Large's attention temperature) is not supported")
     mscale = 1.0

@@ -1,5 +1,6 @@
-"""DeepSeek-V2's layer (llama.cpp's `deepseek2`): multi-head latent attention, then the feed-forward of
-`TransformerBlock` (dense SwiGLU).
+"""DeepSeek-V2's layer (llama.cpp's `deepseek2`): multi-head latent attention, then a dense SwiGLU
+(`LatentBlock`, the leading layers) or a mixture of experts with shared experts (`LatentSharedExpertBlock`,
+`LatentMoeBlock` without them: the feed-forward hooks of SharedExpertBlock and MoeBlock).
 
 Contract: `LatentBlock` fills TransformerBlock's attention hooks. With n = rms_norm(x) * attn_norm:
     [q_a | c | k_pe] = W_qkv . n   (W_qkv: q_a's rows, or q's without a q_lora rank, over kv_a_mqa's)
@@ -23,7 +24,9 @@ from webapp.engine.kernels import abi
 from webapp.engine.kernels.abi import AttendFlag
 from webapp.engine.kernels.block_weight import BlockWeight
 from webapp.engine.model.block import TransformerBlock, _float32_buffer
+from webapp.engine.model.moe_block import MoeBlock
 from webapp.engine.model.ops import rms_norm, rope
+from webapp.engine.model.shared_expert_block import SharedExpertBlock
 from webapp.engine.model.weights import BlockLinear, WeightSource
 
 
@@ -62,8 +65,9 @@ class LatentBlock(TransformerBlock):
         return {"qkv": self.qkv.weight, "o": self.attn_output.weight, "q_b": self.q_b.weight if self.q_b else None, "k_b": k_b, "v_b": v_b}
 
     def _kernel_form(self) -> dict:
-        m = self.c.latent
-        return {"form": int(abi.LayerForm.LATENT), "latent": abi.Latent(m.q_lora, m.kv_lora, m.nope, m.rope, m.v_dim)}
+        m, form = self.c.latent, super()._kernel_form()  # a mixture's (its shared expert's) besides
+        form["form"] = form.get("form", 0) | int(abi.LayerForm.LATENT)
+        return form | {"latent": abi.Latent(m.q_lora, m.kv_lora, m.nope, m.rope, m.v_dim)}
 
     def tensors(self) -> list[Tensor]:
         products = [*(self.q_b.tensors() if self.q_b else []), *self.norms.values()]
@@ -158,3 +162,17 @@ def _head(block: BlockWeight, h: int, heads: int) -> BlockWeight:
     """Head h's matrix of a per-head tensor stored head after head (QuantizedCPU.expert_weight)."""
     rows = block.rows // heads
     return BlockWeight(block.raw[h * rows : (h + 1) * rows].contiguous(), block.ggml_type, rows, block.cols)
+
+
+class LatentMoeBlock(LatentBlock, MoeBlock):
+    """Latent attention, then routed experts."""
+
+
+class LatentSharedExpertBlock(LatentBlock, SharedExpertBlock):
+    """Latent attention, then routed experts and the shared ones every token runs (DeepSeek-V2's)."""
+
+
+def latent_blocks(config) -> tuple[type, type]:
+    """The block of a latent model's mixture layers, and of its dense ones (every layer, without experts)."""
+    routed = LatentSharedExpertBlock if config.shared_expert_hidden_dim else LatentMoeBlock if config.experts else LatentBlock
+    return routed, LatentBlock

@@ -45,7 +45,7 @@ from webapp.engine.model.kv_types import KV_TYPES, STEP_WRITES_AT_LEAST, KvPool,
 from webapp.engine.model.latent_config import rope_row_groups
 from webapp.engine.model.memory import auto_context, pool_plan
 from webapp.engine.model.memory import plan as memory_plan
-from webapp.engine.model.mla_block import LatentBlock
+from webapp.engine.model.mla_block import latent_blocks
 from webapp.engine.model.moe_block import MoeBlock
 from webapp.engine.model.ops import rms_norm, rotation
 from webapp.engine.model.rope import RopeUnsupported, inverse_frequencies
@@ -60,11 +60,11 @@ log = logging.getLogger(__name__)
 # weights.FloatHead); unquantized files keep an exact float16 head.
 FLOAT_FILE_TYPES = (0, 1, 32)
 # the layer of an architecture with a layer of its own
-ARCHITECTURE_BLOCKS = {"gemma3": Gemma3Block, "gpt-oss": GptOssBlock, "qwen2moe": SharedExpertBlock, "deepseek2": LatentBlock}
+ARCHITECTURE_BLOCKS = {"gemma3": Gemma3Block, "gpt-oss": GptOssBlock}
 
 
 class Transformer:
-    block = TransformerBlock  # the dense layer; a mixture of experts' files get MoeBlock, ARCHITECTURE_BLOCKS theirs
+    block = TransformerBlock  # the dense layer; a mixture of experts' files get MoeBlock (SharedExpertBlock), ARCHITECTURE_BLOCKS theirs
 
     def __init__(
         self,
@@ -92,10 +92,17 @@ class Transformer:
         self.output_norm = weights.vector("output_norm.weight")
         self.head = weights.head(config.vocab_size, int8_head)  # (B, D) -> (B, vocab)
         # a padded prefill chunk may write up to max_chunk - 1 junk positions past the context
-        block = ARCHITECTURE_BLOCKS.get(config.arch) or (MoeBlock if config.experts else self.block)
+        own = ARCHITECTURE_BLOCKS.get(config.arch) or (MoeBlock if config.experts else self.block)
+        if config.shared_expert_hidden_dim:  # a shared expert beside the routed ones (qwen2moe, glm4moe)
+            own = SharedExpertBlock
+        dense = self.block
+        if config.latent:  # deepseek2's attention in every layer, dense or not
+            own, dense = latent_blocks(config)
         self.step_writes = max(max_chunk, STEP_WRITES_AT_LEAST)  # as load_model's memory plan counts them
+        # a mixture's leading dense layers (GLM-4.5's first) are the plain layer
+        blocks = [own if config.routed(i) or not config.experts else dense for i in range(config.n_layers)]
         self.blocks = [
-            block(config, weights, i, slots, context + max_chunk, kv_type, self.step_writes, pool) for i in range(config.n_layers)
+            block(config, weights, i, slots, context + max_chunk, kv_type, self.step_writes, pool) for i, block in enumerate(blocks)
         ]
         self.uses_cpu_kernels = weights.uses_kernels  # some matrix runs on the quantized CPU kernels
         # every layer runs on the CPU kernels, or none does (attention always, each product where its
@@ -136,8 +143,8 @@ class Transformer:
     def routed_tokens(self) -> np.ndarray | None:
         """A mixture of experts': the lanes each layer sent each expert since load (layers, experts),
         where the kernels count them (MoeBlock.routed_tokens); None elsewhere."""
-        counts = [block.routed_tokens() for block in self.blocks]
-        return None if any(c is None for c in counts) else np.stack(counts)
+        counts = [block.routed_tokens() for i, block in enumerate(self.blocks) if self.config.routed(i)]
+        return None if not counts or any(c is None for c in counts) else np.stack(counts)
 
     def _logits(self, x: Tensor) -> Tensor:
         """x (B, D) -> (B, vocab) float32 logits."""

@@ -7,7 +7,8 @@
  * product adds its own, and FORM_SWIGLU_CLAMPED takes gpt-oss's clamped SwiGLU for swiglu (gpt-oss's
  * softmax over the chosen logits is their probs divided by their sum: EXPERTS_NORM_WEIGHTS). With
  * experts.shared_ffn_dim, a shared expert's gated output (shared_expert.c) joins the routed sum before
- * the residual: out = h + (sum_j ... + shared), as llama.cpp adds them (Qwen2-MoE).
+ * the residual: out = h + (sum_j ... + shared), as llama.cpp adds them (Qwen2-MoE; GLM-4.5's ungated,
+ * its experts chosen by sigmoid probabilities plus a selection bias: choose_experts).
  * The step's lanes are grouped by expert, so each chosen expert's blocks are read once a step however
  * many lanes chose it (a B=8 decode step of Qwen3-30B-A3B names ~52 of 128 experts with an even
  * router, where lane by lane would read 64), each expert's products spread over the pool like any
@@ -15,25 +16,39 @@
  * which other lanes share its experts: a product's row for one token is the same whatever tokens
  * run beside it, and a lane sums its experts in its own order (by weight, as chosen). */
 
-/* `used` experts of lane's probabilities, the largest first (ties: the lower expert), and their weights. */
-static void choose_experts(const float *logits, int count, int used, int flags, int32_t *chosen, float *weights) {
-  float probs[MAX_EXPERTS], top = logits[0], sum = 0.0f;
-  for (int e = 1; e < count; e++) top = logits[e] > top ? logits[e] : top;
-  for (int e = 0; e < count; e++) sum += probs[e] = expf(logits[e] - top);
-  for (int e = 0; e < count; e++) probs[e] /= sum;
+/* `used` experts of a lane's router logits and their weights: probabilities by softmax, or by sigmoid
+ * (EXPERTS_SIGMOID); the `used` largest of probs + selection_bias (where it is given, else of probs;
+ * ties: the lower expert) chosen, the largest first, each weighted by its probability without the
+ * bias (as llama.cpp's exp_probs_b: DeepSeek-V3's and GLM-4.5's balancing bias only steers the
+ * choice); divided by their sum with EXPERTS_NORM_WEIGHTS, then times `scale` (0 or 1: none). */
+static void choose_experts(const float *logits, const float *selection_bias, int count, int used, int flags, float scale, int32_t *chosen,
+                           float *weights) {
+  float probs[MAX_EXPERTS], ranked[MAX_EXPERTS];
+  unsigned char taken[MAX_EXPERTS] = {0};
+  if (flags & EXPERTS_SIGMOID) {
+    for (int e = 0; e < count; e++) probs[e] = 1.0f / (1.0f + expf(-logits[e]));
+  } else {
+    float top = logits[0], sum = 0.0f;
+    for (int e = 1; e < count; e++) top = logits[e] > top ? logits[e] : top;
+    for (int e = 0; e < count; e++) sum += probs[e] = expf(logits[e] - top);
+    for (int e = 0; e < count; e++) probs[e] /= sum;
+  }
+  for (int e = 0; e < count; e++) ranked[e] = selection_bias ? probs[e] + selection_bias[e] : probs[e];
   float picked = 0.0f;
   for (int j = 0; j < used; j++) {
     int best = -1;
     for (int e = 0; e < count; e++)
-      if (probs[e] >= 0.0f && (best < 0 || probs[e] > probs[best])) best = e;
+      if (!taken[e] && (best < 0 || ranked[e] > ranked[best])) best = e;
     chosen[j] = best;
+    taken[best] = 1;
     picked += weights[j] = probs[best];
-    probs[best] = -1.0f; /* taken */
   }
   if (flags & EXPERTS_NORM_WEIGHTS) {
     const float total = picked > 6.103515625e-5f ? picked : 6.103515625e-5f; /* as llama.cpp clamps it */
     for (int j = 0; j < used; j++) weights[j] /= total;
   }
+  if (scale != 0.0f && scale != 1.0f)
+    for (int j = 0; j < used; j++) weights[j] *= scale;
 }
 
 /* A layer's matrices and what a mixture of experts adds, by address (tq.h's LAYER_* entries). */
@@ -41,7 +56,7 @@ typedef struct {
   const uint8_t *qkv, *o, *gate_up, *down, *router, *up, *shared_gate_up, *shared_down;
   const uint8_t *q_b, *k_b, *v_b; /* FORM_LATENT's (mla.c) */
   int64_t *expert_tokens;
-  const float *shared_gate;
+  const float *shared_gate, *selection_bias;
 } layer_matrices;
 
 static __thread scratch_t moe_buffers, normed_int8[ACT_FORMATS], gathered_int8[ACT_FORMATS];
@@ -94,8 +109,11 @@ static void moe_feed_forward(float *out, const float *h, const layer_matrices *w
   const float *gate_bias = biases ? biases + E : 0, *up_bias = biases ? biases + E + (size_t)E * F : 0;
   const float *down_bias = biases ? biases + E + (size_t)2 * E * F : 0;
   if (biases) add_bias(logits, B, E, E, biases);
+  const int flags = shape->experts.flags;
+  const float *selection_bias = flags & EXPERTS_SELECTION_BIAS ? w->selection_bias : 0;
   for (int b = 0; b < B; b++)
-    choose_experts(logits + (size_t)b * E, E, K, shape->experts.flags, chosen + (size_t)b * K, weights + (size_t)b * K);
+    choose_experts(logits + (size_t)b * E, selection_bias, E, K, flags, shape->experts.weights_scale, chosen + (size_t)b * K,
+                   weights + (size_t)b * K);
 
   /* counting sort of (lane, rank) by expert: each expert's lanes in lane order */
   memset(starts, 0, (E + 1) * sizeof(int32_t));
@@ -136,7 +154,7 @@ static void moe_feed_forward(float *out, const float *h, const layer_matrices *w
     if (biases) add_bias(expert_out, n, D, D, down_bias + (size_t)e * D);
     for (int i = 0; i < n; i++) memcpy(outputs + (size_t)members[starts[e] + i] * D, expert_out + (size_t)i * D, D * sizeof(float));
   }
-  if (shared) shared_expert(shared, normed, w->shared_gate_up, w->shared_down, w->shared_gate, shape);
+  if (shared) shared_expert(shared, normed, w->shared_gate_up, w->shared_down, flags & EXPERTS_SHARED_UNGATED ? 0 : w->shared_gate, shape);
   for (int b = 0; b < B; b++) {
     float *o = out + (size_t)b * D;
     const float *hb = h + (size_t)b * D;

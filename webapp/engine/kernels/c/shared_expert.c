@@ -3,7 +3,8 @@
  *   out = sigmoid(gate . n) * W_down . swiglu(W_gate_up . n)
  * the feed-forward every token runs beside its routed experts (Qwen2-MoE's ffn_*_shexp, of width
  * shape->experts.shared_ffn_dim; W_gate_up holds gate over up, as a dense layer's), scaled by its own
- * gate: one number a lane from the D floats of ffn_gate_inp_shexp. moe.c adds it to the routed sum.
+ * gate: one number a lane from the D floats of ffn_gate_inp_shexp, or 1 where `gate` is 0 (GLM-4.5's
+ * shared experts, ungated). moe.c adds it to the routed sum.
  * A lane's numbers depend on its row alone: the products' rows as for any product, the gate's dot
  * product summed in one fixed order. */
 static __thread scratch_t shared_gate_up_rows;
@@ -16,6 +17,7 @@ static void shared_expert(float *out, const float *normed, const uint8_t *w_gate
   const tq_product down_shape = {shape->types[LAYER_SHARED_DOWN], D, F, B, 0.0f};
   linear(gate_up, w_gate_up, normed, &gate_up_shape, AS_IS, 0, 0);
   linear(out, w_down, gate_up, &down_shape, SWIGLU, 0, 0);
+  if (!gate) return;
   for (int b = 0; b < B; b++) {
     const float *n = normed + (size_t)b * D;
     float logit = 0.0f;

@@ -1,8 +1,8 @@
 /* ---- a whole layer ---------------------------------------------------------------------------- */
 /* tq_layer(out, x, w_qkv, w_o, w_gate_up, w_down, w_router, w_up, w_shared_gate_up, w_shared_down,
  * attn_norm, ffn_norm, cache, lanes, inv_freq, extras, expert_tokens, post_norms, biases, shared_gate,
- * shape): one transformer layer for B lanes, the five kernels above in a row with their intermediates
- * in this thread's scratch:
+ * selection_bias, shape): one transformer layer for B lanes, the five kernels above in a row with
+ * their intermediates in this thread's scratch:
  *   qkv = W_qkv . rms_norm(x) * attn_norm;  a = attention(qkv);  h = x + W_o . a;
  *   out = h + W_down . swiglu(W_gate_up . rms_norm(h) * ffn_norm)
  * or, in a mixture-of-experts layer, the last line as moe.c's feed-forward. shape->form changes two
@@ -71,10 +71,12 @@ static void layer(float *out, const float *x, const layer_matrices *w, const flo
 void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w_o, const uint8_t *w_gate_up, const uint8_t *w_down,
               const uint8_t *w_router, const uint8_t *w_up, const uint8_t *w_shared_gate_up, const uint8_t *w_shared_down,
               const float *attn_norm, const float *ffn_norm, uint16_t *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
-              int64_t *expert_tokens, const float *post_norms, const float *biases, const float *shared_gate, const tq_layer_shape *shape) {
+              int64_t *expert_tokens, const float *post_norms, const float *biases, const float *shared_gate, const float *selection_bias,
+              const tq_layer_shape *shape) {
   const float *rotations = rope_rotations(&rotation_rows, lanes, shape->attention.lanes, inv_freq, shape->attention.head_dim,
                                           shape->attention.rotary_dim, shape->attention.rope_scale);
-  const layer_matrices w = {w_qkv, w_o, w_gate_up, w_down, w_router, w_up, w_shared_gate_up, w_shared_down, 0, 0, 0, expert_tokens, shared_gate};
+  const layer_matrices w = {w_qkv, w_o, w_gate_up, w_down, w_router, w_up, w_shared_gate_up, w_shared_down, 0, 0, 0,
+                            expert_tokens, shared_gate, selection_bias};
   layer(out, x, &w, attn_norm, ffn_norm, post_norms, biases, cache, lanes, rotations, extras, 0, shape); /* unpaged (tq.h) */
 }
 
@@ -86,8 +88,8 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
  * `model` holds the model's tensors by address (uint64): the embedding matrix, the final norm, the
  * head matrix, the RoPE inverse frequencies (global, then local), a paged cache's block tables, then per layer its qkv, o, gate_up and down matrices, its
  * two norms, its KV cache and its attention extras, and a mixture of experts' router, up matrices and
- * token counts, a post-normed layer's norms, a layer's biases and a shared expert's gate (the order of
- * tq.h's MODEL_* and LAYER_* entries; a shared expert's matrices follow the up matrices). step:
+ * token counts, a post-normed layer's norms, a layer's biases, a shared expert's gate and the experts'
+ * selection bias (the order of tq.h's MODEL_* and LAYER_* entries; a shared expert's matrices follow the up matrices). step:
  * tq_step (B = step->attention.lanes, R = step->picks); layer_info: each layer's LAYER_INFO numbers in
  * turn (its matrices' types, its attention's flags, form, window and cache positions; a paged step,
  * step->attention.block_positions > 0, takes step->attention.positions for every layer and leaves
@@ -129,7 +131,8 @@ void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, cons
                               AT(const uint8_t *, LAYER_DOWN),   AT(const uint8_t *, LAYER_ROUTER), AT(const uint8_t *, LAYER_UP),
                               AT(const uint8_t *, LAYER_SHARED_GATE_UP), AT(const uint8_t *, LAYER_SHARED_DOWN),
                               AT(const uint8_t *, LAYER_Q_B),    AT(const uint8_t *, LAYER_K_B), AT(const uint8_t *, LAYER_V_B),
-                              AT(int64_t *, LAYER_EXPERT_TOKENS), AT(const float *, LAYER_SHARED_GATE)};
+                              AT(int64_t *, LAYER_EXPERT_TOKENS), AT(const float *, LAYER_SHARED_GATE),
+                              AT(const float *, LAYER_SELECTION_BIAS)};
     /* in place: layer() reads x for the last time (the attention's residual) before it writes out */
     layer(x, x, &w, AT(const float *, LAYER_ATTN_NORM), AT(const float *, LAYER_FFN_NORM), AT(const float *, LAYER_POST_NORMS),
           AT(const float *, LAYER_BIASES), AT(uint16_t *, LAYER_CACHE), lanes, layer_shape.attention.flags & ATTEND_LOCAL_ROPE ? local_rotations : rotations,

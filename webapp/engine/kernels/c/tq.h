@@ -76,7 +76,9 @@ enum { SPIN_US = 100 };
  * (D floats each), or 0; BIASES: FORM_BIASES' biases, or 0. A mixture with a shared expert (Qwen2-MoE,
  * tq_experts.shared_ffn_dim > 0) has its SHARED_GATE_UP (gate over up) and SHARED_DOWN matrices and
  * its SHARED_GATE, the D floats whose product with a lane's normed row, through a sigmoid, scales the
- * shared expert's output (shared_expert.c); else the three are 0. INV_FREQ_LOCAL: ATTEND_LOCAL_ROPE
+ * shared expert's output (shared_expert.c), or 0 with EXPERTS_SHARED_UNGATED (GLM-4.5: added as it
+ * is); else the three are 0. SELECTION_BIAS: with EXPERTS_SELECTION_BIAS, a number an expert (count
+ * floats) added to its probability to choose the experts, not to weigh them; else 0. INV_FREQ_LOCAL: ATTEND_LOCAL_ROPE
  * layers' RoPE frequencies, or 0 for none. BLOCK_TABLES: a paged cache's block tables (int32, rows x
  * tq_step.attention.table_width, which every layer's cache shares), or 0 for an unpaged one. */
 enum { MODEL_EMBED, MODEL_NORM, MODEL_HEAD, MODEL_INV_FREQ, MODEL_INV_FREQ_LOCAL, MODEL_BLOCK_TABLES, MODEL_LAYERS };
@@ -91,14 +93,19 @@ enum {
   LAYER_POST_NORMS,
   LAYER_BIASES,
   LAYER_SHARED_GATE,
+  LAYER_SELECTION_BIAS,
   LAYER_ENTRIES
 };
 /* tq_forward's layer_info: each layer's LAYER_MATRICES matrix types, then its attention's flags, its
  * form, its attention's window and its cache's positions (tq_attention's; unread in a paged step,
  * whose layers all take the step's positions). */
 enum { LAYER_INFO_FLAGS = LAYER_MATRICES, LAYER_INFO_FORM, LAYER_INFO_WINDOW, LAYER_INFO_POSITIONS, LAYER_INFO };
-/* tq_experts' flags: the chosen experts' weights divided by their sum (Qwen3-MoE's norm_topk_prob). */
-enum { EXPERTS_NORM_WEIGHTS = 1 };
+/* tq_experts' flags: the chosen experts' weights divided by their sum (Qwen3-MoE's norm_topk_prob);
+ * EXPERTS_SIGMOID: the router's probabilities are sigmoid(logits), not their softmax (GLM-4.5);
+ * EXPERTS_SELECTION_BIAS: the experts are chosen by probs + the layer's LAYER_SELECTION_BIAS, their
+ * weights still the probs alone; EXPERTS_SHARED_UNGATED: the shared expert's output is added as it
+ * is, without a gate (LAYER_SHARED_GATE unread). */
+enum { EXPERTS_NORM_WEIGHTS = 1, EXPERTS_SIGMOID = 2, EXPERTS_SELECTION_BIAS = 4, EXPERTS_SHARED_UNGATED = 8 };
 /* the most experts a layer has, and a token uses (moe.c's per-lane buffers) */
 enum { MAX_EXPERTS = 512, MAX_EXPERTS_USED = 32 };
 
@@ -134,10 +141,13 @@ typedef struct {
 } tq_attention;
 
 /* A mixture of experts' sizes: `count` experts a layer, `used` of them a token, each with a
- * feed-forward of ffn_dim; flags EXPERTS_NORM_WEIGHTS; a shared expert's feed-forward width, which
- * every token runs beside its chosen ones (0: none). count 0: the layers are dense. */
+ * feed-forward of ffn_dim; flags EXPERTS_*; a shared expert's feed-forward width, which every token
+ * runs beside its chosen ones (0: none); weights_scale on the chosen experts' weights after any
+ * division by their sum (0 or 1: none, as llama.cpp reads expert_weights_scale). count 0: the layers
+ * are dense. */
 typedef struct {
   int32_t count, used, ffn_dim, flags, shared_ffn_dim;
+  float weights_scale;
 } tq_experts;
 
 /* A FORM_LATENT layer's sizes (DeepSeek-V2): q_lora, the rank of q's low-rank product (0: q is one
@@ -213,11 +223,13 @@ void tq_attend(float *out, const float *qkv, void *cache, const int32_t *lanes, 
                const int32_t *tables, const tq_attention *shape);
 /* A whole layer: those five in a row (see step.c), or a mixture of experts' feed-forward after the
  * attention, over an unpaged cache (shape->attention.block_positions must be 0: no block tables here) (shape->experts.count > 0; a dense layer's w_router, w_up and expert_tokens are unread, and
- * the shared expert's w_shared_gate_up, w_shared_down and shared_gate where it has none). */
+ * the shared expert's w_shared_gate_up, w_shared_down and shared_gate where it has none, selection_bias
+ * without EXPERTS_SELECTION_BIAS). */
 void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w_o, const uint8_t *w_gate_up, const uint8_t *w_down,
               const uint8_t *w_router, const uint8_t *w_up, const uint8_t *w_shared_gate_up, const uint8_t *w_shared_down,
               const float *attn_norm, const float *ffn_norm, uint16_t *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
-              int64_t *expert_tokens, const float *post_norms, const float *biases, const float *shared_gate, const tq_layer_shape *shape);
+              int64_t *expert_tokens, const float *post_norms, const float *biases, const float *shared_gate, const float *selection_bias,
+              const tq_layer_shape *shape);
 /* A whole step: embedding, every layer, the final norm and the head, the model's tensors passed by
  * address (model, in MODEL_* and LAYER_* order), each layer's LAYER_INFO numbers in layer_info. */
 void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, const int32_t *picks, const uint64_t *model, const tq_step *step,
