@@ -50,31 +50,33 @@ SHAPES = {
     "gpt-oss-20b": ("gpt-oss", 24, 2880, 2880, 64, 8, 64, False, 150000.0),
     "olmoe-1b-7b": ("olmoe", 16, 2048, 1024, 16, 16, 128, False, 10000.0),
     "qwen1.5-moe-a2.7b": ("qwen2moe", 24, 2048, 5632, 16, 16, 128, False, 1e6),
-    # DeepSeek-V2-Lite's attention (its head size here: the latent row cached, kv_lora + rope), every
-    # layer dense with its first layer's FFN: a deepseek2 file without experts (its experts: not yet)
+    # DeepSeek-V2-Lite (its head size here: the latent row cached, kv_lora + rope; its FFN the dense
+    # first layer's), and its attention with every layer dense (a deepseek2 file without experts)
+    "deepseek-v2-lite": ("deepseek2", 27, 2048, 10944, 16, 1, 576, False, 10000.0),
     "deepseek-v2-lite-dense": ("deepseek2", 27, 2048, 10944, 16, 1, 576, False, 10000.0),
     "glm4.5-air": ("glm4moe", 46, 4096, 10944, 96, 8, 128, False, 1e6),
 }
 # multi-head latent attention's sizes: (q_lora, kv_lora, nope, rope, v_dim), as the published config
-LATENT = {"deepseek-v2-lite-dense": (0, 512, 128, 64, 128)}
+LATENT = {"deepseek-v2-lite": (0, 512, 128, 64, 128), "deepseek-v2-lite-dense": (0, 512, 128, 64, 128)}
 # partial rotary: the values of a head that RoPE turns (Phi-4-mini: 96 of 128), with LongRoPE's
 # original context and attention factor (sqrt(1 + ln(131072 / 4096) / ln(4096)), as its converter writes it)
 PARTIAL_ROTARY = {"phi4-mini": (96, 4096, 1.190238), "glm4.5-air": (64, None, None)}
 # mixture-of-experts shapes: (experts, used a token, each one's FFN)
 EXPERTS = {"qwen3-30b-a3b": (128, 8, 768), "gpt-oss-20b": (32, 4, 2880), "olmoe-1b-7b": (64, 8, 1024), "qwen1.5-moe-a2.7b": (60, 4, 1408)}
-EXPERTS |= {"glm4.5-air": (128, 8, 1408)}
+EXPERTS |= {"glm4.5-air": (128, 8, 1408), "deepseek-v2-lite": (64, 6, 1408)}
 # a shared expert's FFN beside the routed ones (qwen2moe), gated by one F32 row a layer
 SHARED_EXPERT = {"qwen1.5-moe-a2.7b": 5632}
-# routing the file describes (glm4moe): (leading dense layers, shared experts of the experts' FFN,
-# expert_weights_scale, expert_weights_norm), sigmoid gating and a selection bias (exp_probs_b) a layer;
-# no NextN block (nextn_predict_layers 0: the trunk alone, which is all this server runs)
-ROUTING = {"glm4.5-air": (1, 1, 1.0, True)}
+# routing the file describes (glm4moe, deepseek2): (leading dense layers, shared experts of the
+# experts' FFN, expert_weights_scale, expert_weights_norm, sigmoid gating with a selection bias
+# (exp_probs_b) a layer, else softmax without one); no NextN block (nextn_predict_layers 0: the
+# trunk alone, which is all this server runs)
+ROUTING = {"glm4.5-air": (1, 1, 1.0, True, True), "deepseek-v2-lite": (1, 2, 1.0, False, False)}
 # sliding-window shapes: a local layer's window (Gemma 3: all but every sixth layer)
 SLIDING_WINDOW = {"gemma3-1b": 512, "gpt-oss-20b": 128}
 # YaRN: (factor, original context), as gpt-oss's files carry it
-YARN = {"gpt-oss-20b": (32.0, 4096), "deepseek-v2-lite-dense": (40.0, 4096)}
+YARN = {"gpt-oss-20b": (32.0, 4096), "deepseek-v2-lite": (40.0, 4096), "deepseek-v2-lite-dense": (40.0, 4096)}
 # DeepSeek-V2's YaRN: its rope.scaling.yarn_log_multiplier (0.1 x mscale_all_dim 0.707)
-YARN_LOG_MULTIPLIER = {"deepseek-v2-lite-dense": 0.0707}
+YARN_LOG_MULTIPLIER = {"deepseek-v2-lite": 0.0707, "deepseek-v2-lite-dense": 0.0707}
 FINAL_NORM_SCALE = 6.0
 EMBEDDING_STD = 0.02
 # --predictable: an embedding ~10x larger than 28 random layers add to the residual, so the head sees
@@ -117,7 +119,8 @@ def write_shaped(
     if latent:
         q_lora, kv_lora, nope, rope_dims, v_dim = latent
         numbers = {"attention.kv_lora_rank": kv_lora, "attention.key_length_mla": nope + rope_dims, "attention.value_length_mla": v_dim}
-        numbers |= {"leading_dense_block_count": n_layers, "expert_feed_forward_length": ffn, "expert_shared_count": 0}
+        if shape not in EXPERTS:  # every layer dense (with experts: ROUTING's keys below)
+            numbers |= {"leading_dense_block_count": n_layers, "expert_feed_forward_length": ffn, "expert_shared_count": 0}
         # q_lora_rank 0 for a Lite model: llama.cpp reads it unless the depth is Lite's own 27 layers
         for key, value in (numbers | {"attention.q_lora_rank": q_lora}).items():
             w.add_uint32(f"{arch}.{key}", value)
@@ -141,13 +144,13 @@ def write_shaped(
         w.add_expert_feed_forward_length(expert_ffn)
     if shape in SHARED_EXPERT:
         w.add_expert_shared_feed_forward_length(SHARED_EXPERT[shape])
-    dense_lead, shared_count, weights_scale, weights_norm = ROUTING.get(shape, (0, 0, 1.0, False))
+    dense_lead, shared_count, weights_scale, weights_norm, sigmoid = ROUTING.get(shape, (0, 0, 1.0, False, False))
     if shape in ROUTING:
         w.add_leading_dense_block_count(dense_lead)
         w.add_expert_shared_count(shared_count)
         w.add_expert_weights_scale(weights_scale)
         w.add_expert_weights_norm(weights_norm)
-        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if sigmoid else gguf.ExpertGatingFuncType.SOFTMAX)
         w.add_nextn_predict_layers(0)
     w.add_file_type(MIXES[direct] if direct else 1)  # llama_ftype: mostly F16, or the mix
     add_smollm_tokenizer(w)
@@ -194,6 +197,35 @@ def write_shaped(
         add("rope_factors_long.weight", np.geomspace(1.0, 32.0, rotary // 2).astype(np.float32))
     if not tied and not predictable:
         add("output.weight", weight(vocab, dim))
+
+    def feed_forward(p: str, i: int) -> None:
+        """Layer i's feed-forward: dense, or a mixture of experts past the leading dense layers."""
+        if shape in EXPERTS and i >= dense_lead:  # the router stays float32, as llama-quantize keeps it
+            add(p + "ffn_gate_inp.weight", matrix(count, dim, scale=2 * dim**-0.5).astype(np.float32))
+            add(p + "ffn_gate_exps.weight", weight(expert_ffn, dim, count=count))
+            add(p + "ffn_up_exps.weight", weight(expert_ffn, dim, count=count))
+            add(p + "ffn_down_exps.weight", weight(dim, expert_ffn, count=count))
+            if shape in SHARED_EXPERT:  # the converter keeps its gate float32, as the router
+                shared = SHARED_EXPERT[shape]
+                add(p + "ffn_gate_inp_shexp.weight", matrix(1, dim, scale=2 * dim**-0.5).astype(np.float32))
+                add(p + "ffn_gate_shexp.weight", weight(shared, dim))
+                add(p + "ffn_up_shexp.weight", weight(shared, dim))
+                add(p + "ffn_down_shexp.weight", weight(dim, shared))
+            if shape in ROUTING:  # the selection bias (float32), and ungated shared experts of the experts' width
+                if sigmoid:
+                    add(p + "exp_probs_b.bias", (0.05 * rng.standard_normal(count)).astype(np.float32))
+                shared = shared_count * expert_ffn
+                add(p + "ffn_gate_shexp.weight", weight(shared, dim))
+                add(p + "ffn_up_shexp.weight", weight(shared, dim))
+                add(p + "ffn_down_shexp.weight", weight(dim, shared))
+            return
+        if arch == "phi3":  # gate over up as one matrix
+            add(p + "ffn_up.weight", np.concatenate([matrix(ffn, dim), matrix(ffn, dim)]))
+        else:
+            add(p + "ffn_gate.weight", weight(ffn, dim))
+            add(p + "ffn_up.weight", weight(ffn, dim))
+        add(p + "ffn_down.weight", weight(dim, ffn))
+
     for i in range(n_layers):
         p = f"blk.{i}."
         add(p + "attn_norm.weight", norm(dim))
@@ -210,9 +242,7 @@ def write_shaped(
             add(p + "attn_v_b.weight", weight(v_dim, kv_lora, count=heads))
             add(p + "attn_output.weight", weight(dim, heads * v_dim))
             add(p + "ffn_norm.weight", norm(dim))
-            add(p + "ffn_gate.weight", weight(ffn, dim))
-            add(p + "ffn_up.weight", weight(ffn, dim))
-            add(p + "ffn_down.weight", weight(dim, ffn))
+            feed_forward(p, i)
             continue
         q, k, v = weight(heads * head_dim, dim), weight(kv_heads * head_dim, dim), weight(kv_heads * head_dim, dim)
         if arch == "phi3":  # q, k and v as one matrix, as Phi files store them
@@ -248,30 +278,7 @@ def write_shaped(
         if arch == "gemma3":  # each sublayer's output normed before it is added
             add(p + "post_attention_norm.weight", norm(dim))
             add(p + "post_ffw_norm.weight", norm(dim))
-        if shape in EXPERTS and i >= dense_lead:  # the router stays float32, as llama-quantize keeps it
-            add(p + "ffn_gate_inp.weight", matrix(count, dim, scale=2 * dim**-0.5).astype(np.float32))
-            add(p + "ffn_gate_exps.weight", weight(expert_ffn, dim, count=count))
-            add(p + "ffn_up_exps.weight", weight(expert_ffn, dim, count=count))
-            add(p + "ffn_down_exps.weight", weight(dim, expert_ffn, count=count))
-            if shape in SHARED_EXPERT:  # the converter keeps its gate float32, as the router
-                shared = SHARED_EXPERT[shape]
-                add(p + "ffn_gate_inp_shexp.weight", matrix(1, dim, scale=2 * dim**-0.5).astype(np.float32))
-                add(p + "ffn_gate_shexp.weight", weight(shared, dim))
-                add(p + "ffn_up_shexp.weight", weight(shared, dim))
-                add(p + "ffn_down_shexp.weight", weight(dim, shared))
-            if shape in ROUTING:  # the selection bias (float32), and ungated shared experts of the experts' width
-                add(p + "exp_probs_b.bias", (0.05 * rng.standard_normal(count)).astype(np.float32))
-                shared = shared_count * expert_ffn
-                add(p + "ffn_gate_shexp.weight", weight(shared, dim))
-                add(p + "ffn_up_shexp.weight", weight(shared, dim))
-                add(p + "ffn_down_shexp.weight", weight(dim, shared))
-            continue
-        if arch == "phi3":  # gate over up as one matrix
-            add(p + "ffn_up.weight", np.concatenate([matrix(ffn, dim), matrix(ffn, dim)]))
-        else:
-            add(p + "ffn_gate.weight", weight(ffn, dim))
-            add(p + "ffn_up.weight", weight(ffn, dim))
-        add(p + "ffn_down.weight", weight(dim, ffn))
+        feed_forward(p, i)
     if direct:
         write_blocks(w, tensors, n_layers, tied, direct, seed)
         return path
@@ -299,7 +306,9 @@ def main() -> None:
         for name, (arch, layers, dim, ffn, heads, kv, hd, tied, _) in SHAPES.items():
             experts = ", {} experts ({} a token) of FFN {}".format(*EXPERTS[name]) if name in EXPERTS else ""
             experts += f", a shared expert of FFN {SHARED_EXPERT[name]}" if name in SHARED_EXPERT else ""
-            experts += ", {} dense first, {} shared, sigmoid + selection bias".format(*ROUTING[name][:2]) if name in ROUTING else ""
+            if name in ROUTING:
+                dense, shared, _, _, sigmoid = ROUTING[name]
+                experts += f", {dense} dense first, {shared} shared, {'sigmoid + selection bias' if sigmoid else 'softmax'}"
             print(
                 f"{name:17} {arch:8} {layers} layers, dim {dim}, FFN {ffn}, {heads}/{kv} heads of {hd}{', tied' if tied else ''}{experts}"
             )

@@ -5,7 +5,7 @@ instead, on every way of running a step, and end to end through the openai clien
 import numpy as np
 import openai
 import pytest
-from support import tiny_engine_server
+from support import drain_outputs, tiny_engine_server, wait_until
 from support.tiny_deepseek2 import SIZES, LatentReference, write_tiny_deepseek2
 from support.tiny_models import (
     assert_a_lane_does_not_depend_on_the_others,
@@ -17,11 +17,15 @@ from support.tiny_models import (
 
 from webapp.engine.kernels import abi
 from webapp.engine.model.config import ModelLoadError
+from webapp.engine.model.kv_types import KvPool
+from webapp.engine.model.loader import load_gguf_model
 from webapp.engine.model.memory import kv_bytes_per_position
 from webapp.engine.model.mla_block import LatentBlock, LatentSharedExpertBlock
 from webapp.engine.model.steps import KernelJitSteps, OneCallSteps
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.model.transformer import load_model
+from webapp.engine.serving.engine import Engine
+from webapp.engine.serving.request import Request, SamplingParams
 
 RNG = np.random.default_rng(5)
 PROMPT = [int(t) for t in RNG.integers(2, 4000, 16)]
@@ -150,3 +154,28 @@ def test_the_server_answers_the_openai_client(tmp_path):
         assert again.choices[0].message.content == reply.choices[0].message.content
         assert again.usage.prompt_tokens_details.cached_tokens > 0
         client.close()
+
+
+def test_a_paged_pool_of_latent_rows_gives_the_slot_caches_tokens_with_shared_blocks_and_preemption(tmp_path):
+    """Four requests sharing a 40-token prefix: in slots, then in a pool too small for all at once
+    (the newest preempted and computed again), every token the same."""
+    path = write_tiny_deepseek2(str(tmp_path / "ds.gguf"), q_lora=64, matrix_type="Q8_0")
+    prefix = [int(t) for t in RNG.integers(2, 4000, 40)]
+    prompts = [prefix + [int(t) for t in RNG.integers(2, 4000, 5 + 3 * i)] for i in range(4)]
+
+    def tokens(paging):
+        use_tinygrad_from_this_thread()  # the last engine's model thread had it
+        engine = Engine(lambda: load_gguf_model(path, 4, 256, 16, paging=paging), slots=4, prefill_chunk=16).start()
+        try:
+            assert wait_until(lambda: engine.state != "loading", timeout=120) and engine.state == "ok", engine.error
+            assert isinstance(engine.loaded.kv_pool, KvPool) == (paging is not None)
+            requests = [Request(p, SamplingParams(max_tokens=48, temperature=0.0)) for p in prompts]
+            for r in requests:
+                engine.submit(r)
+            return [drain_outputs(r, timeout=120)[0] for r in requests], sum(r.preemptions for r in requests)
+        finally:
+            engine.stop(5)
+
+    in_slots, _ = tokens(None)
+    paged, preemptions = tokens((4, ("positions", 272)))
+    assert paged == in_slots and preemptions > 0
