@@ -16,7 +16,7 @@ import re
 
 import gguf
 import numpy as np
-from support.k_quants import Q4_K, Q5_K, QUANTIZERS, k_m_type
+from support.k_quants import Q4_K, Q5_K, Q6_K, QUANTIZERS, k_m_type
 
 # llama_ftype of each mix, as its files' general.file_type says
 MIXES = {"Q4_K_M": 15, "Q5_K_M": 17, "MXFP4_MOE": 38}
@@ -42,6 +42,14 @@ def mix_type(mix: str, name: str, layers: int, tied: bool) -> int:
     return k_m_type(name, _layer(name), layers, tied, Q4_K if mix == "Q4_K_M" else Q5_K)
 
 
+# llama-quantize's type for a matrix whose rows are not whole 256-value blocks (DeepSeek-V2's k_b: 128)
+FALLBACK = {Q4_K: gguf.GGMLQuantizationType.Q5_0, Q5_K: gguf.GGMLQuantizationType.Q5_1, Q6_K: gguf.GGMLQuantizationType.Q8_0}
+
+
+def _fitting(ggml_type: int, cols: int) -> int:
+    return FALLBACK.get(ggml_type, ggml_type) if cols % 256 else ggml_type
+
+
 def _quantized(rows: np.ndarray, ggml_type: int) -> np.ndarray:
     if ggml_type in QUANTIZERS:
         return QUANTIZERS[ggml_type](rows)
@@ -57,7 +65,7 @@ def write_blocks(writer: gguf.GGUFWriter, tensors: list[tuple[str, object]], lay
     def kind(name: str, value) -> int | None:
         if not isinstance(value, Random):
             return None
-        return mix_type(mix, name, layers, tied)
+        return _fitting(mix_type(mix, name, layers, tied), value.shape[-1])
 
     def blocks(value: Random, ggml_type: int) -> np.ndarray:
         *outer, rows, cols = value.shape

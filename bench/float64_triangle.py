@@ -32,11 +32,13 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
+from support.tiny_deepseek2 import LatentReference  # noqa: E402
 from support.tiny_models import Reference  # noqa: E402
 
 from bench.conformance import BASELINE, ModelFiles, chat_prompts, parse_shape, type_mix  # noqa: E402
 from bench.fidelity import CHUNK, CONTEXT, SLOTS, teacher_forced_matches  # noqa: E402
 from bench.servers import exit_on_sigterm, llama_completion, start_llama_server  # noqa: E402
+from webapp.engine.model.gguf import read_gguf  # noqa: E402
 from webapp.engine.serving.settings import default_model_path  # noqa: E402
 
 GAP_BUCKETS = (0.0, 0.01, 0.03, 0.1, np.inf)  # float64 top-2 gap / float64 logits' std
@@ -183,6 +185,12 @@ def print_summary(results: list[tuple[str, dict]], top: int) -> None:
         )
 
 
+def reference_for(path: str) -> Reference:
+    """The float64 forward pass of the file's architecture: latent attention's decompresses its heads."""
+    kv, _ = read_gguf(path)
+    return (LatentReference if kv.get("general.architecture") == "deepseek2" else Reference)(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--llama-server", metavar="PATH", required=True)
@@ -212,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             theirs = [tokens for tokens, _ in llama]
             ours = our_logits(path, prompts, theirs)
             print(f"  {spec}: ours done ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
-            reference = Reference(path)
+            reference = reference_for(path)
             exact = [reference.logits(p + t[:-1])[len(p) - 1 :] for p, t in zip(prompts, theirs)]  # (len(t), vocab) each
             del reference
             print(f"  {spec}: float64 done ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)

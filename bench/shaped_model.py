@@ -54,16 +54,17 @@ SHAPES = {
     # first layer's), and its attention with every layer dense (a deepseek2 file without experts)
     "deepseek-v2-lite": ("deepseek2", 27, 2048, 10944, 16, 1, 576, False, 10000.0),
     "deepseek-v2-lite-dense": ("deepseek2", 27, 2048, 10944, 16, 1, 576, False, 10000.0),
+    "moonlight-16b-a3b": ("deepseek2", 27, 2048, 11264, 16, 1, 576, False, 50000.0),  # DeepSeek-V3's routing
     "glm4.5-air": ("glm4moe", 46, 4096, 10944, 96, 8, 128, False, 1e6),
 }
 # multi-head latent attention's sizes: (q_lora, kv_lora, nope, rope, v_dim), as the published config
-LATENT = {"deepseek-v2-lite": (0, 512, 128, 64, 128), "deepseek-v2-lite-dense": (0, 512, 128, 64, 128)}
+LATENT = dict.fromkeys(("deepseek-v2-lite", "deepseek-v2-lite-dense", "moonlight-16b-a3b"), (0, 512, 128, 64, 128))
 # partial rotary: the values of a head that RoPE turns (Phi-4-mini: 96 of 128), with LongRoPE's
 # original context and attention factor (sqrt(1 + ln(131072 / 4096) / ln(4096)), as its converter writes it)
 PARTIAL_ROTARY = {"phi4-mini": (96, 4096, 1.190238), "glm4.5-air": (64, None, None)}
 # mixture-of-experts shapes: (experts, used a token, each one's FFN)
 EXPERTS = {"qwen3-30b-a3b": (128, 8, 768), "gpt-oss-20b": (32, 4, 2880), "olmoe-1b-7b": (64, 8, 1024), "qwen1.5-moe-a2.7b": (60, 4, 1408)}
-EXPERTS |= {"glm4.5-air": (128, 8, 1408), "deepseek-v2-lite": (64, 6, 1408)}
+EXPERTS |= {"glm4.5-air": (128, 8, 1408), "deepseek-v2-lite": (64, 6, 1408), "moonlight-16b-a3b": (64, 6, 1408)}
 # a shared expert's FFN beside the routed ones (qwen2moe), gated by one F32 row a layer
 SHARED_EXPERT = {"qwen1.5-moe-a2.7b": 5632}
 # routing the file describes (glm4moe, deepseek2): (leading dense layers, shared experts of the
@@ -71,6 +72,7 @@ SHARED_EXPERT = {"qwen1.5-moe-a2.7b": 5632}
 # (exp_probs_b) a layer, else softmax without one); no NextN block (nextn_predict_layers 0: the
 # trunk alone, which is all this server runs)
 ROUTING = {"glm4.5-air": (1, 1, 1.0, True, True), "deepseek-v2-lite": (1, 2, 1.0, False, False)}
+ROUTING |= {"moonlight-16b-a3b": (1, 2, 2.446, True, True)}
 # sliding-window shapes: a local layer's window (Gemma 3: all but every sixth layer)
 SLIDING_WINDOW = {"gemma3-1b": 512, "gpt-oss-20b": 128}
 # YaRN: (factor, original context), as gpt-oss's files carry it
@@ -124,7 +126,8 @@ def write_shaped(
         # q_lora_rank 0 for a Lite model: llama.cpp reads it unless the depth is Lite's own 27 layers
         for key, value in (numbers | {"attention.q_lora_rank": q_lora}).items():
             w.add_uint32(f"{arch}.{key}", value)
-        w.add_float32(f"{arch}.rope.scaling.yarn_log_multiplier", YARN_LOG_MULTIPLIER[shape])
+        if shape in YARN_LOG_MULTIPLIER:
+            w.add_float32(f"{arch}.rope.scaling.yarn_log_multiplier", YARN_LOG_MULTIPLIER[shape])
     w.add_rope_freq_base(theta)
     rotary, original, attn_factor = PARTIAL_ROTARY.get(shape, (latent[3] if latent else head_dim, None, None))
     w.add_rope_dimension_count(rotary)

@@ -106,6 +106,8 @@ def test_yarn_scales_the_scores_as_llama_cpp_does(tmp_path):
     mscale = 1 + 0.1 * 0.707 * np.log(40.0)
     assert model.config.score_scale == pytest.approx(mscale**2 / np.sqrt(SIZES["nope"] + SIZES["rope"]))
     assert model.config.rope_attention_factor == 1.0
+    steps = load_steps(path, slots=1, context=64)  # YaRN's frequencies too, against the reference's
+    assert off_by(steps.score(PROMPT, slot=0, start=0), LatentReference(path).logits(PROMPT)) < 1e-4
     with pytest.raises(ModelLoadError, match="yarn_log_multiplier"):
         load_model(write_tiny_deepseek2(str(tmp_path / "no-mul.gguf"), metadata=yarn), slots=1, context=32)
 

@@ -139,16 +139,16 @@ class LatentReference(Reference):
         self.nope = f("attention.key_length_mla") - self.rope_dims
         self.v_dim = f("attention.value_length_mla")
         self.scale = 1 / np.sqrt(self.nope + self.rope_dims)
+        mul = reader.fields.get("deepseek2.rope.scaling.yarn_log_multiplier")
+        if self.scaling == "yarn" and mul:  # DeepSeek's mscale squared on the scores (latent_config.py)
+            self.scale *= (1 + float(mul.contents()) * np.log(self.factor)) ** 2
+        self.rotary = None  # _rope is given a head's rope values alone
         norm = reader.fields.get("deepseek2.expert_weights_norm")
         self.norm_weights = bool(norm.contents()) if norm else False  # deepseek2: divided only where the file says
 
-    def _interleaved_rope(self, x, positions):  # x (T, heads, R): consecutive values are a pair
-        R = x.shape[-1]
-        ang = positions[:, None, None] * self.theta ** (-np.arange(0, R, 2) / R)[None, None, :]
-        a, b = x[..., 0::2], x[..., 1::2]
-        out = np.empty_like(x)
-        out[..., 0::2], out[..., 1::2] = a * np.cos(ang) - b * np.sin(ang), a * np.sin(ang) + b * np.cos(ang)
-        return out
+    def _interleaved_rope(self, x, positions):  # x (T, heads, R): consecutive values are a pair, YaRN's frequencies
+        out = self._rope(x, positions)
+        return out / (1 + 0.1 * np.log(self.factor)) if self.scaling == "yarn" else out  # deepseek2: cos and sin unscaled
 
     def hidden(self, tokens: list[int]) -> np.ndarray:
         w, T, H, N, R, L = self.w, len(tokens), self.n_heads, self.nope, self.rope_dims, self.kv_lora

@@ -420,7 +420,7 @@ class Reference:
             freqs = freqs / self.factor
         ang = positions[:, None, None] * freqs[None, None, :]
         cos, sin = np.cos(ang) * mscale, np.sin(ang) * mscale
-        if self.arch in ("llama", "smollm3"):  # interleaved pairs
+        if self.arch in ("llama", "smollm3", "deepseek2"):  # interleaved pairs
             a, b = x[..., 0::2], x[..., 1::2]
             out = np.empty_like(x)
             out[..., 0::2], out[..., 1::2] = a * cos - b * sin, a * sin + b * cos
