@@ -39,9 +39,11 @@ class LatentBlock(TransformerBlock):
         self.attn_output = weights.linear(p + "attn_output.weight")  # H*V -> D
         self.norm_names = ([p + "attn_q_a_norm.weight"] if m.q_lora else []) + [p + "attn_kv_a_norm.weight"]
         self.norms = {name: weights.vector(name) for name in self.norm_names}
-        self.head_blocks = [weights.experts(p + f"attn_{n}_b.weight", c.n_heads) for n in "kv"]  # a head's matrix after another's
-        if None in self.head_blocks or not self._products_in_blocks:
-            self.head_blocks = None
+        self.head_blocks = None  # k_b and v_b in blocks, a head's matrix after another's, where the other products are
+        if self._products_in_blocks:
+            blocks = [weights.experts(p + f"attn_{n}_b.weight", c.n_heads) for n in "kv"]
+            self.head_blocks = None if None in blocks else blocks
+        if self.head_blocks is None:
             self.k_b, self.v_b = (weights.float_experts(p + f"attn_{n}_b.weight", transposed=True) for n in "kv")  # (H, N, L), (H, L, V)
 
     @property
@@ -53,7 +55,7 @@ class LatentBlock(TransformerBlock):
         return self._products_in_blocks and self.head_blocks is not None
 
     def _load_tinygrad_attention(self, weights: WeightSource, p: str) -> None:
-        pass
+        """Nothing: latent attention has no q/k/v biases."""
 
     def _kernel_attention(self, weights: WeightSource, p: str) -> tuple[Tensor, int]:
         return _float32_buffer(weights, self.norm_names), int(AttendFlag.LATENT)
