@@ -1,6 +1,6 @@
 """Single-stream engine speed on the default model, beside llama.cpp on the same GGUF when available.
 
-Usage: DEV=CPU .venv/bin/python bench/engine_speed.py [--model PATH] [--llama-bench PATH]
+Usage: DEV=CPU .venv/bin/python bench/engine_speed.py [--model PATH] [--llama-bench PATH] [--kv-layout slots|pool]
 
 Prints one table: this process's resident memory (RSS) before loading and after warm-up, prefill
 tok/s for 50- and 500-token prompts, decode tok/s, time to first token of a 40-token chat prompt,
@@ -12,7 +12,9 @@ one of these is at hand, and a column with our speed as a share of its speed is 
   llama_cpp           llama-cpp-python (optional, never needed by the tests), in this process: the
                       prefill, decode, start and time-to-first-token rows
 Kernels are whatever the server would use: tuned ones when `make tune` has run for this
-configuration, else tinygrad's defaults.
+configuration, else tinygrad's defaults. The KV cache is 8 slots of 4,096 positions, or with
+`--kv-layout pool` the paged pool the server takes by default (8 sequences, its auto budget),
+without the batched rows (a pool's rows hold no blocks between requests).
 """
 
 from __future__ import annotations
@@ -84,10 +86,12 @@ def run(engine, prompt, max_tokens, constraint=None, **sampling):
     return started, times, request
 
 
-def ours(path, cpu_kernels=True):
+def ours(path, cpu_kernels=True, pool=False):
     rss_before = rss_mb()
-    # no speculation: these rows compare one decode step with llama.cpp's (bench/speculative.py has its own)
-    loader = lambda: load_gguf_model(path, SLOTS, CONTEXT, CHUNK, cpu_kernels=cpu_kernels)  # noqa: E731
+    # no speculation: these rows compare one decode step with llama.cpp's (bench/speculative.py has its own);
+    # `pool`: the paged KV cache the server takes by default (LLM_KV_LAYOUT=auto), SLOTS sequences
+    paging = (SLOTS, None) if pool else None
+    loader = lambda: load_gguf_model(path, SLOTS, CONTEXT, CHUNK, cpu_kernels=cpu_kernels, paging=paging)  # noqa: E731
     engine = Engine(loader, slots=SLOTS, prefill_chunk=CHUNK, speculate=False)
     t0 = time.monotonic()
     engine.start()
@@ -112,6 +116,8 @@ def ours(path, cpu_kernels=True):
     out.update(constrained_rows(engine))
 
     engine.stop(5)
+    if engine.loaded.kv_pool is not None:  # a pool's rows own no blocks between requests: no raw steps on them
+        return out, chat
     use_tinygrad_from_this_thread()  # the model is ours now, no longer the stopped model thread's
     model_steps = engine.loaded.runner.steps
     for lanes in (1, 2, 4, 8):
@@ -218,12 +224,18 @@ def main():
         "--cpu-kernels", choices=("on", "off"), default="on", help="off: tinygrad's float16 path for every matrix (LLM_CPU_KERNELS=false)"
     )
     ap.add_argument("--llama-bench", metavar="PATH", help="llama.cpp's llama-bench binary, run on the same GGUF before our rows")
+    ap.add_argument(
+        "--kv-layout",
+        choices=("slots", "pool"),
+        default="slots",
+        help="pool: the paged KV cache (the server's default); no batched rows then",
+    )
     args = ap.parse_args()
     path = args.model or default_model_path()
     # llama-bench first: its process has ended before our model loads, so a file of more than half
     # the memory is never held twice (a 17 GiB Qwen3-30B-A3B on this 24 GiB machine was killed)
     theirs = llama_bench_rows(args.llama_bench, path) if args.llama_bench else None
-    mine, chat = ours(path, cpu_kernels=args.cpu_kernels == "on")
+    mine, chat = ours(path, cpu_kernels=args.cpu_kernels == "on", pool=args.kv_layout == "pool")
     if args.llama_bench:
         source = f"llama.cpp = `llama-bench -t {usable_cores()}`"
     else:
