@@ -33,7 +33,7 @@ NO_ROPE_EVERY = {"smollm3": 4}
 MIXTURE_OF_EXPERTS = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "gpt-oss": True, "glm4moe": False, "deepseek2": False}
 # mixtures whose files may have no experts at all (every layer dense: a DeepSeek-style file without expert_count)
 EXPERTS_OPTIONAL = ("deepseek2",)
-# mixtures with a shared expert beside the routed ones (ffn_*_shexp, gated by ffn_gate_inp_shexp)
+# mixtures with a shared expert beside the routed ones (ffn_*_shexp; qwen2moe's gated by ffn_gate_inp_shexp)
 SHARED_EXPERT = ("qwen2moe", "glm4moe", "deepseek2")
 # mixtures whose routing the file describes (llama.cpp's DeepSeek-V3 style, GLM-4.5): leading dense
 # layers, expert_gating_func, expert_weights_norm and _scale, a selection bias (exp_probs_b.bias) on
