@@ -112,8 +112,9 @@ def write_tiny_deepseek2(
             w.add_tensor(p + "ffn_gate_inp.weight", mat(count, D) * 2)  # F32, as llama-quantize keeps it
             for name, rows, cols in (("gate", width, D), ("up", width, D), ("down", D, width)):
                 add_matrix(p + f"ffn_{name}_exps.weight", np.stack([mat(rows, cols) for _ in range(count)]))
-            for name, rows, cols in (("gate", shared * width, D), ("up", shared * width, D), ("down", D, shared * width)):
-                add_matrix(p + f"ffn_{name}_shexp.weight", mat(rows, cols)) if shared else None
+            if shared:  # ungated, `shared` experts of the routed ones' width as one
+                for name, rows, cols in (("gate", shared * width, D), ("up", shared * width, D), ("down", D, shared * width)):
+                    add_matrix(p + f"ffn_{name}_shexp.weight", mat(rows, cols))
             if selection_bias:
                 w.add_tensor(p + "exp_probs_b.bias", (0.2 * rng.standard_normal(count)).astype(np.float32))
             continue

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from webapp.engine.model.ggml_types import GGML_TYPES, UNREADABLE_TYPES
-from webapp.engine.model.latent_config import Latent, latent_sizes, latent_tensor_shapes
+from webapp.engine.model.latent_config import Latent, latent_rope_rows, latent_sizes, latent_tensor_shapes
 from webapp.engine.model.rope import attention_factor
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "olmoe", "smollm3", "phi3", "gemma3", "gpt-oss")
@@ -127,6 +127,15 @@ class ModelConfig:
     def __post_init__(self):
         if not self.rotary_dim:
             object.__setattr__(self, "rotary_dim", self.head_dim)
+
+    def rope_rows(self) -> dict[str, tuple[int, int]]:
+        """The matrices whose rows hold rotary pairs interleaved (INTERLEAVED_ROPE), by name suffix:
+        (groups, rotated rows at the end of each group), as weights.WeightSource takes them."""
+        if self.arch not in INTERLEAVED_ROPE:
+            return {}
+        if self.latent:
+            return latent_rope_rows(self)
+        return {"attn_q.weight": (self.n_heads, self.head_dim), "attn_k.weight": (self.n_kv_heads, self.head_dim)}
 
     def routed(self, layer: int) -> bool:
         """Whether layer `layer` (from 0) is a mixture of experts (not one of the leading dense layers)."""

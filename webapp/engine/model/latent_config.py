@@ -79,12 +79,7 @@ def latent_tensor_shapes(config, p: str) -> dict[str, tuple[int, int]]:
     return shapes | {p + "attn_k_b.weight": (H * m.kv_lora, m.nope), p + "attn_v_b.weight": (H * m.v_dim, m.kv_lora)}
 
 
-def rope_row_groups(config) -> dict[str, tuple[int, int]]:
-    """The matrices whose rows hold rotary pairs interleaved in llama.cpp's "norm" RoPE, by name suffix:
-    (groups, rotated rows at the end of each group). A latent layer's q heads end with their rope values
-    and its kv_a ends with the key's."""
-    if config.latent:
-        m = config.latent
-        q = ("attn_q_b.weight" if m.q_lora else "attn_q.weight", (config.n_heads, m.rope))
-        return dict([q, ("attn_kv_a_mqa.weight", (1, m.rope))])
-    return {"attn_q.weight": (config.n_heads, config.head_dim), "attn_k.weight": (config.n_kv_heads, config.head_dim)}
+def latent_rope_rows(config) -> dict[str, tuple[int, int]]:
+    """ModelConfig.rope_rows of a latent layer: each q head ends with its rope values, kv_a with the key's."""
+    m = config.latent
+    return {"attn_q_b.weight" if m.q_lora else "attn_q.weight": (config.n_heads, m.rope), "attn_kv_a_mqa.weight": (1, m.rope)}

@@ -36,13 +36,12 @@ from tinygrad import Device, Tensor, UOp, dtypes
 from webapp.engine.kernels.block_weight import BLOCK_FORMATS
 from webapp.engine.kernels.cpu import QuantizedCPU
 from webapp.engine.model.block import TransformerBlock
-from webapp.engine.model.config import INTERLEAVED_ROPE, ModelConfig, ModelLoadError, check_tensors
+from webapp.engine.model.config import ModelConfig, ModelLoadError, check_tensors
 from webapp.engine.model.gemma3_block import Gemma3Block
 from webapp.engine.model.ggml_types import KERNEL_ONLY_TYPES
 from webapp.engine.model.gguf import read_gguf
 from webapp.engine.model.gpt_oss_block import GptOssBlock
 from webapp.engine.model.kv_types import KV_TYPES, STEP_WRITES_AT_LEAST, KvPool, KvRows, kv_type_named
-from webapp.engine.model.latent_config import rope_row_groups
 from webapp.engine.model.memory import auto_context, pool_plan
 from webapp.engine.model.memory import plan as memory_plan
 from webapp.engine.model.mla_block import latent_blocks
@@ -313,8 +312,7 @@ def load_model(
         memory = memory_plan(config, table, slots, context + max_chunk, kept, rows, step_writes)
     memory.check()  # before any weight is read
     log.info("%s", memory.describe())
-    rope_rows = rope_row_groups(config) if config.arch in INTERLEAVED_ROPE else {}
-    weights = WeightSource(path, table, rope_rows, act_dtype, kernels)
+    weights = WeightSource(path, table, config.rope_rows(), act_dtype, kernels)
     int8_head = kv.get("general.file_type") not in (None, *FLOAT_FILE_TYPES)
     inv_freq = _rope_frequencies(kv, table, config, context)
     # the local layers' own base, unscaled (llama.cpp's rope_freq_base_train_swa and its scale 1)
