@@ -56,17 +56,27 @@ SHAPES = {
     "deepseek-v2-lite-dense": ("deepseek2", 27, 2048, 10944, 16, 1, 576, False, 10000.0),
     "moonlight-16b-a3b": ("deepseek2", 27, 2048, 11264, 16, 1, 576, False, 50000.0),  # DeepSeek-V3's routing
     "glm4.5-air": ("glm4moe", 46, 4096, 10944, 96, 8, 128, False, 1e6),
+    # Qwen3.5's hybrids: three Gated DeltaNet layers to one gated attention layer (RECURRENT)
+    "qwen3.5-0.8b": ("qwen35", 24, 1024, 3584, 8, 2, 256, True, 1e7),
+    "qwen3.5-2b": ("qwen35", 24, 2048, 6144, 8, 2, 256, True, 1e7),
+    "qwen3.5-4b": ("qwen35", 32, 2560, 9216, 16, 4, 256, True, 1e7),
+    "qwen3.5-35b-a3b": ("qwen35moe", 40, 2048, 512, 16, 2, 256, False, 1e7),
 }
+# Gated DeltaNet's sizes: (conv kernel, a head's state, key heads, value heads, every n-th layer full attention)
+RECURRENT = {"qwen3.5-0.8b": (4, 128, 16, 16, 4), "qwen3.5-2b": (4, 128, 16, 16, 4), "qwen3.5-4b": (4, 128, 16, 32, 4)}
+RECURRENT["qwen3.5-35b-a3b"] = (4, 128, 16, 32, 4)
 # multi-head latent attention's sizes: (q_lora, kv_lora, nope, rope, v_dim), as the published config
 LATENT = dict.fromkeys(("deepseek-v2-lite", "deepseek-v2-lite-dense", "moonlight-16b-a3b"), (0, 512, 128, 64, 128))
 # partial rotary: the values of a head that RoPE turns (Phi-4-mini: 96 of 128), with LongRoPE's
 # original context and attention factor (sqrt(1 + ln(131072 / 4096) / ln(4096)), as its converter writes it)
 PARTIAL_ROTARY = {"phi4-mini": (96, 4096, 1.190238), "glm4.5-air": (64, None, None)}
+PARTIAL_ROTARY |= dict.fromkeys(("qwen3.5-0.8b", "qwen3.5-2b", "qwen3.5-4b", "qwen3.5-35b-a3b"), (64, None, None))
 # mixture-of-experts shapes: (experts, used a token, each one's FFN)
 EXPERTS = {"qwen3-30b-a3b": (128, 8, 768), "gpt-oss-20b": (32, 4, 2880), "olmoe-1b-7b": (64, 8, 1024), "qwen1.5-moe-a2.7b": (60, 4, 1408)}
 EXPERTS |= {"glm4.5-air": (128, 8, 1408), "deepseek-v2-lite": (64, 6, 1408), "moonlight-16b-a3b": (64, 6, 1408)}
+EXPERTS["qwen3.5-35b-a3b"] = (256, 8, 512)
 # a shared expert's FFN beside the routed ones (qwen2moe), gated by one F32 row a layer
-SHARED_EXPERT = {"qwen1.5-moe-a2.7b": 5632}
+SHARED_EXPERT = {"qwen1.5-moe-a2.7b": 5632, "qwen3.5-35b-a3b": 512}
 # routing the file describes (glm4moe, deepseek2): (leading dense layers, shared experts of the
 # experts' FFN, expert_weights_scale, expert_weights_norm, sigmoid gating with a selection bias
 # (exp_probs_b) a layer, else softmax without one); no NextN block (nextn_predict_layers 0: the
@@ -155,6 +165,14 @@ def write_shaped(
         w.add_expert_weights_norm(weights_norm)
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if sigmoid else gguf.ExpertGatingFuncType.SOFTMAX)
         w.add_nextn_predict_layers(0)
+    if shape in RECURRENT:
+        kernel, state, k_heads, v_heads, every = RECURRENT[shape]
+        for key, value in (("conv_kernel", kernel), ("state_size", state), ("group_count", k_heads), ("time_step_rank", v_heads)):
+            w.add_uint32(f"{arch}.ssm.{key}", value)
+        w.add_uint32(f"{arch}.ssm.inner_size", v_heads * state)
+        w.add_uint32(f"{arch}.full_attention_interval", every)
+        # M-RoPE's sections (a text token turns them all by its position), as llama.cpp requires them
+        w.add_array(f"{arch}.rope.dimension_sections", [11 * rotary // 64, 11 * rotary // 64, rotary // 2 - 22 * rotary // 64, 0])
     w.add_file_type(MIXES[direct] if direct else 1)  # llama_ftype: mostly F16, or the mix
     add_smollm_tokenizer(w)
     w.add_chat_template(tok["tokenizer.chat_template"])
@@ -229,9 +247,35 @@ def write_shaped(
             add(p + "ffn_up.weight", weight(ffn, dim))
         add(p + "ffn_down.weight", weight(dim, ffn))
 
+    def hybrid_layer(p: str, i: int) -> None:
+        """A Qwen3.5 layer: Gated DeltaNet (its conv's weights, dt bias and a float32), or gated attention."""
+        add(p + "post_attention_norm.weight", norm(dim))
+        if (i + 1) % every:
+            conv, value = (2 * k_heads + v_heads) * state, v_heads * state
+            add(p + "attn_qkv.weight", weight(conv, dim))
+            add(p + "attn_gate.weight", weight(value, dim))
+            add(p + "ssm_conv1d.weight", (0.5 * rng.standard_normal((conv, kernel))).astype(np.float32))
+            add(p + "ssm_dt.bias", bias(v_heads))
+            add(p + "ssm_a", -np.exp(rng.uniform(-1.0, 1.0, v_heads)).astype(np.float32))
+            add(p + "ssm_beta.weight", weight(v_heads, dim))
+            add(p + "ssm_alpha.weight", weight(v_heads, dim))
+            add(p + "ssm_norm.weight", norm(state))
+            add(p + "ssm_out.weight", weight(dim, value))
+        else:  # each head's query rows, then its gate's
+            add(p + "attn_q.weight", weight(2 * heads * head_dim, dim))
+            add(p + "attn_k.weight", weight(kv_heads * head_dim, dim))
+            add(p + "attn_v.weight", weight(kv_heads * head_dim, dim))
+            add(p + "attn_q_norm.weight", norm(head_dim))
+            add(p + "attn_k_norm.weight", norm(head_dim))
+            add(p + "attn_output.weight", weight(dim, heads * head_dim))
+        feed_forward(p, i)
+
     for i in range(n_layers):
         p = f"blk.{i}."
         add(p + "attn_norm.weight", norm(dim))
+        if shape in RECURRENT:
+            hybrid_layer(p, i)
+            continue
         if latent:  # MLA's products and norms (k_b and v_b a head's matrix after another's)
             if q_lora:
                 add(p + "attn_q_a.weight", weight(q_lora, dim))

@@ -3,7 +3,7 @@
 Usage: .venv/bin/python bench/tokenizer_conformance.py --llama-server PATH [--strings 400]
 
 For each pre-tokenizer (`tokenizer.ggml.pre`: SmolLM2's `smollm`, Llama 3's `llama-bpe`, Qwen2/3's
-`qwen2` and `deepseek-r1-qwen`) a tiny GGUF carries SmolLM2's vocabulary and merges under that name, so
+`qwen2` and `deepseek-r1-qwen`, Qwen3.5's `qwen35`) a tiny GGUF carries SmolLM2's vocabulary and merges under that name, so
 both sides split text by that family's regex and merge by the same ranks (`llama-bpe` also takes a
 whole word that is in the vocabulary before merging, as Llama 3 does). `llama-server` started here
 tokenizes each string (`/tokenize`, no special tokens, no BOS); ours is `Tokenizer.encode(text,
@@ -31,13 +31,13 @@ from bench.servers import HOST, exit_on_sigterm, start_llama_server  # noqa: E40
 from webapp.engine.model.gguf import read_gguf  # noqa: E402
 from webapp.engine.text.tokenizer import Tokenizer  # noqa: E402
 
-PRE_TOKENIZERS = ("smollm", "llama-bpe", "qwen2", "deepseek-r1-qwen")
+PRE_TOKENIZERS = ("smollm", "llama-bpe", "qwen2", "deepseek-r1-qwen", "qwen35")
 PIECES = [
     "Hello", "world", "the", "The", "don't", "I'm", "you're", "they've", "she'll", "we'd", "it's", "O'Neil",
     "12", "123", "1234", "12345", "3.14159", "2026-12-01", "1,000,000", "0x1F", "v2.0.1", "42nd",
     "!", "?!", "...", "---", "(", ")", "[x]", "{a: 1}", "<tag>", "&amp;", "@user", "#hash", "$5", "100%",
     " ", "  ", "   ", "\t", "\n", "\n\n", " \n ", "\r\n",
-    "café", "naïve", "Zürich", "São Paulo", "Ελληνικά", "русский", "日本語", "中文字符", "한국어", "עברית", "العربية",
+    "café", "cafe\u0301", "नमस्ते", "ก้าว", "naïve", "Zürich", "São Paulo", "Ελληνικά", "русский", "日本語", "中文字符", "한국어", "עברית", "العربية",
     "😀", "👍🏽", "🇺🇸", "→", "∑", "€", "™",
     "def f(x):", "    return x * 2", "if (a && b) { c++; }", "SELECT * FROM t;", "https://example.com/a?b=c", "snake_case", "camelCase",
     "ALLCAPS", "MixedCASE words",

@@ -258,3 +258,15 @@ def test_every_known_pre_tokenizer_compiles_and_round_trips(pre):
     tok = Tokenizer.from_gguf_metadata(synthetic_kv(pre))
     text = "Hello WORLD 12345 世界 한국어 it's\n\n  x\t😀 <tag>"
     assert tok.decode(tok.encode(text)) == text
+
+
+def test_qwen35_keeps_a_letters_combining_marks_in_its_word():
+    """Qwen3.5's pre-tokenizer takes letters and marks as one run, where Qwen2's parts a mark from
+    the letter before it (the bench compares both with llama.cpp's ids: bench/tokenizer_conformance.py)."""
+    text = "cafe\u0301 नमस्ते"
+
+    def words(pre):
+        return Tokenizer.from_gguf_metadata(synthetic_kv(pre))._pre_tokenize(text)
+
+    assert words("qwen35") == ["cafe\u0301", " नमस्ते"]
+    assert words("qwen2") != words("qwen35")

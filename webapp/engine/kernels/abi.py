@@ -92,6 +92,8 @@ class LayerForm(enum.IntFlag):
     BIASES = 4
     SWIGLU_CLAMPED = 8
     LATENT = 16  # the attention is multi-head latent attention (mla.c), Latent's sizes
+    RECURRENT = 32  # Gated DeltaNet in place of attention (gated_delta.c), Recurrent's sizes
+    GATED_ATTENTION = 64  # the attention's output times sigmoid of a gate q's rows carry (Qwen3.5)
 
 
 class ExpertsFlag(enum.IntFlag):
@@ -219,6 +221,13 @@ class Latent(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int32) for name in ("q_lora", "kv_lora", "nope", "rope", "v_dim")]
 
 
+class Recurrent(ctypes.Structure):
+    """A LayerForm.RECURRENT layer's sizes (tq.h's tq_recurrent): the conv's kernel, a head's state (its
+    keys' and values' size), the key heads and the value heads."""
+
+    _fields_ = [(name, ctypes.c_int32) for name in ("conv_kernel", "state", "k_heads", "v_heads")]
+
+
 class LayerShape(ctypes.Structure):
     """A whole layer: its attention, the widths D and F, its matrices' stored types, its experts (count 0: dense)."""
 
@@ -230,6 +239,7 @@ class LayerShape(ctypes.Structure):
         ("experts", Experts),
         ("form", ctypes.c_int32),  # LayerForm
         ("latent", Latent),
+        ("recurrent", Recurrent),
     ]
 
 
@@ -249,6 +259,7 @@ class Step(ctypes.Structure):
         ("experts", Experts),  # of the layers with a router
         ("embed_scale", ctypes.c_float),  # on the embedding's rows (Gemma's sqrt(dim); 1: none)
         ("latent", Latent),  # of LayerForm.LATENT layers
+        ("recurrent", Recurrent),  # of LayerForm.RECURRENT layers
     ]
 
 
@@ -259,7 +270,7 @@ class AbiEntry(ctypes.Structure):
 
 
 STRUCTS = {"stack_header": StackHeader, "tq_product": Product, "tq_attention": Attention, "tq_experts": Experts}
-STRUCTS |= {"tq_layer_shape": LayerShape, "tq_step": Step, "tq_latent": Latent}
+STRUCTS |= {"tq_layer_shape": LayerShape, "tq_step": Step, "tq_latent": Latent, "tq_recurrent": Recurrent}
 ENUMS = {
     "": BlockType,
     "STEP_": StepOutput,

@@ -267,8 +267,8 @@ class QuantizedCPU:
         """A whole transformer layer as one kernel (see tq_layer): x (B, D) float32 -> (B, D); lanes and
         inv_freq as `attend` takes them, eps the norms' epsilon."""
         B, D = x.shape
-        if layer.form & abi.LayerForm.LATENT:
-            raise ValueError("a latent attention layer runs in a whole step (whole_model): tq_layer takes none of its matrices")
+        if layer.form & (abi.LayerForm.LATENT | abi.LayerForm.RECURRENT | abi.LayerForm.GATED_ATTENTION):
+            raise ValueError("a latent, recurrent or gated attention layer runs in a whole step (whole_model) only")
         out = Tensor.empty(B, D, dtype=dtypes.float32)
         m = layer.matrices
         shape = self._shape(abi.LayerShape(_layer_attention(layer, B, eps), D, m.down.cols, m.types, layer.experts, layer.form))
@@ -305,7 +305,8 @@ class QuantizedCPU:
         its blocks. The kernels read the table by address at every step, so the caller rewrites it in
         place between steps and never replaces it; the model keeps it alive. Every layer then takes
         the step's positions, table_width * block_positions (tq_forward ignores layer_info's)."""
-        first = layers[0]
+        # the step's attention is its attention layers' (a hybrid's recurrent layers have none)
+        first = next(layer for layer in layers if not layer.form & abi.LayerForm.RECURRENT)
         E = abi.ModelEntry
         model = {E.EMBED: embed.raw, E.NORM: norm, E.HEAD: head.raw, E.INV_FREQ: inv_freq, E.INV_FREQ_LOCAL: inv_freq_local}
         model[E.BLOCK_TABLES] = None  # an array's address, written below: not a tensor
@@ -325,6 +326,7 @@ class QuantizedCPU:
         dims = abi.Step(attention, embed.cols, ffn_dim, len(layers), head.rows, embed.ggml_type, head.ggml_type)
         dims.experts, dims.embed_scale = experts, embed_scale
         dims.latent = next((layer.latent for layer in layers if layer.form & abi.LayerForm.LATENT), abi.Latent())
+        dims.recurrent = next((layer.recurrent for layer in layers if layer.form & abi.LayerForm.RECURRENT), abi.Recurrent())
         info = np.array([layer.info for layer in layers], dtype=np.int32)  # abi.LAYER_INFO a layer
         table = np.array([0 if t is None else host_address(t) for t in tensors], dtype=np.uint64)
         if block_tables is not None:

@@ -72,6 +72,7 @@ class LayerTensors:
     shared_gate: Tensor | None = None  # a shared expert's gate (float32, D), with experts.shared_ffn_dim
     selection_bias: Tensor | None = None  # the experts' selection bias (float32, count), with ExpertsFlag.SELECTION_BIAS
     latent: abi.Latent = field(default_factory=abi.Latent)  # LayerForm.LATENT's sizes
+    recurrent: abi.Recurrent = field(default_factory=abi.Recurrent)  # LayerForm.RECURRENT's sizes
 
     @property
     def info(self) -> list[int]:

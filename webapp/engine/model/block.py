@@ -59,6 +59,16 @@ def _float32_buffer(weights: WeightSource, names: list[str]) -> Tensor:
     return Tensor.cat(*(weights.vector(n) for n in names)).float().contiguous()
 
 
+def _zero_pages(shape: tuple[int, ...], dtype) -> Tensor:
+    """A zeroed cache tensor. The CPU allocator maps fresh zero pages: no kernel writes 0.9 GB of zeros
+    at load, and memory is only committed as positions fill."""
+    if Device.DEFAULT == "CPU":
+        cache = Tensor.empty(*shape, dtype=dtype).realize()
+        cache.uop.base.buffer.ensure_allocated()
+        return cache
+    return Tensor.zeros(*shape, dtype=dtype).contiguous()
+
+
 def _swiglu_plus(linear, gate_up: Tensor, residual: Tensor) -> Tensor:
     if isinstance(linear, BlockLinear):
         return linear.kernels.swiglu_linear(gate_up, linear.weight, residual)
@@ -107,23 +117,8 @@ class TransformerBlock:
             feed_forward, attention = self._feed_forward_blocks(), self._attention_blocks()
             if attention is not None and feed_forward is not None:
                 matrices = LayerMatrices(**attention, **feed_forward)
-        # (k|v, slot, kv_head, position, a row of head_dim values); the extra last slot is scratch for padding
-        # lanes; config.cache_rows is 1 where a key's row is also its value (multi-head latent attention)
         self.kv_type = kv_type
-        # a ring where it is smaller than the context; tinygrad's path masks a whole context instead
-        self.positions = cache_positions(self.window, context, step_writes if self.kernels is not None else None)
-        self.ring = self.positions < context
-        row, kinds = kv_type.row_width(config.head_dim), config.cache_rows
-        shape = (kinds, slots + 1, config.n_kv_heads, self.positions, row)
-        if pool is not None:  # a paged cache (kv_types.KvPool): its blocks, and one more that takes stray writes
-            shape = (kinds, pool.blocks + 1, config.n_kv_heads, pool.block_positions, row)
-        if Device.DEFAULT == "CPU":
-            # the CPU allocator maps fresh zero pages: no kernel writes 0.9 GB of zeros at load, and memory
-            # is only committed as positions fill
-            self.cache = Tensor.empty(*shape, dtype=kv_type.dtype).realize()
-            self.cache.uop.base.buffer.ensure_allocated()
-        else:
-            self.cache = Tensor.zeros(*shape, dtype=kv_type.dtype).contiguous()
+        self._make_cache(slots, context, step_writes, pool)
         if matrices is not None:
             norms = (self.w["attn_norm.weight"], self.w["ffn_norm.weight"])
             self.layer_tensors = LayerTensors(
@@ -143,6 +138,22 @@ class TransformerBlock:
         # views into the file's memory map: kept, they would keep every page of it read at load resident
         # (a gpt-oss file's resident memory after warm-up was twice its size)
         self._bias_values = {}
+
+    recurrent = False  # a recurrent layer's cache is a state a slot, not rows a position (delta_block.py)
+
+    def _make_cache(self, slots: int, context: int, step_writes: int, pool: KvPool | None) -> None:
+        """self.cache: (k|v, slot, kv_head, position, a row of head_dim values); the extra last slot is
+        scratch for padding lanes; config.cache_rows is 1 where a key's row is also its value (multi-head
+        latent attention). A ring where it is smaller than the context; tinygrad's path masks a whole
+        context instead."""
+        config, kv_type = self.c, self.kv_type
+        self.positions = cache_positions(self.window, context, step_writes if self.kernels is not None else None)
+        self.ring = self.positions < context
+        row, kinds = kv_type.row_width(config.head_dim), config.cache_rows
+        shape = (kinds, slots + 1, config.n_kv_heads, self.positions, row)
+        if pool is not None:  # a paged cache (kv_types.KvPool): its blocks, and one more that takes stray writes
+            shape = (kinds, pool.blocks + 1, config.n_kv_heads, pool.block_positions, row)
+        self.cache = _zero_pages(shape, kv_type.dtype)
 
     # The attention's hooks: q, k and v as one product here; multi-head latent attention (mla_block.py)
     # fills them its own way.

@@ -15,10 +15,13 @@ from dataclasses import dataclass
 
 from webapp.engine.model.ggml_types import GGML_TYPES, UNREADABLE_TYPES
 from webapp.engine.model.latent_config import Latent, latent_rope_rows, latent_sizes, latent_tensor_shapes
+from webapp.engine.model.recurrent_config import Recurrent, recurrent_sizes, recurrent_tensor_shapes
 from webapp.engine.model.rope import attention_factor
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "olmoe", "smollm3", "phi3", "gemma3", "gpt-oss")
-SUPPORTED_ARCHITECTURES += ("glm4moe", "deepseek2")
+SUPPORTED_ARCHITECTURES += ("glm4moe", "deepseek2", "qwen35", "qwen35moe")
+# hybrids of recurrent (Gated DeltaNet) and full attention layers (recurrent_config.py)
+RECURRENT_HYBRID = ("qwen35", "qwen35moe")
 # architectures whose files store the feed-forward's gate and up as one matrix (ffn_up, gate first)
 FUSED_GATE_UP = ("phi3",)
 # architectures whose files store each head's rotary pairs interleaved (llama.cpp's "norm" RoPE)
@@ -31,10 +34,11 @@ NO_ROPE_EVERY = {"smollm3": 4}
 # chosen experts' weights by their sum (as llama.cpp builds each)
 # (gpt-oss's softmax over the chosen experts' logits is the same as dividing their probabilities by their sum)
 MIXTURE_OF_EXPERTS = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "gpt-oss": True, "glm4moe": False, "deepseek2": False}
+MIXTURE_OF_EXPERTS["qwen35moe"] = True
 # mixtures whose files may have no experts at all (every layer dense: a DeepSeek-style file without expert_count)
 EXPERTS_OPTIONAL = ("deepseek2",)
 # mixtures with a shared expert beside the routed ones (ffn_*_shexp; qwen2moe's gated by ffn_gate_inp_shexp)
-SHARED_EXPERT = ("qwen2moe", "glm4moe", "deepseek2")
+SHARED_EXPERT = ("qwen2moe", "glm4moe", "deepseek2", "qwen35moe")
 # mixtures whose routing the file describes (llama.cpp's DeepSeek-V3 style, GLM-4.5): leading dense
 # layers, expert_gating_func, expert_weights_norm and _scale, a selection bias (exp_probs_b.bias) on
 # the probabilities that choose the experts but not on their weights, and expert_shared_count
@@ -47,7 +51,8 @@ QK_NORM_WHOLE = ("olmoe",)
 # architectures whose experts' activation is gpt-oss's clamped SwiGLU (kernels' FORM_SWIGLU_CLAMPED)
 CLAMPED_SWIGLU = ("gpt-oss",)
 # the feed-forward's input norm where a file names it otherwise than ffn_norm
-FFN_NORM_NAMES = {"gpt-oss": "post_attention_norm.weight", "glm4moe": "post_attention_norm.weight"}
+FFN_NORM_NAMES = {"gpt-oss": "post_attention_norm.weight", "glm4moe": "post_attention_norm.weight", "qwen35": "post_attention_norm.weight"}
+FFN_NORM_NAMES["qwen35moe"] = "post_attention_norm.weight"
 # architectures whose layers attend a sliding window (attention.sliding_window) but every n-th, and
 # the RoPE base of those local layers (llama.cpp's rope_freq_base_train_swa: Gemma 3's is fixed)
 SLIDING_WINDOW_EVERY = {"gemma3": 6, "gpt-oss": 2}
@@ -109,6 +114,8 @@ class ModelConfig:
     # multi-head latent attention's sizes (LATENT_ATTENTION; None: q, k and v heads): head_dim is then a
     # cache row's values, n_kv_heads 1
     latent: Latent | None = None
+    # a hybrid's recurrent layers (RECURRENT_HYBRID; None: attention in every layer)
+    recurrent: Recurrent | None = None
 
     @property
     def cache_rows(self) -> int:
@@ -221,7 +228,8 @@ class ModelConfig:
         tokens = need("tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens:
             raise ModelLoadError("GGUF metadata tokenizer.ggml.tokens is not a list of tokens")
-        if any(kv.get(f"{arch}.rope.dimension_sections") or []):
+        # Qwen3.5's M-RoPE sections all turn by a text token's one position: the plain rotation
+        if any(kv.get(f"{arch}.rope.dimension_sections") or []) and arch not in RECURRENT_HYBRID:
             raise ModelLoadError(f"GGUF metadata {arch}.rope.dimension_sections: multimodal RoPE (M-RoPE) is not supported")
         # llama.cpp's converter counts NextN/MTP layers in block_count, after the trunk's: they predict
         # further tokens for speculation, and the trunk alone makes the logits
@@ -232,6 +240,8 @@ class ModelConfig:
         if dense_lead > blocks - nextn:
             raise ModelLoadError(f"GGUF metadata {arch}.leading_dense_block_count = {dense_lead}: more than the {blocks - nextn} layers")
         dense_ffn = not experts or dense_lead > 0
+        recurrent = recurrent_sizes(kv, arch, blocks - nextn, count) if arch in RECURRENT_HYBRID else None
+        a = f"blk.{recurrent.first_attention if recurrent else 0}."  # an attention layer's tensors say what they all have
         return cls(
             arch=arch,
             n_layers=blocks - nextn,
@@ -244,10 +254,10 @@ class ModelConfig:
             vocab_size=len(tokens),
             rope_theta=float(theta),
             trained_context=count("context_length"),
-            qkv_bias="blk.0.attn_q.bias" in weights,
-            fused_qkv="blk.0.attn_qkv.weight" in weights,
+            qkv_bias=a + "attn_q.bias" in weights,
+            fused_qkv=a + "attn_qkv.weight" in weights,
             fused_gate_up=arch in FUSED_GATE_UP,
-            qk_norm="blk.0.attn_q_norm.weight" in weights,
+            qk_norm=a + "attn_q_norm.weight" in weights,
             qk_norm_whole=arch in QK_NORM_WHOLE,
             rope_attention_factor=1.0 if latent else attention_factor(kv, arch),  # latent: in the score scale instead
             experts=experts,
@@ -266,12 +276,13 @@ class ModelConfig:
             global_every=SLIDING_WINDOW_EVERY.get(arch, 0),
             local_rope_theta=LOCAL_ROPE_BASE.get(arch, 0.0),
             gemma=arch in GEMMA_LAYERS,
-            sinks="blk.0.attn_sinks.weight" in weights,
-            output_bias="blk.0.attn_output.bias" in weights,
+            sinks=a + "attn_sinks.weight" in weights,
+            output_bias=a + "attn_output.bias" in weights,
             expert_biases=bool(experts) and f"blk.{dense_lead}.ffn_gate_exps.bias" in weights,
             swiglu_clamped=arch in CLAMPED_SWIGLU,
             ffn_norm_name=FFN_NORM_NAMES.get(arch, "ffn_norm.weight"),
             latent=latent,
+            recurrent=recurrent,
         )
 
     def _feed_forward_shapes(self, p: str, layer: int) -> dict[str, tuple[int, int]]:
@@ -305,8 +316,9 @@ class ModelConfig:
         shapes = {"token_embd.weight": (self.vocab_size, self.dim), "output_norm.weight": (1, self.dim)}
         for i in range(self.n_layers):
             p = f"blk.{i}."
-            if self.latent:
-                shapes |= latent_tensor_shapes(self, p) | self._feed_forward_shapes(p, i)
+            if self.latent or self.recurrent:
+                layer = latent_tensor_shapes(self, p) if self.latent else recurrent_tensor_shapes(self, p, i)
+                shapes |= layer | self._feed_forward_shapes(p, i)
                 continue
             if self.fused_qkv:
                 shapes[p + "attn_qkv.weight"] = (q + 2 * kv, self.dim)

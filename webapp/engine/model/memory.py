@@ -76,8 +76,19 @@ class MemoryPlan:
 def kv_bytes_per_position(config: ModelConfig, kv_type: KvRows = KV_TYPES["f16"], rings: bool = False) -> int:
     """Every layer's key and value rows of one position, or with `rings` the layers' whose rows grow
     with the context (a ring's are a slot's whatever its length)."""
-    layers = sum(1 for i in range(config.n_layers) if not (rings and config.window(i)))
+    layers = sum(1 for i in range(config.n_layers) if not (rings and config.window(i)) and not _recurrent(config, i))
     return layers * _row_pair_bytes(config, kv_type)
+
+
+def _recurrent(config: ModelConfig, layer: int) -> bool:
+    return config.recurrent is not None and config.recurrent.layer(layer)
+
+
+def state_bytes(config: ModelConfig) -> int:
+    """A slot's recurrent layers' states (float32), whatever the context (none: 0)."""
+    if config.recurrent is None:
+        return 0
+    return sum(4 * config.recurrent.state_floats for i in range(config.n_layers) if config.recurrent.layer(i))
 
 
 def _row_pair_bytes(config: ModelConfig, kv_type: KvRows) -> int:
@@ -86,8 +97,9 @@ def _row_pair_bytes(config: ModelConfig, kv_type: KvRows) -> int:
 
 
 def layer_positions(config: ModelConfig, positions: int, step_writes: int | None = None) -> list[int]:
-    """Each layer's cache positions a slot (kv_types.cache_positions: `positions`, or a ring)."""
-    return [cache_positions(config.window(i), positions, step_writes) for i in range(config.n_layers)]
+    """Each layer's cache positions a slot (kv_types.cache_positions: `positions`, or a ring; a
+    recurrent layer none: its state is state_bytes')."""
+    return [0 if _recurrent(config, i) else cache_positions(config.window(i), positions, step_writes) for i in range(config.n_layers)]
 
 
 def ring_bytes(config: ModelConfig, kv_type: KvRows, step_writes: int) -> int:
@@ -97,8 +109,8 @@ def ring_bytes(config: ModelConfig, kv_type: KvRows, step_writes: int) -> int:
 
 
 def slot_bytes(config: ModelConfig, positions: int, kv_type: KvRows, step_writes: int | None = None) -> int:
-    """A slot's whole cache, every layer's rows (`layer_positions`)."""
-    return sum(layer_positions(config, positions, step_writes)) * _row_pair_bytes(config, kv_type)
+    """A slot's whole cache, every layer's rows (`layer_positions`) and recurrent states."""
+    return sum(layer_positions(config, positions, step_writes)) * _row_pair_bytes(config, kv_type) + state_bytes(config)
 
 
 def weight_bytes(config: ModelConfig, table: dict, kept_types: set[int]) -> int:
@@ -171,7 +183,7 @@ def auto_context(
         where = "this machine's" if device in ("CPU", "PYTHON") else f"{device}'s"
         return min(cap, FIXED_CONTEXT), f"{where} free memory is not known"
     free = max(0, available - weight_bytes(config, table, kept_types))
-    rings = 0 if step_writes is None else (slots + 1) * ring_bytes(config, kv_type, step_writes)
+    rings = (slots + 1) * ((0 if step_writes is None else ring_bytes(config, kv_type, step_writes)) + state_bytes(config))
     per_position = (slots + 1) * kv_bytes_per_position(config, kv_type, step_writes is not None)
     fits = max(0, int(free * KV_SHARE) - rings) // per_position // 256 * 256
     positions = max(min(cap, fits), min(cap, AUTO_CONTEXT_FLOOR))

@@ -37,6 +37,7 @@ from webapp.engine.kernels.block_weight import BLOCK_FORMATS
 from webapp.engine.kernels.cpu import QuantizedCPU
 from webapp.engine.model.block import TransformerBlock
 from webapp.engine.model.config import ModelConfig, ModelLoadError, check_tensors
+from webapp.engine.model.delta_block import ONLY_ON_KERNELS, hybrid_blocks
 from webapp.engine.model.gemma3_block import Gemma3Block
 from webapp.engine.model.ggml_types import KERNEL_ONLY_TYPES
 from webapp.engine.model.gguf import read_gguf
@@ -100,6 +101,8 @@ class Transformer:
         self.step_writes = max(max_chunk, STEP_WRITES_AT_LEAST)  # as load_model's memory plan counts them
         # a mixture's leading dense layers (GLM-4.5's first) are the plain layer
         blocks = [own if config.routed(i) or not config.experts else dense for i in range(config.n_layers)]
+        if config.recurrent:  # qwen35: recurrent and gated attention layers
+            blocks = hybrid_blocks(config)
         self.blocks = [
             block(config, weights, i, slots, context + max_chunk, kv_type, self.step_writes, pool) for i, block in enumerate(blocks)
         ]
@@ -230,10 +233,11 @@ class Transformer:
 
     def copy_prefix_rows(self, source: UOp, target: UOp, length: UOp) -> None:
         """Every layer's K/V of positions 0..length-1 from slot `source` into slot `target` (a ring's
-        every row: it holds the positions before `length` where they are, whatever `length`)."""
+        every row: it holds the positions before `length` where they are, whatever `length`; a
+        recurrent layer's state, which is the source's whole sequence: kv_cache.RecurrentRows)."""
         for block in self.blocks:
             # staged through a buffer of its own: source and target rows live in one cache tensor
-            end = block.positions if block.ring else length
+            end = block.positions if block.ring or block.recurrent else length
             rows = block.cache[:, source, :, 0:end, :].contiguous()
             block.cache[:, target, :, 0:end, :].assign(rows).realize()  # per layer, as in forward_prefill
 
@@ -299,6 +303,9 @@ def load_model(
     # the most positions a step writes to a slot, where the kernels keep sliding-window layers' rings
     step_writes = max(max_chunk, STEP_WRITES_AT_LEAST) if kernels is not None else None
     pageable = paging is not None and kernels is not None and not any(config.window(i) for i in range(config.n_layers))
+    pageable = pageable and config.recurrent is None  # a recurrent state has no blocks
+    if config.recurrent and kernels is None:
+        raise ModelLoadError(ONLY_ON_KERNELS)
     asked = (slots, context)  # for slots instead, should the pool not fit the model (below)
     if pageable:
         memory, why = pool_plan(config, table, kept, rows, paging[0], context, paging[1])
@@ -331,6 +338,8 @@ def load_model(
         inv_freq_local=inv_freq_local,
         pool=memory.pool,
     )
+    if config.recurrent and not OneCallSteps.fits(model):
+        raise ModelLoadError(f"{ONLY_ON_KERNELS}; some matrix of {path} has no kernel")
     if memory.pool is not None and not OneCallSteps.fits(model):  # a block only the kernels' whole-model call pages
         log.warning("KV cache: some product of %s runs outside the CPU kernels' whole-model step; slots instead of a pool", path)
         del model

@@ -153,13 +153,13 @@ class WeightSource:
         values = self.vector_values(name)
         if values is not None:
             return device_array(values)
-        return self.tinygrad_tensor(name).cast(self.act_dtype).contiguous()
+        return self.tinygrad_tensor(name).cast(self.act_dtype).reshape(-1).contiguous()  # a matrix's rows one after another
 
     def vector_values(self, name: str) -> np.ndarray | None:
         """A float32 vector read from the file (a 2-D tensor's rows one after another), on the CPU
         kernels' path (None elsewhere)."""
         raw = self._raw.get(name)
-        if raw is None or raw.ggml_type != 0 or self.act_dtype != dtypes.float32:
+        if raw is None or raw.ggml_type != 0 or raw.data is None or self.act_dtype != dtypes.float32:
             return None
         return raw.data.view(np.float32).reshape(-1)
 

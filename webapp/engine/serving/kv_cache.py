@@ -45,6 +45,17 @@ class RingRows:
         return reach <= self.whole or reach - length <= self.keep
 
 
+@dataclass(frozen=True)
+class RecurrentRows:
+    """What a recurrent layer's state keeps (Qwen3.5's Gated DeltaNet): one state a slot, that of every
+    token the slot ran, so a prefix serves only if it is the slot's whole sequence. A follow-up turn
+    that repeats the conversation so far reuses all of it; a prompt that parts from it earlier (another
+    user after a shared system prompt, an edited message, the same prompt again) starts afresh."""
+
+    def serves(self, reach: int, length: int) -> bool:
+        return length >= reach
+
+
 @dataclass
 class Slot:
     index: int
@@ -59,7 +70,7 @@ class Slot:
 
 
 class SlotTable:
-    def __init__(self, n_slots: int, ring: RingRows | None = None):
+    def __init__(self, n_slots: int, ring: RingRows | RecurrentRows | None = None):
         self.slots = [Slot(i) for i in range(n_slots)]
         self.ring = ring
         self._clock = itertools.count(1)

@@ -34,6 +34,12 @@ _QWEN2 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen3.5's: Qwen2's with a letter's combining marks kept in its word (\p{M}: Devanagari's vowel
+# signs, a decomposed accent), and case-insensitive contractions spelled out as llama.cpp does
+_QWEN35 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _TEKKEN = (
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
@@ -118,6 +124,7 @@ _PRE_TOKENIZERS: dict[str, _PreTokenizer] = {
     **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"), _LLAMA3_PRE),
     **dict.fromkeys(("dbrx", "smaug-bpe", "chatglm-bpe", "glm4"), _PreTokenizer((_LLAMA3,))),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2", "hunyuan", "kormo"), _PreTokenizer((_QWEN2,))),
+    "qwen35": _PreTokenizer((_QWEN35,)),
     "tekken": _PreTokenizer((_TEKKEN,), ignore_merges=True, add_bos=True),
     **dict.fromkeys(("gpt-4o", "llama4"), _PreTokenizer((_GPT4O,))),
     "deepseek-llm": _PreTokenizer(_DEEPSEEK_LLM),

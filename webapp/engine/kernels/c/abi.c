@@ -14,7 +14,7 @@ static const tq_abi_entry ABI[] = {
     CONSTANT(F32), CONSTANT(F16), CONSTANT(BF16),
     CONSTANT(INTERLEAVED), CONSTANT(STACKED), CONSTANT(MAX_PARTS), CONSTANT(STACK_HEADER_BYTES),
     CONSTANT(STEP_LOGITS), CONSTANT(STEP_HIDDEN), CONSTANT(ATTEND_BIAS), CONSTANT(ATTEND_QK_NORM), CONSTANT(ATTEND_NO_ROPE), CONSTANT(ATTEND_LOCAL_ROPE), CONSTANT(ATTEND_SINKS), CONSTANT(ATTEND_QK_NORM_WHOLE), CONSTANT(ATTEND_LATENT), CONSTANT(FORM_POST_NORMS), CONSTANT(FORM_GEGLU), CONSTANT(FORM_BIASES),
-    CONSTANT(FORM_SWIGLU_CLAMPED), CONSTANT(FORM_LATENT), CONSTANT(KV_F16), CONSTANT(KV_Q8_0), CONSTANT(MAX_HEAD_DIM), CONSTANT(KEY_CHUNK), CONSTANT(MIN_BLOCK_POSITIONS), CONSTANT(SPIN_US),
+    CONSTANT(FORM_SWIGLU_CLAMPED), CONSTANT(FORM_LATENT), CONSTANT(FORM_RECURRENT), CONSTANT(FORM_GATED_ATTENTION), CONSTANT(KV_F16), CONSTANT(KV_Q8_0), CONSTANT(MAX_HEAD_DIM), CONSTANT(KEY_CHUNK), CONSTANT(MIN_BLOCK_POSITIONS), CONSTANT(SPIN_US),
     CONSTANT(MODEL_EMBED), CONSTANT(MODEL_NORM), CONSTANT(MODEL_HEAD), CONSTANT(MODEL_INV_FREQ), CONSTANT(MODEL_INV_FREQ_LOCAL), CONSTANT(MODEL_BLOCK_TABLES), CONSTANT(MODEL_LAYERS),
     CONSTANT(LAYER_QKV), CONSTANT(LAYER_O), CONSTANT(LAYER_GATE_UP), CONSTANT(LAYER_DOWN), CONSTANT(LAYER_ROUTER), CONSTANT(LAYER_UP),
     CONSTANT(LAYER_SHARED_GATE_UP), CONSTANT(LAYER_SHARED_DOWN), CONSTANT(LAYER_Q_B), CONSTANT(LAYER_K_B), CONSTANT(LAYER_V_B), CONSTANT(LAYER_SHARED_GATE), CONSTANT(LAYER_SELECTION_BIAS),
@@ -33,10 +33,12 @@ static const tq_abi_entry ABI[] = {
     FIELD(tq_attention, block_positions), FIELD(tq_attention, table_width),
     STRUCT(tq_layer_shape), FIELD(tq_layer_shape, attention), FIELD(tq_layer_shape, dim), FIELD(tq_layer_shape, ffn_dim),
     FIELD(tq_layer_shape, types), FIELD(tq_layer_shape, experts), FIELD(tq_layer_shape, form), FIELD(tq_layer_shape, latent),
+    FIELD(tq_layer_shape, recurrent),
     STRUCT(tq_latent), FIELD(tq_latent, q_lora), FIELD(tq_latent, kv_lora), FIELD(tq_latent, nope), FIELD(tq_latent, rope), FIELD(tq_latent, v_dim),
     STRUCT(tq_step), FIELD(tq_step, attention), FIELD(tq_step, dim), FIELD(tq_step, ffn_dim), FIELD(tq_step, layers),
     FIELD(tq_step, vocab), FIELD(tq_step, embed_type), FIELD(tq_step, head_type), FIELD(tq_step, picks),
-    FIELD(tq_step, outputs), FIELD(tq_step, experts), FIELD(tq_step, embed_scale), FIELD(tq_step, latent),
+    FIELD(tq_step, outputs), FIELD(tq_step, experts), FIELD(tq_step, embed_scale), FIELD(tq_step, latent), FIELD(tq_step, recurrent),
+    STRUCT(tq_recurrent), FIELD(tq_recurrent, conv_kernel), FIELD(tq_recurrent, state), FIELD(tq_recurrent, k_heads), FIELD(tq_recurrent, v_heads),
 };
 
 int tq_abi(const tq_abi_entry **entries) {

@@ -14,4 +14,5 @@
 #define halves_from_floats_generic halves_from_floats
 #define attend_item_generic attend_item
 #define attend_item_q8_generic attend_item_q8
+#define delta_step_generic delta_step
 #endif

@@ -180,3 +180,16 @@ GENERIC void attend_item_generic(const float *q, int heads, const key_runs *runs
     part[Hd + 1] = total;
   }
 }
+
+GENERIC void delta_step_generic(float *M, const float *q, const float *k, const float *v, float decay, float beta, float scale, int S, float *o) {
+  for (int c = 0; c < S; c++) {
+    float *m = M + (size_t)c * S, recalled = 0.0f, read = 0.0f;
+    for (int a = 0; a < S; a++) recalled += m[a] * k[a];
+    const float delta = (v[c] - decay * recalled) * beta;
+    for (int a = 0; a < S; a++) {
+      m[a] = decay * m[a] + delta * k[a];
+      read += m[a] * q[a];
+    }
+    o[c] = read * scale;
+  }
+}

@@ -77,3 +77,8 @@ static void halves_from_floats(const float *x, int n, uint16_t *to);
 static void attend_item(const float *q, int heads, const key_runs *runs, int n, int Hd, float scale, float *part, size_t part_stride);
 /* attend_item over Q8_0 cache rows (attention_q8.c): rows of Hd / 32 blocks each, Hd a multiple of 32. */
 static void attend_item_q8(const float *q, int heads, const key_runs *runs, int n, int Hd, float scale, float *part, size_t part_stride);
+/* One token of one value head's delta rule (gated_delta.c): M, S rows of S floats (row c holds the
+ * state's column c), decays by `decay` and learns v from k at rate beta; then o = M^T q * scale:
+ *   for each c: d = (v[c] - decay M[c] . k) beta;  M[c] = decay M[c] + d k;  o[c] = M[c] . q * scale
+ * S a multiple of 8. */
+static void delta_step(float *M, const float *q, const float *k, const float *v, float decay, float beta, float scale, int S, float *o);

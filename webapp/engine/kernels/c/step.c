@@ -41,13 +41,20 @@ static void layer(float *out, const float *x, const layer_matrices *w, const flo
   const tq_attention *attention = &shape->attention;
   const int B = attention->lanes, H = attention->heads, KvH = attention->kv_heads, Hd = attention->head_dim, D = shape->dim, F = shape->ffn_dim;
   const int moe = shape->experts.count > 0, post = shape->form & FORM_POST_NORMS, latent = shape->form & FORM_LATENT;
+  const int recurrent = shape->form & FORM_RECURRENT;
   const float eps = attention->eps;
-  const int width = (H + 2 * KvH) * Hd, attended = latent ? H * shape->latent.v_dim : H * Hd;
-  float *qkv = at_least(&layer_intermediates, (size_t)B * (width + H * Hd + D + (moe ? 0 : 2 * F)) * sizeof(float)), *attn = qkv + (size_t)B * width,
-        *h = attn + (size_t)B * H * Hd, *gate_up = h + (size_t)B * D;
+  const int width = (H + 2 * KvH) * Hd;
+  const int attended = recurrent ? shape->recurrent.v_heads * shape->recurrent.state : latent ? H * shape->latent.v_dim : H * Hd;
+  const int attn_width = attended > H * Hd ? attended : H * Hd;
+  float *qkv = at_least(&layer_intermediates, (size_t)B * (width + attn_width + D + (moe ? 0 : 2 * F)) * sizeof(float)),
+        *attn = qkv + (size_t)B * width, *h = attn + (size_t)B * attn_width, *gate_up = h + (size_t)B * D;
   const tq_product qkv_shape = {shape->types[LAYER_QKV], width, D, B, eps}, o_shape = {shape->types[LAYER_O], D, attended, B, eps};
-  prefetch_new_entries(cache, lanes, tables, attention);
-  if (latent) {
+  if (!recurrent) prefetch_new_entries(cache, lanes, tables, attention);
+  if (recurrent) {
+    gated_delta_net(attn, x, w, attn_norm, extras, (float *)cache, lanes, shape);
+  } else if (shape->form & FORM_GATED_ATTENTION) {
+    gated_attention(attn, qkv, x, w->qkv, attn_norm, cache, lanes, rotations, extras, tables, shape);
+  } else if (latent) {
     latent_attention(attn, x, w, attn_norm, extras, cache, lanes, rotations, tables, shape);
   } else {
     linear(qkv, w->qkv, x, &qkv_shape, RMS_NORM, attn_norm, 0);
@@ -114,7 +121,7 @@ void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, cons
   tq_embed(x, (const uint8_t *)(uintptr_t)model[MODEL_EMBED], tokens, &embed_shape);
   if (step->embed_scale != 1.0f)
     for (size_t i = 0; i < (size_t)B * D; i++) x[i] *= step->embed_scale;
-  tq_layer_shape layer_shape = {step->attention, D, step->ffn_dim, {0}, {0}, 0, step->latent};
+  tq_layer_shape layer_shape = {step->attention, D, step->ffn_dim, {0}, {0}, 0, step->latent, step->recurrent};
   for (int l = 0; l < step->layers; l++) {
     const uint64_t *m = model + MODEL_LAYERS + (size_t)l * LAYER_ENTRIES;
     const int32_t *info = layer_info + LAYER_INFO * (size_t)l;

@@ -11,7 +11,8 @@
  * interleaved rows), isa.h (what depends on the instruction set), generic.c and x86_avx2*.c (its
  * portable and AVX2 versions, fallback.h choosing; x86_avx2_<format>.c a format's own products),
  * pool.c (the thread pool), linear.c (the products and the fused linears), attention.c (attention_q8.c: its
- * 8-bit KV cache rows), moe.c (a mixture of experts' feed-forward), mla.c (multi-head latent attention), step.c (a layer, a step) and abi.c (tq_abi).
+ * 8-bit KV cache rows), moe.c (a mixture of experts' feed-forward), mla.c (multi-head latent attention), gated_delta.c (Qwen3.5's recurrent
+ * and gated attention layers), step.c (a layer, a step) and abi.c (tq_abi).
  *
  * Why this shape: a decode step reads every weight once, so bytes decide its speed; keeping the file's
  * 4.5-bit blocks reads a third of what float16 copies did. Activations are quantized per 32 values to
@@ -60,6 +61,7 @@
 #include "x86_avx2_float.c"
 #include "x86_avx2_attention.c"
 #include "x86_avx2_attention_q8.c"
+#include "x86_avx2_delta.c"
 #endif
 #include "pool.c"
 #include "linear.c"
@@ -67,6 +69,7 @@
 #include "shared_expert.c"
 #include "moe.c"
 #include "mla.c"
+#include "gated_delta.c"
 #include "step.c"
 #include "abi.c"
 

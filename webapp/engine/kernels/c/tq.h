@@ -57,6 +57,13 @@ enum { FORM_POST_NORMS = 1, FORM_GEGLU = 2, FORM_BIASES = 4, FORM_SWIGLU_CLAMPED
  * QKV matrix is q's (or q_a's) rows over the latent's, and LAYER_Q_B, LAYER_K_B and LAYER_V_B hold
  * q_b (0 without a q_a), every head's absorbing k_b and every head's v_b, head after head. */
 enum { FORM_LATENT = 16 };
+/* FORM_RECURRENT: the layer mixes tokens by Gated DeltaNet instead of attention (Qwen3.5's linear
+ * layers, gated_delta.c; tq_recurrent's sizes): its QKV matrix is the conv's input rows over z's, beta's
+ * and alpha's, its O the output product (D x v_heads state), its EXTRAS the conv's weights, dt_bias, a
+ * and the output norm (float32), its CACHE every slot's state (float32: gated_delta.c says how).
+ * FORM_GATED_ATTENTION: q's rows are each head's query then its gate, and the attention's output is
+ * times sigmoid(gate) (Qwen3.5's full attention layers). */
+enum { FORM_RECURRENT = 32, FORM_GATED_ATTENTION = 64 };
 /* The KV cache's element types (tq_attention.kv_type). KV_F16: a row of Hd float16 values. KV_Q8_0: a row
  * of Hd / 32 blocks of GGUF's Q8_0 layout (a float16 scale d, then 32 int8 q: value d * q), 34 bytes per
  * 32 values, Hd a multiple of 32 (see attention_q8.c). */
@@ -157,6 +164,12 @@ typedef struct {
   int32_t q_lora, kv_lora, nope, rope, v_dim;
 } tq_latent;
 
+/* A FORM_RECURRENT layer's sizes (Qwen3.5's Gated DeltaNet): the conv's kernel (past inputs + 1), a
+ * head's state (its keys' and its values' size), the key heads and the value heads (a multiple of them). */
+typedef struct {
+  int32_t conv_kernel, state, k_heads, v_heads;
+} tq_recurrent;
+
 /* A whole layer: its attention, the model's width D and the feed-forward's F, its matrices' types,
  * its experts (count 0: a dense layer). */
 typedef struct {
@@ -164,8 +177,9 @@ typedef struct {
   int32_t dim, ffn_dim;
   int32_t types[LAYER_MATRICES]; /* of LAYER_QKV .. LAYER_V_B, in that order */
   tq_experts experts;
-  int32_t form; /* FORM_POST_NORMS | FORM_GEGLU | FORM_BIASES | FORM_SWIGLU_CLAMPED | FORM_LATENT */
+  int32_t form; /* FORM_POST_NORMS | FORM_GEGLU | FORM_BIASES | FORM_SWIGLU_CLAMPED | FORM_LATENT | FORM_RECURRENT ... */
   tq_latent latent;
+  tq_recurrent recurrent;
 } tq_layer_shape;
 
 /* What tq_forward writes for each pick: the head's logits (vocab floats), or the final norm's output
@@ -182,6 +196,7 @@ typedef struct {
   tq_experts experts; /* of the layers with a router */
   float embed_scale;  /* on the embedding's rows (Gemma's sqrt(dim); 1: none) */
   tq_latent latent;   /* of FORM_LATENT layers */
+  tq_recurrent recurrent; /* of FORM_RECURRENT layers */
 } tq_step;
 
 /* tq_abi's description of one name: a constant (its value), a struct (its size) or a field

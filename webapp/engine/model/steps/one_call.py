@@ -48,6 +48,8 @@ class OneCallSteps(Steps):
             block_positions=0 if model.pool is None else model.pool.block_positions,
         )
         self._prefix_copy.synchronize = True
+        # a recurrent layer's state takes in every token a step feeds: a refused draft could not be undone
+        self.speculates = model.config.recurrent is None
 
     def _step(self, tokens: list[int], lanes: list[int], picks: list[int]) -> np.ndarray:
         return self.kernels.step(self.whole_model, tokens, lanes, picks)

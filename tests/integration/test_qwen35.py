@@ -1,0 +1,180 @@
+"""Qwen3.5's hybrid (qwen35): Gated DeltaNet recurrent layers beside gated attention layers, on the
+CPU kernels' one-call step, against a float64 reference that runs the delta rule a token at a time;
+the recurrent state's reuse rule; and end to end through the engine and the openai client."""
+
+import numpy as np
+import openai
+import pytest
+from support import drain_outputs, tiny_engine_server, wait_until
+from support.tiny_models import assert_chunked_prefill_matches, load_steps, off_by
+from support.tiny_qwen35 import SIZES, Qwen35Reference, write_tiny_qwen35
+
+from webapp.engine.kernels import abi
+from webapp.engine.model.config import ModelLoadError
+from webapp.engine.model.delta_block import (
+    GatedAttentionBlock,
+    GatedAttentionSharedExpertBlock,
+    GatedDeltaBlock,
+    GatedDeltaSharedExpertBlock,
+)
+from webapp.engine.model.loader import load_gguf_model
+from webapp.engine.model.memory import kv_bytes_per_position, state_bytes
+from webapp.engine.model.steps import OneCallSteps
+from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
+from webapp.engine.model.transformer import load_model
+from webapp.engine.serving.engine import Engine
+from webapp.engine.serving.kv_cache import RecurrentRows, SlotTable
+from webapp.engine.serving.request import Request, SamplingParams
+
+RNG = np.random.default_rng(7)
+PROMPT = [int(t) for t in RNG.integers(2, 4000, 20)]
+LONG = [int(t) for t in RNG.integers(2, 4000, 70)]
+
+
+@pytest.fixture(autouse=True)
+def _tinygrad_here():
+    use_tinygrad_from_this_thread()
+
+
+@pytest.fixture(scope="module")
+def qwen35(tmp_path_factory):
+    path = write_tiny_qwen35(str(tmp_path_factory.mktemp("qwen35") / "q35.gguf"))
+    return path, Qwen35Reference(path)
+
+
+def test_in_one_call_the_model_matches_the_reference(qwen35):
+    path, ref = qwen35
+    steps = load_steps(path, slots=2, context=256)
+    assert isinstance(steps, OneCallSteps) and not steps.speculates  # a refused draft could not be taken back
+    kinds = [type(b) for b in steps.model.blocks]
+    assert kinds == [GatedDeltaBlock, GatedDeltaBlock, GatedDeltaBlock, GatedAttentionBlock]
+    assert steps.model.blocks[0].layer_tensors.form == abi.LayerForm.RECURRENT
+    assert steps.model.blocks[3].layer_tensors.form == abi.LayerForm.GATED_ATTENTION
+    assert off_by(steps.score(PROMPT, slot=0, start=0), ref.logits(PROMPT)) < 1e-4
+
+
+def test_a_recurrent_layer_keeps_a_state_a_slot_whatever_the_context(qwen35):
+    path, _ = qwen35
+    model, _ = load_model(path, slots=2, context=64)
+    s = SIZES
+    conv = (2 * s["k_heads"] + s["v_heads"]) * s["state"]
+    floats = (s["conv_kernel"] - 1) * conv + s["v_heads"] * s["state"] ** 2
+    assert model.blocks[0].cache.shape == (1, 3, 1, 1, floats)  # every slot and the scratch one
+    assert kv_bytes_per_position(model.config) == 2 * s["kv_heads"] * s["head_dim"] * 2  # the one attention layer's keys and values
+    assert state_bytes(model.config) == 3 * 4 * floats
+
+
+def test_a_long_prompt_in_chunks_matches(qwen35):
+    path, ref = qwen35
+    assert_chunked_prefill_matches(load_steps(path, slots=2, context=256), ref.logits(LONG), LONG, 16, 1e-4)
+
+
+def test_position_zero_starts_a_sequence_afresh_and_a_copied_state_goes_on(qwen35):
+    path, ref = qwen35
+    steps = load_steps(path, slots=3, context=256)
+    steps.prefill(LONG[:30], slot=0, start=0)  # another sequence first: its state must not leak
+    want = ref.logits(PROMPT + [42])
+    assert off_by(steps.prefill(PROMPT, slot=0, start=0), want[-2]) < 1e-4
+    steps.copy_prefix(0, 2, len(PROMPT))  # the whole sequence's state, as kv_cache.RecurrentRows allows
+    assert off_by(steps.decode([42], slots=[2], positions=[len(PROMPT)])[0], want[-1]) < 1e-4
+
+
+@pytest.mark.parametrize("matrix_type", ["Q8_0", "Q4_0"])
+def test_quantized_files_and_a_lane_alone_or_among_others(tmp_path, matrix_type):
+    """Bit for bit: a lane decoded alone, among three others, and as a prompt's last token (each
+    sequence prefilled again first: a recurrent state takes in every token it is fed)."""
+    path = write_tiny_qwen35(str(tmp_path / "q35.gguf"), matrix_type=matrix_type)
+    steps = load_steps(path, slots=4, context=256)
+    assert isinstance(steps, OneCallSteps)
+    # activations are rounded to int8 before every product, as llama.cpp rounds them, and the state
+    # carries each token's rounding into every later one: 0.03-0.12 off here, 1e-6 with float matrices
+    assert off_by(steps.score(PROMPT, slot=0, start=0), Qwen35Reference(path).logits(PROMPT)) < 0.2
+    prompts = [PROMPT[: 3 + i] for i in range(4)]
+
+    def prefilled():
+        for slot, sequence in enumerate(prompts):
+            steps.prefill(sequence, slot=slot, start=0)
+
+    prefilled()
+    alone = steps.decode([42], slots=[0], positions=[len(prompts[0])])[0]
+    prefilled()
+    together = steps.decode([42, 100, 101, 102], slots=[0, 1, 2, 3], positions=[len(p) for p in prompts])
+    np.testing.assert_array_equal(together[0], alone)
+    np.testing.assert_array_equal(steps.prefill(prompts[0] + [42], slot=0, start=0), alone)
+
+
+def test_a_cached_prefix_serves_only_as_the_slots_whole_sequence():
+    table = SlotTable(2, RecurrentRows())
+    slot, reused = table.acquire("a", [1, 2, 3, 4])
+    table.extend(slot, [1, 2, 3, 4, 5])  # the prompt and an output fed back
+    table.release(slot)
+    assert table.reusable(slot, [1, 2, 3, 4, 5, 6, 7]) == 5  # a follow-up turn: all of it
+    assert table.reusable(slot, [1, 2, 3, 9]) == 0  # parts earlier: the state is not that prefix's
+    assert table.reusable(slot, [1, 2, 3, 4, 5]) == 0  # the same prompt again: its last token must run
+
+
+def test_refused_in_one_line_where_it_cannot_run(tmp_path, qwen35):
+    path, _ = qwen35
+    with pytest.raises(ModelLoadError, match="only on the CPU kernels"):
+        load_model(path, slots=1, context=32, cpu_kernels=False)
+    bad = {"ssm.inner_size": 96}
+    with pytest.raises(ModelLoadError, match="ssm.inner_size"):
+        load_model(write_tiny_qwen35(str(tmp_path / "inner.gguf"), metadata=bad), slots=1, context=32)
+    with pytest.raises(ModelLoadError, match="every layer is recurrent"):
+        load_model(write_tiny_qwen35(str(tmp_path / "all.gguf"), interval=8), slots=1, context=32)
+
+
+def _engine(path, paging=None):
+    engine = Engine(lambda: load_gguf_model(path, 2, 256, 16, paging=paging), slots=2, prefill_chunk=16).start()
+    assert wait_until(lambda: engine.state != "loading", timeout=120) and engine.state == "ok", engine.error
+    return engine
+
+
+def _greedy(engine, prompt, max_tokens=6):
+    request = Request(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    engine.submit(request)
+    return drain_outputs(request, timeout=120)[0], request
+
+
+def test_a_follow_up_turn_reuses_the_conversations_state_and_gets_the_fresh_tokens(tmp_path):
+    path = write_tiny_qwen35(str(tmp_path / "q35.gguf"), matrix_type="Q8_0")
+    engine = _engine(path, paging=(2, None))  # a pool asked for: slots instead, the state has no blocks
+    try:
+        assert engine.loaded.kv_pool is None
+        first, _ = _greedy(engine, PROMPT)
+        follow_up = PROMPT + first + [5, 6, 7]
+        tokens, request = _greedy(engine, follow_up)
+        assert request.cached_tokens == len(PROMPT) + len(first) - 1  # all it ran: the last output was never fed
+    finally:
+        engine.stop(5)
+    use_tinygrad_from_this_thread()
+    engine = _engine(path)
+    try:
+        assert _greedy(engine, follow_up)[0] == tokens
+    finally:
+        engine.stop(5)
+
+
+def test_the_server_answers_the_openai_client(tmp_path):
+    path = write_tiny_qwen35(str(tmp_path / "q35.gguf"), matrix_type="Q8_0")
+    with tiny_engine_server(path, slots=2, queue_limit=2) as (engine, srv):
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=120)
+        ask = {"model": "qwen35", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "temperature": 0}
+        reply, again = client.chat.completions.create(**ask), client.chat.completions.create(**ask)
+        assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 6
+        assert again.choices[0].message.content == reply.choices[0].message.content
+        stream = client.chat.completions.create(**ask, stream=True)
+        assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == reply.choices[0].message.content
+        client.close()
+
+
+def test_a_mixture_of_experts_with_a_gated_shared_expert_matches_the_reference(tmp_path):
+    """qwen35moe (Qwen3.5-35B-A3B's kind): every layer's feed-forward 2 of 8 experts, softmax and
+    divided by their sum, beside a shared expert behind its sigmoid gate; the kernels count each
+    expert's lanes."""
+    path = write_tiny_qwen35(str(tmp_path / "moe.gguf"), experts=(8, 2, 64), shared=96)
+    steps = load_steps(path, slots=2, context=256)
+    assert isinstance(steps, OneCallSteps)
+    assert [type(b) for b in steps.model.blocks][-2:] == [GatedDeltaSharedExpertBlock, GatedAttentionSharedExpertBlock]
+    assert off_by(steps.score(PROMPT, slot=0, start=0), Qwen35Reference(path).logits(PROMPT)) < 1e-4
+    assert steps.model.routed_tokens().sum() == 4 * 2 * len(PROMPT)  # every layer, two experts a token

@@ -1,0 +1,103 @@
+"""Qwen3.5's layers (llama.cpp's `qwen35`, `qwen35moe`): Gated DeltaNet recurrent layers
+(`GatedDeltaBlock`) beside full attention layers whose output a gate scales (`GatedAttentionBlock`),
+each then a dense SwiGLU, or a mixture of experts with a gated shared expert (the *SharedExpertBlock
+pair: MoeBlock's and SharedExpertBlock's feed-forward hooks).
+
+Contract: both fill TransformerBlock's attention hooks for the CPU kernels' whole-model step (the
+kernels' gated_delta.c says what they compute); with n = rms_norm(x) * attn_norm:
+    recurrent: [mixed | z | beta | alpha] = W_qkv . n  (attn_qkv, attn_gate, ssm_beta, ssm_alpha stacked)
+               h = x + W_ssm_out . gated_delta_net(...)
+    full:      [q_h | gate_h for each head h] | k | v = W_qkv . n;  h = x + W_o . (attention * sigmoid(gate))
+A recurrent layer's cache is its state, float32 (1, slots + 1, 1, 1, Recurrent.state_floats): every
+slot's conv inputs and S x S matrices, whatever the context. The layers run only inside the kernels'
+one call (every product in blocks, on the CPU): tinygrad's path and the five-kernel fallback have no
+recurrence, and the file is refused there in one line (transformer.load_model).
+"""
+
+from __future__ import annotations
+
+from tinygrad import Tensor, dtypes
+
+from webapp.engine.kernels import abi
+from webapp.engine.kernels.abi import AttendFlag
+from webapp.engine.model.block import TransformerBlock, _float32_buffer, _zero_pages
+from webapp.engine.model.config import ModelLoadError
+from webapp.engine.model.kv_types import KvPool
+from webapp.engine.model.moe_block import MoeBlock
+from webapp.engine.model.shared_expert_block import SharedExpertBlock
+from webapp.engine.model.weights import WeightSource
+
+ONLY_ON_KERNELS = "Qwen3.5's layers run only on the CPU kernels' one-call step (the CPU device, LLM_CPU_KERNELS on)"
+
+
+class _KernelsOnly(TransformerBlock):
+    def _load_tinygrad_attention(self, weights: WeightSource, p: str) -> None:
+        raise ModelLoadError(ONLY_ON_KERNELS)
+
+    def on_kernels(self, x, lanes, inv_freq):
+        raise ModelLoadError(ONLY_ON_KERNELS)
+
+    def prefill(self, *args):
+        raise ModelLoadError(ONLY_ON_KERNELS)
+
+    def decode(self, *args):
+        raise ModelLoadError(ONLY_ON_KERNELS)
+
+
+class GatedAttentionBlock(_KernelsOnly):
+    """Attention with q/k norms and a partial rotary whose output is times sigmoid(gate): the file's q
+    rows carry each head's gate after its query, which the kernels take apart."""
+
+    def _kernel_form(self) -> dict:
+        form = super()._kernel_form()  # a mixture's besides (qwen35moe)
+        return form | {"form": form.get("form", 0) | int(abi.LayerForm.GATED_ATTENTION)}
+
+
+class GatedDeltaBlock(_KernelsOnly):
+    recurrent = True
+
+    def _load_attention(self, weights: WeightSource, p: str) -> None:
+        # the four products of the normed input as one
+        self.qkv = weights.linear(p + "attn_qkv.weight", p + "attn_gate.weight", p + "ssm_beta.weight", p + "ssm_alpha.weight")
+        self.attn_output = weights.linear(p + "ssm_out.weight")  # Hv S -> D
+        self._extras = [p + "ssm_conv1d.weight", p + "ssm_dt.bias", p + "ssm_a", p + "ssm_norm.weight"]
+
+    def _kernel_attention(self, weights: WeightSource, p: str) -> tuple[Tensor, int]:
+        return _float32_buffer(weights, self._extras), int(AttendFlag(0))
+
+    def _make_cache(self, slots: int, context: int, step_writes: int, pool: KvPool | None) -> None:
+        if pool is not None:
+            raise ModelLoadError("a recurrent layer's state has no blocks to page: qwen35 keeps slots (LLM_KV_LAYOUT=slots)")
+        self.positions, self.ring = 1, False
+        self.cache = _zero_pages((1, slots + 1, 1, 1, self.c.recurrent.state_floats), dtypes.float32)
+
+    def _kernel_form(self) -> dict:
+        r, form = self.c.recurrent, super()._kernel_form()
+        recurrent = abi.Recurrent(r.conv_kernel, r.state, r.k_heads, r.v_heads)
+        return form | {"form": form.get("form", 0) | int(abi.LayerForm.RECURRENT), "recurrent": recurrent}
+
+
+class GatedDeltaMoeBlock(GatedDeltaBlock, MoeBlock):
+    """Gated DeltaNet, then routed experts."""
+
+
+class GatedAttentionMoeBlock(GatedAttentionBlock, MoeBlock):
+    """Gated attention, then routed experts."""
+
+
+class GatedDeltaSharedExpertBlock(GatedDeltaBlock, SharedExpertBlock):
+    """Gated DeltaNet, then routed experts and a gated shared expert (Qwen3.5's mixtures: qwen35moe)."""
+
+
+class GatedAttentionSharedExpertBlock(GatedAttentionBlock, SharedExpertBlock):
+    """Gated attention, then routed experts and a gated shared expert."""
+
+
+def hybrid_blocks(config) -> list[type]:
+    """Each layer's block, recurrent or full attention (Recurrent.pattern), dense or a mixture of experts."""
+    recurrent, attention = GatedDeltaBlock, GatedAttentionBlock
+    if config.experts:
+        shared = config.shared_expert_hidden_dim
+        recurrent = GatedDeltaSharedExpertBlock if shared else GatedDeltaMoeBlock
+        attention = GatedAttentionSharedExpertBlock if shared else GatedAttentionMoeBlock
+    return [recurrent if config.recurrent.layer(i) else attention for i in range(config.n_layers)]
