@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 from support.tiny_deepseek2 import LatentReference  # noqa: E402
 from support.tiny_models import Reference  # noqa: E402
+from support.tiny_qwen35 import Qwen35Reference  # noqa: E402
 
 from bench.conformance import BASELINE, ModelFiles, chat_prompts, parse_shape, type_mix  # noqa: E402
 from bench.fidelity import CHUNK, CONTEXT, SLOTS, teacher_forced_matches  # noqa: E402
@@ -186,9 +187,11 @@ def print_summary(results: list[tuple[str, dict]], top: int) -> None:
 
 
 def reference_for(path: str) -> Reference:
-    """The float64 forward pass of the file's architecture: latent attention's decompresses its heads."""
+    """The float64 forward pass of the file's architecture: latent attention's decompresses its heads,
+    Qwen3.5's runs the delta rule a token at a time."""
     kv, _ = read_gguf(path)
-    return (LatentReference if kv.get("general.architecture") == "deepseek2" else Reference)(path)
+    arch = kv.get("general.architecture")
+    return {"deepseek2": LatentReference, "qwen35": Qwen35Reference, "qwen35moe": Qwen35Reference}.get(arch, Reference)(path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,6 +69,13 @@ def test_a_long_prompt_in_chunks_matches(qwen35):
     assert_chunked_prefill_matches(load_steps(path, slots=2, context=256), ref.logits(LONG), LONG, 16, 1e-4)
 
 
+def test_an_8_bit_cache_matches_the_reference_rounding_alike(qwen35):
+    """LLM_KV_TYPE=q8_0 rounds the attention layer's keys and values; the recurrent state stays float32."""
+    path, _ = qwen35
+    steps = load_steps(path, slots=2, context=256, kv_type="q8_0")
+    assert off_by(steps.score(PROMPT, slot=0, start=0), Qwen35Reference(path, kv_type="q8_0").logits(PROMPT)) < 1e-4
+
+
 def test_position_zero_starts_a_sequence_afresh_and_a_copied_state_goes_on(qwen35):
     path, ref = qwen35
     steps = load_steps(path, slots=3, context=256)
