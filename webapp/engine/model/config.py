@@ -148,6 +148,10 @@ class ModelConfig:
         """Whether layer `layer` (from 0) is a mixture of experts (not one of the leading dense layers)."""
         return bool(self.experts) and layer >= self.dense_layers
 
+    def recurrent_layer(self, layer: int) -> bool:
+        """Whether layer `layer` (from 0) is a recurrent (Gated DeltaNet) layer of a hybrid."""
+        return self.recurrent is not None and self.recurrent.layer(layer)
+
     def rotates(self, layer: int) -> bool:
         """Whether layer `layer` (from 0) rotates q and k by RoPE."""
         return not self.no_rope_every or (layer + 1) % self.no_rope_every != 0

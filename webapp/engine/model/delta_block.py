@@ -31,16 +31,9 @@ ONLY_ON_KERNELS = "Qwen3.5's layers run only on the CPU kernels' one-call step (
 
 
 class _KernelsOnly(TransformerBlock):
+    # a layer the kernels cannot run (a head over MAX_HEAD_DIM) would take tinygrad's path, which has
+    # none of these layers; load_model refuses a model whose step is not the kernels' one call
     def _load_tinygrad_attention(self, weights: WeightSource, p: str) -> None:
-        raise ModelLoadError(ONLY_ON_KERNELS)
-
-    def on_kernels(self, x, lanes, inv_freq):
-        raise ModelLoadError(ONLY_ON_KERNELS)
-
-    def prefill(self, *args):
-        raise ModelLoadError(ONLY_ON_KERNELS)
-
-    def decode(self, *args):
         raise ModelLoadError(ONLY_ON_KERNELS)
 
 
@@ -100,4 +93,4 @@ def hybrid_blocks(config) -> list[type]:
         shared = config.shared_expert_hidden_dim
         recurrent = GatedDeltaSharedExpertBlock if shared else GatedDeltaMoeBlock
         attention = GatedAttentionSharedExpertBlock if shared else GatedAttentionMoeBlock
-    return [recurrent if config.recurrent.layer(i) else attention for i in range(config.n_layers)]
+    return [recurrent if config.recurrent_layer(i) else attention for i in range(config.n_layers)]

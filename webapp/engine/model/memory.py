@@ -76,19 +76,13 @@ class MemoryPlan:
 def kv_bytes_per_position(config: ModelConfig, kv_type: KvRows = KV_TYPES["f16"], rings: bool = False) -> int:
     """Every layer's key and value rows of one position, or with `rings` the layers' whose rows grow
     with the context (a ring's are a slot's whatever its length)."""
-    layers = sum(1 for i in range(config.n_layers) if not (rings and config.window(i)) and not _recurrent(config, i))
+    layers = sum(1 for i in range(config.n_layers) if not (rings and config.window(i)) and not config.recurrent_layer(i))
     return layers * _row_pair_bytes(config, kv_type)
-
-
-def _recurrent(config: ModelConfig, layer: int) -> bool:
-    return config.recurrent is not None and config.recurrent.layer(layer)
 
 
 def state_bytes(config: ModelConfig) -> int:
     """A slot's recurrent layers' states (float32), whatever the context (none: 0)."""
-    if config.recurrent is None:
-        return 0
-    return sum(4 * config.recurrent.state_floats for i in range(config.n_layers) if config.recurrent.layer(i))
+    return sum(4 * config.recurrent.state_floats for i in range(config.n_layers) if config.recurrent_layer(i))
 
 
 def _row_pair_bytes(config: ModelConfig, kv_type: KvRows) -> int:
@@ -99,7 +93,7 @@ def _row_pair_bytes(config: ModelConfig, kv_type: KvRows) -> int:
 def layer_positions(config: ModelConfig, positions: int, step_writes: int | None = None) -> list[int]:
     """Each layer's cache positions a slot (kv_types.cache_positions: `positions`, or a ring; a
     recurrent layer none: its state is state_bytes')."""
-    return [0 if _recurrent(config, i) else cache_positions(config.window(i), positions, step_writes) for i in range(config.n_layers)]
+    return [0 if config.recurrent_layer(i) else cache_positions(config.window(i), positions, step_writes) for i in range(config.n_layers)]
 
 
 def ring_bytes(config: ModelConfig, kv_type: KvRows, step_writes: int) -> int:

@@ -14,7 +14,7 @@
  * rows). A lane at position 0 starts its sequence: its slot's row is zeroed first. The lanes of one
  * slot run in the order given (their positions rising), each sequence's heads spread over the pool;
  * a lane's numbers depend on its own sequence alone. */
-static __thread scratch_t recurrent_buffers;
+static __thread scratch_t qwen35_rows; /* both layers' intermediates */
 
 static size_t recurrent_state_floats(const tq_recurrent *r) {
   return (size_t)(r->conv_kernel - 1) * (2 * r->k_heads + r->v_heads) * r->state + (size_t)r->v_heads * r->state * r->state;
@@ -77,9 +77,8 @@ static void gated_delta_net(float *out, const float *x, const layer_matrices *w,
   const float *conv_weights = extras, *dt_bias = extras + (size_t)C * K, *a = dt_bias + Hv, *norm = a + Hv;
   const size_t pieces[] = {(size_t)B * width, (size_t)B * C, (size_t)B * V, (size_t)B * Hv, (size_t)B * Hv, (size_t)B, (size_t)B + 1, (size_t)B};
   enum { PIECES = sizeof pieces / sizeof *pieces };
-  size_t at[PIECES], total = 0;
-  for (int i = 0; i < PIECES; i++) at[i] = total, total += (pieces[i] * sizeof(float) + 63) / 64 * 64;
-  char *base = at_least(&recurrent_buffers, total);
+  size_t at[PIECES];
+  char *base = pieces_of(&qwen35_rows, pieces, PIECES, sizeof(float), at);
   float *projected = (float *)(base + at[0]), *mixed = (float *)(base + at[1]), *o = (float *)(base + at[2]);
   float *decay = (float *)(base + at[3]), *beta = (float *)(base + at[4]);
   int32_t *order = (int32_t *)(base + at[5]), *starts = (int32_t *)(base + at[6]), *slots = (int32_t *)(base + at[7]);
@@ -134,7 +133,7 @@ static void gated_attention(float *out, float *qkv, const float *x, const uint8_
                             const tq_layer_shape *shape) {
   const tq_attention *a = &shape->attention;
   const int B = a->lanes, H = a->heads, KvH = a->kv_heads, Hd = a->head_dim, width = (H + 2 * KvH) * Hd, raw_width = width + H * Hd;
-  float *raw = at_least(&recurrent_buffers, ((size_t)B * raw_width + (size_t)B * H * Hd) * sizeof(float)), *gate = raw + (size_t)B * raw_width;
+  float *raw = at_least(&qwen35_rows, ((size_t)B * raw_width + (size_t)B * H * Hd) * sizeof(float)), *gate = raw + (size_t)B * raw_width;
   const tq_product raw_shape = {shape->types[LAYER_QKV], raw_width, shape->dim, B, a->eps};
   linear(raw, w_qkv, x, &raw_shape, RMS_NORM, attn_norm, 0);
   for (int b = 0; b < B; b++) {

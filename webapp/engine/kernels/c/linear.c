@@ -52,6 +52,14 @@ static void *at_least(scratch_t *s, size_t bytes) {
   return s->data;
 }
 
+/* One allocation of `s` for n pieces of sizes[i] * unit bytes each, every piece 64-byte aligned:
+ * piece i starts at the returned base + at[i]. */
+static char *pieces_of(scratch_t *s, const size_t *sizes, int n, size_t unit, size_t *at) {
+  size_t total = 0;
+  for (int i = 0; i < n; i++) at[i] = total, total += (sizes[i] * unit + 63) / 64 * 64;
+  return at_least(s, total);
+}
+
 /* the transformed activations (a row a token), or attention's queries; a layer's intermediates */
 static __thread scratch_t float_rows, layer_intermediates, attend_partials;
 /* a product's input as int8 blocks, in each rounding (isa.h's ACT_*) */

@@ -43,9 +43,8 @@ static void latent_attention(float *out, const float *x, const layer_matrices *w
       (size_t)B * H * Hd,         /* 6: the attention's output */
   };
   enum { PIECES = sizeof pieces / sizeof *pieces };
-  size_t at[PIECES], total = 0;
-  for (int i = 0; i < PIECES; i++) at[i] = total, total += (pieces[i] * sizeof(float) + 63) / 64 * 64;
-  char *base = at_least(&latent_buffers, total);
+  size_t at[PIECES];
+  char *base = pieces_of(&latent_buffers, pieces, PIECES, sizeof(float), at);
   float *projected = (float *)(base + at[0]), *q = (float *)(base + at[1]), *q_a = (float *)(base + at[2]);
   float *rows = (float *)(base + at[3]), *head_in = (float *)(base + at[4]), *head_out = (float *)(base + at[5]);
   float *attended = (float *)(base + at[6]);

@@ -88,9 +88,8 @@ static void moe_feed_forward(float *out, const float *h, const layer_matrices *w
       (size_t)B * D * sizeof(float),            /* 8: the shared expert's output, if any */
   };
   enum { PIECES = sizeof pieces / sizeof *pieces };
-  size_t at[PIECES], total = 0;
-  for (int i = 0; i < PIECES; i++) at[i] = total, total += (pieces[i] + 63) / 64 * 64;
-  char *base = at_least(&moe_buffers, total);
+  size_t at[PIECES];
+  char *base = pieces_of(&moe_buffers, pieces, PIECES, 1, at);
   float *normed = (float *)(base + at[0]), *gathered = (float *)(base + at[1]), *logits = (float *)(base + at[2]);
   int32_t *chosen = (int32_t *)(base + at[3]);
   float *weights = (float *)(chosen + (size_t)B * K);
