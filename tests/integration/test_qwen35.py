@@ -2,6 +2,8 @@
 CPU kernels' one-call step, against a float64 reference that runs the delta rule a token at a time;
 the recurrent state's reuse rule; and end to end through the engine and the openai client."""
 
+import urllib.request
+
 import numpy as np
 import openai
 import pytest
@@ -18,12 +20,12 @@ from webapp.engine.model.delta_block import (
     GatedDeltaSharedExpertBlock,
 )
 from webapp.engine.model.loader import load_gguf_model
-from webapp.engine.model.memory import kv_bytes_per_position, state_bytes
+from webapp.engine.model.memory import kv_bytes_per_position, snapshot_bytes, state_bytes
+from webapp.engine.model.recurrent_config import snapshot_rows
 from webapp.engine.model.steps import OneCallSteps
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.model.transformer import load_model
 from webapp.engine.serving.engine import Engine
-from webapp.engine.serving.kv_cache import RecurrentRows, SlotTable
 from webapp.engine.serving.request import Request, SamplingParams
 
 RNG = np.random.default_rng(7)
@@ -59,9 +61,11 @@ def test_a_recurrent_layer_keeps_a_state_a_slot_whatever_the_context(qwen35):
     s = SIZES
     conv = (2 * s["k_heads"] + s["v_heads"]) * s["state"]
     floats = (s["conv_kernel"] - 1) * conv + s["v_heads"] * s["state"] ** 2
-    assert model.blocks[0].cache.shape == (1, 3, 1, 1, floats)  # every slot and the scratch one
+    rows = 3 + snapshot_rows(2)  # every slot, the scratch one, then the snapshots
+    assert model.blocks[0].cache.shape == (1, rows, 1, 1, floats)
     assert kv_bytes_per_position(model.config) == 2 * s["kv_heads"] * s["head_dim"] * 2  # the one attention layer's keys and values
     assert state_bytes(model.config) == 3 * 4 * floats
+    assert snapshot_bytes(model.config, 2) == snapshot_rows(2) * state_bytes(model.config)
 
 
 def test_a_long_prompt_in_chunks_matches(qwen35):
@@ -82,8 +86,25 @@ def test_position_zero_starts_a_sequence_afresh_and_a_copied_state_goes_on(qwen3
     steps.prefill(LONG[:30], slot=0, start=0)  # another sequence first: its state must not leak
     want = ref.logits(PROMPT + [42])
     assert off_by(steps.prefill(PROMPT, slot=0, start=0), want[-2]) < 1e-4
-    steps.copy_prefix(0, 2, len(PROMPT))  # the whole sequence's state, as kv_cache.RecurrentRows allows
+    steps.copy_prefix(0, 2, len(PROMPT))  # the whole sequence's state, as state_snapshots.RecurrentSlots allows
     assert off_by(steps.decode([42], slots=[2], positions=[len(PROMPT)])[0], want[-1]) < 1e-4
+
+
+def test_a_snapshot_of_the_state_serves_its_prefix_in_another_slot(qwen35):
+    """The state copied aside where a chunk ended, the sequence run on past it, then that prefix's
+    keys and values and the snapshot's state in another slot: a prompt that parts there goes on as
+    if prefilled afresh."""
+    path, ref = qwen35
+    steps = load_steps(path, slots=2, context=256)
+    snapshot = 2 + 1  # the first row after both slots' and the scratch one
+    steps.prefill(LONG[:40], slot=0, start=0)
+    steps.copy_state(0, snapshot)
+    steps.prefill(LONG[40:60], slot=0, start=40)  # the state moves on; the snapshot stays at 40
+    steps.prefill(LONG[:10], slot=1, start=0)  # whatever slot 1 held before
+    steps.copy_prefix(0, 1, 40)
+    steps.copy_state(snapshot, 1)
+    other = LONG[:40] + PROMPT[:10]
+    assert off_by(steps.prefill(PROMPT[:10], slot=1, start=40), ref.logits(other)[-1]) < 1e-4
 
 
 @pytest.mark.parametrize("matrix_type", ["Q8_0", "Q4_0"])
@@ -110,16 +131,6 @@ def test_quantized_files_and_a_lane_alone_or_among_others(tmp_path, matrix_type)
     np.testing.assert_array_equal(steps.prefill(prompts[0] + [42], slot=0, start=0), alone)
 
 
-def test_a_cached_prefix_serves_only_as_the_slots_whole_sequence():
-    table = SlotTable(2, RecurrentRows())
-    slot, reused = table.acquire("a", [1, 2, 3, 4])
-    table.extend(slot, [1, 2, 3, 4, 5])  # the prompt and an output fed back
-    table.release(slot)
-    assert table.reusable(slot, [1, 2, 3, 4, 5, 6, 7]) == 5  # a follow-up turn: all of it
-    assert table.reusable(slot, [1, 2, 3, 9]) == 0  # parts earlier: the state is not that prefix's
-    assert table.reusable(slot, [1, 2, 3, 4, 5]) == 0  # the same prompt again: its last token must run
-
-
 def test_refused_in_one_line_where_it_cannot_run(tmp_path, qwen35):
     path, _ = qwen35
     with pytest.raises(ModelLoadError, match="only on the CPU kernels"):
@@ -131,14 +142,14 @@ def test_refused_in_one_line_where_it_cannot_run(tmp_path, qwen35):
         load_model(write_tiny_qwen35(str(tmp_path / "all.gguf"), interval=8), slots=1, context=32)
 
 
-def _engine(path, paging=None):
-    engine = Engine(lambda: load_gguf_model(path, 2, 256, 16, paging=paging), slots=2, prefill_chunk=16).start()
+def _engine(path, paging=None, slots=2):
+    engine = Engine(lambda: load_gguf_model(path, slots, 256, 16, paging=paging), slots=slots, prefill_chunk=16).start()
     assert wait_until(lambda: engine.state != "loading", timeout=120) and engine.state == "ok", engine.error
     return engine
 
 
-def _greedy(engine, prompt, max_tokens=6):
-    request = Request(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+def _greedy(engine, prompt, max_tokens=6, message_ends=()):
+    request = Request(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0), message_ends=message_ends)
     engine.submit(request)
     return drain_outputs(request, timeout=120)[0], request
 
@@ -162,6 +173,39 @@ def test_a_follow_up_turn_reuses_the_conversations_state_and_gets_the_fresh_toke
         engine.stop(5)
 
 
+def test_prompts_that_part_after_a_snapshot_start_from_it_and_get_the_fresh_tokens(tmp_path):
+    """A chat's system prompt and its first turn, snapshotted where each ends; then another user with
+    that system prompt (two choices of one prompt among them), the same prompt again, and the next
+    turn, which parts from the first where its generation prompt began."""
+    path = write_tiny_qwen35(str(tmp_path / "q35.gguf"), matrix_type="Q8_0")
+    system, question = LONG[:40], LONG[40:52]
+    generation = [7, 8]  # the generation prompt: the next turn's history has the answer in its place
+    engine = _engine(path, slots=3)
+    try:
+        first, request = _greedy(engine, system + question + generation, message_ends=(40, 52))
+        assert request.cached_tokens == 0 and engine.scheduler.slots.describe_snapshots()["taken_total"] == 2
+        others = [Request(system + PROMPT, SamplingParams(max_tokens=4, temperature=0.0), message_ends=(40,)) for _ in range(2)]
+        for other in others:
+            engine.submit(other)
+        other_tokens = [drain_outputs(other, timeout=120)[0] for other in others]
+        # the second from the snapshot too, or from the first's state further on, between its chunks
+        assert others[0].cached_tokens == 40 and others[1].cached_tokens >= 40
+        again, request = _greedy(engine, system + question + generation, message_ends=(40, 52))
+        assert again == first and request.cached_tokens == 52
+        turn = system + question + first + [9, 10, 11] + generation
+        tokens, request = _greedy(engine, turn, message_ends=(40, len(turn) - 2))
+        assert request.cached_tokens == 52
+    finally:
+        engine.stop(5)
+    use_tinygrad_from_this_thread()
+    engine = _engine(path)
+    try:
+        assert _greedy(engine, turn)[0] == tokens
+        assert _greedy(engine, system + PROMPT, max_tokens=4)[0] == other_tokens[0] == other_tokens[1]
+    finally:
+        engine.stop(5)
+
+
 def test_the_server_answers_the_openai_client(tmp_path):
     path = write_tiny_qwen35(str(tmp_path / "q35.gguf"), matrix_type="Q8_0")
     with tiny_engine_server(path, slots=2, queue_limit=2) as (engine, srv):
@@ -173,6 +217,35 @@ def test_the_server_answers_the_openai_client(tmp_path):
         stream = client.chat.completions.create(**ask, stream=True)
         assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == reply.choices[0].message.content
         client.close()
+
+
+def test_a_chats_next_turn_and_another_users_chat_start_from_snapshots_through_the_openai_client(tmp_path):
+    """The web layer says where the system prompt ends and where the generation prompt starts; the
+    next turn reuses all its history but the generation prompt, another user the system prompt."""
+    path = write_tiny_qwen35(str(tmp_path / "q35.gguf"), matrix_type="Q8_0")
+    system = {"role": "system", "content": "You answer in one short sentence, politely, and never make up facts. " * 3}
+    with tiny_engine_server(path, slots=3, queue_limit=2) as (engine, srv):
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+        def ask(*messages):
+            reply = client.chat.completions.create(model="qwen35", messages=list(messages), max_tokens=6, temperature=0)
+            return reply, reply.usage.prompt_tokens_details.cached_tokens
+
+        question = {"role": "user", "content": "What does a recurrent layer keep?"}
+        first, cached = ask(system, question)
+        assert cached == 0
+        answer = {"role": "assistant", "content": first.choices[0].message.content}
+        _, cached = ask(system, question, answer, {"role": "user", "content": "And why?"})
+        assert first.usage.prompt_tokens - 4 <= cached < first.usage.prompt_tokens  # all but "<|im_start|>assistant\n"
+        other, cached = ask(system, {"role": "user", "content": "Name a prime number."})
+        system_tokens = len(engine.tokenizer.encode(system["content"]))
+        assert system_tokens < cached < first.usage.prompt_tokens - 4  # the system prompt and its message's header
+        client.close()
+        assert wait_until(lambda: engine.stats()["state_snapshots"]["restored_total"] == 2, timeout=10)
+        with urllib.request.urlopen(f"{srv.url}/metrics", timeout=10) as response:
+            assert "llm_state_snapshots_restored_total 2.0" in response.read().decode()
+        with urllib.request.urlopen(f"{srv.url}/admin", timeout=10) as response:
+            assert "State snapshots" in response.read().decode()
 
 
 def test_a_mixture_of_experts_with_a_gated_shared_expert_matches_the_reference(tmp_path):

@@ -152,6 +152,7 @@ class Reply:
 class FakeEngine:
     model_name = "fake-model"
     pooling, embedding_suffix = "mean", ()
+    keeps_states = False  # True: chats carry their messages' ends (Request.message_ends)
 
     def __init__(self, max_context: int = 4096, n_slots: int = 4) -> None:
         self.max_context, self.n_slots = max_context, n_slots

@@ -52,23 +52,48 @@ def start_chat(engine, body: dict, answer_id: str, param: str) -> ChatRun:
     tools = params.active_tools
     grammar = structured.output_grammar(body, tools, params.tool_choice, params.forced_tool)
     prompt = render_chat(engine.chat_template, list(params.messages), tools)
-    answer = submit(engine, encode(engine.tokenizer, prompt), params, answer_id, param, options, grammar)
+    prompt_ids = encode(engine.tokenizer, prompt)
+    ends = message_ends(engine, list(params.messages), tools, prompt, prompt_ids) if engine.keeps_states else ()
+    answer = submit(engine, prompt_ids, params, answer_id, param, options, grammar, ends)
     parsers = [output_parser(engine.chat_template.source, prompt, tools) for _ in answer.readers]
     return ChatRun(params, options, answer, parsers, structured.parallel_tool_calls(body), params.model or engine.model_name)
 
 
-def render_chat(template, messages: list[dict], tools: list[dict] | None) -> str:
-    """The prompt text; tools a template would silently drop go into the system prompt instead."""
+def render_chat(template, messages: list[dict], tools: list[dict] | None, generation: bool = True) -> str:
+    """The prompt text (with the generation prompt unless not `generation`); tools a template would
+    silently drop go into the system prompt instead."""
     messages = template_messages(template.source, messages)
     try:
-        without = template.render(messages, tools=None, add_generation_prompt=True) if tools else None
-        prompt = template.render(messages, tools=tools, add_generation_prompt=True)
+        without = template.render(messages, tools=None, add_generation_prompt=generation) if tools else None
+        prompt = template.render(messages, tools=tools, add_generation_prompt=generation)
         if prompt == without:
             messages = structured.with_tools_in_system_prompt(messages, tools)
-            prompt = template.render(messages, tools=None, add_generation_prompt=True)
+            prompt = template.render(messages, tools=None, add_generation_prompt=generation)
     except ValueError as e:  # the template's TemplateError: these messages do not fit the model
         raise ApiError(400, f"The chat template rejected the messages: {e}", "messages") from e
     return prompt
+
+
+def message_ends(engine, messages: list[dict], tools: list[dict] | None, prompt: str, prompt_ids: list[int]) -> tuple[int, ...]:
+    """Where in `prompt_ids` the system prompt ends and the generation prompt starts: a recurrent
+    model snapshots its state there (Request.message_ends), for another user's chat with the same
+    system prompt and for this chat's next turn. A boundary the template does not render as a prefix
+    of the prompt, or that its tokens do not keep, is left out."""
+    leading = next((i for i, m in enumerate(messages) if m.get("role") not in ("system", "developer")), len(messages))
+    ends = []
+    for count in {leading, len(messages)} - {0}:
+        try:
+            text = render_chat(engine.chat_template, messages[:count], tools, generation=False)
+        except ApiError:
+            continue
+        if not text or not prompt.startswith(text):
+            continue
+        # the rest is a few tokens for the last message's end: encoded on its own, not the whole prefix again
+        rest = engine.tokenizer.encode(prompt[len(text) :], special=True)
+        end = len(prompt_ids) - len(rest)
+        if 0 < end < len(prompt_ids) and prompt_ids[end:] == rest:
+            ends.append(end)
+    return tuple(sorted(ends))
 
 
 def served():
@@ -138,6 +163,7 @@ def submit(
     param: str,
     options: SamplingOptions,
     grammar: str | None = None,
+    message_ends: tuple[int, ...] = (),
 ) -> Answer:
     """Build one engine request per choice and queue them; QueueFull / EngineNotReady go to the
     app handlers, after the choices already queued are aborted."""
@@ -170,11 +196,12 @@ def submit(
             except GrammarError as e:
                 raise ApiError(400, f"The output constraint does not compile: {e}") from e
         if outputs is None:
-            requests.append(Request(prompt_ids, sampling, id=answer_id, constraint=constraint))
+            requests.append(Request(prompt_ids, sampling, id=answer_id, message_ends=message_ends, constraint=constraint))
         else:
             # the same seed in every choice would give n copies of one answer
             seeded = replace(sampling, seed=None if sampling.seed is None else sampling.seed + index)
-            requests.append(Request(prompt_ids, seeded, f"{answer_id}-{index}", outputs.outbox(index), constraint=constraint))
+            outbox = outputs.outbox(index)
+            requests.append(Request(prompt_ids, seeded, f"{answer_id}-{index}", outbox, message_ends, constraint=constraint))
     answer = Answer(answer_id, engine, outputs, params.stop, disconnected(), lifecycle())
     try:
         for req in requests:

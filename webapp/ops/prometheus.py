@@ -101,6 +101,9 @@ def engine_families(rows: dict[tuple[str, ...], dict], labels: tuple[str, ...]) 
     pools = {key: stats["kv_pool"] for key, stats in rows.items() if "kv_pool" in stats}
     if pools:
         yield from kv_pool_families(pools, labels)
+    states = {key: stats["state_snapshots"] for key, stats in rows.items() if "state_snapshots" in stats}
+    if states:
+        yield from state_snapshot_families(states, labels)
     experts = {key: stats["experts"] for key, stats in rows.items() if "experts" in stats}
     if experts:
         yield from expert_families(experts, labels)
@@ -123,6 +126,25 @@ def kv_pool_families(rows: dict[tuple[str, ...], dict], labels: tuple[str, ...] 
         shared.add_metric(key, pool["blocks_shared"])
         preempted.add_metric(key, pool["preemptions_total"])
     yield from (blocks, shared, preempted)
+
+
+def state_snapshot_families(rows: dict[tuple[str, ...], dict], labels: tuple[str, ...] = ()) -> Iterator[Metric]:
+    """A recurrent model's snapshots of its states, kept for prefix reuse: rows, those held, taken and restored."""
+    rows_of = GaugeMetricFamily(
+        PREFIX + "state_snapshots", "Rows for snapshots of a recurrent model's states: held (valid) or total.", labels=[*labels, "state"]
+    )
+    taken = CounterMetricFamily(
+        PREFIX + "state_snapshots_taken", "Snapshots of a slot's states taken where a chunk ended at a mark.", labels=labels
+    )
+    restored = CounterMetricFamily(
+        PREFIX + "state_snapshots_restored", "Prompts that started from a snapshot of the states.", labels=labels
+    )
+    for key, states in rows.items():
+        rows_of.add_metric([*key, "held"], states["held"])
+        rows_of.add_metric([*key, "total"], states["rows"])
+        taken.add_metric(key, states["taken_total"])
+        restored.add_metric(key, states["restored_total"])
+    yield from (rows_of, taken, restored)
 
 
 def expert_families(rows: dict[tuple[str, ...], dict], labels: tuple[str, ...] = ()) -> Iterator[Metric]:

@@ -48,6 +48,14 @@ def host_values(tensor: Tensor, dtype) -> np.ndarray:
     return _host_view(_whole_buffer(tensor), np.dtype(dtype)).copy()
 
 
+def host_view(tensor: Tensor) -> np.ndarray:
+    """A realized CPU tensor's memory as a NumPy array of its shape (no copy): what kernels write by
+    address shows through it, and its writes are the tensor's."""
+    buffer = _whole_buffer(tensor)
+    assert Device.DEFAULT == "CPU" and buffer is not None, "not a whole CPU buffer"
+    return _host_view(buffer.ensure_allocated(), np.dtype(tensor.dtype.fmt)).reshape(tensor.shape)
+
+
 def _whole_buffer(tensor: Tensor):
     """The buffer holding a tensor's values in its own order (a realized buffer, or a reshape of one),
     else None (a view: a slice, a permutation, or not realized)."""

@@ -20,7 +20,7 @@ from webapp.engine.model.config import ModelLoadError
 from webapp.engine.model.tinygrad_setup import free_cached_buffers, prepare_tinygrad, use_tinygrad_from_this_thread
 from webapp.engine.model.tuning_stamp import beam_for, tuning_key
 from webapp.engine.serving.engine import Engine
-from webapp.engine.serving.kv_cache import RecurrentRows, RingRows
+from webapp.engine.serving.kv_cache import RingRows
 from webapp.engine.serving.loaded_model import LoadedModel
 from webapp.engine.serving.model_set import ModelSet
 from webapp.engine.serving.settings import engine_settings
@@ -64,6 +64,7 @@ def load_gguf_model(
 
     from webapp.engine.model.draft_loader import load_draft
     from webapp.engine.model.memory import kv_bytes_per_position, state_bytes
+    from webapp.engine.model.recurrent_config import snapshot_rows
     from webapp.engine.model.runner import ModelRunner
     from webapp.engine.model.steps import steps_for
     from webapp.engine.model.steps.jitted import prefill_pieces
@@ -105,7 +106,8 @@ def load_gguf_model(
         kv_type=model.kv_type.name,
         kv_bytes_per_token=kv_bytes_per_position(model.config, model.kv_type, rings=model.ring_rows is not None),
         state_bytes=state_bytes(model.config),
-        ring_rows=RecurrentRows() if model.config.recurrent else RingRows(*model.ring_rows) if model.ring_rows else None,
+        state_snapshots=snapshot_rows(model.slots) if model.config.recurrent else 0,
+        ring_rows=RingRows(*model.ring_rows) if model.ring_rows else None,
         kv_pool=model.pool,
         block_table=model.block_table,
     )

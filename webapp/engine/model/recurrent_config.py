@@ -8,13 +8,18 @@ recurrent; `recurrent_tensor_shapes(config, p, i)` gives layer i's tensors but i
 
 A recurrent layer keeps no keys and values a position: its state is a fixed size a sequence (the
 conv's last kernel - 1 inputs and an S x S matrix a value head: `state_floats`), so a slot's memory
-for it does not grow with the context, and a cached prefix is reusable only where the state is that
-prefix's, at the end of everything the slot ran (kv_cache.RecurrentRows).
+for it does not grow with the context, and a cached prefix is reusable only where a state is that
+prefix's: the slot's own, at the end of everything it ran, or a snapshot of it taken where a prompt
+chunk ended (`snapshot_rows(slots)` more rows of state, serving/state_snapshots.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# Rows of state kept beside the slots' own for snapshots: a chat's request takes one where its system
+# prompt ends and one where its generation prompt starts, and a follow-up turn comes back to them
+SNAPSHOTS_PER_SLOT = 2
 
 LIMITS = {"ssm.conv_kernel": 16, "ssm.state_size": 512, "ssm.group_count": 256, "ssm.time_step_rank": 256}
 
@@ -47,6 +52,11 @@ class Recurrent:
     @property
     def first_attention(self) -> int:
         return self.pattern.index(False)
+
+
+def snapshot_rows(slots: int) -> int:
+    """How many snapshots of a state the cache keeps, after the slots' rows and the scratch one."""
+    return SNAPSHOTS_PER_SLOT * slots
 
 
 def recurrent_sizes(kv: dict, arch: str, n_layers: int, count) -> Recurrent:

@@ -63,6 +63,12 @@ class Runner(Protocol):
     def copy_prefix(self, request: Request, source_slot: int, length: int) -> None:
         """Copy the K/V of positions 0..length-1 from `source_slot` into `request`'s slot."""
 
+    def save_state(self, request: Request, row: int) -> None:
+        """Copy the recurrent states of `request`'s slot into snapshot row `row` (serving/state_snapshots.py)."""
+
+    def restore_state(self, request: Request, row: int) -> None:
+        """Copy snapshot row `row`'s recurrent states into `request`'s slot."""
+
     def warm_up(self, progress: Callable[[str], None]) -> float:
         """Compile everything the steps will run, reporting through `progress`; the seconds it took."""
 
@@ -120,6 +126,12 @@ class ModelRunner:
 
     def copy_prefix(self, request: Request, source_slot: int, length: int) -> None:
         self.steps.copy_prefix(source_slot, request.slot, length)
+
+    def save_state(self, request: Request, row: int) -> None:
+        self.steps.copy_state(request.slot, row)
+
+    def restore_state(self, request: Request, row: int) -> None:
+        self.steps.copy_state(row, request.slot)
 
     def warm_up(self, progress=log.info) -> float:
         """Compile every kernel the server will run, on the scratch slot, before any user arrives."""

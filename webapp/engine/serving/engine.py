@@ -114,6 +114,11 @@ class Engine:
         return self._require().context
 
     @property
+    def keeps_states(self) -> bool:
+        """Whether the model keeps recurrent states, snapshotted where a request's messages end (Request.message_ends)."""
+        return self._require().state_bytes > 0
+
+    @property
     def pooling(self) -> str:
         """How embeddings pool the prompt ("mean", "last", "first"); Request.pooling takes it."""
         return self._require().pooling
@@ -269,6 +274,8 @@ class Engine:
         try:
             if chunk.copy.source is not None:  # None: blocks shared, nothing copied
                 self.loaded.runner.copy_prefix(chunk.request, chunk.copy.source, chunk.copy.length)
+            if chunk.copy.state is not None:  # a snapshot's recurrent states, after the source's
+                self.loaded.runner.restore_state(chunk.request, chunk.copy.state)
         except Exception as e:
             self._fail([chunk.request], e)
             return False
@@ -291,7 +298,15 @@ class Engine:
 
     def _prefilled(self, request: Request, tokens: list[int], logits: np.ndarray) -> None:
         self.metrics.on_prefill(len(tokens))
-        if self.scheduler.prefilled(request, tokens):
+        done = self.scheduler.prefilled(request, tokens)
+        row = self.scheduler.snapshot_due(request)
+        if row is not None:
+            try:
+                self.loaded.runner.save_state(request, row)
+            except Exception:  # only reuse is lost
+                log.warning("snapshot of %s's state failed", request.id, exc_info=True)
+                self.scheduler.slots.drop(row)
+        if done:
             if request.pooling is not None:
                 pooling.finish(request)
                 self._finish(request, FinishReason.STOP)
@@ -395,4 +410,5 @@ class Engine:
             self._finish(request, FinishReason.ERROR)
 
     def _publish(self) -> None:
-        self.metrics.publish(self._waiting, self.scheduler.running, self.scheduler.slots.slots, self.scheduler.kv_pool())
+        scheduler = self.scheduler
+        self.metrics.publish(self._waiting, scheduler.running, scheduler.slots.slots, scheduler.kv_pool(), scheduler.state_snapshots())

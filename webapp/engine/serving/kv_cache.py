@@ -8,7 +8,8 @@ written for that slot, in order.
 A sliding-window model's local layers keep a ring of positions, not the whole sequence
 (`RingRows`): a prefix of a slot's tokens is reusable only while the window of keys before its end
 is still in the ring, that is within `RingRows.keep` positions of the furthest the slot's sequence
-reached (`Slot.reach`). Other prompts are prefilled again from the start.
+reached (`Slot.reach`). Other prompts are prefilled again from the start. A recurrent model's table
+(state_snapshots.RecurrentSlots) serves prefixes from its slots' states and their snapshots.
 """
 
 from __future__ import annotations
@@ -45,17 +46,6 @@ class RingRows:
         return reach <= self.whole or reach - length <= self.keep
 
 
-@dataclass(frozen=True)
-class RecurrentRows:
-    """What a recurrent layer's state keeps (Qwen3.5's Gated DeltaNet): one state a slot, that of every
-    token the slot ran, so a prefix serves only if it is the slot's whole sequence. A follow-up turn
-    that repeats the conversation so far reuses all of it; a prompt that parts from it earlier (another
-    user after a shared system prompt, an edited message, the same prompt again) starts afresh."""
-
-    def serves(self, reach: int, length: int) -> bool:
-        return length >= reach
-
-
 @dataclass
 class Slot:
     index: int
@@ -70,7 +60,7 @@ class Slot:
 
 
 class SlotTable:
-    def __init__(self, n_slots: int, ring: RingRows | RecurrentRows | None = None):
+    def __init__(self, n_slots: int, ring: RingRows | None = None):
         self.slots = [Slot(i) for i in range(n_slots)]
         self.ring = ring
         self._clock = itertools.count(1)

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from webapp.engine.serving.block_pool import BlockPool
-from webapp.engine.serving.kv_cache import RecurrentRows, RingRows, SlotTable
+from webapp.engine.serving.kv_cache import RingRows, SlotTable
 from webapp.engine.serving.paged_slots import PagedSlots
+from webapp.engine.serving.state_snapshots import RecurrentSlots
 
 if TYPE_CHECKING:
     import numpy as np
@@ -36,12 +37,13 @@ class LoadedModel:
     kv_type: str = "f16"
     kv_bytes_per_token: int = 0
     state_bytes: int = 0  # a slot's recurrent states, whatever its length (model/memory.state_bytes)
+    state_snapshots: int = 0  # rows of them kept for prefix reuse (recurrent_config.snapshot_rows)
     embedding_suffix: tuple[int, ...] = ()
     # a mixture of experts': how many lanes each expert has taken since load, (layers, experts), where
     # the kernels count them (Transformer.routed_tokens)
     routed_tokens: Callable[[], np.ndarray | None] | None = None
-    # a sliding-window model's rings or a recurrent one's states: which cached prefixes a slot still serves
-    ring_rows: RingRows | RecurrentRows | None = None
+    # a sliding-window model's rings: which cached prefixes a slot still serves
+    ring_rows: RingRows | None = None
     # a paged cache's pool (model/kv_types.KvPool) and the block table its kernels read, else None
     kv_pool: object = None
     block_table: np.ndarray | None = None
@@ -50,10 +52,12 @@ class LoadedModel:
         """The KV cache when full: the pool's blocks, or `slots` slots and the scratch one at the whole context."""
         if self.kv_pool is not None:
             return self.kv_pool.pool_positions * self.kv_bytes_per_token
-        return (slots + 1) * (self.context * self.kv_bytes_per_token + self.state_bytes)
+        return (slots + 1) * (self.context * self.kv_bytes_per_token + self.state_bytes) + self.state_snapshots * self.state_bytes
 
     def kv_table(self, slots: int) -> SlotTable | PagedSlots:
         """The scheduler's table of what the cache holds: the pool's sequences, or `slots` slots."""
+        if self.state_bytes:
+            return RecurrentSlots(slots, self.state_snapshots)
         if self.kv_pool is None:
             return SlotTable(slots, self.ring_rows)
         return PagedSlots(BlockPool(self.kv_pool.blocks, self.kv_pool.block_positions), self.block_table)

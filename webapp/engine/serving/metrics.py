@@ -157,9 +157,11 @@ class EngineMetrics:
         self.steps += 1
         self.last_step_at = self.clock()
 
-    def publish(self, waiting: int, running: list, slots: list, kv_pool: dict | None = None) -> MappingProxyType:
-        """Freeze the counters and the slot table (and a paged cache's pool: Scheduler.kv_pool) into a
-        new read-only snapshot."""
+    def publish(
+        self, waiting: int, running: list, slots: list, kv_pool: dict | None = None, state_snapshots: dict | None = None
+    ) -> MappingProxyType:
+        """Freeze the counters and the slot table (and a paged cache's pool: Scheduler.kv_pool; a
+        recurrent model's state snapshots: Scheduler.state_snapshots) into a new read-only snapshot."""
         now = self.clock()
         self.timeline.gauges(now, waiting, len(running))
         ttft, itl, queue_time = self.ttft.quantiles(), self.itl.quantiles(), self.queue_time.quantiles()
@@ -199,6 +201,8 @@ class EngineMetrics:
         }
         if kv_pool is not None:
             snap["kv_pool"] = MappingProxyType(kv_pool)
+        if state_snapshots is not None:
+            snap["state_snapshots"] = MappingProxyType(state_snapshots)
         routed = self.routed() if self.routed is not None else None
         if routed is not None:
             snap["experts"] = expert_load(routed, self.steps)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from webapp.engine.serving.kv_cache import Slot, SlotTable, reusable_prefix
 from webapp.engine.serving.paged_slots import PagedSlots
 from webapp.engine.serving.request import Request, Status
+from webapp.engine.serving.state_snapshots import RecurrentSlots
 
 # Fewer prompt tokens than this are prefilled rather than copied from another slot: one 8-token
 # prefill piece costs about what the copy's 30 small kernels do.
@@ -37,9 +38,10 @@ DECODE_AHEAD = 16
 class PrefixCopy:
     """K/V rows to copy into a request's slot before its chunk runs."""
 
-    source: int | None  # the slot holding them; None: blocks now shared, nothing to copy
+    source: int | None  # the slot holding them; None: blocks now shared, or the slot's own, nothing to copy
     length: int  # positions 0..length-1
     saved: int  # prompt tokens the copy spares beyond what the request's own slot cached
+    state: int | None = None  # a snapshot row whose recurrent states the slot takes after the copy (state_snapshots.py)
 
 
 @dataclass(frozen=True)
@@ -141,8 +143,14 @@ class Scheduler:
                 source, length = shared
                 copy = PrefixCopy(None if source is None else source.index, length, length - request.cached_tokens)
                 self.copied(request, length, source)  # the engine runs the copy before the chunk, or fails the request
+            state = self.slots.restore(self.slot_of(request)) if isinstance(self.slots, RecurrentSlots) else None
+            if state is not None:
+                copy = PrefixCopy(copy.source if copy else None, self.position(request), copy.saved if copy else 0, state)
             start = self.position(request)
             tokens = request.resume_ids[start : start + budget]
+            mark = self._next_mark(request, start)
+            if mark is not None:
+                tokens = tokens[: mark - start]  # a snapshot of the state is taken where this chunk ends
             # the chunk that ends the prompt also needs the first decode step's position
             finishes = start + len(tokens) == len(request.resume_ids)
             room = self._room_for(request, start + len(tokens) + finishes)
@@ -155,6 +163,20 @@ class Scheduler:
             if request.every_position:
                 break
         return chunks
+
+    def _next_mark(self, request: Request, start: int) -> int | None:
+        """The first of a recurrent model's snapshot marks past `start` (state_snapshots.py), else None."""
+        if not isinstance(self.slots, RecurrentSlots):
+            return None
+        return next((m for m in self.slots.marks(request) if m > start), None)
+
+    def snapshot_due(self, request: Request) -> int | None:
+        """After a prefilled chunk: the snapshot row to copy the request's recurrent states into, where
+        the chunk ended at one of its marks; else None."""
+        if not isinstance(self.slots, RecurrentSlots) or request.status is not Status.PREFILL:
+            return None
+        slot = self.slot_of(request)
+        return self.slots.snapshot(slot) if len(slot.tokens) in self.slots.marks(request) else None
 
     def would_copy_from(self, request: Request, others: list[Request]) -> bool:
         """Whether `request` could copy a prompt prefix from one of `others` once they are prefilled,
@@ -259,6 +281,10 @@ class Scheduler:
         request.preemptions += 1
         self.waiting.appendleft(request)
         self.preemptions += 1
+
+    def state_snapshots(self) -> dict | None:
+        """A recurrent model's snapshots of its states (rows, held, taken, restored); None for other models."""
+        return self.slots.describe_snapshots() if isinstance(self.slots, RecurrentSlots) else None
 
     def kv_pool(self) -> dict | None:
         """A paged cache's blocks (used, cached, free, shared) and the preemptions so far; None for slots."""

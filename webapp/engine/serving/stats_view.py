@@ -56,6 +56,8 @@ def stats_view(snap, now: float) -> dict:
     )
     if "kv_pool" in snap:
         out["kv_pool"] = dict(snap["kv_pool"])
+    if "state_snapshots" in snap:
+        out["state_snapshots"] = dict(snap["state_snapshots"])
     if "experts" in snap:
         out["experts"] = {k: list(v) if isinstance(v, tuple) else v for k, v in snap["experts"].items()}
     return out

@@ -67,6 +67,11 @@ class Steps:
         """Copy the K/V of positions 0..length-1 from slot `source` to slot `target`, every layer."""
         self._prefix_copy(source, target, length)
 
+    def copy_state(self, source: int, target: int) -> None:
+        """Copy every recurrent layer's state from row `source` to row `target` of its cache (a slot's
+        row, or a snapshot's after the slots' and the scratch one: delta_block.GatedDeltaBlock)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no recurrent state")
+
     def warm_up(self, progress: Callable[[str], None]) -> None:
         raise NotImplementedError
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from webapp.engine.kernels.block_weight import BlockWeight
+from webapp.engine.model.device_buffers import host_view
 from webapp.engine.model.steps.base import Chunk, Steps, prompt_lanes
 
 WARM_UP_TOKENS = 32  # one prompt piece: the first user's step then finds every weight page mapped in
@@ -50,6 +51,14 @@ class OneCallSteps(Steps):
         self._prefix_copy.synchronize = True
         # a recurrent layer's state takes in every token a step feeds: a refused draft could not be undone
         self.speculates = model.config.recurrent is None
+        # the recurrent layers' caches as (rows, state floats) over their memory: a state's copy is a
+        # memcpy the kernels see at once (the model thread runs both, one after the other)
+        self._states = [host_view(b.cache).reshape(b.cache.shape[1], -1) for b in model.blocks if b.recurrent]
+
+    def copy_state(self, source: int, target: int) -> None:
+        assert self._states and source != target
+        for rows in self._states:
+            rows[target] = rows[source]
 
     def _step(self, tokens: list[int], lanes: list[int], picks: list[int]) -> np.ndarray:
         return self.kernels.step(self.whole_model, tokens, lanes, picks)
