@@ -75,25 +75,31 @@ def render_chat(template, messages: list[dict], tools: list[dict] | None, genera
 
 
 def message_ends(engine, messages: list[dict], tools: list[dict] | None, prompt: str, prompt_ids: list[int]) -> tuple[int, ...]:
-    """Where in `prompt_ids` the system prompt ends and the generation prompt starts: a recurrent
-    model snapshots its state there (Request.message_ends), for another user's chat with the same
-    system prompt and for this chat's next turn. A boundary the template does not render as a prefix
-    of the prompt, or that its tokens do not keep, is left out."""
+    """Where in `prompt_ids` the system prompt ends, the last user message starts and the generation
+    prompt starts: a recurrent model snapshots its state there (Request.message_ends), for another
+    user's chat with the same system prompt, an edited last message, and this chat's next turn. A
+    boundary the template does not render as a prefix of the prompt, or that its tokens do not keep,
+    is left out."""
     leading = next((i for i, m in enumerate(messages) if m.get("role") not in ("system", "developer")), len(messages))
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=0)
     ends = []
-    for count in {leading, len(messages)} - {0}:
+    for count in {leading, last_user, len(messages)} - {0}:
         try:
             text = render_chat(engine.chat_template, messages[:count], tools, generation=False)
         except ApiError:
             continue
         if not text or not prompt.startswith(text):
             continue
-        # the rest is a few tokens for the last message's end: encoded on its own, not the whole prefix again
-        rest = engine.tokenizer.encode(prompt[len(text) :], special=True)
-        end = len(prompt_ids) - len(rest)
-        if 0 < end < len(prompt_ids) and prompt_ids[end:] == rest:
+        # the shorter side is encoded again: the system prompt, or the last message's end
+        if len(text) <= len(prompt) - len(text):
+            head = encode(engine.tokenizer, text)
+            end = len(head) if prompt_ids[: len(head)] == head else 0
+        else:
+            rest = engine.tokenizer.encode(prompt[len(text) :], special=True)
+            end = len(prompt_ids) - len(rest) if prompt_ids[len(prompt_ids) - len(rest) :] == rest else 0
+        if 0 < end < len(prompt_ids):
             ends.append(end)
-    return tuple(sorted(ends))
+    return tuple(sorted(set(ends)))
 
 
 def served():

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Rows of state kept beside the slots' own for snapshots: a chat's request takes one where its system
-# prompt ends and one where its generation prompt starts, and a follow-up turn comes back to them
+# Rows of state kept beside the slots' own for snapshots: a chat's turn takes one where its last user
+# message starts and one where its generation prompt starts (the system prompt's end is mostly held
+# already), and its next turn, an edit or a regeneration comes back to them
 SNAPSHOTS_PER_SLOT = 2
 
 LIMITS = {"ssm.conv_kernel": 16, "ssm.state_size": 512, "ssm.group_count": 256, "ssm.time_step_rank": 256}

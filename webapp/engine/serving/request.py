@@ -80,9 +80,9 @@ class Request:
     params: SamplingParams = field(default_factory=SamplingParams)
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
     outputs: queue.Queue = field(default_factory=queue.Queue)
-    # where the prompt's chat messages end (the system prompt's, the last message's before the
-    # generation prompt), set by the web layer for a recurrent model: its state is snapshotted there
-    # for a later prompt to start from (serving/state_snapshots.py)
+    # where the prompt's chat messages end (the system prompt's, the one before the last user
+    # message, the last one before the generation prompt), set by the web layer for a recurrent
+    # model: its state is snapshotted there for a later prompt to start from (serving/state_snapshots.py)
     message_ends: tuple[int, ...] = ()
 
     # Owned by the model thread once submitted; handlers only read them after Finished.
