@@ -2,6 +2,7 @@
 or any model's cached prefix, against llama-server (its context checkpoints) on the same file.
 
 Usage: DEV=CPU .venv/bin/python bench/chat_reuse.py --model FILE [--llama-server BIN] [--before DIR] [--rounds 2]
+       [--restart-dir DIR]
 
 One chat, each server started afresh each round (servers alternate, round by round):
   first turn    a ~1,000-token system prompt and a question (nothing cached yet)
@@ -12,6 +13,9 @@ Each timed request asks for one token, so its latency is the prompt's prefill. P
 the median latency and the prompt tokens the server said it found cached (ours: usage's
 `cached_tokens`; llama-server: `timings.cache_n`), and ours over llama-server's latency. `--before
 DIR` adds a checkout (an older commit, installed) as a third server: what the change bought.
+`--restart-dir DIR` serves ours with LLM_PREFIX_CACHE_DIR=DIR (emptied first) and adds a row: ours
+stopped (SIGTERM: it drains and saves) and started again, then another user's question once more
+(a paged cache's filed blocks restored from the file; the other servers' cells are left empty).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -29,7 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from bench.servers import HOST, Launched, exit_on_sigterm, free_port, start_llama_server, start_ours  # noqa: E402
 from bench.workload import QUESTIONS  # noqa: E402
 
-SCENARIOS = ("first turn", "next turn", "same again", "another user")
+SCENARIOS = ("first turn", "next turn", "same again", "another user", "after a restart")
 SYSTEM = "You are the help desk of a science museum. Answer visitors in one paragraph. " + " ".join(
     f"Rule {i + 1}: when asked '{q}', answer from the museum's own exhibits and name the hall." for i, q in enumerate(QUESTIONS * 3)
 )
@@ -56,8 +61,11 @@ def chat(port: int, messages: list[dict], max_tokens: int) -> tuple[float, str, 
     return seconds, answer["choices"][0]["message"]["content"] or "", usage.get("prompt_tokens", 0), cached
 
 
+SYSTEM_MESSAGE = {"role": "system", "content": SYSTEM}
+
+
 def one_chat(port: int) -> dict[str, tuple[float, int, int]]:
-    system = {"role": "system", "content": SYSTEM}
+    system = SYSTEM_MESSAGE
     first = [system, {"role": "user", "content": QUESTIONS[0]}]
     seen = {"first turn": chat(port, first, 1)}
     _, answer, _, _ = chat(port, first, 32)  # the answer the next turn's history holds (untimed)
@@ -69,6 +77,12 @@ def one_chat(port: int) -> dict[str, tuple[float, int, int]]:
 
 
 def start(name: str, args) -> Launched:
+    if name == "ours" and args.restart_dir:
+        port = free_port()
+        argv = ["make", "-s", "-o", "install", "serve", f"HOST={HOST}", f"PORT={port}"]
+        server = Launched("tinyserve", argv, port, {"LLM_MODEL": args.model, "LLM_PREFIX_CACHE_DIR": args.restart_dir})
+        server.wait_ready(900)
+        return server
     if name == "ours":
         return start_ours(model=args.model)
     if name == "before":
@@ -87,23 +101,33 @@ def main() -> int:
     parser.add_argument("--llama-server", help="llama-server binary, for a column of its own")
     parser.add_argument("--before", help="another installed checkout of this project, for a column of its own")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--restart-dir", help="a scratch folder for ours' LLM_PREFIX_CACHE_DIR: adds the row after a restart")
     args = parser.parse_args()
     names = ["ours"] + (["before"] if args.before else []) + (["llama-server"] if args.llama_server else [])
     seen: dict[str, list[dict]] = {name: [] for name in names}
     for round_ in range(args.rounds):
         for name in names if round_ % 2 == 0 else names[::-1]:
+            if name == "ours" and args.restart_dir:
+                shutil.rmtree(args.restart_dir, ignore_errors=True)
             with start(name, args) as server:
                 seen[name].append(one_chat(server.port))
+            if name == "ours" and args.restart_dir:
+                with start(name, args) as server:
+                    seconds, _, prompt, cached = chat(server.port, [SYSTEM_MESSAGE, {"role": "user", "content": QUESTIONS[3]}], 1)
+                    seen[name][-1]["after a restart"] = (seconds, prompt, cached)
             print(f"round {round_ + 1}: {name} done", file=sys.stderr)
     header = "| request | prompt tokens | " + " | ".join(f"{n} s | {n} cached" for n in names)
     header += " | ours / llama-server |" if "llama-server" in names else " |"
     print(header)
     print("|" + "---|" * (2 + 2 * len(names) + ("llama-server" in names)))
     for scenario in SCENARIOS:
-        median = {n: statistics.median(r[scenario][0] for r in seen[n]) for n in names}
-        cells = [f"{median[n]:.2f} | {seen[n][-1][scenario][2]}" for n in names]
+        if scenario not in seen["ours"][-1]:
+            continue
+        ran = [n for n in names if scenario in seen[n][-1]]
+        median = {n: statistics.median(r[scenario][0] for r in seen[n]) for n in ran}
+        cells = [f"{median[n]:.2f} | {seen[n][-1][scenario][2]}" if n in ran else " | " for n in names]
         row = f"| {scenario} | {seen['ours'][-1][scenario][1]} | " + " | ".join(cells)
-        row += f" | {median['ours'] / median['llama-server']:.2f} |" if "llama-server" in names else " |"
+        row += f" | {median['ours'] / median['llama-server']:.2f} |" if "llama-server" in ran else " |"
         print(row)
     return 0
 

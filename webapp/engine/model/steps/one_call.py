@@ -55,6 +55,21 @@ class OneCallSteps(Steps):
         # memcpy the kernels see at once (the model thread runs both, one after the other)
         self._states = [host_view(b.cache).reshape(b.cache.shape[1], -1) for b in model.blocks if b.recurrent]
 
+    # a paged cache's blocks as arrays (serving/prefix_store.py): (blocks, k|v, kv heads, positions, row) a layer
+    def block_row_shapes(self) -> list[tuple[tuple[int, ...], np.dtype]]:
+        return [((c.shape[0], *c.shape[2:]), c.dtype) for c in map(host_view, self._caches())]
+
+    def block_rows(self, blocks: list[int]) -> list[np.ndarray]:
+        return [np.moveaxis(host_view(c)[:, blocks], 1, 0) for c in self._caches()]
+
+    def write_block_rows(self, blocks: list[int], rows: list[np.ndarray]) -> None:
+        for cache, values in zip(self._caches(), rows, strict=True):
+            host_view(cache)[:, blocks] = np.moveaxis(values, 0, 1)
+
+    def _caches(self):
+        assert self.model.pool is not None, "a paged cache's blocks"
+        return [block.cache for block in self.model.blocks]
+
     def copy_state(self, source: int, target: int) -> None:
         assert self._states and source != target
         for rows in self._states:

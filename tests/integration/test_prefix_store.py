@@ -1,0 +1,74 @@
+"""The paged cache's filed blocks kept across a restart (serving/prefix_store.py): a new engine on the
+same file starts from them with the fresh tokens; another file, a damaged file or a smaller cap
+restore nothing or less, and never a wrong block."""
+
+import os
+
+import numpy as np
+import pytest
+from support import drain_outputs, wait_until
+from support.tiny_models import write_tiny_gguf
+
+from webapp.engine.model.loader import load_gguf_model
+from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
+from webapp.engine.serving.engine import Engine
+from webapp.engine.serving.prefix_store import PrefixStore
+from webapp.engine.serving.request import Request, SamplingParams
+
+RNG = np.random.default_rng(11)
+SYSTEM = [int(t) for t in RNG.integers(2, 4000, 70)]  # four whole blocks of 16, then six positions
+QUESTIONS = [[int(t) for t in RNG.integers(2, 4000, 9)] for _ in range(2)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_tiny_gguf(str(tmp_path_factory.mktemp("store") / "tiny.gguf"), matrix_type="Q8_0")
+
+
+def _run(path, store, prompts):
+    """Each prompt's greedy tokens and cached tokens, one after another, in a fresh paged engine that
+    saves its prefix cache as it stops."""
+    use_tinygrad_from_this_thread()  # the last engine's model thread had it
+    engine = Engine(lambda: load_gguf_model(path, 2, 256, 16, paging=(2, None)), slots=2, prefill_chunk=16, prefix_store=store)
+    engine.start()
+    try:
+        assert wait_until(lambda: engine.state != "loading", timeout=120) and engine.state == "ok", engine.error
+        assert engine.loaded.kv_pool is not None
+        answers = []
+        for prompt in prompts:
+            request = Request(prompt, SamplingParams(max_tokens=6, temperature=0.0))
+            engine.submit(request)
+            answers.append((drain_outputs(request, timeout=120)[0], request.cached_tokens))
+        return answers
+    finally:
+        engine.stop(30)
+
+
+def test_a_restarted_engine_starts_from_the_saved_blocks_with_the_fresh_tokens(tiny, tmp_path):
+    store = PrefixStore(str(tmp_path / "cache"), 1 << 30, tiny)
+    fresh = _run(tiny, None, [SYSTEM + QUESTIONS[1]])
+    [(_, cached)] = _run(tiny, store, [SYSTEM + QUESTIONS[0]])
+    assert cached == 0 and os.path.exists(store.path)
+    [(tokens, cached)] = _run(tiny, PrefixStore(str(tmp_path / "cache"), 1 << 30, tiny), [SYSTEM + QUESTIONS[1]])
+    assert cached == 64 and [(tokens, 0)] == fresh  # the system prompt's four whole blocks
+
+
+def test_another_file_a_damaged_file_and_a_smaller_cap(tiny, tmp_path):
+    folder = str(tmp_path / "cache")
+    _run(tiny, PrefixStore(folder, 1 << 30, tiny), [SYSTEM + QUESTIONS[0]])
+    other = write_tiny_gguf(str(tmp_path / "tiny.gguf"), matrix_type="Q8_0", seed=5)  # the same name, other weights
+    assert PrefixStore(folder, 1 << 30, other).path != PrefixStore(folder, 1 << 30, tiny).path
+    [(_, cached)] = _run(other, PrefixStore(folder, 1 << 30, other), [SYSTEM + QUESTIONS[1]])
+    assert cached == 0
+    store = PrefixStore(folder, 1 << 30, tiny)
+    with open(store.path, "r+b") as f:  # damaged in the middle
+        f.seek(os.path.getsize(store.path) // 2)
+        f.write(b"\xff" * 64)
+    [(_, cached)] = _run(tiny, store, [SYSTEM + QUESTIONS[1]])
+    assert cached == 0  # refused; this run saved a good file again, which the next one restores
+    with np.load(store.path) as saved:
+        block_bytes = sum(saved[f"layer{i}"][0].nbytes for i in range(int(saved["header"][2])))
+    [(_, cached)] = _run(tiny, PrefixStore(folder, 2 * block_bytes + 100, tiny), [SYSTEM + QUESTIONS[0]])
+    assert cached == 64
+    [(_, cached)] = _run(tiny, store, [SYSTEM + QUESTIONS[1]])
+    assert cached == 32  # the capped save kept the system prompt's first two blocks
