@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from bench.servers import HOST, Launched, exit_on_sigterm, free_port, start_llama_server, start_ours  # noqa: E402
 from bench.workload import QUESTIONS  # noqa: E402
 
-SCENARIOS = ("first turn", "next turn", "same again", "another user", "after a restart")
+SCENARIOS = ("first turn", "next turn", "same again", "another user", "another user, after a restart")
 SYSTEM = "You are the help desk of a science museum. Answer visitors in one paragraph. " + " ".join(
     f"Rule {i + 1}: when asked '{q}', answer from the museum's own exhibits and name the hall." for i, q in enumerate(QUESTIONS * 3)
 )
@@ -114,7 +114,7 @@ def main() -> int:
             if name == "ours" and args.restart_dir:
                 with start(name, args) as server:
                     seconds, _, prompt, cached = chat(server.port, [SYSTEM_MESSAGE, {"role": "user", "content": QUESTIONS[3]}], 1)
-                    seen[name][-1]["after a restart"] = (seconds, prompt, cached)
+                    seen[name][-1]["another user, after a restart"] = (seconds, prompt, cached)
             print(f"round {round_ + 1}: {name} done", file=sys.stderr)
     header = "| request | prompt tokens | " + " | ".join(f"{n} s | {n} cached" for n in names)
     header += " | ours / llama-server |" if "llama-server" in names else " |"
