@@ -3,8 +3,14 @@ same file starts from them with the fresh tokens; another file, a damaged file o
 restore nothing or less, and never a wrong block."""
 
 import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
 
 import numpy as np
+import openai
 import pytest
 from support import drain_outputs, wait_until
 from support.tiny_models import write_tiny_gguf
@@ -72,3 +78,42 @@ def test_another_file_a_damaged_file_and_a_smaller_cap(tiny, tmp_path):
     assert cached == 64
     [(_, cached)] = _run(tiny, store, [SYSTEM + QUESTIONS[1]])
     assert cached == 32  # the capped save kept the system prompt's first two blocks
+
+
+def _waitress(path, folder, log):
+    """The app in a waitress process of its own, as `make serve` runs it, ready; (process, port)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "DEV": "CPU", "LLM_MODEL": path, "LLM_PREFIX_CACHE_DIR": folder, "LLM_MAX_CONTEXT": "512"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    argv = [sys.executable, "-m", "waitress", f"--listen=127.0.0.1:{port}", "wsgi:app"]
+    process = subprocess.Popen(argv, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def ready():
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return process.poll() is not None
+
+    assert wait_until(ready, timeout=120) and process.poll() is None, "the server did not start"
+    return process, port
+
+
+def test_a_server_stopped_by_sigterm_and_started_again_answers_from_the_saved_blocks(tiny, tmp_path):
+    """The real thing: waitress, the openai client, SIGTERM (drain, then the model thread saves)."""
+    folder, system = str(tmp_path / "cache"), {"role": "system", "content": "You are the museum's guide. " * 12}
+    with open(tmp_path / "server.log", "wb") as log:
+        for round_, question in enumerate(("Where are the fossils?", "And the telescopes?")):
+            process, port = _waitress(tiny, folder, log)
+            try:
+                with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60) as client:
+                    messages = [system, {"role": "user", "content": question}]
+                    reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0)
+                cached = reply.usage.prompt_tokens_details.cached_tokens
+                assert cached == 0 if round_ == 0 else cached >= 64, cached  # the system prompt's whole blocks
+            finally:
+                process.send_signal(signal.SIGTERM)
+                assert process.wait(60) == 0
+            assert any(name.endswith(".kvcache.npz") for name in os.listdir(folder))

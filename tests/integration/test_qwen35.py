@@ -2,6 +2,7 @@
 CPU kernels' one-call step, against a float64 reference that runs the delta rule a token at a time;
 the recurrent state's reuse rule; and end to end through the engine and the openai client."""
 
+import contextlib
 import urllib.request
 
 import numpy as np
@@ -142,10 +143,16 @@ def test_refused_in_one_line_where_it_cannot_run(tmp_path, qwen35):
         load_model(write_tiny_qwen35(str(tmp_path / "all.gguf"), interval=8), slots=1, context=32)
 
 
-def _engine(path, paging=None, slots=2):
+@contextlib.contextmanager
+def _serving(path, paging=None, slots=2):
+    """A started engine on the tiny file, stopped at the end."""
+    use_tinygrad_from_this_thread()  # the last engine's model thread had it
     engine = Engine(lambda: load_gguf_model(path, slots, 256, 16, paging=paging), slots=slots, prefill_chunk=16).start()
-    assert wait_until(lambda: engine.state != "loading", timeout=120) and engine.state == "ok", engine.error
-    return engine
+    try:
+        assert wait_until(lambda: engine.state != "loading", timeout=120) and engine.state == "ok", engine.error
+        yield engine
+    finally:
+        engine.stop(5)
 
 
 def _greedy(engine, prompt, max_tokens=6, message_ends=()):
@@ -156,21 +163,14 @@ def _greedy(engine, prompt, max_tokens=6, message_ends=()):
 
 def test_a_follow_up_turn_reuses_the_conversations_state_and_gets_the_fresh_tokens(tmp_path):
     path = write_tiny_qwen35(str(tmp_path / "q35.gguf"), matrix_type="Q8_0")
-    engine = _engine(path, paging=(2, None))  # a pool asked for: slots instead, the state has no blocks
-    try:
+    with _serving(path, paging=(2, None)) as engine:  # a pool asked for: slots instead, the state has no blocks
         assert engine.loaded.kv_pool is None
         first, _ = _greedy(engine, PROMPT)
         follow_up = PROMPT + first + [5, 6, 7]
         tokens, request = _greedy(engine, follow_up)
         assert request.cached_tokens == len(PROMPT) + len(first) - 1  # all it ran: the last output was never fed
-    finally:
-        engine.stop(5)
-    use_tinygrad_from_this_thread()
-    engine = _engine(path)
-    try:
+    with _serving(path) as engine:
         assert _greedy(engine, follow_up)[0] == tokens
-    finally:
-        engine.stop(5)
 
 
 def test_prompts_that_part_after_a_snapshot_start_from_it_and_get_the_fresh_tokens(tmp_path):
@@ -180,8 +180,7 @@ def test_prompts_that_part_after_a_snapshot_start_from_it_and_get_the_fresh_toke
     path = write_tiny_qwen35(str(tmp_path / "q35.gguf"), matrix_type="Q8_0")
     system, question = LONG[:40], LONG[40:52]
     generation = [7, 8]  # the generation prompt: the next turn's history has the answer in its place
-    engine = _engine(path, slots=3)
-    try:
+    with _serving(path, slots=3) as engine:
         first, request = _greedy(engine, system + question + generation, message_ends=(40, 52))
         assert request.cached_tokens == 0 and engine.scheduler.slots.describe_snapshots()["taken_total"] == 2
         others = [Request(system + PROMPT, SamplingParams(max_tokens=4, temperature=0.0), message_ends=(40,)) for _ in range(2)]
@@ -195,15 +194,9 @@ def test_prompts_that_part_after_a_snapshot_start_from_it_and_get_the_fresh_toke
         turn = system + question + first + [9, 10, 11] + generation
         tokens, request = _greedy(engine, turn, message_ends=(40, len(turn) - 2))
         assert request.cached_tokens == 52
-    finally:
-        engine.stop(5)
-    use_tinygrad_from_this_thread()
-    engine = _engine(path)
-    try:
+    with _serving(path) as engine:
         assert _greedy(engine, turn)[0] == tokens
         assert _greedy(engine, system + PROMPT, max_tokens=4)[0] == other_tokens[0] == other_tokens[1]
-    finally:
-        engine.stop(5)
 
 
 def test_the_server_answers_the_openai_client(tmp_path):

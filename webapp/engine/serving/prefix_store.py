@@ -18,6 +18,7 @@ changed in place, even by a byte, gets another name.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import logging
@@ -33,6 +34,7 @@ from webapp.engine.serving.paged_slots import PagedSlots
 log = logging.getLogger(__name__)
 
 VERSION = 1
+STALE_PARTIAL_S = 3600
 
 
 class PrefixStore:
@@ -79,8 +81,11 @@ class PrefixStore:
         rows = runner.block_rows(chosen)
         header = np.array([VERSION, pool.block_positions, len(rows)], np.int64)
         os.makedirs(self.folder, exist_ok=True)
-        for stale in glob.glob(os.path.join(self.folder, "*.partial")):  # a save cut short by an exit
-            os.unlink(stale)
+        for stale in glob.glob(os.path.join(self.folder, "*.partial")):
+            # a save cut short by an exit; a younger one may be another replica's, being written
+            with contextlib.suppress(OSError):
+                if time.time() - os.path.getmtime(stale) > STALE_PARTIAL_S:
+                    os.unlink(stale)
         fd, partial = tempfile.mkstemp(dir=self.folder, suffix=".partial")
         with os.fdopen(fd, "wb") as f:
             np.savez(
