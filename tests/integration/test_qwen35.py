@@ -199,6 +199,38 @@ def test_prompts_that_part_after_a_snapshot_start_from_it_and_get_the_fresh_toke
         assert _greedy(engine, system + PROMPT, max_tokens=4)[0] == other_tokens[0] == other_tokens[1]
 
 
+def test_many_prompts_at_once_sharing_prefixes_get_the_tokens_of_each_alone(tmp_path):
+    """Twelve greedy requests on three slots, submitted together: three system prompts, questions
+    after them, repeats, and next turns, so prompts start from snapshots, other slots' states and
+    their own; each gets the tokens of the model run on it alone from position 0."""
+    path = write_tiny_qwen35(str(tmp_path / "q35.gguf"), matrix_type="Q8_0")
+    rng = np.random.default_rng(3)
+    systems = [[int(t) for t in rng.integers(2, 4000, 40)] for _ in range(3)]
+    prompts = []
+    for i in range(12):
+        system = systems[i % 3]
+        prompts.append(prompts[i - 3] if i in (7, 10) else system + [int(t) for t in rng.integers(2, 4000, int(rng.integers(3, 20)))])
+    prompts[11] = prompts[4] + [5, 6, 7]  # a next turn of sorts
+    steps = load_steps(path, slots=1, context=256)
+
+    def alone(prompt, tokens=4):
+        out, logits = [], steps.prefill(prompt, slot=0, start=0)
+        for _ in range(tokens):
+            out.append(int(np.argmax(logits)))
+            logits = steps.decode([out[-1]], slots=[0], positions=[len(prompt) + len(out) - 1])[0]
+        return out
+
+    want = [alone(p) for p in prompts]
+    with _serving(path, slots=3) as engine:
+        requests = [Request(p, SamplingParams(max_tokens=4, temperature=0.0), message_ends=(40,)) for p in prompts]
+        for request in requests:
+            engine.submit(request)
+        got = [drain_outputs(request, timeout=120)[0] for request in requests]
+        assert engine.stats()["state_snapshots"]["restored_total"] > 0
+    assert got == want
+    assert sum(r.cached_tokens for r in requests) > 0
+
+
 def test_the_server_answers_the_openai_client(tmp_path):
     path = write_tiny_qwen35(str(tmp_path / "q35.gguf"), matrix_type="Q8_0")
     with tiny_engine_server(path, slots=2, queue_limit=2) as (engine, srv):
