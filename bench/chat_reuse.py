@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from bench.servers import HOST, Launched, exit_on_sigterm, free_port, start_llama_server, start_ours  # noqa: E402
+from bench.servers import HOST, Launched, exit_on_sigterm, start_llama_server, start_ours  # noqa: E402
 from bench.workload import QUESTIONS  # noqa: E402
 
 SCENARIOS = ("first turn", "next turn", "same again", "another user", "another user, after a restart")
@@ -77,20 +77,10 @@ def one_chat(port: int) -> dict[str, tuple[float, int, int]]:
 
 
 def start(name: str, args) -> Launched:
-    if name == "ours" and args.restart_dir:
-        port = free_port()
-        argv = ["make", "-s", "-o", "install", "serve", f"HOST={HOST}", f"PORT={port}"]
-        server = Launched("tinyserve", argv, port, {"LLM_MODEL": args.model, "LLM_PREFIX_CACHE_DIR": args.restart_dir})
-        server.wait_ready(900)
-        return server
     if name == "ours":
-        return start_ours(model=args.model)
+        return start_ours(model=args.model, env={"LLM_PREFIX_CACHE_DIR": args.restart_dir} if args.restart_dir else None)
     if name == "before":
-        port = free_port()
-        argv = ["make", "-s", "-o", "install", "serve", f"HOST={HOST}", f"PORT={port}"]
-        server = Launched("before", argv, port, {"LLM_MODEL": args.model}, cwd=args.before)
-        server.wait_ready(900)
-        return server
+        return start_ours(model=args.model, cwd=args.before, name="before")
     return start_llama_server(args.llama_server, args.model, parallel=4)
 
 

@@ -124,12 +124,16 @@ class Launched:
         self.stop()
 
 
-def start_ours(port: int = 0, timeout: float = 900, model: str | None = None) -> Launched:
-    """The Makefile's `serve` target (its Waitress flags live there) on 127.0.0.1, ready. `-o install`
-    skips the install step: the bench runs from an installed checkout and must not touch the venv."""
+def start_ours(
+    port: int = 0, timeout: float = 900, model: str | None = None, env: dict | None = None, cwd: str = ROOT, name: str = "tinyserve"
+) -> Launched:
+    """The Makefile's `serve` target (its Waitress flags live there) on 127.0.0.1, ready, with `env`
+    added to the environment; `cwd` another installed checkout to serve from. `-o install` skips the
+    install step: the bench runs from an installed checkout and must not touch the venv."""
     port = port or free_port()
     argv = ["make", "-s", "-o", "install", "serve", f"HOST={HOST}", f"PORT={port}"]
-    return _ready(Launched("tinyserve", argv, port, {"LLM_MODEL": model} if model else None), timeout)
+    env = {**({"LLM_MODEL": model} if model else {}), **(env or {})}
+    return _ready(Launched(name, argv, port, env or None, cwd=cwd), timeout)
 
 
 def start_llama_server(

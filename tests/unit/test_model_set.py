@@ -87,7 +87,13 @@ def test_loads_run_one_at_a_time_and_every_waiter_gets_the_engine(tmp_path, mode
     factory.held[str(tmp_path / "a.gguf")] = gate = threading.Event()
     leases = {}
     asking = [threading.Thread(target=lambda n=n, i=i: leases.update({(n, i): models.lease(n)})) for n in "ab" for i in range(2)]
-    for thread in asking:
+    for thread in asking[:2]:
+        thread.start()
+    for _ in range(200):  # a's load has begun before b is asked for, whichever thread runs first
+        if factory.made:
+            break
+        threading.Event().wait(0.01)
+    for thread in asking[2:]:
         thread.start()
     asking[-1].join(0.3)
     assert factory.made == [str(tmp_path / "a.gguf")]  # b waits for a's load to end

@@ -106,11 +106,12 @@ class RecurrentSlots(SlotTable):
     def _restore_from(self, slot: Slot, snapshot: Snapshot) -> None:
         self._restores[slot.index] = snapshot.row
         snapshot.last_used = next(self._clock)
-        self.restored += 1
 
     def restore(self, slot: Slot) -> int | None:
         """The snapshot row whose state `slot` must take before its next chunk runs, once; None if none."""
-        return self._restores.pop(slot.index, None)
+        row = self._restores.pop(slot.index, None)
+        self.restored += row is not None  # counted here: a restore superseded before it ran is not one
+        return row
 
     def release(self, slot: Slot) -> None:
         if self._restores.pop(slot.index, None) is not None:
