@@ -1,13 +1,14 @@
 """The draft model (LLM_DRAFT_MODEL) on tiny random models: the same model as its own draft has every
 greedy draft confirmed, alone, several at once, with slots reused and prompt prefixes copied between
 slots (so its lazily filled cache holds what the served model's does), and gives plain decoding's
-tokens; a file of another vocabulary, a target whose steps do not verify drafts and a draft whose
-steps cannot be one call each are refused at load in one line naming both files."""
+tokens; a file of another vocabulary, a target whose steps do not verify drafts, a draft whose
+steps cannot be one call each and a recurrent draft are refused at load in one line naming the files."""
 
 import numpy as np
 import pytest
 from support import drain_outputs, wait_until
 from support.tiny_models import write_tiny_gguf
+from support.tiny_qwen35 import write_tiny_qwen35
 
 from webapp.engine.model.config import ModelLoadError
 from webapp.engine.model.loader import load_gguf_model
@@ -79,6 +80,10 @@ def test_a_draft_is_refused_where_drafts_cannot_be_verified_or_run_in_one_call(t
     jitted = write_tiny_gguf(str(tmp_path / "jitted.gguf"), "llama", matrix_type="Q4_1", float_matrices=("ffn_down.weight",))
     with pytest.raises(ModelLoadError, match=r"jitted\.gguf has matrices the CPU kernels do not read"):
         load_gguf_model(target, 2, 256, 8, draft=jitted)
+    # a recurrent target verifies drafts; a recurrent draft cannot be one
+    recurrent = write_tiny_qwen35(str(tmp_path / "q35.gguf"), matrix_type="Q8_0")
+    with pytest.raises(ModelLoadError, match=r"q35\.gguf has recurrent layers, which a draft model cannot have yet"):
+        load_gguf_model(recurrent, 2, 256, 8, draft=recurrent)
 
 
 def test_the_setting_names_a_file_and_is_ignored_without_speculation(target, tmp_path):

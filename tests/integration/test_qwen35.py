@@ -21,8 +21,8 @@ from webapp.engine.model.delta_block import (
     GatedDeltaSharedExpertBlock,
 )
 from webapp.engine.model.loader import load_gguf_model
-from webapp.engine.model.memory import kv_bytes_per_position, snapshot_bytes, state_bytes
-from webapp.engine.model.recurrent_config import snapshot_rows
+from webapp.engine.model.memory import kv_bytes_per_position, spare_state_bytes, state_bytes
+from webapp.engine.model.recurrent_config import DRAFT_STATE_ROWS, snapshot_rows, spare_state_rows
 from webapp.engine.model.steps import OneCallSteps
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.model.transformer import load_model
@@ -48,7 +48,7 @@ def qwen35(tmp_path_factory):
 def test_in_one_call_the_model_matches_the_reference(qwen35):
     path, ref = qwen35
     steps = load_steps(path, slots=2, context=256)
-    assert isinstance(steps, OneCallSteps) and not steps.speculates  # a refused draft could not be taken back
+    assert isinstance(steps, OneCallSteps) and steps.speculates and steps.drafted_limit == DRAFT_STATE_ROWS
     kinds = [type(b) for b in steps.model.blocks]
     assert kinds == [GatedDeltaBlock, GatedDeltaBlock, GatedDeltaBlock, GatedAttentionBlock]
     assert steps.model.blocks[0].layer_tensors.form == abi.LayerForm.RECURRENT
@@ -62,11 +62,11 @@ def test_a_recurrent_layer_keeps_a_state_a_slot_whatever_the_context(qwen35):
     s = SIZES
     conv = (2 * s["k_heads"] + s["v_heads"]) * s["state"]
     floats = (s["conv_kernel"] - 1) * conv + s["v_heads"] * s["state"] ** 2
-    rows = 3 + snapshot_rows(2)  # every slot, the scratch one, then the snapshots
+    rows = 3 + snapshot_rows(2) + DRAFT_STATE_ROWS  # every slot, the scratch one, the snapshots, the drafted tokens'
     assert model.blocks[0].cache.shape == (1, rows, 1, 1, floats)
     assert kv_bytes_per_position(model.config) == 2 * s["kv_heads"] * s["head_dim"] * 2  # the one attention layer's keys and values
     assert state_bytes(model.config) == 3 * 4 * floats
-    assert snapshot_bytes(model.config, 2) == snapshot_rows(2) * state_bytes(model.config)
+    assert spare_state_bytes(model.config, 2) == spare_state_rows(2) * state_bytes(model.config)
 
 
 def test_a_long_prompt_in_chunks_matches(qwen35):
@@ -106,6 +106,55 @@ def test_a_snapshot_of_the_state_serves_its_prefix_in_another_slot(qwen35):
     steps.copy_state(snapshot, 1)
     other = LONG[:40] + PROMPT[:10]
     assert off_by(steps.prefill(PROMPT[:10], slot=1, start=40), ref.logits(other)[-1]) < 1e-4
+
+
+def _decoded_alone(steps, slot, prompt, fed):
+    """Plain decoding: `prompt` prefilled from position 0, then each of `fed` a step; every fed token's logits."""
+    steps.prefill(prompt, slot=slot, start=0)
+    return np.stack([steps.decode([t], [slot], [len(prompt) + i])[0] for i, t in enumerate(fed)])
+
+
+def test_drafted_tokens_leave_the_state_of_the_last_one_kept(qwen35):
+    """Speculation on a recurrent model: each drafted token runs in a row of state of its own, so
+    whether a verification keeps all, some or none of a lane's drafts, the next token decodes as if
+    only the kept ones had been fed; and every drafted position's logits are a lone decode's, bit for bit."""
+    path, ref = qwen35
+    steps = load_steps(path, slots=2, context=256)
+    fed = [42, 7, 99, 5]  # the last output token, then three drafts
+    for kept in (1, 2, 4):
+        steps.prefill(PROMPT, slot=0, start=0)
+        rows = steps.verify([fed], [0], [len(PROMPT)])[0]
+        steps.kept(0, kept)
+        after = steps.decode([77], [0], [len(PROMPT) + kept])[0]
+        want = _decoded_alone(steps, 1, PROMPT, fed[:kept] + [77])
+        np.testing.assert_array_equal(rows[:kept], want[:kept])
+        np.testing.assert_array_equal(after, want[kept])
+    np.testing.assert_array_equal(rows, _decoded_alone(steps, 1, PROMPT, fed))
+    assert off_by(after, ref.logits(PROMPT + fed + [77])[-1]) < 1e-4
+
+
+def test_drafted_lanes_of_two_sequences_beside_a_prompt_chunk_each_keep_their_own(qwen35):
+    """One call: a prompt chunk in slot 2, and drafted lanes of slots 0 and 1 whose drafts share the
+    draft rows; slot 0 keeps one draft of three, slot 1 all of its two. Each goes on as alone."""
+    path, _ = qwen35
+    steps = load_steps(path, slots=4, context=256)
+    a, b = PROMPT, LONG[:25]
+    steps.prefill(a, slot=0, start=0)
+    steps.prefill(b, slot=1, start=0)
+    steps.prefill(LONG[:30], slot=2, start=0)
+    lanes = [[42, 7, 99, 5], [11, 12, 13]]
+    firsts, rows = steps.prefill_and_verify([(LONG[30:40], 2, 30)], lanes, [0, 1], [len(a), len(b)])
+    steps.kept(0, 2)
+    steps.kept(1, 3)
+    after = steps.decode([77, 78, LONG[40]], [0, 1, 2], [len(a) + 2, len(b) + 3, 40])
+    want_a = _decoded_alone(steps, 3, a, [42, 7, 77])
+    want_b = _decoded_alone(steps, 3, b, [11, 12, 13, 78])
+    np.testing.assert_array_equal(rows[0], _decoded_alone(steps, 3, a, lanes[0]))
+    np.testing.assert_array_equal(rows[1], want_b[:3])
+    np.testing.assert_array_equal(after[0], want_a[2])
+    np.testing.assert_array_equal(after[1], want_b[3])
+    np.testing.assert_array_equal(firsts[0], steps.prefill(LONG[:40], slot=3, start=0))
+    np.testing.assert_array_equal(after[2], steps.decode([LONG[40]], [3], [40])[0])
 
 
 @pytest.mark.parametrize("matrix_type", ["Q8_0", "Q4_0"])

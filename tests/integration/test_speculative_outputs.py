@@ -4,7 +4,8 @@ a JSON schema and stop strings, answer the same text with drafts as without, alo
 time beside others; and drafts were made and confirmed on the way. So with prompt lookup alone, and
 with a draft model (LLM_DRAFT_MODEL) beside it: the same tiny model, whose greedy drafts are all
 confirmed where plain greedy sampling runs (which also proves its lazily filled cache right, slot
-reuse and copies included), and another random one, whose drafts are mostly refused."""
+reuse and copies included), and another random one, whose drafts are mostly refused; and on a
+recurrent model (qwen35), whose state must be set back wherever a draft is refused."""
 
 import concurrent.futures
 
@@ -12,6 +13,7 @@ import openai
 import pytest
 from support import tiny_engine_server
 from support.tiny_models import write_tiny_gguf
+from support.tiny_qwen35 import write_tiny_qwen35
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["a", "b"]}
 
@@ -34,10 +36,13 @@ def cases() -> list[dict]:
     return out
 
 
-@pytest.fixture(scope="module", params=["prompt lookup", "same model as draft", "other model as draft"])
+@pytest.fixture(scope="module", params=["prompt lookup", "same model as draft", "other model as draft", "recurrent model"])
 def served(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp("spec")
-    path = write_tiny_gguf(str(folder / "tiny.gguf"), "llama", matrix_type="Q4_1")
+    if request.param == "recurrent model":  # qwen35: drafted tokens in rows of state of their own
+        path = write_tiny_qwen35(str(folder / "tiny.gguf"), matrix_type="Q8_0")
+    else:
+        path = write_tiny_gguf(str(folder / "tiny.gguf"), "llama", matrix_type="Q4_1")
     draft = {"same model as draft": path, "other model as draft": str(folder / "other.gguf")}.get(request.param)
     if request.param == "other model as draft":
         write_tiny_gguf(draft, "llama", matrix_type="Q4_0", n_layers=1, seed=5)
@@ -78,7 +83,9 @@ def test_fifty_requests_answer_the_same_with_drafts_alone_and_among_others(serve
     assert [t[:2] for t in together] == plain
     stats = engine.stats()
     assert stats["drafted_tokens_total"] > 0 and stats["accepted_tokens_total"] > 0, stats["drafted_tokens_total"]
-    if kind != "prompt lookup":
+    if kind == "recurrent model":  # some refused: the state was set back to the last kept token's
+        assert stats["accepted_tokens_total"] < stats["drafted_tokens_total"]
+    if kind in ("same model as draft", "other model as draft"):
         greedy = [a[2:] for case, a in zip(cases(), alone) if plain_greedy(case)]
         accepted, rejected = map(sum, zip(*greedy))
         if kind == "same model as draft":  # refused: prompt lookup's drafts, and drafts past a stop

@@ -345,6 +345,7 @@ class FakeRunner:
         self.mixes = mixes
         self.speculates = speculates  # `decode_drafted`: every fed token's logits, as decode gives them
         self.draft = draft  # a DraftModel (over FakeSteps in the tests), or None
+        self.drafted_limit = None
         self.vocab = vocab
         self.next_token = next_token or (lambda last: (last + 1) % vocab)
         self.step_s = step_s
@@ -379,6 +380,9 @@ class FakeRunner:
 
     def copy_prefix(self, request: Request, source_slot: int, length: int) -> None:
         self.calls.append(("copy", request.id, source_slot, length))
+
+    def kept(self, request: Request, lanes: int) -> None:
+        pass
 
     def decode_drafted(self, batch: list[Request], drafts: list[list[int]], positions: list[int]) -> list[np.ndarray]:
         assert self.speculates

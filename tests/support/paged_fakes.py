@@ -17,6 +17,7 @@ class PagedFakeRunner:
     mixes = True
     speculates = True
     draft = None
+    drafted_limit = None
 
     def __init__(self, pool: KvPool, vocab: int = 50):
         self.pool, self.vocab = pool, vocab
@@ -74,6 +75,9 @@ class PagedFakeRunner:
     def decode(self, batch: list[Request], positions: list[int]) -> np.ndarray:
         self.steps += 1
         return np.stack([self._feed(r.slot, [r.output_ids[-1]], p)[0] for r, p in zip(batch, positions, strict=True)])
+
+    def kept(self, request: Request, lanes: int) -> None:
+        pass
 
     def decode_drafted(self, batch: list[Request], drafts: list[list[int]], positions: list[int]) -> list[np.ndarray]:
         self.steps += 1

@@ -223,9 +223,10 @@ class Latent(ctypes.Structure):
 
 class Recurrent(ctypes.Structure):
     """A LayerForm.RECURRENT layer's sizes (tq.h's tq_recurrent): the conv's kernel, a head's state (its
-    keys' and values' size), the key heads and the value heads."""
+    keys' and values' size), the key heads and the value heads; `lane_rows`, a step's: 1 when its
+    lanes carry each lane's row of state (speculation's drafted tokens, gated_delta.c)."""
 
-    _fields_ = [(name, ctypes.c_int32) for name in ("conv_kernel", "state", "k_heads", "v_heads")]
+    _fields_ = [(name, ctypes.c_int32) for name in ("conv_kernel", "state", "k_heads", "v_heads", "lane_rows")]
 
 
 class LayerShape(ctypes.Structure):

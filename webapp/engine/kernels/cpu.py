@@ -333,19 +333,31 @@ class QuantizedCPU:
             table[E.BLOCK_TABLES] = block_tables.ctypes.data
         return WholeModel(table, dims, info, tuple(t for t in tensors if t is not None), block_tables)
 
-    def step(self, model: WholeModel, tokens: list[int], lanes: list[int], picks: list[int], hidden: bool = False) -> np.ndarray:
+    def step(
+        self,
+        model: WholeModel,
+        tokens: list[int],
+        lanes: list[int],
+        picks: list[int],
+        hidden: bool = False,
+        state_rows: list[int] | None = None,
+    ) -> np.ndarray:
         """A whole step (tq_forward) as one call on this thread, which works through the pool's jobs
         with it: tokens (B,), lanes (2B,) as `attend` takes them, picks = the lanes whose logits are
         wanted -> (len(picks), vocab) float32 logits; `hidden`: the final norm's output instead,
-        (len(picks), dim), for embeddings. The model's tensors must not be in use by
+        (len(picks), dim), for embeddings; `state_rows` (B,): each lane's row of a recurrent layer's
+        state, where it is not its slot's (gated_delta.c). The model's tensors must not be in use by
         tinygrad's queue (callers synchronize after tinygrad work on the same tensors).
 
         Not a kernel inside a TinyJit like the others: replaying the captured one-kernel step cost
         ~2.8 ms of a 15.5 ms one-token step here (1.3 ms of Python before the kernel started, 0.9 ms
         more inside it on tinygrad's worker thread, 0.6 ms to notice its end and copy the logits)."""
+        if state_rows is not None:
+            assert len(state_rows) == len(tokens) and model.dims.recurrent.state, "a recurrent model's rows of state, one a lane"
+            lanes = [*lanes, *state_rows]
         ids, lane_values, rows = (np.ascontiguousarray(v, dtype=np.int32) for v in (tokens, lanes, picks))
         out = np.empty((len(rows), model.dims.dim if hidden else model.dims.vocab), dtype=np.float32)
-        step = model.step(len(ids), len(rows), abi.StepOutput.HIDDEN if hidden else abi.StepOutput.LOGITS)
+        step = model.step(len(ids), len(rows), abi.StepOutput.HIDDEN if hidden else abi.StepOutput.LOGITS, state_rows is not None)
         addresses = (out.ctypes.data, ids.ctypes.data, lane_values.ctypes.data, rows.ctypes.data, model.table.ctypes.data)
         self._forward(*addresses, step, model.layer_info.ctypes.data)
         return out

@@ -103,10 +103,12 @@ class WholeModel:
     block_tables: np.ndarray | None = None  # a paged cache's (rows, table_width) int32, read by address each step
     _steps: dict = field(default_factory=dict, compare=False)
 
-    def step(self, lanes: int, picks: int, outputs: int = 0) -> abi.Step:
-        """tq_forward's step for `lanes` lanes and `picks` rows of `outputs` (abi.StepOutput)."""
-        step = self._steps.get((lanes, picks, outputs))
+    def step(self, lanes: int, picks: int, outputs: int = 0, lane_rows: bool = False) -> abi.Step:
+        """tq_forward's step for `lanes` lanes and `picks` rows of `outputs` (abi.StepOutput); `lane_rows`:
+        the lanes carry each lane's row of recurrent state (abi.Recurrent)."""
+        step = self._steps.get((lanes, picks, outputs, lane_rows))
         if step is None:
-            step = self._steps[lanes, picks, outputs] = abi.Step.from_buffer_copy(self.dims)
+            step = self._steps[lanes, picks, outputs, lane_rows] = abi.Step.from_buffer_copy(self.dims)
             step.attention.lanes, step.picks, step.outputs = lanes, picks, outputs
+            step.recurrent.lane_rows = int(lane_rows)
         return step

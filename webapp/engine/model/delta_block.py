@@ -8,9 +8,10 @@ kernels' gated_delta.c says what they compute); with n = rms_norm(x) * attn_norm
     recurrent: [mixed | z | beta | alpha] = W_qkv . n  (attn_qkv, attn_gate, ssm_beta, ssm_alpha stacked)
                h = x + W_ssm_out . gated_delta_net(...)
     full:      [q_h | gate_h for each head h] | k | v = W_qkv . n;  h = x + W_o . (attention * sigmoid(gate))
-A recurrent layer's cache is its state, float32 (1, slots + 1 + snapshot_rows(slots), 1, 1,
+A recurrent layer's cache is its state, float32 (1, slots + 1 + spare_state_rows(slots), 1, 1,
 Recurrent.state_floats): every slot's conv inputs and S x S matrices, whatever the context, the
-scratch slot's, then the snapshots' (serving/state_snapshots.py). The layers run only inside the kernels'
+scratch slot's, then the snapshots' (serving/state_snapshots.py) and the drafted tokens'
+(recurrent_config.draft_state_rows). The layers run only inside the kernels'
 one call (every product in blocks, on the CPU): tinygrad's path and the five-kernel fallback have no
 recurrence, and the file is refused there in one line (transformer.load_model).
 """
@@ -25,7 +26,7 @@ from webapp.engine.model.block import TransformerBlock, _float32_buffer, _zero_p
 from webapp.engine.model.config import ModelLoadError
 from webapp.engine.model.kv_types import KvPool
 from webapp.engine.model.moe_block import MoeBlock
-from webapp.engine.model.recurrent_config import snapshot_rows
+from webapp.engine.model.recurrent_config import spare_state_rows
 from webapp.engine.model.shared_expert_block import SharedExpertBlock
 from webapp.engine.model.weights import WeightSource
 
@@ -64,7 +65,7 @@ class GatedDeltaBlock(_KernelsOnly):
         if pool is not None:
             raise ModelLoadError("a recurrent layer's state has no blocks to page: qwen35 keeps slots (LLM_KV_LAYOUT=slots)")
         self.positions, self.ring = 1, False
-        rows = slots + 1 + snapshot_rows(slots)
+        rows = slots + 1 + spare_state_rows(slots)
         self.cache = _zero_pages((1, rows, 1, 1, self.c.recurrent.state_floats), dtypes.float32)
 
     def _kernel_form(self) -> dict:

@@ -65,7 +65,7 @@ def load_gguf_model(
 
     from webapp.engine.model.draft_loader import load_draft
     from webapp.engine.model.memory import kv_bytes_per_position, state_bytes
-    from webapp.engine.model.recurrent_config import snapshot_rows
+    from webapp.engine.model.recurrent_config import DRAFT_STATE_ROWS, snapshot_rows
     from webapp.engine.model.runner import ModelRunner
     from webapp.engine.model.steps import steps_for
     from webapp.engine.model.steps.jitted import prefill_pieces
@@ -108,6 +108,7 @@ def load_gguf_model(
         kv_bytes_per_token=kv_bytes_per_position(model.config, model.kv_type, rings=model.ring_rows is not None),
         state_bytes=state_bytes(model.config),
         state_snapshots=snapshot_rows(model.slots) if model.config.recurrent else 0,
+        draft_states=DRAFT_STATE_ROWS if model.config.recurrent else 0,
         ring_rows=RingRows(*model.ring_rows) if model.ring_rows else None,
         kv_pool=model.pool,
         block_table=model.block_table,

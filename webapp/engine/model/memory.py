@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from webapp.engine.model.config import ModelConfig, ModelLoadError, used_tensors
 from webapp.engine.model.kv_types import KV_TYPES, KvPool, KvRows, cache_positions, ring_positions
-from webapp.engine.model.recurrent_config import snapshot_rows
+from webapp.engine.model.recurrent_config import spare_state_rows
 
 GIB = 1 << 30
 # "auto" context: the slots' caches may take this share of the memory the weights leave free...
@@ -86,9 +86,9 @@ def state_bytes(config: ModelConfig) -> int:
     return sum(4 * config.recurrent.state_floats for i in range(config.n_layers) if config.recurrent_layer(i))
 
 
-def snapshot_bytes(config: ModelConfig, slots: int) -> int:
-    """The recurrent states' snapshots kept beside `slots` slots (recurrent_config.snapshot_rows)."""
-    return snapshot_rows(slots) * state_bytes(config) if config.recurrent else 0
+def spare_state_bytes(config: ModelConfig, slots: int) -> int:
+    """The recurrent states kept beside `slots` slots': snapshots and drafted tokens' (recurrent_config.spare_state_rows)."""
+    return spare_state_rows(slots) * state_bytes(config)
 
 
 def _row_pair_bytes(config: ModelConfig, kv_type: KvRows) -> int:
@@ -132,7 +132,7 @@ def plan(
     step_writes: int | None = None,
 ) -> MemoryPlan:
     weights, per_token = weight_bytes(config, table, kept_types), kv_bytes_per_position(config, kv_type, step_writes is not None)
-    kv_cache = (slots + 1) * slot_bytes(config, positions, kv_type, step_writes) + snapshot_bytes(config, slots)
+    kv_cache = (slots + 1) * slot_bytes(config, positions, kv_type, step_writes) + spare_state_bytes(config, slots)
     return MemoryPlan(weights, kv_cache, available_bytes(), slots, positions, kv_type.name, per_token)
 
 
@@ -184,7 +184,7 @@ def auto_context(
         return min(cap, FIXED_CONTEXT), f"{where} free memory is not known"
     free = max(0, available - weight_bytes(config, table, kept_types))
     rings = (slots + 1) * ((0 if step_writes is None else ring_bytes(config, kv_type, step_writes)) + state_bytes(config))
-    rings += snapshot_bytes(config, slots)
+    rings += spare_state_bytes(config, slots)
     per_position = (slots + 1) * kv_bytes_per_position(config, kv_type, step_writes is not None)
     fits = max(0, int(free * KV_SHARE) - rings) // per_position // 256 * 256
     positions = max(min(cap, fits), min(cap, AUTO_CONTEXT_FLOOR))

@@ -10,7 +10,8 @@ A recurrent layer keeps no keys and values a position: its state is a fixed size
 conv's last kernel - 1 inputs and an S x S matrix a value head: `state_floats`), so a slot's memory
 for it does not grow with the context, and a cached prefix is reusable only where a state is that
 prefix's: the slot's own, at the end of everything it ran, or a snapshot of it taken where a prompt
-chunk ended (`snapshot_rows(slots)` more rows of state, serving/state_snapshots.py).
+chunk ended (`snapshot_rows(slots)` more rows of state, serving/state_snapshots.py). Drafted tokens
+run in `draft_state_rows` of their own, so that a refused one can be left behind.
 """
 
 from __future__ import annotations
@@ -55,9 +56,27 @@ class Recurrent:
         return self.pattern.index(False)
 
 
+# Rows of state for a step's drafted tokens (speculative decoding), after the snapshots': each drafted
+# token runs in a row of its own, taking over the state the token before it left (gated_delta.c's
+# lane rows), so a refused draft leaves the state of the last confirmed token in its row. A step
+# drafts no more tokens than these rows (serving/speculation.py).
+DRAFT_STATE_ROWS = 8
+
+
 def snapshot_rows(slots: int) -> int:
     """How many snapshots of a state the cache keeps, after the slots' rows and the scratch one."""
     return SNAPSHOTS_PER_SLOT * slots
+
+
+def spare_state_rows(slots: int) -> int:
+    """The rows of state beside the slots' and the scratch one: the snapshots', then the drafts'."""
+    return snapshot_rows(slots) + DRAFT_STATE_ROWS
+
+
+def draft_state_rows(slots: int) -> range:
+    """The rows a step's drafted tokens run in (DRAFT_STATE_ROWS)."""
+    first = slots + 1 + snapshot_rows(slots)
+    return range(first, first + DRAFT_STATE_ROWS)
 
 
 def recurrent_sizes(kv: dict, arch: str, n_layers: int, count) -> Recurrent:

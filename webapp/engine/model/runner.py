@@ -48,6 +48,14 @@ class Runner(Protocol):
         """Feed each request its last output token and then its drafted tokens, from its position; per
         request, logits (1 + len(draft), vocab): of that token, then of each draft."""
 
+    # the most drafted tokens one verification may hold, all requests together (None: no bound but the step's lanes)
+    drafted_limit: int | None
+
+    def kept(self, request: Request, lanes: int) -> None:
+        """The first `lanes` of `request`'s lanes in the last verification were kept (decode_drafted,
+        prefill_and_verify): its cache goes on from the last of them (a recurrent state, which
+        took in every lane, is set back to that one's)."""
+
     def prefill_and_decode(
         self, chunks: list[tuple[Request, list[int], int]], batch: list[Request], positions: list[int]
     ) -> tuple[list[np.ndarray], np.ndarray]:
@@ -86,6 +94,13 @@ class ModelRunner:
     @property
     def speculates(self) -> bool:
         return self.steps.speculates
+
+    @property
+    def drafted_limit(self) -> int | None:
+        return self.steps.drafted_limit
+
+    def kept(self, request: Request, lanes: int) -> None:
+        self.steps.kept(request.slot, lanes)
 
     def decode_drafted(self, batch: list[Request], drafts: list[list[int]], positions: list[int]) -> list[np.ndarray]:
         """Each request's last output token and its drafted tokens as one lane group each, one model

@@ -372,6 +372,7 @@ class Engine:
                     break
                 self._sample(request, row)
             if draft:
+                self.loaded.runner.kept(request, 1 + accepted)  # the lanes whose tokens the cache now holds
                 request.drafted_tokens += len(draft)
                 request.accepted_tokens += accepted
                 self.metrics.on_drafts(len(draft), accepted)

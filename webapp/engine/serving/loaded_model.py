@@ -38,6 +38,7 @@ class LoadedModel:
     kv_bytes_per_token: int = 0
     state_bytes: int = 0  # a slot's recurrent states, whatever its length (model/memory.state_bytes)
     state_snapshots: int = 0  # rows of them kept for prefix reuse (recurrent_config.snapshot_rows)
+    draft_states: int = 0  # rows of them for drafted tokens (recurrent_config.DRAFT_STATE_ROWS)
     embedding_suffix: tuple[int, ...] = ()
     # a mixture of experts': how many lanes each expert has taken since load, (layers, experts), where
     # the kernels count them (Transformer.routed_tokens)
@@ -52,7 +53,9 @@ class LoadedModel:
         """The KV cache when full: the pool's blocks, or `slots` slots and the scratch one at the whole context."""
         if self.kv_pool is not None:
             return self.kv_pool.pool_positions * self.kv_bytes_per_token
-        return (slots + 1) * (self.context * self.kv_bytes_per_token + self.state_bytes) + self.state_snapshots * self.state_bytes
+        return (slots + 1) * (self.context * self.kv_bytes_per_token + self.state_bytes) + (
+            self.state_snapshots + self.draft_states
+        ) * self.state_bytes
 
     def kv_table(self, slots: int) -> SlotTable | PagedSlots:
         """The scheduler's table of what the cache holds: the pool's sequences, or `slots` slots."""

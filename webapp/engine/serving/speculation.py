@@ -51,6 +51,8 @@ class Speculation:
         looked nearly free). `room(request)`: the positions its step may write, where a paged cache's
         blocks bound them (None: the context does)."""
         lanes, drafts, asks = DRAFTED_LANES - len(batch), [], []
+        if loaded.runner.drafted_limit is not None:  # a recurrent model's draft rows
+            lanes = min(lanes, loaded.runner.drafted_limit)
         for request, position in zip(batch, positions, strict=True):
             limit = min(lanes, request.params.max_tokens - len(request.output_ids) - 1, loaded.context - 2 - position)
             blocks = room(request) if room is not None else None

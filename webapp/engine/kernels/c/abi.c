@@ -38,7 +38,7 @@ static const tq_abi_entry ABI[] = {
     STRUCT(tq_step), FIELD(tq_step, attention), FIELD(tq_step, dim), FIELD(tq_step, ffn_dim), FIELD(tq_step, layers),
     FIELD(tq_step, vocab), FIELD(tq_step, embed_type), FIELD(tq_step, head_type), FIELD(tq_step, picks),
     FIELD(tq_step, outputs), FIELD(tq_step, experts), FIELD(tq_step, embed_scale), FIELD(tq_step, latent), FIELD(tq_step, recurrent),
-    STRUCT(tq_recurrent), FIELD(tq_recurrent, conv_kernel), FIELD(tq_recurrent, state), FIELD(tq_recurrent, k_heads), FIELD(tq_recurrent, v_heads),
+    STRUCT(tq_recurrent), FIELD(tq_recurrent, conv_kernel), FIELD(tq_recurrent, state), FIELD(tq_recurrent, k_heads), FIELD(tq_recurrent, v_heads), FIELD(tq_recurrent, lane_rows),
 };
 
 int tq_abi(const tq_abi_entry **entries) {

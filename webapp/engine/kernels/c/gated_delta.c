@@ -13,7 +13,10 @@
  * first), then Hv matrices M stored a value row at a time (row c holds M[.][c], so both products read
  * rows). A lane at position 0 starts its sequence: its slot's row is zeroed first. The lanes of one
  * slot run in the order given (their positions rising), each sequence's heads spread over the pool;
- * a lane's numbers depend on its own sequence alone. */
+ * a lane's numbers depend on its own sequence alone. With r->lane_rows, lane b runs in row
+ * lanes[2B + b] instead: a row other than its sequence's lane before it (or, for the first, other than
+ * its slot's) first takes that lane's state. So speculation's drafted tokens each leave their state
+ * in a row of their own, and a refused draft leaves the rows before it as the confirmed tokens made them. */
 static __thread scratch_t qwen35_rows; /* both layers' intermediates */
 
 static size_t recurrent_state_floats(const tq_recurrent *r) {
@@ -26,6 +29,7 @@ typedef struct {
   const float *decay, *beta;        /* (B, Hv) each */
   float *states;                    /* a row of recurrent_state_floats a slot */
   const int32_t *order, *starts, *slots; /* sequence i: lanes order[starts[i] .. starts[i + 1]), in slot slots[i] */
+  const int32_t *rows, *positions;  /* each lane's row of state, and its position */
   const tq_recurrent *r;
 } recurrence_job;
 
@@ -34,11 +38,16 @@ static void run_recurrence(const void *ctx, int first, int last) {
   const tq_recurrent *r = j->r;
   const int S = r->state, Hk = r->k_heads, Hv = r->v_heads, C = (2 * Hk + Hv) * S;
   const float scale = 1.0f / sqrtf((float)S);
+  const size_t row_floats = recurrent_state_floats(r), offset = (size_t)(r->conv_kernel - 1) * C;
   for (int item = first; item < last; item++) {
     const int seq = item / Hv, h = item % Hv, kh = h % Hk;
-    float *M = j->states + (size_t)j->slots[seq] * recurrent_state_floats(r) + (size_t)(r->conv_kernel - 1) * C + (size_t)h * S * S;
+    const float *before = j->states + (size_t)j->slots[seq] * row_floats + offset + (size_t)h * S * S;
     for (int i = j->starts[seq]; i < j->starts[seq + 1]; i++) {
       const int b = j->order[i];
+      float *M = j->states + (size_t)j->rows[b] * row_floats + offset + (size_t)h * S * S;
+      /* a lane at position 0 found its row zeroed */
+      if (M != before && j->positions[b] != 0) memcpy(M, before, (size_t)S * S * sizeof(float));
+      before = M;
       const float *row = j->mixed + (size_t)b * C, *q = row + (size_t)kh * S, *k = row + (size_t)(Hk + kh) * S;
       const float *v = row + (size_t)(2 * Hk + h) * S, decay = j->decay[(size_t)b * Hv + h], beta = j->beta[(size_t)b * Hv + h];
       delta_step(M, q, k, v, decay, beta, scale, S, j->out + (size_t)b * Hv * S + (size_t)h * S);
@@ -99,10 +108,15 @@ static void gated_delta_net(float *out, const float *x, const layer_matrices *w,
       if (lanes[b] == slots[seq]) order[n++] = b;
     starts[seq + 1] = n;
   }
+  const int32_t *rows = r->lane_rows ? lanes + 2 * B : lanes;
+  const size_t row_floats = recurrent_state_floats(r);
   for (int i = 0; i < B; i++) {
     const int b = order[i];
-    float *state = states + (size_t)lanes[b] * recurrent_state_floats(r);
-    if (lanes[B + b] == 0) memset(state, 0, recurrent_state_floats(r) * sizeof(float));
+    float *state = states + (size_t)rows[b] * row_floats;
+    /* the row that holds the state this lane goes on from: its sequence's lane before it, else its slot's */
+    const int before = i > 0 && lanes[order[i - 1]] == lanes[b] ? rows[order[i - 1]] : lanes[b];
+    if (lanes[B + b] == 0) memset(state, 0, row_floats * sizeof(float));
+    else if (rows[b] != before) memcpy(state, states + (size_t)before * row_floats, (size_t)(K - 1) * C * sizeof(float)); /* the conv's inputs */
     const float *p = projected + (size_t)b * width;
     float *y = mixed + (size_t)b * C;
     convolve(y, p, state, conv_weights, C, K);
@@ -112,7 +126,7 @@ static void gated_delta_net(float *out, const float *x, const layer_matrices *w,
       decay[(size_t)b * Hv + h] = expf(softplus(p[C + V + Hv + h] + dt_bias[h]) * a[h]);
     }
   }
-  const recurrence_job job = {o, mixed, decay, beta, states, order, starts, slots, r};
+  const recurrence_job job = {o, mixed, decay, beta, states, order, starts, slots, rows, lanes + B, r};
   const job_t j = {run_recurrence, &job, sequences * Hv, 1};
   run_job(&j);
   for (int b = 0; b < B; b++)

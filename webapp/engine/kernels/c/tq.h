@@ -165,9 +165,12 @@ typedef struct {
 } tq_latent;
 
 /* A FORM_RECURRENT layer's sizes (Qwen3.5's Gated DeltaNet): the conv's kernel (past inputs + 1), a
- * head's state (its keys' and its values' size), the key heads and the value heads (a multiple of them). */
+ * head's state (its keys' and its values' size), the key heads and the value heads (a multiple of them).
+ * lane_rows (a step's, not a layer's): 1 when the lanes carry a third row of B values, each lane's row of
+ * state (gated_delta.c); 0: every lane runs in its slot's row. */
 typedef struct {
   int32_t conv_kernel, state, k_heads, v_heads;
+  int32_t lane_rows;
 } tq_recurrent;
 
 /* A whole layer: its attention, the model's width D and the feed-forward's F, its matrices' types,

@@ -8,7 +8,9 @@ token's logits, (len(tokens), vocab), equal to what generating them would give; 
 slot, start)` is prefill with every token's final norm output (len(tokens), dim) instead, what
 embeddings pool; `verify(lanes, slots, positions)` feeds each lane several tokens from its position
 (a decoding sequence's last token, then tokens drafted after it), every one's logits, each equal to
-what decoding it alone gives (only where `speculates`); `prefill_and_decode`
+what decoding it alone gives (only where `speculates`; no more drafted tokens a step than
+`drafted_limit` where one is set), after which `kept(slot, n)` says how many of the slot's lanes
+were kept (a recurrent state then goes on from the nth, not from the last); `prefill_and_decode`
 runs prompt chunks and a decode step as one step, only where `mixes`; `copy_prefix(source, target,
 length)` copies K/V rows between slots; `warm_up(progress)` compiles what the steps will run. `how`
 says in words how a step runs, for the start-up log; `tunable` is whether tinygrad's BEAM search
@@ -30,6 +32,7 @@ class Steps:
     tunable: bool = True
     mixes: bool = False  # prompt chunks and a decode step run as one step (`prefill_and_decode`)
     speculates: bool = False  # `verify` runs drafted tokens as lanes whose logits equal a lone decode's
+    drafted_limit: int | None = None  # the drafted tokens a verification may hold (None: the lanes bound them)
 
     def __init__(self, model):
         self.model = model
@@ -66,6 +69,10 @@ class Steps:
     def copy_prefix(self, source: int, target: int, length: int) -> None:
         """Copy the K/V of positions 0..length-1 from slot `source` to slot `target`, every layer."""
         self._prefix_copy(source, target, length)
+
+    def kept(self, slot: int, lanes: int) -> None:
+        """The first `lanes` of `slot`'s lanes in the last verification were kept: the cache holds what
+        they wrote, and what later lanes wrote is written again before it is read."""
 
     def copy_state(self, source: int, target: int) -> None:
         """Copy every recurrent layer's state from row `source` to row `target` of its cache (a slot's

@@ -15,6 +15,7 @@ import numpy as np
 
 from webapp.engine.kernels.block_weight import BlockWeight
 from webapp.engine.model.device_buffers import host_view
+from webapp.engine.model.recurrent_config import draft_state_rows
 from webapp.engine.model.steps.base import Chunk, Steps, prompt_lanes
 
 WARM_UP_TOKENS = 32  # one prompt piece: the first user's step then finds every weight page mapped in
@@ -49,11 +50,14 @@ class OneCallSteps(Steps):
             block_positions=0 if model.pool is None else model.pool.block_positions,
         )
         self._prefix_copy.synchronize = True
-        # a recurrent layer's state takes in every token a step feeds: a refused draft could not be undone
-        self.speculates = model.config.recurrent is None
         # the recurrent layers' caches as (rows, state floats) over their memory: a state's copy is a
         # memcpy the kernels see at once (the model thread runs both, one after the other)
         self._states = [host_view(b.cache).reshape(b.cache.shape[1], -1) for b in model.blocks if b.recurrent]
+        # a recurrent state takes in every token a step feeds: drafted tokens run in rows of their own,
+        # and a verification's kept lanes leave the state of the last of them (`kept`)
+        self._draft_rows = draft_state_rows(model.slots) if self._states else None
+        self.drafted_limit = None if self._draft_rows is None else len(self._draft_rows)
+        self._lane_rows: dict[int, list[int]] = {}  # slot -> its lanes' rows in the last verification
 
     # a paged cache's blocks as arrays (serving/prefix_store.py): (blocks, k|v, kv heads, positions, row) a layer
     def block_row_shapes(self) -> list[tuple[tuple[int, ...], np.dtype]]:
@@ -75,8 +79,27 @@ class OneCallSteps(Steps):
         for rows in self._states:
             rows[target] = rows[source]
 
-    def _step(self, tokens: list[int], lanes: list[int], picks: list[int]) -> np.ndarray:
-        return self.kernels.step(self.whole_model, tokens, lanes, picks)
+    def kept(self, slot: int, lanes: int) -> None:
+        rows = self._lane_rows.pop(slot, None)
+        if rows is not None and lanes > 1:  # one lane kept: it ran in the slot's own row
+            self.copy_state(rows[lanes - 1], slot)
+
+    def _state_rows(self, chunk_slots: list[int], lane_chunks: list[Chunk]) -> list[int] | None:
+        """Each token's row of recurrent state in a verification: prompt chunks' tokens (their slots:
+        `chunk_slots`) and a drafted lane's first token in their slots' rows, each drafted token in
+        a draft row of its own; None for a model without recurrent layers."""
+        if self._draft_rows is None:
+            return None
+        assert sum(len(lane) - 1 for lane, _, _ in lane_chunks) <= len(self._draft_rows), "drafted_limit"
+        self._lane_rows.clear()
+        free, rows = iter(self._draft_rows), list(chunk_slots)
+        for lane, slot, _ in lane_chunks:
+            self._lane_rows[slot] = [slot, *(next(free) for _ in lane[1:])]
+            rows += self._lane_rows[slot]
+        return rows
+
+    def _step(self, tokens: list[int], lanes: list[int], picks: list[int], state_rows: list[int] | None = None) -> np.ndarray:
+        return self.kernels.step(self.whole_model, tokens, lanes, picks, state_rows=state_rows)
 
     def prefill(self, tokens: list[int], slot: int, start: int) -> np.ndarray:
         n = len(tokens)
@@ -106,7 +129,7 @@ class OneCallSteps(Steps):
         assert lanes and all(lanes) and len(set(slots)) == len(slots)
         assert all(start + len(lane) <= self.model.context for lane, _, start in chunks)
         tokens, lane_slots, lane_positions = _chunk_lanes(chunks)
-        logits = self._step(tokens, lane_slots + lane_positions, list(range(len(tokens))))
+        logits = self._step(tokens, lane_slots + lane_positions, list(range(len(tokens))), self._state_rows([], chunks))
         return np.split(logits, np.cumsum([len(lane) for lane in lanes])[:-1])
 
     def prefill_and_decode(
@@ -134,7 +157,8 @@ class OneCallSteps(Steps):
         lane_chunks = list(zip(lanes, slots, positions, strict=True))
         tokens, lane_slots, lane_positions = _chunk_lanes(chunks + lane_chunks)
         lasts = [end - 1 for end in itertools.accumulate(len(chunk) for chunk, _, _ in chunks)]
-        logits = self._step(tokens, lane_slots + lane_positions, lasts + list(range(lasts[-1] + 1, len(tokens))))
+        state_rows = self._state_rows(lane_slots[: lasts[-1] + 1], lane_chunks)
+        logits = self._step(tokens, lane_slots + lane_positions, lasts + list(range(lasts[-1] + 1, len(tokens))), state_rows)
         return list(logits[: len(chunks)]), np.split(logits[len(chunks) :], np.cumsum([len(lane) for lane in lanes])[:-1])
 
     def warm_up(self, progress: Callable[[str], None]) -> None:
