@@ -1,7 +1,7 @@
 """Speculative decoding's speed-up, one stream at a time, with the outputs checked equal.
 
 Usage: DEV=CPU .venv/bin/python bench/speculative.py [--model PATH] [--draft PATH] [--tokens 320] [--rounds 3]
-       [--kinds "code edit,free chat"] [--samplings greedy] [--no-streams] [--beside-prompts] [--costs]
+       [--kinds "code edit,free chat"] [--samplings greedy] [--no-streams] [--beside-prompts] [--costs] [--repeat]
 
 For each kind of request (a code edit that repeats a whole file with one change, from
 bench/workloads/inventory.py; a summary of a text, a JSON extraction, a free chat answer) and each
@@ -17,6 +17,10 @@ first token to the last, the issue's "no lower than without".
 
 `--beside-prompts` adds the code edit (greedy) while another client keeps a long prompt in prefill
 at every moment, so most of its steps also prefill a chunk (drafts are verified in those steps too).
+
+`--repeat` makes every row a repeated request: each run first answers the request once, untimed,
+then the timed run drafts from that answer in the server's recent outputs (where a model of random
+weights, whose text never repeats itself, still drafts).
 
 `--costs` measures the served model's verification step of 1..9 lanes of one sequence and the draft
 model's steps (its catch-up of two tokens, which yields the first draft, and a one-token step), then
@@ -73,12 +77,19 @@ SAMPLINGS = {"greedy": dict(temperature=0.0), "temperature 0.7": dict(temperatur
 MODES = {"plain": (False, False), "n-gram": (True, False), "draft model": (True, True)}
 
 
-def run(engine: Engine, prompt: list[int], tokens: int, mode: str, sampling: dict):
+def run(engine: Engine, prompt: list[int], tokens: int, mode: str, sampling: dict, repeat: bool = False):
     engine.speculation.enabled, engine.speculation.use_draft_model = MODES[mode]
     # each run drafts from its own text: with the server's recent answers, a later round would draft
-    # the earlier round's answer to the same prompt (the repeated-request case, not this row's)
+    # the earlier round's answer to the same prompt (the repeated-request case, asked for by `repeat`)
     engine.speculation.recent = RecentOutputs()
-    request = Request(prompt, SamplingParams(max_tokens=tokens, stop_token_ids=frozenset(engine.tokenizer.stop_ids), **sampling))
+    params = SamplingParams(max_tokens=tokens, stop_token_ids=frozenset(engine.tokenizer.stop_ids), **sampling)
+    if repeat:
+        first = Request(prompt, params)
+        engine.submit(first)
+        while not isinstance(item := first.outputs.get(), Finished):
+            if isinstance(item, Exception):
+                raise item
+    request = Request(prompt, params)
     engine.submit(request)
     times = []
     while not isinstance(item := request.outputs.get(), Finished):
@@ -98,6 +109,7 @@ def main() -> int:
     ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated: " + ", ".join(KINDS))
     ap.add_argument("--samplings", default=",".join(SAMPLINGS), help="comma-separated: " + ", ".join(SAMPLINGS))
     ap.add_argument("--streams", action=argparse.BooleanOptionalAction, default=True, help="the 8-stream row")
+    ap.add_argument("--repeat", action="store_true", help="each timed run follows the same request's answer (see above)")
     ap.add_argument("--costs", action="store_true", help="step costs and the speed-up they allow at each acceptance")
     ap.add_argument("--beside-prompts", action="store_true", help="the code edit while other prompts keep arriving (see above)")
     args = ap.parse_args()
@@ -122,7 +134,7 @@ def main() -> int:
             rates, last, outputs = {m: [] for m in modes}, {}, set()
             for _ in range(args.rounds):
                 for mode in modes:
-                    rate, last[mode] = run(engine, prompt, args.tokens, mode, SAMPLINGS[name])
+                    rate, last[mode] = run(engine, prompt, args.tokens, mode, SAMPLINGS[name], args.repeat)
                     rates[mode].append(rate)
                     outputs.add(tuple(last[mode].output_ids))
             medians = {m: statistics.median(r) for m, r in rates.items()}
@@ -132,7 +144,8 @@ def main() -> int:
                 share = r.accepted_tokens / r.drafted_tokens if r.drafted_tokens else 0.0
                 cells += [f"{medians[m] / medians['plain']:.2f}x", str(r.drafted_tokens), f"{share:.0%}"]
             same = "yes" if len(outputs) == 1 else "NO"
-            print(f"| {kind} | {name} | {len(last['plain'].output_ids)} | " + " | ".join(cells) + f" | {same} |")
+            label = f"{kind}, again" if args.repeat else kind
+            print(f"| {label} | {name} | {len(last['plain'].output_ids)} | " + " | ".join(cells) + f" | {same} |")
     if args.beside_prompts:
         beside_prompts(engine, args.tokens, args.rounds)
     if args.streams:
