@@ -1,16 +1,18 @@
 """Speculative decoding's speed-up, one stream at a time, with the outputs checked equal.
 
 Usage: DEV=CPU .venv/bin/python bench/speculative.py [--model PATH] [--draft PATH] [--tokens 320] [--rounds 3]
-       [--kinds "code edit,free chat"] [--samplings greedy] [--no-streams] [--beside-prompts] [--costs] [--repeat]
+       [--kinds "code edit,free chat"] [--samplings greedy] [--no-streams] [--beside-prompts] [--costs] [--repeat] [--seeds 5]
 
 For each kind of request (a code edit that repeats a whole file with one change, from
 bench/workloads/inventory.py; a summary of a text, a JSON extraction, a free chat answer) and each
-sampling (greedy; temperature 0.7 seeded), the same request
+sampling (greedy; temperature 0.7, `--seeds` requests seeded 1..n, one sampled text being one
+draw of how much of it repeats the prompt), the same request
 runs without drafts, with prompt-lookup drafts ("n-gram") and, given `--draft` (a draft model of the
 same vocabulary, LLM_DRAFT_MODEL), with the draft model beside prompt lookup, alternating them
 `--rounds` times in one engine (the settings are read per request at admission). Printed per row:
 decode tok/s of each (median, from the first token on, so the prompt's prefill is left out), the
-ratio to plain decoding, drafted tokens, the share of them confirmed, and whether every run gave the
+ratio to plain decoding, drafted tokens, the share of them confirmed (a seeded row's rate is its
+seeds' tokens over their time, its counts their sums), and whether every run of a seed gave the
 same tokens (they must: speculation changes no output). Then, unless --no-streams, 8 streams at once
 (two of each kind, temperature 0.7, seeded), on and off alternating: the aggregate tok/s from the
 first token to the last, the issue's "no lower than without".
@@ -21,6 +23,9 @@ at every moment, so most of its steps also prefill a chunk (drafts are verified 
 `--repeat` makes every row a repeated request: each run first answers the request once, untimed,
 then the timed run drafts from that answer in the server's recent outputs (where a model of random
 weights, whose text never repeats itself, still drafts).
+
+`--constant-costs` adds a column of prompt lookup whose lanes are priced at LANE_COST each, as
+before the warm-up timed them (decoding/drafts.py StepCosts), and a row of it at 8 streams.
 
 `--costs` measures the served model's verification step of 1..9 lanes of one sequence and the draft
 model's steps (its catch-up of two tokens, which yields the first draft, and a one-token step), then
@@ -74,11 +79,16 @@ SAMPLINGS = {"greedy": dict(temperature=0.0), "temperature 0.7": dict(temperatur
 
 
 # what each column runs: speculation on, and the draft model beside prompt lookup
-MODES = {"plain": (False, False), "n-gram": (True, False), "draft model": (True, True)}
+MODES = {
+    "plain": (False, False, True),
+    "n-gram": (True, False, True),
+    "draft model": (True, True, True),
+    "constant costs": (True, False, False),
+}
 
 
 def run(engine: Engine, prompt: list[int], tokens: int, mode: str, sampling: dict, repeat: bool = False):
-    engine.speculation.enabled, engine.speculation.use_draft_model = MODES[mode]
+    engine.speculation.enabled, engine.speculation.use_draft_model, engine.speculation.measured_costs = MODES[mode]
     # each run drafts from its own text: with the server's recent answers, a later round would draft
     # the earlier round's answer to the same prompt (the repeated-request case, asked for by `repeat`)
     engine.speculation.recent = RecentOutputs()
@@ -100,6 +110,18 @@ def run(engine: Engine, prompt: list[int], tokens: int, mode: str, sampling: dic
     return rate, request
 
 
+def run_seeds(engine: Engine, prompt: list[int], tokens: int, mode: str, sampling: dict, seeds: int, repeat: bool):
+    """One run of each seed (a sampling without one: a single run): their tokens over their decode
+    time, and the requests."""
+    runs = (
+        [run(engine, prompt, tokens, mode, dict(sampling, seed=seed), repeat) for seed in range(1, seeds + 1)]
+        if "seed" in sampling
+        else [run(engine, prompt, tokens, mode, sampling, repeat)]
+    )
+    made = sum(len(r.output_ids) - 1 for _, r in runs)
+    return made / sum((len(r.output_ids) - 1) / rate for rate, r in runs), [r for _, r in runs]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None)
@@ -109,6 +131,8 @@ def main() -> int:
     ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated: " + ", ".join(KINDS))
     ap.add_argument("--samplings", default=",".join(SAMPLINGS), help="comma-separated: " + ", ".join(SAMPLINGS))
     ap.add_argument("--streams", action=argparse.BooleanOptionalAction, default=True, help="the 8-stream row")
+    ap.add_argument("--constant-costs", action="store_true", help="prompt lookup with LANE_COST a lane too (see above)")
+    ap.add_argument("--seeds", type=int, default=5, help="seeds of each sampled row (1..n)")
     ap.add_argument("--repeat", action="store_true", help="each timed run follows the same request's answer (see above)")
     ap.add_argument("--costs", action="store_true", help="step costs and the speed-up they allow at each acceptance")
     ap.add_argument("--beside-prompts", action="store_true", help="the code edit while other prompts keep arriving (see above)")
@@ -118,7 +142,7 @@ def main() -> int:
     while engine.state == "loading":
         time.sleep(0.2)
     assert engine.state == "ok", engine.error
-    modes = list(MODES) if args.draft else ["plain", "n-gram"]
+    modes = ["plain", "n-gram"] + (["draft model"] if args.draft else []) + (["constant costs"] if args.constant_costs else [])
     draft = engine.loaded.runner.draft
     beside = f", draft {draft.name} (a step costs {draft.step_cost:.2f} of the served model's)" if draft else ""
     print(f"# speculation on {os.path.basename(path)}{beside}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs\n")
@@ -134,22 +158,23 @@ def main() -> int:
             rates, last, outputs = {m: [] for m in modes}, {}, set()
             for _ in range(args.rounds):
                 for mode in modes:
-                    rate, last[mode] = run(engine, prompt, args.tokens, mode, SAMPLINGS[name], args.repeat)
+                    rate, last[mode] = run_seeds(engine, prompt, args.tokens, mode, SAMPLINGS[name], args.seeds, args.repeat)
                     rates[mode].append(rate)
-                    outputs.add(tuple(last[mode].output_ids))
+                    outputs.add(tuple(tuple(r.output_ids) for r in last[mode]))
             medians = {m: statistics.median(r) for m, r in rates.items()}
             cells = [f"{medians[m]:.1f}" for m in modes]
             for m in modes[1:]:
-                r = last[m]
-                share = r.accepted_tokens / r.drafted_tokens if r.drafted_tokens else 0.0
-                cells += [f"{medians[m] / medians['plain']:.2f}x", str(r.drafted_tokens), f"{share:.0%}"]
+                drafted, confirmed = sum(r.drafted_tokens for r in last[m]), sum(r.accepted_tokens for r in last[m])
+                share = confirmed / drafted if drafted else 0.0
+                cells += [f"{medians[m] / medians['plain']:.2f}x", str(drafted), f"{share:.0%}"]
             same = "yes" if len(outputs) == 1 else "NO"
             label = f"{kind}, again" if args.repeat else kind
-            print(f"| {label} | {name} | {len(last['plain'].output_ids)} | " + " | ".join(cells) + f" | {same} |")
+            made = sum(len(r.output_ids) for r in last["plain"])
+            print(f"| {label} | {name} | {made} | " + " | ".join(cells) + f" | {same} |")
     if args.beside_prompts:
         beside_prompts(engine, args.tokens, args.rounds)
     if args.streams:
-        eight_streams(engine, args.tokens, args.rounds)
+        eight_streams(engine, args.tokens, args.rounds, args.constant_costs)
     if args.costs:
         costs(engine)
     engine.stop(5)
@@ -197,22 +222,27 @@ def beside_prompts(engine: Engine, tokens: int, rounds: int) -> None:
     )
 
 
-def eight_streams(engine: Engine, tokens: int, rounds: int) -> None:
-    print("\n| 8 streams | aggregate tok/s plain | with drafts | ratio | drafted | confirmed | same outputs |")
+def eight_streams(engine: Engine, tokens: int, rounds: int, constant_costs: bool = False) -> None:
+    print(
+        "\n| 8 streams, 2 of each kind, temperature 0.7 | aggregate tok/s plain | with drafts | ratio | drafted | confirmed | same outputs |"
+    )
     print("|---|---|---|---|---|---|---|")
     prompts = [p for p in prompts_of(engine) for _ in range(2)]
-    plain, drafted, same = [], [], True
+    modes = [(True, True)] + ([(True, False)] if constant_costs else [])  # (speculate, measured costs)
+    plain, drafted, last, same = [], {m: [] for m in modes}, {}, True
     for _ in range(rounds):
         rate_a, a = streams(engine, prompts, tokens, False)
-        rate_b, b = streams(engine, prompts, tokens, True)
         plain.append(rate_a)
-        drafted.append(rate_b)
-        same &= [r.output_ids for r in a] == [r.output_ids for r in b]
-    p, d = statistics.median(plain), statistics.median(drafted)
-    n, ok = sum(r.drafted_tokens for r in b), sum(r.accepted_tokens for r in b)
-    print(
-        f"| 2 of each kind, temperature 0.7 | {p:.1f} | {d:.1f} | {d / p:.2f}x | {n} | {ok / n if n else 0:.0%} | {'yes' if same else 'NO'} |"
-    )
+        for mode in modes:
+            rate_b, last[mode] = streams(engine, prompts, tokens, *mode)
+            drafted[mode].append(rate_b)
+            same &= [r.output_ids for r in a] == [r.output_ids for r in last[mode]]
+    p = statistics.median(plain)
+    for mode in modes:
+        d, b = statistics.median(drafted[mode]), last[mode]
+        n, ok = sum(r.drafted_tokens for r in b), sum(r.accepted_tokens for r in b)
+        label = "prompt lookup" + ("" if mode[1] else ", constant costs")
+        print(f"| {label} | {p:.1f} | {d:.1f} | {d / p:.2f}x | {n} | {ok / n if n else 0:.0%} | {'yes' if same else 'NO'} |")
 
 
 def timed(step, times: int = 9) -> float:
@@ -270,9 +300,9 @@ def prompts_of(engine) -> list[list[int]]:
     ]
 
 
-def streams(engine: Engine, prompts: list[list[int]], tokens: int, speculate: bool):
+def streams(engine: Engine, prompts: list[list[int]], tokens: int, speculate: bool, measured_costs: bool = True):
     """All prompts at once (seeded, temperature 0.7); aggregate tok/s from the first token to the last."""
-    engine.speculation.enabled, engine.speculation.use_draft_model = speculate, True
+    engine.speculation.enabled, engine.speculation.use_draft_model, engine.speculation.measured_costs = speculate, True, measured_costs
     engine.speculation.recent = RecentOutputs()
     stops = frozenset(engine.tokenizer.stop_ids)
     requests = [Request(p, SamplingParams(max_tokens=tokens, stop_token_ids=stops, temperature=0.7, seed=i)) for i, p in enumerate(prompts)]

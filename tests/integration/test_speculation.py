@@ -97,3 +97,13 @@ def test_a_repeated_request_drafts_from_the_earlier_answer(engine):
     second = Request(ids, params(engine, temperature=0.0))
     assert run(engine, True, [first]) == run(engine, True, [second])
     assert second.accepted_tokens >= 0.6 * len(second.output_ids) > 0, (second.accepted_tokens, second.drafted_tokens)
+
+
+def test_warm_up_times_what_drafted_lanes_cost(engine):
+    """The verifications of 1..9 lanes the drafts are priced by (decoding/drafts.py StepCosts): every
+    width timed, and 9 lanes cost more than one and less than 9 one-lane steps (they read the weights
+    together)."""
+    seconds = engine.loaded.runner.verify_seconds
+    assert len(seconds) == 9 and all(t > 0 for t in seconds)
+    costs = engine.speculation.costs(engine.loaded.runner)
+    assert costs.lanes[0] == 1.0 and 1.0 < costs.step(9) < 9.0 and costs.step(12) > costs.step(9)

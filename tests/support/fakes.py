@@ -346,6 +346,7 @@ class FakeRunner:
         self.speculates = speculates  # `decode_drafted`: every fed token's logits, as decode gives them
         self.draft = draft  # a DraftModel (over FakeSteps in the tests), or None
         self.drafted_limit = None
+        self.verify_seconds = None  # the linear cost model (decoding/drafts.py LANE_COST)
         self.vocab = vocab
         self.next_token = next_token or (lambda last: (last + 1) % vocab)
         self.step_s = step_s

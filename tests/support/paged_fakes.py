@@ -18,6 +18,7 @@ class PagedFakeRunner:
     speculates = True
     draft = None
     drafted_limit = None
+    verify_seconds = None
 
     def __init__(self, pool: KvPool, vocab: int = 50):
         self.pool, self.vocab = pool, vocab

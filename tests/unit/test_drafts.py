@@ -1,7 +1,7 @@
 """Prompt lookup: drafts are the tokens that followed the sequence's latest n-gram earlier on, as
 many as the request's recent acceptance pays for."""
 
-from webapp.engine.decoding.drafts import DRAFT_MAX, PromptLookup, RecentOutputs, draft_length
+from webapp.engine.decoding.drafts import DRAFT_MAX, LANE_COST, PromptLookup, RecentOutputs, StepCosts, draft_length
 
 
 def test_a_repeated_span_is_drafted_from_where_it_appeared_before():
@@ -65,3 +65,33 @@ def test_recent_outputs_keep_at_most_their_capacity_newest_first():
 def test_a_fuller_step_needs_likelier_drafts():
     assert draft_length(0.5, batch=1) == 1 and draft_length(0.5, batch=8) == 0
     assert [draft_length(0.9, batch=b) for b in (1, 2, 4, 8)] == sorted([draft_length(0.9, batch=b) for b in (1, 2, 4, 8)], reverse=True)
+
+
+def test_measured_step_costs_choose_the_lengths_the_kernels_make_cheap():
+    """The default model's verifications here: a second lane costs 2% of a step, a fifth starts another
+    pass over the weights. Measured, a token is drafted even at p = 0.1 (where LANE_COST's constant
+    drafts none below ~0.32), and a likely draft stops short of the fifth lane where the constant
+    goes on."""
+    measured = StepCosts([5.6, 5.7, 6.7, 8.4, 10.5, 11.7, 13.1, 14.4, 16.5])
+    assert draft_length(0.1) == 0 and draft_length(0.1, costs=measured) == 1
+    assert draft_length(0.85) == 4 and draft_length(0.85, costs=measured) == 2
+    assert draft_length(0.95, costs=measured) == 7
+
+
+def test_step_costs_never_fall_with_lanes_and_go_on_past_the_measured_ones():
+    costs = StepCosts([10.0, 9.0, 12.0, 14.0, 16.0])  # noise made 2 lanes look cheaper than one
+    assert [costs.step(n) for n in (1, 2, 3)] == [1.0, 1.0, 1.2]
+    assert abs(costs.step(7) - (1.6 + 2 * 0.15)) < 1e-9  # the slope over the last four lanes added, 0.15 a lane
+    assert abs(StepCosts().step(5) - (1 + 4 * LANE_COST)) < 1e-9
+    # k drafted lanes against one sequence's share of a batch of 4: (step(4 + k) - step(4)) * 4 / step(4)
+    assert abs(costs.drafted(1, batch=4) - (1.6 - 1.4) * 4 / 1.4) < 1e-9
+
+
+def test_a_draft_pays_for_the_lanes_it_adds_after_the_other_sequences_drafts():
+    """Four sequences decoding together at p = 0.9: the first's 3 drafts make a step of 7 lanes, so
+    a second's lanes start past them, at the 8 lanes and beyond the measured ones, and pay less."""
+    measured = StepCosts([5.6, 5.7, 6.7, 8.4, 10.5, 11.7, 13.1, 14.4, 16.5])
+    first = draft_length(0.9, batch=4, costs=measured)
+    assert first == 3
+    assert draft_length(0.9, batch=4, costs=measured, before=first) == 1
+    assert draft_length(0.9, batch=4, before=first) == draft_length(0.9, batch=4)  # a constant cost a lane: no matter

@@ -20,13 +20,14 @@ class ScriptedDrafter:
     def __init__(self, script):
         self.script, self.updates, self.batches = list(script), [], []
 
-    def __call__(self, prompt_ids, recent=None):  # stands in for PromptLookup(prompt_ids, recent)
+    def __call__(self, prompt_ids, recent=None, costs=None):  # stands in for PromptLookup(prompt_ids, recent, costs)
+        self.costs = costs
         return self
 
     def extend(self, tokens):
         pass
 
-    def propose(self, limit, batch=1):
+    def propose(self, limit, batch=1, before=0):
         self.batches.append(batch)
         return self.script.pop(0)[:limit] if self.script else []
 
@@ -97,9 +98,9 @@ def test_a_request_cancelled_while_its_drafts_are_verified_frees_its_slot_and_dr
     runner = FakeRunner(vocab=VOCAB, speculates=True)
 
     class Holding(ScriptedDrafter):
-        def propose(self, limit, batch=1):
+        def propose(self, limit, batch=1, before=0):
             runner.gate.clear()  # the verification step about to run waits at the gate
-            return super().propose(limit, batch)
+            return super().propose(limit, batch, before)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(speculation, "PromptLookup", Holding([[4, 5, 6]]))

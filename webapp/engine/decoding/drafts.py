@@ -1,7 +1,7 @@
 """Drafted tokens for speculative decoding, from the request's own text (prompt lookup) and from the
 server's recent answers.
 
-Contract: `PromptLookup(prompt_ids, recent)` follows one request; `extend(tokens)` adds its accepted
+Contract: `PromptLookup(prompt_ids, recent, costs)` follows one request; `extend(tokens)` adds its accepted
 output tokens, `propose(limit)` returns up to `limit` tokens that followed the latest earlier
 occurrence of the sequence's last n tokens (n from MAX_NGRAM down to MIN_NGRAM) in its own text, else
 in `recent` (a `RecentOutputs`: the last answers the server gave, where a repeated request finds its
@@ -12,12 +12,13 @@ repeating, and clients (retries, evaluations, agents re-asking) repeat whole req
 
 Drafts change no output: the engine samples every drafted position exactly as plain decoding would
 and keeps a draft only while the sample equals it (webapp/engine/serving/engine.py). What a draft
-costs is its lanes in the step (LANE_COST of a one-lane step each, plus the draft model's own step
-for each token it drafts), so `Acceptance.length` drafts the length that makes the most tokens per
-unit of step time at the source's recent per-token acceptance p: k drafts yield
-(1 - p^(k+1)) / (1 - p) tokens for 1 + cost * k, and a draft must promise 5% more than none. At
-p = 0.35 that is one token, at 0.81 four, none below ~0.32; in a step of many sequences a lane
-costs more of each one's share, so drafts must be likelier still. Undrafted steps raise p a little,
+costs is its lanes in the step (`StepCosts`: the served model's verifications of 1..9 lanes, timed
+at warm-up, else LANE_COST of a one-lane step a lane), plus the draft model's own step for each
+token it drafts, so `Acceptance.length` drafts the length that makes the most tokens per unit of
+step time at the source's recent per-token acceptance p: k drafts yield (1 - p^(k+1)) / (1 - p)
+tokens for a step of k + 1 lanes, and a draft must promise 5% more than none. At LANE_COST a lane,
+p = 0.35 drafts one token, 0.81 four, none below ~0.32; in a step of many sequences a lane costs
+more of each one's share, so drafts must be likelier still. Undrafted steps raise p a little,
 so drafting is tried again.
 """
 
@@ -37,27 +38,58 @@ MIN_GAIN = 1.05
 MEMORY = 0.3  # the weight of the latest proposal in the acceptance average
 
 
-def lane_cost(batch: int, draft_cost: float = 0.0) -> float:
-    """A drafted token's cost against one sequence's share of a step of `batch` lanes: a step costs
-    1 + LANE_COST (batch - 1) one-lane steps, so a lane's share of it shrinks as batches grow, and a
-    draft must be likelier to pay (at 8 lanes a drafted token needs p ~0.82 where one lane needs 0.32).
-    `draft_cost`: what making the token cost besides its lane (a draft model's step), in one-lane steps."""
-    return (LANE_COST + draft_cost) * batch / (1 + LANE_COST * (batch - 1))
+class StepCosts:
+    """A step's cost by its lanes, in one-lane steps: from `seconds`, the served model's verifications
+    of 1, 2, .. lanes of one sequence timed at warm-up (past them, the last four lanes' slope), else
+    1 + LANE_COST per lane after the first. Measured, a cost is what the kernels make of lanes: on the
+    default model here 2 lanes cost 1.02 and 4 cost 1.5, then a fifth begins another pass over the
+    weights (1.9), which a constant misjudges both ways; a Qwen3.5 lane also runs its own recurrence
+    (~0.4 a lane)."""
+
+    def __init__(self, seconds: list[float] | None = None):
+        self.lanes = None
+        if seconds:
+            costs = [t / seconds[0] for t in seconds]
+            self.lanes = [max(costs[: i + 1]) for i in range(len(costs))]  # noise never makes a lane free
+
+    def step(self, lanes: int) -> float:
+        if self.lanes is None:
+            return 1 + LANE_COST * (lanes - 1)
+        if lanes <= len(self.lanes):
+            return self.lanes[lanes - 1]
+        back = min(4, len(self.lanes) - 1)
+        slope = (self.lanes[-1] - self.lanes[-1 - back]) / back if back else LANE_COST
+        return self.lanes[-1] + slope * (lanes - len(self.lanes))
+
+    def drafted(self, k: int, batch: int = 1, draft_cost: float = 0.0, before: int = 0) -> float:
+        """k drafted tokens' cost against one sequence's share of a step of `batch` lanes: that share
+        shrinks as batches grow, so a draft must be likelier to pay (at 8 lanes and LANE_COST a
+        drafted token needs p ~0.82 where one lane needs 0.32). `before`: the lanes other sequences
+        drafted in this step already, which these come after (two sequences drafting two each make a
+        step of 6 lanes, past the kernels' 4 tokens a pass). `draft_cost`: what making a token costs
+        besides its lane (a draft model's step), in one-lane steps."""
+        start = batch + before
+        return (self.step(start + k) - self.step(start) + draft_cost * k) * batch / self.step(batch)
+
+
+LINEAR = StepCosts()
 
 
 def gain(p: float, k: int, cost: float) -> float:
-    """Expected tokens per unit of step time from k drafts at acceptance p, each costing `cost`."""
+    """Expected tokens per unit of step time from k drafts at acceptance p, which cost `cost` (a
+    share of the sequence's step) together."""
     p = min(max(p, 0.0), 0.999)
-    return (1 - p ** (k + 1)) / (1 - p) / (1 + cost * k)
+    return (1 - p ** (k + 1)) / (1 - p) / (1 + cost)
 
 
-def draft_length(p: float, limit: int = DRAFT_MAX, batch: int = 1, draft_cost: float = 0.0) -> int:
-    """The k <= limit that maximizes expected tokens per step time, (1 - p^(k+1)) / (1 - p) / (1 + c k),
-    c a drafted token's cost in a step of `batch` lanes (`lane_cost`)."""
-    cost = lane_cost(batch, draft_cost)
+def draft_length(
+    p: float, limit: int = DRAFT_MAX, batch: int = 1, draft_cost: float = 0.0, costs: StepCosts = LINEAR, before: int = 0
+) -> int:
+    """The k <= limit that maximizes expected tokens per step time, (1 - p^(k+1)) / (1 - p) over the
+    step's cost with k drafted lanes (`StepCosts.drafted`)."""
     best, best_gain = 0, MIN_GAIN
     for k in range(1, limit + 1):
-        if (g := gain(p, k, cost)) > best_gain:
+        if (g := gain(p, k, costs.drafted(k, batch, draft_cost, before))) > best_gain:
             best, best_gain = k, g
     return best
 
@@ -65,20 +97,21 @@ def draft_length(p: float, limit: int = DRAFT_MAX, batch: int = 1, draft_cost: f
 class Acceptance:
     """One source of drafts for one request: p, the chance that a drafted token is confirmed given the
     ones before it were, and the length that pays at p (`draft_cost`: what each drafted token costs
-    to make besides its lane, in one-lane steps of the served model; nothing for prompt lookup)."""
+    to make besides its lane, in one-lane steps of the served model; nothing for prompt lookup;
+    `costs`: the served model's `StepCosts`)."""
 
-    def __init__(self, draft_cost: float = 0.0):
-        self.rate, self.draft_cost = 0.5, draft_cost
+    def __init__(self, draft_cost: float = 0.0, costs: StepCosts = LINEAR):
+        self.rate, self.draft_cost, self.costs = 0.5, draft_cost, costs
 
-    def length(self, limit: int, batch: int = 1) -> int:
+    def length(self, limit: int, batch: int = 1, before: int = 0) -> int:
         """How many tokens to draft now (at most `limit`); an undrafted step raises p a little."""
-        k = draft_length(self.rate, min(limit, DRAFT_MAX), batch, self.draft_cost)
+        k = draft_length(self.rate, min(limit, DRAFT_MAX), batch, self.draft_cost, self.costs, before)
         if k <= 0:
             self.rate = min(1.0, self.rate + RECOVERY)
         return k
 
-    def gain(self, k: int, batch: int = 1) -> float:
-        return gain(self.rate, k, lane_cost(batch, self.draft_cost))
+    def gain(self, k: int, batch: int = 1, before: int = 0) -> float:
+        return gain(self.rate, k, self.costs.drafted(k, batch, self.draft_cost, before))
 
     def update(self, drafted: int, accepted: int) -> None:
         """A proposal of `drafted` tokens had its first `accepted` confirmed: that many trials passed,
@@ -129,8 +162,8 @@ class RecentOutputs:
 
 
 class PromptLookup(Acceptance):
-    def __init__(self, prompt_ids: list[int], recent: RecentOutputs | None = None):
-        super().__init__()
+    def __init__(self, prompt_ids: list[int], recent: RecentOutputs | None = None, costs: StepCosts = LINEAR):
+        super().__init__(costs=costs)
         self.recent = recent
         self.tokens: list[int] = []
         self._last: dict[tuple[int, ...], int] = {}  # n-gram -> the position after its latest occurrence
@@ -148,10 +181,10 @@ class PromptLookup(Acceptance):
                         self._previous[gram] = self._last[gram]
                     self._last[gram] = end
 
-    def propose(self, limit: int, batch: int = 1) -> list[int]:
-        """Up to `limit` tokens (as many as acceptance pays for in a step of `batch` sequences) that
-        followed the last n-gram before."""
-        limit = self.length(limit, batch)
+    def propose(self, limit: int, batch: int = 1, before: int = 0) -> list[int]:
+        """Up to `limit` tokens (as many as acceptance pays for in a step of `batch` sequences, after
+        `before` lanes drafted by others) that followed the last n-gram before."""
+        limit = self.length(limit, batch, before)
         if limit <= 0:
             return []
         for gram in grams(self.tokens, len(self.tokens)):

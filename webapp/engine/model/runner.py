@@ -50,6 +50,7 @@ class Runner(Protocol):
 
     # the most drafted tokens one verification may hold, all requests together (None: no bound but the step's lanes)
     drafted_limit: int | None
+    verify_seconds: list[float] | None  # a verification of 1, 2, .. lanes of one sequence, timed at warm-up
 
     def kept(self, request: Request, lanes: int) -> None:
         """The first `lanes` of `request`'s lanes in the last verification were kept (decode_drafted,
@@ -98,6 +99,10 @@ class ModelRunner:
     @property
     def drafted_limit(self) -> int | None:
         return self.steps.drafted_limit
+
+    @property
+    def verify_seconds(self) -> list[float] | None:
+        return self.steps.verify_seconds
 
     def kept(self, request: Request, lanes: int) -> None:
         self.steps.kept(request.slot, lanes)

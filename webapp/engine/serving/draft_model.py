@@ -132,18 +132,18 @@ class Drafter:
 
     def __init__(self, lookup: PromptLookup, draft: DraftModel | None = None):
         self.lookup = lookup
-        self.model = Acceptance(draft.step_cost) if draft is not None else None
+        self.model = Acceptance(draft.step_cost, lookup.costs) if draft is not None else None
         self.source: Acceptance | None = None  # who drafted this step's proposal
 
     def extend(self, tokens) -> None:
         self.lookup.extend(tokens)
 
-    def plan(self, limit: int, batch: int = 1) -> tuple[list[int], int]:
+    def plan(self, limit: int, batch: int = 1, before: int = 0) -> tuple[list[int], int]:
         """(prompt lookup's draft, 0), or ([], k) to ask the draft model for k tokens: whichever source
         yields more tokens per unit of step time at its own acceptance; ([], 0) when neither pays."""
-        draft = self.lookup.propose(limit, batch)
-        k = self.model.length(limit, batch) if self.model is not None else 0
-        if k and (not draft or self.model.gain(k, batch) > self.lookup.gain(len(draft), batch)):
+        draft = self.lookup.propose(limit, batch, before)
+        k = self.model.length(limit, batch, before) if self.model is not None else 0
+        if k and (not draft or self.model.gain(k, batch, before) > self.lookup.gain(len(draft), batch, before)):
             self.source = self.model
             return [], k
         self.source = self.lookup if draft else None

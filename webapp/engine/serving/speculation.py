@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from webapp.engine.decoding.drafts import MAX_NGRAM, PromptLookup, RecentOutputs
+from webapp.engine.decoding.drafts import MAX_NGRAM, PromptLookup, RecentOutputs, StepCosts
 from webapp.engine.serving.draft_model import Drafter
 from webapp.engine.serving.request import FinishReason, Request
 
@@ -31,12 +31,22 @@ class Speculation:
         # both read at admission: a request drafts, or not, and from which sources, for its whole life
         self.enabled = enabled
         self.use_draft_model = True  # where the runner has one (LLM_DRAFT_MODEL)
+        self.measured_costs = True  # lanes priced by the runner's warm-up timings (False: LANE_COST each, for the bench)
         self.recent = RecentOutputs()
+        self._costs_of, self._step_costs = None, StepCosts()
 
     def admit(self, request: Request, runner) -> None:
         if self.enabled and runner.speculates and request.pooling is None:
             draft = runner.draft if self.use_draft_model else None
-            request.drafter = Drafter(PromptLookup(request.prompt_ids, self.recent), draft)
+            request.drafter = Drafter(PromptLookup(request.prompt_ids, self.recent, self.costs(runner)), draft)
+
+    def costs(self, runner) -> StepCosts:
+        """What a step of n lanes costs on `runner` (its warm-up timings), which drafts are priced by."""
+        if not self.measured_costs:
+            return StepCosts()
+        if self._costs_of is not runner:  # measured at the runner's warm-up
+            self._costs_of, self._step_costs = runner, StepCosts(runner.verify_seconds)
+        return self._step_costs
 
     def drafts(
         self, batch: list[Request], positions: list[int], loaded, sharing: int = 0, room: Callable[[Request], int | None] | None = None
@@ -50,7 +60,7 @@ class Speculation:
         the step they will share (priced by the decoding lanes alone, a draft beside a 32-token chunk
         looked nearly free). `room(request)`: the positions its step may write, where a paged cache's
         blocks bound them (None: the context does)."""
-        lanes, drafts, asks = DRAFTED_LANES - len(batch), [], []
+        lanes, drafts, asks, drafted = DRAFTED_LANES - len(batch), [], [], 0
         if loaded.runner.drafted_limit is not None:  # a recurrent model's draft rows
             lanes = min(lanes, loaded.runner.drafted_limit)
         for request, position in zip(batch, positions, strict=True):
@@ -58,8 +68,10 @@ class Speculation:
             blocks = room(request) if room is not None else None
             if blocks is not None:
                 limit = min(limit, blocks - position - 1)
-            draft, ask = request.drafter.plan(limit, max(len(batch), sharing)) if request.drafter is not None and limit > 0 else ([], 0)
+            sharers = max(len(batch), sharing)
+            draft, ask = request.drafter.plan(limit, sharers, drafted) if request.drafter is not None and limit > 0 else ([], 0)
             lanes -= len(draft) + ask
+            drafted += len(draft) + ask
             if ask:
                 asks.append((len(drafts), request, ask))
             drafts.append(draft)

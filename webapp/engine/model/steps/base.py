@@ -12,7 +12,8 @@ what decoding it alone gives (only where `speculates`; no more drafted tokens a 
 `drafted_limit` where one is set), after which `kept(slot, n)` says how many of the slot's lanes
 were kept (a recurrent state then goes on from the nth, not from the last); `prefill_and_decode`
 runs prompt chunks and a decode step as one step, only where `mixes`; `copy_prefix(source, target,
-length)` copies K/V rows between slots; `warm_up(progress)` compiles what the steps will run. `how`
+length)` copies K/V rows between slots; `warm_up(progress)` compiles what the steps will run (and,
+where `speculates`, times `verify_seconds`, what drafted lanes cost: decoding/drafts.py). `how`
 says in words how a step runs, for the start-up log; `tunable` is whether tinygrad's BEAM search
 (`make tune`) can change any kernel a step runs. All logits are float32 NumPy arrays.
 """
@@ -33,6 +34,7 @@ class Steps:
     mixes: bool = False  # prompt chunks and a decode step run as one step (`prefill_and_decode`)
     speculates: bool = False  # `verify` runs drafted tokens as lanes whose logits equal a lone decode's
     drafted_limit: int | None = None  # the drafted tokens a verification may hold (None: the lanes bound them)
+    verify_seconds: list[float] | None = None  # `verify` of 1, 2, .. lanes of one sequence, timed at warm-up
 
     def __init__(self, model):
         self.model = model

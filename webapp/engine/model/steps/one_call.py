@@ -9,6 +9,8 @@ and decode lanes share one call (`mixes`), which reads the weights once for all 
 from __future__ import annotations
 
 import itertools
+import statistics
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -18,6 +20,9 @@ from webapp.engine.model.device_buffers import host_view
 from webapp.engine.model.recurrent_config import draft_state_rows
 from webapp.engine.model.steps.base import Chunk, Steps, prompt_lanes
 
+# a verification of 1..9 lanes (DRAFT_MAX drafted tokens and the sequence's own), each timed 3 times
+# (their median): ~0.3 s on the default model here, ~4 s on a 1.7B-shaped one
+VERIFY_LANES, TIMED_VERIFICATIONS = 9, 3
 WARM_UP_TOKENS = 32  # one prompt piece: the first user's step then finds every weight page mapped in
 
 
@@ -161,15 +166,39 @@ class OneCallSteps(Steps):
         logits = self._step(tokens, lane_slots + lane_positions, lasts + list(range(lasts[-1] + 1, len(tokens))), state_rows)
         return list(logits[: len(chunks)]), np.split(logits[len(chunks) :], np.cumsum([len(lane) for lane in lanes])[:-1])
 
+    def _time_verifications(self, scratch: int) -> list[float] | None:
+        """A verification of 1..VERIFY_LANES lanes of one sequence on the scratch slot (after the warm-up
+        prompt), what a drafted lane costs on this model and machine; None where the context has no
+        room for two."""
+        drafted = self.drafted_limit if self.drafted_limit is not None else VERIFY_LANES
+        lanes = min(VERIFY_LANES, self.model.context - WARM_UP_TOKENS, 1 + drafted)
+        if lanes < 2:
+            return None
+        self.verify([[0] * lanes], [scratch], [WARM_UP_TOKENS])  # the first call of this width sizes its buffers
+        return [_median_seconds(lambda n=n: self.verify([[0] * n], [scratch], [WARM_UP_TOKENS])) for n in range(1, lanes + 1)]
+
     def warm_up(self, progress: Callable[[str], None]) -> None:
         scratch = self.model.slots
         progress("warm-up: nothing to compile (steps are one call each on the CPU kernels); one step reads every weight once")
         self.prefill([0] * WARM_UP_TOKENS, scratch, 0)
         self.decode([0], [scratch], [0])
+        self.verify_seconds = self._time_verifications(scratch)
+        if self.verify_seconds:
+            costs = " ".join(f"{t / self.verify_seconds[0]:.2f}" for t in self.verify_seconds)
+            progress(f"a verification of 1..{len(self.verify_seconds)} lanes costs {costs} one-lane steps (how long drafts pay)")
         if self.model.pool is not None:
             return  # a paged cache shares blocks: no prefix is ever copied (the scratch row writes the stray-write block)
         for _ in range(2):  # the prefix copy's jit captures on the first call; the second checks the replay
             self.copy_prefix(0, scratch, 1)
+
+
+def _median_seconds(run, times: int = TIMED_VERIFICATIONS) -> float:
+    seconds = []
+    for _ in range(times):
+        started = time.perf_counter()
+        run()
+        seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds)
 
 
 def _chunk_lanes(chunks: list[Chunk]) -> tuple[list[int], list[int], list[int]]:
