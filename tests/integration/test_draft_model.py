@@ -2,7 +2,9 @@
 greedy draft confirmed, alone, several at once, with slots reused and prompt prefixes copied between
 slots (so its lazily filled cache holds what the served model's does), and gives plain decoding's
 tokens; a file of another vocabulary, a target whose steps do not verify drafts, a draft whose
-steps cannot be one call each and a recurrent draft are refused at load in one line naming the files."""
+steps cannot be one call each are refused at load in one line naming the files. A recurrent draft
+(qwen35) drafts what a fresh prefill of its sequence would, however often it is asked, and as its own
+draft has every greedy draft confirmed too."""
 
 import numpy as np
 import pytest
@@ -81,10 +83,6 @@ def test_a_draft_is_refused_where_drafts_cannot_be_verified_or_run_in_one_call(t
     jitted = write_tiny_gguf(str(tmp_path / "jitted.gguf"), "llama", matrix_type="Q4_1", float_matrices=("ffn_down.weight",))
     with pytest.raises(ModelLoadError, match=r"jitted\.gguf has matrices the CPU kernels do not read"):
         load_gguf_model(target, 2, 256, 8, draft=jitted)
-    # a recurrent target verifies drafts; a recurrent draft cannot be one
-    recurrent = write_tiny_qwen35(str(tmp_path / "q35.gguf"), matrix_type="Q8_0")
-    with pytest.raises(ModelLoadError, match=r"q35\.gguf has recurrent layers, which a draft model cannot have yet"):
-        load_gguf_model(recurrent, 2, 256, 8, draft=recurrent)
 
 
 def test_the_setting_names_a_file_and_is_ignored_without_speculation(target, tmp_path):
@@ -92,3 +90,71 @@ def test_the_setting_names_a_file_and_is_ignored_without_speculation(target, tmp
     assert engine_settings({"MODEL": target, "DRAFT_MODEL": target, "SPECULATIVE": "false"})["draft"] is None
     with pytest.raises(FileNotFoundError, match="LLM_DRAFT_MODEL="):
         engine_settings({"MODEL": target, "DRAFT_MODEL": str(tmp_path / "missing.gguf")})
+
+
+@pytest.fixture(scope="module")
+def recurrent_file(tmp_path_factory) -> str:
+    return write_tiny_qwen35(str(tmp_path_factory.mktemp("draft") / "q35.gguf"), matrix_type="Q8_0")
+
+
+def greedy_continuation(steps, sequence: list[int], k: int, slot: int) -> list[int]:
+    """k argmax tokens after `sequence`, each from a prefill of everything before it in `slot`."""
+    out = []
+    for _ in range(k):
+        out.append(int(np.argmax(steps.prefill(sequence + out, slot, 0))))
+    return out
+
+
+def test_a_recurrent_draft_drafts_what_a_fresh_prefill_would_call_after_call(recurrent_file):
+    """Ten sequences ask at once, more lanes than the draft's rows of state (the last two then draft
+    one token); then each goes on by kept drafts and a sample, by a sample alone, or parts from its
+    slot's tokens: every draft is the draft model's own greedy continuation of its sequence, so a
+    slot's state holds exactly what was fed to it, whatever the one-token steps took in."""
+    use_tinygrad_from_this_thread()
+    draft = load_gguf_model(recurrent_file, 10, 256, 8, draft=recurrent_file).runner.draft
+    assert draft.draft_rows is not None and len(draft.draft_rows) == 8
+    scratch = draft.steps.model.slots
+    rng = np.random.default_rng(5)
+    # short enough that all ten are fed in one call (CATCH_UP tokens)
+    sequences = [rng.choice(np.arange(300, 40000), size=3, replace=False).tolist() for _ in range(11)]
+
+    def drafts(asks):
+        got = draft.continue_greedy(asks)
+        for (_, sequence, _), tokens in zip(asks, got, strict=True):
+            assert tokens == greedy_continuation(draft.steps, sequence, len(tokens), scratch)
+        return got
+
+    first = drafts([(slot, sequences[slot], 4) for slot in range(10)])
+    assert [len(t) for t in first] == [4] * 8 + [1, 1]
+    # slots 0-3 keep two drafts and a sample, 4-7 none but the sample, 8 starts another sequence, 9 its own prefix
+    nexts = [sequences[s] + first[s][:2] + [77] for s in range(4)] + [sequences[s] + [5] for s in range(4, 8)]
+    nexts += [sequences[10], sequences[9][:2]]
+    assert [len(t) for t in drafts([(slot, sequence, 3) for slot, sequence in enumerate(nexts)])] == [3] * 8 + [1, 1]
+
+
+@pytest.fixture(scope="module")
+def recurrent_engine(recurrent_file):
+    use_tinygrad_from_this_thread()
+    eng = Engine(lambda: load_gguf_model(recurrent_file, 4, 256, 8, draft=recurrent_file), slots=4, queue_limit=16, prefill_chunk=8).start()
+    assert wait_until(lambda: eng.state != "loading", timeout=300)
+    assert eng.state == "ok", eng.error
+    eng.loaded.runner.draft.step_cost = 0.0
+    eng.speculation.measured_costs = False
+    yield eng
+    eng.stop(5)
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_a_recurrent_model_as_its_own_draft_has_every_greedy_draft_confirmed(recurrent_engine, n):
+    batch = prompts(n)
+    plain = [tokens for tokens, _ in generate(recurrent_engine, False, batch, temperature=0.0)]
+    drafted = generate(recurrent_engine, True, batch, temperature=0.0)
+    assert [tokens for tokens, _ in drafted] == plain
+    counts = [(r.drafted_tokens, r.accepted_tokens) for _, r in drafted]
+    assert all(d > 0 and a == d for d, a in counts) and sum(d for d, _ in counts) > 10 * n, counts
+
+
+def test_sampled_requests_get_plain_decodings_tokens_with_a_recurrent_draft(recurrent_engine):
+    batch = prompts(4)
+    plain = [tokens for tokens, _ in generate(recurrent_engine, False, batch, temperature=0.8, seed=4, top_p=0.9)]
+    assert [tokens for tokens, _ in generate(recurrent_engine, True, batch, temperature=0.8, seed=4, top_p=0.9)] == plain

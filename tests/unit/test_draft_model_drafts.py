@@ -32,6 +32,7 @@ class FakeSteps:
         self.model = SimpleNamespace(slots=slots, context=context)
         self.cache = np.full((slots + 1, context), -1)
         self.rule, self.calls, self.fault = rule, [], None
+        self.spare_rows = None  # no recurrent state
 
     def _row(self, slot: int, position: int) -> np.ndarray:
         prefix = self.cache[slot, : position + 1]

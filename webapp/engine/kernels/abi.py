@@ -112,6 +112,17 @@ class KvType(enum.IntEnum):
     Q8_0 = 1
 
 
+class LaneRows(enum.IntEnum):
+    """Where a step's lanes keep a recurrent layer's state (tq_recurrent.lane_rows): each in its slot's
+    row; in a row given per lane, the first of a sequence taking its slot's state (drafted tokens
+    being verified); or in a row given per lane that already holds the state it goes on from (a
+    draft model's one-token steps, each after the last)."""
+
+    SLOTS = 0
+    GIVEN = 1
+    RESUME = 2
+
+
 class ModelEntry(enum.IntEnum):
     """tq_forward's model table: the model's tensors, then each layer's LayerEntry ones from LAYERS."""
 
@@ -223,8 +234,7 @@ class Latent(ctypes.Structure):
 
 class Recurrent(ctypes.Structure):
     """A LayerForm.RECURRENT layer's sizes (tq.h's tq_recurrent): the conv's kernel, a head's state (its
-    keys' and values' size), the key heads and the value heads; `lane_rows`, a step's: 1 when its
-    lanes carry each lane's row of state (speculation's drafted tokens, gated_delta.c)."""
+    keys' and values' size), the key heads and the value heads; `lane_rows`, a step's: a LaneRows."""
 
     _fields_ = [(name, ctypes.c_int32) for name in ("conv_kernel", "state", "k_heads", "v_heads", "lane_rows")]
 
@@ -279,6 +289,7 @@ ENUMS = {
     "FORM_": LayerForm,
     "EXPERTS_": ExpertsFlag,
     "KV_": KvType,
+    "LANE_ROWS_": LaneRows,
     "MODEL_": ModelEntry,
     "LAYER_": LayerEntry,
 }  # tq.h's prefix for each

@@ -341,12 +341,14 @@ class QuantizedCPU:
         picks: list[int],
         hidden: bool = False,
         state_rows: list[int] | None = None,
+        resume_rows: bool = False,
     ) -> np.ndarray:
         """A whole step (tq_forward) as one call on this thread, which works through the pool's jobs
         with it: tokens (B,), lanes (2B,) as `attend` takes them, picks = the lanes whose logits are
         wanted -> (len(picks), vocab) float32 logits; `hidden`: the final norm's output instead,
         (len(picks), dim), for embeddings; `state_rows` (B,): each lane's row of a recurrent layer's
-        state, where it is not its slot's (gated_delta.c). The model's tensors must not be in use by
+        state, where it is not its slot's (gated_delta.c), its sequence's first lane taking the slot's
+        state, or with `resume_rows` going on from the state its row holds. The model's tensors must not be in use by
         tinygrad's queue (callers synchronize after tinygrad work on the same tensors).
 
         Not a kernel inside a TinyJit like the others: replaying the captured one-kernel step cost
@@ -357,7 +359,8 @@ class QuantizedCPU:
             lanes = [*lanes, *state_rows]
         ids, lane_values, rows = (np.ascontiguousarray(v, dtype=np.int32) for v in (tokens, lanes, picks))
         out = np.empty((len(rows), model.dims.dim if hidden else model.dims.vocab), dtype=np.float32)
-        step = model.step(len(ids), len(rows), abi.StepOutput.HIDDEN if hidden else abi.StepOutput.LOGITS, state_rows is not None)
+        lane_rows = abi.LaneRows.SLOTS if state_rows is None else abi.LaneRows.RESUME if resume_rows else abi.LaneRows.GIVEN
+        step = model.step(len(ids), len(rows), abi.StepOutput.HIDDEN if hidden else abi.StepOutput.LOGITS, lane_rows)
         addresses = (out.ctypes.data, ids.ctypes.data, lane_values.ctypes.data, rows.ctypes.data, model.table.ctypes.data)
         self._forward(*addresses, step, model.layer_info.ctypes.data)
         return out

@@ -103,9 +103,9 @@ class WholeModel:
     block_tables: np.ndarray | None = None  # a paged cache's (rows, table_width) int32, read by address each step
     _steps: dict = field(default_factory=dict, compare=False)
 
-    def step(self, lanes: int, picks: int, outputs: int = 0, lane_rows: bool = False) -> abi.Step:
+    def step(self, lanes: int, picks: int, outputs: int = 0, lane_rows: abi.LaneRows = abi.LaneRows.SLOTS) -> abi.Step:
         """tq_forward's step for `lanes` lanes and `picks` rows of `outputs` (abi.StepOutput); `lane_rows`:
-        the lanes carry each lane's row of recurrent state (abi.Recurrent)."""
+        where the lanes keep their recurrent state (abi.LaneRows)."""
         step = self._steps.get((lanes, picks, outputs, lane_rows))
         if step is None:
             step = self._steps[lanes, picks, outputs, lane_rows] = abi.Step.from_buffer_copy(self.dims)

@@ -5,7 +5,8 @@ returns a `DraftModel` (webapp/engine/serving/draft_model.py) with the served mo
 context, or raises `ModelLoadError` in one line naming both files: where the served model's steps
 do not verify drafts (only one call on the CPU kernels does: `Steps.speculates`), where the draft's
 steps are not such one calls too (its catch-up and batched greedy steps are lanes of any slot and
-position), where the draft has sliding-window or recurrent layers, or where the vocabularies differ (a draft token id must mean the served model's token).
+position), where the draft has sliding-window layers, or where the vocabularies differ (a draft token id must mean the served model's token). A
+recurrent draft (qwen35) drafts in rows of state of its own (serving/draft_model.py).
 The vocabularies are compared before any of the draft's weights is read.
 """
 
@@ -48,8 +49,6 @@ def load_draft(path: str, target_path: str, target_kv: dict, target_steps, slots
         )
     if model.ring_rows:  # the draft's cache reuse (serving/draft_model.py) knows no rings
         raise ModelLoadError(f"LLM_DRAFT_MODEL: {draft} has sliding-window layers, which a draft model cannot have yet")
-    if model.config.recurrent is not None:  # its catch-up cuts a slot's cache back, which a recurrent state cannot be
-        raise ModelLoadError(f"LLM_DRAFT_MODEL: {draft} has recurrent layers, which a draft model cannot have yet")
     log.info("draft model %s: %d layers, dim %d, beside %s", draft, model.config.n_layers, model.config.dim, target)
     return DraftModel(OneCallSteps(model), slots, draft.removesuffix(".gguf"))
 

@@ -24,6 +24,12 @@ them and yields the first draft in one step of all asking lanes, then k - 1 one-
 lanes that want more. A long gap (a new prompt) is fed CATCH_UP tokens a step, so a step stays short
 for every other stream; such a request drafts once its cache has caught up.
 
+A recurrent draft (qwen35) cannot cut its state back to a common prefix: a slot's row of state takes
+in only what the catch-up feeds (tokens of the sequence), and the one-token steps run in rows of state
+of their own (the model's spare rows: the first step takes the slot's state, each later one goes on
+from its row), so the next call feeds the kept drafts and the sample again, from the slot's row. A
+sequence that parts from what its slot took in is fed again from its start.
+
 The draft proposes; the served model's verification decides (webapp/engine/serving/engine.py), so
 no output depends on what the draft says, how often it is asked, or whether it failed.
 """
@@ -53,6 +59,9 @@ class DraftModel:
         self.context = steps.model.context
         self.cached: list[list[int]] = [[] for _ in range(slots)]  # per slot, tokens whose K/V the draft holds, in order
         self.step_cost = 1.0  # a one-lane draft step in one-lane steps of the served model (measured at warm-up)
+        # a recurrent draft (qwen35): its state takes in every token fed, so its drafts run in rows of
+        # state of their own, and a slot's row holds only the sequence that was fed to it
+        self.draft_rows = steps.spare_rows
 
     def warm_up(self, target_steps, progress: Callable[[str], None]) -> None:
         self.steps.warm_up(progress)
@@ -87,13 +96,27 @@ class DraftModel:
             return [[] for _ in asks]
         firsts, _ = self.steps.prefill_and_decode(chunks, [], [], [])
         drafts = [[int(np.argmax(row))] if k > 0 else [] for row, k in zip(firsts, wanted)]
-        for _ in range(max(wanted) - 1):  # one-token steps of the lanes that want more
+        state_rows = {}  # a recurrent draft's: a row of state each lane that drafts on (those beyond the rows draft one)
+        if self.draft_rows is not None:
+            free = iter(self.draft_rows)
+            for i in [i for i, k in enumerate(wanted) if k > 1]:
+                row = next(free, None)
+                if row is None:
+                    wanted[i] = 1
+                else:
+                    state_rows[i] = row
+        for step in range(max(wanted) - 1):  # one-token steps of the lanes that want more
             lanes = [i for i, draft in enumerate(drafts) if 0 < len(draft) < wanted[i]]
             slots = [chunks[i][1] for i in lanes]
             tokens = [drafts[i][-1] for i in lanes]
-            rows = self.steps.decode(tokens, slots, [len(self.cached[s]) for s in slots])
-            for i, slot, token, row in zip(lanes, slots, tokens, rows):
-                self.cached[slot].append(token)
+            positions = [chunks[i][2] + len(chunks[i][0]) + len(drafts[i]) - 1 for i in lanes]
+            if self.draft_rows is None:
+                out = self.steps.decode(tokens, slots, positions)
+                for slot, token in zip(slots, tokens):
+                    self.cached[slot].append(token)
+            else:  # the first step takes each slot's state into the lane's row, later ones go on there
+                out = self.steps.decode_in_rows(tokens, slots, positions, [state_rows[i] for i in lanes], resume=step > 0)
+            for i, row in zip(lanes, out):
                 drafts[i].append(int(np.argmax(row)))
         out = [[] for _ in asks]
         for i, draft in zip(fitting, drafts):
@@ -102,8 +125,14 @@ class DraftModel:
 
     def _reuse(self, slot: int, sequence: list[int]) -> int:
         """How many of `sequence`'s tokens the slot's draft cache holds, after copying a longer prefix
-        from another draft slot where that spares at least COPY_AT_LEAST tokens."""
+        from another draft slot where that spares at least COPY_AT_LEAST tokens. A recurrent draft's
+        state cannot be cut back: it holds the sequence only if it took in nothing else, else the
+        sequence is fed again from its start (where the kernels zero the state), and is never copied."""
         have = reusable_prefix(self.cached[slot], sequence)
+        if self.draft_rows is not None:
+            have = have if have == len(self.cached[slot]) else 0
+            del self.cached[slot][have:]
+            return have
         del self.cached[slot][have:]
         others = ((reusable_prefix(cached, sequence), i) for i, cached in enumerate(self.cached) if i != slot)
         length, source = max(others, default=(0, None))

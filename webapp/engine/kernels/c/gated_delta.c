@@ -16,7 +16,9 @@
  * a lane's numbers depend on its own sequence alone. With r->lane_rows, lane b runs in row
  * lanes[2B + b] instead: a row other than its sequence's lane before it (or, for the first, other than
  * its slot's) first takes that lane's state. So speculation's drafted tokens each leave their state
- * in a row of their own, and a refused draft leaves the rows before it as the confirmed tokens made them. */
+ * in a row of their own, and a refused draft leaves the rows before it as the confirmed tokens made them.
+ * With r->lane_rows == LANE_ROWS_RESUME a sequence's first lane goes on from the state its own row holds
+ * already (a draft model's one-token steps, each after the one before, in a row that is not the slot's). */
 static __thread scratch_t qwen35_rows; /* both layers' intermediates */
 
 static size_t recurrent_state_floats(const tq_recurrent *r) {
@@ -30,6 +32,7 @@ typedef struct {
   float *states;                    /* a row of recurrent_state_floats a slot */
   const int32_t *order, *starts, *slots; /* sequence i: lanes order[starts[i] .. starts[i + 1]), in slot slots[i] */
   const int32_t *rows, *positions;  /* each lane's row of state, and its position */
+  int resume;                       /* a sequence's first lane goes on from its own row (LANE_ROWS_RESUME) */
   const tq_recurrent *r;
 } recurrence_job;
 
@@ -41,7 +44,8 @@ static void run_recurrence(const void *ctx, int first, int last) {
   const size_t row_floats = recurrent_state_floats(r), offset = (size_t)(r->conv_kernel - 1) * C;
   for (int item = first; item < last; item++) {
     const int seq = item / Hv, h = item % Hv, kh = h % Hk;
-    const float *before = j->states + (size_t)j->slots[seq] * row_floats + offset + (size_t)h * S * S;
+    const int from = j->resume ? j->rows[j->order[j->starts[seq]]] : j->slots[seq];
+    const float *before = j->states + (size_t)from * row_floats + offset + (size_t)h * S * S;
     for (int i = j->starts[seq]; i < j->starts[seq + 1]; i++) {
       const int b = j->order[i];
       float *M = j->states + (size_t)j->rows[b] * row_floats + offset + (size_t)h * S * S;
@@ -114,7 +118,8 @@ static void gated_delta_net(float *out, const float *x, const layer_matrices *w,
     const int b = order[i];
     float *state = states + (size_t)rows[b] * row_floats;
     /* the row that holds the state this lane goes on from: its sequence's lane before it, else its slot's */
-    const int before = i > 0 && lanes[order[i - 1]] == lanes[b] ? rows[order[i - 1]] : lanes[b];
+    const int first_lane = i == 0 || lanes[order[i - 1]] != lanes[b];
+    const int before = !first_lane ? rows[order[i - 1]] : r->lane_rows == LANE_ROWS_RESUME ? rows[b] : lanes[b];
     if (lanes[B + b] == 0) memset(state, 0, row_floats * sizeof(float));
     else if (rows[b] != before) memcpy(state, states + (size_t)before * row_floats, (size_t)(K - 1) * C * sizeof(float)); /* the conv's inputs */
     const float *p = projected + (size_t)b * width;
@@ -126,7 +131,7 @@ static void gated_delta_net(float *out, const float *x, const layer_matrices *w,
       decay[(size_t)b * Hv + h] = expf(softplus(p[C + V + Hv + h] + dt_bias[h]) * a[h]);
     }
   }
-  const recurrence_job job = {o, mixed, decay, beta, states, order, starts, slots, rows, lanes + B, r};
+  const recurrence_job job = {o, mixed, decay, beta, states, order, starts, slots, rows, lanes + B, r->lane_rows == LANE_ROWS_RESUME, r};
   const job_t j = {run_recurrence, &job, sequences * Hv, 1};
   run_job(&j);
   for (int b = 0; b < B; b++)

@@ -166,8 +166,10 @@ typedef struct {
 
 /* A FORM_RECURRENT layer's sizes (Qwen3.5's Gated DeltaNet): the conv's kernel (past inputs + 1), a
  * head's state (its keys' and its values' size), the key heads and the value heads (a multiple of them).
- * lane_rows (a step's, not a layer's): 1 when the lanes carry a third row of B values, each lane's row of
- * state (gated_delta.c); 0: every lane runs in its slot's row. */
+ * lane_rows (a step's, not a layer's): LANE_ROWS_GIVEN when the lanes carry a third row of B values, each
+ * lane's row of state (gated_delta.c); LANE_ROWS_RESUME: the same, each sequence's first lane going on
+ * from the state in its own row rather than its slot's; LANE_ROWS_SLOTS: every lane in its slot's row. */
+enum { LANE_ROWS_SLOTS = 0, LANE_ROWS_GIVEN = 1, LANE_ROWS_RESUME = 2 };
 typedef struct {
   int32_t conv_kernel, state, k_heads, v_heads;
   int32_t lane_rows;

@@ -35,6 +35,7 @@ class Steps:
     speculates: bool = False  # `verify` runs drafted tokens as lanes whose logits equal a lone decode's
     drafted_limit: int | None = None  # the drafted tokens a verification may hold (None: the lanes bound them)
     verify_seconds: list[float] | None = None  # `verify` of 1, 2, .. lanes of one sequence, timed at warm-up
+    spare_rows: range | None = None  # rows of recurrent state for drafted tokens (None: no recurrent layers)
 
     def __init__(self, model):
         self.model = model

@@ -60,8 +60,8 @@ class OneCallSteps(Steps):
         self._states = [host_view(b.cache).reshape(b.cache.shape[1], -1) for b in model.blocks if b.recurrent]
         # a recurrent state takes in every token a step feeds: drafted tokens run in rows of their own,
         # and a verification's kept lanes leave the state of the last of them (`kept`)
-        self._draft_rows = draft_state_rows(model.slots) if self._states else None
-        self.drafted_limit = None if self._draft_rows is None else len(self._draft_rows)
+        self.spare_rows = draft_state_rows(model.slots) if self._states else None
+        self.drafted_limit = None if self.spare_rows is None else len(self.spare_rows)
         self._lane_rows: dict[int, list[int]] = {}  # slot -> its lanes' rows in the last verification
 
     # a paged cache's blocks as arrays (serving/prefix_store.py): (blocks, k|v, kv heads, positions, row) a layer
@@ -93,18 +93,20 @@ class OneCallSteps(Steps):
         """Each token's row of recurrent state in a verification: prompt chunks' tokens (their slots:
         `chunk_slots`) and a drafted lane's first token in their slots' rows, each drafted token in
         a draft row of its own; None for a model without recurrent layers."""
-        if self._draft_rows is None:
+        if self.spare_rows is None:
             return None
-        assert sum(len(lane) - 1 for lane, _, _ in lane_chunks) <= len(self._draft_rows), "drafted_limit"
+        assert sum(len(lane) - 1 for lane, _, _ in lane_chunks) <= len(self.spare_rows), "drafted_limit"
         self._lane_rows.clear()
-        free, rows = iter(self._draft_rows), list(chunk_slots)
+        free, rows = iter(self.spare_rows), list(chunk_slots)
         for lane, slot, _ in lane_chunks:
             self._lane_rows[slot] = [slot, *(next(free) for _ in lane[1:])]
             rows += self._lane_rows[slot]
         return rows
 
-    def _step(self, tokens: list[int], lanes: list[int], picks: list[int], state_rows: list[int] | None = None) -> np.ndarray:
-        return self.kernels.step(self.whole_model, tokens, lanes, picks, state_rows=state_rows)
+    def _step(
+        self, tokens: list[int], lanes: list[int], picks: list[int], state_rows: list[int] | None = None, resume: bool = False
+    ) -> np.ndarray:
+        return self.kernels.step(self.whole_model, tokens, lanes, picks, state_rows=state_rows, resume_rows=resume)
 
     def prefill(self, tokens: list[int], slot: int, start: int) -> np.ndarray:
         n = len(tokens)
@@ -114,6 +116,13 @@ class OneCallSteps(Steps):
     def decode(self, tokens: list[int], slots: list[int], positions: list[int]) -> np.ndarray:
         assert tokens
         return self._step(tokens, slots + positions, list(range(len(tokens))))
+
+    def decode_in_rows(self, tokens: list[int], slots: list[int], positions: list[int], rows: list[int], resume: bool) -> np.ndarray:
+        """`decode` with lane i's recurrent state in row rows[i] (of `spare_rows`), its slot's row left
+        as it is: taken from the slot's row, or with `resume` going on from what the row holds (a
+        draft model's tokens, each fed after the one before, that the slot must not take in)."""
+        assert tokens and len(rows) == len(tokens) == len(set(rows)) and set(rows) <= set(self.spare_rows)
+        return self._step(tokens, slots + positions, list(range(len(tokens))), rows, resume)
 
     def score(self, tokens: list[int], slot: int, start: int) -> np.ndarray:
         """One call: every token's logits, as generating them would give."""
