@@ -25,14 +25,20 @@ def target(tmp_path_factory) -> str:
     return write_tiny_gguf(str(tmp_path_factory.mktemp("draft") / "target.gguf"), "llama", matrix_type="Q4_1")
 
 
-@pytest.fixture(scope="module")
-def engine(target):
+def self_drafting_engine(path: str) -> Engine:
+    """An engine serving `path` with the same file as its draft model."""
     use_tinygrad_from_this_thread()
-    eng = Engine(lambda: load_gguf_model(target, 4, 256, 8, draft=target), slots=4, queue_limit=16, prefill_chunk=8).start()
+    eng = Engine(lambda: load_gguf_model(path, 4, 256, 8, draft=path), slots=4, queue_limit=16, prefill_chunk=8).start()
     assert wait_until(lambda: eng.state != "loading", timeout=300)
     assert eng.state == "ok", eng.error
     eng.loaded.runner.draft.step_cost = 0.0  # the draft costs what the served model does: asked whenever acceptance allows
     eng.speculation.measured_costs = False  # lanes at LANE_COST: how much is drafted is not this machine's timings of a tiny model
+    return eng
+
+
+@pytest.fixture(scope="module")
+def engine(target):
+    eng = self_drafting_engine(target)
     yield eng
     eng.stop(5)
 
@@ -53,20 +59,26 @@ def generate(engine, speculate: bool, batch: list[list[int]], **sampling) -> lis
     return [(drain_outputs(r, timeout=120, reraise=True)[0], r) for r in requests]
 
 
-@pytest.mark.parametrize(("n", "shared"), [(1, 0), (6, 0), (6, 40)])  # alone; beside others, slots reused; a long shared prefix
-def test_the_same_model_as_draft_has_every_greedy_draft_confirmed(engine, n, shared):
-    batch = prompts(n, shared)
+def check_every_greedy_draft_is_confirmed(engine, batch: list[list[int]]) -> None:
     plain = [tokens for tokens, _ in generate(engine, False, batch, temperature=0.0)]
     drafted = generate(engine, True, batch, temperature=0.0)
     assert [tokens for tokens, _ in drafted] == plain
     counts = [(r.drafted_tokens, r.accepted_tokens) for _, r in drafted]
-    assert all(d > 0 and a == d for d, a in counts) and sum(d for d, _ in counts) > 10 * n, counts
+    assert all(d > 0 and a == d for d, a in counts) and sum(d for d, _ in counts) > 10 * len(batch), counts
+
+
+def check_sampled_tokens_are_plain_decodings(engine, batch: list[list[int]]) -> None:
+    plain = [tokens for tokens, _ in generate(engine, False, batch, temperature=0.8, seed=4, top_p=0.9)]
+    assert [tokens for tokens, _ in generate(engine, True, batch, temperature=0.8, seed=4, top_p=0.9)] == plain
+
+
+@pytest.mark.parametrize(("n", "shared"), [(1, 0), (6, 0), (6, 40)])  # alone; beside others, slots reused; a long shared prefix
+def test_the_same_model_as_draft_has_every_greedy_draft_confirmed(engine, n, shared):
+    check_every_greedy_draft_is_confirmed(engine, prompts(n, shared))
 
 
 def test_sampled_requests_get_plain_decodings_tokens_with_the_draft(engine):
-    batch = prompts(5)
-    plain = [tokens for tokens, _ in generate(engine, False, batch, temperature=0.8, seed=4, top_p=0.9)]
-    assert [tokens for tokens, _ in generate(engine, True, batch, temperature=0.8, seed=4, top_p=0.9)] == plain
+    check_sampled_tokens_are_plain_decodings(engine, prompts(5))
 
 
 def test_a_draft_of_another_vocabulary_is_refused_naming_both_files(target, tmp_path):
@@ -134,27 +146,15 @@ def test_a_recurrent_draft_drafts_what_a_fresh_prefill_would_call_after_call(rec
 
 @pytest.fixture(scope="module")
 def recurrent_engine(recurrent_file):
-    use_tinygrad_from_this_thread()
-    eng = Engine(lambda: load_gguf_model(recurrent_file, 4, 256, 8, draft=recurrent_file), slots=4, queue_limit=16, prefill_chunk=8).start()
-    assert wait_until(lambda: eng.state != "loading", timeout=300)
-    assert eng.state == "ok", eng.error
-    eng.loaded.runner.draft.step_cost = 0.0
-    eng.speculation.measured_costs = False
+    eng = self_drafting_engine(recurrent_file)
     yield eng
     eng.stop(5)
 
 
 @pytest.mark.parametrize("n", [1, 4])
 def test_a_recurrent_model_as_its_own_draft_has_every_greedy_draft_confirmed(recurrent_engine, n):
-    batch = prompts(n)
-    plain = [tokens for tokens, _ in generate(recurrent_engine, False, batch, temperature=0.0)]
-    drafted = generate(recurrent_engine, True, batch, temperature=0.0)
-    assert [tokens for tokens, _ in drafted] == plain
-    counts = [(r.drafted_tokens, r.accepted_tokens) for _, r in drafted]
-    assert all(d > 0 and a == d for d, a in counts) and sum(d for d, _ in counts) > 10 * n, counts
+    check_every_greedy_draft_is_confirmed(recurrent_engine, prompts(n))
 
 
 def test_sampled_requests_get_plain_decodings_tokens_with_a_recurrent_draft(recurrent_engine):
-    batch = prompts(4)
-    plain = [tokens for tokens, _ in generate(recurrent_engine, False, batch, temperature=0.8, seed=4, top_p=0.9)]
-    assert [tokens for tokens, _ in generate(recurrent_engine, True, batch, temperature=0.8, seed=4, top_p=0.9)] == plain
+    check_sampled_tokens_are_plain_decodings(recurrent_engine, prompts(4))
