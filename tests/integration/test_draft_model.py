@@ -144,6 +144,27 @@ def test_a_recurrent_draft_drafts_what_a_fresh_prefill_would_call_after_call(rec
     assert [len(t) for t in drafts([(slot, sequence, 3) for slot, sequence in enumerate(nexts)])] == [3] * 8 + [1, 1]
 
 
+def test_a_recurrent_draft_takes_a_repeated_prompts_state_from_its_snapshot(recurrent_file):
+    """A 40-token sequence is caught up in two calls, the second stopping a token short, where the
+    slot's state is kept; the same prompt again with another last token, in its slot or another,
+    drafts at once (its 39 tokens restored, not fed again), each draft a fresh prefill's greedy one."""
+    use_tinygrad_from_this_thread()
+    draft = load_gguf_model(recurrent_file, 3, 256, 8, draft=recurrent_file).runner.draft
+    scratch = draft.steps.model.slots
+    prompt = np.random.default_rng(6).choice(np.arange(300, 40000), size=39, replace=False).tolist()
+    first = prompt + [11]
+    assert draft.continue_greedy([(0, first, 3)]) == [[]]  # CATCH_UP tokens
+    assert draft.continue_greedy([(0, first, 3)]) == [[]]  # up to the snapshot, a token short
+    assert draft.snapshots == {0: prompt}
+    assert draft.continue_greedy([(0, first, 3)]) == [greedy_continuation(draft.steps, first, 3, scratch)]
+    for slot, last in ((0, 12), (1, 13)):  # in place, then copied to another slot
+        again = prompt + [last]
+        assert draft.continue_greedy([(slot, again, 3)]) == [greedy_continuation(draft.steps, again, 3, scratch)]
+    # a sequence that parts inside the prompt starts over
+    other = prompt[:20] + [5] * 20
+    assert draft.continue_greedy([(2, other, 2)]) == [[]]
+
+
 @pytest.fixture(scope="module")
 def recurrent_engine(recurrent_file):
     eng = self_drafting_engine(recurrent_file)
@@ -151,9 +172,11 @@ def recurrent_engine(recurrent_file):
     eng.stop(5)
 
 
-@pytest.mark.parametrize("n", [1, 4])
-def test_a_recurrent_model_as_its_own_draft_has_every_greedy_draft_confirmed(recurrent_engine, n):
-    check_every_greedy_draft_is_confirmed(recurrent_engine, prompts(n))
+@pytest.mark.parametrize(("n", "shared"), [(1, 0), (4, 0), (3, 40)])  # the last twice: snapshots of the long prompts serve
+def test_a_recurrent_model_as_its_own_draft_has_every_greedy_draft_confirmed(recurrent_engine, n, shared):
+    for _ in range(2 if shared else 1):
+        check_every_greedy_draft_is_confirmed(recurrent_engine, prompts(n, shared))
+    assert bool(recurrent_engine.loaded.runner.draft.snapshots) == bool(shared)
 
 
 def test_sampled_requests_get_plain_decodings_tokens_with_a_recurrent_draft(recurrent_engine):

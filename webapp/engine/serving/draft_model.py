@@ -28,7 +28,10 @@ A recurrent draft (qwen35) cannot cut its state back to a common prefix: a slot'
 in only what the catch-up feeds (tokens of the sequence), and the one-token steps run in rows of state
 of their own (the model's spare rows: the first step takes the slot's state, each later one goes on
 from its row), so the next call feeds the kept drafts and the sample again, from the slot's row. A
-sequence that parts from what its slot took in is fed again from its start.
+sequence fed from its start (SNAPSHOT_AT_LEAST tokens or more) stops its catch-up one token short of
+its end once, where the slot's state is copied into the slot's snapshot row: a later sequence that
+starts with those tokens (the same prompt again, in any slot) takes that state, and the attention
+layers' keys and values from the snapshot's slot, instead of being fed again from its start.
 
 The draft proposes; the served model's verification decides (webapp/engine/serving/engine.py), so
 no output depends on what the draft says, how often it is asked, or whether it failed.
@@ -45,6 +48,7 @@ import numpy as np
 from webapp.engine.decoding.drafts import Acceptance, PromptLookup
 from webapp.engine.serving.kv_cache import reusable_prefix
 from webapp.engine.serving.scheduler import COPY_AT_LEAST
+from webapp.engine.serving.state_snapshots import SNAPSHOT_AT_LEAST
 
 # tokens fed to the draft in one step, over all its lanes: on a 135M-shaped draft here 64 took 1.7
 # one-lane steps of a 1.7B-shaped served model (340 vs 198 ms), so 32 keep a new request's catch-up
@@ -62,6 +66,10 @@ class DraftModel:
         # a recurrent draft (qwen35): its state takes in every token fed, so its drafts run in rows of
         # state of their own, and a slot's row holds only the sequence that was fed to it
         self.draft_rows = steps.spare_rows
+        # and one snapshot a slot, in the first of the model's snapshot rows (after the slots' and the
+        # scratch one: recurrent_config.snapshot_rows), which a draft model's engine never takes
+        self.snapshots: dict[int, list[int]] = {}  # slot -> the tokens whose state its snapshot row holds
+        self.marks: dict[int, int] = {}  # slot -> where its catch-up stops for that snapshot
 
     def warm_up(self, target_steps, progress: Callable[[str], None]) -> None:
         self.steps.warm_up(progress)
@@ -87,7 +95,9 @@ class DraftModel:
         haves = [self._reuse(asks[i][0], asks[i][1]) for i in fitting]
         for (slot, sequence, k), have in zip((asks[i] for i in fitting), haves):
             missing = len(sequence) - have
-            feed = sequence[have : have + max(1, min(missing, budget))]  # at least the last token: its logits draft
+            end = have + max(1, min(missing, budget))  # at least the last token: its logits draft
+            mark = self.marks.get(slot, 0)
+            feed = sequence[have : mark if have < mark < end else end]
             budget -= len(feed)
             chunks.append((feed, slot, have))
             self.cached[slot][have:] = feed
@@ -95,6 +105,11 @@ class DraftModel:
         if not chunks:
             return [[] for _ in asks]
         firsts, _ = self.steps.prefill_and_decode(chunks, [], [], [])
+        for _, slot, _ in chunks:
+            if self.marks.get(slot) == len(self.cached[slot]):
+                self.steps.copy_state(slot, self._snapshot_row(slot))
+                self.snapshots[slot] = self.cached[slot][:]
+                del self.marks[slot]
         drafts = [[int(np.argmax(row))] if k > 0 else [] for row, k in zip(firsts, wanted)]
         state_rows = {}  # a recurrent draft's: a row of state each lane that drafts on (those beyond the rows draft one)
         if self.draft_rows is not None:
@@ -126,12 +141,12 @@ class DraftModel:
     def _reuse(self, slot: int, sequence: list[int]) -> int:
         """How many of `sequence`'s tokens the slot's draft cache holds, after copying a longer prefix
         from another draft slot where that spares at least COPY_AT_LEAST tokens. A recurrent draft's
-        state cannot be cut back: it holds the sequence only if it took in nothing else, else the
-        sequence is fed again from its start (where the kernels zero the state), and is never copied."""
+        state cannot be cut back: it holds the sequence only if it took in nothing else, else a
+        snapshot serves (`_restore`)."""
         have = reusable_prefix(self.cached[slot], sequence)
         if self.draft_rows is not None:
-            have = have if have == len(self.cached[slot]) else 0
-            del self.cached[slot][have:]
+            if have == 0 or have < len(self.cached[slot]):  # a fresh slot, or one that took in more
+                have = self._restore(slot, sequence)
             return have
         del self.cached[slot][have:]
         others = ((reusable_prefix(cached, sequence), i) for i, cached in enumerate(self.cached) if i != slot)
@@ -141,6 +156,33 @@ class DraftModel:
             self.cached[slot][:] = sequence[:length]
             have = length
         return have
+
+    def _snapshot_row(self, slot: int) -> int:
+        return self.steps.model.slots + 1 + slot
+
+    def _restore(self, slot: int, sequence: list[int]) -> int:
+        """A recurrent draft's slot whose state holds more than a prefix of `sequence`: the longest
+        snapshot that `sequence` starts with (its last token left to run) becomes the slot's state,
+        with the attention layers' rows of the snapshot's slot, which must still hold its tokens;
+        else the slot starts over (the kernels zero the state at position 0), a snapshot to be taken
+        where its catch-up is a token short of `sequence`."""
+        serving = [
+            (len(tokens), source)
+            for source, tokens in self.snapshots.items()
+            if len(tokens) < len(sequence) and sequence[: len(tokens)] == tokens == self.cached[source][: len(tokens)]
+        ]
+        length, source = max(serving, default=(0, None))
+        if source is None:
+            self.cached[slot].clear()
+            if len(sequence) - 1 >= SNAPSHOT_AT_LEAST:
+                self.marks[slot] = len(sequence) - 1
+            return 0
+        if source != slot:
+            self.steps.copy_prefix(source, slot, length)
+        self.steps.copy_state(self._snapshot_row(source), slot)
+        self.cached[slot][:] = sequence[:length]
+        self.marks.pop(slot, None)
+        return length
 
 
 def _median_steps(*each) -> list[float]:
