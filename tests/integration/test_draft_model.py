@@ -12,6 +12,7 @@ from support import drain_outputs, wait_until
 from support.tiny_models import write_tiny_gguf
 from support.tiny_qwen35 import write_tiny_qwen35
 
+from webapp.engine.decoding.drafts import StepCosts
 from webapp.engine.model.config import ModelLoadError
 from webapp.engine.model.loader import load_gguf_model
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
@@ -32,7 +33,10 @@ def self_drafting_engine(path: str) -> Engine:
     assert wait_until(lambda: eng.state != "loading", timeout=300)
     assert eng.state == "ok", eng.error
     eng.loaded.runner.draft.step_cost = 0.0  # the draft costs what the served model does: asked whenever acceptance allows
-    eng.speculation.measured_costs = False  # lanes at LANE_COST: how much is drafted is not this machine's timings of a tiny model
+    # drafted lanes priced as free: every draft the acceptance allows is asked for, six sequences at
+    # once too (how much is drafted is then neither this machine's timings of a tiny model nor the
+    # margin a step of many sequences asks of a draft)
+    eng.speculation.costs = lambda runner: StepCosts([1.0] * 9)
     return eng
 
 

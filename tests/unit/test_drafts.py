@@ -1,7 +1,17 @@
 """Prompt lookup: drafts are the tokens that followed the sequence's latest n-gram earlier on, as
 many as the request's recent acceptance pays for."""
 
-from webapp.engine.decoding.drafts import DRAFT_MAX, LANE_COST, PromptLookup, RecentOutputs, StepCosts, draft_length
+from webapp.engine.decoding.drafts import (
+    DRAFT_MAX,
+    LANE_COST,
+    MARGIN,
+    Acceptance,
+    PromptLookup,
+    RecentOutputs,
+    StepCosts,
+    draft_length,
+    gain,
+)
 
 
 def test_a_repeated_span_is_drafted_from_where_it_appeared_before():
@@ -79,19 +89,51 @@ def test_measured_step_costs_choose_the_lengths_the_kernels_make_cheap():
 
 
 def test_step_costs_never_fall_with_lanes_and_go_on_past_the_measured_ones():
-    costs = StepCosts([10.0, 9.0, 12.0, 14.0, 16.0])  # noise made 2 lanes look cheaper than one
-    assert [costs.step(n) for n in (1, 2, 3)] == [1.0, 1.0, 1.2]
-    assert abs(costs.step(7) - (1.6 + 2 * 0.15)) < 1e-9  # the slope over the last four lanes added, 0.15 a lane
+    """Noise only adds time: one lane timed slower than two, or 4 slower than 5, cost what the wider
+    step does, and no wider step is made to look free by them."""
+    costs = StepCosts([10.0, 9.0, 12.0, 15.0, 14.0, 16.0])
+    assert [costs.step(n) for n in range(1, 7)] == [1.0, 1.0, 12 / 9, 14 / 9, 14 / 9, 16 / 9]
+    slope = (16 - 9) / 9 / 4  # over the last four lanes
+    assert abs(costs.step(8) - (16 / 9 + 2 * slope)) < 1e-9
     assert abs(StepCosts().step(5) - (1 + 4 * LANE_COST)) < 1e-9
     # k drafted lanes against one sequence's share of a batch of 4: (step(4 + k) - step(4)) * 4 / step(4)
-    assert abs(costs.drafted(1, batch=4) - (1.6 - 1.4) * 4 / 1.4) < 1e-9
+    assert abs(costs.drafted(2, batch=4) - (16 / 9 - 14 / 9) * 4 / (14 / 9)) < 1e-9
 
 
 def test_a_draft_pays_for_the_lanes_it_adds_after_the_other_sequences_drafts():
-    """Four sequences decoding together at p = 0.9: the first's 3 drafts make a step of 7 lanes, so
-    a second's lanes start past them, at the 8 lanes and beyond the measured ones, and pay less."""
+    """Three sequences decoding together at p = 0.95: the first's 5 drafts make a step of 8 lanes, so
+    a second's lanes start past them, beyond the measured ones, where none pays."""
     measured = StepCosts([5.6, 5.7, 6.7, 8.4, 10.5, 11.7, 13.1, 14.4, 16.5])
-    first = draft_length(0.9, batch=4, costs=measured)
-    assert first == 3
-    assert draft_length(0.9, batch=4, costs=measured, before=first) == 1
-    assert draft_length(0.9, batch=4, before=first) == draft_length(0.9, batch=4)  # a constant cost a lane: no matter
+    first = draft_length(0.95, batch=3, costs=measured)
+    assert first == 5
+    assert draft_length(0.95, batch=3, costs=measured, before=first) == 0
+    assert draft_length(0.95, batch=3, before=first) == draft_length(0.95, batch=3)  # a constant cost a lane: no matter
+
+
+def test_a_step_of_many_sequences_asks_a_draft_for_a_margin_of_the_whole_step():
+    """Measured here: six sequences' step, two drafted lanes more, costs a ninth more of the step.
+    At p = 0.95 those two lanes promise 9% more of their sequence's tokens, 1.5% of the step's:
+    within the cost model's error, so none is drafted; one stream drafts."""
+    measured = StepCosts([1.0, 1.02, 1.2, 1.5, 1.9, 1.96, 2.32, 2.49, 2.91])
+    assert gain(0.95, 2, measured.drafted(2, batch=6)) > 1.05
+    assert draft_length(0.95, batch=6, costs=measured) == 0
+    assert draft_length(0.95, batch=1, costs=measured) > 0
+
+
+def test_a_refused_draft_is_retried_less_often_in_a_step_of_more_sequences():
+    """A retry costs lanes in the whole step: p climbs back b times slower beside b sequences."""
+    alone, among_four = Acceptance(), Acceptance()
+    alone.rate = among_four.rate = 0.05
+    assert alone.length(8, batch=1) == 0 and among_four.length(8, batch=4) == 0
+    assert abs((alone.rate - 0.05) - 4 * (among_four.rate - 0.05)) < 1e-12 and among_four.rate > 0.05
+
+
+def test_a_run_of_confirmed_drafts_never_makes_the_next_one_sure():
+    """p near 1 after a streak is priced as SUREST: beside six sequences, lanes at LANE_COST never
+    pay then, where p = 0.999 would have drafted 8 of them."""
+    streak = Acceptance()
+    for _ in range(30):
+        streak.update(8, 8)
+    assert streak.rate > 0.999
+    assert streak.length(8, batch=6) == 0 and streak.length(8, batch=1) == 8
+    assert (1 - 0.999**9) / (1 - 0.999) / (1 + StepCosts().drafted(8, batch=6)) > 1 + MARGIN * 6  # uncapped, it paid

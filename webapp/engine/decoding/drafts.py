@@ -16,10 +16,10 @@ costs is its lanes in the step (`StepCosts`: the served model's verifications of
 at warm-up, else LANE_COST of a one-lane step a lane), plus the draft model's own step for each
 token it drafts, so `Acceptance.length` drafts the length that makes the most tokens per unit of
 step time at the source's recent per-token acceptance p: k drafts yield (1 - p^(k+1)) / (1 - p)
-tokens for a step of k + 1 lanes, and a draft must promise 5% more than none. At LANE_COST a lane,
+tokens for a step of k + 1 lanes, and a draft must beat none by 5% of the step's tokens. At LANE_COST a lane,
 p = 0.35 drafts one token, 0.81 four, none below ~0.32; in a step of many sequences a lane costs
 more of each one's share, so drafts must be likelier still. Undrafted steps raise p a little,
-so drafting is tried again.
+so drafting is tried again (less often in a step of more sequences).
 """
 
 from __future__ import annotations
@@ -30,12 +30,23 @@ DRAFT_MAX = 8
 # 2.6-2.8 one-lane steps ((2.75 - 1) / 7; 2.5 before this machine's kernels changed, when it was 0.2);
 # larger models read more weights a step, and lanes cost them less
 LANE_COST = 0.25
-RECOVERY = 0.02  # added to p per undrafted step
-# a draft must promise this many times the tokens per unit of step time that none gives: the cost
-# model is a few percent off measured steps, and at 8 streams drafts promising less than 5% moved the
-# aggregate by -7% to +4% between runs
-MIN_GAIN = 1.05
+# added to p per undrafted step, shared by the step's sequences: a retry costs lanes in a whole step,
+# so in a step of b sequences one is retried b times less often (at 8 streams, a code edit's p was
+# back at the ~0.9 that drafts at 6 sequences ask for 12 steps after each refusal, and its retries
+# drafted 2 lanes at a time at 64% confirmed: a step 28% longer for 1.1 tokens more in 6)
+RECOVERY = 0.02
+# a draft must promise more tokens per unit of step time than none, by this share of the whole step:
+# the cost model is off by a share of the whole step (one sequence's lanes timed at warm-up swing by
+# 20% between starts here, and a step of 6 sequences is not one sequence's), while a draft gains only
+# its own sequence's share; so in a step of b sequences a draft must promise 1 + MARGIN * b times its
+# sequence's tokens (one stream: 5%, as before; at 8 streams, drafts promising 5% of their own
+# sequence's share moved the aggregate by -7% to +4% between runs, and broke even on average)
+MARGIN = 0.05
 MEMORY = 0.3  # the weight of the latest proposal in the acceptance average
+# the most a draft is trusted: after a run of confirmed drafts the average nears 1, but a lookup's next
+# token stays a guess (at 8 streams, code edits that had reached p ~1 drafted 5-8 lanes beside 6
+# sequences, and 43% of them were confirmed); on recorded outputs, one stream loses nothing by it
+SUREST = 0.95
 
 
 class StepCosts:
@@ -49,8 +60,11 @@ class StepCosts:
     def __init__(self, seconds: list[float] | None = None):
         self.lanes = None
         if seconds:
-            costs = [t / seconds[0] for t in seconds]
-            self.lanes = [max(costs[: i + 1]) for i in range(len(costs))]  # noise never makes a lane free
+            # noise only adds time: a width timed slower than a wider one was slowed by it, and costs
+            # what the wider one does (a running maximum instead would carry one slowed width's time
+            # over all wider ones, and make their lanes look free)
+            fastest = [min(seconds[i:]) for i in range(len(seconds))]
+            self.lanes = [t / fastest[0] for t in fastest]
 
     def step(self, lanes: int) -> float:
         if self.lanes is None:
@@ -78,7 +92,7 @@ LINEAR = StepCosts()
 def gain(p: float, k: int, cost: float) -> float:
     """Expected tokens per unit of step time from k drafts at acceptance p, which cost `cost` (a
     share of the sequence's step) together."""
-    p = min(max(p, 0.0), 0.999)
+    p = min(max(p, 0.0), SUREST)
     return (1 - p ** (k + 1)) / (1 - p) / (1 + cost)
 
 
@@ -86,8 +100,9 @@ def draft_length(
     p: float, limit: int = DRAFT_MAX, batch: int = 1, draft_cost: float = 0.0, costs: StepCosts = LINEAR, before: int = 0
 ) -> int:
     """The k <= limit that maximizes expected tokens per step time, (1 - p^(k+1)) / (1 - p) over the
-    step's cost with k drafted lanes (`StepCosts.drafted`)."""
-    best, best_gain = 0, MIN_GAIN
+    step's cost with k drafted lanes (`StepCosts.drafted`), if it beats none by the margin a step of
+    `batch` sequences asks (MARGIN)."""
+    best, best_gain = 0, 1 + MARGIN * batch
     for k in range(1, limit + 1):
         if (g := gain(p, k, costs.drafted(k, batch, draft_cost, before))) > best_gain:
             best, best_gain = k, g
@@ -104,10 +119,11 @@ class Acceptance:
         self.rate, self.draft_cost, self.costs = 0.5, draft_cost, costs
 
     def length(self, limit: int, batch: int = 1, before: int = 0) -> int:
-        """How many tokens to draft now (at most `limit`); an undrafted step raises p a little."""
+        """How many tokens to draft now (at most `limit`); an undrafted step raises p a little (less in
+        a larger `batch`)."""
         k = draft_length(self.rate, min(limit, DRAFT_MAX), batch, self.draft_cost, self.costs, before)
         if k <= 0:
-            self.rate = min(1.0, self.rate + RECOVERY)
+            self.rate = min(1.0, self.rate + RECOVERY / batch)
         return k
 
     def gain(self, k: int, batch: int = 1, before: int = 0) -> float:
