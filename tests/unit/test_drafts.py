@@ -1,10 +1,14 @@
 """Prompt lookup: drafts are the tokens that followed the sequence's latest n-gram earlier on, as
 many as the request's recent acceptance pays for."""
 
+import numpy as np
+
 from webapp.engine.decoding.drafts import (
     DRAFT_MAX,
     LANE_COST,
     MARGIN,
+    MAX_NGRAM,
+    MIN_NGRAM,
     Acceptance,
     PromptLookup,
     RecentOutputs,
@@ -137,3 +141,26 @@ def test_a_run_of_confirmed_drafts_never_makes_the_next_one_sure():
     assert streak.rate > 0.999
     assert streak.length(8, batch=6) == 0 and streak.length(8, batch=1) == 8
     assert (1 - 0.999**9) / (1 - 0.999) / (1 + StepCosts().drafted(8, batch=6)) > 1 + MARGIN * 6  # uncapped, it paid
+
+
+def latest_repeat(tokens: list[int], k: int) -> list[int]:
+    """The reference: the k tokens after the latest earlier occurrence of the longest of the last
+    MAX_NGRAM..MIN_NGRAM tokens, by brute force."""
+    for n in range(MAX_NGRAM, MIN_NGRAM - 1, -1):
+        if len(tokens) > n:
+            for end in range(len(tokens) - 1, n - 1, -1):
+                if tokens[end - n : end] == tokens[-n:]:
+                    return tokens[end : end + k]
+    return []
+
+
+def test_prompt_lookup_drafts_what_followed_the_latest_earlier_occurrence_of_the_longest_ngram():
+    rng = np.random.default_rng(0)
+    k = draft_length(0.95)
+    for vocab in (2, 3, 7, 50):  # small vocabularies: many repeats, overlapping ones too
+        tokens = rng.integers(0, vocab, size=80).tolist()
+        lookup = PromptLookup(tokens[:10])
+        for i in range(10, len(tokens)):
+            lookup.rate = 0.95
+            assert lookup.propose(8) == latest_repeat(tokens[:i], k)
+            lookup.extend(tokens[i : i + 1])
