@@ -73,7 +73,19 @@ def test_recent_outputs_keep_at_most_their_capacity_newest_first():
     recent = RecentOutputs(capacity=10)
     recent.add([1, 2, 3, 4, 5, 6])
     recent.add([1, 2, 9, 9, 9, 9])  # the newer occurrence of "1 2" wins, and the older text goes
-    assert recent.size == 6 and recent.after((1, 2), 2) == [9, 9] and recent.after((3, 4), 2) == []
+    assert recent.size == 6 and recent.draft([1, 2], 2) == [9, 9] and recent.draft([3, 4], 2) == []
+    assert recent.draft([5, 9, 9, 9], 8) == [9]  # the longest n-gram's latest occurrence, within its answer
+
+
+def test_recent_outputs_draft_what_followed_the_latest_occurrence_of_the_longest_ngram():
+    rng = np.random.default_rng(1)
+    recent, texts = RecentOutputs(capacity=200), []
+    for _ in range(12):  # 12 answers of 30: the oldest go
+        texts.append(rng.integers(0, 6, size=30).tolist())
+        recent.add(texts[-1])
+        kept = texts[-(200 // 30) :]
+        for tail in (rng.integers(0, 6, size=4).tolist() for _ in range(20)):
+            assert recent.draft(tail, 5) == latest_in_texts(kept, tail, 5)
 
 
 def test_a_fuller_step_needs_likelier_drafts():
@@ -164,3 +176,14 @@ def test_prompt_lookup_drafts_what_followed_the_latest_earlier_occurrence_of_the
             lookup.rate = 0.95
             assert lookup.propose(8) == latest_repeat(tokens[:i], k)
             lookup.extend(tokens[i : i + 1])
+
+
+def latest_in_texts(texts: list[list[int]], tail: list[int], k: int) -> list[int]:
+    """The reference: the k tokens (within its text) after the latest occurrence, newest text first,
+    of the longest of tail's last MAX_NGRAM..MIN_NGRAM tokens that occurs followed by a token."""
+    for n in range(MAX_NGRAM, MIN_NGRAM - 1, -1):
+        for text in reversed(texts):
+            for end in range(len(text) - 1, n - 1, -1):
+                if text[end - n : end] == tail[-n:]:
+                    return text[end : end + k]
+    return []

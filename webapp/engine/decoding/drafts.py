@@ -24,6 +24,8 @@ so drafting is tried again (less often in a step of more sequences).
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 MAX_NGRAM, MIN_NGRAM = 4, 2
@@ -139,44 +141,60 @@ class Acceptance:
             self.rate = (1 - MEMORY) * self.rate + MEMORY * accepted / trials
 
 
-def grams(tokens: list[int], end: int):
-    """The n-grams ending at `end`, longest first."""
-    for n in range(MAX_NGRAM, MIN_NGRAM - 1, -1):
-        if end >= n:
-            yield tuple(tokens[end - n : end])
+SEPARATOR = -1  # never a token: ends each text among the recent answers
+
+
+def latest_repeat_end(text: np.ndarray, tail) -> int | None:
+    """Where the latest occurrence in `text` of the longest of `tail`'s last MAX_NGRAM..MIN_NGRAM
+    tokens that occurs ends, among occurrences that a token of the same text follows; else None.
+    A scan, not an index: matches[i] says whether the n tokens ending at i + n are tail's last n (n
+    growing from 1), so each longer n-gram costs one comparison of the text more."""
+    size, longest = len(text), min(MAX_NGRAM, len(tail), len(text) - 1)
+    if longest < MIN_NGRAM:
+        return None
+    matches, found = (text[1:] != SEPARATOR) & (text[:-1] == tail[-1]), None
+    for n in range(2, longest + 1):
+        matches = matches[1:] & (text[: size - n] == tail[-n])
+        hits = np.flatnonzero(matches)
+        if hits.size == 0:
+            break  # no longer n-gram occurs either
+        if n >= MIN_NGRAM:
+            found = int(hits[-1]) + n
+    return found
 
 
 class RecentOutputs:
     """The server's last answers (each with the prompt tokens just before it), at most `capacity`
-    tokens in all, oldest dropped first, with an index of where each n-gram last occurred."""
+    tokens in all, oldest dropped first: end to end as int32, a SEPARATOR after each, scanned when a
+    request finds no draft in its own text (an index of every n-gram in dicts took 41 MB when full,
+    and 11 ms of the model thread to add a 400-token answer)."""
 
     def __init__(self, capacity: int = 65536):
         self.capacity, self.size = capacity, 0
-        self._texts: dict[int, list[int]] = {}  # insertion order is age
-        self._where: dict[tuple[int, ...], tuple[int, int]] = {}  # n-gram -> (text id, position after it)
-        self._next_id = 0
+        self._lengths: deque[int] = deque()  # each text's tokens, oldest first
+        self._texts = np.zeros(0, np.int32)
 
     def add(self, tokens: list[int]) -> None:
         if not MIN_NGRAM < len(tokens) <= self.capacity:
             return
-        text_id, self._next_id = self._next_id, self._next_id + 1
-        self._texts[text_id] = tokens
+        self._lengths.append(len(tokens))
         self.size += len(tokens)
-        for end in range(MIN_NGRAM, len(tokens)):  # a gram at the very end has nothing after it
-            for gram in grams(tokens, end):
-                self._where[gram] = (text_id, end)
+        dropped = 0
         while self.size > self.capacity:
-            oldest = next(iter(self._texts))
-            self.size -= len(self._texts.pop(oldest))
-        if len(self._where) > 4 * self.capacity:  # entries of dropped texts: rebuilt from those kept
-            self._where = {g: w for g, w in self._where.items() if w[0] in self._texts}
+            oldest = self._lengths.popleft()
+            self.size -= oldest
+            dropped += oldest + 1
+        self._texts = np.concatenate([self._texts[dropped:], np.asarray(tokens, np.int32), [SEPARATOR]]).astype(np.int32)
 
-    def after(self, gram: tuple[int, ...], limit: int) -> list[int]:
-        where = self._where.get(gram)
-        if where is None or where[0] not in self._texts:
+    def draft(self, tail, limit: int) -> list[int]:
+        """Up to `limit` tokens that followed the latest occurrence of `tail`'s last n tokens (the
+        longest n that occurs) in a recent answer, within that answer."""
+        end = latest_repeat_end(self._texts, tail)
+        if end is None:
             return []
-        text_id, end = where
-        return self._texts[text_id][end : end + limit]
+        piece = self._texts[end : end + limit]
+        stops = np.flatnonzero(piece == SEPARATOR)
+        return piece[: stops[0] if stops.size else len(piece)].tolist()
 
 
 class PromptLookup(Acceptance):
@@ -204,44 +222,13 @@ class PromptLookup(Acceptance):
         self._tokens[self._size : size] = tokens
         self._size = size
 
-    def _after_latest_repeat(self) -> int | None:
-        """Where the latest earlier occurrence of the sequence's last n tokens ends (n from MAX_NGRAM
-        down to MIN_NGRAM, the longest that occurred), else None. matches[i] says whether the n tokens
-        ending at i + n are the last n, for ends before the sequence's own."""
-        seq, end = self.tokens, self._size
-        if end <= MIN_NGRAM:
-            return None
-        matches, found = seq[: end - 1] == seq[end - 1], {}
-        for n in range(2, min(MAX_NGRAM, end - 1) + 1):
-            matches = matches[1:] & (seq[: end - n] == seq[end - n])
-            hits = np.flatnonzero(matches)
-            if hits.size == 0:
-                break  # no longer n-gram occurs either
-            if n >= MIN_NGRAM:
-                found[n] = int(hits[-1]) + n
-        return found[max(found)] if found else None
-
     def propose(self, limit: int, batch: int = 1, before: int = 0) -> list[int]:
         """Up to `limit` tokens (as many as acceptance pays for in a step of `batch` sequences, after
         `before` lanes drafted by others) that followed the last n-gram before."""
         limit = self.length(limit, batch, before)
         if limit <= 0:
             return []
-        after = self._after_latest_repeat()
+        after = latest_repeat_end(self.tokens, self.tokens)
         if after is not None:
             return self.tokens[after : after + limit].tolist()
-        if self.recent is not None:
-            last = self.tokens[-MAX_NGRAM:].tolist()
-            for gram in grams(last, len(last)):
-                if draft := self.recent.after(gram, limit):
-                    return draft
-        return []
-        for gram in grams(self.tokens, len(self.tokens)):
-            after = self._previous.get(gram)  # _last[gram] is the sequence's own end
-            if after is not None:
-                return self.tokens[after : after + limit]
-        if self.recent is not None:
-            for gram in grams(self.tokens, len(self.tokens)):
-                if draft := self.recent.after(gram, limit):
-                    return draft
-        return []
+        return self.recent.draft(self.tokens[-MAX_NGRAM:], limit) if self.recent is not None else []
