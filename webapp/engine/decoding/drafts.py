@@ -16,10 +16,10 @@ costs is its lanes in the step (`StepCosts`: the served model's verifications of
 at warm-up, else LANE_COST of a one-lane step a lane), plus the draft model's own step for each
 token it drafts, so `Acceptance.length` drafts the length that makes the most tokens per unit of
 step time at the source's recent per-token acceptance p: k drafts yield (1 - p^(k+1)) / (1 - p)
-tokens for a step of k + 1 lanes, and a draft must beat none by 5% of the step's tokens. At LANE_COST a lane,
-p = 0.35 drafts one token, 0.81 four, none below ~0.32; in a step of many sequences a lane costs
-more of each one's share, so drafts must be likelier still. Undrafted steps raise p a little,
-so drafting is tried again (less often in a step of more sequences).
+tokens for a step of k + 1 lanes, and a draft must beat none by 5% of the step's tokens. At
+LANE_COST a lane, p = 0.35 drafts one token, 0.81 four, none below ~0.32; in a step of many
+sequences a lane costs more of each one's share, so drafts must be likelier still. Undrafted steps
+raise p a little, so drafting is tried again (less often in a step of more sequences).
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ class RecentOutputs:
             oldest = self._lengths.popleft()
             self.size -= oldest
             dropped += oldest + 1
-        self._texts = np.concatenate([self._texts[dropped:], np.asarray(tokens, np.int32), [SEPARATOR]]).astype(np.int32)
+        self._texts = np.concatenate([self._texts[dropped:], np.asarray(tokens, np.int32), np.array([SEPARATOR], np.int32)])
 
     def draft(self, tail, limit: int) -> list[int]:
         """Up to `limit` tokens that followed the latest occurrence of `tail`'s last n tokens (the
