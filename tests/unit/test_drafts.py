@@ -155,17 +155,6 @@ def test_a_run_of_confirmed_drafts_never_makes_the_next_one_sure():
     assert (1 - 0.999**9) / (1 - 0.999) / (1 + StepCosts().drafted(8, batch=6)) > 1 + MARGIN * 6  # uncapped, it paid
 
 
-def latest_repeat(tokens: list[int], k: int) -> list[int]:
-    """The reference: the k tokens after the latest earlier occurrence of the longest of the last
-    MAX_NGRAM..MIN_NGRAM tokens, by brute force."""
-    for n in range(MAX_NGRAM, MIN_NGRAM - 1, -1):
-        if len(tokens) > n:
-            for end in range(len(tokens) - 1, n - 1, -1):
-                if tokens[end - n : end] == tokens[-n:]:
-                    return tokens[end : end + k]
-    return []
-
-
 def test_prompt_lookup_drafts_what_followed_the_latest_earlier_occurrence_of_the_longest_ngram():
     rng = np.random.default_rng(0)
     k = draft_length(0.95)
@@ -174,7 +163,7 @@ def test_prompt_lookup_drafts_what_followed_the_latest_earlier_occurrence_of_the
         lookup = PromptLookup(tokens[:10])
         for i in range(10, len(tokens)):
             lookup.rate = 0.95
-            assert lookup.propose(8) == latest_repeat(tokens[:i], k)
+            assert lookup.propose(8) == latest_in_texts([tokens[:i]], tokens[:i], k)  # its own text, before its end
             lookup.extend(tokens[i : i + 1])
 
 

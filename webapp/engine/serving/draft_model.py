@@ -161,11 +161,11 @@ class DraftModel:
         return self.steps.model.slots + 1 + slot
 
     def _restore(self, slot: int, sequence: list[int]) -> int:
-        """A recurrent draft's slot that is fresh or whose state holds more than a prefix of `sequence`: the longest
-        snapshot that `sequence` starts with (its last token left to run) becomes the slot's state,
-        with the attention layers' rows of the snapshot's slot, which must still hold its tokens;
-        else the slot starts over (the kernels zero the state at position 0), a snapshot to be taken
-        where its catch-up is a token short of `sequence`."""
+        """A recurrent draft's slot that is fresh or whose state holds more than a prefix of `sequence`:
+        the longest snapshot that `sequence` starts with (its last token left to run) becomes the
+        slot's state, with the attention layers' rows of the snapshot's slot, which must still hold
+        its tokens; else the slot starts over (the kernels zero the state at position 0), a snapshot
+        to be taken where its catch-up is a token short of `sequence`."""
         serving = [
             (len(tokens), source)
             for source, tokens in self.snapshots.items()
