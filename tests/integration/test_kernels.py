@@ -223,15 +223,15 @@ def test_products_match_float64(library, ggml_type, tokens):
 @pytest.mark.parametrize("ggml_type", TYPES)
 def test_each_token_row_is_independent_of_the_others(library, ggml_type):
     """Batch invariance, every format (the float ones' sums too): a row's result is bit-identical
-    whatever else shares the call, alone or in a group of two, three or four tokens."""
+    whatever else shares the call, alone or among the eight tokens of a pass and the three after it."""
     rng = np.random.default_rng(7)
     cols = 96 if BLOCK_FORMATS[ggml_type][1] == 32 else 512
     raw = random_blocks(ggml_type, 40, cols, rng)
-    x = rng.standard_normal((7, cols)).astype(np.float32)
+    x = rng.standard_normal((11, cols)).astype(np.float32)
     shape = lambda t: _ref(Product(ggml_type, 40, cols, t))  # noqa: E731
-    together, alone = np.empty((7, 40), np.float32), np.empty((1, 40), np.float32)
-    library.tq_linear(_ptr(together), _ptr(raw), _ptr(x), shape(7))
-    for t in range(7):
+    together, alone = np.empty((11, 40), np.float32), np.empty((1, 40), np.float32)
+    library.tq_linear(_ptr(together), _ptr(raw), _ptr(x), shape(11))
+    for t in range(11):
         library.tq_linear(_ptr(alone), _ptr(raw), _ptr(np.ascontiguousarray(x[t : t + 1])), shape(1))
         assert np.array_equal(alone[0], together[t])
 

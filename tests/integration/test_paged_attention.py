@@ -143,6 +143,33 @@ def test_sequences_sharing_a_prefix_block_read_its_keys_alike_together_and_alone
         assert np.array_equal(alone[0].view(np.uint32), together[b].view(np.uint32))
 
 
+# lanes of one sequence share an item (attend_lanes): a prefill piece of 20 (items of 8, 8 and 4 lanes)
+# across a chunk's edge, a verification of 9 lanes far past KEY_CHUNK, and a lone lane between them
+SEQUENCE_LANES = ([1] * 20 + [3] * 9 + [0], list(range(KEY_CHUNK - 10, KEY_CHUNK + 10)) + list(range(600, 609)) + [5])
+
+
+@pytest.mark.parametrize(("kv_type", "head_dim"), CASES + [(KvType.F16, 168)], ids=CASE_IDS + ["f16-head168"])  # 168: 8-wide value columns
+@pytest.mark.parametrize("block_positions", [0, 16])
+def test_lanes_of_one_sequence_give_each_lanes_bits_alone(library, kv_type, head_dim, block_positions):
+    """Consecutive lanes of one slot read their keys once for all of them; each lane's output is bit
+    for bit what it gives alone, over the keys the lanes before it wrote in the same call."""
+    rng = np.random.default_rng(head_dim + block_positions)
+    slots, positions = 4, 640
+    slot_of, pos_of = SEQUENCE_LANES
+    cache = _cache(rng, kv_type, slots, positions, head_dim)
+    tables, width = None, 0
+    if block_positions:
+        cache, tables = _paged(cache, block_positions, rng)
+        width = tables.shape[1]
+    qkv = rng.standard_normal((len(slot_of), (HEADS + 2 * KV_HEADS) * head_dim)).astype(np.float32)
+    shape = _attention(kv_type, len(slot_of), cache.shape[1], positions, head_dim, block_positions, width)
+    together = _attend(library, shape, qkv, cache, np.array(slot_of + pos_of, np.int32), tables)  # writes every lane's key
+    one = _attention(kv_type, 1, cache.shape[1], positions, head_dim, block_positions, width)
+    for b, (slot, pos) in enumerate(zip(slot_of, pos_of, strict=True)):
+        alone = _attend(library, one, np.ascontiguousarray(qkv[b : b + 1]), cache.copy(), np.array([slot, pos], np.int32), tables)
+        assert np.array_equal(alone[0].view(np.uint32), together[b].view(np.uint32)), f"lane {b} at {pos}"
+
+
 def test_quantized_cpus_attend_on_a_paged_cache_gives_the_unpaged_bits():
     use_tinygrad_from_this_thread()
     kernels = QuantizedCPU.load()

@@ -56,6 +56,7 @@ typedef struct {
   const int32_t *tables; /* a paged cache's block tables (tq_attention.block_positions > 0) */
   const tq_attention *shape;
   const int32_t *lanes;
+  const int *groups; /* lane groups: group g is lanes groups[g] .. groups[g + 1] - 1 (lane_groups) */
   int shared; /* query heads an item attends together over their kv head's keys */
   int chunks; /* chunks of KEY_CHUNK keys of the lane with the most (counted from each lane's first) */
   float *partials; /* (B, H, chunks, Hd + 2): each chunk's unnormalized output, its scores' max and sum */
@@ -68,32 +69,51 @@ static void run_attend(const void *ctx, int first, int last) {
   const size_t part_stride = (size_t)chunks * (Hd + 2);
   const float scale = a->shape->scale;
   for (int item = first; item < last; item++) {
-    /* item = ((lane, kv head, part of its query heads), chunk of keys), the part `shared` heads wide */
+    /* item = ((lane group, kv head, part of its query heads), chunk of keys), the part `shared` heads wide */
     const int chunk = item % chunks, rest = item / chunks;
-    const int b = rest / (KvH * parts), kvh = rest / parts % KvH, h0 = kvh * group + rest % parts * shared;
+    const int g = rest / (KvH * parts), kvh = rest / parts % KvH, h0 = kvh * group + rest % parts * shared;
     const int heads = group - (h0 - kvh * group) < shared ? group - (h0 - kvh * group) : shared;
-    const int slot = a->lanes[b], pos = a->lanes[B + b], first = first_key(pos, a->shape->window);
-    const int j0 = (first / KEY_CHUNK + chunk) * KEY_CHUNK, lo = j0 > first ? j0 : first;
-    const int n = pos + 1 - lo < j0 + KEY_CHUNK - lo ? pos + 1 - lo : j0 + KEY_CHUNK - lo;
-    if (n <= 0) continue; /* past this lane's position */
-    /* keys lo .. lo + n - 1 are one chunk's: adjacent rows (also in a ring of whole chunks), or in a
+    const int b0 = a->groups[g], lanes = a->groups[g + 1] - b0, slot = a->lanes[b0];
+    /* each lane's keys in this chunk: lo .. lo + n[l] - 1 (a group's lanes have no window, so one lo;
+       later lanes see more keys); lanes before the first with any sit this chunk out */
+    int n[MAX_ITEM_LANES], lo = 0, active = lanes;
+    for (int l = lanes - 1; l >= 0; l--) {
+      const int pos = a->lanes[B + b0 + l], first = first_key(pos, a->shape->window);
+      const int j0 = (first / KEY_CHUNK + chunk) * KEY_CHUNK;
+      lo = j0 > first ? j0 : first;
+      n[l] = pos + 1 - lo < j0 + KEY_CHUNK - lo ? pos + 1 - lo : j0 + KEY_CHUNK - lo;
+      if (n[l] > 0) active = l;
+    }
+    if (active == lanes) continue; /* past every lane's position */
+    const int most = n[lanes - 1];
+    /* keys lo .. lo + most - 1 are one chunk's: adjacent rows (also in a ring of whole chunks), or in a
        paged cache a run of adjacent rows per block, each starting at a multiple of block_positions
        (lo is a chunk's first key: a paged layer has no window) */
     key_runs runs; /* only its first runs are set: no zeroing of all MAX_KEY_RUNS an item */
     runs.run_keys = a->shape->block_positions > 0 ? a->shape->block_positions : KEY_CHUNK;
     const int latent = a->shape->flags & ATTEND_LATENT; /* a key row is its own value row */
-    for (int r = 0, first = 0; first < n; r++, first += runs.run_keys) {
+    for (int r = 0, first = 0; first < most; r++, first += runs.run_keys) {
       runs.keys[r] = kv_row(a->cache, a->tables, a->shape, 0, slot, kvh, lo + first);
       runs.values[r] = latent ? runs.keys[r] : kv_row(a->cache, a->tables, a->shape, 1, slot, kvh, lo + first);
     }
-    const size_t head = (size_t)b * H + h0;
+    const size_t head = (size_t)(b0 + active) * H + h0;
     float *part = a->partials + head * part_stride + (size_t)chunk * (Hd + 2);
-    if (a->shape->kv_type == KV_Q8_0) attend_item_q8(a->q + head * Hd, heads, &runs, n, Hd, scale, part, part_stride);
-    else attend_item(a->q + head * Hd, heads, &runs, n, Hd, scale, part, part_stride);
+    if (lanes > 1) attend_lanes(a->q + head * Hd, (size_t)H * Hd, lanes - active, heads, n + active, &runs, Hd, scale, part, H * part_stride, part_stride);
+    else if (a->shape->kv_type == KV_Q8_0) attend_item_q8(a->q + head * Hd, heads, &runs, most, Hd, scale, part, part_stride);
+    else attend_item(a->q + head * Hd, heads, &runs, most, Hd, scale, part, part_stride);
   }
 }
 
-
+/* Lanes into items' groups (groups[g] the first lane of group g, groups[count] = B; returns count):
+ * runs of up to `most` lanes of one slot at consecutive positions, which share their keys
+ * (attend_lanes). */
+static int lane_groups(const int32_t *lanes, int B, int most, int *groups) {
+  int count = 0;
+  for (int b = 0; b < B; b++)
+    if (b == 0 || b - groups[count - 1] >= most || lanes[b] != lanes[b - 1] || lanes[B + b] != lanes[B + b - 1] + 1) groups[count++] = b;
+  groups[count] = B;
+  return count;
+}
 
 /* out = the lane's chunks' outputs, each weighted by e^(its max - the overall max), over their sums
  * weighted alike: the softmax over all the keys, whatever the chunks; a sink (-INFINITY: none) is one
@@ -124,7 +144,7 @@ static void rotate_half_pairs(const float *x, const float *cos_sin, int rotary, 
   for (int i = rotary; i < head_dim; i++) y[i] = x[i];
 }
 
-static __thread scratch_t rotation_rows;
+static __thread scratch_t rotation_rows, attend_groups;
 
 /* In `scratch` (a thread's): rotations[b * Hd ..] = the cosines, then the sines, of lane b's RoPE
  * angles (pos * inv_freq[i], i < rotary / 2), times `scale`, for B lanes: the rotated values grow by
@@ -159,7 +179,12 @@ static void attend(float *out, const float *qkv, void *cache, const int32_t *lan
   for (int b = 0; b < B; b++) {
     const int slot = lanes[b], pos = lanes[B + b];
     const float *cos_sin = rotations + (size_t)b * Hd;
-    for (int i = 0; i < width; i++) row[i] = qkv[(size_t)b * width + i] + (bias ? bias[i] : 0.0f);
+    /* the test outside the loop: inside it, clang read the bias with masked loads (vmaskmovps), ~80%
+       of this thread's share of attention on AMD's Zen 3 */
+    if (bias)
+      for (int i = 0; i < width; i++) row[i] = qkv[(size_t)b * width + i] + bias[i];
+    else
+      memcpy(row, qkv + (size_t)b * width, width * sizeof(float));
     if (q_norm && whole) {
       rms_norm_row(row, q_norm, H * Hd, eps, row);
       rms_norm_row(row + (size_t)H * Hd, q_norm + (size_t)H * Hd, KvH * Hd, eps, row + (size_t)H * Hd);
@@ -185,18 +210,25 @@ static void attend(float *out, const float *qkv, void *cache, const int32_t *lan
     }
   }
   /* Query heads sharing a kv head read its keys and values once as one item, up to MAX_SHARED_HEADS
-   * of them, when that still leaves every thread two items or more; else a head per item. A head's
-   * numbers are the same either way. */
+   * of them, and so do lanes of one sequence at consecutive positions, up to MAX_ITEM_LANES of them
+   * (float16 rows, no window), while that leaves every thread two items or more; else a head, and
+   * then fewer lanes, per item. A lane's numbers are the same either way. */
   const int group = H / KvH;
   int shared = group < MAX_SHARED_HEADS ? group : MAX_SHARED_HEADS;
   const int parts = (group + shared - 1) / shared;
   shared = (group + parts - 1) / parts; /* parts of equal width: 4 = 2 + 2, not 3 + 1 */
   int chunks = 1;
   for (int b = 0; b < B; b++) chunks = key_chunks(lanes[B + b], shape->window) > chunks ? key_chunks(lanes[B + b], shape->window) : chunks;
-  if (B * KvH * parts * chunks < 2 * (n_workers + 1)) shared = 1;
+  int *groups = at_least(&attend_groups, (size_t)(B + 1) * sizeof(int));
+  int item_lanes = shape->kv_type == KV_F16 && shape->window == 0 ? MAX_ITEM_LANES : 1;
+  int count = lane_groups(lanes, B, item_lanes, groups);
+  while (count * KvH * ((group + shared - 1) / shared) * chunks < 2 * (n_workers + 1) && (shared > 1 || item_lanes > 1)) {
+    if (shared > 1) shared = 1;
+    else count = lane_groups(lanes, B, item_lanes /= 2, groups);
+  }
   float *partials = at_least(&attend_partials, (size_t)B * H * chunks * (Hd + 2) * sizeof(float));
-  const attend_t a = {queries, cache, tables, shape, lanes, shared, chunks, partials};
-  const job_t j = {run_attend, &a, B * KvH * ((group + shared - 1) / shared) * chunks, 1};
+  const attend_t a = {queries, cache, tables, shape, lanes, groups, shared, chunks, partials};
+  const job_t j = {run_attend, &a, count * KvH * ((group + shared - 1) / shared) * chunks, 1};
   run_job(&j);
   for (int b = 0; b < B; b++)
     for (int h = 0; h < H; h++)

@@ -13,6 +13,7 @@
 #define swiglu_row_generic swiglu_row
 #define halves_from_floats_generic halves_from_floats
 #define attend_item_generic attend_item
+#define attend_lanes_generic attend_lanes
 #define attend_item_q8_generic attend_item_q8
 #define delta_step_generic delta_step
 #endif

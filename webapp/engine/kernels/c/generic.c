@@ -181,6 +181,12 @@ GENERIC void attend_item_generic(const float *q, int heads, const key_runs *runs
   }
 }
 
+/* Each lane alone: the numbers attend_lanes must give. */
+GENERIC void attend_lanes_generic(const float *q, size_t q_lane_stride, int lanes, int heads, const int *n, const key_runs *runs, int Hd, float scale,
+                                  float *part, size_t part_lane_stride, size_t part_stride) {
+  for (int l = 0; l < lanes; l++) attend_item(q + l * q_lane_stride, heads, runs, n[l], Hd, scale, part + l * part_lane_stride, part_stride);
+}
+
 GENERIC void delta_step_generic(float *M, const float *q, const float *k, const float *v, float decay, float beta, float scale, int S, float *o) {
   for (int c = 0; c < S; c++) {
     float *m = M + (size_t)c * S, recalled = 0.0f, read = 0.0f;

@@ -11,10 +11,14 @@
 /* generic.c's definitions: unused where the build's ISA has versions of its own */
 #define GENERIC static __attribute__((unused))
 
-/* how many tokens' activations a row product takes at once */
-enum { MAX_TOKEN_GROUP = 4 };
+/* how many tokens' activations a row product takes at once: eight, so that a verification of up to 8
+ * lanes reads each matrix once (with four, a fifth lane began a second pass: 4 lanes cost 1.5 one-lane
+ * steps on the default model, 5 lanes 1.9) */
+enum { MAX_TOKEN_GROUP = 8 };
 /* attention's items (see attention.c): up to MAX_SHARED_HEADS query heads against KEY_CHUNK keys */
 enum { MAX_SHARED_HEADS = 3, KEY_CHUNK = 256 };
+/* attend_lanes' items: up to MAX_ITEM_LANES lanes of one sequence (a prefill piece's, a verification's) */
+enum { MAX_ITEM_LANES = 8, MAX_LANE_ROWS = MAX_ITEM_LANES * MAX_SHARED_HEADS };
 /* A paged cache's blocks hold MIN_BLOCK_POSITIONS .. KEY_CHUNK positions (a power of two: see
  * tq_attention.block_positions), so an item's keys are at most MAX_KEY_RUNS runs of adjacent rows. */
 enum { MIN_BLOCK_POSITIONS = 16, MAX_KEY_RUNS = KEY_CHUNK / MIN_BLOCK_POSITIONS };
@@ -75,6 +79,12 @@ static void halves_from_floats(const float *x, int n, uint16_t *to);
  * (rows of Hd, in `runs`), scores scaled by `scale`; head h's unnormalized output at part + h *
  * part_stride, then its scores' max and its sum of e^(score - max). */
 static void attend_item(const float *q, int heads, const key_runs *runs, int n, int Hd, float scale, float *part, size_t part_stride);
+/* attend_item for `lanes` lanes of one sequence at consecutive positions over their kv head's keys:
+ * lane l's `heads` query heads at q + l * q_lane_stride (Hd apart), its keys 0 .. n[l] - 1 of `runs`
+ * (n ascending, n[0] > 0), its heads' outputs at part + l * part_lane_stride (part_stride apart), each
+ * bit for bit what attend_item gives the lane alone. lanes * heads <= MAX_LANE_ROWS. */
+static void attend_lanes(const float *q, size_t q_lane_stride, int lanes, int heads, const int *n, const key_runs *runs, int Hd, float scale,
+                         float *part, size_t part_lane_stride, size_t part_stride);
 /* attend_item over Q8_0 cache rows (attention_q8.c): rows of Hd / 32 blocks each, Hd a multiple of 32. */
 static void attend_item_q8(const float *q, int heads, const key_runs *runs, int n, int Hd, float scale, float *part, size_t part_stride);
 /* One token of one value head's delta rule (gated_delta.c): M, S rows of S floats (row c holds the

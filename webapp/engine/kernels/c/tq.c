@@ -60,6 +60,7 @@
 #include "x86_avx2_products.c"
 #include "x86_avx2_float.c"
 #include "x86_avx2_attention.c"
+#include "x86_avx2_attention_lanes.c"
 #include "x86_avx2_attention_q8.c"
 #include "x86_avx2_delta.c"
 #endif

@@ -216,15 +216,21 @@ static inline __attribute__((always_inline)) void tile_q6_k_x8(const uint8_t *g,
     else if (type == Q4_1x8) tile_x8(Q4_1x8, g, xs, N, nb, out, stride);                                                    \
     else tile_x8(Q4_0x8, g, xs, N, nb, out, stride);                                                                        \
   }
-TILE_X8(1) TILE_X8(2) TILE_X8(3) TILE_X8(4)
+TILE_X8(1) TILE_X8(2) TILE_X8(3) TILE_X8(4) TILE_X8(5) TILE_X8(6) TILE_X8(7) TILE_X8(8)
 typedef void (*group_fn)(int, const uint8_t *, const xblock *const *, int, float *, size_t);
 
 static int tile_rows(int type, const uint8_t *w, size_t row_bytes, int nb, const xblock *const *xs, int n, float *out, size_t stride,
                      int first, int last) {
   int r = first;
   if (type > INTERLEAVED) { /* first and last are multiples of 8: chunks are of 16 rows */
-    static const group_fn groups[5] = {0, tile_x8_1, tile_x8_2, tile_x8_3, tile_x8_4};
+    static const group_fn groups[9] = {0, tile_x8_1, tile_x8_2, tile_x8_3, tile_x8_4, tile_x8_5, tile_x8_6, tile_x8_7, tile_x8_8};
     for (; r < last; r += 8) groups[n](type, w + r * row_bytes, xs, nb, out + r, stride);
+  }
+  /* tile32's sums (R x N registers) take four tokens: more go in a second pass over the same rows */
+  if ((type == Q4_0 || type == Q4_1 || type == Q8_0) && n > 4) {
+    const int done = tile_rows(type, w, row_bytes, nb, xs, 4, out, stride, first, last);
+    tile_rows(type, w, row_bytes, nb, xs + 4, n - 4, out + 4 * stride, stride, first, last);
+    return done;
   }
   if (type == Q4_0 || type == Q4_1 || type == Q8_0) {
     static const tile_fn wide[5] = {0, tile32_4x1, tile32_2x2, tile32_2x3, tile32_2x4};
