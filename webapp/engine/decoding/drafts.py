@@ -57,9 +57,9 @@ class StepCosts:
     """A step's cost by its lanes, in one-lane steps: from `seconds`, the served model's verifications
     of 1, 2, .. lanes of one sequence timed at warm-up (past them, the last four lanes' slope), else
     1 + LANE_COST per lane after the first. Measured, a cost is what the kernels make of lanes: on the
-    default model here 2 lanes cost 1.02 and 4 cost 1.5, then a fifth begins another pass over the
-    weights (1.9), which a constant misjudges both ways; a Qwen3.5 lane also runs its own recurrence
-    (~0.4 a lane)."""
+    default model here 2 lanes cost 1.05, 4 cost 1.4 and 8 cost 2.5, then a ninth begins another pass
+    over the weights (3.2), which a constant misjudges both ways; a Qwen3.5 lane also runs its own
+    recurrence (~0.4 a lane)."""
 
     def __init__(self, seconds: list[float] | None = None):
         self.lanes = None
@@ -84,8 +84,8 @@ class StepCosts:
         shrinks as batches grow, so a draft must be likelier to pay (at 8 lanes and LANE_COST a
         drafted token needs p ~0.82 where one lane needs 0.32). `before`: the lanes other sequences
         drafted in this step already, which these come after (two sequences drafting two each make a
-        step of 6 lanes, past the kernels' 4 tokens a pass). `draft_cost`: what making a token costs
-        besides its lane (a draft model's step), in one-lane steps."""
+        step of 6 lanes). `draft_cost`: what making a token costs besides its lane (a draft model's
+        step), in one-lane steps."""
         start = batch + before
         return (self.step(start + k) - self.step(start) + draft_cost * k) * batch / self.step(batch)
 

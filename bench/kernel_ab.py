@@ -1,0 +1,115 @@
+"""Two builds of the C kernels in one process, on one loaded model, alternating: step times and logits.
+
+Usage: DEV=CPU .venv/bin/python bench/kernel_ab.py --before DIR [--model FILE] [--positions 32,700]
+           [--lanes 1,2,4,8,9,32] [--batches 1,4,8,16] [--rounds 7]
+
+DIR is another checkout (`git worktree add DIR COMMIT`); its `webapp/engine/kernels/c/` is built
+beside this checkout's, and each timed step calls `tq_forward` from one library or the other, in
+turns (the weights' layout, `tq_repack`, must be the same in both). On a shared VM whose speed drifts
+by 10-20% between runs, only ratios taken this way, a few milliseconds apart, are worth reading.
+Prints, per position: a verification of n lanes of one sequence (a speculative step; 32 lanes: a
+prefill piece) and a decode step of B sequences each in its own slot, the median of each build's
+times, after/before, and whether both builds gave the same logits bit for bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from webapp.engine.kernels import abi  # noqa: E402
+from webapp.engine.kernels.build import SOURCE, simd_flags  # noqa: E402
+from webapp.engine.model.loader import load_gguf_model  # noqa: E402
+from webapp.engine.model.tinygrad_setup import prepare_tinygrad  # noqa: E402
+from webapp.engine.serving.settings import default_model_path  # noqa: E402
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def forward_of(source: str, threads: int, folder: str):
+    """tq_forward of the kernels built from `source` (a tq.c), with its own thread pool."""
+    library = os.path.join(folder, f"tq-{abs(hash(source))}.so")
+    flags = simd_flags()
+    subprocess.run(["clang", "-O3", "-shared", "-fPIC", "-fno-math-errno", *flags, "-o", library, source, "-lm", "-lpthread"], check=True)
+    lib = ctypes.CDLL(library)
+    lib.tq_start(ctypes.c_long(threads), ctypes.c_long(abi.SPIN_US))
+    forward = lib.tq_forward
+    forward.argtypes, forward.restype = [ctypes.c_void_p] * 5 + [ctypes.POINTER(abi.Step), ctypes.c_void_p], None
+    return forward
+
+
+def timed(run, times: int = 3) -> float:
+    run()  # a width's first call sizes its buffers
+    started = time.perf_counter()
+    for _ in range(times):
+        run()
+    return (time.perf_counter() - started) / times
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--before", required=True, help="another checkout, whose kernels are the 'before'")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--positions", default="32,700")
+    ap.add_argument("--lanes", default="1,2,3,4,5,6,7,8,9,32")
+    ap.add_argument("--batches", default="1,4,8,16")
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args()
+    prepare_tinygrad()
+    positions, lanes, batches = ([int(x) for x in v.split(",")] for v in (args.positions, args.lanes, args.batches))
+    loaded = load_gguf_model(args.model or default_model_path(), max(batches), 4096, 32)
+    loaded.runner.warm_up(lambda _: None)
+    steps = loaded.runner.steps
+    if not hasattr(steps, "kernels"):
+        print("this model's steps do not run on the CPU kernels")
+        return 1
+    kernels, scratch = steps.kernels, steps.model.slots
+    with tempfile.TemporaryDirectory() as folder:
+        builds = {
+            "before": forward_of(os.path.join(args.before, os.path.relpath(SOURCE, HERE)), kernels.threads, folder),
+            "after": forward_of(str(SOURCE), kernels.threads, folder),
+        }
+        runs = {
+            **{("lanes", n): (lambda n=n, pos=0: steps.verify([[0] * n], [scratch], [pos])) for n in lanes},
+            **{("batch", b): (lambda b=b, pos=0: steps.decode([0] * b, list(range(b)), [pos] * b)) for b in batches},
+        }
+        seconds = {(kind, n, pos, build): [] for (kind, n) in runs for pos in positions for build in builds}
+        for round_ in range(args.rounds):
+            for pos in positions:
+                for (kind, n), run in runs.items():
+                    order = list(builds) if round_ % 2 == 0 else list(builds)[::-1]
+                    for build in order:
+                        kernels._forward = builds[build]
+                        seconds[(kind, n, pos, build)].append(timed(lambda run=run, pos=pos: run(pos=pos)))
+        logits = {}
+        for build, forward in builds.items():
+            kernels._forward = forward
+            logits[build] = np.array(steps.verify([[5, 6, 7, 8, 9]], [scratch], [positions[-1]]))
+    same = np.array_equal(logits["before"].view(np.uint32), logits["after"].view(np.uint32))
+    print(
+        f"# {os.path.basename(args.model or default_model_path())}: kernels of {args.before} (before) and this checkout (after), {args.rounds} rounds"
+    )
+    print(f"same logits, bit for bit (5 lanes at position {positions[-1]}): {'yes' if same else 'no'}\n")
+    print("| step | position | before ms | after ms | after / before |")
+    print("|---|---:|---:|---:|---:|")
+    for pos in positions:
+        for kind, n in runs:
+            before, after = (statistics.median(seconds[(kind, n, pos, build)]) for build in ("before", "after"))
+            plural = "s" if n > 1 else ""
+            what = f"{n} lane{plural} of one sequence" if kind == "lanes" else f"decode of {n} sequence{plural}"
+            print(f"| {what} | {pos} | {before * 1e3:.2f} | {after * 1e3:.2f} | {after / before:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
