@@ -18,30 +18,24 @@ import argparse
 import ctypes
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from webapp.engine.kernels import abi  # noqa: E402
-from webapp.engine.kernels.build import SOURCE, simd_flags  # noqa: E402
+from webapp.engine.kernels.build import SOURCES, compile_library, simd_flags  # noqa: E402
 from webapp.engine.model.loader import load_gguf_model  # noqa: E402
 from webapp.engine.model.tinygrad_setup import prepare_tinygrad  # noqa: E402
 from webapp.engine.serving.settings import default_model_path  # noqa: E402
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-def forward_of(source: str, threads: int, folder: str):
-    """tq_forward of the kernels built from `source` (a tq.c), with its own thread pool."""
-    library = os.path.join(folder, f"tq-{abs(hash(source))}.so")
-    flags = simd_flags()
-    subprocess.run(["clang", "-O3", "-shared", "-fPIC", "-fno-math-errno", *flags, "-o", library, source, "-lm", "-lpthread"], check=True)
-    lib = ctypes.CDLL(library)
+def forward_of(sources: Path, threads: int):
+    """tq_forward of the kernels built from the folder `sources`, with its own thread pool."""
+    lib = ctypes.CDLL(str(compile_library(simd_flags(), sources)))
     lib.tq_start(ctypes.c_long(threads), ctypes.c_long(abi.SPIN_US))
     forward = lib.tq_forward
     forward.argtypes, forward.restype = [ctypes.c_void_p] * 5 + [ctypes.POINTER(abi.Step), ctypes.c_void_p], None
@@ -74,27 +68,27 @@ def main() -> int:
         print("this model's steps do not run on the CPU kernels")
         return 1
     kernels, scratch = steps.kernels, steps.model.slots
-    with tempfile.TemporaryDirectory() as folder:
-        builds = {
-            "before": forward_of(os.path.join(args.before, os.path.relpath(SOURCE, HERE)), kernels.threads, folder),
-            "after": forward_of(str(SOURCE), kernels.threads, folder),
-        }
-        runs = {
-            **{("lanes", n): (lambda n=n, pos=0: steps.verify([[0] * n], [scratch], [pos])) for n in lanes},
-            **{("batch", b): (lambda b=b, pos=0: steps.decode([0] * b, list(range(b)), [pos] * b)) for b in batches},
-        }
-        seconds = {(kind, n, pos, build): [] for (kind, n) in runs for pos in positions for build in builds}
-        for round_ in range(args.rounds):
-            for pos in positions:
-                for (kind, n), run in runs.items():
-                    order = list(builds) if round_ % 2 == 0 else list(builds)[::-1]
-                    for build in order:
-                        kernels._forward = builds[build]
-                        seconds[(kind, n, pos, build)].append(timed(lambda run=run, pos=pos: run(pos=pos)))
-        logits = {}
-        for build, forward in builds.items():
-            kernels._forward = forward
-            logits[build] = np.array(steps.verify([[5, 6, 7, 8, 9]], [scratch], [positions[-1]]))
+    here = Path(__file__).resolve().parent.parent
+    builds = {
+        "before": forward_of(Path(args.before) / SOURCES.relative_to(here), kernels.threads),
+        "after": forward_of(SOURCES, kernels.threads),
+    }
+    runs = {
+        **{("lanes", n): (lambda n=n, pos=0: steps.verify([[0] * n], [scratch], [pos])) for n in lanes},
+        **{("batch", b): (lambda b=b, pos=0: steps.decode([0] * b, list(range(b)), [pos] * b)) for b in batches},
+    }
+    seconds = {(kind, n, pos, build): [] for (kind, n) in runs for pos in positions for build in builds}
+    for round_ in range(args.rounds):
+        for pos in positions:
+            for (kind, n), run in runs.items():
+                order = list(builds) if round_ % 2 == 0 else list(builds)[::-1]
+                for build in order:
+                    kernels._forward = builds[build]
+                    seconds[(kind, n, pos, build)].append(timed(lambda run=run, pos=pos: run(pos=pos)))
+    logits = {}
+    for build, forward in builds.items():
+        kernels._forward = forward
+        logits[build] = np.array(steps.verify([[5, 6, 7, 8, 9]], [scratch], [positions[-1]]))
     same = np.array_equal(logits["before"].view(np.uint32), logits["after"].view(np.uint32))
     print(
         f"# {os.path.basename(args.model or default_model_path())}: kernels of {args.before} (before) and this checkout (after), {args.rounds} rounds"

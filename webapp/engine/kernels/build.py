@@ -38,19 +38,23 @@ def _cache_dir() -> Path:
     return Path(root) / "tinyserve"
 
 
-def source_hash() -> bytes:
-    """A hash of every file under SOURCES, names and bytes: a change to any of them is a new build."""
+def source_hash(sources: Path | None = None) -> bytes:
+    """A hash of every file under `sources` (SOURCES), names and bytes: a change to any of them is a
+    new build."""
+    sources = sources or SOURCES
     digest = hashlib.sha256()
-    for path in sorted(p for p in SOURCES.rglob("*") if p.is_file()):
-        name, data = path.relative_to(SOURCES).as_posix().encode(), path.read_bytes()
+    for path in sorted(p for p in sources.rglob("*") if p.is_file()):
+        name, data = path.relative_to(sources).as_posix().encode(), path.read_bytes()
         digest.update(len(name).to_bytes(4, "little") + name + len(data).to_bytes(8, "little") + data)
     return digest.digest()
 
 
-def compile_library(flags: list[str]) -> Path:
-    """Build the kernels (SOURCE and what it includes) into a shared library, once per source and flags."""
+def compile_library(flags: list[str], sources: Path | None = None) -> Path:
+    """Build the kernels (tq.c of `sources`, SOURCES unless another checkout's, and what it includes)
+    into a shared library, once per source and flags."""
+    sources = sources or SOURCES
     command = ["clang", "-O3", "-shared", "-fPIC", "-fno-math-errno", *flags]
-    key = hashlib.sha256(source_hash() + " ".join(command).encode()).hexdigest()[:16]
+    key = hashlib.sha256(source_hash(sources) + " ".join(command).encode()).hexdigest()[:16]
     target = _cache_dir() / f"tq-{key}.so"
     if target.exists():
         return target
@@ -58,7 +62,9 @@ def compile_library(flags: list[str]) -> Path:
     with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
         pass
     try:
-        subprocess.run([*command, "-o", tmp.name, str(SOURCE), "-lm", "-lpthread"], check=True, capture_output=True, text=True)
+        subprocess.run(
+            [*command, "-o", tmp.name, str(sources / SOURCE.name), "-lm", "-lpthread"], check=True, capture_output=True, text=True
+        )
         os.replace(tmp.name, target)  # atomic: a concurrent start-up sees the old file or the whole new one
     finally:
         if os.path.exists(tmp.name):

@@ -104,7 +104,8 @@ static void attend_lanes(const float *q, size_t q_lane_stride, int lanes, int he
   }
   float *k = lane_floats, *v = k + (size_t)n_max * Hd, *scores = v + (size_t)n_max * Hd;
   float_rows_of(runs->keys, runs, n_max, Hd, k);
-  float_rows_of(runs->values, runs, n_max, Hd, v);
+  if (runs->values[0] == runs->keys[0]) v = k; /* latent attention: a key row is its own value row */
+  else float_rows_of(runs->values, runs, n_max, Hd, v);
   const float *row_q[MAX_LANE_ROWS];
   float *row_part[MAX_LANE_ROWS], *row_scores_at[MAX_LANE_ROWS];
   int row_n[MAX_LANE_ROWS];

@@ -226,13 +226,12 @@ static int tile_rows(int type, const uint8_t *w, size_t row_bytes, int nb, const
     static const group_fn groups[9] = {0, tile_x8_1, tile_x8_2, tile_x8_3, tile_x8_4, tile_x8_5, tile_x8_6, tile_x8_7, tile_x8_8};
     for (; r < last; r += 8) groups[n](type, w + r * row_bytes, xs, nb, out + r, stride);
   }
-  /* tile32's sums (R x N registers) take four tokens: more go in a second pass over the same rows */
-  if ((type == Q4_0 || type == Q4_1 || type == Q8_0) && n > 4) {
-    const int done = tile_rows(type, w, row_bytes, nb, xs, 4, out, stride, first, last);
-    tile_rows(type, w, row_bytes, nb, xs + 4, n - 4, out + 4 * stride, stride, first, last);
-    return done;
-  }
   if (type == Q4_0 || type == Q4_1 || type == Q8_0) {
+    if (n > 4) { /* tile32's sums (R x N registers) take four tokens: more go in a second pass over the same rows */
+      const int done = tile_rows(type, w, row_bytes, nb, xs, 4, out, stride, first, last);
+      tile_rows(type, w, row_bytes, nb, xs + 4, n - 4, out + 4 * stride, stride, first, last);
+      return done;
+    }
     static const tile_fn wide[5] = {0, tile32_4x1, tile32_2x2, tile32_2x3, tile32_2x4};
     static const tile_fn narrow[5] = {0, tile32_1x1, tile32_1x2, tile32_1x3, tile32_1x4};
     const int step = n == 1 ? 4 : 2;
