@@ -11,9 +11,10 @@ runs without drafts, with prompt-lookup drafts ("n-gram") and, given `--draft` (
 same vocabulary, LLM_DRAFT_MODEL), with the draft model beside prompt lookup, alternating them
 `--rounds` times in one engine (the settings are read per request at admission). Printed per row:
 decode tok/s of each (median, from the first token on, so the prompt's prefill is left out), the
-ratio to plain decoding, drafted tokens, the share of them confirmed (a seeded row's rate is its
-seeds' tokens over their time, its counts their sums), and whether every run of a seed gave the
-same tokens (they must: speculation changes no output). Then, unless --no-streams, 8 streams at once
+ratio to plain decoding (of the medians, and the median of each round's ratio, whose runs are
+neighbours in time), drafted tokens, the share of them confirmed (a seeded row's rate is its seeds'
+tokens over their time, its counts their sums), and whether every run of a seed gave the same tokens
+(they must: speculation changes no output). Then, unless --no-streams, 8 streams at once
 (two of each kind, temperature 0.7, seeded), on and off alternating: the aggregate tok/s from the
 first token to the last, the issue's "no lower than without" (the ratio of the medians, and the
 median of each round's ratio, whose two runs are neighbours in time: this shared machine's speed
@@ -148,7 +149,9 @@ def main() -> int:
     draft = engine.loaded.runner.draft
     beside = f", draft {draft.name} (a step costs {draft.step_cost:.2f} of the served model's)" if draft else ""
     print(f"# speculation on {os.path.basename(path)}{beside}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs\n")
-    heads = [f"{m} tok/s" for m in modes] + [f"{m} {what}" for m in modes[1:] for what in ("ratio", "drafted", "confirmed")]
+    heads = [f"{m} tok/s" for m in modes] + [
+        f"{m} {what}" for m in modes[1:] for what in ("ratio", "each round's ratio", "drafted", "confirmed")
+    ]
     print("| request | sampling | tokens | " + " | ".join(heads) + " | same output |")
     print("|---" * (4 + len(heads)) + "|")
     for kind in args.kinds.split(","):
@@ -168,7 +171,10 @@ def main() -> int:
             for m in modes[1:]:
                 drafted, confirmed = sum(r.drafted_tokens for r in last[m]), sum(r.accepted_tokens for r in last[m])
                 share = confirmed / drafted if drafted else 0.0
-                cells += [f"{medians[m] / medians['plain']:.2f}x", str(drafted), f"{share:.0%}"]
+                paired = statistics.median(
+                    x / y for x, y in zip(rates[m], rates["plain"], strict=True)
+                )  # a round's runs are neighbours in time
+                cells += [f"{medians[m] / medians['plain']:.2f}x", f"{paired:.2f}x", str(drafted), f"{share:.0%}"]
             same = "yes" if len(outputs) == 1 else "NO"
             label = f"{kind}, again" if args.repeat else kind
             made = sum(len(r.output_ids) for r in last["plain"])
