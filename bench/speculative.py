@@ -171,10 +171,12 @@ def main() -> int:
             for m in modes[1:]:
                 drafted, confirmed = sum(r.drafted_tokens for r in last[m]), sum(r.accepted_tokens for r in last[m])
                 share = confirmed / drafted if drafted else 0.0
-                paired = statistics.median(
-                    x / y for x, y in zip(rates[m], rates["plain"], strict=True)
-                )  # a round's runs are neighbours in time
-                cells += [f"{medians[m] / medians['plain']:.2f}x", f"{paired:.2f}x", str(drafted), f"{share:.0%}"]
+                cells += [
+                    f"{medians[m] / medians['plain']:.2f}x",
+                    f"{each_rounds_ratio(rates[m], rates['plain']):.2f}x",
+                    str(drafted),
+                    f"{share:.0%}",
+                ]
             same = "yes" if len(outputs) == 1 else "NO"
             label = f"{kind}, again" if args.repeat else kind
             made = sum(len(r.output_ids) for r in last["plain"])
@@ -250,7 +252,7 @@ def eight_streams(engine: Engine, tokens: int, rounds: int, constant_costs: bool
         d, b = statistics.median(drafted[mode]), last[mode]
         n, ok = sum(r.drafted_tokens for r in b), sum(r.accepted_tokens for r in b)
         label = "prompt lookup" + ("" if mode[1] else ", constant costs")
-        paired = statistics.median(x / y for x, y in zip(drafted[mode], plain, strict=True))  # a round's runs are neighbours in time
+        paired = each_rounds_ratio(drafted[mode], plain)
         print(
             f"| {label} | {p:.1f} | {d:.1f} | {d / p:.2f}x | {paired:.2f}x | {n} | {ok / n if n else 0:.0%} | {'yes' if same else 'NO'} |"
         )
@@ -302,6 +304,12 @@ def best_speedup(p: float, verify: dict, first: float, step: float) -> tuple[int
         seconds = verify[k + 1] + (first + (k - 1) * step if first else 0.0)
         best = max(best, (k, tokens * verify[1] / seconds), key=lambda b: b[1])
     return best
+
+
+def each_rounds_ratio(rates: list[float], plain: list[float]) -> float:
+    """The median of each round's ratio: a round's two runs are neighbours in time, where the medians
+    of all rounds are taken apart by this machine's drift."""
+    return statistics.median(x / y for x, y in zip(rates, plain, strict=True))
 
 
 def prompts_of(engine) -> list[list[int]]:

@@ -55,10 +55,7 @@ def record(path: str, tokens: int, seeds: int, positions: list[int]) -> dict:
     samplings = [("greedy", dict(temperature=0.0))] + [
         (f"seed {s}", dict(temperature=0.7, top_p=0.95, seed=s)) for s in range(1, seeds + 1)
     ]
-    for kind, text in speculative.KINDS.items():
-        prompt = engine.tokenizer.encode(
-            engine.chat_template.render([{"role": "user", "content": text}], add_generation_prompt=True), special=True
-        )
+    for kind, prompt in zip(speculative.KINDS, speculative.prompts_of(engine), strict=True):
         runs = []
         for name, sampling in samplings:
             _, request = speculative.run(engine, prompt, tokens, "plain", sampling)
@@ -99,9 +96,7 @@ def replay(
     while done < len(wanted):
         limit = min(DRAFTED_LANES - 1, tokens - (1 + done) - 1)
         draft = (best_confirmed(lookup, wanted[done:], limit, paid) if oracle else lookup.propose(limit)) if limit > 0 else []
-        accepted = 0
-        while accepted < len(draft) and accepted < len(wanted) - done and draft[accepted] == wanted[done + accepted]:
-            accepted += 1
+        accepted = confirmed_prefix(draft, wanted[done:])
         made = wanted[done : done + accepted + 1]
         lookup.extend([t for t in made if t != STOPPED])
         if draft:
@@ -116,10 +111,16 @@ def best_confirmed(lookup: drafts.PromptLookup, wanted: list[int], limit: int, c
     """The confirmed part of the longest draft lookup could make, cut where tokens per unit of cost peak."""
     after = drafts.latest_repeat_end(lookup.tokens, lookup.tokens)
     candidate = lookup.tokens[after : after + limit].tolist() if after is not None else []
-    good = 0
-    while good < len(candidate) and good < len(wanted) and candidate[good] == wanted[good]:
-        good += 1
+    good = confirmed_prefix(candidate, wanted)
     return candidate[: max(range(good + 1), key=lambda k: (k + 1) / costs.step(k + 1))]
+
+
+def confirmed_prefix(draft: list[int], wanted: list[int]) -> int:
+    """How many of the draft's tokens the model confirms: those equal to what it went on to make."""
+    good = 0
+    while good < len(draft) and good < len(wanted) and draft[good] == wanted[good]:
+        good += 1
+    return good
 
 
 def main() -> int:
