@@ -16,8 +16,8 @@ from support.tiny_models import (
 )
 
 from webapp.engine.kernels import abi
-from webapp.engine.model.config import ModelLoadError
 from webapp.engine.model.kv_types import KvPool
+from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.loader import load_gguf_model
 from webapp.engine.model.memory import kv_bytes_per_position
 from webapp.engine.model.mla_block import LatentBlock, LatentSharedExpertBlock

@@ -13,7 +13,7 @@ from support.tiny_models import write_tiny_gguf
 from support.tiny_qwen35 import write_tiny_qwen35
 
 from webapp.engine.decoding.drafts import StepCosts
-from webapp.engine.model.config import ModelLoadError
+from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.loader import load_gguf_model
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.serving.engine import Engine

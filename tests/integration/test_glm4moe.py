@@ -22,7 +22,7 @@ from support.tiny_models import (
 
 from webapp.engine.kernels import abi
 from webapp.engine.model.block import TransformerBlock
-from webapp.engine.model.config import ModelLoadError
+from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.shared_expert_block import SharedExpertBlock
 from webapp.engine.model.steps import KernelJitSteps, OneCallSteps
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread

@@ -17,8 +17,9 @@ from tinygrad import Tensor
 
 from webapp.engine.kernels.abi import Attention, KvType
 from webapp.engine.model.kv_types import KV_TYPES, kv_type_named
+from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
-from webapp.engine.model.transformer import ModelLoadError, load_model
+from webapp.engine.model.transformer import load_model
 
 NO_EXTRAS = np.zeros(1, np.float32)
 

@@ -10,7 +10,7 @@ from support import get, tiny_engine_server
 from support.tiny_models import Reference, load_steps, write_tiny_gguf
 from tinygrad import Device
 
-from webapp.engine.model.config import ModelLoadError
+from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.model.transformer import load_model
 from webapp.engine.model.weights import BlockLinear

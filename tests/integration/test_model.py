@@ -10,9 +10,10 @@ from support import ROOT
 from support.tiny_models import Reference, load_steps, write_tiny_gguf
 from tinygrad import Device, dtypes
 
+from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.steps import OneCallSteps
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
-from webapp.engine.model.transformer import ModelLoadError, load_model
+from webapp.engine.model.transformer import load_model
 from webapp.engine.model.weights import BlockLinear
 
 PROMPT = [1, 504, 3458, 282, 4649, 314, 253, 77, 88, 99, 1234, 5]

@@ -11,8 +11,9 @@ import requests
 from support import tiny_engine_server
 from support.tiny_models import Reference, assert_a_lane_does_not_depend_on_the_others, load_steps, write_tiny_gguf
 
-from webapp.engine.model.config import ModelConfig, ModelLoadError, check_tensors
+from webapp.engine.model.config import ModelConfig, check_tensors
 from webapp.engine.model.gguf import read_gguf
+from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.moe_block import MoeBlock
 from webapp.engine.model.steps import KernelJitSteps, OneCallSteps, TinygradJitSteps, steps_for
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread

@@ -16,7 +16,7 @@ from support.tiny_models import (
     write_tiny_gguf,
 )
 
-from webapp.engine.model.config import ModelLoadError
+from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.shared_expert_block import SharedExpertBlock
 from webapp.engine.model.steps import KernelJitSteps, OneCallSteps
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread

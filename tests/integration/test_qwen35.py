@@ -13,13 +13,13 @@ from support.tiny_models import assert_chunked_prefill_matches, load_steps, off_
 from support.tiny_qwen35 import SIZES, Qwen35Reference, write_tiny_qwen35
 
 from webapp.engine.kernels import abi
-from webapp.engine.model.config import ModelLoadError
 from webapp.engine.model.delta_block import (
     GatedAttentionBlock,
     GatedAttentionSharedExpertBlock,
     GatedDeltaBlock,
     GatedDeltaSharedExpertBlock,
 )
+from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.loader import load_gguf_model
 from webapp.engine.model.memory import kv_bytes_per_position, spare_state_bytes, state_bytes
 from webapp.engine.model.recurrent_config import DRAFT_STATE_ROWS, snapshot_rows, spare_state_rows

@@ -11,8 +11,9 @@ from webapp.engine.model import memory
 from webapp.engine.model.config import ModelConfig
 from webapp.engine.model.gguf import read_gguf
 from webapp.engine.model.kv_types import KV_TYPES
+from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
-from webapp.engine.model.transformer import ModelLoadError, load_model
+from webapp.engine.model.transformer import load_model
 
 
 def test_weights_count_the_files_bytes_or_float16_and_the_cache_every_position(tmp_path):

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from support.tiny_models import write_tiny_gguf
 
+from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.rope import RopeUnsupported, attention_factor, inverse_frequencies
-from webapp.engine.model.transformer import ModelLoadError, load_model
+from webapp.engine.model.transformer import load_model
 
 HEAD_DIM = 16
 PLAIN = 1.0 / 10000.0 ** (np.arange(0, HEAD_DIM, 2) / HEAD_DIM)

@@ -21,9 +21,10 @@ from tinygrad import Device, Tensor, UOp
 from webapp.engine.kernels import abi
 from webapp.engine.kernels.abi import MAX_HEAD_DIM, AttendFlag
 from webapp.engine.kernels.layer_tables import LayerMatrices, LayerTensors
-from webapp.engine.model.config import ModelConfig, ModelLoadError
+from webapp.engine.model.config import ModelConfig
 from webapp.engine.model.device_buffers import device_array
 from webapp.engine.model.kv_types import KvPool, KvRows, cache_positions
+from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.ops import rms_norm, rope
 from webapp.engine.model.weights import BlockLinear, WeightSource
 

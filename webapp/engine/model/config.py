@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from webapp.engine.model.ggml_types import GGML_TYPES, UNREADABLE_TYPES
 from webapp.engine.model.latent_config import Latent, latent_rope_rows, latent_sizes, latent_tensor_shapes
+from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.recurrent_config import Recurrent, recurrent_sizes, recurrent_tensor_shapes
 from webapp.engine.model.rope import attention_factor
 
@@ -65,10 +66,6 @@ GEMMA_LAYERS = ("gemma3",)
 LIMITS = {"block_count": 1024, "embedding_length": 1 << 17, "feed_forward_length": 1 << 20, "attention.head_count": 1024}
 LIMITS |= {"expert_count": 512, "expert_used_count": 32, "expert_feed_forward_length": 1 << 20}  # tq.h's MAX_EXPERTS, MAX_EXPERTS_USED
 LIMITS |= {"expert_shared_feed_forward_length": 1 << 20, "expert_shared_count": 64, "nextn_predict_layers": 16}
-
-
-class ModelLoadError(ValueError):
-    """The GGUF file cannot be served: unsupported architecture, missing or malformed key or tensor."""
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from tinygrad import Tensor, dtypes
 from webapp.engine.kernels import abi
 from webapp.engine.kernels.abi import AttendFlag
 from webapp.engine.model.block import TransformerBlock, _float32_buffer, _zero_pages
-from webapp.engine.model.config import ModelLoadError
 from webapp.engine.model.kv_types import KvPool
+from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.moe_block import MoeBlock
 from webapp.engine.model.recurrent_config import spare_state_rows
 from webapp.engine.model.shared_expert_block import SharedExpertBlock

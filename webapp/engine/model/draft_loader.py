@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 import os
 
-from webapp.engine.model.config import ModelLoadError
 from webapp.engine.model.gguf import read_gguf
+from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.steps import OneCallSteps
 from webapp.engine.model.transformer import load_model
 from webapp.engine.serving.draft_model import DraftModel

@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from webapp.engine.model.load_error import ModelLoadError
+
 
 @dataclass(frozen=True)
 class Latent:
@@ -31,7 +33,6 @@ class Latent:
 
 def latent_sizes(kv: dict, arch: str, head_dim: int, n_kv_heads: int, rotary: int, n_heads: int, count) -> Latent:
     """`count(key, default)` reads a whole number key of `arch` as ModelConfig.from_gguf does."""
-    from webapp.engine.model.config import ModelLoadError
 
     kv_lora = count("attention.kv_lora_rank")
     q_lora = count("attention.q_lora_rank", 0, low=0)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 
-from webapp.engine.model.config import ModelLoadError
+from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.tinygrad_setup import free_cached_buffers, prepare_tinygrad, use_tinygrad_from_this_thread
 from webapp.engine.model.tuning_stamp import beam_for, tuning_key
 from webapp.engine.serving.engine import Engine

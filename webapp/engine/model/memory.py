@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from webapp.engine.model.config import ModelConfig, ModelLoadError, used_tensors
+from webapp.engine.model.config import ModelConfig, used_tensors
 from webapp.engine.model.kv_types import KV_TYPES, KvPool, KvRows, cache_positions, ring_positions
+from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.recurrent_config import spare_state_rows
 
 GIB = 1 << 30

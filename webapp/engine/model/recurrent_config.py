@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from webapp.engine.model.load_error import ModelLoadError
+
 # Rows of state kept beside the slots' own for snapshots: a chat's turn takes one where its last user
 # message starts and one where its generation prompt starts (the system prompt's end is mostly held
 # already), and its next turn, an edit or a regeneration comes back to them
@@ -81,7 +83,6 @@ def draft_state_rows(slots: int) -> range:
 
 def recurrent_sizes(kv: dict, arch: str, n_layers: int, count) -> Recurrent:
     """The file's ssm.* keys; `count(key, default, low)` reads a whole number in range (config.py's)."""
-    from webapp.engine.model.config import ModelLoadError  # config imports this module
 
     sizes = {}
     for key in LIMITS:
