@@ -52,7 +52,8 @@ def engine_for(layout: str, path: str, rows: int, speculate: bool = True):
 
 
 def submit(engine, prompt, max_tokens):
-    from webapp.engine.serving.request import Request, SamplingParams
+    from webapp.engine.decoding.sampling_params import SamplingParams
+    from webapp.engine.serving.request import Request
 
     request = Request(list(prompt), SamplingParams(max_tokens=max_tokens, temperature=0.0))
     request.bench_times = []

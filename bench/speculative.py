@@ -56,10 +56,11 @@ from webapp.engine.model.tinygrad_setup import prepare_tinygrad  # noqa: E402
 prepare_tinygrad()
 
 from webapp.engine.decoding.drafts import DRAFT_MAX, RecentOutputs  # noqa: E402
+from webapp.engine.decoding.sampling_params import SamplingParams  # noqa: E402
 from webapp.engine.model.loader import load_gguf_model  # noqa: E402
 from webapp.engine.serving.draft_model import CATCH_UP  # noqa: E402
 from webapp.engine.serving.engine import Engine  # noqa: E402
-from webapp.engine.serving.request import Finished, Request, SamplingParams  # noqa: E402
+from webapp.engine.serving.request import Finished, Request  # noqa: E402
 from webapp.engine.serving.settings import default_model_path  # noqa: E402
 
 # a whole file of ~350 tokens that never changes (a slice of the project's own code drifted with every

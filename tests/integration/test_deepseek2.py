@@ -15,6 +15,7 @@ from support.tiny_models import (
     off_by,
 )
 
+from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.kernels import abi
 from webapp.engine.model.kv_types import KvPool
 from webapp.engine.model.load_error import ModelLoadError
@@ -25,7 +26,7 @@ from webapp.engine.model.steps import KernelJitSteps, OneCallSteps
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.model.transformer import load_model
 from webapp.engine.serving.engine import Engine
-from webapp.engine.serving.request import Request, SamplingParams
+from webapp.engine.serving.request import Request
 
 RNG = np.random.default_rng(5)
 PROMPT = [int(t) for t in RNG.integers(2, 4000, 16)]

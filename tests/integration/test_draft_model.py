@@ -13,11 +13,12 @@ from support.tiny_models import write_tiny_gguf
 from support.tiny_qwen35 import write_tiny_qwen35
 
 from webapp.engine.decoding.drafts import StepCosts
+from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.loader import load_gguf_model
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.serving.engine import Engine
-from webapp.engine.serving.request import Request, SamplingParams
+from webapp.engine.serving.request import Request
 from webapp.engine.serving.settings import engine_settings
 
 

@@ -12,6 +12,7 @@ from support import drain_outputs, tiny_engine_server, wait_until
 from support.tiny_models import assert_chunked_prefill_matches, load_steps, off_by
 from support.tiny_qwen35 import SIZES, Qwen35Reference, write_tiny_qwen35
 
+from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.kernels import abi
 from webapp.engine.model.delta_block import (
     GatedAttentionBlock,
@@ -27,7 +28,7 @@ from webapp.engine.model.steps import OneCallSteps
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.model.transformer import load_model
 from webapp.engine.serving.engine import Engine
-from webapp.engine.serving.request import Request, SamplingParams
+from webapp.engine.serving.request import Request
 
 RNG = np.random.default_rng(7)
 PROMPT = [int(t) for t in RNG.integers(2, 4000, 20)]

@@ -38,11 +38,12 @@ import numpy as np
 
 from webapp.engine.decoding.constraints import GrammarCompiler
 from webapp.engine.decoding.sampling import TokenLogprobs
+from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.serving.engine import Engine
 from webapp.engine.serving.errors import EngineNotReady, QueueFull, completion_room
 from webapp.engine.serving.loaded_model import LoadedModel
 from webapp.engine.serving.metrics import EngineMetrics
-from webapp.engine.serving.request import Finished, FinishReason, Request, SamplingParams, Status
+from webapp.engine.serving.request import Finished, FinishReason, Request, Status
 
 # What the fake "model" reports as every token's logprob (and the prompt's, when scored).
 FAKE_LOGPROB = -0.5

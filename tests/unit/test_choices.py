@@ -10,7 +10,8 @@ import pytest
 from support import drain_outputs, engine_over, wait_until
 from support.fakes import FakeRunner
 
-from webapp.engine.serving.request import Finished, Request, SamplingParams
+from webapp.engine.decoding.sampling_params import SamplingParams
+from webapp.engine.serving.request import Finished, Request
 from webapp.engine.serving.scheduler import COPY_AT_LEAST
 from webapp.openai.choices import ChoiceOutputs, interleave
 

@@ -13,9 +13,10 @@ from support import drain_outputs, engine_over
 from support.fakes import FakeRunner
 
 from webapp.engine.decoding.drafts import PromptLookup, draft_length
+from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.serving import draft_model
 from webapp.engine.serving.draft_model import Drafter, DraftModel
-from webapp.engine.serving.request import Request, SamplingParams
+from webapp.engine.serving.request import Request
 
 VOCAB = 50
 

@@ -11,8 +11,9 @@ from support import engine_over, wait_until
 from support.fakes import FakeChatTemplate, FakeRunner, FakeTokenizer
 
 from webapp import create_app
+from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.serving.engine import Engine
-from webapp.engine.serving.request import Finished, Request, SamplingParams
+from webapp.engine.serving.request import Finished, Request
 
 
 class ThreadKiller(BaseException):

@@ -10,6 +10,7 @@ from support import drain_outputs, engine_over, metric_families, wait_until
 from support.fakes import Clock, FakeRunner
 
 from webapp import create_app
+from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.serving.engine import Engine
 from webapp.engine.serving.errors import QueueFull
 from webapp.engine.serving.loaded_model import LoadedModel
@@ -20,7 +21,7 @@ from webapp.engine.serving.metrics import (
     Histogram,
     percentile,
 )
-from webapp.engine.serving.request import FINISH_REASONS, FinishReason, Request, SamplingParams, Status
+from webapp.engine.serving.request import FINISH_REASONS, FinishReason, Request, Status
 from webapp.engine.serving.timeline import HISTORY_S
 
 STATIC = {"model": "m", "context": 100, "device": "TEST"}

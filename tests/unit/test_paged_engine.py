@@ -8,10 +8,11 @@ import pytest
 from support import drain_outputs, wait_until
 from support.paged_fakes import PagedFakeRunner
 
+from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.model.kv_types import KvPool
 from webapp.engine.serving.engine import Engine
 from webapp.engine.serving.errors import PromptTooLong
-from webapp.engine.serving.request import Request, SamplingParams
+from webapp.engine.serving.request import Request
 from webapp.engine.serving.scheduler import COPY_AT_LEAST
 
 BLOCK = 4

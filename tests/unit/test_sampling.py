@@ -8,7 +8,7 @@ import pytest
 
 from webapp.engine.decoding.constraints import GrammarCompiler, GrammarError, json_schema_grammar, lark_grammar
 from webapp.engine.decoding.sampling import RequestSampler, log_softmax, sample, token_logprobs
-from webapp.engine.serving.request import SamplingParams
+from webapp.engine.decoding.sampling_params import SamplingParams
 
 V = 50
 

@@ -4,10 +4,11 @@ import pytest
 from support import drain_outputs, engine_over, wait_until
 from support.fakes import FakeRunner
 
+from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.serving.engine import QueueFull
 from webapp.engine.serving.errors import PromptTooLong
 from webapp.engine.serving.kv_cache import RingRows, SlotTable
-from webapp.engine.serving.request import Request, SamplingParams, Status
+from webapp.engine.serving.request import Request, Status
 from webapp.engine.serving.scheduler import Scheduler
 
 VOCAB = 50

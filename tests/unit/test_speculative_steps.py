@@ -8,8 +8,9 @@ import pytest
 from support import drain_outputs, engine_over, wait_until
 from support.fakes import FakeRunner
 
+from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.serving import speculation
-from webapp.engine.serving.request import Request, SamplingParams
+from webapp.engine.serving.request import Request
 
 VOCAB = 50
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
 
+from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.serving.errors import PromptTooLong, completion_room
-from webapp.engine.serving.request import Request, SamplingParams
+from webapp.engine.serving.request import Request
 from webapp.http import generation as gen
 from webapp.openai import embeddings as fmt
 from webapp.openai.choices import ChoiceReader, ClientGone

@@ -15,9 +15,10 @@ from dataclasses import dataclass, replace
 from flask import Response, after_this_request, current_app, request
 
 from webapp.engine.decoding.constraints import GrammarError
+from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.serving.errors import RETRY_AFTER_S, PromptTooLong, completion_room
 from webapp.engine.serving.model_set import ModelNotFound, ModelsBusy, ModelSet
-from webapp.engine.serving.request import Request, SamplingParams
+from webapp.engine.serving.request import Request
 from webapp.openai import requests as fmt
 from webapp.openai import responses, structured
 from webapp.openai.choices import Answer, ChoiceOutputs, ChoiceReader, ClientGone

@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from webapp.engine.serving.request import SamplingParams
+from webapp.engine.decoding.sampling_params import SamplingParams
 
 
 class TokenLogprobs(NamedTuple):

@@ -17,6 +17,8 @@ import queue
 import time
 from dataclasses import dataclass, field
 
+from webapp.engine.decoding.sampling_params import SamplingParams
+
 _ids = itertools.count(1)
 
 
@@ -37,27 +39,6 @@ FINISH_REASONS = (
     FinishReason.SHUTDOWN,
     FinishReason.ERROR,
 )
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = no top-k cut
-    seed: int | None = None
-    # Tokens that end the request without being output (the tokenizer's end-of-turn ids; none when
-    # the client asked for ignore_eos). The engine never puts one on `outputs`.
-    stop_token_ids: frozenset[int] = frozenset()
-    # what each one does, and in which order: webapp/engine/decoding/sampling.py
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    logprobs: bool = False  # record each output token's logprob in Request.logprobs
-    top_logprobs: int = 0
-    prompt_logprobs: int | None = None  # score the prompt (Request.prompt_logprobs), with this many alternatives
 
 
 class Status(enum.Enum):
