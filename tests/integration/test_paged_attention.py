@@ -14,9 +14,9 @@ from support.kv_quants import q8_rows
 from support.tiny_models import write_tiny_gguf
 from tinygrad import Tensor
 
+from webapp.engine.device.buffers import device_array, host_values
 from webapp.engine.kernels.abi import KEY_CHUNK, Attention, KvType
 from webapp.engine.kernels.cpu import QuantizedCPU
-from webapp.engine.model.device_buffers import device_array, host_values
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.model.transformer import load_model
 
@@ -183,13 +183,17 @@ def test_quantized_cpus_attend_on_a_paged_cache_gives_the_unpaged_bits():
     inv_freq, extras = device_array(_inverse_frequencies(head_dim)), device_array(np.zeros(1, np.float32))
     cache_tensor, pool_tensor = device_array(cache), device_array(pool)
     args = (HEADS, 0, 0.0, head_dim**-0.5)
-    unpaged = kernels.attend(qkv, cache_tensor, lanes, inv_freq, extras, *args).numpy()
-    paged = kernels.attend(qkv, pool_tensor, lanes, inv_freq, extras, *args, tables=device_array(tables), block_positions=block_positions)
+    with pytest.raises(ValueError, match="does not hold F16 rows"):  # told the rows' type, never guessing it from bytes
+        kernels.attend(qkv, cache_tensor, lanes, inv_freq, extras, *args)
+    unpaged = kernels.attend(qkv, cache_tensor, lanes, inv_freq, extras, *args, kv_type=KvType.Q8_0).numpy()
+    paged = kernels.attend(
+        qkv, pool_tensor, lanes, inv_freq, extras, *args, tables=device_array(tables), block_positions=block_positions, kv_type=KvType.Q8_0
+    )
     assert np.array_equal(paged.numpy().view(np.uint32), unpaged.view(np.uint32))
     written = _unpaged_view(host_values(pool_tensor, np.uint8).reshape(pool.shape), tables)
     assert np.array_equal(written, host_values(cache_tensor, np.uint8).reshape(cache.shape))
     with pytest.raises(ValueError, match="a block holds a power of two"):
-        kernels.attend(qkv, pool_tensor, lanes, inv_freq, extras, *args, tables=tables, block_positions=24)
+        kernels.attend(qkv, pool_tensor, lanes, inv_freq, extras, *args, tables=tables, block_positions=24, kv_type=KvType.Q8_0)
 
 
 def test_a_whole_step_on_block_tables_gives_the_unpaged_steps_logits(tmp_path):

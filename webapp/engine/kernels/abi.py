@@ -112,6 +112,9 @@ class KvType(enum.IntEnum):
     Q8_0 = 1
 
 
+Q8_BLOCK, Q8_BLOCK_BYTES = 32, 34  # a Q8_0 row's values, and bytes (a float16 scale, 32 int8), per block
+
+
 class LaneRows(enum.IntEnum):
     """Where a step's lanes keep a recurrent layer's state (tq_recurrent.lane_rows): each in its slot's
     row; in a row given per lane, the first of a sequence taking its slot's state (drafted tokens

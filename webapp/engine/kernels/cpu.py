@@ -33,13 +33,12 @@ import numpy as np
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.uop.ops import KernelInfo, Ops, ProgramInfo, UOp
 
+from webapp.engine.device.buffers import device_array, host_address
 from webapp.engine.kernels import abi
 from webapp.engine.kernels.abi import MAX_PARTS, STACK_HEADER_BYTES, STACKED
 from webapp.engine.kernels.block_weight import BLOCK_FORMATS, BlockWeight
 from webapp.engine.kernels.build import SOURCE, compile_library, simd_flags
-from webapp.engine.kernels.layer_tables import LayerTensors, WholeModel
-from webapp.engine.model.device_buffers import device_array, host_address
-from webapp.engine.model.kv_types import cache_layout
+from webapp.engine.kernels.layer_tables import LayerTensors, WholeModel, cache_layout
 
 log = logging.getLogger(__name__)
 
@@ -233,12 +232,13 @@ class QuantizedCPU:
         tables: Tensor | np.ndarray | None = None,
         block_positions: int = 0,
         positions: int | None = None,
+        kv_type: abi.KvType = abi.KvType.F16,
     ) -> Tensor:
         """A layer's attention for B lanes (a decode step's sequences, or a prefill piece's tokens) from
         its qkv rows (B, (heads + 2 kv_heads) Hd): adds the bias and applies the q/k norms (as `flags`
         and `extras` say), rotates q and k by RoPE at each lane's position (inverse frequencies
         `inv_freq`), writes each lane's key and value into the KV cache (2, slots, kv_heads,
-        positions, a row: float16 or Q8_0, kv_types.py), then attends over it. lanes (2B,) int32 = each lane's slot, then its position
+        positions, a row of `kv_type`: float16 or Q8_0), then attends over it. lanes (2B,) int32 = each lane's slot, then its position
         (it attends positions 0..pos, or its last `window` of them; position p is row p % positions);
         `scale` multiplies q . k; RoPE turns each head's first `rotary` values (0: all of them), its
         cos and sin times `rope_scale`. -> (B, heads * Hd) float32.
@@ -248,7 +248,7 @@ class QuantizedCPU:
         sequence's positions in order (tq.h's tq_attention); `positions`, the most a sequence
         reaches, defaults to table_width * block_positions. A tensor is read in place (rewrite it
         between calls), an array copied in at the call."""
-        slots, kv_heads, cache_positions, head_dim, kv_type = cache_layout(cache)
+        slots, kv_heads, cache_positions, head_dim = cache_layout(cache, kv_type)
         B = qkv.shape[0]
         out = Tensor.empty(B, heads * head_dim, dtype=dtypes.float32)
         attention = abi.Attention(
@@ -368,10 +368,22 @@ class QuantizedCPU:
 
 def _layer_attention(layer: LayerTensors, lanes: int, eps: float) -> abi.Attention:
     """The attention shape of a layer's kernel (tq_layer), or of every layer of a whole step (tq_forward)."""
-    slots, kv_heads, positions, head_dim, kv_type = cache_layout(layer.cache)
+    slots, kv_heads, positions, head_dim = cache_layout(layer.cache, layer.kv_type)
     flags, scale = layer.flags, layer.score_scale
     return abi.Attention(
-        lanes, layer.heads, kv_heads, slots, positions, head_dim, flags, eps, scale, layer.rotary, layer.rope_scale, kv_type, layer.window
+        lanes,
+        layer.heads,
+        kv_heads,
+        slots,
+        positions,
+        head_dim,
+        flags,
+        eps,
+        scale,
+        layer.rotary,
+        layer.rope_scale,
+        layer.kv_type,
+        layer.window,
     )
 
 

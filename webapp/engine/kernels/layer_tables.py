@@ -11,10 +11,21 @@ import ctypes
 from dataclasses import dataclass, field
 
 import numpy as np
-from tinygrad import Tensor
+from tinygrad import Tensor, dtypes
 
 from webapp.engine.kernels import abi
 from webapp.engine.kernels.block_weight import BlockWeight
+
+
+def cache_layout(cache: Tensor, kv_type: abi.KvType) -> tuple[int, int, int, int]:
+    """A cache tensor's slots, kv heads, positions and head size, as the kernels take them, its rows of
+    `kv_type`; ValueError where the tensor cannot hold such rows (the kernels trust every size)."""
+    _, slots, kv_heads, positions, width = cache.shape
+    if kv_type == abi.KvType.Q8_0 and cache.dtype == dtypes.uint8 and width % abi.Q8_BLOCK_BYTES == 0:
+        return slots, kv_heads, positions, width // abi.Q8_BLOCK_BYTES * abi.Q8_BLOCK
+    if kv_type == abi.KvType.F16 and cache.dtype == dtypes.float16:
+        return slots, kv_heads, positions, width
+    raise ValueError(f"a {cache.dtype} cache of rows {width} wide does not hold {kv_type.name} rows")
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,7 @@ class LayerTensors:
     selection_bias: Tensor | None = None  # the experts' selection bias (float32, count), with ExpertsFlag.SELECTION_BIAS
     latent: abi.Latent = field(default_factory=abi.Latent)  # LayerForm.LATENT's sizes
     recurrent: abi.Recurrent = field(default_factory=abi.Recurrent)  # LayerForm.RECURRENT's sizes
+    kv_type: abi.KvType = abi.KvType.F16  # how `cache`'s rows hold their values
 
     @property
     def info(self) -> list[int]:

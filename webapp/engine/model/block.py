@@ -18,11 +18,11 @@ from __future__ import annotations
 import numpy as np
 from tinygrad import Device, Tensor, UOp
 
+from webapp.engine.device.buffers import device_array
 from webapp.engine.kernels import abi
 from webapp.engine.kernels.abi import MAX_HEAD_DIM, AttendFlag
 from webapp.engine.kernels.layer_tables import LayerMatrices, LayerTensors
 from webapp.engine.model.config import ModelConfig
-from webapp.engine.model.device_buffers import device_array
 from webapp.engine.model.kv_types import KvPool, KvRows, cache_positions
 from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.ops import rms_norm, rope
@@ -134,6 +134,7 @@ class TransformerBlock:
                 config.rope_attention_factor,
                 *self._kernel_experts(),
                 window=self.window,
+                kv_type=self.kv_type.abi,
                 **self._kernel_form(),
             )
         # views into the file's memory map: kept, they would keep every page of it read at load resident
@@ -293,7 +294,9 @@ class TransformerBlock:
             return self.kernels.layer(x, self.layer_tensors, lanes, inv_freq, c.norm_eps)
         attention = (self.cache, lanes, inv_freq, self.attend_extras, c.n_heads, self.attend_flags)
         qkv = _after_norm(self.qkv, x, w["attn_norm.weight"], c.norm_eps)
-        attn = self.kernels.attend(qkv, *attention, c.norm_eps, c.score_scale, c.rotary_dim, c.rope_attention_factor, self.window)
+        attn = self.kernels.attend(
+            qkv, *attention, c.norm_eps, c.score_scale, c.rotary_dim, c.rope_attention_factor, self.window, kv_type=self.kv_type.abi
+        )
         return self._feed_forward_on_kernels(self._attention_plus(attn, x))
 
     def _attention_plus(self, attn: Tensor, x: Tensor) -> Tensor:

@@ -15,9 +15,9 @@ from __future__ import annotations
 import numpy as np
 from tinygrad import Tensor
 
+from webapp.engine.device.buffers import device_array
 from webapp.engine.kernels import abi
 from webapp.engine.model.block import TransformerBlock, _after_norm
-from webapp.engine.model.device_buffers import device_array
 from webapp.engine.model.ops import rms_norm
 from webapp.engine.model.weights import WeightSource
 

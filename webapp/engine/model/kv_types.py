@@ -5,8 +5,8 @@ otherwise). A cache is (2, slots, kv_heads, positions, `row_width(head_dim)`) of
 being one position's key or value for one kv head; `row_bytes(head_dim)` is its size, what memory
 planning counts. On tinygrad's path `store(x)` turns float keys or values (..., head_dim) into rows
 and `load(rows)` reads them back as float32 (..., head_dim); the CPU kernels write and read the same
-rows themselves (c/attention.c, c/attention_q8.c), told which by `abi` (tq_attention.kv_type), and
-`cache_layout(cache)` recovers what they need from a cache tensor. `ring_positions(window,
+rows themselves (c/attention.c, c/attention_q8.c), told which by `abi` (tq_attention.kv_type: the
+blocks hand it to the kernels beside the cache). `ring_positions(window,
 step_writes)` sizes a sliding-window layer's ring, `cache_positions` says whether a layer has one.
 
 Q8_0 rows: head_dim / 32 blocks of a float16 scale d and 32 int8 q (value d * q; d = max |x| / 127,
@@ -20,9 +20,7 @@ from dataclasses import dataclass
 
 from tinygrad import Tensor, dtypes
 
-from webapp.engine.kernels.abi import KEY_CHUNK, KvType
-
-Q8_BLOCK, Q8_BLOCK_BYTES = 32, 34  # values, and bytes (a float16 scale, 32 int8), per block
+from webapp.engine.kernels.abi import KEY_CHUNK, Q8_BLOCK, Q8_BLOCK_BYTES, KvType
 
 
 class KvRows:
@@ -110,14 +108,6 @@ def cache_positions(window: int, context: int, step_writes: int | None) -> int:
     if not window or step_writes is None:
         return context
     return min(context, ring_positions(window, step_writes))
-
-
-def cache_layout(cache: Tensor) -> tuple[int, int, int, int, KvType]:
-    """A cache tensor's slots, kv heads, positions, head size and rows' type, as the kernels take them."""
-    _, slots, kv_heads, positions, width = cache.shape
-    if cache.dtype == dtypes.uint8:
-        return slots, kv_heads, positions, width // Q8_BLOCK_BYTES * Q8_BLOCK, KvType.Q8_0
-    return slots, kv_heads, positions, width, KvType.F16
 
 
 # A paged cache's positions a block: vLLM's default. Sixteen users of one long system prompt hold it

@@ -147,7 +147,7 @@ class LatentBlock(TransformerBlock):
         queries = q_pe.cat(absorbed, dim=-1)  # (B, H, R+L), rotated by the kernel
         rows = queries.cat(k_pe.cat(latent, dim=-1).unsqueeze(1), dim=1).reshape(B, -1).float().contiguous()
         attention = (self.cache, lanes, inv_freq, self.attend_extras, c.n_heads, self.attend_flags)
-        attn = self.kernels.attend(rows, *attention, c.norm_eps, c.score_scale, m.rope, 1.0)
+        attn = self.kernels.attend(rows, *attention, c.norm_eps, c.score_scale, m.rope, 1.0, kv_type=self.kv_type.abi)
         attended = attn.reshape(B, c.n_heads, m.rope + m.kv_lora)[..., m.rope :]
         if self.head_blocks is not None:
             v_b = self.head_blocks[1]

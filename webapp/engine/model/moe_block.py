@@ -20,9 +20,9 @@ from __future__ import annotations
 import numpy as np
 from tinygrad import Tensor, dtypes
 
+from webapp.engine.device.buffers import device_array, host_values
 from webapp.engine.kernels import abi
 from webapp.engine.model.block import TransformerBlock
-from webapp.engine.model.device_buffers import device_array, host_values
 from webapp.engine.model.ops import rms_norm
 from webapp.engine.model.weights import BlockLinear, WeightSource
 

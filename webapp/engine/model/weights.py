@@ -24,9 +24,9 @@ import numpy as np
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.llm.gguf import ggml_data_to_tensor
 
+from webapp.engine.device.buffers import device_array
 from webapp.engine.kernels.block_weight import BlockWeight, stored_form
 from webapp.engine.kernels.cpu import QuantizedCPU
-from webapp.engine.model.device_buffers import device_array
 from webapp.engine.model.gguf import RawTensor
 
 log = logging.getLogger(__name__)

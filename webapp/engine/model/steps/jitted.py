@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from webapp.engine.model.device_buffers import StepBuffers
+from webapp.engine.device.buffers import StepBuffers
 from webapp.engine.model.steps.base import Steps
 
 # Prompt tokens per compiled prefill call: the bulk of a chunk in 32-token pieces, its remainder in

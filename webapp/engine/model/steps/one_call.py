@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from webapp.engine.device.buffers import host_view
 from webapp.engine.kernels.block_weight import BlockWeight
-from webapp.engine.model.device_buffers import host_view
 from webapp.engine.model.recurrent_config import draft_state_rows
 from webapp.engine.model.steps.base import Chunk, Steps, prompt_lanes
 

@@ -3,8 +3,10 @@
 `device_array(array)` makes a realized tensor holding a NumPy array (weights, norms, the kernels'
 shape arrays); `StepBuffers` holds the tensors a jitted step reads its per-call values from (token
 ids, lanes), rewrites them in place, and reads a step's output back. Realizing `Tensor(array)`
-instead schedules and lowers a copy per tensor: most of loading's time, and 3.4 ms of every decode
-step; `Tensor.numpy()` on the output scheduled another, 1.5 ms of a 15 ms step.
+instead schedules and lowers a copy per tensor, which was most of loading's time and a large part
+of every decode step's host time; `Tensor.numpy()` on the output scheduled another. This is the
+device seam's lowest layer: the only place that reaches into a tinygrad buffer's memory, and the one
+that knows which devices share memory with the host.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class StepBuffers:
     and the reading of a step's output.
 
     Fresh input tensors built from Python lists went through tinygrad's scheduler on every call:
-    3.4 ms of the model thread per decode step, before the step could start."""
+    model-thread time on every decode step, before the step could start."""
 
     def __init__(self):
         self._tensors: dict[tuple, Tensor] = {}
@@ -95,7 +97,7 @@ class StepBuffers:
         view = self._host_views.get(key)
         if view is not None:
             # every step that reads these inputs ends by waiting for its logits, so none still runs:
-            # the copy-in's device wait and tinygrad's bookkeeping took ~0.25 ms per input here
+            # the copy-in's device wait and tinygrad's bookkeeping cost more than the step's own inputs
             view[:] = array.reshape(-1)
             return tensor
         buffer = tensor.uop.base.realized
@@ -105,7 +107,7 @@ class StepBuffers:
     def read(self, output: Tensor, rows: int) -> np.ndarray:
         """A copy of the first `rows` rows of a jitted step's output. On the CPU device, once the
         device is idle, straight from the output's memory: a jit replays into the same buffer every
-        call, and `Tensor.numpy()` scheduled a copy each time (1.5 ms of a 15 ms decode step here)."""
+        call, and `Tensor.numpy()` scheduled a copy each time (a large share of a decode step's host time)."""
         buffer = _whole_buffer(output) if Device.DEFAULT == "CPU" else None
         if buffer is None:
             return output.numpy()[:rows]
