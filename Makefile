@@ -69,7 +69,7 @@ format: install
 
 # Once per machine and configuration (same LLM_* settings as serve): BEAM-search the server's kernels.
 tune: install
-	$(VENV)/bin/python -m webapp.engine.model.tuning
+	$(VENV)/bin/python -m webapp.engine.serving.tuning
 
 bench: install
 	$(VENV)/bin/python bench/throughput.py

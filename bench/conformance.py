@@ -166,7 +166,7 @@ def greedy_lanes(steps, prompts: list[list[int]], theirs: list[list[int]]) -> li
 
 def measure_ours(path: str, prompts: list[list[int]], theirs: list[list[int]]) -> dict:
     """Run in a fresh process: our model on `path` against llama.cpp's tokens `theirs`."""
-    from webapp.engine.model.loader import load_gguf_model
+    from webapp.engine.serving.loader import load_gguf_model
 
     started = time.monotonic()
     loaded = load_gguf_model(path, SLOTS, CONTEXT, CHUNK)

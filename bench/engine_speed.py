@@ -38,10 +38,10 @@ prepare_tinygrad()  # before the model module imports tinygrad, which reads HCQ2
 
 from webapp.engine.decoding.sampling import RequestSampler  # noqa: E402
 from webapp.engine.decoding.sampling_params import SamplingParams  # noqa: E402
-from webapp.engine.model.loader import load_gguf_model  # noqa: E402
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread  # noqa: E402
 from webapp.engine.serving import engine as engine_module  # noqa: E402
 from webapp.engine.serving.engine import Engine  # noqa: E402
+from webapp.engine.serving.loader import load_gguf_model  # noqa: E402
 from webapp.engine.serving.request import Finished, Request  # noqa: E402
 from webapp.engine.serving.settings import default_model_path  # noqa: E402
 

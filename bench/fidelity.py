@@ -39,7 +39,7 @@ from webapp.engine.model.tinygrad_setup import prepare_tinygrad  # noqa: E402
 
 prepare_tinygrad()  # before anything imports tinygrad, which reads HCQ2 then
 
-from webapp.engine.model.loader import load_gguf_model  # noqa: E402
+from webapp.engine.serving.loader import load_gguf_model  # noqa: E402
 from webapp.engine.serving.settings import default_model_path  # noqa: E402
 
 SLOTS, CONTEXT, CHUNK = 8, 4096, 32  # the server's defaults (engine_settings)

@@ -82,7 +82,7 @@ class RecordedSteps:
 
 
 def our_logits(path: str, prompts, continuations) -> list[np.ndarray]:
-    from webapp.engine.model.loader import load_gguf_model
+    from webapp.engine.serving.loader import load_gguf_model
 
     loaded = load_gguf_model(path, SLOTS, CONTEXT, CHUNK)
     recorder = RecordedSteps(loaded.runner.steps)

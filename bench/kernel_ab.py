@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from webapp.engine.kernels import abi  # noqa: E402
 from webapp.engine.kernels.build import SOURCES, compile_library, simd_flags  # noqa: E402
-from webapp.engine.model.loader import load_gguf_model  # noqa: E402
 from webapp.engine.model.tinygrad_setup import prepare_tinygrad  # noqa: E402
+from webapp.engine.serving.loader import load_gguf_model  # noqa: E402
 from webapp.engine.serving.settings import default_model_path  # noqa: E402
 
 

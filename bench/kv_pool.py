@@ -40,8 +40,8 @@ CONFIGS = ("slots", "paged")
 
 
 def engine_for(layout: str, path: str, rows: int, speculate: bool = True):
-    from webapp.engine.model.loader import load_gguf_model
     from webapp.engine.serving.engine import Engine
+    from webapp.engine.serving.loader import load_gguf_model
 
     paging = (rows, ("positions", POSITIONS)) if layout == "paged" else None
     engine = Engine(lambda: load_gguf_model(path, 8, 4096, 32, paging=paging), slots=8, prefill_chunk=32, speculate=speculate).start()

@@ -21,7 +21,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from webapp.engine.decoding.sampling_params import SamplingParams  # noqa: E402
-from webapp.engine.model.loader import build_engine  # noqa: E402
+from webapp.engine.serving.loader import build_engine  # noqa: E402
 from webapp.engine.serving.request import Finished, Request  # noqa: E402
 from webapp.engine.serving.settings import default_model_path  # noqa: E402
 

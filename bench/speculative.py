@@ -57,9 +57,9 @@ prepare_tinygrad()
 
 from webapp.engine.decoding.drafts import DRAFT_MAX, RecentOutputs  # noqa: E402
 from webapp.engine.decoding.sampling_params import SamplingParams  # noqa: E402
-from webapp.engine.model.loader import load_gguf_model  # noqa: E402
 from webapp.engine.serving.draft_model import CATCH_UP  # noqa: E402
 from webapp.engine.serving.engine import Engine  # noqa: E402
+from webapp.engine.serving.loader import load_gguf_model  # noqa: E402
 from webapp.engine.serving.request import Finished, Request  # noqa: E402
 from webapp.engine.serving.settings import default_model_path  # noqa: E402
 

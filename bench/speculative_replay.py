@@ -37,8 +37,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import speculative  # noqa: E402  (prepares tinygrad before the engine's imports)
 
 from webapp.engine.decoding import drafts  # noqa: E402
-from webapp.engine.model.loader import load_gguf_model  # noqa: E402
 from webapp.engine.serving.engine import Engine  # noqa: E402
+from webapp.engine.serving.loader import load_gguf_model  # noqa: E402
 from webapp.engine.serving.settings import default_model_path  # noqa: E402
 from webapp.engine.serving.speculation import DRAFTED_LANES  # noqa: E402
 

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bench.workload import QUESTIONS, pct  # noqa: E402
 from webapp.engine.decoding.sampling_params import SamplingParams  # noqa: E402
-from webapp.engine.model.loader import build_engine  # noqa: E402
+from webapp.engine.serving.loader import build_engine  # noqa: E402
 from webapp.engine.serving.request import Finished, Request  # noqa: E402
 
 

@@ -3,7 +3,7 @@
 `create_app(config=None, engine=None)` builds the app: defaults, then `LLM_*` environment variables
 (`app.config.from_prefixed_env("LLM")`, values parsed as JSON so `LLM_SLOTS=4` is an int), then
 `config`. The engine lives in `app.extensions["engine"]`; when none is passed, the real one is
-built by `webapp.engine.model.loader.build_engine(app.config)`, imported only then so that tests with a
+built by `webapp.engine.serving.loader.build_engine(app.config)`, imported only then so that tests with a
 fake engine never load the model code. The engine's settings and their defaults are
 `webapp.engine.serving.settings.ENGINE_DEFAULTS`; the web layer's own are below.
 
@@ -65,7 +65,7 @@ def create_app(config: dict | None = None, engine=None) -> Flask:
     app.json.sort_keys = False  # keep OpenAI's field order; it reads better in logs and curl
 
     if engine is None:
-        from webapp.engine.model.loader import build_engine
+        from webapp.engine.serving.loader import build_engine
 
         engine = build_engine(app.config).start()  # loads and warms up on the model thread
     app.extensions["engine"] = engine

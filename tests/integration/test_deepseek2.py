@@ -19,13 +19,13 @@ from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.kernels import abi
 from webapp.engine.model.kv_types import KvPool
 from webapp.engine.model.load_error import ModelLoadError
-from webapp.engine.model.loader import load_gguf_model
 from webapp.engine.model.memory import kv_bytes_per_position
 from webapp.engine.model.mla_block import LatentBlock, LatentSharedExpertBlock
 from webapp.engine.model.steps import KernelJitSteps, OneCallSteps
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.model.transformer import load_model
 from webapp.engine.serving.engine import Engine
+from webapp.engine.serving.loader import load_gguf_model
 from webapp.engine.serving.request import Request
 
 RNG = np.random.default_rng(5)

@@ -15,9 +15,9 @@ from support.tiny_qwen35 import write_tiny_qwen35
 from webapp.engine.decoding.drafts import StepCosts
 from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.model.load_error import ModelLoadError
-from webapp.engine.model.loader import load_gguf_model
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.serving.engine import Engine
+from webapp.engine.serving.loader import load_gguf_model
 from webapp.engine.serving.request import Request
 from webapp.engine.serving.settings import engine_settings
 
@@ -103,8 +103,8 @@ def test_a_draft_is_refused_where_drafts_cannot_be_verified_or_run_in_one_call(t
 
 
 def test_the_setting_names_a_file_and_is_ignored_without_speculation(target, tmp_path):
-    assert engine_settings({"MODEL": target, "DRAFT_MODEL": target})["draft"] == target
-    assert engine_settings({"MODEL": target, "DRAFT_MODEL": target, "SPECULATIVE": "false"})["draft"] is None
+    assert engine_settings({"MODEL": target, "DRAFT_MODEL": target}).draft == target
+    assert engine_settings({"MODEL": target, "DRAFT_MODEL": target, "SPECULATIVE": "false"}).draft is None
     with pytest.raises(FileNotFoundError, match="LLM_DRAFT_MODEL="):
         engine_settings({"MODEL": target, "DRAFT_MODEL": str(tmp_path / "missing.gguf")})
 

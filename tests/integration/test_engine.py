@@ -7,9 +7,9 @@ from support import before_each_decode, drain_outputs, wait_until
 from support.tiny_models import write_tiny_gguf
 
 from webapp.engine.decoding.sampling_params import SamplingParams
-from webapp.engine.model.loader import load_gguf_model
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.serving.engine import Engine, QueueFull
+from webapp.engine.serving.loader import load_gguf_model
 from webapp.engine.serving.request import Request
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)

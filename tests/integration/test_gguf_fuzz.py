@@ -13,8 +13,8 @@ import numpy as np
 from support.tiny_models import smollm_tokenizer_fields
 
 from webapp.engine.model.load_error import ModelLoadError
-from webapp.engine.model.loader import load_gguf_model
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
+from webapp.engine.serving.loader import load_gguf_model
 
 CASES = 2000
 VOCAB = 512

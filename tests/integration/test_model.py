@@ -287,8 +287,8 @@ def test_the_start_up_log_says_how_steps_run_and_whether_make_tune_can_change_th
     kernels are offered `make tune`."""
     import logging
 
-    from webapp.engine.model.loader import load_gguf_model
     from webapp.engine.model.steps import KernelJitSteps, TinygradJitSteps
+    from webapp.engine.serving.loader import load_gguf_model
 
     use_tinygrad_from_this_thread()
     blocks = write_tiny_gguf(str(tmp_path / "q.gguf"), "qwen2", matrix_type="Q8_0")

@@ -13,9 +13,9 @@ from support.tiny_models import default_model_path
 
 from webapp import create_app
 from webapp.engine.decoding.sampling_params import SamplingParams
-from webapp.engine.model.loader import load_gguf_model
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.serving.engine import Engine
+from webapp.engine.serving.loader import load_gguf_model
 from webapp.engine.serving.request import Request
 
 pytestmark = pytest.mark.skipif(default_model_path() is None, reason="the default model's wheel is not installed")

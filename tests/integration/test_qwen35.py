@@ -21,13 +21,13 @@ from webapp.engine.model.delta_block import (
     GatedDeltaSharedExpertBlock,
 )
 from webapp.engine.model.load_error import ModelLoadError
-from webapp.engine.model.loader import load_gguf_model
 from webapp.engine.model.memory import kv_bytes_per_position, spare_state_bytes, state_bytes
 from webapp.engine.model.recurrent_config import DRAFT_STATE_ROWS, snapshot_rows, spare_state_rows
 from webapp.engine.model.steps import OneCallSteps
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.model.transformer import load_model
 from webapp.engine.serving.engine import Engine
+from webapp.engine.serving.loader import load_gguf_model
 from webapp.engine.serving.request import Request
 
 RNG = np.random.default_rng(7)

@@ -26,9 +26,9 @@ SLOTS, CHUNK = 2, 8
 def _engine_factory(gates: dict[str, threading.Event]):
     """The loader's own engines (loader.build_engine's, on the real GGUF loader), each load held
     until its model's gate opens; `opened` records every path an engine was made for."""
-    from webapp.engine.model.loader import load_gguf_model
     from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
     from webapp.engine.serving.engine import Engine
+    from webapp.engine.serving.loader import load_gguf_model
 
     opened: list[str] = []
 

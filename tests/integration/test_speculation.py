@@ -8,9 +8,9 @@ from support.tiny_models import default_model_path
 
 from webapp.engine.decoding.constraints import json_schema_grammar
 from webapp.engine.decoding.sampling_params import SamplingParams
-from webapp.engine.model.loader import load_gguf_model
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.serving.engine import Engine
+from webapp.engine.serving.loader import load_gguf_model
 from webapp.engine.serving.request import Request
 
 # a text the default model repeats greedily for the 60 tokens asked (76% of its drafts confirmed, with

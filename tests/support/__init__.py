@@ -141,9 +141,9 @@ def tiny_engine_server(
 ):
     """The real engine on the GGUF at `path` (prefill chunks of 8; `draft`, a draft model's GGUF;
     `kv_type`, the KV cache's rows) behind a real Waitress server, ready to serve; yields (engine, server)."""
-    from webapp.engine.model.loader import load_gguf_model
     from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
     from webapp.engine.serving.engine import Engine
+    from webapp.engine.serving.loader import load_gguf_model
 
     use_tinygrad_from_this_thread()
     engine = Engine(

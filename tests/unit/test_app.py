@@ -71,18 +71,18 @@ def test_a_zero_setting_is_a_value_not_a_missing_one(fake_engine, monkeypatch, t
     monkeypatch.setenv("LLM_MODEL", str(model))
     app = create_app({"QUEUE_LIMIT": 0, "MAX_CONTEXT": None}, engine=fake_engine)
     settings = engine_settings(app.config)
-    assert (settings["beam"], settings["queue_limit"]) == (0, 0)
-    assert ENGINE_DEFAULTS["MAX_CONTEXT"] == "auto" and settings["context"] is None  # None is unset: sized at load
-    assert engine_settings({"MODEL": str(model), "BEAM": ""})["beam"] == "auto"
+    assert (settings.beam, settings.queue_limit) == (0, 0)
+    assert ENGINE_DEFAULTS["MAX_CONTEXT"] == "auto" and settings.context is None  # None is unset: sized at load
+    assert engine_settings({"MODEL": str(model), "BEAM": ""}).beam == "auto"
 
 
 def test_the_prefix_cache_folder_and_its_cap(tmp_path):
     model = tmp_path / "model.gguf"
     model.write_bytes(b"")
-    assert engine_settings({"MODEL": str(model)})["prefix_cache"] is None  # off unless a folder is named
+    assert engine_settings({"MODEL": str(model)}).prefix_cache is None  # off unless a folder is named
     folder = str(tmp_path / "cache")  # made at the first save
-    assert engine_settings({"MODEL": str(model), "PREFIX_CACHE_DIR": folder})["prefix_cache"] == (folder, 512 << 20)
-    assert engine_settings({"MODEL": str(model), "PREFIX_CACHE_DIR": folder, "PREFIX_CACHE_BYTES": "2G"})["prefix_cache"] == (
+    assert engine_settings({"MODEL": str(model), "PREFIX_CACHE_DIR": folder}).prefix_cache == (folder, 512 << 20)
+    assert engine_settings({"MODEL": str(model), "PREFIX_CACHE_DIR": folder, "PREFIX_CACHE_BYTES": "2G"}).prefix_cache == (
         folder,
         2 << 30,
     )

@@ -205,9 +205,9 @@ def test_memory_budget_sizes():
 
 def test_settings_of_a_model_set(tmp_path):
     s = engine_settings({"MODELS_DIR": str(tmp_path), "MEMORY_BUDGET": "2G"})
-    assert s["path"] is None and s["models_dir"] == str(tmp_path) and s["memory_budget"] == 2 << 30
+    assert s.path is None and s.models_dir == str(tmp_path) and s.memory_budget == 2 << 30
     with pytest.raises(FileNotFoundError, match="LLM_MODELS_DIR"):
         engine_settings({"MODELS_DIR": str(tmp_path / "missing")})
-    from webapp.engine.model.loader import build_engine
+    from webapp.engine.serving.loader import build_engine
 
     assert isinstance(build_engine({"MODELS_DIR": str(tmp_path)}), ModelSet)  # nothing loads until started

@@ -1,6 +1,6 @@
 """The tuning stamp: which BEAM value the server's kernels were searched with, for this exact setup.
 
-`python -m webapp.engine.model.tuning` (`make tune`) BEAM-searches exactly the kernels the server
+`python -m webapp.engine.serving.tuning` (`make tune`) BEAM-searches exactly the kernels the server
 compiles and leaves a stamp next to tinygrad's kernel cache, keyed by everything that changes those
 kernels (`tuning_key`). At load, `beam_for` compiles with the stamped BEAM value, which then only
 reads the searched kernels back from tinygrad's disk cache; without a stamp it uses default kernels.

@@ -8,7 +8,7 @@ read `request.outputs`; `abort(request)` retires a request within one engine ste
 while running a step fails only the requests in that step; the thread keeps serving. `health()` is
 the watchdog: "error" when the model thread has died, "stalled" when one pass of its loop, with
 work to do, has run for longer than `stall_seconds`. What `loader` returns, the real GGUF loader
-and `build_engine` live in `webapp.engine.model.loader`; settings in `webapp.engine.serving.settings`.
+and `build_engine` live in `webapp.engine.serving.loader`; settings in `webapp.engine.serving.settings`.
 """
 
 from __future__ import annotations

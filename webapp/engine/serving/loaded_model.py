@@ -48,6 +48,9 @@ class LoadedModel:
     # a paged cache's pool (model/kv_types.KvPool) and the block table its kernels read, else None
     kv_pool: object = None
     block_table: np.ndarray | None = None
+    # what `make tune`'s stamp for this configuration is filed under; None where a step runs no
+    # tinygrad kernel to tune (model/tuning_stamp.py)
+    tuning_key: dict | None = None
 
     def kv_bytes(self, slots: int) -> int:
         """The KV cache when full: the pool's blocks, or `slots` slots and the scratch one at the whole context."""

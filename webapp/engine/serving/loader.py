@@ -24,7 +24,7 @@ from webapp.engine.serving.kv_cache import RingRows
 from webapp.engine.serving.loaded_model import LoadedModel
 from webapp.engine.serving.model_set import ModelSet
 from webapp.engine.serving.prefix_store import PrefixStore
-from webapp.engine.serving.settings import engine_settings
+from webapp.engine.serving.settings import EngineSettings, engine_settings
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ def load_gguf_model(
     slots: int,
     max_context: int | None,
     prefill_chunk: int,
+    *,
     beam="auto",
     cpu_kernels: bool = True,
     pooling: str = "auto",
@@ -59,17 +60,17 @@ def load_gguf_model(
     paging: tuple[int, tuple[str, int] | None] | None = None,
 ) -> LoadedModel:
     """The real loader: tinygrad model, GGUF tokenizer and the file's chat template; `draft`, a draft
-    model's GGUF for speculative decoding (model/draft_loader.py)."""
+    model's GGUF for speculative decoding (serving/draft_loader.py)."""
     prepare_tinygrad()  # before tinygrad's first import: it reads HCQ2 then
     from tinygrad import Device
 
-    from webapp.engine.model.draft_loader import load_draft
     from webapp.engine.model.memory import kv_bytes_per_position, state_bytes
     from webapp.engine.model.recurrent_config import DRAFT_STATE_ROWS, snapshot_rows
     from webapp.engine.model.runner import ModelRunner
     from webapp.engine.model.steps import steps_for
     from webapp.engine.model.steps.jitted import prefill_pieces
     from webapp.engine.model.transformer import load_model
+    from webapp.engine.serving.draft_loader import load_draft
     from webapp.engine.text.chat_template import ChatTemplate
     from webapp.engine.text.tokenizer import Tokenizer
 
@@ -88,8 +89,9 @@ def load_gguf_model(
     log.info("embeddings: %s pooling (%s)%s", pooling, why, ", end-of-text appended" if suffix else "")
     steps = steps_for(model, prefill_chunk)
     draft_model = load_draft(draft, path, kv, steps, slots, piece, cpu_kernels) if draft else None
-    if steps.tunable:
-        beam = beam_for(tuning_key(path, slots, model.context, piece, model.uses_cpu_kernels, model.kv_type.name), beam)
+    tuned = tuning_key(path, slots, model.context, piece, model.uses_cpu_kernels, model.kv_type.name) if steps.tunable else None
+    if tuned is not None:
+        beam = beam_for(tuned, beam)
         log.info("steps: %s", steps.how)
     else:
         beam = 0
@@ -112,6 +114,7 @@ def load_gguf_model(
         ring_rows=RingRows(*model.ring_rows) if model.ring_rows else None,
         kv_pool=model.pool,
         block_table=model.block_table,
+        tuning_key=tuned,
     )
 
 
@@ -120,32 +123,40 @@ def build_engine(config) -> Engine | ModelSet:
     `ModelSet` of the folder's models (LLM_MODEL's among them, loaded at start; the draft model
     goes with LLM_MODEL's model only, the one it was chosen for)."""
     s = engine_settings(config)
-    if s["models_dir"] is None:
-        return _engine(s, s["path"], s["draft"])
+    if s.models_dir is None:
+        return _engine(s, s.path, s.draft)
 
     def make_engine(path: str) -> Engine:
-        return _engine(s, path, s["draft"] if path == s["path"] else None, own_thread=True)
+        return _engine(s, path, s.draft if path == s.path else None, own_thread=True)
 
-    return ModelSet(s["models_dir"], make_engine, s["memory_budget"], first=s["path"])
+    return ModelSet(s.models_dir, make_engine, s.memory_budget, first=s.path)
 
 
-def _engine(s: dict, path: str, draft: str | None, own_thread: bool = False) -> Engine:
+def _engine(s: EngineSettings, path: str, draft: str | None, own_thread: bool = False) -> Engine:
     def load() -> LoadedModel:
         if own_thread:  # one of several model threads: tinygrad's kernel cache connection is this one's now
             prepare_tinygrad()
             use_tinygrad_from_this_thread()
             free_cached_buffers()  # an unloaded model's, before this one allocates its own
-        paging = (s["max_batch"], s["kv_budget"]) if s["kv_layout"] == "auto" else None
         return load_gguf_model(
-            path, s["slots"], s["context"], s["prefill_chunk"], s["beam"], s["cpu_kernels"], s["pooling"], draft, s["kv_type"], paging
+            path,
+            s.slots,
+            s.context,
+            s.prefill_chunk,
+            beam=s.beam,
+            cpu_kernels=s.cpu_kernels,
+            pooling=s.pooling,
+            draft=draft,
+            kv_type=s.kv_type,
+            paging=s.paging,
         )
 
     return Engine(
         load,
-        slots=s["slots"],
-        queue_limit=s["queue_limit"],
-        prefill_chunk=s["prefill_chunk"],
-        stall_seconds=s["stall_seconds"],
-        speculate=s["speculate"],
-        prefix_store=None if s["prefix_cache"] is None else PrefixStore(*s["prefix_cache"], path),
+        slots=s.slots,
+        queue_limit=s.queue_limit,
+        prefill_chunk=s.prefill_chunk,
+        stall_seconds=s.stall_seconds,
+        speculate=s.speculate,
+        prefix_store=None if s.prefix_cache is None else PrefixStore(*s.prefix_cache, path),
     )

@@ -25,7 +25,7 @@ Contract:
   `stats(model)` (one model's stats for the dashboard, with `models`, the listing),
   `model_stats()` (every loaded model's, for /metrics), `abort(request)`, `stop(timeout)`.
 
-No Flask, no tinygrad: engines come from `make_engine(path)` (`webapp.engine.model.loader`).
+No Flask, no tinygrad: engines come from `make_engine(path)` (`webapp.engine.serving.loader`).
 """
 
 from __future__ import annotations

