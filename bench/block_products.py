@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from webapp.engine.kernels.abi import Product  # noqa: E402
 from webapp.engine.kernels.block_weight import BLOCK_FORMATS  # noqa: E402
 from webapp.engine.kernels.cpu import QuantizedCPU  # noqa: E402
-from webapp.engine.model.ggml_types import GGML_TYPES  # noqa: E402
+from webapp.engine.kernels.ggml_types import GGML_TYPES  # noqa: E402
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread  # noqa: E402
 
 TYPE_IDS = {name: type_id for type_id, (name, _, _) in GGML_TYPES.items()}

@@ -49,8 +49,8 @@ from bench.fidelity import CHUNK, CONTEXT, SLOTS, llama_continuation, teacher_fo
 from bench.servers import exit_on_sigterm, start_llama_server, usable_cores  # noqa: E402
 from bench.shaped_model import SHAPES, write_shaped  # noqa: E402
 from bench.workload import QUESTIONS  # noqa: E402
+from webapp.engine.kernels.ggml_types import GGML_TYPES, UNREADABLE_TYPES  # noqa: E402
 from webapp.engine.model.config import ModelConfig, check_tensors  # noqa: E402
-from webapp.engine.model.ggml_types import GGML_TYPES, UNREADABLE_TYPES  # noqa: E402
 from webapp.engine.model.gguf import read_gguf  # noqa: E402
 from webapp.engine.model.load_error import ModelLoadError  # noqa: E402
 from webapp.engine.serving.settings import default_model_path  # noqa: E402

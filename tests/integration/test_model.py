@@ -302,7 +302,7 @@ def test_the_start_up_log_says_how_steps_run_and_whether_make_tune_can_change_th
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="webapp.engine.model"):
         one = load_gguf_model(blocks, slots=1, max_context=32, prefill_chunk=8)
-        one.runner.warm_up(logging.getLogger("webapp.engine.model.runner").info)
+        one.runner.warm_up(logging.getLogger("webapp.engine.serving.runner").info)
     assert isinstance(one.runner.steps, OneCallSteps) and one.runner.beam == 0
     assert "steps: one call each on the CPU kernels (no tinygrad kernel in a step" in caplog.text
     assert "not tuned" not in caplog.text and "compiling" not in caplog.text

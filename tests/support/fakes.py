@@ -8,7 +8,7 @@ contract says; like the engine, it ends a request at a stop token id without out
 request's own cancel reason, as the real engine does), and records what it saw:
 `submitted`, `aborted`, plus Events a test can wait on instead of sleeping.
 
-`FakeRunner` stands in for the model runner under the real `Engine` (see `webapp.engine.model.runner.Runner`):
+`FakeRunner` stands in for the model runner under the real `Engine` (see `webapp.engine.serving.runner.Runner`):
 its logits make greedy sampling pick `next_token(last token fed)`, and a test can hold its steps
 (`gate`) or make its decode steps fail (`fault`).
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from tinygrad import Tensor
 
 from webapp.engine.kernels.abi import INTERLEAVED, STACKED, BlockType
-from webapp.engine.model.ggml_types import GGML_TYPES
+from webapp.engine.kernels.ggml_types import GGML_TYPES
 
 # The kernels read a plain float type (F32, F16, BF16: a GGML block of one value) in blocks of the
 # activations' 32 values (format_float.c), so its rows are whole blocks like every other format's

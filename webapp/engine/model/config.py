@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from webapp.engine.model.ggml_types import GGML_TYPES, UNREADABLE_TYPES
+from webapp.engine.kernels.ggml_types import GGML_TYPES, UNREADABLE_TYPES
 from webapp.engine.model.latent_config import Latent, latent_rope_rows, latent_sizes, latent_tensor_shapes
 from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.recurrent_config import Recurrent, recurrent_sizes, recurrent_tensor_shapes

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from webapp.engine.kernels.block_weight import BLOCK_FORMATS
-from webapp.engine.model.ggml_types import GGML_TYPES
+from webapp.engine.kernels.ggml_types import GGML_TYPES
 
 
 @dataclass(frozen=True)

@@ -35,11 +35,11 @@ from tinygrad import Device, Tensor, UOp, dtypes
 
 from webapp.engine.kernels.block_weight import BLOCK_FORMATS
 from webapp.engine.kernels.cpu import QuantizedCPU
+from webapp.engine.kernels.ggml_types import KERNEL_ONLY_TYPES
 from webapp.engine.model.block import TransformerBlock
 from webapp.engine.model.config import ModelConfig, check_tensors
 from webapp.engine.model.delta_block import ONLY_ON_KERNELS, hybrid_blocks
 from webapp.engine.model.gemma3_block import Gemma3Block
-from webapp.engine.model.ggml_types import KERNEL_ONLY_TYPES
 from webapp.engine.model.gguf import read_gguf
 from webapp.engine.model.gpt_oss_block import GptOssBlock
 from webapp.engine.model.kv_types import KV_TYPES, STEP_WRITES_AT_LEAST, KvPool, KvRows, kv_type_named

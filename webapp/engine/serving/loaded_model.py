@@ -17,7 +17,7 @@ from webapp.engine.serving.state_snapshots import RecurrentSlots
 if TYPE_CHECKING:
     import numpy as np
 
-    from webapp.engine.model.runner import Runner
+    from webapp.engine.serving.runner import Runner
 
 
 @dataclass

@@ -66,11 +66,11 @@ def load_gguf_model(
 
     from webapp.engine.model.memory import kv_bytes_per_position, state_bytes
     from webapp.engine.model.recurrent_config import DRAFT_STATE_ROWS, snapshot_rows
-    from webapp.engine.model.runner import ModelRunner
     from webapp.engine.model.steps import steps_for
     from webapp.engine.model.steps.jitted import prefill_pieces
     from webapp.engine.model.transformer import load_model
     from webapp.engine.serving.draft_loader import load_draft
+    from webapp.engine.serving.runner import ModelRunner
     from webapp.engine.text.chat_template import ChatTemplate
     from webapp.engine.text.tokenizer import Tokenizer
 
