@@ -17,6 +17,8 @@ import numpy as np
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.uop.ops import Ops
 
+from webapp.engine.device.capabilities import device_capabilities
+
 _DTYPES = {
     np.dtype(np.uint8): dtypes.uint8,
     np.dtype(np.int32): dtypes.int32,
@@ -40,7 +42,7 @@ def host_address(tensor: Tensor) -> int:
     """Where a realized CPU tensor's values start in this process's memory, for kernels that take
     tensors by address. The tensor must stay alive, unmoved, as long as a kernel may read it."""
     buffer = _whole_buffer(tensor)
-    assert Device.DEFAULT == "CPU" and buffer is not None, "not a whole CPU buffer"
+    assert device_capabilities().host_memory and buffer is not None, "not a whole CPU buffer"
     return buffer.ensure_allocated()._buf.va_addr
 
 
@@ -54,7 +56,7 @@ def host_view(tensor: Tensor) -> np.ndarray:
     """A realized CPU tensor's memory as a NumPy array of its shape (no copy): what kernels write by
     address shows through it, and its writes are the tensor's."""
     buffer = _whole_buffer(tensor)
-    assert Device.DEFAULT == "CPU" and buffer is not None, "not a whole CPU buffer"
+    assert device_capabilities().host_memory and buffer is not None, "not a whole CPU buffer"
     return _host_view(buffer.ensure_allocated(), np.dtype(tensor.dtype.fmt)).reshape(tensor.shape)
 
 
@@ -91,7 +93,7 @@ class StepBuffers:
         if tensor is None:
             tensor = self._tensors[key] = Tensor(array).contiguous().realize()
             buffer = tensor.uop.base.realized
-            if Device.DEFAULT == "CPU":  # host memory: later calls write it through a NumPy view
+            if device_capabilities().host_memory:  # host memory: later calls write it through a NumPy view
                 self._host_views[key] = _host_view(buffer, array.dtype)
             return tensor
         view = self._host_views.get(key)
@@ -108,7 +110,7 @@ class StepBuffers:
         """A copy of the first `rows` rows of a jitted step's output. On the CPU device, once the
         device is idle, straight from the output's memory: a jit replays into the same buffer every
         call, and `Tensor.numpy()` scheduled a copy each time (a large share of a decode step's host time)."""
-        buffer = _whole_buffer(output) if Device.DEFAULT == "CPU" else None
+        buffer = _whole_buffer(output) if device_capabilities().host_memory else None
         if buffer is None:
             return output.numpy()[:rows]
         entry = self._output_views.get(buffer)

@@ -30,10 +30,11 @@ import struct
 import subprocess
 
 import numpy as np
-from tinygrad import Device, Tensor, dtypes
+from tinygrad import Tensor, dtypes
 from tinygrad.uop.ops import KernelInfo, Ops, ProgramInfo, UOp
 
 from webapp.engine.device.buffers import device_array, host_address
+from webapp.engine.device.capabilities import device_capabilities
 from webapp.engine.kernels import abi
 from webapp.engine.kernels.abi import MAX_PARTS, STACK_HEADER_BYTES, STACKED
 from webapp.engine.kernels.block_weight import BLOCK_FORMATS, BlockWeight
@@ -85,7 +86,7 @@ class QuantizedCPU:
     @functools.cache
     def load(cls) -> QuantizedCPU | None:
         """The kernels for this process, or None (with the reason logged) where they cannot run."""
-        if Device.DEFAULT != "CPU":
+        if not device_capabilities().runs_cpu_kernels:
             return None
         if _trampoline(0) is None:
             log.info("quantized CPU kernels: no trampoline for %s; using tinygrad's kernels", platform.machine())

@@ -16,9 +16,10 @@ kernel (and, for the whole model, inside one call).
 from __future__ import annotations
 
 import numpy as np
-from tinygrad import Device, Tensor, UOp
+from tinygrad import Tensor, UOp
 
 from webapp.engine.device.buffers import device_array
+from webapp.engine.device.capabilities import device_capabilities
 from webapp.engine.kernels import abi
 from webapp.engine.kernels.abi import MAX_HEAD_DIM, AttendFlag
 from webapp.engine.kernels.layer_tables import LayerMatrices, LayerTensors
@@ -63,7 +64,7 @@ def _float32_buffer(weights: WeightSource, names: list[str]) -> Tensor:
 def _zero_pages(shape: tuple[int, ...], dtype) -> Tensor:
     """A zeroed cache tensor. The CPU allocator maps fresh zero pages: no kernel writes 0.9 GB of zeros
     at load, and memory is only committed as positions fill."""
-    if Device.DEFAULT == "CPU":
+    if device_capabilities().zeroed_allocations:
         cache = Tensor.empty(*shape, dtype=dtype).realize()
         cache.uop.base.buffer.ensure_allocated()
         return cache

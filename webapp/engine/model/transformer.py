@@ -33,6 +33,7 @@ import numpy as np
 # tinygrad reads HCQ2 at import: webapp.engine.model.tinygrad_setup.prepare_tinygrad() runs before this.
 from tinygrad import Device, Tensor, UOp, dtypes
 
+from webapp.engine.device.capabilities import device_capabilities
 from webapp.engine.kernels.block_weight import BLOCK_FORMATS
 from webapp.engine.kernels.cpu import QuantizedCPU
 from webapp.engine.kernels.ggml_types import KERNEL_ONLY_TYPES
@@ -291,8 +292,8 @@ def load_model(
     check_tensors(config, table)
     if why := rows.check(config.head_dim):
         raise ModelLoadError(why)
-    # CPUs here lack float16 arithmetic: compute in float32 there, reading float16 or block weights
-    act_dtype = dtypes.float32 if Device.DEFAULT in ("CPU", "PYTHON") else dtypes.float16
+    # float32 where the device has no float16 arithmetic, reading float16 or block weights all the same
+    act_dtype = dtypes.float16 if device_capabilities().float16_compute else dtypes.float32
     kernels = QuantizedCPU.load() if cpu_kernels else None
     kept = set(BLOCK_FORMATS) if kernels is not None else set()
     for name, raw in table.items():  # a kernel-only type that would take tinygrad's path: no kernel, or rows not in whole blocks

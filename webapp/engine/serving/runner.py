@@ -81,6 +81,19 @@ class Runner(Protocol):
     def warm_up(self, progress: Callable[[str], None]) -> float:
         """Compile everything the steps will run, reporting through `progress`; the seconds it took."""
 
+    # True when the KV cache is a paged pool's blocks (the steps' `pages`); then the prefix store
+    # (serving/prefix_store.py) saves and restores blocks through the three calls below
+    pages: bool
+
+    def block_row_shapes(self) -> list[tuple[tuple[int, ...], np.dtype]]:
+        """Each layer's rows of one block, and their dtype."""
+
+    def block_rows(self, blocks: list[int]) -> list[np.ndarray]:
+        """A copy of the given blocks' rows, an array a layer."""
+
+    def write_block_rows(self, blocks: list[int], rows: list[np.ndarray]) -> None:
+        """Write `rows` (as `block_rows` gives them) into the given blocks."""
+
 
 class ModelRunner:
     def __init__(self, steps, beam: int = 0, draft=None):
@@ -95,6 +108,10 @@ class ModelRunner:
     @property
     def speculates(self) -> bool:
         return self.steps.speculates
+
+    @property
+    def pages(self) -> bool:
+        return self.steps.pages
 
     @property
     def drafted_limit(self) -> int | None:

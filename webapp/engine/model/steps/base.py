@@ -15,7 +15,9 @@ runs prompt chunks and a decode step as one step, only where `mixes`; `copy_pref
 length)` copies K/V rows between slots; `warm_up(progress)` compiles what the steps will run (and,
 where `speculates`, times `verify_seconds`, what drafted lanes cost: decoding/drafts.py). `how`
 says in words how a step runs, for the start-up log; `tunable` is whether tinygrad's BEAM search
-(`make tune`) can change any kernel a step runs. All logits are float32 NumPy arrays.
+(`make tune`) can change any kernel a step runs; `pages`, whether the cache is a paged pool whose
+blocks `block_rows` and `write_block_rows` move (the prefix store's contract). All logits are
+float32 NumPy arrays.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Steps:
     drafted_limit: int | None = None  # the drafted tokens a verification may hold (None: the lanes bound them)
     verify_seconds: list[float] | None = None  # `verify` of 1, 2, .. lanes of one sequence, timed at warm-up
     spare_rows: range | None = None  # rows of recurrent state for drafted tokens (None: no recurrent layers)
+    pages: bool = False  # the KV cache is a paged pool's blocks, read through block tables, and `block_rows` moves them
 
     def __init__(self, model):
         self.model = model
@@ -84,6 +87,19 @@ class Steps:
 
     def warm_up(self, progress: Callable[[str], None]) -> None:
         raise NotImplementedError
+
+    # where `pages`: a paged pool's blocks as arrays, every layer's (serving/prefix_store.py saves and restores them)
+    def block_row_shapes(self) -> list[tuple[tuple[int, ...], np.dtype]]:
+        """Each layer's rows of one block: (k|v, kv heads, positions, row) and their dtype."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no paged pool")
+
+    def block_rows(self, blocks: list[int]) -> list[np.ndarray]:
+        """A copy of the given blocks' rows, a (len(blocks), *shape) array a layer."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no paged pool")
+
+    def write_block_rows(self, blocks: list[int], rows: list[np.ndarray]) -> None:
+        """Write `rows` (as `block_rows` gives them) into the given blocks."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no paged pool")
 
 
 class PrefixCopy:

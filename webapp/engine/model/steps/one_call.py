@@ -64,7 +64,10 @@ class OneCallSteps(Steps):
         self.drafted_limit = None if self.spare_rows is None else len(self.spare_rows)
         self._lane_rows: dict[int, list[int]] = {}  # slot -> its lanes' rows in the last verification
 
-    # a paged cache's blocks as arrays (serving/prefix_store.py): (blocks, k|v, kv heads, positions, row) a layer
+    @property
+    def pages(self) -> bool:
+        return self.model.pool is not None
+
     def block_row_shapes(self) -> list[tuple[tuple[int, ...], np.dtype]]:
         return [((c.shape[0], *c.shape[2:]), c.dtype) for c in map(host_view, self._caches())]
 
