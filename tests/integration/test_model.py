@@ -293,14 +293,14 @@ def test_the_start_up_log_says_how_steps_run_and_whether_make_tune_can_change_th
     use_tinygrad_from_this_thread()
     blocks = write_tiny_gguf(str(tmp_path / "q.gguf"), "qwen2", matrix_type="Q8_0")
     mixed = write_tiny_gguf(str(tmp_path / "f.gguf"), "qwen2", matrix_type="Q8_0", float_matrices=("ffn_down.weight",))
-    with caplog.at_level(logging.INFO, logger="webapp.engine.model"):
+    with caplog.at_level(logging.INFO, logger="webapp.engine"):
         plain = load_gguf_model(blocks, slots=1, max_context=32, prefill_chunk=8, cpu_kernels=False)
     assert isinstance(plain.runner.steps, TinygradJitSteps)
     assert "steps: jitted, on tinygrad" in caplog.text and "make tune` (once) BEAM-searches them" in caplog.text
     if Device.DEFAULT != "CPU":
         return
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="webapp.engine.model"):
+    with caplog.at_level(logging.INFO, logger="webapp.engine"):
         one = load_gguf_model(blocks, slots=1, max_context=32, prefill_chunk=8)
         one.runner.warm_up(logging.getLogger("webapp.engine.serving.runner").info)
     assert isinstance(one.runner.steps, OneCallSteps) and one.runner.beam == 0

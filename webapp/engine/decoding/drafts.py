@@ -16,10 +16,10 @@ costs is its lanes in the step (`StepCosts`: the served model's verifications of
 at warm-up, else LANE_COST of a one-lane step a lane), plus the draft model's own step for each
 token it drafts, so `Acceptance.length` drafts the length that makes the most tokens per unit of
 step time at the source's recent per-token acceptance p: k drafts yield (1 - p^(k+1)) / (1 - p)
-tokens for a step of k + 1 lanes, and a draft must beat none by 5% of the step's tokens. At
-LANE_COST a lane, p = 0.35 drafts one token, 0.81 four, none below ~0.32; in a step of many
-sequences a lane costs more of each one's share, so drafts must be likelier still. Undrafted steps
-raise p a little, so drafting is tried again (less often in a step of more sequences).
+tokens for a step of k + 1 lanes, and a draft must beat none by MARGIN of the step's tokens. Below
+some p a draft never pays; in a step of many sequences a lane costs more of each one's share, so
+drafts must be likelier still. Undrafted steps raise p a little, so drafting is tried again (less
+often in a step of more sequences).
 """
 
 from __future__ import annotations
@@ -30,41 +30,39 @@ import numpy as np
 
 # the longest n-gram a draft's source is chosen by: among a sequence's earlier n-grams like its last
 # ones, the longest match is likelier the passage being copied (a code edit's `self.items =` occurs
-# twice in its file, and the 4-gram picked the later one when the model was copying the first);
-# replayed on recorded outputs with four step-cost tables, 8 against 4 moved the code edit by -0.5%
-# to +5.6% greedy and +1.2% to +2.4% at 0.7, the other kinds by under 1% (bench/speculative_replay.py)
+# twice in its file, and a short n-gram picks the later one while the model copies the first);
+# bench/speculative_replay.py compares lengths on recorded outputs, bench/RESULTS.md has its figures
 MAX_NGRAM, MIN_NGRAM = 8, 2
 DRAFT_MAX = 8
-# a drafted lane's cost, in one-lane steps: on the default model here a verification of 8 lanes took
-# 2.6-2.8 one-lane steps ((2.75 - 1) / 7; 2.5 before this machine's kernels changed, when it was 0.2);
-# larger models read more weights a step, and lanes cost them less
-LANE_COST = 0.25
+# a drafted lane's cost, in one-lane steps, where no warm-up timed the lanes: the default model's
+# verification of 8 lanes at position 32 as last measured (bench/RESULTS.md, the cheaper lanes' entry),
+# (cost - 1) / 7; larger models read more weights a step, and lanes cost them less
+LANE_COST = 0.22
 # added to p per undrafted step, shared by the step's sequences: a retry costs lanes in a whole step,
-# so in a step of b sequences one is retried b times less often (at 8 streams, a code edit's p was
-# back at the ~0.9 that drafts at 6 sequences ask for 12 steps after each refusal, and its retries
-# drafted 2 lanes at a time at 64% confirmed: a step 28% longer for 1.1 tokens more in 6)
+# so in a step of b sequences one is retried b times less often (with a constant rise, a refused
+# code edit beside other sequences was back at the p drafts ask for within a few steps, and its
+# retries lengthened whole steps for little gain: bench/RESULTS.md, speculation at 8 streams)
 RECOVERY = 0.02
 # a draft must promise more tokens per unit of step time than none, by this share of the whole step:
-# the cost model is off by a share of the whole step (one sequence's lanes timed at warm-up swing by
-# 20% between starts here, and a step of 6 sequences is not one sequence's), while a draft gains only
+# the cost model is off by a share of the whole step (one sequence's lanes timed at warm-up differ
+# between starts, and a step of several sequences is not one sequence's), while a draft gains only
 # its own sequence's share; so in a step of b sequences a draft must promise 1 + MARGIN * b times its
-# sequence's tokens (one stream: 5%, as before; at 8 streams, drafts promising 5% of their own
-# sequence's share moved the aggregate by -7% to +4% between runs, and broke even on average)
+# sequence's tokens (a margin of the draft's own share alone broke even at 8 streams on average)
 MARGIN = 0.05
 MEMORY = 0.3  # the weight of the latest proposal in the acceptance average
 # the most a draft is trusted: after a run of confirmed drafts the average nears 1, but a lookup's next
-# token stays a guess (at 8 streams, code edits that had reached p ~1 drafted 5-8 lanes beside 6
-# sequences, and 43% of them were confirmed); on recorded outputs, one stream loses nothing by it
+# token stays a guess (at 8 streams, code edits that had reached p ~1 drafted long beside other
+# sequences, and fewer than half were confirmed); on recorded outputs, one stream loses nothing by it
 SUREST = 0.95
 
 
 class StepCosts:
     """A step's cost by its lanes, in one-lane steps: from `seconds`, the served model's verifications
     of 1, 2, .. lanes of one sequence timed at warm-up (past them, the last four lanes' slope), else
-    1 + LANE_COST per lane after the first. Measured, a cost is what the kernels make of lanes: on the
-    default model here 2 lanes cost 1.05, 4 cost 1.4 and 8 cost 2.5, then a ninth begins another pass
-    over the weights (3.2), which a constant misjudges both ways; a Qwen3.5 lane also runs its own
-    recurrence (~0.4 a lane)."""
+    1 + LANE_COST per lane after the first. Measured, a cost is what the kernels make of lanes: the
+    first few lanes cost little more than one, then the cost climbs, and a ninth begins another pass
+    over the weights (the kernels take eight tokens a pass), which a constant misjudges both ways; a
+    Qwen3.5 lane also runs its own recurrence."""
 
     def __init__(self, seconds: list[float] | None = None):
         self.lanes = None
@@ -86,8 +84,8 @@ class StepCosts:
 
     def drafted(self, k: int, batch: int = 1, draft_cost: float = 0.0, before: int = 0) -> float:
         """k drafted tokens' cost against one sequence's share of a step of `batch` lanes: that share
-        shrinks as batches grow, so a draft must be likelier to pay (at 8 lanes and LANE_COST a
-        drafted token needs p ~0.82 where one lane needs 0.32). `before`: the lanes other sequences
+        shrinks as batches grow, so a draft must be likelier to pay beside 7 other lanes than alone
+        (tests/unit/test_drafts.py pins the thresholds). `before`: the lanes other sequences
         drafted in this step already, which these come after (two sequences drafting two each make a
         step of 6 lanes). `draft_cost`: what making a token costs besides its lane (a draft model's
         step), in one-lane steps."""
