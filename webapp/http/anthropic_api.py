@@ -4,7 +4,8 @@
 A body is translated into an OpenAI chat body (`webapp.anthropic.messages`) and then takes the chat
 path itself: the same validation, chat template, tool grammar, engine request and output parser
 (`webapp.http.generation`); only the answer's shape differs (`webapp.anthropic.events`). Errors,
-before a stream and inside one, are in Anthropic's shape (`webapp/__init__.py` picks it by path).
+before a stream and inside one, are in Anthropic's shape: the family declares it, for its routes and
+for any unknown route under /v1/messages (`webapp.http.families`).
 """
 
 from __future__ import annotations
@@ -12,20 +13,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
-from flask import Blueprint, Response, current_app, jsonify
+from flask import Response, current_app, jsonify
 
 from webapp.anthropic import events
 from webapp.anthropic.messages import chat_body, count_tokens_body
 from webapp.http import generation as gen
+from webapp.http.families import Family
 from webapp.openai import requests as fmt
 from webapp.openai.choices import Answer, ClientGone
 from webapp.openai.errors import ApiError
 from webapp.openai.output_text import OutputParser
 
-bp = Blueprint("anthropic", __name__)
+PREFIX = "/v1/messages"
+bp = Family("anthropic", __name__, errors=events.api_error_body, owns=(PREFIX,))
 log = logging.getLogger(__name__)
-
-PREFIX = events.PREFIX
 
 
 @bp.post(PREFIX)

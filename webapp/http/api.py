@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP API: /v1/models, /v1/chat/completions, /v1/completions and /health.
+"""The OpenAI-compatible HTTP API: /v1/models, /v1/chat/completions and /v1/completions.
 
 Routing and streaming glue only: `webapp.openai` validates bodies and shapes every response, and
 the engine (`app.extensions["engine"]`) turns prompt token ids into generated token ids. A request
@@ -12,8 +12,9 @@ last `data: {"error": ...}` event followed by `data: [DONE]`. Whenever this side
 request before the engine has finished it (a stop string matched, the client went away, the
 stream was never started) the request is aborted, so its slot is freed.
 
-Authentication (`webapp.http.auth`) and admission during shutdown (`webapp.ops.lifecycle`) happen
-before these views run. Every request being read is registered with the lifecycle, so a drain
+The family owns /v1: its routes, and any unknown route under it, need the API key, are drained on
+shutdown and err in OpenAI's shape (`webapp.http.families`); both checks happen before these views
+run. Every request being read is registered with the lifecycle, so a drain
 that runs out of time can cancel it; the engine then finishes it with reason "shutdown", which
 reaches the client as a 503 `server_shutting_down` error (an error event when streaming).
 """
@@ -25,12 +26,12 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 
-from flask import Blueprint, Response, jsonify
+from flask import Response, jsonify
 
-from webapp.engine.serving.errors import RETRY_AFTER_S
 from webapp.engine.serving.model_set import ModelSet
 from webapp.engine.serving.request import FinishReason
 from webapp.http import generation as gen
+from webapp.http.families import Family
 from webapp.openai import requests as fmt
 from webapp.openai import responses
 from webapp.openai.choices import Answer, ChoiceReader, ClientGone, interleave
@@ -42,21 +43,8 @@ from webapp.openai.sampling_options import (
     parse_sampling_options,
 )
 
-bp = Blueprint("api", __name__)
+bp = Family("api", __name__, owns=("/v1",))
 log = logging.getLogger(__name__)
-
-
-@bp.get("/health")
-def health():
-    """The engine's health dict: 200 when it serves requests; 503 with `Retry-After` while loading,
-    failed, stalled (a step has run longer than STALL_SECONDS) or draining for shutdown. A draining
-    replica answers before asking the engine anything, so a proxy's check takes it out at once."""
-    if gen.lifecycle().draining:
-        return jsonify(status="draining"), 503, {"Retry-After": str(RETRY_AFTER_S)}
-    state = gen.served().health()
-    if state.get("status") != "ok":
-        return jsonify(state), 503, {"Retry-After": str(RETRY_AFTER_S)}
-    return jsonify(state)
 
 
 @bp.get("/v1/models")

@@ -9,16 +9,17 @@ other users wait in; a client that goes away ends its requests.
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, jsonify
+from flask import Response, jsonify
 
 from webapp.engine.serving.errors import PromptTooLong, completion_room
 from webapp.engine.serving.request import Request, SamplingParams
 from webapp.http import generation as gen
+from webapp.http.families import Family
 from webapp.openai import embeddings as fmt
 from webapp.openai.choices import ChoiceReader, ClientGone
 from webapp.openai.errors import ApiError
 
-bp = Blueprint("embeddings", __name__)
+bp = Family("embeddings", __name__)  # the API key, drained, OpenAI's errors
 
 
 @bp.post("/v1/embeddings")

@@ -14,16 +14,17 @@ import json
 import logging
 from collections.abc import Iterator
 
-from flask import Blueprint, Response, current_app, jsonify
+from flask import Response, current_app, jsonify
 
 from webapp.http import generation as gen
+from webapp.http.families import Family
 from webapp.openai import responses_api as api
 from webapp.openai.choices import Answer, ClientGone
 from webapp.openai.errors import ApiError
 from webapp.openai.output_text import OutputParser
 from webapp.openai.response_store import ResponseStore
 
-bp = Blueprint("responses", __name__)
+bp = Family("responses", __name__)  # OpenAI's: the API key, drained, OpenAI's errors
 log = logging.getLogger(__name__)
 
 

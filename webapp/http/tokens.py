@@ -7,17 +7,21 @@ evaluation tools count tokens exactly as the model does.
   first where the model wants one; `with_pieces` gives each id with its text. The answer carries
   `tokens`, `count` and `max_model_len`.
 - `/detokenize`: `tokens` back to text, as `content` and as `prompt`.
+
+Outside /v1, as llama-server and vLLM serve them, yet a family like the API's: the API key, drained
+on shutdown, OpenAI's error shape (`webapp.http.families`).
 """
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, jsonify
+from flask import current_app, jsonify
 
 from webapp.http import generation as gen
+from webapp.http.families import Family
 from webapp.openai import requests as fmt
 from webapp.openai.errors import ApiError
 
-bp = Blueprint("tokens", __name__)
+bp = Family("tokens", __name__)
 
 
 @bp.post("/tokenize")
