@@ -19,7 +19,7 @@ from webapp.anthropic import events
 from webapp.anthropic.messages import chat_body, count_tokens_body
 from webapp.http import generation as gen
 from webapp.http.families import Family
-from webapp.openai import requests as fmt
+from webapp.openai import request_bodies
 from webapp.openai.choices import Answer, ClientGone
 from webapp.openai.errors import ApiError
 from webapp.openai.output_text import OutputParser
@@ -57,7 +57,7 @@ def count_tokens():
     raw = gen.json_body()
     engine = gen.engine(raw)
     body = count_tokens_body(raw)
-    params = fmt.parse_chat_request(body, current_app.config["MAX_MESSAGES"])
+    params = request_bodies.parse_chat_request(body, current_app.config["MAX_MESSAGES"])
     prompt = gen.render_chat(engine.chat_template, list(params.messages), params.active_tools)
     return jsonify(input_tokens=len(gen.encode(engine.tokenizer, prompt)))
 

@@ -32,8 +32,7 @@ from webapp.engine.serving.model_set import ModelSet
 from webapp.engine.serving.request import FinishReason
 from webapp.http import generation as gen
 from webapp.http.families import Family
-from webapp.openai import requests as fmt
-from webapp.openai import responses
+from webapp.openai import request_bodies, response_bodies
 from webapp.openai.choices import Answer, ChoiceReader, ClientGone, interleave
 from webapp.openai.errors import ApiError
 from webapp.openai.output_text import OutputParser
@@ -52,8 +51,8 @@ def models():
     """The model this server runs, or with LLM_MODELS_DIR every model it offers, as an OpenAI model list."""
     served = gen.served()
     if isinstance(served, ModelSet):
-        return jsonify(responses.model_set_list(served.listing()))
-    return jsonify(responses.models_list(served.model_name, int(time.time())))
+        return jsonify(response_bodies.model_set_list(served.listing()))
+    return jsonify(response_bodies.models_list(served.model_name, int(time.time())))
 
 
 @bp.post("/v1/chat/completions")
@@ -61,7 +60,7 @@ def chat_completions():
     """An OpenAI chat completion; server-sent `chat.completion.chunk`s when `stream` is true."""
     body = gen.json_body()
     engine = gen.engine(body)
-    run = gen.start_chat(engine, body, responses.new_id("chatcmpl"), "messages")
+    run = gen.start_chat(engine, body, response_bodies.new_id("chatcmpl"), "messages")
     params, options, answer, parsers, parallel, model = run.params, run.options, run.answer, run.parsers, run.parallel, run.model
     if params.stream:
         return gen.event_stream(answer, _chat_events(answer, parsers, parallel, params.include_usage, model))
@@ -71,13 +70,13 @@ def chat_completions():
             pieces = [piece for pieces in gen.parse(reader, parser, parallel) for piece in pieces]
             entries = reader.request.logprobs[: reader.completion_tokens]
             logprobs = chat_logprobs(engine.tokenizer, entries) if options.logprobs else None
-            message = responses.assistant_message(pieces)
-            choices.append(responses.chat_choice(index, message, _finish_reason(reader, parser), logprobs))
+            message = response_bodies.assistant_message(pieces)
+            choices.append(response_bodies.chat_choice(index, message, _finish_reason(reader, parser), logprobs))
     except ClientGone:
         return Response(status=gen.CLIENT_CLOSED)
     finally:
         answer.close()
-    return jsonify(responses.chat_completion(answer.id, answer.created, model, choices, answer.usage()))
+    return jsonify(response_bodies.chat_completion(answer.id, answer.created, model, choices, answer.usage()))
 
 
 @bp.post("/v1/completions")
@@ -85,13 +84,13 @@ def completions():
     """An OpenAI (legacy) text completion of a raw prompt; SSE chunks when `stream` is true."""
     body = gen.json_body()
     engine = gen.engine(body)
-    params = fmt.parse_completion_request(body)
+    params = request_bodies.parse_completion_request(body)
     options = parse_sampling_options(body, chat=False)
     if isinstance(params.prompt, str):
         ids = gen.encode(engine.tokenizer, params.prompt)
     else:
         ids = gen.prompt_token_ids(engine.tokenizer, params.prompt)
-    answer = gen.submit(engine, ids, params, responses.new_id("cmpl"), "prompt", options)
+    answer = gen.submit(engine, ids, params, response_bodies.new_id("cmpl"), "prompt", options)
     model = params.model or engine.model_name
     echoes = [CompletionEcho(engine.tokenizer, r.request, params.prompt, options) for r in answer.readers]
     if params.stream:
@@ -101,12 +100,12 @@ def completions():
         for index, (reader, echo) in enumerate(zip(answer.readers, echoes)):
             text = "".join(reader.texts())
             logprobs = echo.logprobs(reader.completion_tokens)
-            choices.append(responses.completion_choice(index, echo.text + text, reader.finish_reason, logprobs))
+            choices.append(response_bodies.completion_choice(index, echo.text + text, reader.finish_reason, logprobs))
     except ClientGone:
         return Response(status=gen.CLIENT_CLOSED)
     finally:
         answer.close()
-    return jsonify(responses.completion(answer.id, answer.created, model, choices, answer.usage()))
+    return jsonify(response_bodies.completion(answer.id, answer.created, model, choices, answer.usage()))
 
 
 def _finish_reason(reader: ChoiceReader, parser: OutputParser) -> str:
@@ -121,12 +120,12 @@ def _ending(answer: Answer, choices: Iterator[str], usage_chunk: Callable[[dict]
     try:
         yield from choices
     except ApiError as e:
-        yield responses.sse(e.body())
-        yield responses.SSE_DONE
+        yield response_bodies.sse(e.body())
+        yield response_bodies.SSE_DONE
         return
     if usage_chunk is not None:
-        yield responses.sse(usage_chunk(answer.usage()))
-    yield responses.SSE_DONE
+        yield response_bodies.sse(usage_chunk(answer.usage()))
+    yield response_bodies.SSE_DONE
 
 
 def _chat_events(answer: Answer, parsers: list[OutputParser], parallel: bool, include_usage: bool, model: str) -> Iterator[str]:
@@ -134,7 +133,7 @@ def _chat_events(answer: Answer, parsers: list[OutputParser], parallel: bool, in
         _chat_choice_events(answer, index, reader, parser, parallel, model)
         for index, (reader, parser) in enumerate(zip(answer.readers, parsers))
     ]
-    usage = partial(responses.chat_usage_chunk, answer.id, answer.created, model) if include_usage else None
+    usage = partial(response_bodies.chat_usage_chunk, answer.id, answer.created, model) if include_usage else None
     return _ending(answer, interleave(streams, answer.outputs), usage)
 
 
@@ -146,19 +145,19 @@ def _chat_choice_events(
 
     def chunk(delta: dict, finish_reason: str | None = None) -> str:
         nonlocal sent
-        body = responses.chat_chunk(answer.id, answer.created, model, delta, finish_reason, index)
+        body = response_bodies.chat_chunk(answer.id, answer.created, model, delta, finish_reason, index)
         if req.params.logprobs and delta.keys() != {"role", "content"}:
             entries, sent = req.logprobs[sent : reader.completion_tokens], reader.completion_tokens
             if entries:
                 body["choices"][0]["logprobs"] = chat_logprobs(reader.engine.tokenizer, entries)
-        return responses.sse(body)
+        return response_bodies.sse(body)
 
     # Sent before any token so the client sees the stream open even during a long prefill.
     yield chunk({"role": "assistant", "content": ""})
     tool_index = 0
     for pieces in gen.parse(reader, parser, parallel):
         for piece in pieces:
-            yield chunk(responses.chat_delta(piece, tool_index))
+            yield chunk(response_bodies.chat_delta(piece, tool_index))
             tool_index += piece.kind == "tool_call"
     yield chunk({}, _finish_reason(reader, parser))
 
@@ -167,7 +166,7 @@ def _completion_events(answer: Answer, echoes: list[CompletionEcho], include_usa
     streams = [
         _completion_choice_events(answer, index, reader, echo, model) for index, (reader, echo) in enumerate(zip(answer.readers, echoes))
     ]
-    usage = partial(responses.completion_usage_chunk, answer.id, answer.created, model) if include_usage else None
+    usage = partial(response_bodies.completion_usage_chunk, answer.id, answer.created, model) if include_usage else None
     return _ending(answer, interleave(streams, answer.outputs), usage)
 
 
@@ -176,12 +175,12 @@ def _completion_choice_events(answer: Answer, index: int, reader: ChoiceReader, 
 
     def chunk(text: str, finish_reason: str | None = None, scored: bool = True, upto=None) -> str:
         nonlocal offset
-        body = responses.completion_chunk(answer.id, answer.created, model, text, finish_reason, index)
+        body = response_bodies.completion_chunk(answer.id, answer.created, model, text, finish_reason, index)
         if scored:
             tokens = reader.completion_tokens if upto is None else upto
             body["choices"][0]["logprobs"] = echo.logprobs(tokens, offset)
         offset += len(text)
-        return responses.sse(body)
+        return response_bodies.sse(body)
 
     yield chunk("", scored=False)
     echoed = False

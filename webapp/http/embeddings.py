@@ -15,8 +15,8 @@ from webapp.engine.serving.errors import PromptTooLong, completion_room
 from webapp.engine.serving.request import Request, SamplingParams
 from webapp.http import generation as gen
 from webapp.http.families import Family
-from webapp.openai import embeddings as fmt
 from webapp.openai.choices import ChoiceReader, ClientGone
+from webapp.openai.embeddings import embedding_list, parse_embedding_request, unit_vector
 from webapp.openai.errors import ApiError
 
 bp = Family("embeddings", __name__)  # the API key, drained, OpenAI's errors
@@ -26,7 +26,7 @@ bp = Family("embeddings", __name__)  # the API key, drained, OpenAI's errors
 def embeddings():
     body = gen.json_body()
     engine = gen.engine(body)
-    params = fmt.parse_embedding_request(body)
+    params = parse_embedding_request(body)
     prompts = [_prompt(engine, item, i) for i, item in enumerate(params.inputs)]
     vectors, window = [None] * len(prompts), max(1, engine.n_slots)
     running: list[tuple[int, ChoiceReader]] = []
@@ -42,7 +42,7 @@ def embeddings():
     finally:
         for _, reader in running:
             reader.close()
-    body = fmt.embedding_list(vectors, params.encoding_format, params.model or engine.model_name, sum(map(len, prompts)))
+    body = embedding_list(vectors, params.encoding_format, params.model or engine.model_name, sum(map(len, prompts)))
     return jsonify(body)
 
 
@@ -84,4 +84,4 @@ def _read(reader: ChoiceReader, dimensions: int | None):
             pass
     finally:
         reader.close()
-    return fmt.unit_vector(reader.request.embedding, dimensions)
+    return unit_vector(reader.request.embedding, dimensions)

@@ -18,8 +18,7 @@ from webapp.engine.decoding.constraints import GrammarError
 from webapp.engine.serving.errors import RETRY_AFTER_S, PromptTooLong, completion_room
 from webapp.engine.serving.model_set import ModelNotFound, ModelsBusy, ModelSet
 from webapp.engine.serving.request import Request, SamplingParams
-from webapp.openai import requests as fmt
-from webapp.openai import responses, structured
+from webapp.openai import request_bodies, response_bodies, structured
 from webapp.openai.choices import Answer, ChoiceOutputs, ChoiceReader, ClientGone
 from webapp.openai.errors import ApiError, error_body
 from webapp.openai.harmony import HarmonyParser, output_parser, template_messages
@@ -36,7 +35,7 @@ CLIENT_CLOSED = 499
 class ChatRun:
     """A chat body submitted to the engine, and what a view reads its answer with."""
 
-    params: fmt.ChatParams
+    params: request_bodies.ChatParams
     options: SamplingOptions
     answer: Answer
     parsers: list[OutputParser | HarmonyParser]  # one per choice (harmony.output_parser's choice)
@@ -47,7 +46,7 @@ class ChatRun:
 def start_chat(engine, body: dict, answer_id: str, param: str) -> ChatRun:
     """Validate a chat body, render and tokenize its prompt, and submit it (the grammar of its
     response format or forced tool included); whichever API the body came in."""
-    params = fmt.parse_chat_request(body, current_app.config["MAX_MESSAGES"])
+    params = request_bodies.parse_chat_request(body, current_app.config["MAX_MESSAGES"])
     options = parse_sampling_options(body, chat=True)
     tools = params.active_tools
     grammar = structured.output_grammar(body, tools, params.tool_choice, params.forced_tool)
@@ -141,7 +140,7 @@ def disconnected() -> Callable[[], bool] | None:
 
 def json_body() -> dict:
     # Over MAX_CONTENT_LENGTH, get_data raises the 413 itself.
-    return fmt.parse_json_body(request.get_data(cache=False))
+    return request_bodies.parse_json_body(request.get_data(cache=False))
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -164,7 +163,7 @@ def prompt_token_ids(tokenizer, ids: tuple[int, ...]) -> list[int]:
 def submit(
     engine,
     prompt_ids: list[int],
-    params: fmt.GenerationParams,
+    params: request_bodies.GenerationParams,
     answer_id: str,
     param: str,
     options: SamplingOptions,
@@ -231,8 +230,8 @@ def event_stream(answer: Answer, events: Iterator[str], error_event: Callable[[]
             if error_event is not None:
                 yield error_event()
             else:
-                yield responses.sse(error_body("Internal server error.", "server_error", None, "internal_error"))
-                yield responses.SSE_DONE
+                yield response_bodies.sse(error_body("Internal server error.", "server_error", None, "internal_error"))
+                yield response_bodies.SSE_DONE
         finally:
             # Under Waitress a closed connection surfaces here as GeneratorExit: free the slots.
             answer.close()

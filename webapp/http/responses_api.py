@@ -1,7 +1,7 @@
 """OpenAI's Responses API: `POST /v1/responses` (Codex CLI, the Agents SDK), `GET` and `DELETE
 /v1/responses/{id}`.
 
-A body is translated into a chat body (`webapp.openai.responses_api`), after the items of its
+A body is translated into a chat body (`webapp.openai.responses_format`), after the items of its
 `previous_response_id` chain, and takes the chat path itself (`webapp.http.generation`). A response
 is kept in `app.extensions["responses"]` (a bounded `ResponseStore`, in memory) unless `store` is
 false. Streaming sends the Responses events, each with its `sequence_number`, from
@@ -18,7 +18,7 @@ from flask import Response, current_app, jsonify
 
 from webapp.http import generation as gen
 from webapp.http.families import Family
-from webapp.openai import responses_api as api
+from webapp.openai import responses_format
 from webapp.openai.choices import Answer, ClientGone
 from webapp.openai.errors import ApiError
 from webapp.openai.output_text import OutputParser
@@ -40,12 +40,12 @@ def create():
     """A model response; its event stream when `stream` is true."""
     body = gen.json_body()
     history = _history(body.get("previous_response_id"))
-    run = gen.start_chat(gen.engine(body), api.chat_body(body, history), api.new_id("resp"), "input")
+    run = gen.start_chat(gen.engine(body), responses_format.chat_body(body, history), responses_format.new_id("resp"), "input")
     answer, parser, parallel, model = run.answer, run.parsers[0], run.parallel, run.model
-    conversation = [*history, *api.input_items(body)]
+    conversation = [*history, *responses_format.input_items(body)]
     if run.params.stream:
         return gen.event_stream(answer, _events(answer, parser, parallel, model, body, conversation, _store()), _failed_event)
-    output = api.Output()
+    output = responses_format.Output()
     reader = answer.readers[0]
     try:
         for pieces in gen.parse(reader, parser, parallel):
@@ -89,12 +89,14 @@ def _history(previous: object) -> list[dict]:
     return stored[1]
 
 
-def _finish(answer: Answer, output: api.Output, model: str, body: dict, conversation: list[dict], store: ResponseStore) -> dict:
+def _finish(
+    answer: Answer, output: responses_format.Output, model: str, body: dict, conversation: list[dict], store: ResponseStore
+) -> dict:
     reader = answer.readers[0]
     request = reader.request
-    usage = api.usage(request.prompt_len, reader.completion_tokens, request.cached_tokens)
-    status, incomplete = api.status_of(reader.finish_reason)
-    done = api.response(answer.id, model, body, output.items, status, usage, incomplete)
+    usage = responses_format.usage(request.prompt_len, reader.completion_tokens, request.cached_tokens)
+    status, incomplete = responses_format.status_of(reader.finish_reason)
+    done = responses_format.response(answer.id, model, body, output.items, status, usage, incomplete)
     if body.get("store", True) is not False:
         store.put(answer.id, done, [*conversation, *output.items])
     return done
@@ -119,10 +121,10 @@ def _events(
         sequence += 1
         return _sse(event)
 
-    started = api.response(answer.id, model, body, [], "in_progress", None)
+    started = responses_format.response(answer.id, model, body, [], "in_progress", None)
     yield numbered({"type": "response.created", "response": started})
     yield numbered({"type": "response.in_progress", "response": started})
-    output = api.Output()
+    output = responses_format.Output()
     reader = answer.readers[0]
     try:
         for pieces in gen.parse(reader, parser, parallel):
@@ -132,7 +134,7 @@ def _events(
     except ApiError as e:
         for event in output.close():
             yield numbered(event)
-        failed = api.response(answer.id, model, body, output.items, "failed", None)
+        failed = responses_format.response(answer.id, model, body, output.items, "failed", None)
         failed["error"] = {"code": e.code or "server_error", "message": e.message}
         yield numbered({"type": "response.failed", "response": failed})
         return

@@ -18,7 +18,7 @@ from flask import current_app, jsonify
 
 from webapp.http import generation as gen
 from webapp.http.families import Family
-from webapp.openai import requests as fmt
+from webapp.openai import request_bodies
 from webapp.openai.errors import ApiError
 
 bp = Family("tokens", __name__)
@@ -31,7 +31,7 @@ def tokenize():
     engine = gen.engine(body)
     special = _flag(body, "add_special", _flag(body, "add_special_tokens", True))
     if "messages" in body:
-        params = fmt.parse_chat_request({"messages": body["messages"]}, current_app.config["MAX_MESSAGES"])
+        params = request_bodies.parse_chat_request({"messages": body["messages"]}, current_app.config["MAX_MESSAGES"])
         text = engine.chat_template.render(list(params.messages), add_generation_prompt=_flag(body, "add_generation_prompt", True))
     else:
         text = body.get("content", body.get("prompt"))
