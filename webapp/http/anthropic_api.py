@@ -13,14 +13,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
-from flask import Response, current_app, jsonify
+from flask import current_app, jsonify
 
 from webapp.anthropic import events
 from webapp.anthropic.messages import chat_body, count_tokens_body
 from webapp.http import generation as gen
 from webapp.http.families import Family
 from webapp.openai import request_bodies
-from webapp.openai.choices import Answer, ClientGone
+from webapp.openai.choices import Answer
 from webapp.openai.errors import ApiError
 from webapp.openai.output_text import OutputParser
 
@@ -33,22 +33,21 @@ log = logging.getLogger(__name__)
 def messages():
     """An Anthropic message; its stream of events when `stream` is true."""
     body = gen.json_body()
-    run = gen.start_chat(gen.engine(body), chat_body(body), events.new_id("msg"), "messages")
-    answer, parser, parallel, model = run.answer, run.parsers[0], run.parallel, run.model
-    if run.params.stream:
+    run = gen.start_chat(gen.engine(body), gen.parse_chat(chat_body(body)), events.new_id("msg"), "messages")
+    answer, parser, parallel, model = run.answer, run.parsers[0], run.chat.parallel, run.model
+    if run.chat.params.stream:
         return gen.event_stream(answer, _events(answer, parser, parallel, model), _error_event)
-    blocks = events.Blocks()
-    reader = answer.readers[0]
-    try:
+
+    def read() -> dict:
+        blocks = events.Blocks()
+        reader = answer.readers[0]
         for pieces in gen.parse(reader, parser, parallel):
             for piece in pieces:
                 blocks.add(piece)
-    except ClientGone:
-        return Response(status=gen.CLIENT_CLOSED)
-    finally:
-        answer.close()
-    stop = events.stop_reason(reader.finish_reason, reader.stop_sequence, blocks.called_tools)
-    return jsonify(events.message(answer.id, model, blocks.content, stop, reader.stop_sequence, _usage(answer)))
+        stop = events.stop_reason(reader.finish_reason, reader.stop_sequence, blocks.called_tools)
+        return events.message(answer.id, model, blocks.content, stop, reader.stop_sequence, _usage(answer))
+
+    return gen.whole(answer.close, read)
 
 
 @bp.post(PREFIX + "/count_tokens")

@@ -26,14 +26,14 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 
-from flask import Response, jsonify
+from flask import jsonify
 
 from webapp.engine.serving.model_set import ModelSet
 from webapp.engine.serving.request import FinishReason
 from webapp.http import generation as gen
 from webapp.http.families import Family
 from webapp.openai import request_bodies, response_bodies
-from webapp.openai.choices import Answer, ChoiceReader, ClientGone, interleave
+from webapp.openai.choices import Answer, ChoiceReader, interleave
 from webapp.openai.errors import ApiError
 from webapp.openai.output_text import OutputParser
 from webapp.openai.sampling_options import (
@@ -60,23 +60,23 @@ def chat_completions():
     """An OpenAI chat completion; server-sent `chat.completion.chunk`s when `stream` is true."""
     body = gen.json_body()
     engine = gen.engine(body)
-    run = gen.start_chat(engine, body, response_bodies.new_id("chatcmpl"), "messages")
-    params, options, answer, parsers, parallel, model = run.params, run.options, run.answer, run.parsers, run.parallel, run.model
+    run = gen.start_chat(engine, gen.parse_chat(body), response_bodies.new_id("chatcmpl"), "messages")
+    params, options, parallel = run.chat.params, run.chat.options, run.chat.parallel
+    answer, parsers, model = run.answer, run.parsers, run.model
     if params.stream:
         return gen.event_stream(answer, _chat_events(answer, parsers, parallel, params.include_usage, model))
-    choices = []
-    try:
+
+    def read() -> dict:
+        choices = []
         for index, (reader, parser) in enumerate(zip(answer.readers, parsers)):
             pieces = [piece for pieces in gen.parse(reader, parser, parallel) for piece in pieces]
             entries = reader.request.logprobs[: reader.completion_tokens]
             logprobs = chat_logprobs(engine.tokenizer, entries) if options.logprobs else None
             message = response_bodies.assistant_message(pieces)
             choices.append(response_bodies.chat_choice(index, message, _finish_reason(reader, parser), logprobs))
-    except ClientGone:
-        return Response(status=gen.CLIENT_CLOSED)
-    finally:
-        answer.close()
-    return jsonify(response_bodies.chat_completion(answer.id, answer.created, model, choices, answer.usage()))
+        return response_bodies.chat_completion(answer.id, answer.created, model, choices, answer.usage())
+
+    return gen.whole(answer.close, read)
 
 
 @bp.post("/v1/completions")
@@ -95,17 +95,16 @@ def completions():
     echoes = [CompletionEcho(engine.tokenizer, r.request, params.prompt, options) for r in answer.readers]
     if params.stream:
         return gen.event_stream(answer, _completion_events(answer, echoes, params.include_usage, model))
-    choices = []
-    try:
+
+    def read() -> dict:
+        choices = []
         for index, (reader, echo) in enumerate(zip(answer.readers, echoes)):
             text = "".join(reader.texts())
             logprobs = echo.logprobs(reader.completion_tokens)
             choices.append(response_bodies.completion_choice(index, echo.text + text, reader.finish_reason, logprobs))
-    except ClientGone:
-        return Response(status=gen.CLIENT_CLOSED)
-    finally:
-        answer.close()
-    return jsonify(response_bodies.completion(answer.id, answer.created, model, choices, answer.usage()))
+        return response_bodies.completion(answer.id, answer.created, model, choices, answer.usage())
+
+    return gen.whole(answer.close, read)
 
 
 def _finish_reason(reader: ChoiceReader, parser: OutputParser) -> str:

@@ -9,13 +9,11 @@ other users wait in; a client that goes away ends its requests.
 
 from __future__ import annotations
 
-from flask import Response, jsonify
-
 from webapp.engine.serving.errors import PromptTooLong, completion_room
 from webapp.engine.serving.request import Request, SamplingParams
 from webapp.http import generation as gen
 from webapp.http.families import Family
-from webapp.openai.choices import ChoiceReader, ClientGone
+from webapp.openai.choices import ChoiceReader
 from webapp.openai.embeddings import embedding_list, parse_embedding_request, unit_vector
 from webapp.openai.errors import ApiError
 
@@ -28,22 +26,24 @@ def embeddings():
     engine = gen.engine(body)
     params = parse_embedding_request(body)
     prompts = [_prompt(engine, item, i) for i, item in enumerate(params.inputs)]
-    vectors, window = [None] * len(prompts), max(1, engine.n_slots)
+    window = max(1, engine.n_slots)
     running: list[tuple[int, ChoiceReader]] = []
-    try:
+
+    def read() -> dict:
+        vectors = [None] * len(prompts)
         for index, ids in enumerate(prompts):
             running.append((index, _submit(engine, ids)))
             if len(running) >= window or index == len(prompts) - 1:
                 for i, reader in running:
                     vectors[i] = _read(reader, params.dimensions)
-                running = []
-    except ClientGone:
-        return Response(status=gen.CLIENT_CLOSED)
-    finally:
+                running.clear()
+        return embedding_list(vectors, params.encoding_format, params.model or engine.model_name, sum(map(len, prompts)))
+
+    def close() -> None:
         for _, reader in running:
             reader.close()
-    body = embedding_list(vectors, params.encoding_format, params.model or engine.model_name, sum(map(len, prompts)))
-    return jsonify(body)
+
+    return gen.whole(close, read)
 
 
 def _prompt(engine, item, index: int) -> list[int]:

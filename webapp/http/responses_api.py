@@ -14,12 +14,12 @@ import json
 import logging
 from collections.abc import Iterator
 
-from flask import Response, current_app, jsonify
+from flask import current_app, jsonify
 
 from webapp.http import generation as gen
 from webapp.http.families import Family
 from webapp.openai import responses_format
-from webapp.openai.choices import Answer, ClientGone
+from webapp.openai.choices import Answer
 from webapp.openai.errors import ApiError
 from webapp.openai.output_text import OutputParser
 from webapp.openai.response_store import ResponseStore
@@ -40,23 +40,23 @@ def create():
     """A model response; its event stream when `stream` is true."""
     body = gen.json_body()
     history = _history(body.get("previous_response_id"))
-    run = gen.start_chat(gen.engine(body), responses_format.chat_body(body, history), responses_format.new_id("resp"), "input")
-    answer, parser, parallel, model = run.answer, run.parsers[0], run.parallel, run.model
+    engine = gen.engine(body)
+    chat = gen.parse_chat(responses_format.chat_body(body, history))
+    run = gen.start_chat(engine, chat, responses_format.new_id("resp"), "input")
+    answer, parser, parallel, model = run.answer, run.parsers[0], chat.parallel, run.model
     conversation = [*history, *responses_format.input_items(body)]
-    if run.params.stream:
+    if chat.params.stream:
         return gen.event_stream(answer, _events(answer, parser, parallel, model, body, conversation, _store()), _failed_event)
-    output = responses_format.Output()
-    reader = answer.readers[0]
-    try:
-        for pieces in gen.parse(reader, parser, parallel):
+
+    def read() -> dict:
+        output = responses_format.Output()
+        for pieces in gen.parse(answer.readers[0], parser, parallel):
             for piece in pieces:
                 output.add(piece)
         output.close()
-    except ClientGone:
-        return Response(status=gen.CLIENT_CLOSED)
-    finally:
-        answer.close()
-    return jsonify(_finish(answer, output, model, body, conversation, _store()))
+        return _finish(answer, output, model, body, conversation, _store())
+
+    return gen.whole(answer.close, read)
 
 
 @bp.get("/v1/responses/<response_id>")
