@@ -8,15 +8,17 @@ fake engine never load the model code. The engine's settings and their defaults 
 `webapp.engine.serving.settings.ENGINE_DEFAULTS`; the web layer's own are below.
 
 Secrets (`LLM_API_KEY`, `LLM_ADMIN_TOKEN`) are taken from the environment verbatim, never parsed as
-JSON (a key like `1e3` must stay that string). `webapp.http.auth` guards /v1 with the API key and
-/admin, /metrics with the admin token, `webapp.http.headers` sets security headers on every response;
-`webapp.ops.lifecycle` counts accepted API requests and drains them on shutdown
-(`app.extensions["lifecycle"]`).
+JSON (a key like `1e3` must stay that string). Each API family is a blueprint that declares its
+error shape, its guard (the API key, the admin token, or none) and whether shutdown drains it
+(`webapp.http.families`); the root registers them and enforces nothing by path.
+`webapp.http.headers` sets security headers on every response; `webapp.ops.lifecycle` counts the
+requests of drained families and drains them on shutdown (`app.extensions["lifecycle"]`).
 
-Every error leaves as OpenAI-shaped JSON, `{"error": {"message", "type", "param", "code"}}` (under
-/v1/messages in Anthropic's shape, `{"type": "error", "error": {"type", "message"}}`):
-unknown routes (404), wrong methods (405), oversized bodies (413), refused requests (`ApiError`),
-a prompt too long for the context (400), a full queue (429 with `Retry-After`), an engine still loading (503) and unexpected failures (500).
+Every error leaves as JSON in the shape of the family the request belongs to (OpenAI's,
+`{"error": {"message", "type", "param", "code"}}`, unless the family declares another, as
+Anthropic's does): unknown routes (404), wrong methods (405), oversized bodies (413), refused
+requests (`ApiError`), a prompt too long for the context (400), a full queue (429 with
+`Retry-After`), an engine still loading (503) and unexpected failures (500).
 """
 
 from __future__ import annotations
@@ -28,18 +30,17 @@ from pathlib import Path
 from flask import Flask, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from webapp.anthropic import events as anthropic_events
 from webapp.engine.serving.errors import RETRY_AFTER_S, EngineNotReady, ModelLoadFailed, PromptTooLong, QueueFull
 from webapp.engine.serving.settings import ENGINE_DEFAULTS
-from webapp.http import admin, anthropic_api, api, auth, chat, embeddings, headers, metrics, responses_api, tokens
-from webapp.openai.errors import ApiError, error_body, error_type
+from webapp.http import admin, anthropic_api, api, chat, embeddings, families, headers, health, login, metrics, responses_api, tokens
+from webapp.openai.errors import ApiError
 from webapp.ops.lifecycle import Lifecycle
 
 ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULTS = {
     **ENGINE_DEFAULTS,
-    "API_KEY": None,  # when set, /v1/* requires "Authorization: Bearer <API_KEY>"
+    "API_KEY": None,  # when set, the API families require "Authorization: Bearer <API_KEY>"
     "ADMIN_TOKEN": None,  # when set, /admin and /metrics require it (header or login cookie)
     "HOST": None,  # where the server listens, when not started by waitress-serve (warnings only)
     "MAX_CONTENT_LENGTH": 4 * 1024 * 1024,  # request bodies beyond this get a 413
@@ -71,24 +72,22 @@ def create_app(config: dict | None = None, engine=None) -> Flask:
     app.extensions["engine"] = engine
     lifecycle = Lifecycle(engine, drain_seconds=app.config["DRAIN_SECONDS"])
     app.extensions["lifecycle"] = lifecycle
-    app.wsgi_app = lifecycle.wrap(app.wsgi_app)
+    app.wsgi_app = lifecycle.wrap(app.wsgi_app, lambda environ: families.drains(app, environ))
 
-    auth.install(app)  # app-level hooks: they hold for every blueprint below
+    families.install(app, app_routes=families.Policy(guard=families.PUBLIC, drained=False))  # the static files
     headers.install(app)
-    for blueprint in (api.bp, anthropic_api.bp, responses_api.bp, embeddings.bp, tokens.bp, chat.bp, admin.bp, metrics.bp):
+    blueprints = (api.bp, anthropic_api.bp, responses_api.bp, embeddings.bp, tokens.bp, health.bp, chat.bp, admin.bp, metrics.bp, login.bp)
+    for blueprint in blueprints:
         app.register_blueprint(blueprint)
     _register_error_handlers(app)
     return app
 
 
 def _error(status: int, message: str, param=None, code=None, type=None, headers=None):
-    if anthropic_events.speaks_anthropic(request.path):
-        body = anthropic_events.error_body(status, message)  # the API the client speaks, in its own shape
-    else:
-        body = error_body(message, type or error_type(status), param, code)
-    response = jsonify(body)
+    e = ApiError(status, message, param, code, type, headers)
+    response = jsonify(families.current().errors(e))  # the family's own shape
     response.status_code = status
-    response.headers.update(headers or {})
+    response.headers.update(e.headers)
     return response
 
 

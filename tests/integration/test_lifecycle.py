@@ -70,6 +70,18 @@ def test_drain_lets_accepted_requests_finish_and_refuses_new_ones(drain_server, 
     assert result["cancelled"] == 0 and result["unfinished"] == 0 and result["in_flight_at_start"] == 2
 
 
+def test_tokenize_is_drained_like_the_api(drain_server):
+    """Outside /v1 yet an API family: refused once draining begins, in OpenAI's shape, with the
+    headers every response carries."""
+    srv, lifecycle = drain_server.server, drain_server.lifecycle
+    assert post(srv, "/tokenize", {"content": "hi"})[0] == 200
+    lifecycle.drain(0)
+    status, headers, body = post(srv, "/tokenize", {"content": "hi"})
+    assert status == 503 and int(headers["Retry-After"]) >= 1 and headers["X-Content-Type-Options"] == "nosniff"
+    assert_error_shape(body, "server_error", "server_shutting_down")
+    assert post(srv, "/detokenize", {"tokens": [104]})[0] == 503
+
+
 def test_drain_cancels_what_outlives_its_bound(drain_server, fake_engine):
     srv, lifecycle = drain_server.server, drain_server.lifecycle
     fake_engine.replies.append(Reply([ord("a")] * 3 + [ord("b")], delay=0.01, forever=True))

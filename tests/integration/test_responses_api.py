@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from support import post
 from support.fakes import Reply
 
-from webapp.openai.responses_api import chat_body
+from webapp.openai.responses_format import chat_body
 
 WEATHER = {
     "type": "function",

@@ -30,7 +30,7 @@ TOOLS = [
     },
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}}}},
 ]
-# as webapp.openai.requests normalizes a conversation: content a string, arguments an object
+# as webapp.openai.request_bodies normalizes a conversation: content a string, arguments an object
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "Weather in Paris?"},

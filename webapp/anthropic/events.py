@@ -7,7 +7,8 @@ error shape, as plain dicts the `anthropic` client parses.
   input is sent whole as one `input_json_delta`.
 - `stop_reason(finish_reason, stop_sequence, called_tools)`: `end_turn`, `max_tokens`,
   `stop_sequence` or `tool_use`.
-- `error_body(status, message)`: `{"type": "error", "error": {"type", "message"}}`, its type by status.
+- `error_body(status, message)`: `{"type": "error", "error": {"type", "message"}}`, its type by
+  status; `api_error_body(e)` is that of an `ApiError`, the Anthropic family's error shape.
 """
 
 from __future__ import annotations
@@ -16,15 +17,8 @@ import json
 import uuid
 
 from webapp.engine.serving.request import FinishReason
+from webapp.openai.errors import ApiError
 from webapp.openai.output_text import Piece
-
-PREFIX = "/v1/messages"  # the routes that answer in Anthropic's shapes, errors included
-
-
-def speaks_anthropic(path: str) -> bool:
-    """Whether a request to `path` is answered in Anthropic's shapes."""
-    return path == PREFIX or path.startswith(PREFIX + "/")
-
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -41,6 +35,10 @@ ERROR_TYPES = {
 def error_body(status: int, message: str) -> dict:
     kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def api_error_body(e: ApiError) -> dict:
+    return error_body(e.status, e.message)
 
 
 def new_id(prefix: str) -> str:

@@ -8,8 +8,9 @@ tiles, tables and the SVG plots are rendered here, and a `<noscript>` refresh re
 seconds. With JavaScript, `static/admin.js` polls stats.json every second and redraws the same
 elements (those marked `data-stat`, the tables and the plots) from the JSON.
 
-Access control is not here: `webapp.http.auth` guards everything under /admin and /metrics with
-`ADMIN_TOKEN` at the app level.
+The family owns /admin and declares the admin token as its guard (`webapp.http.auth.require_admin`,
+enforced by `webapp.http.families` before any view, unknown routes under /admin included); it is not
+drained.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import math
 
 from flask import (
-    Blueprint,
     Response,
     current_app,
     jsonify,
@@ -28,9 +28,10 @@ from flask import (
 
 from webapp.engine.serving.metrics import REQUEST_OUTCOMES
 from webapp.engine.serving.model_set import ModelSet
+from webapp.http.families import ADMIN_TOKEN, Family
 from webapp.http.headers import PAGE_CSP
 
-bp = Blueprint("admin", __name__, url_prefix="/admin")
+bp = Family("admin", __name__, guard=ADMIN_TOKEN, drained=False, owns=("/admin",), url_prefix="/admin")
 
 PLOT_W, PLOT_H = 600, 100  # SVG user units of a plot; one x unit per second of history
 NO_VALUE = "–"

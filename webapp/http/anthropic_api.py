@@ -4,7 +4,8 @@
 A body is translated into an OpenAI chat body (`webapp.anthropic.messages`) and then takes the chat
 path itself: the same validation, chat template, tool grammar, engine request and output parser
 (`webapp.http.generation`); only the answer's shape differs (`webapp.anthropic.events`). Errors,
-before a stream and inside one, are in Anthropic's shape (`webapp/__init__.py` picks it by path).
+before a stream and inside one, are in Anthropic's shape: the family declares it, for its routes and
+for any unknown route under /v1/messages (`webapp.http.families`).
 """
 
 from __future__ import annotations
@@ -12,42 +13,41 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
-from flask import Blueprint, Response, current_app, jsonify
+from flask import current_app, jsonify
 
 from webapp.anthropic import events
 from webapp.anthropic.messages import chat_body, count_tokens_body
 from webapp.http import generation as gen
-from webapp.openai import requests as fmt
-from webapp.openai.choices import Answer, ClientGone
+from webapp.http.families import Family
+from webapp.openai import request_bodies
+from webapp.openai.choices import Answer
 from webapp.openai.errors import ApiError
 from webapp.openai.output_text import OutputParser
 
-bp = Blueprint("anthropic", __name__)
+PREFIX = "/v1/messages"
+bp = Family("anthropic", __name__, errors=events.api_error_body, owns=(PREFIX,))
 log = logging.getLogger(__name__)
-
-PREFIX = events.PREFIX
 
 
 @bp.post(PREFIX)
 def messages():
     """An Anthropic message; its stream of events when `stream` is true."""
     body = gen.json_body()
-    run = gen.start_chat(gen.engine(body), chat_body(body), events.new_id("msg"), "messages")
-    answer, parser, parallel, model = run.answer, run.parsers[0], run.parallel, run.model
-    if run.params.stream:
+    run = gen.start_chat(gen.engine(body), gen.parse_chat(chat_body(body)), events.new_id("msg"), "messages")
+    answer, parser, parallel, model = run.answer, run.parsers[0], run.chat.parallel, run.model
+    if run.chat.params.stream:
         return gen.event_stream(answer, _events(answer, parser, parallel, model), _error_event)
-    blocks = events.Blocks()
-    reader = answer.readers[0]
-    try:
+
+    def read() -> dict:
+        blocks = events.Blocks()
+        reader = answer.readers[0]
         for pieces in gen.parse(reader, parser, parallel):
             for piece in pieces:
                 blocks.add(piece)
-    except ClientGone:
-        return Response(status=gen.CLIENT_CLOSED)
-    finally:
-        answer.close()
-    stop = events.stop_reason(reader.finish_reason, reader.stop_sequence, blocks.called_tools)
-    return jsonify(events.message(answer.id, model, blocks.content, stop, reader.stop_sequence, _usage(answer)))
+        stop = events.stop_reason(reader.finish_reason, reader.stop_sequence, blocks.called_tools)
+        return events.message(answer.id, model, blocks.content, stop, reader.stop_sequence, _usage(answer))
+
+    return gen.whole(answer.close, read)
 
 
 @bp.post(PREFIX + "/count_tokens")
@@ -56,7 +56,7 @@ def count_tokens():
     raw = gen.json_body()
     engine = gen.engine(raw)
     body = count_tokens_body(raw)
-    params = fmt.parse_chat_request(body, current_app.config["MAX_MESSAGES"])
+    params = request_bodies.parse_chat_request(body, current_app.config["MAX_MESSAGES"])
     prompt = gen.render_chat(engine.chat_template, list(params.messages), params.active_tools)
     return jsonify(input_tokens=len(gen.encode(engine.tokenizer, prompt)))
 

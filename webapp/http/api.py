@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP API: /v1/models, /v1/chat/completions, /v1/completions and /health.
+"""The OpenAI-compatible HTTP API: /v1/models, /v1/chat/completions and /v1/completions.
 
 Routing and streaming glue only: `webapp.openai` validates bodies and shapes every response, and
 the engine (`app.extensions["engine"]`) turns prompt token ids into generated token ids. A request
@@ -12,8 +12,9 @@ last `data: {"error": ...}` event followed by `data: [DONE]`. Whenever this side
 request before the engine has finished it (a stop string matched, the client went away, the
 stream was never started) the request is aborted, so its slot is freed.
 
-Authentication (`webapp.http.auth`) and admission during shutdown (`webapp.ops.lifecycle`) happen
-before these views run. Every request being read is registered with the lifecycle, so a drain
+The family owns /v1: its routes, and any unknown route under it, need the API key, are drained on
+shutdown and err in OpenAI's shape (`webapp.http.families`); both checks happen before these views
+run. Every request being read is registered with the lifecycle, so a drain
 that runs out of time can cancel it; the engine then finishes it with reason "shutdown", which
 reaches the client as a 503 `server_shutting_down` error (an error event when streaming).
 """
@@ -25,15 +26,14 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 
-from flask import Blueprint, Response, jsonify
+from flask import jsonify
 
-from webapp.engine.serving.errors import RETRY_AFTER_S
 from webapp.engine.serving.model_set import ModelSet
 from webapp.engine.serving.request import FinishReason
 from webapp.http import generation as gen
-from webapp.openai import requests as fmt
-from webapp.openai import responses
-from webapp.openai.choices import Answer, ChoiceReader, ClientGone, interleave
+from webapp.http.families import Family
+from webapp.openai import request_bodies, response_bodies
+from webapp.openai.choices import Answer, ChoiceReader, interleave
 from webapp.openai.errors import ApiError
 from webapp.openai.output_text import OutputParser
 from webapp.openai.sampling_options import (
@@ -42,21 +42,8 @@ from webapp.openai.sampling_options import (
     parse_sampling_options,
 )
 
-bp = Blueprint("api", __name__)
+bp = Family("api", __name__, owns=("/v1",))
 log = logging.getLogger(__name__)
-
-
-@bp.get("/health")
-def health():
-    """The engine's health dict: 200 when it serves requests; 503 with `Retry-After` while loading,
-    failed, stalled (a step has run longer than STALL_SECONDS) or draining for shutdown. A draining
-    replica answers before asking the engine anything, so a proxy's check takes it out at once."""
-    if gen.lifecycle().draining:
-        return jsonify(status="draining"), 503, {"Retry-After": str(RETRY_AFTER_S)}
-    state = gen.served().health()
-    if state.get("status") != "ok":
-        return jsonify(state), 503, {"Retry-After": str(RETRY_AFTER_S)}
-    return jsonify(state)
 
 
 @bp.get("/v1/models")
@@ -64,8 +51,8 @@ def models():
     """The model this server runs, or with LLM_MODELS_DIR every model it offers, as an OpenAI model list."""
     served = gen.served()
     if isinstance(served, ModelSet):
-        return jsonify(responses.model_set_list(served.listing()))
-    return jsonify(responses.models_list(served.model_name, int(time.time())))
+        return jsonify(response_bodies.model_set_list(served.listing()))
+    return jsonify(response_bodies.models_list(served.model_name, int(time.time())))
 
 
 @bp.post("/v1/chat/completions")
@@ -73,23 +60,23 @@ def chat_completions():
     """An OpenAI chat completion; server-sent `chat.completion.chunk`s when `stream` is true."""
     body = gen.json_body()
     engine = gen.engine(body)
-    run = gen.start_chat(engine, body, responses.new_id("chatcmpl"), "messages")
-    params, options, answer, parsers, parallel, model = run.params, run.options, run.answer, run.parsers, run.parallel, run.model
+    run = gen.start_chat(engine, gen.parse_chat(body), response_bodies.new_id("chatcmpl"), "messages")
+    params, options, parallel = run.chat.params, run.chat.options, run.chat.parallel
+    answer, parsers, model = run.answer, run.parsers, run.model
     if params.stream:
         return gen.event_stream(answer, _chat_events(answer, parsers, parallel, params.include_usage, model))
-    choices = []
-    try:
+
+    def read() -> dict:
+        choices = []
         for index, (reader, parser) in enumerate(zip(answer.readers, parsers)):
             pieces = [piece for pieces in gen.parse(reader, parser, parallel) for piece in pieces]
             entries = reader.request.logprobs[: reader.completion_tokens]
             logprobs = chat_logprobs(engine.tokenizer, entries) if options.logprobs else None
-            message = responses.assistant_message(pieces)
-            choices.append(responses.chat_choice(index, message, _finish_reason(reader, parser), logprobs))
-    except ClientGone:
-        return Response(status=gen.CLIENT_CLOSED)
-    finally:
-        answer.close()
-    return jsonify(responses.chat_completion(answer.id, answer.created, model, choices, answer.usage()))
+            message = response_bodies.assistant_message(pieces)
+            choices.append(response_bodies.chat_choice(index, message, _finish_reason(reader, parser), logprobs))
+        return response_bodies.chat_completion(answer.id, answer.created, model, choices, answer.usage())
+
+    return gen.whole(answer.close, read)
 
 
 @bp.post("/v1/completions")
@@ -97,28 +84,27 @@ def completions():
     """An OpenAI (legacy) text completion of a raw prompt; SSE chunks when `stream` is true."""
     body = gen.json_body()
     engine = gen.engine(body)
-    params = fmt.parse_completion_request(body)
+    params = request_bodies.parse_completion_request(body)
     options = parse_sampling_options(body, chat=False)
     if isinstance(params.prompt, str):
         ids = gen.encode(engine.tokenizer, params.prompt)
     else:
         ids = gen.prompt_token_ids(engine.tokenizer, params.prompt)
-    answer = gen.submit(engine, ids, params, responses.new_id("cmpl"), "prompt", options)
+    answer = gen.submit(engine, ids, params, response_bodies.new_id("cmpl"), "prompt", options)
     model = params.model or engine.model_name
     echoes = [CompletionEcho(engine.tokenizer, r.request, params.prompt, options) for r in answer.readers]
     if params.stream:
         return gen.event_stream(answer, _completion_events(answer, echoes, params.include_usage, model))
-    choices = []
-    try:
+
+    def read() -> dict:
+        choices = []
         for index, (reader, echo) in enumerate(zip(answer.readers, echoes)):
             text = "".join(reader.texts())
             logprobs = echo.logprobs(reader.completion_tokens)
-            choices.append(responses.completion_choice(index, echo.text + text, reader.finish_reason, logprobs))
-    except ClientGone:
-        return Response(status=gen.CLIENT_CLOSED)
-    finally:
-        answer.close()
-    return jsonify(responses.completion(answer.id, answer.created, model, choices, answer.usage()))
+            choices.append(response_bodies.completion_choice(index, echo.text + text, reader.finish_reason, logprobs))
+        return response_bodies.completion(answer.id, answer.created, model, choices, answer.usage())
+
+    return gen.whole(answer.close, read)
 
 
 def _finish_reason(reader: ChoiceReader, parser: OutputParser) -> str:
@@ -133,12 +119,12 @@ def _ending(answer: Answer, choices: Iterator[str], usage_chunk: Callable[[dict]
     try:
         yield from choices
     except ApiError as e:
-        yield responses.sse(e.body())
-        yield responses.SSE_DONE
+        yield response_bodies.sse(e.body())
+        yield response_bodies.SSE_DONE
         return
     if usage_chunk is not None:
-        yield responses.sse(usage_chunk(answer.usage()))
-    yield responses.SSE_DONE
+        yield response_bodies.sse(usage_chunk(answer.usage()))
+    yield response_bodies.SSE_DONE
 
 
 def _chat_events(answer: Answer, parsers: list[OutputParser], parallel: bool, include_usage: bool, model: str) -> Iterator[str]:
@@ -146,7 +132,7 @@ def _chat_events(answer: Answer, parsers: list[OutputParser], parallel: bool, in
         _chat_choice_events(answer, index, reader, parser, parallel, model)
         for index, (reader, parser) in enumerate(zip(answer.readers, parsers))
     ]
-    usage = partial(responses.chat_usage_chunk, answer.id, answer.created, model) if include_usage else None
+    usage = partial(response_bodies.chat_usage_chunk, answer.id, answer.created, model) if include_usage else None
     return _ending(answer, interleave(streams, answer.outputs), usage)
 
 
@@ -158,19 +144,19 @@ def _chat_choice_events(
 
     def chunk(delta: dict, finish_reason: str | None = None) -> str:
         nonlocal sent
-        body = responses.chat_chunk(answer.id, answer.created, model, delta, finish_reason, index)
+        body = response_bodies.chat_chunk(answer.id, answer.created, model, delta, finish_reason, index)
         if req.params.logprobs and delta.keys() != {"role", "content"}:
             entries, sent = req.logprobs[sent : reader.completion_tokens], reader.completion_tokens
             if entries:
                 body["choices"][0]["logprobs"] = chat_logprobs(reader.engine.tokenizer, entries)
-        return responses.sse(body)
+        return response_bodies.sse(body)
 
     # Sent before any token so the client sees the stream open even during a long prefill.
     yield chunk({"role": "assistant", "content": ""})
     tool_index = 0
     for pieces in gen.parse(reader, parser, parallel):
         for piece in pieces:
-            yield chunk(responses.chat_delta(piece, tool_index))
+            yield chunk(response_bodies.chat_delta(piece, tool_index))
             tool_index += piece.kind == "tool_call"
     yield chunk({}, _finish_reason(reader, parser))
 
@@ -179,7 +165,7 @@ def _completion_events(answer: Answer, echoes: list[CompletionEcho], include_usa
     streams = [
         _completion_choice_events(answer, index, reader, echo, model) for index, (reader, echo) in enumerate(zip(answer.readers, echoes))
     ]
-    usage = partial(responses.completion_usage_chunk, answer.id, answer.created, model) if include_usage else None
+    usage = partial(response_bodies.completion_usage_chunk, answer.id, answer.created, model) if include_usage else None
     return _ending(answer, interleave(streams, answer.outputs), usage)
 
 
@@ -188,12 +174,12 @@ def _completion_choice_events(answer: Answer, index: int, reader: ChoiceReader, 
 
     def chunk(text: str, finish_reason: str | None = None, scored: bool = True, upto=None) -> str:
         nonlocal offset
-        body = responses.completion_chunk(answer.id, answer.created, model, text, finish_reason, index)
+        body = response_bodies.completion_chunk(answer.id, answer.created, model, text, finish_reason, index)
         if scored:
             tokens = reader.completion_tokens if upto is None else upto
             body["choices"][0]["logprobs"] = echo.logprobs(tokens, offset)
         offset += len(text)
-        return responses.sse(body)
+        return response_bodies.sse(body)
 
     yield chunk("", scored=False)
     echoed = False

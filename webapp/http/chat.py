@@ -10,11 +10,12 @@ inline script, no eval, no other origin.
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, make_response, render_template
+from flask import current_app, make_response, render_template
 
+from webapp.http.families import PUBLIC, Family
 from webapp.http.headers import CHAT_CSP
 
-bp = Blueprint("chat", __name__)
+bp = Family("chat", __name__, guard=PUBLIC, drained=False)  # the page asks for the key itself
 
 
 @bp.get("/")

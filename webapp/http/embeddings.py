@@ -9,41 +9,42 @@ other users wait in; a client that goes away ends its requests.
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, jsonify
-
 from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.serving.errors import PromptTooLong, completion_room
 from webapp.engine.serving.request import Request
 from webapp.http import generation as gen
-from webapp.openai import embeddings as fmt
-from webapp.openai.choices import ChoiceReader, ClientGone
+from webapp.http.families import Family
+from webapp.openai.choices import ChoiceReader
+from webapp.openai.embeddings import embedding_list, parse_embedding_request, unit_vector
 from webapp.openai.errors import ApiError
 
-bp = Blueprint("embeddings", __name__)
+bp = Family("embeddings", __name__)  # the API key, drained, OpenAI's errors
 
 
 @bp.post("/v1/embeddings")
 def embeddings():
     body = gen.json_body()
     engine = gen.engine(body)
-    params = fmt.parse_embedding_request(body)
+    params = parse_embedding_request(body)
     prompts = [_prompt(engine, item, i) for i, item in enumerate(params.inputs)]
-    vectors, window = [None] * len(prompts), max(1, engine.n_slots)
+    window = max(1, engine.n_slots)
     running: list[tuple[int, ChoiceReader]] = []
-    try:
+
+    def read() -> dict:
+        vectors = [None] * len(prompts)
         for index, ids in enumerate(prompts):
             running.append((index, _submit(engine, ids)))
             if len(running) >= window or index == len(prompts) - 1:
                 for i, reader in running:
                     vectors[i] = _read(reader, params.dimensions)
-                running = []
-    except ClientGone:
-        return Response(status=gen.CLIENT_CLOSED)
-    finally:
+                running.clear()
+        return embedding_list(vectors, params.encoding_format, params.model or engine.model_name, sum(map(len, prompts)))
+
+    def close() -> None:
         for _, reader in running:
             reader.close()
-    body = fmt.embedding_list(vectors, params.encoding_format, params.model or engine.model_name, sum(map(len, prompts)))
-    return jsonify(body)
+
+    return gen.whole(close, read)
 
 
 def _prompt(engine, item, index: int) -> list[int]:
@@ -84,4 +85,4 @@ def _read(reader: ChoiceReader, dimensions: int | None):
             pass
     finally:
         reader.close()
-    return fmt.unit_vector(reader.request.embedding, dimensions)
+    return unit_vector(reader.request.embedding, dimensions)

@@ -12,20 +12,20 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from flask import Response, after_this_request, current_app, request
+from flask import Response, after_this_request, current_app, jsonify, request
 
 from webapp.engine.decoding.constraints import GrammarError
 from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.serving.errors import RETRY_AFTER_S, PromptTooLong, completion_room
 from webapp.engine.serving.model_set import ModelNotFound, ModelsBusy, ModelSet
 from webapp.engine.serving.request import Request
-from webapp.openai import requests as fmt
-from webapp.openai import responses, structured
+from webapp.openai import chat_request, request_bodies, response_bodies, structured
+from webapp.openai.chat_request import ChatRequest
 from webapp.openai.choices import Answer, ChoiceOutputs, ChoiceReader, ClientGone
 from webapp.openai.errors import ApiError, error_body
 from webapp.openai.harmony import HarmonyParser, output_parser, template_messages
 from webapp.openai.output_text import OutputParser, Piece
-from webapp.openai.sampling_options import SamplingOptions, check_token_ids, parse_sampling_options
+from webapp.openai.sampling_options import SamplingOptions, check_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -35,29 +35,29 @@ CLIENT_CLOSED = 499
 
 @dataclass(frozen=True)
 class ChatRun:
-    """A chat body submitted to the engine, and what a view reads its answer with."""
+    """A chat request submitted to the engine, and what a view reads its answer with."""
 
-    params: fmt.ChatParams
-    options: SamplingOptions
+    chat: ChatRequest
     answer: Answer
     parsers: list[OutputParser | HarmonyParser]  # one per choice (harmony.output_parser's choice)
-    parallel: bool  # more than one tool call may come back
     model: str
 
 
-def start_chat(engine, body: dict, answer_id: str, param: str) -> ChatRun:
-    """Validate a chat body, render and tokenize its prompt, and submit it (the grammar of its
-    response format or forced tool included); whichever API the body came in."""
-    params = fmt.parse_chat_request(body, current_app.config["MAX_MESSAGES"])
-    options = parse_sampling_options(body, chat=True)
-    tools = params.active_tools
-    grammar = structured.output_grammar(body, tools, params.tool_choice, params.forced_tool)
+def parse_chat(body: dict) -> ChatRequest:
+    """A chat body (whichever API it came in, translated), validated once under this app's limits."""
+    return chat_request.parse_chat(body, current_app.config["MAX_MESSAGES"])
+
+
+def start_chat(engine, chat: ChatRequest, answer_id: str, param: str) -> ChatRun:
+    """Render and tokenize a chat request's prompt and submit it (the grammar of its response
+    format or forced tool included)."""
+    params, tools = chat.params, chat.params.active_tools
     prompt = render_chat(engine.chat_template, list(params.messages), tools)
     prompt_ids = encode(engine.tokenizer, prompt)
     ends = message_ends(engine, list(params.messages), tools, prompt, prompt_ids) if engine.keeps_states else ()
-    answer = submit(engine, prompt_ids, params, answer_id, param, options, grammar, ends)
+    answer = submit(engine, prompt_ids, params, answer_id, param, chat.options, chat.grammar, ends)
     parsers = [output_parser(engine.chat_template.source, prompt, tools) for _ in answer.readers]
-    return ChatRun(params, options, answer, parsers, structured.parallel_tool_calls(body), params.model or engine.model_name)
+    return ChatRun(chat, answer, parsers, params.model or engine.model_name)
 
 
 def render_chat(template, messages: list[dict], tools: list[dict] | None, generation: bool = True) -> str:
@@ -142,7 +142,7 @@ def disconnected() -> Callable[[], bool] | None:
 
 def json_body() -> dict:
     # Over MAX_CONTENT_LENGTH, get_data raises the 413 itself.
-    return fmt.parse_json_body(request.get_data(cache=False))
+    return request_bodies.parse_json_body(request.get_data(cache=False))
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -165,7 +165,7 @@ def prompt_token_ids(tokenizer, ids: tuple[int, ...]) -> list[int]:
 def submit(
     engine,
     prompt_ids: list[int],
-    params: fmt.GenerationParams,
+    params: request_bodies.GenerationParams,
     answer_id: str,
     param: str,
     options: SamplingOptions,
@@ -220,6 +220,19 @@ def submit(
     return answer
 
 
+def whole(close: Callable[[], None], read: Callable[[], dict]) -> Response:
+    """A whole (not streamed) answer as JSON: `read()` waits for the engine and builds the body,
+    then `close()` frees whatever is still held, however reading ended. A client that went away
+    meanwhile gets nothing: the 499 is for the logs."""
+    try:
+        body = read()
+    except ClientGone:
+        return Response(status=CLIENT_CLOSED)
+    finally:
+        close()
+    return jsonify(body)
+
+
 def event_stream(answer: Answer, events: Iterator[str], error_event: Callable[[], str] | None = None) -> Response:
     def stream():
         try:
@@ -232,8 +245,8 @@ def event_stream(answer: Answer, events: Iterator[str], error_event: Callable[[]
             if error_event is not None:
                 yield error_event()
             else:
-                yield responses.sse(error_body("Internal server error.", "server_error", None, "internal_error"))
-                yield responses.SSE_DONE
+                yield response_bodies.sse(error_body("Internal server error.", "server_error", None, "internal_error"))
+                yield response_bodies.SSE_DONE
         finally:
             # Under Waitress a closed connection surfaces here as GeneratorExit: free the slots.
             answer.close()

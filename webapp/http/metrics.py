@@ -2,20 +2,21 @@
 
 Each app gets its own `CollectorRegistry` holding one `EngineCollector` (and, with
 `LLM_METRICS_COMPAT=vllm`, a `VllmCollector`), so nothing is counted twice and the global registry
-of `prometheus_client` is never touched. `webapp.http.auth` guards it with `ADMIN_TOKEN`, like the
-dashboard.
+of `prometheus_client` is never touched. The family declares the admin token as its guard, like the
+dashboard's, and is not drained (`webapp.http.families`).
 """
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, current_app, request
+from flask import Response, current_app, request
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from webapp.engine.serving.model_set import ModelSet
+from webapp.http.families import ADMIN_TOKEN, Family
 from webapp.ops.prometheus import EngineCollector
 
-bp = Blueprint("prometheus", __name__)
+bp = Family("prometheus", __name__, guard=ADMIN_TOKEN, drained=False, owns=("/metrics",))
 
 
 def _install(state) -> None:

@@ -1,7 +1,7 @@
 """OpenAI's Responses API: `POST /v1/responses` (Codex CLI, the Agents SDK), `GET` and `DELETE
 /v1/responses/{id}`.
 
-A body is translated into a chat body (`webapp.openai.responses_api`), after the items of its
+A body is translated into a chat body (`webapp.openai.responses_format`), after the items of its
 `previous_response_id` chain, and takes the chat path itself (`webapp.http.generation`). A response
 is kept in `app.extensions["responses"]` (a bounded `ResponseStore`, in memory) unless `store` is
 false. Streaming sends the Responses events, each with its `sequence_number`, from
@@ -14,16 +14,17 @@ import json
 import logging
 from collections.abc import Iterator
 
-from flask import Blueprint, Response, current_app, jsonify
+from flask import current_app, jsonify
 
 from webapp.http import generation as gen
-from webapp.openai import responses_api as api
-from webapp.openai.choices import Answer, ClientGone
+from webapp.http.families import Family
+from webapp.openai import responses_format
+from webapp.openai.choices import Answer
 from webapp.openai.errors import ApiError
 from webapp.openai.output_text import OutputParser
 from webapp.openai.response_store import ResponseStore
 
-bp = Blueprint("responses", __name__)
+bp = Family("responses", __name__)  # OpenAI's: the API key, drained, OpenAI's errors
 log = logging.getLogger(__name__)
 
 
@@ -39,23 +40,23 @@ def create():
     """A model response; its event stream when `stream` is true."""
     body = gen.json_body()
     history = _history(body.get("previous_response_id"))
-    run = gen.start_chat(gen.engine(body), api.chat_body(body, history), api.new_id("resp"), "input")
-    answer, parser, parallel, model = run.answer, run.parsers[0], run.parallel, run.model
-    conversation = [*history, *api.input_items(body)]
-    if run.params.stream:
+    engine = gen.engine(body)
+    chat = gen.parse_chat(responses_format.chat_body(body, history))
+    run = gen.start_chat(engine, chat, responses_format.new_id("resp"), "input")
+    answer, parser, parallel, model = run.answer, run.parsers[0], chat.parallel, run.model
+    conversation = [*history, *responses_format.input_items(body)]
+    if chat.params.stream:
         return gen.event_stream(answer, _events(answer, parser, parallel, model, body, conversation, _store()), _failed_event)
-    output = api.Output()
-    reader = answer.readers[0]
-    try:
-        for pieces in gen.parse(reader, parser, parallel):
+
+    def read() -> dict:
+        output = responses_format.Output()
+        for pieces in gen.parse(answer.readers[0], parser, parallel):
             for piece in pieces:
                 output.add(piece)
         output.close()
-    except ClientGone:
-        return Response(status=gen.CLIENT_CLOSED)
-    finally:
-        answer.close()
-    return jsonify(_finish(answer, output, model, body, conversation, _store()))
+        return _finish(answer, output, model, body, conversation, _store())
+
+    return gen.whole(answer.close, read)
 
 
 @bp.get("/v1/responses/<response_id>")
@@ -88,12 +89,14 @@ def _history(previous: object) -> list[dict]:
     return stored[1]
 
 
-def _finish(answer: Answer, output: api.Output, model: str, body: dict, conversation: list[dict], store: ResponseStore) -> dict:
+def _finish(
+    answer: Answer, output: responses_format.Output, model: str, body: dict, conversation: list[dict], store: ResponseStore
+) -> dict:
     reader = answer.readers[0]
     request = reader.request
-    usage = api.usage(request.prompt_len, reader.completion_tokens, request.cached_tokens)
-    status, incomplete = api.status_of(reader.finish_reason)
-    done = api.response(answer.id, model, body, output.items, status, usage, incomplete)
+    usage = responses_format.usage(request.prompt_len, reader.completion_tokens, request.cached_tokens)
+    status, incomplete = responses_format.status_of(reader.finish_reason)
+    done = responses_format.response(answer.id, model, body, output.items, status, usage, incomplete)
     if body.get("store", True) is not False:
         store.put(answer.id, done, [*conversation, *output.items])
     return done
@@ -118,10 +121,10 @@ def _events(
         sequence += 1
         return _sse(event)
 
-    started = api.response(answer.id, model, body, [], "in_progress", None)
+    started = responses_format.response(answer.id, model, body, [], "in_progress", None)
     yield numbered({"type": "response.created", "response": started})
     yield numbered({"type": "response.in_progress", "response": started})
-    output = api.Output()
+    output = responses_format.Output()
     reader = answer.readers[0]
     try:
         for pieces in gen.parse(reader, parser, parallel):
@@ -131,7 +134,7 @@ def _events(
     except ApiError as e:
         for event in output.close():
             yield numbered(event)
-        failed = api.response(answer.id, model, body, output.items, "failed", None)
+        failed = responses_format.response(answer.id, model, body, output.items, "failed", None)
         failed["error"] = {"code": e.code or "server_error", "message": e.message}
         yield numbered({"type": "response.failed", "response": failed})
         return

@@ -7,17 +7,21 @@ evaluation tools count tokens exactly as the model does.
   first where the model wants one; `with_pieces` gives each id with its text. The answer carries
   `tokens`, `count` and `max_model_len`.
 - `/detokenize`: `tokens` back to text, as `content` and as `prompt`.
+
+Outside /v1, as llama-server and vLLM serve them, yet a family like the API's: the API key, drained
+on shutdown, OpenAI's error shape (`webapp.http.families`).
 """
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, jsonify
+from flask import current_app, jsonify
 
 from webapp.http import generation as gen
-from webapp.openai import requests as fmt
+from webapp.http.families import Family
+from webapp.openai import request_bodies
 from webapp.openai.errors import ApiError
 
-bp = Blueprint("tokens", __name__)
+bp = Family("tokens", __name__)
 
 
 @bp.post("/tokenize")
@@ -27,7 +31,7 @@ def tokenize():
     engine = gen.engine(body)
     special = _flag(body, "add_special", _flag(body, "add_special_tokens", True))
     if "messages" in body:
-        params = fmt.parse_chat_request({"messages": body["messages"]}, current_app.config["MAX_MESSAGES"])
+        params = request_bodies.parse_chat_request({"messages": body["messages"]}, current_app.config["MAX_MESSAGES"])
         text = engine.chat_template.render(list(params.messages), add_generation_prompt=_flag(body, "add_generation_prompt", True))
     else:
         text = body.get("content", body.get("prompt"))

@@ -23,7 +23,7 @@ from functools import partial
 
 from webapp.engine.serving.errors import RETRY_AFTER_S
 from webapp.engine.serving.request import Finished, FinishReason, Request
-from webapp.openai import responses
+from webapp.openai import response_bodies
 from webapp.openai.errors import ApiError
 from webapp.openai.output_text import StopMatcher
 
@@ -116,7 +116,7 @@ class Answer:
         first = self.readers[0].request
         completion = sum(r.completion_tokens for r in self.readers)
         drafted, accepted = (sum(getattr(r.request, name) for r in self.readers) for name in ("drafted_tokens", "accepted_tokens"))
-        return responses.usage(first.prompt_len, completion, first.cached_tokens, drafted, accepted)
+        return response_bodies.usage(first.prompt_len, completion, first.cached_tokens, drafted, accepted)
 
     def close(self) -> None:
         for reader in self.readers:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from webapp.openai.errors import ApiError
-from webapp.openai.requests import opt_int
+from webapp.openai.request_bodies import opt_int
 
 MAX_INPUTS = 2048  # OpenAI's limit on one request's inputs
 ENCODINGS = ("float", "base64")

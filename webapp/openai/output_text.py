@@ -8,7 +8,7 @@ the incrementally decoded text of one request.
 - `OutputParser` routes `<think>...</think>` to reasoning and turns `<tool_call>...</tool_call>`
   blocks (hermes JSON or `<function=...>` XML, read by `parse_tool_call`) into OpenAI tool calls,
   holding back text that could be the start of a tag so that no part of one ever leaks out as
-  content. It yields `Piece`s, which `webapp.openai.requests` shapes as deltas and messages.
+  content. It yields `Piece`s, which `webapp.openai.response_bodies` shapes as deltas and messages.
 """
 
 from __future__ import annotations

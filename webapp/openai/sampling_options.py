@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from webapp.openai.errors import ApiError
-from webapp.openai.requests import opt_bool, opt_int, opt_number
+from webapp.openai.request_bodies import opt_bool, opt_int, opt_number
 
 MAX_TOP_LOGPROBS_CHAT = 20  # OpenAI's limits
 MAX_TOP_LOGPROBS_COMPLETIONS = 5

@@ -2,7 +2,7 @@
 tools the chat template would drop.
 
 Pure functions (no Flask, no engine state); every refusal is an `ApiError` 400 naming the field.
-- `output_grammar(body, tools, tool_choice)` returns the llguidance grammar a request's output
+- `output_grammar(body, tools, tool_choice, forced, parallel)` returns the llguidance grammar a request's output
   must follow, or None when it is free: `response_format` json_object (any JSON object) or
   json_schema (the schema; `strict` is accepted either way, as output always follows it), a
   forced tool call (`tool_choice` "required" or a named function, honouring
@@ -27,10 +27,10 @@ from webapp.openai.errors import ApiError
 TOOL_CALL_FORMAT = '<tool_call>\n{"name": <function name>, "arguments": <arguments as a JSON object>}\n</tool_call>'
 
 
-def output_grammar(body: dict, tools: tuple[dict, ...] | None, tool_choice: str | None, forced: str | None) -> str | None:
+def output_grammar(body: dict, tools: tuple[dict, ...] | None, tool_choice: str | None, forced: str | None, parallel: bool) -> str | None:
     """The grammar for a chat request's output (see the module docstring); `forced` is a named
-    function from `tool_choice`, `tool_choice` is "auto", "none" or "required"."""
-    parallel_tool_calls(body)  # validated whatever the tool choice
+    function from `tool_choice`, `tool_choice` is "auto", "none" or "required", `parallel` is
+    `parallel_tool_calls(body)`."""
     kinds = [k for k in ("response_format", "grammar") if _given(body, k)]
     wants_call = tool_choice == "required" or forced is not None
     if wants_call:
@@ -39,7 +39,7 @@ def output_grammar(body: dict, tools: tuple[dict, ...] | None, tool_choice: str 
         raise ApiError(400, f"Only one of {', '.join(kinds)} can constrain the output.", kinds[-1])
     if wants_call:
         chosen = [t for t in tools or () if forced is None or t["function"]["name"] == forced]
-        return tool_call_grammar(chosen, parallel=parallel_tool_calls(body))
+        return tool_call_grammar(chosen, parallel=parallel)
     if _given(body, "response_format"):
         return _response_format_grammar(body["response_format"])
     if _given(body, "grammar"):

@@ -1,11 +1,12 @@
 """Admission, draining and graceful shutdown of the API's requests.
 
 Contract:
-- `Lifecycle.wrap(wsgi_app)` is WSGI middleware that counts every `/v1/*` request from the moment
-  it enters the app until the server closes its response (a stream included). A request counted
-  there has been *accepted*: shutdown lets it finish or ends it with a clear error, never drops it.
-  Once draining has begun, new `/v1/*` requests are refused at the door with a 503 and
-  `Retry-After`, in the shape of the API they speak (OpenAI's; Anthropic's under /v1/messages).
+- `Lifecycle.wrap(wsgi_app, drained)` is WSGI middleware that counts every request for which
+  `drained(environ)` is true (the app passes its families' answer, `webapp.http.families`) from
+  the moment it enters the app until the server closes its response (a stream included). A request
+  counted there has been *accepted*: shutdown lets it finish or ends it with a clear error, never
+  drops it. Once draining has begun, such a request is not counted but marked `environ[REFUSED]`
+  and handed on, and the app answers it with a 503 and `Retry-After` in its family's error shape.
 - `track(request)` / `forget(request)` keep the engine requests that handlers are reading, so
   that draining can cancel what is left when its time is up (with the reason "shutdown", which the
   API turns into a `server_shutting_down` error).
@@ -21,15 +22,14 @@ Contract:
   the remaining child processes are killed and the process exits 0 anyway: by then every accepted
   request has been answered.
 
-No Flask objects (it runs outside the app, as WSGI middleware) and no tinygrad; the API prefix
-and the headers every response carries are `webapp.http.headers`'s. Waiting is on a `threading.Condition`,
-never a polling sleep.
+No Flask objects (it runs outside the app, as WSGI middleware), no tinygrad, and no knowledge of
+URLs or error shapes: which requests are drained and how a refusal reads are the app's. Waiting is
+on a `threading.Condition`, never a polling sleep.
 """
 
 from __future__ import annotations
 
 import _thread
-import json
 import logging
 import multiprocessing
 import os
@@ -37,15 +37,11 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from werkzeug.wsgi import ClosingIterator
 
-from webapp.anthropic import events as anthropic_events
-from webapp.engine.serving.errors import RETRY_AFTER_S
 from webapp.engine.serving.request import FinishReason
-from webapp.http.auth import API_PREFIX
-from webapp.http.headers import COMMON_HEADERS
-from webapp.openai.errors import error_body
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +50,7 @@ CANCEL_WAIT_S = 5.0  # how long cancelled requests get to send their last event
 # leaving the loop earlier would close sockets with the tail of a stream (`[DONE]`) unsent.
 FLUSH_GRACE_S = 1.0
 EXIT_GRACE_S = 5.0  # how long the interpreter's teardown may take once the drain is done
+REFUSED = "webapp.lifecycle.refused"  # the environ key of a request that came while draining
 
 
 class Lifecycle:
@@ -63,7 +60,7 @@ class Lifecycle:
         # Re-entrant: a signal handler on the main thread may notify while that thread holds it.
         self._lock = threading.RLock()
         self._idle = threading.Condition(self._lock)
-        self._in_flight = 0  # accepted /v1 requests whose response is not closed yet
+        self._in_flight = 0  # accepted drained requests whose response is not closed yet
         self._live: set = set()  # engine requests being read by a handler
         self._draining = False
         self._cancelling = False  # past the drain deadline: every live request gets cancelled
@@ -83,16 +80,17 @@ class Lifecycle:
     def in_flight(self) -> int:
         return self._in_flight
 
-    def wrap(self, wsgi_app):
+    def wrap(self, wsgi_app, drained: Callable[[dict], bool]):
         def app(environ, start_response):
-            if not environ.get("PATH_INFO", "").startswith(API_PREFIX):
+            if not drained(environ):
                 return wsgi_app(environ, start_response)
             with self._lock:
                 refused = self._draining
                 if not refused:
                     self._in_flight += 1
             if refused:
-                return _refuse(start_response, environ.get("PATH_INFO", ""))
+                environ[REFUSED] = True  # the app answers it in its own shape, reading no body
+                return wsgi_app(environ, start_response)
             try:
                 # The response's close() (called by the server, a stream's included) ends the count.
                 return ClosingIterator(wsgi_app(environ, start_response), self._leave)
@@ -228,23 +226,3 @@ def _force_exit() -> None:
     for child in multiprocessing.active_children():
         child.kill()
     os._exit(0)
-
-
-def _refuse(start_response, path: str):
-    """The 503 of a draining server, in the shape of the API the client speaks."""
-    message = "The server is shutting down and accepts no new requests."
-    if anthropic_events.speaks_anthropic(path):
-        body = anthropic_events.error_body(503, message)  # overloaded_error: Claude Code retries it
-    else:
-        body = error_body(message, "server_error", code="server_shutting_down")
-    data = json.dumps(body).encode()
-    start_response(
-        "503 SERVICE UNAVAILABLE",
-        [
-            ("Content-Type", "application/json"),
-            ("Content-Length", str(len(data))),
-            ("Retry-After", str(RETRY_AFTER_S)),
-            *COMMON_HEADERS.items(),
-        ],
-    )
-    return [data]

@@ -1,6 +1,7 @@
-"""The OpenAI wire format, responses: plain dicts in the shapes the `openai` client parses.
+"""OpenAI's response bodies for chat and completions (not the Responses API: `responses_format`):
+plain dicts in the shapes the `openai` client parses.
 
-Pure functions, like `webapp.openai.requests` (the requests): `chat_chunk`, `chat_completion`,
+Pure functions, like `webapp.openai.request_bodies` (the requests): `chat_chunk`, `chat_completion`,
 `completion_chunk`, ... build response bodies, `sse` frames one as a server-sent event, and
 `chat_delta` / `assistant_message` shape `webapp.openai.output_text.Piece`s as OpenAI deltas and messages.
 """

@@ -11,7 +11,7 @@ without a server. What the model's text means (stop strings, reasoning, tool cal
   at most `max_messages` messages (default `MAX_MESSAGES`), `MAX_TOOLS` tools, `MAX_STOP_STRINGS`
   stop strings of at most `MAX_STOP_LENGTH` characters each; `parse_json_body` refuses bodies
   nested deeper than `MAX_JSON_DEPTH` or holding text that is not valid Unicode (lone surrogates).
-- The response shapes are `webapp.openai.responses`'s.
+- The response shapes are `webapp.openai.response_bodies`'s.
 """
 
 from __future__ import annotations

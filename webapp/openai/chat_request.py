@@ -1,0 +1,33 @@
+"""A chat body, parsed once into the typed request the generation path takes.
+
+Contract: `parse_chat(body, max_messages)` validates an OpenAI chat body (the one
+`/v1/chat/completions` receives, or the one Anthropic's Messages and OpenAI's Responses bodies are
+translated into) and returns a frozen `ChatRequest`: its parameters (`request_bodies`), its
+sampling options (`sampling_options`), the grammar its output must follow (`structured`) and
+whether more than one tool call may come back. Every refusal is an `ApiError` 400, raised here,
+before anything is rendered or submitted. Pure Python: no Flask, no engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from webapp.openai import structured
+from webapp.openai.request_bodies import ChatParams, parse_chat_request
+from webapp.openai.sampling_options import SamplingOptions, parse_sampling_options
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    params: ChatParams
+    options: SamplingOptions
+    grammar: str | None  # None: free output
+    parallel: bool  # more than one tool call may come back
+
+
+def parse_chat(body: dict, max_messages: int) -> ChatRequest:
+    params = parse_chat_request(body, max_messages)
+    options = parse_sampling_options(body, chat=True)
+    parallel = structured.parallel_tool_calls(body)
+    grammar = structured.output_grammar(body, params.active_tools, params.tool_choice, params.forced_tool, parallel)
+    return ChatRequest(params, options, grammar, parallel)
