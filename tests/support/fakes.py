@@ -17,6 +17,9 @@ every tag is split across tokens, plus BOS (256, "<s>") and EOS (257, "</s>").
 
 `FakeModelEngines` makes a model set's engines: real engines over fake runners, one per model file.
 
+`ScriptedRunner` is a `FakeRunner` that plays scripted replies, and `start_scripted_engine` starts a real
+`Engine` over one: the web layer's fixture where it has moved off `FakeEngine`.
+
 `StatsEngine` is a `FakeEngine` whose stats() come from a real `EngineMetrics` fed by hand (the pages'
 and /metrics' numbers), on a settable `Clock`.
 """
@@ -433,6 +436,61 @@ class FakeRunner:
         self.calls.append(("mixed drafted", prompts, tuple(r.id for r in batch), tuple(tuple(d) for d in drafts)))
         rows = [np.stack([self._logits(t) for t in [r.output_ids[-1], *d]]) for r, d in zip(batch, drafts, strict=True)]
         return [self._logits(tokens[-1]) for _, tokens, _ in chunks], rows
+
+
+class ScriptedRunner(FakeRunner):
+    """A FakeRunner over the byte tokenizer that plays each request a script: the next queued `Reply`
+    (or `default_reply`), taken at the request's first step. Its `tokens` are the request's outputs in
+    order (cycled with `forever`, EOS past their end), each one's row far above the rest, so any
+    sampling picks it; an exception among them is raised by that request's step, failing it as a
+    model error would; `delay` stretches each of its steps. Other `Reply` fields are the scripted
+    engine's alone: a real engine finishes, caches and queues by its own rules. `requests` are the
+    requests it has run, in the order of their first steps."""
+
+    def __init__(self):
+        super().__init__(vocab=FakeTokenizer.vocab_size)
+        self.replies: collections.deque[Reply] = collections.deque()
+        self.default_reply = Reply.text("Hello from the fake engine.")
+        self._scripts: dict[str, Reply] = {}
+        self.requests: list[Request] = []
+
+    def _next(self, request: Request) -> np.ndarray:
+        reply = self._scripts.get(request.id)
+        if reply is None:
+            reply = self._scripts[request.id] = self.replies.popleft() if self.replies else self.default_reply
+            self.requests.append(request)
+        if reply.delay:
+            time.sleep(reply.delay)
+        n, tokens = len(request.output_ids), reply.tokens
+        token = tokens[n % len(tokens)] if reply.forever else tokens[n] if n < len(tokens) else EOS
+        if isinstance(token, BaseException):
+            raise token
+        row = np.full(self.vocab, -30.0, dtype=np.float32)  # (vocab,)
+        row[token] = 0.0
+        return row
+
+    def prefill(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
+        super().prefill(request, tokens, start)
+        return self._next(request)
+
+    def decode(self, batch: list[Request], positions: list[int]) -> np.ndarray:
+        super().decode(batch, positions)
+        return np.stack([self._next(r) for r in batch])  # (B, vocab)
+
+
+def start_scripted_engine(max_context: int = 4096, slots: int = 4, held: threading.Event | None = None) -> Engine:
+    """A started real `Engine` over a `ScriptedRunner` (its `loaded.runner`): loaded when returned, or
+    with `held`, loading until that event is set."""
+
+    def load() -> LoadedModel:
+        if held is not None:
+            held.wait(10)
+        return LoadedModel(ScriptedRunner(), FakeTokenizer(), FakeChatTemplate(), "fake-model", max_context, "FAKE")
+
+    engine = Engine(load, slots=slots).start()
+    if held is None:
+        engine.settled.wait(10)
+    return engine
 
 
 class FakeModelEngines:

@@ -8,7 +8,6 @@ import re
 import pytest
 from prometheus_client import REGISTRY
 from support import metric_families
-from support.fakes import FakeEngine
 
 from webapp import create_app
 from webapp.engine.serving.metrics import EngineMetrics
@@ -100,11 +99,11 @@ def test_dashboard_of_an_engine_still_loading(stats_engine):
     assert metric_families(client).keys() == {"llm_engine_ready"}
 
 
-def test_plain_fake_engine_stats_do_not_break_the_page():
-    engine = FakeEngine()
-    client = create_app({"TESTING": True}, engine=engine).test_client()
-    assert client.get("/admin").status_code == 200
-    engine.close()
+def test_a_real_engines_stats_make_the_page_before_and_after_a_request(fake_engine, fake_client):
+    assert fake_client.get("/admin").status_code == 200
+    assert fake_client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3}).status_code == 200
+    html = fake_client.get("/admin").get_data(as_text=True)
+    assert 'class="state state-ok"' in html and fake_client.get("/admin/stats.json").get_json()["model"] == "fake-model"
 
 
 PROMISED = {

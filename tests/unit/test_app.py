@@ -1,4 +1,4 @@
-"""The app through Flask's test client over a scripted fake engine: /health, the chat page and its
+"""The app through Flask's test client over a real engine on a scripted runner: /health, the chat page and its
 assets, the settings from defaults, the environment and the argument, and the error a request
 gets for an oversized body or an unexpected exception."""
 

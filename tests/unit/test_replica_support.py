@@ -10,7 +10,7 @@ import threading
 
 import pytest
 from support import ROOT, metric_families
-from support.fakes import FakeEngine, StatsEngine
+from support.fakes import StatsEngine, start_scripted_engine
 
 from webapp import DEFAULTS, create_app
 from webapp.engine.serving.errors import RETRY_AFTER_S
@@ -99,49 +99,42 @@ def test_vllm_aliases_mirror_our_metrics_with_the_model_name_label():
     engine.close()
 
 
-def test_no_aliases_by_default_and_an_unknown_mode_stops_start_up():
-    engine = FakeEngine()
+def test_no_aliases_by_default_and_an_unknown_mode_stops_start_up(fake_engine):
     app = create_app({"TESTING": True}, engine=StatsEngine())
     assert "vllm:" not in app.test_client().get("/metrics").get_data(as_text=True)
     with pytest.raises(ValueError, match="LLM_METRICS_COMPAT='sglang'"):
-        create_app({"TESTING": True, "METRICS_COMPAT": "sglang"}, engine=engine)
-    engine.close()
+        create_app({"TESTING": True, "METRICS_COMPAT": "sglang"}, engine=fake_engine)
 
 
 # --- health of a draining replica -------------------------------------------------------------------
 
 
-class BlockingHealthEngine(FakeEngine):
-    """An engine whose health() would block: a draining replica must not need it to answer."""
+def test_a_draining_replica_answers_503_with_retry_after_at_once(fake_engine, monkeypatch):
+    release = threading.Event()
+    asked = fake_engine.health
 
-    def __init__(self):
-        super().__init__()
-        self.release = threading.Event()
+    def blocking() -> dict:  # a health() that would block: a draining replica must not need it to answer
+        release.wait(10)
+        return asked()
 
-    def health(self) -> dict:
-        self.release.wait(10)
-        return super().health()
-
-
-def test_a_draining_replica_answers_503_with_retry_after_at_once():
-    engine = BlockingHealthEngine()
-    app = create_app({"TESTING": True}, engine=engine)
+    monkeypatch.setattr(fake_engine, "health", blocking)
+    app = create_app({"TESTING": True}, engine=fake_engine)
     app.extensions["lifecycle"].drain(0)
     response = app.test_client().get("/health")
-    assert not engine.release.is_set()  # answered without asking the engine
+    assert not release.is_set()  # answered without asking the engine
     assert response.status_code == 503 and response.get_json() == {"status": "draining"}
     assert response.headers["Retry-After"] == str(RETRY_AFTER_S)
-    engine.release.set()
-    engine.close()
+    release.set()
 
 
 def test_a_loading_replica_says_when_to_ask_again_and_a_serving_one_is_200():
-    engine = FakeEngine()
+    held = threading.Event()
+    engine = start_scripted_engine(held=held)
     client = create_app({"TESTING": True}, engine=engine).test_client()
-    engine.status = "loading"
     loading = client.get("/health")
     assert loading.status_code == 503 and loading.headers["Retry-After"] == str(RETRY_AFTER_S)
-    engine.status = "ok"
+    held.set()
+    assert engine.settled.wait(10)
     ok = client.get("/health")
     assert ok.status_code == 200 and "Retry-After" not in ok.headers
-    engine.close()
+    engine.stop(5)

@@ -1,4 +1,4 @@
-"""A server on a network, seen from the web layer (scripted FakeEngine): the API key and the admin
+"""A server on a network, seen from the web layer (a real engine over a scripted runner): the API key and the admin
 token, the login form, the start-up warning when exposed, the security headers and the limits on
 what a request may hold. What only a real connection can send is
 tests/integration/test_security_on_the_wire.py."""
@@ -200,9 +200,9 @@ def test_user_text_never_comes_back_as_html(fake_engine):
     assert "<script>alert(1)" not in html and "&lt;script&gt;" in html
     r = client.get("/<script>alert(1)</script>")
     assert r.status_code == 404 and r.mimetype == "application/json"
-    fake_engine.replies.append(Reply.text("<img src=x onerror=alert(1)>"))
+    fake_engine.loaded.runner.replies.append(Reply.text("<img src=x onerror=alert(1)>"))
     r = client.post("/v1/chat/completions", json={"messages": HELLO})
-    assert r.mimetype == "application/json"
+    assert r.mimetype == "application/json" and r.get_json()["choices"][0]["message"]["content"] == "<img src=x onerror=alert(1)>"
 
 
 # --- limits ---------------------------------------------------------------------------------------
@@ -247,7 +247,7 @@ def test_longest_stop_string_is_accepted(fake_client):
 def test_max_tokens_is_capped_to_the_context(fake_client, fake_engine):
     r = fake_client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 10**12})
     assert r.status_code == 200
-    request = fake_engine.submitted[-1]
+    request = fake_engine.loaded.runner.requests[-1]
     assert request.params.max_tokens == fake_engine.max_context - request.prompt_len
 
 
