@@ -10,6 +10,7 @@ CPU lacks is skipped; LLM_CPU_ISA's refusal of one is checked on described CPUs.
 
 import ctypes
 import functools
+import re
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from test_kernels import TYPES, dequantize, random_blocks
 
 from webapp.engine.kernels.abi import Attention, Isa, KvType, Product
 from webapp.engine.kernels.block_weight import BLOCK_FORMATS
-from webapp.engine.kernels.build import RUNG_NAMES, RUNGS, executable_rungs, load_library, rung_for
+from webapp.engine.kernels.build import RUNG_NAMES, RUNGS, SOURCES, executable_rungs, load_library, rung_for
 
 RUNNABLE = {rung.name: flags for rung, flags in executable_rungs()}
 SIMD_RUNGS = [rung.name for rung in RUNGS if rung.isa != Isa.GENERIC]
@@ -168,3 +169,13 @@ def test_the_override_refuses_a_rung_the_cpu_cannot_run():
     with pytest.raises(ValueError, match="LLM_CPU_ISA='sse9': one of auto, generic, avx2, avx2_vnni, avx512, avx512_vnni"):
         rung_for("sse9", "x86_64", ZEN4)
     assert rung_for("generic", "x86_64", ZEN4)[0].isa == Isa.GENERIC  # a lower rung is always allowed
+
+
+def test_every_name_of_the_seam_has_its_line_in_the_fallback_list():
+    """fallback.h gives each function isa.h declares the highest version the build has; a name without
+    its arm there would be left undefined (generic builds) or defined twice (a rung's)."""
+    seam = (SOURCES / "isa.h").read_text()
+    names = set(re.findall(r"^static (?!inline)[a-z0-9_ ]+?[ *](\w+)\(", seam, re.M))  # declared, not defined there
+    fallback = (SOURCES / "fallback.h").read_text()
+    assert len(names) == 12 and names == set(re.findall(r"^#define (\w+)_generic \1$", fallback, re.M))
+    assert names == set(re.findall(r"^#define HAS_AVX2_(\w+) 1$", fallback, re.M))

@@ -1,4 +1,4 @@
-/* The x86 versions of isa.h's names (AVX2 with FMA and F16C), except the products'
+/* The x86 versions of isa.h's names (NAME_avx2; AVX2 with FMA and F16C), except the products'
  * (x86_avx2_products.c) and attention's (x86_avx2_attention.c), and the primitives those share.
  * tq.c includes them for every x86 rung of the ladder (build.py's RUNGS): AVX2 as written, the VNNI
  * rungs with dot_u8_add's dpbusd, the AVX-512 rungs compiled with AVX-512's flags. */
@@ -8,7 +8,7 @@
  * hardware prefetcher would see the stream (bench/RESULTS.md, c9eaf6b, has the measurements). */
 enum { PREFETCH_BYTES = 4096 };
 
-static float fp16(const uint8_t *p) {
+static float fp16_avx2(const uint8_t *p) {
   uint16_t h;
   memcpy(&h, p, 2);
   return _cvtsh_ss(h);
@@ -117,7 +117,7 @@ static float max_magnitude(const float *x, int n) {
   return _mm_cvtss_f32(_mm_max_ss(top4, _mm_movehdup_ps(top4)));
 }
 
-static void quantize_row(const float *x, int cols, int format, xblock *out) {
+static void quantize_row_avx2(const float *x, int cols, int format, xblock *out) {
   /* the same numbers as quantize_row_generic 8 at a time: the conversion rounds to nearest even as
      lrintf does */
   const int span = format == ACT_Q8_K ? 256 : 32;
@@ -148,11 +148,11 @@ static void quantize_row(const float *x, int cols, int format, xblock *out) {
 }
 
 /* Every interleaved layout (formats.c) has its group tile (x86_avx2_products.c). */
-static int interleaves(int type) { return interleaving_of(type) != 0; }
+static int interleaves_avx2(int type) { return interleaving_of(type) != 0; }
 
 /* silu(gate) * up, on the calling thread, so vectorized: the sigmoid from e = exp(-|gate|) as
  * 1 / (1 + e) or e / (1 + e), by the sign (no overflow either way). */
-static void swiglu_row(const float *gate, const float *up, int n, float *y) {
+static void swiglu_row_avx2(const float *gate, const float *up, int n, float *y) {
   int i = 0;
   const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
   for (; i + 8 <= n; i += 8) {
@@ -166,7 +166,7 @@ static void swiglu_row(const float *gate, const float *up, int n, float *y) {
 }
 
 /* the same rounding as half_from_float, 8 at a time */
-static void halves_from_floats(const float *x, int n, uint16_t *to) {
+static void halves_from_floats_avx2(const float *x, int n, uint16_t *to) {
   int i = 0;
   for (; i + 8 <= n; i += 8) _mm_storeu_si128((__m128i *)(to + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
   halves_from_floats_generic(x + i, n - i, to + i);
