@@ -76,7 +76,7 @@ def main() -> int:
     rung, flags = rung_for(args.isa)
     print(f"both builds for the {rung.name} rung: {' '.join(flags) or 'portable C'}")
     builds = {
-        "before": forward_of(Path(args.before) / SOURCES.relative_to(here), kernels.threads, flags),
+        "before": forward_of(Path(args.before) / SOURCES.resolve().relative_to(here), kernels.threads, flags),
         "after": forward_of(SOURCES, kernels.threads, flags),
     }
     runs = {
