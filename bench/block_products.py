@@ -67,7 +67,7 @@ def main() -> None:
         weight = kernels.block_weight(raw, TYPE_IDS[name], args.cols)
         stored[name] = (np.ascontiguousarray(weight.raw.numpy()), weight.ggml_type, raw.nbytes)
     print(
-        f"Machine: {platform.machine()}, {kernels.threads} threads, {'AVX2' if kernels.simd else 'portable C'}; load average {os.getloadavg()[0]:.2f}"
+        f"Machine: {platform.machine()}, {kernels.threads} threads, the {kernels.isa.name.lower()} rung; load average {os.getloadavg()[0]:.2f}"
     )
     print(f"{args.rows} x {args.cols} matrix, medians of {args.repeats} rounds (formats in turns)\n")
     print("| format | tokens | bytes | ms a product | ns a row | GB/s | time vs " + names[0] + " |")

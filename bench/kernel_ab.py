@@ -1,11 +1,12 @@
 """Two builds of the C kernels in one process, on one loaded model, alternating: step times and logits.
 
 Usage: DEV=CPU .venv/bin/python bench/kernel_ab.py --before DIR [--model FILE] [--positions 32,700]
-           [--lanes 1,2,4,8,9,32] [--batches 1,4,8,16] [--rounds 7]
+           [--lanes 1,2,4,8,9,32] [--batches 1,4,8,16] [--rounds 7] [--isa RUNG]
 
 DIR is another checkout (`git worktree add DIR COMMIT`); its `webapp/engine/kernels/c/` is built
 beside this checkout's, and each timed step calls `tq_forward` from one library or the other, in
-turns (the weights' layout, `tq_repack`, must be the same in both). On a shared VM whose speed drifts
+turns (the weights' layout, `tq_repack`, must be the same in both). Both builds take one rung of the
+ISA ladder (--isa, else LLM_CPU_ISA's, else the highest this CPU runs: the server's). On a shared VM whose speed drifts
 by 10-20% between runs, only ratios taken this way, a few milliseconds apart, are worth reading.
 Prints, per position: a verification of n lanes of one sequence (a speculative step; 32 lanes: a
 prefill piece) and a decode step of B sequences each in its own slot, the median of each build's
@@ -27,15 +28,15 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from webapp.engine.kernels import abi  # noqa: E402
-from webapp.engine.kernels.build import SOURCES, compile_library, simd_flags  # noqa: E402
+from webapp.engine.kernels.build import ISA_VARIABLE, SOURCES, compile_library, rung_for  # noqa: E402
 from webapp.engine.model.tinygrad_setup import prepare_tinygrad  # noqa: E402
 from webapp.engine.serving.loader import load_gguf_model  # noqa: E402
 from webapp.engine.serving.settings import default_model_path  # noqa: E402
 
 
-def forward_of(sources: Path, threads: int):
-    """tq_forward of the kernels built from the folder `sources`, with its own thread pool."""
-    lib = ctypes.CDLL(str(compile_library(simd_flags(), sources)))
+def forward_of(sources: Path, threads: int, flags: list[str]):
+    """tq_forward of the kernels built from the folder `sources` with `flags`, with its own thread pool."""
+    lib = ctypes.CDLL(str(compile_library(flags, sources)))
     lib.tq_start(ctypes.c_long(threads), ctypes.c_long(abi.SPIN_US))
     forward = lib.tq_forward
     forward.argtypes, forward.restype = [ctypes.c_void_p] * 5 + [ctypes.POINTER(abi.Step), ctypes.c_void_p], None
@@ -58,6 +59,9 @@ def main() -> int:
     ap.add_argument("--lanes", default="1,2,3,4,5,6,7,8,9,32")
     ap.add_argument("--batches", default="1,4,8,16")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument(
+        "--isa", default=os.environ.get(ISA_VARIABLE), help="the ISA rung both builds take (build.py's RUNGS); default: the server's"
+    )
     args = ap.parse_args()
     prepare_tinygrad()
     positions, lanes, batches = ([int(x) for x in v.split(",")] for v in (args.positions, args.lanes, args.batches))
@@ -69,9 +73,11 @@ def main() -> int:
         return 1
     kernels, scratch = steps.kernels, steps.model.slots
     here = Path(__file__).resolve().parent.parent
+    rung, flags = rung_for(args.isa)
+    print(f"both builds for the {rung.name} rung: {' '.join(flags) or 'portable C'}")
     builds = {
-        "before": forward_of(Path(args.before) / SOURCES.relative_to(here), kernels.threads),
-        "after": forward_of(SOURCES, kernels.threads),
+        "before": forward_of(Path(args.before) / SOURCES.resolve().relative_to(here), kernels.threads, flags),
+        "after": forward_of(SOURCES, kernels.threads, flags),
     }
     runs = {
         **{("lanes", n): (lambda n=n, pos=0: steps.verify([[0] * n], [scratch], [pos])) for n in lanes},

@@ -1,6 +1,6 @@
 """The C kernels' interface (c/tq.h) against its Python mirror (kernels/abi.py), and the build's hash.
 
-Both builds (SIMD and portable) describe themselves through tq_abi; the mirror must describe them
+Every build (each rung of the ISA ladder this CPU runs) describes itself through tq_abi; the mirror must describe them
 alike, and a field added to one side only, or a value changed on one, must show up as a mismatch.
 """
 
@@ -11,15 +11,18 @@ import subprocess
 import pytest
 
 from webapp.engine.kernels import abi, build
-from webapp.engine.kernels.build import SOURCES, compile_library, simd_flags
+from webapp.engine.kernels.build import RUNG_NAMES, RUNGS, SOURCES, compile_library, executable_rungs
 
 
-@pytest.fixture(scope="module", params=["simd", "portable"])
+@pytest.fixture(scope="module", params=[rung.name for rung in RUNGS])
 def library(request):
-    flags = simd_flags() if request.param == "simd" else []
-    if request.param == "simd" and not flags:
-        pytest.skip("this CPU has no AVX2")
-    return ctypes.CDLL(str(compile_library(flags)))
+    """Every rung of the ISA ladder this CPU runs (each build describes itself alike), as built unchecked."""
+    runnable = {rung.name: flags for rung, flags in executable_rungs()}
+    if request.param not in runnable:
+        pytest.skip(f"this CPU cannot run the {request.param} rung")
+    library = ctypes.CDLL(str(compile_library(list(runnable[request.param]))))
+    assert library.tq_isa() == RUNG_NAMES[request.param].isa
+    return library
 
 
 def test_the_mirror_describes_the_library_as_it_describes_itself(library):

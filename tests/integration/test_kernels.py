@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit
 
-from webapp.engine.kernels.abi import INTERLEAVED, AttendFlag, Attention, Product
+from webapp.engine.kernels.abi import INTERLEAVED, AttendFlag, Attention, Isa, Product
 from webapp.engine.kernels.block_weight import BLOCK_FORMATS, BlockWeight
-from webapp.engine.kernels.build import SOURCE
+from webapp.engine.kernels.build import RUNG_NAMES, SOURCE
 from webapp.engine.kernels.cpu import QuantizedCPU
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 
@@ -252,7 +252,7 @@ def test_interleaved_rows_give_the_same_products_rows_and_invariance(library, gg
     cols = 96 if BLOCK_FORMATS[ggml_type][1] == 32 else 512
     raw = random_blocks(ggml_type, rows, cols, rng)
     packed, stored_type = _repack(library, raw, ggml_type, cols)
-    interleaved = library.tq_simd() and rows % 8 == 0
+    interleaved = library.tq_isa() != Isa.GENERIC and rows % 8 == 0
     assert stored_type == (INTERLEAVED + ggml_type if interleaved else ggml_type)
     assert np.array_equal(packed, raw) != interleaved and np.array_equal(np.sort(packed, axis=None), np.sort(raw, axis=None))
     w = dequantize(ggml_type, raw, cols)
@@ -454,7 +454,7 @@ def test_k_quant_matrices_at_real_shapes_store_and_multiply_whole(ggml_type, row
     rng = np.random.default_rng(rows)
     raw = random_blocks(ggml_type, rows, cols, rng)
     weight = kernels.block_weight(raw, ggml_type, cols)
-    interleaved = rows % 8 == 0 and kernels.simd and ggml_type not in FLOATS
+    interleaved = rows % 8 == 0 and kernels.isa != Isa.GENERIC and ggml_type not in FLOATS
     assert (weight.ggml_type, weight.rows, weight.cols) == (ggml_type + (INTERLEAVED if interleaved else 0), rows, cols)
     stored = weight.raw.numpy()
     assert np.array_equal(stored, raw) if not interleaved else np.array_equal(np.sort(stored, axis=None), np.sort(raw, axis=None))
@@ -477,7 +477,7 @@ def stored_random_matrix(ggml_type: int, rows: int, cols: int):
     rng = np.random.default_rng(rows + ggml_type)
     raw = random_blocks(ggml_type, rows, cols, rng)
     weight = kernels.block_weight(raw, ggml_type, cols)
-    assert weight.ggml_type == ggml_type + (INTERLEAVED if rows % 8 == 0 and kernels.simd else 0)
+    assert weight.ggml_type == ggml_type + (INTERLEAVED if rows % 8 == 0 and kernels.isa != Isa.GENERIC else 0)
     return kernels, rng, raw, weight
 
 
@@ -559,16 +559,14 @@ def test_a_stack_of_types_multiplies_as_its_parts_would(tokens):
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="an x86 build")
-def test_an_avx_vnni_build_compiles_its_integer_dots_to_dpbusd():
+@pytest.mark.parametrize("way", range(len(RUNG_NAMES["avx2_vnni"].ways)), ids=["AVX-VNNI", "AVX512-VNNI+VL"])
+def test_each_way_of_the_vnni_rung_compiles_its_integer_dots_to_dpbusd(way):
     """dot_u8_add and dot_u8_quads are the one place the integer dot's instructions are chosen: built
-    for AVX-VNNI, every tile takes dpbusd with no kernel of its own. Compiled only: this CPU need not
-    run it."""
-    build = subprocess.run(
-        ["clang", "-O3", "-S", "-o", "-", "-fno-math-errno", "-mavx2", "-mfma", "-mf16c", "-mavxvnni", str(SOURCE)],
-        capture_output=True,
-        text=True,
-    )
-    if build.returncode != 0 and "avxvnni" in build.stderr:
-        pytest.skip(f"this clang has no AVX-VNNI: {build.stderr.strip()}")
+    with either way of the avx2_vnni rung (build.py), every tile takes dpbusd with no kernel of its
+    own. Compiled only: this CPU need not run it (test_isa_ladder.py runs the rungs it can)."""
+    flags = RUNG_NAMES["avx2_vnni"].ways[way][1]
+    build = subprocess.run(["clang", "-O3", "-S", "-o", "-", "-fno-math-errno", *flags, str(SOURCE)], capture_output=True, text=True)
+    if build.returncode != 0 and "unknown argument" in build.stderr:
+        pytest.skip(f"this clang lacks a flag: {build.stderr.strip()}")
     assert build.returncode == 0, build.stderr
     assert "vpdpbusd" in build.stdout

@@ -63,6 +63,18 @@ CONSTANTS |= {"LAYER_MATRICES": LAYER_MATRICES, "LAYER_INFO_FLAGS": LAYER_INFO_F
 CONSTANTS |= {"LAYER_INFO_WINDOW": LAYER_INFO_WINDOW, "LAYER_INFO_POSITIONS": LAYER_INFO_POSITIONS, "LAYER_INFO": LAYER_INFO}
 
 
+class Isa(enum.IntEnum):
+    """The rung of the instruction-set ladder a build was compiled for (tq_isa; build.py's RUNGS give
+    each one's flags): a higher id of an architecture runs what a lower one does. Ids from 16 are
+    left for ARM's ladder."""
+
+    GENERIC = 0
+    AVX2 = 1
+    AVX2_VNNI = 2  # AVX2 with the 256-bit VNNI dot product (AVX-VNNI, or AVX512-VNNI with VL)
+    AVX512 = 3  # AVX-512 F, BW and VL
+    AVX512_VNNI = 4
+
+
 class StepOutput(enum.IntEnum):
     """What tq_forward writes for each pick: the head's logits, or the final norm's output (embeddings)."""
 
@@ -287,6 +299,7 @@ STRUCTS = {"stack_header": StackHeader, "tq_product": Product, "tq_attention": A
 STRUCTS |= {"tq_layer_shape": LayerShape, "tq_step": Step, "tq_latent": Latent, "tq_recurrent": Recurrent}
 ENUMS = {
     "": BlockType,
+    "ISA_": Isa,
     "STEP_": StepOutput,
     "ATTEND_": AttendFlag,
     "FORM_": LayerForm,

@@ -1,8 +1,9 @@
 """Quantized matrix products on every CPU core, as kernels inside tinygrad's captured steps.
 
-Contract: `QuantizedCPU.load()` compiles the kernels in `c/` once per source and CPU feature set (cached on
-disk, so a restart reuses it) and returns None where it cannot serve (not the CPU device, no clang, an
-architecture without a trampoline). Its `linear(x, weight)` multiplies float32 activations (..., cols)
+Contract: `QuantizedCPU.load()` compiles the kernels in `c/` once per source and rung of the ISA ladder
+(build.py: the highest this CPU runs, or LLM_CPU_ISA's, a ValueError where the CPU cannot run that one;
+cached on disk, so a restart reuses it) and returns None where it cannot serve (not the CPU device, no
+clang, an architecture without a trampoline); its `isa` is the rung the library reports. Its `linear(x, weight)` multiplies float32 activations (..., cols)
 by a `BlockWeight` (a GGUF tensor's raw blocks, rows x cols); `norm_linear`, `residual_linear` and
 `swiglu_linear` fuse what surrounds a layer's products into them; `attend` runs a layer's attention
 from its qkv rows; `layer` runs all of a layer as one kernel; `embed(ids, weight)` gathers
@@ -38,7 +39,7 @@ from webapp.engine.device.capabilities import device_capabilities
 from webapp.engine.kernels import abi
 from webapp.engine.kernels.abi import MAX_PARTS, STACK_HEADER_BYTES, STACKED
 from webapp.engine.kernels.block_weight import BLOCK_FORMATS, BlockWeight
-from webapp.engine.kernels.build import SOURCE, compile_library, simd_flags
+from webapp.engine.kernels.build import ISA_VARIABLE, SOURCE, load_library, rung_for
 from webapp.engine.kernels.layer_tables import LayerTensors, WholeModel, cache_layout
 
 log = logging.getLogger(__name__)
@@ -63,23 +64,21 @@ def _trampoline(address: int) -> bytes | None:
 
 
 class QuantizedCPU:
-    def __init__(self, library: ctypes.CDLL, threads: int, simd: bool):
-        self.library, self.threads, self.simd = library, threads, simd
+    def __init__(self, library: ctypes.CDLL, threads: int, isa: abi.Isa):
+        self.library, self.threads, self.isa = library, threads, isa
         self._shapes: dict[tuple, Tensor] = {}
         self._programs: dict[str, bytes] = {}
         for name in ("tq_linear", "tq_norm_linear", "tq_residual_linear", "tq_swiglu_linear", "tq_embed", "tq_attend", "tq_layer"):
             address = ctypes.cast(getattr(library, name), ctypes.c_void_p).value
             self._programs[name] = _trampoline(address)
-        # what a layer passes tq_layer for what it lacks (a mixture of experts' router, up matrices and
-        # counts, a shared expert's matrices and gate, the experts' selection bias, Gemma's post-norms,
-        # gpt-oss's biases), which tq_layer never reads: one buffer each, as a kernel's arguments are
-        # distinct buffers
+        # what a layer passes tq_layer for what it lacks (a mixture's router, up matrices and counts, a shared
+        # expert's matrices and gate, the selection bias, Gemma's post-norms, gpt-oss's biases), which
+        # tq_layer never reads: one buffer each, as a kernel's arguments are distinct buffers
         self._unread = [device_array(np.zeros(1, np.int64)) for _ in range(9)]
         self._repack = library.tq_repack
         self._repack.argtypes, self._repack.restype = [ctypes.c_void_p] * 2 + [ctypes.POINTER(abi.Product)], ctypes.c_int
         self._forward = library.tq_forward
-        self._forward.argtypes = [ctypes.c_void_p] * 5 + [ctypes.POINTER(abi.Step), ctypes.c_void_p]
-        self._forward.restype = None
+        self._forward.argtypes, self._forward.restype = [ctypes.c_void_p] * 5 + [ctypes.POINTER(abi.Step), ctypes.c_void_p], None
         library.tq_start(ctypes.c_long(threads), ctypes.c_long(abi.SPIN_US))
 
     @classmethod
@@ -94,24 +93,19 @@ class QuantizedCPU:
         if shutil.which("clang") is None:
             log.info("quantized CPU kernels: clang not found; using tinygrad's kernels")
             return None
-        flags = simd_flags()
+        rung, flags = rung_for(os.environ.get(ISA_VARIABLE))  # a rung this CPU cannot run is refused (ValueError)
         try:
-            library = ctypes.CDLL(str(compile_library(flags)))
+            library = load_library(rung, flags)  # RuntimeError where its interface or rung is not the expected one
         except (OSError, subprocess.CalledProcessError) as e:
             log.warning("quantized CPU kernels failed to build (%s); using tinygrad's kernels", getattr(e, "stderr", e))
             return None
-        if mismatches := abi.mismatches(library):  # a bug, not a missing feature: arguments would be misread
-            raise RuntimeError(f"the kernels' interface differs from kernels/abi.py: {'; '.join(mismatches)}")
-        kernels = cls(library, cpu_threads(), simd=bool(library.tq_simd()))
-        log.info("quantized CPU kernels: %d threads, %s", kernels.threads, "AVX2" if kernels.simd else "portable C (no AVX2)")
+        kernels = cls(library, cpu_threads(), rung.isa)
+        log.info("quantized CPU kernels: %d threads, the %s rung (%s)", kernels.threads, rung.name, " ".join(flags) or "portable C")
         return kernels
 
     def block_weight(self, rows: np.ndarray, ggml_type: int, cols: int) -> BlockWeight:
-        """A matrix's blocks (rows, bytes per row) onto the device, in the layout its products run
-        fastest from: with rows in eights, every type with an interleaved layout (formats.c) interleaves them (tq_repack,
-        same bytes; Q4 products ran 2.7-3.2x faster here at 1 to 32 tokens, Q8_0 1.4-1.9x, and a
-        Q4_K_M file's decode 2.5x), other row counts and the float types (F32, F16, BF16) as the file
-        has them."""
+        """A matrix's blocks (rows, bytes per row) onto the device, in the layout its products run fastest from: rows
+        in eights of a type with an interleaved layout interleaved (tq_repack, formats.c), others as the file has them."""
         source = _checked_blocks(rows, ggml_type, cols)
         stored = Tensor.empty(*source.shape, dtype=dtypes.uint8).realize()  # written in place, from the file's map
         stored_type = self._repack(host_address(stored), source.ctypes.data, abi.Product(ggml_type, source.shape[0], cols))
@@ -352,9 +346,8 @@ class QuantizedCPU:
         state, or with `resume_rows` going on from the state its row holds. The model's tensors must not be in use by
         tinygrad's queue (callers synchronize after tinygrad work on the same tensors).
 
-        Not a kernel inside a TinyJit like the others: replaying the captured one-kernel step cost
-        ~2.8 ms of a 15.5 ms one-token step here (1.3 ms of Python before the kernel started, 0.9 ms
-        more inside it on tinygrad's worker thread, 0.6 ms to notice its end and copy the logits)."""
+        Not a kernel inside a TinyJit like the others: a replayed capture adds Python before the kernel,
+        a hop to tinygrad's worker thread and a wait for its end (bench/RESULTS.md, 56cc4f0)."""
         if state_rows is not None:
             assert len(state_rows) == len(tokens) and model.dims.recurrent.state, "a recurrent model's rows of state, one a lane"
             lanes = [*lanes, *state_rows]

@@ -1,19 +1,88 @@
-/* The portable version takes a name of isa.h wherever the build's ISA has no version of its own. */
+/* Which version takes each name of isa.h, name by name (as llama.cpp's arch-fallback.h does it): the
+ * highest rung of the build's ladder whose files define the name, else generic.c's.
+ *
+ * A rung's files define the names they have as NAME_<rung> and list them here, HAS_<RUNG>_<name>, for
+ * the builds that include them; below, each name is renamed from the first rung down that has it
+ * (`#define NAME_<rung> NAME`), so a rung with a partial set of kernels takes the rest from the rung
+ * below, down to the portable version. A lower rung's version that a higher one replaces stays
+ * beside it under its own name, for the higher one's tails. A new rung (issue 47's x86_avx512*.c, an
+ * ARM NEON set) adds its list and one arm a name. */
 #pragma once
 
-#if TQ_AVX2
-/* x86_avx2*.c define every name of isa.h */
+#define HAS(rung, name) HAS_##rung##_##name
+
+#if TQ_AVX2 /* x86_avx2*.c, which every x86 rung builds (tq.c), define every name */
+#define HAS_AVX2_fp16 1
+#define HAS_AVX2_quantize_row 1
+#define HAS_AVX2_interleaves 1
+#define HAS_AVX2_tile_rows 1
+#define HAS_AVX2_row_dot 1
+#define HAS_AVX2_float_format_rows 1
+#define HAS_AVX2_swiglu_row 1
+#define HAS_AVX2_halves_from_floats 1
+#define HAS_AVX2_attend_item 1
+#define HAS_AVX2_attend_lanes 1
+#define HAS_AVX2_attend_item_q8 1
+#define HAS_AVX2_delta_step 1
+#endif
+
+#if HAS(AVX2, fp16)
+#define fp16_avx2 fp16
 #else
 #define fp16_generic fp16
+#endif
+#if HAS(AVX2, quantize_row)
+#define quantize_row_avx2 quantize_row
+#else
 #define quantize_row_generic quantize_row
+#endif
+#if HAS(AVX2, interleaves)
+#define interleaves_avx2 interleaves
+#else
 #define interleaves_generic interleaves
+#endif
+#if HAS(AVX2, tile_rows)
+#define tile_rows_avx2 tile_rows
+#else
 #define tile_rows_generic tile_rows
+#endif
+#if HAS(AVX2, row_dot)
+#define row_dot_avx2 row_dot
+#else
 #define row_dot_generic row_dot
+#endif
+#if HAS(AVX2, float_format_rows)
+#define float_format_rows_avx2 float_format_rows
+#else
 #define float_format_rows_generic float_format_rows
+#endif
+#if HAS(AVX2, swiglu_row)
+#define swiglu_row_avx2 swiglu_row
+#else
 #define swiglu_row_generic swiglu_row
+#endif
+#if HAS(AVX2, halves_from_floats)
+#define halves_from_floats_avx2 halves_from_floats
+#else
 #define halves_from_floats_generic halves_from_floats
+#endif
+#if HAS(AVX2, attend_item)
+#define attend_item_avx2 attend_item
+#else
 #define attend_item_generic attend_item
+#endif
+#if HAS(AVX2, attend_lanes)
+#define attend_lanes_avx2 attend_lanes
+#else
 #define attend_lanes_generic attend_lanes
+#endif
+#if HAS(AVX2, attend_item_q8)
+#define attend_item_q8_avx2 attend_item_q8
+#else
 #define attend_item_q8_generic attend_item_q8
+#endif
+#if HAS(AVX2, delta_step)
+#define delta_step_avx2 delta_step
+#else
 #define delta_step_generic delta_step
 #endif

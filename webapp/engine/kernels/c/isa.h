@@ -2,10 +2,10 @@
  *
  * The functions declared here do the work whose fastest form depends on the instruction set; the
  * shared files (formats, linear, attention, step) call these names only, so they follow one control
- * flow in every build. generic.c defines each as NAME_generic, the portable reference. An ISA's files
- * (x86_avx2*.c) define NAME where they have a version of their own, which may hand what it does not
- * cover (a type, a tail of values) to NAME_generic; fallback.h renames NAME_generic to NAME for each
- * name the build's ISA leaves to the portable version. A new ISA adds its files and its list there. */
+ * flow in every build. generic.c defines each as NAME_generic, the portable reference. A rung's files
+ * (x86_avx2*.c: NAME_avx2) define the names they have a version of, which may hand what it does not
+ * cover (a type, a tail of values) to the rung below (NAME_generic); fallback.h gives each name the
+ * highest version the build has. A new rung adds its files and its list there. */
 #pragma once
 
 /* generic.c's definitions: unused where the build's ISA has versions of its own */

@@ -9,7 +9,8 @@
  *
  * The files: format_*.c (a block format each: its dequantization), formats.c (their table,
  * interleaved rows), isa.h (what depends on the instruction set), generic.c and x86_avx2*.c (its
- * portable and AVX2 versions, fallback.h choosing; x86_avx2_<format>.c a format's own products),
+ * portable and x86 versions, which every x86 rung of the ladder builds; fallback.h choosing, name by
+ * name; x86_avx2_<format>.c a format's own products),
  * pool.c (the thread pool), linear.c (the products and the fused linears), attention.c (attention_q8.c: its
  * 8-bit KV cache rows), moe.c (a mixture of experts' feed-forward), mla.c (multi-head latent attention), gated_delta.c (Qwen3.5's recurrent
  * and gated attention layers), step.c (a layer, a step) and abi.c (tq_abi).
@@ -28,14 +29,30 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "tq.h"
+
+/* The build's rung (tq.h's ISA_*), from what the compiler targets: build.py's flags for a rung give
+ * exactly its macros. TQ_AVX2: x86_avx2*.c are built, which every x86 rung runs; TQ_VNNI: their
+ * integer dots take the 256-bit dpbusd (x86_avx2.c's dot_u8_add). */
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define TQ_AVX2 1
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+#define TQ_VNNI 1
+#else
+#define TQ_VNNI 0
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define TQ_ISA (TQ_VNNI ? ISA_AVX512_VNNI : ISA_AVX512)
+#else
+#define TQ_ISA (TQ_VNNI ? ISA_AVX2_VNNI : ISA_AVX2)
+#endif
 #else
 #define TQ_AVX2 0
+#define TQ_VNNI 0
+#define TQ_ISA ISA_GENERIC
 #endif
 
-#include "tq.h"
 #include "isa.h"
 #include "fallback.h"
 #include "format_32.c"
@@ -74,4 +91,4 @@
 #include "step.c"
 #include "abi.c"
 
-int tq_simd(void) { return TQ_AVX2; }
+int tq_isa(void) { return TQ_ISA; }

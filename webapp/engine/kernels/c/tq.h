@@ -70,6 +70,12 @@ enum { FORM_RECURRENT = 32, FORM_GATED_ATTENTION = 64 };
 enum { KV_F16 = 0, KV_Q8_0 = 1 };
 /* the largest head tq_attend rotates (its rotation buffer): DeepSeek-V2's latent row is 576 */
 enum { MAX_HEAD_DIM = 576 };
+/* The instruction-set ladder (build.py's RUNGS: each rung's compiler flags and the CPU flags it needs).
+ * Within an architecture a higher id runs everything a lower one does not lack: x86's AVX2 (with FMA
+ * and F16C), AVX2 with the 256-bit VNNI dot product (AVX-VNNI or AVX512-VNNI+VL), AVX-512 (F, BW, VL),
+ * AVX-512 with VNNI. ISA_GENERIC is the portable C every CPU runs. Ids from 16 are left for ARM's
+ * ladder (NEON, + dotprod, + i8mm). */
+enum { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX2_VNNI = 2, ISA_AVX512 = 3, ISA_AVX512_VNNI = 4 };
 /* Idle pool threads spin this long before sleeping: a decode step's ~150 jobs come microseconds
  * apart, and a sleeping thread takes tens of microseconds to wake. */
 enum { SPIN_US = 100 };
@@ -215,8 +221,9 @@ typedef struct {
 
 /* Sizes the thread pool (threads, counting the caller; spin_us as SPIN_US); called once before any product. */
 void tq_start(long threads, long spin_us);
-/* Whether this build has the SIMD kernels (AVX2). */
-int tq_simd(void);
+/* The rung of the instruction-set ladder this build was compiled for (ISA_*; tq.c reads it from the
+ * compiler's target macros, so it is what the flags gave, whatever build.py meant to ask for). */
+int tq_isa(void);
 /* The entries tq_abi_entry describes, and how many there are. */
 int tq_abi(const tq_abi_entry **entries);
 /* dst = src's rows (shape: type, rows, cols) in the interleaved layout its products use; returns the

@@ -1,13 +1,14 @@
-/* The AVX2 versions (with FMA and F16C) of isa.h's names, except the products' (x86_avx2_products.c)
- * and attention's (x86_avx2_attention.c), and the primitives those share. tq.c includes them where
- * the compiler targets AVX2 (cpu.py's simd_flags). */
+/* The x86 versions of isa.h's names (NAME_avx2; AVX2 with FMA and F16C), except the products'
+ * (x86_avx2_products.c) and attention's (x86_avx2_attention.c), and the primitives those share.
+ * tq.c includes them for every x86 rung of the ladder (build.py's RUNGS): AVX2 as written, the VNNI
+ * rungs with dot_u8_add's dpbusd, the AVX-512 rungs compiled with AVX-512's flags. */
 
-/* How far ahead of the block being multiplied the tiles (x86_avx2_*.c) prefetch the weights. From DRAM the hardware
- * prefetcher alone left a one-token step at 31 ms here; the next tile's rows (1.4 KB ahead for the
- * default model's small matrices) gave 18.6 ms and 4 KB ahead 16.3 ms (medians of 100 steps). */
+/* How far ahead of the block being multiplied the tiles (x86_avx2_*.c) prefetch the weights: further
+ * than the next tile's rows, so a small matrix's next rows are on their way from DRAM before the
+ * hardware prefetcher would see the stream (bench/RESULTS.md, c9eaf6b, has the measurements). */
 enum { PREFETCH_BYTES = 4096 };
 
-static float fp16(const uint8_t *p) {
+static float fp16_avx2(const uint8_t *p) {
   uint16_t h;
   memcpy(&h, p, 2);
   return _cvtsh_ss(h);
@@ -19,17 +20,28 @@ static inline float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 /* The integer dot products every tile and row kernel is made of, and the one place their instructions
- * are chosen: with AVX-VNNI, dpbusd multiplies unsigned by signed bytes and adds each four products
- * into an int32 lane, one instruction; with AVX2 alone, maddubs adds pairs into int16 lanes and madd
- * adds those pairs into int32. The callers keep every int16 sum in range (see each), so both give the
- * same integers, and a kernel gains VNNI without a copy of its own. */
-#if defined(__AVXVNNI__)
+ * are chosen: with VNNI (tq.c's TQ_VNNI: AVX512-VNNI with VL, or Intel's AVX-VNNI), dpbusd multiplies
+ * unsigned by signed bytes and adds each four products into an int32 lane, one instruction; with
+ * AVX2 alone, maddubs adds pairs into int16 lanes (saturating) and madd adds those pairs into int32.
+ * They give the same integers exactly where no int16 sum of the maddubs path leaves int16: dot_u8_add's
+ * pairs are at most 2 * 128 * 127 = 32,512 (weights 0..128, activations -127..127: quantize_row never
+ * makes -128), and dot_u8_quads' callers bound their K pairs' sum each (see each). Then the VNNI rungs
+ * are bit for bit the AVX2 one (tests/integration/test_isa_ladder.py), and a kernel gains VNNI without
+ * a copy of its own. A caller whose int16 sums could leave the range would make the two differ, and
+ * must not take these. The row kernels that call maddubs themselves (Q6_K's and x86_avx2_k_low.c's,
+ * whose widening madd applies two sub-scales) run the same instructions on every rung. */
+#if TQ_VNNI
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DPBUSD _mm256_dpbusd_epi32 /* AVX512-VNNI's 256-bit form (AMD Zen 4, Intel server cores) */
+#else
+#define DPBUSD _mm256_dpbusd_avx_epi32 /* AVX-VNNI's VEX form (Intel client cores) */
+#endif
 /* acc + the dot products of 32 unsigned weights (0..128) and 32 signed activations, per four, as 8 int32 */
-static inline __m256i dot_u8_add(__m256i acc, __m256i w, __m256i x) { return _mm256_dpbusd_avx_epi32(acc, w, x); }
+static inline __m256i dot_u8_add(__m256i acc, __m256i w, __m256i x) { return DPBUSD(acc, w, x); }
 /* sum over k < K of q[k] times the four activations fours[k] broadcast to every lane, as 8 int32 */
 static inline __attribute__((always_inline)) __m256i dot_u8_quads(const __m256i *q, const int32_t *fours, const int K) {
   __m256i sum = _mm256_setzero_si256();
-  for (int k = 0; k < K; k++) sum = _mm256_dpbusd_avx_epi32(sum, q[k], _mm256_set1_epi32(fours[k]));
+  for (int k = 0; k < K; k++) sum = DPBUSD(sum, q[k], _mm256_set1_epi32(fours[k]));
   return sum;
 }
 /* dot_u8_quads times each lane's scale (int32 lanes, each within int16) */
@@ -105,7 +117,7 @@ static float max_magnitude(const float *x, int n) {
   return _mm_cvtss_f32(_mm_max_ss(top4, _mm_movehdup_ps(top4)));
 }
 
-static void quantize_row(const float *x, int cols, int format, xblock *out) {
+static void quantize_row_avx2(const float *x, int cols, int format, xblock *out) {
   /* the same numbers as quantize_row_generic 8 at a time: the conversion rounds to nearest even as
      lrintf does */
   const int span = format == ACT_Q8_K ? 256 : 32;
@@ -136,11 +148,11 @@ static void quantize_row(const float *x, int cols, int format, xblock *out) {
 }
 
 /* Every interleaved layout (formats.c) has its group tile (x86_avx2_products.c). */
-static int interleaves(int type) { return interleaving_of(type) != 0; }
+static int interleaves_avx2(int type) { return interleaving_of(type) != 0; }
 
 /* silu(gate) * up, on the calling thread, so vectorized: the sigmoid from e = exp(-|gate|) as
  * 1 / (1 + e) or e / (1 + e), by the sign (no overflow either way). */
-static void swiglu_row(const float *gate, const float *up, int n, float *y) {
+static void swiglu_row_avx2(const float *gate, const float *up, int n, float *y) {
   int i = 0;
   const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
   for (; i + 8 <= n; i += 8) {
@@ -154,7 +166,7 @@ static void swiglu_row(const float *gate, const float *up, int n, float *y) {
 }
 
 /* the same rounding as half_from_float, 8 at a time */
-static void halves_from_floats(const float *x, int n, uint16_t *to) {
+static void halves_from_floats_avx2(const float *x, int n, uint16_t *to) {
   int i = 0;
   for (; i + 8 <= n; i += 8) _mm_storeu_si128((__m128i *)(to + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
   halves_from_floats_generic(x + i, n - i, to + i);

@@ -143,7 +143,7 @@ static inline __attribute__((always_inline)) void attend_heads(const float *q, c
   attend_values(scores, stride, S, runs, n, Hd, part, part_stride);
 }
 
-static void attend_item(const float *q, int heads, const key_runs *runs, int n, int Hd, float scale, float *part, size_t part_stride) {
+static void attend_item_avx2(const float *q, int heads, const key_runs *runs, int n, int Hd, float scale, float *part, size_t part_stride) {
   /* An item's keys and values are a few KB to 64 KB each: ask for all of them at once rather than
      wait for the hardware prefetcher to notice each stream. The B=8 step's attention at position
      100 went from 6.1-7.0 to 5.0-5.6 ms (4 alternating pairs, every layer's cache from DRAM). */

@@ -89,8 +89,8 @@ static inline __attribute__((always_inline)) void rows_values(const float *const
   for (; i0 < Hd; i0 += 8) rows_value_columns(w, n, R, shared, v, Hd, i0, 1, o);
 }
 
-static void attend_lanes(const float *q, size_t q_lane_stride, int lanes, int heads, const int *n, const key_runs *runs, int Hd, float scale,
-                         float *part, size_t part_lane_stride, size_t part_stride) {
+static void attend_lanes_avx2(const float *q, size_t q_lane_stride, int lanes, int heads, const int *n, const key_runs *runs, int Hd, float scale,
+                              float *part, size_t part_lane_stride, size_t part_stride) {
   const int rows = lanes * heads, n_max = n[lanes - 1], J = n[0] / 4 * 4;
   if (Hd % 8 != 0 || rows > MAX_LANE_ROWS) {
     attend_lanes_generic(q, q_lane_stride, lanes, heads, n, runs, Hd, scale, part, part_lane_stride, part_stride);

@@ -78,7 +78,7 @@ static inline __attribute__((always_inline)) void attend_heads_q8(const float *q
   attend_values_q8(scores, stride, S, runs, row, n, Hd, part, part_stride);
 }
 
-static void attend_item_q8(const float *q, int heads, const key_runs *runs, int n, int Hd, float scale, float *part, size_t part_stride) {
+static void attend_item_q8_avx2(const float *q, int heads, const key_runs *runs, int n, int Hd, float scale, float *part, size_t part_stride) {
   const size_t row = (size_t)Hd / 32 * Q8_BLOCK_BYTES;
   for (int r = 0, first = 0; first < n; r++, first += runs->run_keys) /* as attend_item: the item's rows asked for at once */
     for (size_t at = 0; at < (size_t)run_length(runs, first, n) * row; at += 64) {

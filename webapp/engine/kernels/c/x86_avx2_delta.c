@@ -1,6 +1,6 @@
 /* AVX2 delta_step (isa.h): a state row at a time, eight values a register; the row stays in L1
  * between its product with k and its update and product with q. */
-static void delta_step(float *M, const float *q, const float *k, const float *v, float decay, float beta, float scale, int S, float *o) {
+static void delta_step_avx2(float *M, const float *q, const float *k, const float *v, float decay, float beta, float scale, int S, float *o) {
   const __m256 decays = _mm256_set1_ps(decay);
   for (int c = 0; c < S; c++) {
     float *m = M + (size_t)c * S;

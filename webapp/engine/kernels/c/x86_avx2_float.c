@@ -32,8 +32,8 @@ static inline __attribute__((always_inline)) void float_row(int type, const uint
 
 /* Rows first..last - 1, a row at a time, its tokens two by two: a row's 2-4 bytes a weight are read
  * from memory once, and again from the L1 cache for the next two tokens. */
-static void float_format_rows(int type, const uint8_t *w, size_t row_bytes, int cols, const float *const *xs, int n, float *out, size_t stride,
-                              int first, int last) {
+static void float_format_rows_avx2(int type, const uint8_t *w, size_t row_bytes, int cols, const float *const *xs, int n, float *out, size_t stride,
+                                   int first, int last) {
   for (int r = first; r < last; r++) {
     const uint8_t *row = w + (size_t)r * row_bytes;
     for (int t = 0; t < n; t += 2) {

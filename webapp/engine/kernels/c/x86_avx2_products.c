@@ -219,8 +219,8 @@ static inline __attribute__((always_inline)) void tile_q6_k_x8(const uint8_t *g,
 TILE_X8(1) TILE_X8(2) TILE_X8(3) TILE_X8(4) TILE_X8(5) TILE_X8(6) TILE_X8(7) TILE_X8(8)
 typedef void (*group_fn)(int, const uint8_t *, const xblock *const *, int, float *, size_t);
 
-static int tile_rows(int type, const uint8_t *w, size_t row_bytes, int nb, const xblock *const *xs, int n, float *out, size_t stride,
-                     int first, int last) {
+static int tile_rows_avx2(int type, const uint8_t *w, size_t row_bytes, int nb, const xblock *const *xs, int n, float *out, size_t stride,
+                          int first, int last) {
   int r = first;
   if (type > INTERLEAVED) { /* first and last are multiples of 8: chunks are of 16 rows */
     static const group_fn groups[9] = {0, tile_x8_1, tile_x8_2, tile_x8_3, tile_x8_4, tile_x8_5, tile_x8_6, tile_x8_7, tile_x8_8};
@@ -228,8 +228,8 @@ static int tile_rows(int type, const uint8_t *w, size_t row_bytes, int nb, const
   }
   if (type == Q4_0 || type == Q4_1 || type == Q8_0) {
     if (n > 4) { /* tile32's sums (R x N registers) take four tokens: more go in a second pass over the same rows */
-      const int done = tile_rows(type, w, row_bytes, nb, xs, 4, out, stride, first, last);
-      tile_rows(type, w, row_bytes, nb, xs + 4, n - 4, out + 4 * stride, stride, first, last);
+      const int done = tile_rows_avx2(type, w, row_bytes, nb, xs, 4, out, stride, first, last);
+      tile_rows_avx2(type, w, row_bytes, nb, xs + 4, n - 4, out + 4 * stride, stride, first, last);
       return done;
     }
     static const tile_fn wide[5] = {0, tile32_4x1, tile32_2x2, tile32_2x3, tile32_2x4};
@@ -338,7 +338,7 @@ static void row_dot_q6_k(const uint8_t *w, int nb, const xblock *const *xs, int 
 }
 
 /* Q5_K has no row kernel here: its rows come in eights in real files, and so are interleaved. */
-static void row_dot(int type, const uint8_t *w, int cols, const xblock *const *xs, int n, float *acc) {
+static void row_dot_avx2(int type, const uint8_t *w, int cols, const xblock *const *xs, int n, float *acc) {
   const int nb = cols / 32;
   prefetch_next_row(w, (size_t)cols / block_values(type) * block_bytes(type));
   switch (type) {
