@@ -40,7 +40,7 @@ from webapp.engine.kernels import abi
 from webapp.engine.kernels.abi import MAX_PARTS, STACK_HEADER_BYTES, STACKED
 from webapp.engine.kernels.block_weight import BLOCK_FORMATS, BlockWeight
 from webapp.engine.kernels.build import ISA_VARIABLE, SOURCE, load_library, rung_for
-from webapp.engine.kernels.layer_tables import LayerTensors, WholeModel, cache_layout
+from webapp.engine.kernels.layer_tables import LayerTensors, WholeModel, cache_layout, layer_attention, page_attention
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +251,7 @@ class QuantizedCPU:
         )
         table = self._unread[0]  # tq_attend leaves it unread unpaged
         if tables is not None:
-            _page(attention, tuple(tables.shape), block_positions, positions)
+            page_attention(attention, tuple(tables.shape), block_positions, positions)
             table = device_array(np.ascontiguousarray(tables, np.int32)) if isinstance(tables, np.ndarray) else tables
         shape = self._shape(attention)
         row_heads = heads + (1 if flags & abi.AttendFlag.LATENT else 2) * kv_heads  # latent: no value heads
@@ -266,7 +266,7 @@ class QuantizedCPU:
             raise ValueError("a latent, recurrent or gated attention layer runs in a whole step (whole_model) only")
         out = Tensor.empty(B, D, dtype=dtypes.float32)
         m = layer.matrices
-        shape = self._shape(abi.LayerShape(_layer_attention(layer, B, eps), D, m.down.cols, m.types, layer.experts, layer.form))
+        shape = self._shape(abi.LayerShape(layer_attention(layer, B, eps), D, m.down.cols, m.types, layer.experts, layer.form))
         unread = iter(self._unread)
         weights = tuple(next(unread) if w is None else w.raw for w in m.in_order)
         attn_norm, ffn_norm = (n.cast(dtypes.float32).contiguous() for n in (layer.attn_norm, layer.ffn_norm))
@@ -306,7 +306,7 @@ class QuantizedCPU:
         model = {E.EMBED: embed.raw, E.NORM: norm, E.HEAD: head.raw, E.INV_FREQ: inv_freq, E.INV_FREQ_LOCAL: inv_freq_local}
         model[E.BLOCK_TABLES] = None  # an array's address, written below: not a tensor
         tensors = abi.in_table_order(model, [layer.table_entries for layer in layers])
-        attention = _layer_attention(first, 0, eps)  # its lanes are each step's
+        attention = layer_attention(first, 0, eps)  # its lanes are each step's
         if block_tables is not None:
             if block_tables.dtype != np.int32 or block_tables.ndim != 2 or not block_tables.flags.c_contiguous:
                 raise ValueError(
@@ -314,7 +314,7 @@ class QuantizedCPU:
                 )
             if any(layer.window for layer in layers) or any(layer.cache.shape[3] != block_positions for layer in layers):
                 raise ValueError(f"a paged model's layers have no window and caches of {block_positions}-position blocks")
-            _page(attention, block_tables.shape, block_positions)
+            page_attention(attention, block_tables.shape, block_positions)
         experts = next((layer.experts for layer in layers if layer.experts.count), abi.Experts())
         # the dense layers' width (a mixture's leading dense layers differ from its experts')
         ffn_dim = next((layer.matrices.down.cols for layer in layers if not layer.experts.count), first.matrices.down.cols)
@@ -358,47 +358,6 @@ class QuantizedCPU:
         addresses = (out.ctypes.data, ids.ctypes.data, lane_values.ctypes.data, rows.ctypes.data, model.table.ctypes.data)
         self._forward(*addresses, step, model.layer_info.ctypes.data)
         return out
-
-
-def _layer_attention(layer: LayerTensors, lanes: int, eps: float) -> abi.Attention:
-    """The attention shape of a layer's kernel (tq_layer), or of every layer of a whole step (tq_forward)."""
-    slots, kv_heads, positions, head_dim = cache_layout(layer.cache, layer.kv_type)
-    flags, scale = layer.flags, layer.score_scale
-    return abi.Attention(
-        lanes,
-        layer.heads,
-        kv_heads,
-        slots,
-        positions,
-        head_dim,
-        flags,
-        eps,
-        scale,
-        layer.rotary,
-        layer.rope_scale,
-        layer.kv_type,
-        layer.window,
-    )
-
-
-def _page(attention: abi.Attention, table_shape: tuple[int, ...], block_positions: int, positions: int | None = None) -> None:
-    """Make `attention` (its slots the pool's blocks) paged over block tables of `table_shape`, or
-    ValueError where the kernels cannot read it so: they trust the shape, and a block of another size
-    would run an item's keys past its runs."""
-    bp = block_positions
-    if not (abi.MIN_BLOCK_POSITIONS <= bp <= abi.KEY_CHUNK and bp & (bp - 1) == 0):
-        raise ValueError(f"a block holds a power of two of {abi.MIN_BLOCK_POSITIONS} to {abi.KEY_CHUNK} positions, not {bp}")
-    if attention.positions != bp or attention.window:
-        raise ValueError(
-            f"a paged cache is blocks of {bp} positions without a window, not {attention.positions} (window {attention.window})"
-        )
-    if len(table_shape) != 2:
-        raise ValueError(f"block tables are (rows, table_width), not {table_shape}")
-    width = table_shape[1]
-    positions = width * bp if positions is None else positions
-    if not 0 < positions <= width * bp:
-        raise ValueError(f"{positions} positions do not fit a table row of {width} blocks of {bp}")
-    attention.block_positions, attention.table_width, attention.positions = bp, width, positions
 
 
 def _checked_blocks(rows: np.ndarray, ggml_type: int, cols: int) -> np.ndarray:

@@ -3,6 +3,8 @@
 Contract: `LayerMatrices` are a layer's products in blocks, `LayerTensors` everything its kernel
 (tq_layer) reads besides its input, `WholeModel` the table of every tensor's address that a whole
 step (tq_forward) reads, built by `QuantizedCPU.whole_model`. Their field orders are tq.h's.
+`layer_attention` and `page_attention` make the attention shape (abi.Attention) that a layer's kernel
+or a whole step reads, refusing one the kernels cannot read.
 """
 
 from __future__ import annotations
@@ -124,3 +126,44 @@ class WholeModel:
             step.attention.lanes, step.picks, step.outputs = lanes, picks, outputs
             step.recurrent.lane_rows = int(lane_rows)
         return step
+
+
+def layer_attention(layer: LayerTensors, lanes: int, eps: float) -> abi.Attention:
+    """The attention shape of a layer's kernel (tq_layer), or of every layer of a whole step (tq_forward)."""
+    slots, kv_heads, positions, head_dim = cache_layout(layer.cache, layer.kv_type)
+    flags, scale = layer.flags, layer.score_scale
+    return abi.Attention(
+        lanes,
+        layer.heads,
+        kv_heads,
+        slots,
+        positions,
+        head_dim,
+        flags,
+        eps,
+        scale,
+        layer.rotary,
+        layer.rope_scale,
+        layer.kv_type,
+        layer.window,
+    )
+
+
+def page_attention(attention: abi.Attention, table_shape: tuple[int, ...], block_positions: int, positions: int | None = None) -> None:
+    """Make `attention` (its slots the pool's blocks) paged over block tables of `table_shape`, or
+    ValueError where the kernels cannot read it so: they trust the shape, and a block of another size
+    would run an item's keys past its runs."""
+    bp = block_positions
+    if not (abi.MIN_BLOCK_POSITIONS <= bp <= abi.KEY_CHUNK and bp & (bp - 1) == 0):
+        raise ValueError(f"a block holds a power of two of {abi.MIN_BLOCK_POSITIONS} to {abi.KEY_CHUNK} positions, not {bp}")
+    if attention.positions != bp or attention.window:
+        raise ValueError(
+            f"a paged cache is blocks of {bp} positions without a window, not {attention.positions} (window {attention.window})"
+        )
+    if len(table_shape) != 2:
+        raise ValueError(f"block tables are (rows, table_width), not {table_shape}")
+    width = table_shape[1]
+    positions = width * bp if positions is None else positions
+    if not 0 < positions <= width * bp:
+        raise ValueError(f"{positions} positions do not fit a table row of {width} blocks of {bp}")
+    attention.block_positions, attention.table_width, attention.positions = bp, width, positions
