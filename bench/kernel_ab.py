@@ -1,12 +1,14 @@
 """Two builds of the C kernels in one process, on one loaded model, alternating: step times and logits.
 
 Usage: DEV=CPU .venv/bin/python bench/kernel_ab.py --before DIR [--model FILE] [--positions 32,700]
-           [--lanes 1,2,4,8,9,32] [--batches 1,4,8,16] [--rounds 7] [--isa RUNG]
+           [--lanes 1,2,4,8,9,32] [--batches 1,4,8,16] [--rounds 7] [--isa RUNG] [--before-isa RUNG]
 
 DIR is another checkout (`git worktree add DIR COMMIT`); its `webapp/engine/kernels/c/` is built
 beside this checkout's, and each timed step calls `tq_forward` from one library or the other, in
 turns (the weights' layout, `tq_repack`, must be the same in both). Both builds take one rung of the
-ISA ladder (--isa, else LLM_CPU_ISA's, else the highest this CPU runs: the server's). On a shared VM whose speed drifts
+ISA ladder (--isa, else LLM_CPU_ISA's, else the highest this CPU runs: the server's), unless
+--before-isa gives the before build its own: `--before . --before-isa avx2` compares two rungs of
+this checkout (rungs whose weights are laid out alike). On a shared VM whose speed drifts
 by 10-20% between runs, only ratios taken this way, a few milliseconds apart, are worth reading.
 Prints, per position: a verification of n lanes of one sequence (a speculative step; 32 lanes: a
 prefill piece) and a decode step of B sequences each in its own slot, the median of each build's
@@ -62,6 +64,7 @@ def main() -> int:
     ap.add_argument(
         "--isa", default=os.environ.get(ISA_VARIABLE), help="the ISA rung both builds take (build.py's RUNGS); default: the server's"
     )
+    ap.add_argument("--before-isa", default=None, help="the before build's rung, where it differs from --isa's")
     args = ap.parse_args()
     prepare_tinygrad()
     positions, lanes, batches = ([int(x) for x in v.split(",")] for v in (args.positions, args.lanes, args.batches))
@@ -74,9 +77,11 @@ def main() -> int:
     kernels, scratch = steps.kernels, steps.model.slots
     here = Path(__file__).resolve().parent.parent
     rung, flags = rung_for(args.isa)
-    print(f"both builds for the {rung.name} rung: {' '.join(flags) or 'portable C'}")
+    before_rung, before_flags = rung_for(args.before_isa) if args.before_isa else (rung, flags)
+    for name, (r, f) in {"before": (before_rung, before_flags), "after": (rung, flags)}.items():
+        print(f"{name}: the {r.name} rung, {' '.join(f) or 'portable C'}")
     builds = {
-        "before": forward_of(Path(args.before) / SOURCES.resolve().relative_to(here), kernels.threads, flags),
+        "before": forward_of(Path(args.before) / SOURCES.resolve().relative_to(here), kernels.threads, before_flags),
         "after": forward_of(SOURCES, kernels.threads, flags),
     }
     runs = {

@@ -148,10 +148,12 @@ HASWELL = frozenset({"avx2", "fma", "f16c"})
 ALDER_LAKE = HASWELL | {"avx_vnni"}
 
 
-def test_the_highest_rung_a_cpu_runs_is_chosen():
-    assert rung_for(None, "x86_64", ZEN4)[0].name == "avx512_vnni"
+def test_the_highest_automatic_rung_a_cpu_runs_is_chosen_and_a_higher_one_when_named():
+    # the rungs above AVX2 reuse its kernels and are built only when named, until they win at every step kind
+    assert [rung.name for rung in RUNGS if rung.automatic] == ["generic", "avx2"]
+    assert rung_for(None, "x86_64", ZEN4)[0].name == "avx2" and rung_for("avx512_vnni", "x86_64", ZEN4)[0].name == "avx512_vnni"
     assert rung_for("auto", "x86_64", HASWELL)[0].name == "avx2"
-    assert rung_for("", "x86_64", ALDER_LAKE) == (RUNG_NAMES["avx2_vnni"], ("-mavx2", "-mfma", "-mf16c", "-mavxvnni"))
+    assert rung_for("avx2_vnni", "x86_64", ALDER_LAKE) == (RUNG_NAMES["avx2_vnni"], ("-mavx2", "-mfma", "-mf16c", "-mavxvnni"))
     assert rung_for(None, "x86_64", frozenset({"sse4_2"}))[0].name == "generic"
     assert rung_for(None, "aarch64", frozenset({"asimd", "asimddp"}))[0].name == "generic"
     # AVX-512 VNNI gives the 256-bit rung its dpbusd too, through AVX512-VL

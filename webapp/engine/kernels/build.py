@@ -3,7 +3,8 @@ flags and the CPU features it needs, which one this CPU runs) and the shared lib
 per source and flags and cached on disk, so a restart reuses it.
 
 Contract: `RUNGS` is the ladder, lowest first, the one table of each rung's flags; `rung_for(name)`
-is the rung to build on this CPU: the highest one it can execute, or the one LLM_CPU_ISA names,
+is the rung to build on this CPU: the highest one it can execute that is `automatic`, or the one
+LLM_CPU_ISA names,
 refused with a ValueError where the name is unknown or the CPU lacks a feature the rung needs.
 `compile_library(flags)` returns the path of a library built from every file under SOURCES (c/tq.c
 includes the others: one translation unit, so the compiler inlines across them) with those flags;
@@ -49,6 +50,9 @@ class Rung:
     isa: Isa
     machines: frozenset[str]
     ways: tuple[tuple[frozenset[str], tuple[str, ...]], ...]
+    # whether "auto" may choose it: a rung is chosen by default only once its kernels are at least as
+    # fast as the rung below's at every step kind (bench/kernel_ab.py --before-isa measures that)
+    automatic: bool = True
 
     def flags_on(self, machine: str, cpu: frozenset[str]) -> tuple[str, ...] | None:
         """The compiler flags of the first way a CPU of `machine` with the features `cpu` executes,
@@ -75,13 +79,15 @@ _VNNI_512 = (frozenset({"avx512_vnni", "avx512vl"}), ("-mavx512vnni", "-mavx512v
 # The ladder, lowest first: every rung runs the kernels of the rungs below where it has none of its
 # own (c/fallback.h). The x86 rungs above AVX2 build x86_avx2*.c too: the VNNI ones with dpbusd in
 # their integer dots (x86_avx2.c says when that is bit for bit AVX2's), the AVX-512 ones with
-# AVX-512's flags (kernels of their own are issue 47's).
+# AVX-512's flags (kernels of their own are issue 47's). Those are built only when LLM_CPU_ISA names
+# them: their dpbusd dots make batched steps faster than AVX2's but a one-lane step slower
+# (bench/RESULTS.md), and one stream must not lose what the ladder gains elsewhere.
 RUNGS = (
     Rung("generic", Isa.GENERIC, frozenset(), ((frozenset(), ()),)),
     Rung("avx2", Isa.AVX2, X86, (_AVX2,)),
-    Rung("avx2_vnni", Isa.AVX2_VNNI, X86, (_with(_AVX2, _VNNI_256), _with(_AVX2, _VNNI_512))),
-    Rung("avx512", Isa.AVX512, X86, (_with(_AVX2, _AVX512),)),
-    Rung("avx512_vnni", Isa.AVX512_VNNI, X86, (_with(_AVX2, _AVX512, (frozenset({"avx512_vnni"}), ("-mavx512vnni",))),)),
+    Rung("avx2_vnni", Isa.AVX2_VNNI, X86, (_with(_AVX2, _VNNI_256), _with(_AVX2, _VNNI_512)), automatic=False),
+    Rung("avx512", Isa.AVX512, X86, (_with(_AVX2, _AVX512),), automatic=False),
+    Rung("avx512_vnni", Isa.AVX512_VNNI, X86, (_with(_AVX2, _AVX512, (frozenset({"avx512_vnni"}), ("-mavx512vnni",))),), automatic=False),
 )
 RUNG_NAMES = {rung.name: rung for rung in RUNGS}
 
@@ -104,12 +110,12 @@ def executable_rungs(machine: str | None = None, cpu: frozenset[str] | None = No
 
 def rung_for(name: str | None = None, machine: str | None = None, cpu: frozenset[str] | None = None) -> tuple[Rung, tuple[str, ...]]:
     """The rung to build and its compiler flags: the one named (LLM_CPU_ISA's value; None, "" or
-    "auto": the highest this CPU executes). Raises ValueError for a name not on the ladder or a rung
+    "auto": the highest automatic rung this CPU executes). Raises ValueError for a name not on the ladder or a rung
     this CPU cannot execute: a build for it would stop the server on its first unknown instruction."""
     machine, cpu = machine or platform.machine(), cpu_features() if cpu is None else cpu
     runnable = executable_rungs(machine, cpu)
     if not name or name == "auto":
-        return runnable[-1]
+        return [(rung, flags) for rung, flags in runnable if rung.automatic][-1]
     if name not in RUNG_NAMES:
         raise ValueError(f"{ISA_VARIABLE}={name!r}: one of auto, {', '.join(RUNG_NAMES)} is expected")
     rung = RUNG_NAMES[name]
