@@ -130,20 +130,15 @@ def test_queue_limit_rejects_at_once(tiny_engine):
 def test_a_failing_step_fails_only_its_requests(tiny_engine):
     """A mixed step holding the failing prompt beside a good one runs again apart: only the bad one fails."""
     runner = tiny_engine.loaded.runner
-    original, original_mixed = runner.prefill, runner.prefill_and_decode
+    original = runner.run
     assert runner.mixes  # the CPU kernels' one-call steps
 
-    def broken_prefill(request, tokens, start):
-        if request.prompt_ids[1] == 666:
+    def broken(parts):
+        if any(part.request.prompt_ids[1] == 666 and not part.decoding for part in parts):
             raise RuntimeError("injected fault")
-        return original(request, tokens, start)
+        return original(parts)
 
-    def broken_mixed(chunks, batch, positions):
-        if any(request.prompt_ids[1] == 666 for request, _, _ in chunks):
-            raise RuntimeError("injected fault")
-        return original_mixed(chunks, batch, positions)
-
-    runner.prefill, runner.prefill_and_decode = broken_prefill, broken_mixed
+    runner.run = broken
     try:
         bad = run(tiny_engine, [1, 666, 2])
         good = run(tiny_engine, PROMPTS[0])
@@ -152,7 +147,7 @@ def test_a_failing_step_fails_only_its_requests(tiny_engine):
         assert bad.finish_reason == "error"
         assert len(collect(good)[0]) == 12
     finally:
-        runner.prefill, runner.prefill_and_decode = original, original_mixed
+        runner.run = original
     assert tiny_engine.health()["status"] == "ok"
     assert len(collect(run(tiny_engine, PROMPTS[1]))[0]) == 12
 

@@ -64,7 +64,7 @@ def hostile_template_server(tmp_path_factory):
 
 @pytest.fixture
 def patch_runner(hostile_template_server):
-    """Replace runner methods for one test: `patch_runner("decode", fn)`; restored afterwards."""
+    """Replace runner methods for one test: `patch_runner("run", make)`, make(original) the new one; restored afterwards."""
     runner = hostile_template_server.engine.loaded.runner
     saved = {}
 
@@ -97,32 +97,17 @@ def test_a_hostile_chat_template_is_a_400_and_the_server_keeps_serving(hostile_t
 def test_a_failing_prefill_fails_only_its_request(hostile_template_server, patch_runner):
     engine, srv = hostile_template_server.engine, hostile_template_server.server
 
-    def broken(original):
-        def prefill(request, tokens, start):
-            if 666 in request.prompt_ids:
+    def broken(original):  # a step with the prompt fails, mixed with the healthy stream's decode or alone
+        def run(parts):
+            if any(666 in part.request.prompt_ids and not part.decoding for part in parts):
                 raise RuntimeError("injected prefill fault")
-            return original(request, tokens, start)
+            if any(part.decoding for part in parts):
+                time.sleep(0.02)
+            return original(parts)
 
-        return prefill
+        return run
 
-    def slowed(original):
-        def decode(batch, positions):
-            time.sleep(0.02)
-            return original(batch, positions)
-
-        return decode
-
-    def broken_mixed(original):  # a step with the prompt and the healthy stream's decode fails too
-        def prefill_and_decode(chunks, batch, positions):
-            if any(666 in request.prompt_ids for request, _, _ in chunks):
-                raise RuntimeError("injected prefill fault")
-            return original(chunks, batch, positions)
-
-        return prefill_and_decode
-
-    patch_runner("prefill", broken)
-    patch_runner("prefill_and_decode", broken_mixed)
-    patch_runner("decode", slowed)
+    patch_runner("run", broken)
     healthy = Stream(
         srv,
         "/v1/completions",
@@ -154,14 +139,14 @@ def test_a_failing_decode_fails_its_step_and_the_next_requests_succeed(hostile_t
     engine, srv = hostile_template_server.engine, hostile_template_server.server
 
     def broken(original):
-        def decode(batch, positions):
-            if any(666 in r.prompt_ids for r in batch):
+        def run(parts):
+            if any(666 in part.request.prompt_ids and part.decoding for part in parts):
                 raise RuntimeError("injected decode fault")
-            return original(batch, positions)
+            return original(parts)
 
-        return decode
+        return run
 
-    patch_runner("decode", broken)
+    patch_runner("run", broken)
     events = Stream(srv, "/v1/completions", {"prompt": [1, 666, 2], "max_tokens": 8, "ignore_eos": True}).rest()
     assert events[-1] == "[DONE]"
     assert_error_shape(events[-2], "server_error", "engine_error")

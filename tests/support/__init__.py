@@ -77,19 +77,21 @@ def engine_over(runner, context: int = 128, tokenizer=None, template=None, **set
 
 @contextlib.contextmanager
 def before_each_decode(engine, hook):
-    """Call `hook(batch)` ahead of each of the engine's decode steps (to slow them down or hold
-    them); the runner's own decode comes back on exit."""
-    decode = engine.loaded.runner.decode
+    """Call `hook(batch)` ahead of each of the engine's steps that decode, `batch` their decoding
+    requests (to slow them down or hold them); the runner's own `run` comes back on exit."""
+    run = engine.loaded.runner.run
 
-    def hooked(batch, positions):
-        hook(batch)
-        return decode(batch, positions)
+    def hooked(parts):
+        batch = [part.request for part in parts if part.decoding]
+        if batch:
+            hook(batch)
+        return run(parts)
 
-    engine.loaded.runner.decode = hooked
+    engine.loaded.runner.run = hooked
     try:
         yield
     finally:
-        engine.loaded.runner.decode = decode
+        engine.loaded.runner.run = run
 
 
 def slowed_decode(engine, seconds: float):

@@ -42,11 +42,13 @@ import numpy as np
 from webapp.engine.decoding.constraints import GrammarCompiler
 from webapp.engine.decoding.sampling import TokenLogprobs
 from webapp.engine.decoding.sampling_params import SamplingParams
+from webapp.engine.model.lanes import Want
 from webapp.engine.serving.engine import Engine
 from webapp.engine.serving.errors import EngineNotReady, QueueFull, completion_room
 from webapp.engine.serving.loaded_model import LoadedModel
 from webapp.engine.serving.metrics import EngineMetrics
 from webapp.engine.serving.request import Finished, FinishReason, Request, Status
+from webapp.engine.serving.runner import Part
 
 # What the fake "model" reports as every token's logprob (and the prompt's, when scored).
 FAKE_LOGPROB = -0.5
@@ -324,6 +326,29 @@ class StatsEngine(FakeEngine):
         return stats
 
 
+def run_by_kind(runner, parts: list[Part]) -> list[np.ndarray]:
+    """`Runner.run` for the fakes, through the one call a step of that kind makes: a prompt chunk
+    alone (`prefill`, `prompt_logits` or `hidden_states` by what it wants), decode lanes alone
+    (`decode`, or `decode_drafted` where any drafted), or a mixed step (`prefill_and_decode`, or
+    `prefill_and_verify`), so a test can record, hold or break each kind of step."""
+    prompts, decoding = [p for p in parts if not p.decoding], [p for p in parts if p.decoding]
+    batch, positions, drafts = [p.request for p in decoding], [p.start for p in decoding], [p.drafts for p in decoding]
+    if prompts and (decoding or len(prompts) > 1):
+        chunks = [(p.request, p.tokens, p.start) for p in prompts]
+        if any(drafts):
+            firsts, rows = runner.prefill_and_verify(chunks, batch, drafts, positions)
+        else:
+            firsts, rows = runner.prefill_and_decode(chunks, batch, positions)
+        return [*firsts, *rows]
+    if prompts:
+        part = prompts[0]
+        call = {Want.LAST: "prefill", Want.ALL: "prompt_logits", Want.HIDDEN: "hidden_states"}[part.want]
+        return [getattr(runner, call)(part.request, part.tokens, part.start)]
+    if any(drafts):
+        return list(runner.decode_drafted(batch, drafts, positions))
+    return list(runner.decode(batch, positions))
+
+
 class FakeRunner:
     """A runner without a model: each logits row is one-hot at `next_token(last token fed)`
     ((token + 1) % vocab unless given), so greedy sampling is predictable.
@@ -358,6 +383,9 @@ class FakeRunner:
         self.gate.set()
         self.fault: BaseException | None = None
         self.calls: list[tuple] = []
+
+    def run(self, parts: list[Part]) -> list[np.ndarray]:
+        return run_by_kind(self, parts)
 
     def _logits(self, last: int) -> np.ndarray:
         row = np.zeros(self.vocab, dtype=np.float32)  # (vocab,)

@@ -65,6 +65,11 @@ class PagedFakeRunner:
     def warm_up(self, progress) -> float:
         return 0.0
 
+    def run(self, parts) -> list[np.ndarray]:
+        from support.fakes import run_by_kind
+
+        return run_by_kind(self, parts)
+
     def prefill(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
         self.steps += 1
         return self._feed(request.slot, tokens, start)[-1]

@@ -55,9 +55,11 @@ def token_logprobs(row: np.ndarray, token: int, top: int) -> TokenLogprobs:
     return TokenLogprobs(token, float(logp[token]), best)
 
 
-def score_prompt(rows: np.ndarray, next_ids: list[int], top: int) -> list[TokenLogprobs]:
-    """Each of `next_ids` scored under the row before it: rows (len(next_ids), vocab)."""
-    return [token_logprobs(row, token, top) for row, token in zip(rows, next_ids)]
+def score_prompt(rows: np.ndarray, prompt_ids: list[int], start: int, top: int) -> list[TokenLogprobs]:
+    """The prompt tokens after positions start.. scored, each under the row of the position before
+    it: rows (n, vocab) of positions start..start + n - 1 (the prompt's last row scores nothing)."""
+    following = prompt_ids[start + 1 : start + 1 + len(rows)]
+    return [token_logprobs(row, token, top) for row, token in zip(rows, following)]
 
 
 def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:

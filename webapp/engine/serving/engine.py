@@ -22,7 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 from webapp.engine.decoding.constraints import GrammarCompiler
-from webapp.engine.decoding.sampling import RequestSampler, score_prompt
+from webapp.engine.decoding.sampling import RequestSampler
 from webapp.engine.serving import pooling
 from webapp.engine.serving.errors import EngineNotReady, ModelLoadFailed, QueueFull, completion_room
 from webapp.engine.serving.kv_cache import SlotTable
@@ -30,6 +30,7 @@ from webapp.engine.serving.loaded_model import LoadedModel
 from webapp.engine.serving.metrics import REJECTED, EngineMetrics
 from webapp.engine.serving.prefix_store import PrefixStore
 from webapp.engine.serving.request import Finished, FinishReason, Request, Status
+from webapp.engine.serving.runner import Part
 from webapp.engine.serving.scheduler import PromptChunk, Scheduler
 from webapp.engine.serving.settings import ENGINE_DEFAULTS
 from webapp.engine.serving.speculation import Speculation
@@ -246,35 +247,45 @@ class Engine:
             pass
 
     def _step(self) -> None:
-        """Run the scheduler's plan for one pass: prefix copies, then prompt chunks and decode lanes
-        (with their drafts). A mixed plan is one model step (the weights are read once for everything);
-        should that step fail, the parts run again apart, so a failure stays with the request that
-        caused it."""
-        runner = self.loaded.runner
-        plan = self.scheduler.plan(mixes=runner.mixes)
+        """One pass: schedule (the plan, its prefix copies, the decoding requests' drafts), run,
+        postprocess. A mixed plan is one model step (the weights read once for all); should it fail,
+        its chunks run again one at a time, then the decoding requests: a failure stays with its request."""
+        plan = self.scheduler.plan(mixes=self.loaded.runner.mixes)
         chunks = [c for c in plan.chunks if c.copy is None or self._copy_prefix(c)]
         if plan.mixed and len(chunks) == len(plan.chunks):
-            batch, parts = list(plan.decode), [(c.request, c.tokens, c.start) for c in chunks]
-            positions = self._positions(batch)
             sharing = min(len(self.scheduler.running) + len(self.scheduler.waiting), self.n_slots)
-            drafts = self.speculation.drafts(batch, positions, self.loaded, sharing=sharing, room=self.scheduler.room)
-            try:
-                if any(drafts):
-                    firsts, rows = runner.prefill_and_verify(parts, batch, drafts, positions)
-                else:
-                    firsts, rows = runner.prefill_and_decode(parts, batch, positions)
-            except Exception:
-                log.warning("a mixed step failed; running its parts apart", exc_info=True)
-            else:
-                for chunk, first in zip(chunks, firsts):
-                    self._prefilled(chunk.request, chunk.tokens, first)
-                self._verified(batch, drafts, rows)
+            parts = [Part.prompt(c.request, c.tokens, c.start) for c in chunks] + self._decode_parts(list(plan.decode), sharing)
+            if self._run_step(parts, apart=True):
                 return
         for chunk in chunks:
-            self._prefill(chunk.request, chunk.tokens, chunk.start)
+            self._run_step([Part.prompt(chunk.request, chunk.tokens, chunk.start)])
         batch = plan.lanes_after_prefill()
         if batch:
-            self._decode(batch)
+            self._run_step(self._decode_parts(batch))
+
+    def _decode_parts(self, batch: list[Request], sharing: int = 0) -> list[Part]:
+        positions = [self.scheduler.position(r) for r in batch]
+        drafts = self.speculation.drafts(batch, positions, self.loaded, sharing=sharing, room=self.scheduler.room)
+        return [Part.decode(request, position, draft) for request, position, draft in zip(batch, positions, drafts, strict=True)]
+
+    def _run_step(self, parts: list[Part], apart: bool = False) -> bool:
+        """Run `parts` as one model step and take their outputs; whether it ran. A failed step fails
+        its requests, or, `apart`, is only logged: its parts run again apart."""
+        try:
+            outputs = self.loaded.runner.run(parts)
+        except Exception as e:
+            if apart:
+                log.warning("a mixed step failed; running its parts apart", exc_info=True)
+            else:
+                self._fail([part.request for part in parts], e)
+            return False
+        decoding = [(part, rows) for part, rows in zip(parts, outputs, strict=True) if part.decoding]
+        for part, output in zip(parts, outputs, strict=True):
+            if not part.decoding:
+                self._prefilled(part, output)
+        if decoding:
+            self._verified(decoding)
+        return True
 
     def _copy_prefix(self, chunk: PromptChunk) -> bool:
         """Run the chunk's prefix copy; False if it failed (the request has failed then)."""
@@ -289,21 +300,10 @@ class Engine:
         self.metrics.on_cached(chunk.copy.saved)
         return True
 
-    def _prefill(self, request: Request, tokens: list[int], start: int) -> None:
-        try:
-            if request.pooling is not None:  # an embedding: every position's final norm output, pooled
-                pooling.add(request, self.loaded.runner.hidden_states(request, tokens, start), start)
-                logits = None
-            elif not request.scores_prompt:
-                logits = self.loaded.runner.prefill(request, tokens, start)
-            else:
-                logits = self._score_prompt_chunk(request, tokens, start)
-        except Exception as e:
-            self._fail([request], e)
-            return
-        self._prefilled(request, tokens, logits)
-
-    def _prefilled(self, request: Request, tokens: list[int], logits: np.ndarray) -> None:
+    def _prefilled(self, part: Part, output: np.ndarray) -> None:
+        """A prompt chunk ran: an embedding pools its outputs, a scored prompt records each next prompt
+        token's logprob; the prompt's last chunk samples the first token from its last logits."""
+        request, tokens, logits = part.request, part.tokens, part.take(output)
         self.metrics.on_prefill(len(tokens))
         done = self.scheduler.prefilled(request, tokens)
         row = self.scheduler.snapshot_due(request)
@@ -322,15 +322,6 @@ class Engine:
             elif not request.output_ids:  # else it resumes after a preemption: its next token is known
                 self._sample(request, logits)
 
-    def _score_prompt_chunk(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
-        """Run a prompt chunk keeping every position's logits; record the logprob of each next prompt token."""
-        rows = self.loaded.runner.prompt_logits(request, tokens, start)  # (T, vocab)
-        following = request.prompt_ids[start + 1 : start + 1 + len(tokens)]
-        if request.prompt_logprobs is None:
-            request.prompt_logprobs = []
-        request.prompt_logprobs += score_prompt(rows[: len(following)], following, request.params.prompt_logprobs)
-        return rows[-1]
-
     def _sample(self, request: Request, logits: np.ndarray) -> None:
         try:
             token, logprobs = request.sampler.choose(logits)
@@ -339,27 +330,14 @@ class Engine:
             return
         self._emit(request, token, logprobs)
 
-    def _positions(self, batch) -> list[int]:
-        return [self.scheduler.position(r) for r in batch]
-
-    def _decode(self, batch: list[Request]) -> None:
-        positions = self._positions(batch)
-        drafts = self.speculation.drafts(batch, positions, self.loaded, room=self.scheduler.room)
-        runner = self.loaded.runner
-        try:
-            rows = runner.decode_drafted(batch, drafts, positions) if any(drafts) else runner.decode(batch, positions)
-        except Exception as e:
-            self._fail(batch, e)
-            return
-        self._verified(batch, drafts, rows)
-
-    def _verified(self, batch: list[Request], drafts: list[list[int]], rows) -> None:
-        """Take each request's tokens from its lane's rows (a row, or 1 + len(draft) of them when it
+    def _verified(self, decoding: list[tuple[Part, np.ndarray]]) -> None:
+        """Take each request's tokens from its lane's rows (a row, or 1 + len(drafts) of them when it
         drafted): its positions are sampled in order, as plain decoding would sample them (the same
         logits, its own generator), and a draft is kept while the sample equals it; the first sample
         that differs is the step's last token for that request. So the output is the same, token for
         token, as without speculation."""
-        for request, draft, lane_rows in zip(batch, drafts, rows, strict=True):
+        for part, lane_rows in decoding:
+            request, draft = part.request, part.drafts
             accepted, drafter = 0, request.drafter  # kept: a request that ends here lets go of its drafter
             for i, row in enumerate(np.atleast_2d(lane_rows)):
                 # row i read the request's last output token (i = 0) or draft[i - 1]: usable only

@@ -1,10 +1,12 @@
-"""Turns the engine's requests into model steps and returns their logits.
+"""Turns the engine's requests into model steps and returns their outputs.
 
 `Runner` is the contract the engine programs against (`LoadedModel.runner`); `ModelRunner` fulfils
-it with the model's step strategy (`webapp.engine.model.steps`), the tests' `FakeRunner` without a
-model. The runner maps requests to their slots and last tokens; how a step runs (one call, padded
-pieces and widths, compiled jits) is the strategy's. Sampling happens elsewhere
-(webapp/engine/decoding/sampling.py), on the NumPy logits rows returned here.
+it with the model's step strategy (`webapp.engine.model.steps`), the tests' fake runners without a
+model. A step is a list of `Part`s, one a request: a prompt chunk, or a decoding request's last
+output token and its drafts; the runner maps each to its request's slot (a `Lane`) and the strategy
+runs them all as one step. How a step runs (one call, padded pieces and widths, compiled jits) is
+the strategy's, and so is what one step may hold (its capabilities below). Sampling happens
+elsewhere (webapp/engine/decoding/sampling.py), on the NumPy logits rows returned here.
 """
 
 from __future__ import annotations
@@ -12,62 +14,76 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
+from webapp.engine.decoding.sampling import score_prompt
+from webapp.engine.model.lanes import Lane, Want
+from webapp.engine.serving import pooling
 from webapp.engine.serving.request import Request
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Part:
+    """One request's share of a step: `tokens` fed from position `start` and what it wants back
+    (lanes.Want); `decoding`: its last output token, then its drafted tokens (`drafts`)."""
+
+    request: Request
+    tokens: list[int]
+    start: int
+    want: Want = Want.LAST
+    decoding: bool = False
+    drafts: list[int] = field(default_factory=list)
+
+    def take(self, output: np.ndarray) -> np.ndarray | None:
+        """A prompt chunk's output taken: an embedding pools its rows, a scored prompt records each
+        next prompt token's logprob; the chunk's last logits row (None for an embedding)."""
+        request = self.request
+        if self.want is Want.HIDDEN:  # every position's final norm output
+            pooling.add(request, output, self.start)
+            return None
+        if self.want is Want.ALL:  # (T, vocab)
+            scored = score_prompt(output, request.prompt_ids, self.start, request.params.prompt_logprobs)
+            request.prompt_logprobs = (request.prompt_logprobs or []) + scored
+            return output[-1]
+        return output
+
+    @classmethod
+    def prompt(cls, request: Request, tokens: list[int], start: int) -> Part:
+        """A prompt chunk's lane: an embedding's final norm outputs, a scored prompt's every logits row, else the last."""
+        return cls(request, tokens, start, Want.HIDDEN if request.pooling is not None else Want.ALL if request.scores_prompt else Want.LAST)
+
+    @classmethod
+    def decode(cls, request: Request, position: int, draft: list[int]) -> Part:
+        """A decoding request's lane: every drafted token's logits too where it drafted."""
+        return cls(request, [request.output_ids[-1], *draft], position, Want.ALL if draft else Want.LAST, True, draft)
+
+
 class Runner(Protocol):
     """What the engine's model thread calls, and nothing else calls."""
 
-    def prefill(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
-        """Write `tokens` of `request`'s prompt, from position `start`, into its slot; logits (vocab,) of the last."""
-
-    def prompt_logits(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
-        """Like prefill, but logits (len(tokens), vocab) for every token (prompt scoring)."""
-
-    def hidden_states(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
-        """Like prefill, but every token's final norm output (len(tokens), dim): what embeddings pool."""
-
-    def decode(self, batch: list[Request], positions: list[int]) -> np.ndarray:
-        """Feed each request's last output token at its position; logits (len(batch), vocab)."""
-
-    # True when `prefill_and_decode` runs as one model step; the engine calls it only then
+    # what one step may hold (the steps' capabilities, model/steps/base.py): prompt chunks beside
+    # decode lanes, and verifications (decoding parts with drafts); a step that may not holds one
+    # prompt chunk, or decoding parts without drafts
     mixes: bool
-    # True when `decode_drafted` (and, where `mixes`, `prefill_and_verify`) gives each drafted
-    # position the logits decoding it alone would
     speculates: bool
-    # the draft model (serving/draft_model.py) where LLM_DRAFT_MODEL loaded one, else None
-    draft: object
-
-    def decode_drafted(self, batch: list[Request], drafts: list[list[int]], positions: list[int]) -> list[np.ndarray]:
-        """Feed each request its last output token and then its drafted tokens, from its position; per
-        request, logits (1 + len(draft), vocab): of that token, then of each draft."""
-
     # the most drafted tokens one verification may hold, all requests together (None: no bound but the step's lanes)
     drafted_limit: int | None
     verify_seconds: list[float] | None  # a verification of 1, 2, .. lanes of one sequence, timed at warm-up
+    # the draft model (serving/draft_model.py) where LLM_DRAFT_MODEL loaded one, else None
+    draft: object
+
+    def run(self, parts: list[Part]) -> list[np.ndarray]:
+        """One model step: each part's output, in order: its last token's logits (vocab,), every
+        token's (len(tokens), vocab), or every token's final norm output (len(tokens), dim)."""
 
     def kept(self, request: Request, lanes: int) -> None:
-        """The first `lanes` of `request`'s lanes in the last verification were kept (decode_drafted,
-        prefill_and_verify): its cache goes on from the last of them (a recurrent state, which
-        took in every lane, is set back to that one's)."""
-
-    def prefill_and_decode(
-        self, chunks: list[tuple[Request, list[int], int]], batch: list[Request], positions: list[int]
-    ) -> tuple[list[np.ndarray], np.ndarray]:
-        """`prefill(request, tokens, start)` for each chunk and `decode(batch, positions)` in one model
-        step: each chunk's logits (vocab,), and the batch's (len(batch), vocab)."""
-
-    def prefill_and_verify(
-        self, chunks: list[tuple[Request, list[int], int]], batch: list[Request], drafts: list[list[int]], positions: list[int]
-    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """`prefill_and_decode` with `decode_drafted`'s lanes: each chunk's logits (vocab,), and per
-        request (1 + len(draft), vocab)."""
+        """The first `lanes` of `request`'s lanes in the last verification were kept: its cache goes
+        on from the last of them (a recurrent state, which took in every lane, is set back to that one's)."""
 
     def copy_prefix(self, request: Request, source_slot: int, length: int) -> None:
         """Copy the K/V of positions 0..length-1 from `source_slot` into `request`'s slot."""
@@ -121,45 +137,11 @@ class ModelRunner:
     def verify_seconds(self) -> list[float] | None:
         return self.steps.verify_seconds
 
+    def run(self, parts: list[Part]) -> list[np.ndarray]:
+        return self.steps.run([Lane(p.request.slot, p.start, p.tokens, p.want, p.decoding) for p in parts])
+
     def kept(self, request: Request, lanes: int) -> None:
         self.steps.kept(request.slot, lanes)
-
-    def decode_drafted(self, batch: list[Request], drafts: list[list[int]], positions: list[int]) -> list[np.ndarray]:
-        """Each request's last output token and its drafted tokens as one lane group each, one model
-        step for all; per request the logits of every fed token (1 + len(draft), vocab)."""
-        lanes = [[r.output_ids[-1], *draft] for r, draft in zip(batch, drafts, strict=True)]
-        return self.steps.verify(lanes, [r.slot for r in batch], positions)
-
-    def prefill(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
-        """Run one chunk of `request`'s prompt; logits (vocab,) of its last token."""
-        return self.steps.prefill(tokens, request.slot, start)
-
-    def prompt_logits(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
-        """Like `prefill`, but logits (len(tokens), vocab) for every token, for prompt scoring."""
-        return self.steps.score(tokens, request.slot, start)
-
-    def hidden_states(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
-        """Like `prefill`, but every token's final norm output (len(tokens), dim), for embeddings."""
-        return self.steps.hidden(tokens, request.slot, start)
-
-    def decode(self, batch: list[Request], positions: list[int]) -> np.ndarray:
-        """Feed each request's last output token at its position; logits (len(batch), vocab)."""
-        return self.steps.decode([r.output_ids[-1] for r in batch], [r.slot for r in batch], positions)
-
-    def prefill_and_decode(
-        self, chunks: list[tuple[Request, list[int], int]], batch: list[Request], positions: list[int]
-    ) -> tuple[list[np.ndarray], np.ndarray]:
-        """Prompt chunks and a decode step as one model step (only where `mixes`): each chunk's last
-        token's logits (vocab,) and the batch's (len(batch), vocab)."""
-        decoding, slots = [r.output_ids[-1] for r in batch], [r.slot for r in batch]
-        return self.steps.prefill_and_decode([(t, r.slot, s) for r, t, s in chunks], decoding, slots, positions)
-
-    def prefill_and_verify(
-        self, chunks: list[tuple[Request, list[int], int]], batch: list[Request], drafts: list[list[int]], positions: list[int]
-    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Prompt chunks and a verification (`decode_drafted`) as one model step (where `mixes` and `speculates`)."""
-        lanes = [[r.output_ids[-1], *draft] for r, draft in zip(batch, drafts, strict=True)]
-        return self.steps.prefill_and_verify([(t, r.slot, s) for r, t, s in chunks], lanes, [r.slot for r in batch], positions)
 
     def copy_prefix(self, request: Request, source_slot: int, length: int) -> None:
         self.steps.copy_prefix(source_slot, request.slot, length)

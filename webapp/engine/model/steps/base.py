@@ -1,23 +1,23 @@
 """What every way of running a step offers, and the two things they share: the prefix copy between
 slots and a jit that captures on its first call.
 
-Contract (`Steps`): `prefill(tokens, slot, start)` writes a prompt chunk into `slot` from position
-`start` and returns its last token's logits (vocab,); `decode(tokens, slots, positions)` advances
-each lane by one token, (len(tokens), vocab); `score(tokens, slot, start)` is prefill with every
-token's logits, (len(tokens), vocab), equal to what generating them would give; `hidden(tokens,
-slot, start)` is prefill with every token's final norm output (len(tokens), dim) instead, what
-embeddings pool; `verify(lanes, slots, positions)` feeds each lane several tokens from its position
-(a decoding sequence's last token, then tokens drafted after it), every one's logits, each equal to
-what decoding it alone gives (only where `speculates`; no more drafted tokens a step than
-`drafted_limit` where one is set), after which `kept(slot, n)` says how many of the slot's lanes
-were kept (a recurrent state then goes on from the nth, not from the last); `prefill_and_decode`
-runs prompt chunks and a decode step as one step, only where `mixes`; `copy_prefix(source, target,
-length)` copies K/V rows between slots; `warm_up(progress)` compiles what the steps will run (and,
-where `speculates`, times `verify_seconds`, what drafted lanes cost: decoding/drafts.py). `how`
+Contract (`Steps`): `run(lanes)` runs one step of ragged lanes (lanes.py: each a sequence's tokens in
+its slot from a position, and what it wants back) and returns each lane's output in order: the last
+token's logits (vocab,), every token's (len(tokens), vocab), or every token's final norm output
+(len(tokens), dim); each equal to what running the lane alone gives, and a prompt position's logits
+equal to what generating it gives. What lanes one step may hold is the strategy's capabilities:
+`mixes`, prompt chunks beside decode lanes (else a step is one prompt chunk, or decode lanes of one
+token each); `speculates`, verifications (a decoding lane with drafted tokens: only where it is set;
+no more drafted tokens a step than `drafted_limit` where one is set), after which `kept(slot, n)`
+says how many of the slot's lanes were kept (a recurrent state then goes on from the nth, not from
+the last); `pages`, the cache is a paged pool whose blocks `block_rows` and `write_block_rows` move
+(the prefix store's contract); `spare_rows`, rows of recurrent state for drafted tokens (None: no
+recurrent layers). `prefill`, `decode`, `score`, `hidden`, `verify`, `prefill_and_decode` and
+`prefill_and_verify` are `run` by shape, for the draft model, tests and benches. `copy_prefix(source,
+target, length)` copies K/V rows between slots; `warm_up(progress)` compiles what the steps will run
+(and, where `speculates`, times `verify_seconds`, what drafted lanes cost: decoding/drafts.py). `how`
 says in words how a step runs, for the start-up log; `tunable` is whether tinygrad's BEAM search
-(`make tune`) can change any kernel a step runs; `pages`, whether the cache is a paged pool whose
-blocks `block_rows` and `write_block_rows` move (the prefix store's contract). All logits are
-float32 NumPy arrays.
+(`make tune`) can change any kernel a step runs. All outputs are float32 NumPy arrays.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from collections.abc import Callable
 
 import numpy as np
 from tinygrad import Device, TinyJit, UOp
+
+from webapp.engine.model.lanes import Lane, Want, decode_lanes
 
 Chunk = tuple[list[int], int, int]  # prompt tokens, slot, start position
 
@@ -44,33 +46,47 @@ class Steps:
         self.model = model
         self._prefix_copy = PrefixCopy(model)
 
-    def prefill(self, tokens: list[int], slot: int, start: int) -> np.ndarray:
+    def run(self, lanes: list[Lane]) -> list[np.ndarray]:
         raise NotImplementedError
 
-    def decode(self, tokens: list[int], slots: list[int], positions: list[int]) -> np.ndarray:
-        raise NotImplementedError
+    # `run` by shape: one lane or one kind of step at a time
+    def prefill(self, tokens: list[int], slot: int, start: int) -> np.ndarray:
+        """A prompt chunk into `slot` from `start`: its last token's logits (vocab,)."""
+        return self.run([Lane(slot, start, tokens)])[0]
 
     def score(self, tokens: list[int], slot: int, start: int) -> np.ndarray:
-        """One decode lane per token (~20 ms each on the default model, ~5 ms a token prefilled): a
-        prefill keeps only the last token's logits; a position's logits are those generating it gives."""
-        assert tokens and start + len(tokens) <= self.model.context
-        return np.stack([self.decode([t], [slot], [start + i])[0] for i, t in enumerate(tokens)])
+        """A prompt chunk's every token's logits (len(tokens), vocab), as generating them would give."""
+        return self.run([Lane(slot, start, tokens, Want.ALL)])[0]
 
     def hidden(self, tokens: list[int], slot: int, start: int) -> np.ndarray:
-        raise NotImplementedError
+        """A prompt chunk's every token's final norm output (len(tokens), dim)."""
+        return self.run([Lane(slot, start, tokens, Want.HIDDEN)])[0]
+
+    def decode(self, tokens: list[int], slots: list[int], positions: list[int]) -> np.ndarray:
+        """Each lane's one token at its position: (len(tokens), vocab)."""
+        return np.stack(self.run(decode_lanes(tokens, slots, positions)))
 
     def verify(self, lanes: list[list[int]], slots: list[int], positions: list[int]) -> list[np.ndarray]:
-        raise NotImplementedError(f"{type(self).__name__} does not verify drafted tokens")
+        """Lane i's tokens (a decoding sequence's, then its drafts) at positions[i].. of slots[i]:
+        every token's logits, (len(lane), vocab) a lane."""
+        return self.run([Lane(s, p, lane, Want.ALL, decoding=True) for lane, s, p in zip(lanes, slots, positions, strict=True)])
 
     def prefill_and_decode(
         self, chunks: list[Chunk], decoding: list[int], slots: list[int], positions: list[int]
     ) -> tuple[list[np.ndarray], np.ndarray]:
-        raise NotImplementedError(f"{type(self).__name__} does not mix prompt chunks into decode steps")
+        """Prompt chunks (tokens, slot, start) and a decode step as one step: each chunk's last
+        token's logits, and the decode lanes' (len(decoding), vocab)."""
+        out = self.run([Lane(slot, start, tokens) for tokens, slot, start in chunks] + decode_lanes(decoding, slots, positions))
+        rows = out[len(chunks) :]
+        return out[: len(chunks)], np.stack(rows) if rows else np.zeros((0, self.model.config.vocab_size), np.float32)
 
     def prefill_and_verify(
         self, chunks: list[Chunk], lanes: list[list[int]], slots: list[int], positions: list[int]
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        raise NotImplementedError(f"{type(self).__name__} does not verify drafted tokens beside prompt chunks")
+        """`prefill_and_decode` with `verify`'s lanes instead of one-token ones."""
+        verifying = [Lane(s, p, lane, Want.ALL, decoding=True) for lane, s, p in zip(lanes, slots, positions, strict=True)]
+        out = self.run([Lane(slot, start, tokens) for tokens, slot, start in chunks] + verifying)
+        return out[: len(chunks)], out[len(chunks) :]
 
     def copy_prefix(self, source: int, target: int, length: int) -> None:
         """Copy the K/V of positions 0..length-1 from slot `source` to slot `target`, every layer."""

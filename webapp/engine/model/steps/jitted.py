@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from webapp.engine.device.buffers import StepBuffers
+from webapp.engine.model.lanes import Lane, Want
 from webapp.engine.model.steps.base import Steps
 
 # Prompt tokens per compiled prefill call: the bulk of a chunk in 32-token pieces, its remainder in
@@ -61,16 +62,25 @@ class JittedSteps(Steps):
             done += min(piece, rest)
         return results
 
-    def prefill(self, tokens: list[int], slot: int, start: int) -> np.ndarray:
-        return self._by_pieces(self._prefill_piece, tokens, slot, start)[-1]
-
-    def hidden(self, tokens: list[int], slot: int, start: int) -> np.ndarray:
-        return np.concatenate(self._by_pieces(self._hidden_piece, tokens, slot, start))
-
-    def decode(self, tokens: list[int], slots: list[int], positions: list[int]) -> np.ndarray:
-        assert tokens
-        width = next(w for w in self.widths if w >= len(tokens))
-        return self._decode_width(tokens, slots, positions, width)
+    def run(self, lanes: list[Lane]) -> list[np.ndarray]:
+        """A decode step (one token a lane, padded to a width), or one prompt chunk (in pieces); a
+        prompt's every logits row runs as one decode lane a token, each as generating it gives it."""
+        if all(lane.decoding and len(lane.tokens) == 1 for lane in lanes):
+            width = next(w for w in self.widths if w >= len(lanes))
+            rows = self._decode_width(
+                [lane.tokens[0] for lane in lanes], [lane.slot for lane in lanes], [lane.start for lane in lanes], width
+            )
+            return list(rows)
+        if len(lanes) != 1 or lanes[0].decoding:
+            raise NotImplementedError(f"{type(self).__name__} runs a decode step or one prompt chunk, neither mixed nor drafted")
+        lane = lanes[0]
+        tokens, slot, start = list(lane.tokens), lane.slot, lane.start
+        if lane.want is Want.LAST:
+            return [self._by_pieces(self._prefill_piece, tokens, slot, start)[-1]]
+        if lane.want is Want.HIDDEN:
+            return [np.concatenate(self._by_pieces(self._hidden_piece, tokens, slot, start))]
+        assert start + len(tokens) <= self.model.context
+        return [np.stack([self._decode_width([t], [slot], [start + i], 1)[0] for i, t in enumerate(tokens)])]
 
     def _prefill_piece(self, tokens: list[int], slot: int, start: int, piece: int) -> np.ndarray:
         raise NotImplementedError

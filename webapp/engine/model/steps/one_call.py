@@ -17,8 +17,9 @@ import numpy as np
 
 from webapp.engine.device.buffers import host_view
 from webapp.engine.kernels.block_weight import BlockWeight
+from webapp.engine.model.lanes import Lane, Want
 from webapp.engine.model.recurrent_config import draft_state_rows
-from webapp.engine.model.steps.base import Chunk, Steps, prompt_lanes
+from webapp.engine.model.steps.base import Steps
 
 # a verification of 1..9 lanes (DRAFT_MAX drafted tokens and the sequence's own), each timed 3 times
 # (their median): ~0.3 s on the default model here, ~4 s on a 1.7B-shaped one
@@ -92,18 +93,21 @@ class OneCallSteps(Steps):
         if rows is not None and lanes > 1:  # one lane kept: it ran in the slot's own row
             self.copy_state(rows[lanes - 1], slot)
 
-    def _state_rows(self, chunk_slots: list[int], lane_chunks: list[Chunk]) -> list[int] | None:
-        """Each token's row of recurrent state in a verification: prompt chunks' tokens (their slots:
-        `chunk_slots`) and a drafted lane's first token in their slots' rows, each drafted token in
-        a draft row of its own; None for a model without recurrent layers."""
+    def _state_rows(self, lanes: list[Lane]) -> list[int] | None:
+        """Each token's row of recurrent state in a step with a verification: a prompt chunk's tokens
+        and a drafted lane's first token in their slots' rows, each drafted token in a draft row of
+        its own; None for a model without recurrent layers."""
         if self.spare_rows is None:
             return None
-        assert sum(len(lane) - 1 for lane, _, _ in lane_chunks) <= len(self.spare_rows), "drafted_limit"
+        assert sum(len(lane.tokens) - 1 for lane in lanes if lane.drafted) <= len(self.spare_rows), "drafted_limit"
         self._lane_rows.clear()
-        free, rows = iter(self.spare_rows), list(chunk_slots)
-        for lane, slot, _ in lane_chunks:
-            self._lane_rows[slot] = [slot, *(next(free) for _ in lane[1:])]
-            rows += self._lane_rows[slot]
+        free, rows = iter(self.spare_rows), []
+        for lane in lanes:
+            if lane.drafted:
+                self._lane_rows[lane.slot] = [lane.slot, *(next(free) for _ in lane.tokens[1:])]
+                rows += self._lane_rows[lane.slot]
+            else:
+                rows += [lane.slot] * len(lane.tokens)
         return rows
 
     def _step(
@@ -111,14 +115,26 @@ class OneCallSteps(Steps):
     ) -> np.ndarray:
         return self.kernels.step(self.whole_model, tokens, lanes, picks, state_rows=state_rows, resume_rows=resume)
 
-    def prefill(self, tokens: list[int], slot: int, start: int) -> np.ndarray:
-        n = len(tokens)
-        assert n > 0 and start + n <= self.model.context
-        return self._step(tokens, prompt_lanes(slot, start, n), [n - 1])[0]
-
-    def decode(self, tokens: list[int], slots: list[int], positions: list[int]) -> np.ndarray:
-        assert tokens
-        return self._step(tokens, slots + positions, list(range(len(tokens))))
+    def run(self, lanes: list[Lane]) -> list[np.ndarray]:
+        """One call for every lane: their tokens one after another, each token's slot and position,
+        and the outputs each lane wants picked from them. Every lane's keys are written before any
+        lane attends, and lanes never mix."""
+        assert lanes and all(lane.tokens for lane in lanes) and len({lane.slot for lane in lanes}) == len(lanes)
+        assert all(lane.start + len(lane.tokens) <= self.model.context for lane in lanes)
+        tokens, slots, positions, picks = [], [], [], []
+        for lane in lanes:
+            first, n = len(tokens), len(lane.tokens)
+            tokens += lane.tokens
+            slots += [lane.slot] * n
+            positions += range(lane.start, lane.start + n)
+            picks += [first + n - 1] if lane.want is Want.LAST else range(first, first + n)
+        if any(lane.want is Want.HIDDEN for lane in lanes):  # the final norm's outputs, for a whole call only
+            assert len(lanes) == 1 and lanes[0].want is Want.HIDDEN, "a hidden lane runs alone"
+            return [self.kernels.step(self.whole_model, tokens, slots + positions, picks, hidden=True)]
+        state_rows = self._state_rows(lanes) if any(lane.drafted for lane in lanes) else None
+        out = self._step(tokens, slots + positions, picks, state_rows)
+        ends = list(itertools.accumulate(lane.picked for lane in lanes))
+        return [out[end - 1] if lane.want is Want.LAST else out[end - lane.picked : end] for lane, end in zip(lanes, ends)]
 
     def decode_in_rows(self, tokens: list[int], slots: list[int], positions: list[int], rows: list[int], resume: bool) -> np.ndarray:
         """`decode` with lane i's recurrent state in row rows[i] (of `spare_rows`), its slot's row left
@@ -126,57 +142,6 @@ class OneCallSteps(Steps):
         draft model's tokens, each fed after the one before, that the slot must not take in)."""
         assert tokens and len(rows) == len(tokens) == len(set(rows)) and set(rows) <= set(self.spare_rows)
         return self._step(tokens, slots + positions, list(range(len(tokens))), rows, resume)
-
-    def score(self, tokens: list[int], slot: int, start: int) -> np.ndarray:
-        """One call: every token's logits, as generating them would give."""
-        n = len(tokens)
-        assert tokens and start + n <= self.model.context
-        return self._step(tokens, prompt_lanes(slot, start, n), list(range(n)))
-
-    def hidden(self, tokens: list[int], slot: int, start: int) -> np.ndarray:
-        """One call: every token's final norm output (len(tokens), dim)."""
-        n = len(tokens)
-        assert tokens and start + n <= self.model.context
-        return self.kernels.step(self.whole_model, tokens, prompt_lanes(slot, start, n), list(range(n)), hidden=True)
-
-    def verify(self, lanes: list[list[int]], slots: list[int], positions: list[int]) -> list[np.ndarray]:
-        """One call: lane i's tokens at positions[i].. of slots[i], every token's logits (len(lane), vocab)
-        each; a token's keys are written before any lane attends, as in a prompt chunk."""
-        chunks = list(zip(lanes, slots, positions, strict=True))
-        assert lanes and all(lanes) and len(set(slots)) == len(slots)
-        assert all(start + len(lane) <= self.model.context for lane, _, start in chunks)
-        tokens, lane_slots, lane_positions = _chunk_lanes(chunks)
-        logits = self._step(tokens, lane_slots + lane_positions, list(range(len(tokens))), self._state_rows([], chunks))
-        return np.split(logits, np.cumsum([len(lane) for lane in lanes])[:-1])
-
-    def prefill_and_decode(
-        self, chunks: list[Chunk], decoding: list[int], slots: list[int], positions: list[int]
-    ) -> tuple[list[np.ndarray], np.ndarray]:
-        """Prompt chunks (tokens, slot, start), each as `prefill` runs it, and `decode(decoding, slots,
-        positions)` as one call: each chunk's last token's logits (vocab,), and the decode lanes'
-        (len(decoding), vocab). A lane's numbers are those of a call of its own: every lane's keys are
-        written before any lane attends, and lanes never mix. Each chunk's slot is its own."""
-        chunk_slots = [slot for _, slot, _ in chunks]
-        assert chunks and all(t for t, _, _ in chunks) and len(set(chunk_slots + slots)) == len(chunk_slots + slots)
-        tokens, lane_slots, lane_positions = _chunk_lanes(chunks)
-        picks = [end - 1 for end in itertools.accumulate(len(chunk) for chunk, _, _ in chunks)]  # each chunk's last token
-        picks += range(len(tokens), len(tokens) + len(decoding))
-        logits = self._step(tokens + decoding, lane_slots + slots + lane_positions + positions, picks)
-        return list(logits[: len(chunks)]), logits[len(chunks) :]
-
-    def prefill_and_verify(
-        self, chunks: list[Chunk], lanes: list[list[int]], slots: list[int], positions: list[int]
-    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """`prefill_and_decode` with drafted tokens: lane i's tokens at positions[i].. of slots[i], as
-        `verify` runs them, beside the prompt chunks in one call; each chunk's last token's logits, and
-        every lane token's (len(lane), vocab) per lane."""
-        assert chunks and lanes and len(set([slot for _, slot, _ in chunks] + slots)) == len(chunks) + len(slots)
-        lane_chunks = list(zip(lanes, slots, positions, strict=True))
-        tokens, lane_slots, lane_positions = _chunk_lanes(chunks + lane_chunks)
-        lasts = [end - 1 for end in itertools.accumulate(len(chunk) for chunk, _, _ in chunks)]
-        state_rows = self._state_rows(lane_slots[: lasts[-1] + 1], lane_chunks)
-        logits = self._step(tokens, lane_slots + lane_positions, lasts + list(range(lasts[-1] + 1, len(tokens))), state_rows)
-        return list(logits[: len(chunks)]), np.split(logits[len(chunks) :], np.cumsum([len(lane) for lane in lanes])[:-1])
 
     def _time_verifications(self, scratch: int) -> list[float] | None:
         """A verification of 1..VERIFY_LANES lanes of one sequence on the scratch slot (after the warm-up
@@ -211,14 +176,3 @@ def _median_seconds(run, times: int = TIMED_VERIFICATIONS) -> float:
         run()
         seconds.append(time.perf_counter() - started)
     return statistics.median(seconds)
-
-
-def _chunk_lanes(chunks: list[Chunk]) -> tuple[list[int], list[int], list[int]]:
-    """Chunks (tokens, slot, start) as the kernels' lanes: every chunk's tokens in turn, each token's
-    slot, each token's position."""
-    tokens, slots, positions = [], [], []
-    for chunk, slot, start in chunks:
-        tokens += chunk
-        slots += [slot] * len(chunk)
-        positions += range(start, start + len(chunk))
-    return tokens, slots, positions

@@ -1,0 +1,47 @@
+"""A step's work as ragged lanes: what every way of running a step executes (`Steps.run`).
+
+A `Lane` is one sequence's tokens in a step, fed into `slot` from position `start`, and what it
+wants back (`Want`): LAST, the logits (vocab,) of its last token (a prompt chunk, or a decoding
+sequence's one token); ALL, every token's logits (len(tokens), vocab) (a scored prompt, or a
+verification); HIDDEN, every token's final norm output (len(tokens), dim) (embeddings). A `decoding`
+lane feeds a sequence's last output token, then any drafted tokens after it (`drafted`: a
+verification, each drafted token in a recurrent state row of its own where the model has such
+layers); any other lane is a prompt chunk. The lanes of one step hold distinct slots, and a lane's
+numbers never depend on the others beside it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class Want(enum.Enum):
+    LAST = "last"
+    ALL = "all"
+    HIDDEN = "hidden"
+
+
+@dataclass(frozen=True)
+class Lane:
+    slot: int
+    start: int
+    tokens: Sequence[int]
+    want: Want = Want.LAST
+    decoding: bool = False
+
+    @property
+    def drafted(self) -> bool:
+        """A verification: a decoding sequence's token, then drafted ones."""
+        return self.decoding and len(self.tokens) > 1
+
+    @property
+    def picked(self) -> int:
+        """How many of its tokens' outputs it takes."""
+        return 1 if self.want is Want.LAST else len(self.tokens)
+
+
+def decode_lanes(tokens: Sequence[int], slots: Sequence[int], positions: Sequence[int]) -> list[Lane]:
+    """A decode step's lanes: each sequence's one token at its position."""
+    return [Lane(s, p, [t], Want.LAST, decoding=True) for t, s, p in zip(tokens, slots, positions, strict=True)]
