@@ -51,8 +51,9 @@ class Steps:
         raise NotImplementedError
 
     def score(self, tokens: list[int], slot: int, start: int) -> np.ndarray:
-        """One decode lane per token (~20 ms each on the default model, ~5 ms a token prefilled): a
-        prefill keeps only the last token's logits; a position's logits are those generating it gives."""
+        """One decode lane per token, a whole decode step each (more per token than a prefill's
+        pieces): a prefill keeps only the last token's logits; a position's logits are those
+        generating it gives."""
         assert tokens and start + len(tokens) <= self.model.context
         return np.stack([self.decode([t], [slot], [start + i])[0] for i, t in enumerate(tokens)])
 
@@ -126,7 +127,8 @@ class PrefixCopy:
 def capturing_jit(fn) -> TinyJit:
     """A TinyJit that captures on its first call. By default it first runs once eagerly, which
     schedules and compiles the whole step only for the capture to do it again: skipping that run
-    cut warm-up from 116 to 80 s here."""
+    takes that scheduling and compiling off warm-up (bench/RESULTS.md, figures moved out of code
+    comments)."""
     jit = TinyJit(fn)
     jit.cnt = 1
     return jit
