@@ -12,7 +12,8 @@ Contract:
   logs them as one loud warning at start-up (`wsgi.py`) and returns them.
 
 Why it matters, as measured: the plain `waitress-serve wsgi:app` runs 4 threads. With 6 streams open,
-`/health` took 24 s to answer and nothing in the log said why. Without `--channel-request-lookahead`
+`/health` waited for a stream to end before it answered, and nothing in the log said why
+(bench/RESULTS.md, replicas behind nginx). Without `--channel-request-lookahead`
 Waitress stops reading a connection while its request runs, so a non-streaming client that hangs up
 is never noticed and its request generates to `max_tokens` in a slot nobody reads.
 """

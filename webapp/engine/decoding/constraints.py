@@ -6,9 +6,9 @@ Contract:
   logged and compared without a tokenizer. `grammar_problem(grammar)` returns the library's error
   message ("Unimplemented keys: [\\"if\\"]", a Lark syntax error, ...) or "" when it compiles.
 - `GrammarCompiler(tokenizer)` is made once per loaded model (`Engine.grammars`). Its token table
-  is built lazily from the tokenizer's own token bytes (0.7 s for the 49,152-token SmolLM2
-  vocabulary), once, under a lock; then `matcher(grammar)` makes a fresh `TokenConstraint` per
-  request in about a millisecond, from any thread (llguidance releases the GIL while compiling).
+  is built lazily from the tokenizer's own token bytes, once, under a lock (the costly part: its time
+  and a matcher's are in bench/RESULTS.md, constrained decoding); then `matcher(grammar)` makes a
+  fresh `TokenConstraint` per request, from any thread (llguidance releases the GIL while compiling).
   It raises `GrammarError` (a ValueError) for a grammar that does not compile.
 - `TokenConstraint` belongs to one request and is used only by the model thread once submitted:
   `allowed(width)` is the (width,) boolean mask of tokens the grammar accepts next (the tokenizer's

@@ -170,8 +170,9 @@ def latest_repeat_end(text: np.ndarray, tail) -> int | None:
 class RecentOutputs:
     """The server's last answers (each with the prompt tokens just before it), at most `capacity`
     tokens in all, oldest dropped first: end to end as int32, a SEPARATOR after each, scanned when a
-    request finds no draft in its own text (an index of every n-gram in dicts took 41 MB when full,
-    and 11 ms of the model thread to add a 400-token answer)."""
+    request finds no draft in its own text (an index of every n-gram in dicts took far more memory
+    when full, and the model thread's time to add each answer: bench/RESULTS.md, prompt lookup's
+    memory)."""
 
     def __init__(self, capacity: int = 65536):
         self.capacity, self.size = capacity, 0
@@ -202,9 +203,10 @@ class RecentOutputs:
 
 
 class PromptLookup(Acceptance):
-    """The request's sequence as int32, 4 bytes a token, searched when a draft is asked for (a scan of
-    ~40 us for 8,000 tokens): an index of every n-gram in dicts took ~0.57 MB a 2,000-token prompt,
-    so a system prompt shared by the pool's blocks was indexed again for each request."""
+    """The request's sequence as int32, 4 bytes a token, searched when a draft is asked for (a scan,
+    cheap beside a step): an index of every n-gram in dicts took far more memory a prompt, and a
+    system prompt shared by the pool's blocks was indexed again for each request (bench/RESULTS.md,
+    prompt lookup's memory)."""
 
     def __init__(self, prompt_ids: list[int], recent: RecentOutputs | None = None, costs: StepCosts = LINEAR):
         super().__init__(costs=costs)

@@ -67,9 +67,9 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
 
     Written for a 49,152-token row on the model thread, where every microsecond is paid per token
     per stream: the weights exp(x - max) come from float32 `exp` (NumPy vectorizes it; its float64
-    `exp` took 1 ms a row here), the cuts sort only the candidates they can need, and the draw is one
-    uniform number against the kept weights' running sums. On the default model's rows a draw at
-    temperature 0.7 went from 2.1 to 0.18 ms, with top-p 0.9 from 7.9 to 0.19 ms."""
+    `exp` was far slower on a whole row), the cuts sort only the candidates they can need, and the
+    draw is one uniform number against the kept weights' running sums (a draw before and after, on
+    the default model's rows: bench/RESULTS.md, sampling at a temperature)."""
     if params.temperature <= 0:
         return int(np.argmax(logits))
     x = np.array(logits, dtype=np.float32)
@@ -128,7 +128,9 @@ def _top_p(x: np.ndarray, weights: np.ndarray, top_p: float, among: np.ndarray |
 
 def _draw(weights: np.ndarray, rng: np.random.Generator, block: int = 1024) -> int:
     """A position drawn with probability proportional to its weight: one uniform number against the
-    running sums, found block by block (a float64 running sum of a whole row cost ~0.2 ms)."""
+    running sums, found block by block: the blocks' sums, then one block's running sums, where a
+    float64 running sum of the whole row cost more (bench/RESULTS.md, figures moved out of code
+    comments)."""
     n = weights.shape[0]
     if n <= block:
         sums = np.cumsum(weights, dtype=np.float64)

@@ -150,7 +150,8 @@ class QuantizedCPU:
         tensor = self._shapes.get(key)
         if tensor is None:
             # not Tensor(array): one made from NumPy inside a jit's capture becomes a host copy that the
-            # jit replays, waiting for the device, on every step (~0.2 ms each)
+            # jit replays, waiting for the device, on every step (bench/RESULTS.md, whole layers on
+            # the kernels: the c9eaf6b row)
             tensor = self._shapes[key] = device_array(np.frombuffer(key[1], dtype=np.uint8))
         return tensor
 

@@ -37,7 +37,8 @@ _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: 
 def read_gguf(path: str) -> tuple[dict, dict[str, RawTensor]]:
     """A GGUF file's metadata and its tensors with their raw bytes, through one memory map: only the
     pages the header and the used tensors occupy are ever read. (tinygrad's gguf_load also builds a
-    lazy tensor per weight: ~2 s here; gguf's GGUFReader ~5 s.)"""
+    lazy tensor per weight, and both it and gguf's GGUFReader took longer: bench/RESULTS.md,
+    figures moved out of code comments.)"""
     file = np.memmap(path, dtype=np.uint8, mode="r")
     pos, where = 0, "the header"
 

@@ -5,7 +5,8 @@ Call it before anything imports tinygrad: the real loader (`load_gguf_model`) ca
 do the tests' conftest and the benchmarks that import the model directly. It is idempotent. It
 1. defaults `HCQ2=1` in the environment, which tinygrad reads once, at import. The HCQ2 runtime
    replays a captured step as one command buffer on a native worker thread instead of one Python
-   call per kernel (~425 kernels a step): decode at one token went from 39.5 to 24 ms here. The
+   call per kernel (hundreds of kernels a step), which one-token decode paid for in Python
+   (bench/RESULTS.md, before the quantized kernels: the HCQ2 row, 0355ec7). The
    Makefile exports it as well. If tinygrad was imported before without it, a warning says so.
 2. replaces `HCQ2Compiled._wait_signal`, tinygrad's wait for a worker's signal, with
    `_wait_without_spinning` (why: see there). With another tinygrad that lacks it, nothing changes.
@@ -47,9 +48,9 @@ def _wait_without_spinning(device, signal, value, timeout=None):
 
     tinygrad's own wait spins in Python: with two cores that spin took one whole core and held
     the GIL the web threads need while the model thread waited for every step. Sleep-polling
-    measured as fast (decode 23.8 vs 26.1 ms a step) and keeps the hang check. The sleeps double
-    from 50 up to 400 us: that cut the model thread's CPU per step from 5.5 to 3.8 ms (one lane)
-    and 11.4 to 6.8 ms (eight lanes), with step times within 1% of fixed 50 us sleeps.
+    measured as fast and keeps the hang check. The sleeps double from 50 up to 400 us: that takes
+    less of the model thread's CPU per step than fixed 50 us sleeps, at one lane and at eight, for
+    the same step times (bench/RESULTS.md, figures moved out of code comments).
     """
     limit = (timeout or device.wait_timeout_ms) / 1000
     seen, since, pause = signal[0], time.perf_counter(), 0.00005
@@ -74,10 +75,10 @@ def use_tinygrad_from_this_thread() -> None:
 
 def free_cached_buffers() -> None:
     """Give back the device buffers tinygrad's allocator keeps for reuse after they are freed. A model
-    set calls it on the model thread of each load (loads run one at a time): without it ~92 MiB of
-    the default model's buffers stayed resident in that cache after every swap of two models
-    (resident memory 311-320 MiB with one model loaded, 218-227 MiB with it; bench/model_set_memory.py),
-    and a model of other shapes would never reuse them."""
+    set calls it on the model thread of each load (loads run one at a time): without it the default
+    model's buffers stayed resident in that cache after every swap of two models
+    (bench/model_set_memory.py; bench/RESULTS.md, several models in one server, and figures moved
+    out of code comments), and a model of other shapes would never reuse them."""
     from tinygrad import Device
 
     free_cache = getattr(Device[Device.DEFAULT].allocator, "free_cache", None)

@@ -50,9 +50,10 @@ from webapp.engine.serving.kv_cache import reusable_prefix
 from webapp.engine.serving.scheduler import COPY_AT_LEAST
 from webapp.engine.serving.state_snapshots import SNAPSHOT_AT_LEAST
 
-# tokens fed to the draft in one step, over all its lanes: on a 135M-shaped draft here 64 took 1.7
-# one-lane steps of a 1.7B-shaped served model (340 vs 198 ms), so 32 keep a new request's catch-up
-# under one decode step of the served model
+# tokens fed to the draft in one step, over all its lanes: on a 135M-shaped draft 64 took well over
+# one one-lane step of a 1.7B-shaped served model, so 32 keep a new request's catch-up to about one
+# decode step of the served model (bench/RESULTS.md, a draft model beside a 1.7B-shaped target, and
+# figures moved out of code comments)
 CATCH_UP = 32
 TIMED_STEPS = 7  # one-lane steps of each model timed at warm-up, for step_cost (their medians)
 

@@ -21,8 +21,9 @@ from webapp.engine.serving.request import FinishReason, Request
 
 log = logging.getLogger(__name__)
 
-# a step's lanes with drafted tokens: on the default model here a step of 8 lanes costs ~2.5 one-lane
-# steps, so drafts fill a small batch's step and leave a full one alone
+# a step's lanes with drafted tokens: a step of 8 lanes costs a few one-lane steps, not eight
+# (bench/RESULTS.md, cheaper verification lanes), so drafts fill a small batch's step and leave a
+# full one alone
 DRAFTED_LANES = 12
 
 

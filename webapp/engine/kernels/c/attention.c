@@ -162,8 +162,8 @@ static const float *rope_rotations(scratch_t *scratch, const int32_t *lanes, int
 }
 
 /* tq_attend with each lane's rotations already computed (rope_rotations): a step computes them once
- * for all its layers, 64 cosines and sines a lane that took ~0.4 ms of a B=8 step when each layer
- * computed its own. */
+ * for all its layers, 64 cosines and sines a lane that each layer computing its own paid again in
+ * every layer (bench/RESULTS.md, figures moved out of code comments). */
 static void attend(float *out, const float *qkv, void *cache, const int32_t *lanes, const float *rotations, const float *extras,
                    const int32_t *tables, const tq_attention *shape) {
   const int B = shape->lanes, H = shape->heads, KvH = shape->kv_heads, Hd = shape->head_dim;
@@ -179,8 +179,9 @@ static void attend(float *out, const float *qkv, void *cache, const int32_t *lan
   for (int b = 0; b < B; b++) {
     const int slot = lanes[b], pos = lanes[B + b];
     const float *cos_sin = rotations + (size_t)b * Hd;
-    /* the test outside the loop: inside it, clang read the bias with masked loads (vmaskmovps), ~80%
-       of this thread's share of attention on AMD's Zen 3 */
+    /* the test outside the loop: inside it, clang read the bias with masked loads (vmaskmovps), most
+       of this thread's share of attention on AMD's Zen 3 (bench/RESULTS.md, cheaper verification
+       lanes) */
     if (bias)
       for (int i = 0; i < width; i++) row[i] = qkv[(size_t)b * width + i] + bias[i];
     else

@@ -3,10 +3,10 @@
  * per 32 values against float16's 64, so a cache holds 1.88x the positions in the same memory.
  *
  * Why a float16 scale (not float32, 36 bytes): on the default model's keys and values, every layer
- * over 4,096 tokens of real text (bench/kv_fidelity.py), the rows' RMS error was 0.7819% of the
- * values' RMS with d in float16 and 0.7816% with it in float32, and no block's d fell below float16's
- * normal range; float32 would cost 6% more memory a row for that. The same layout as the Q8_0
- * weights, so the dequantization is format_32.c's. */
+ * over 4,096 tokens of real text (bench/kv_fidelity.py), the rows' RMS error was all but the same
+ * with d in float16 as in float32, and no block's d fell below float16's normal range
+ * (bench/RESULTS.md, the 8-bit KV cache); float32 would cost 6% more memory a row for that. The same
+ * layout as the Q8_0 weights, so the dequantization is format_32.c's. */
 
 enum { Q8_BLOCK_BYTES = 34 };
 

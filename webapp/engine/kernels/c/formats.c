@@ -97,7 +97,8 @@ static void move_block(const interleaving *layout, const uint8_t *from, uint8_t 
       const size_t in_group = x->to + 8 * x->width * k + x->width * lane, in_row = x->from + x->width * k;
       uint8_t *dst = to + (into_group ? in_group : in_row);
       const uint8_t *src = from + (into_group ? in_row : in_group);
-      /* sizes the compiler knows: a load and a store each, not a call (loading took ~25% longer) */
+      /* sizes the compiler knows: a load and a store each, not a call (calls made loading slower:
+         bench/RESULTS.md, figures moved out of code comments) */
       if (x->width == 4) memcpy(dst, src, 4);
       else if (x->width == 2) memcpy(dst, src, 2);
       else *dst = *src;

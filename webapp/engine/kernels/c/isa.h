@@ -12,8 +12,8 @@
 #define GENERIC static __attribute__((unused))
 
 /* how many tokens' activations a row product takes at once: eight, so that a verification of up to 8
- * lanes reads each matrix once (with four, a fifth lane began a second pass: 4 lanes cost 1.5 one-lane
- * steps on the default model, 5 lanes 1.9) */
+ * lanes reads each matrix once (with four, a fifth lane began a second pass over every matrix:
+ * bench/RESULTS.md, cheaper verification lanes) */
 enum { MAX_TOKEN_GROUP = 8 };
 /* attention's items (see attention.c): up to MAX_SHARED_HEADS query heads against KEY_CHUNK keys */
 enum { MAX_SHARED_HEADS = 3, KEY_CHUNK = 256 };

@@ -92,8 +92,9 @@ enum { AS_IS, RMS_NORM, SWIGLU, GEGLU, SWIGLU_CLAMPED };
 
 /* sums[r] = x[r * n + 0]^2 + ... + x[r * n + n - 1]^2 for `rows` rows, each one float sum in order
  * by fused multiply-adds (as `sum += x[i] * x[i]` compiles here), eight rows' chains interleaved: one
- * row's chain of n dependent steps took ~1 us for 576 values, eight rows ~6 us of each norm of a B=8
- * step; interleaved, they take about one row's time, with every sum bit for bit what it was. */
+ * row's chain of n dependent steps waits on each step's latency, and eight rows one after another
+ * waited eight times in each norm of a B=8 step; interleaved, they take about one row's time, with
+ * every sum bit for bit what it was (bench/RESULTS.md, mixed steps: the 61c303f and 38dc629 rows). */
 static void square_sums(const float *x, int rows, int n, float *sums) {
   for (int r0 = 0; r0 < rows; r0 += 8) {
     const int g = rows - r0 < 8 ? rows - r0 : 8;

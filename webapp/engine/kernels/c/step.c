@@ -14,8 +14,9 @@
  * One kernel a layer keeps a captured step at ~30 kernels: tinygrad's capture and replay cost grows
  * with their count. shape: tq_layer_shape. */
 /* Ask for the cache lines that attend() will write (each lane's new keys and values) before the qkv
- * product, which hides their misses: writing them cold took ~0.5 of a B=8 step's 0.7 ms of RoPE and
- * cache writes (every layer's cache from DRAM at position 100). */
+ * product, which hides their misses: written cold, they took most of a B=8 step's RoPE and cache
+ * writes (every layer's cache from DRAM; bench/RESULTS.md, mixed steps: the c94574b row, and figures
+ * moved out of code comments). */
 static void prefetch_new_entries(const uint16_t *cache, const int32_t *lanes, const int32_t *tables, const tq_attention *shape) {
   const int B = shape->lanes, KvH = shape->kv_heads;
   for (int b = 0; b < B; b++)
@@ -101,8 +102,9 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
  * turn (its matrices' types, its attention's flags, form, window and cache positions; a paged step,
  * step->attention.block_positions > 0, takes step->attention.positions for every layer and leaves
  * info's positions unread). cpu.py calls it directly, on the model thread, which then works through
- * the pool's jobs itself: replayed inside a TinyJit, the same one-kernel step took 2.8 ms longer of
- * 15.5 (Python before it started, tinygrad's worker thread running it, noticing its end). */
+ * the pool's jobs itself: replayed inside a TinyJit, the same one-kernel step took longer (Python
+ * before it started, tinygrad's worker thread running it, noticing its end; bench/RESULTS.md, one
+ * call a step: the second 56cc4f0 row). */
 static __thread scratch_t step_rows, local_rotation_rows;
 
 void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, const int32_t *picks, const uint64_t *model, const tq_step *step,

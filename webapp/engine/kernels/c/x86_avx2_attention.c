@@ -96,7 +96,8 @@ static float attend_softmax(float *scores, int n, float *top_out) {
 /* o_h[i0..i0 + 8 W) = sum_j w[h * stride + j] v_j[i0..i0 + 8 W) for the S heads (head h's at o + h *
  * o_stride), the S x W sums held in registers; W is a constant in each use, so they stay there. One
  * loop over the item's keys that moves to the next run's rows at a run's end: a loop over the runs
- * around it cost the float16 item 10% (its 16 ymm registers shuffled at every key). */
+ * around it slowed the float16 item (its 16 ymm registers shuffled at every key; bench/RESULTS.md,
+ * figures moved out of code comments). */
 static inline __attribute__((always_inline)) void attend_value_columns(const float *w, size_t stride, const int S, const key_runs *runs, int n,
                                                                        int Hd, int i0, const int W, float *o, size_t o_stride) {
   __m256 acc[MAX_SHARED_HEADS][4];
@@ -145,8 +146,8 @@ static inline __attribute__((always_inline)) void attend_heads(const float *q, c
 
 static void attend_item_avx2(const float *q, int heads, const key_runs *runs, int n, int Hd, float scale, float *part, size_t part_stride) {
   /* An item's keys and values are a few KB to 64 KB each: ask for all of them at once rather than
-     wait for the hardware prefetcher to notice each stream. The B=8 step's attention at position
-     100 went from 6.1-7.0 to 5.0-5.6 ms (4 alternating pairs, every layer's cache from DRAM). */
+     wait for the hardware prefetcher to notice each stream (the B=8 step's attention with every
+     layer's cache from DRAM: bench/RESULTS.md, one call a step: the feb8690 row). */
   for (int r = 0, first = 0; first < n; r++, first += runs->run_keys)
     for (size_t at = 0; at < (size_t)run_length(runs, first, n) * Hd * 2; at += 64) {
       _mm_prefetch((const char *)runs->keys[r] + at, _MM_HINT_T0);

@@ -1,7 +1,8 @@
 /* AVX2 attention for lanes of one sequence at consecutive positions (attend_lanes of isa.h): a prefill
  * piece's tokens, or a verification's drafted lanes. Each lane alone (attend_item) reads and converts
- * the same float16 keys and values again: at position 700 of the default model each lane after the
- * first added ~0.8 ms of attention to a step (30 layers in a C harness, the cache hot). Here an item's
+ * the same float16 keys and values again, so each lane after the first added its own pass over them
+ * to a step's attention (bench/RESULTS.md: cheaper verification lanes, and figures moved out of code
+ * comments). Here an item's
  * keys and values are converted to float32 once, and every (lane, head) row multiplies them from
  * there, with each row's sums taken in attend_item's order: the same bits as the lane alone. */
 

@@ -5,8 +5,8 @@
  * kernel moves their signs onto the activations (IQ4_NL's way, x86_avx2_iq4_nl.c). The tile instead
  * adds 12 to every level, making them unsigned (0..24), so a token's broadcast activations enter
  * maddubs as they are, as Q4_0's tile does, and takes 12 times the activations' sum back off the
- * integer dot: the same integers, without a sign per slice per token (at 8 tokens that took the
- * product from 1.63x Q4_0's time to 1.00-1.03x here, bench/block_products.py). */
+ * integer dot: the same integers, without a sign per slice per token (at 8 tokens that brought the
+ * product to Q4_0's time: bench/block_products.py; bench/RESULTS.md, MXFP4 on the kernels). */
 
 static inline __m256i mxfp4_table(void) { return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_TABLE)); }
 

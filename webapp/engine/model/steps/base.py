@@ -142,7 +142,8 @@ class PrefixCopy:
 def capturing_jit(fn) -> TinyJit:
     """A TinyJit that captures on its first call. By default it first runs once eagerly, which
     schedules and compiles the whole step only for the capture to do it again: skipping that run
-    cut warm-up from 116 to 80 s here."""
+    takes that scheduling and compiling off warm-up (bench/RESULTS.md, figures moved out of code
+    comments)."""
     jit = TinyJit(fn)
     jit.cnt = 1
     return jit

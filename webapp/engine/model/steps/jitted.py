@@ -21,8 +21,9 @@ from webapp.engine.model.lanes import Lane, Want
 from webapp.engine.model.steps.base import Steps
 
 # Prompt tokens per compiled prefill call: the bulk of a chunk in 32-token pieces, its remainder in
-# 8-token ones, so a short prompt does not pay for 32. On the CPU kernels (default model, this 2-core
-# VM, 512 tokens) 8-token pieces ran 172 tok/s and 32-token ones 209; each size is ~2 s of warm-up.
+# 8-token ones, so a short prompt does not pay for 32. On the CPU kernels 32-token pieces run a long
+# prompt faster than 8-token ones, and each size costs warm-up (bench/RESULTS.md, whole layers on the
+# kernels: the tq_layer row, 87cf691).
 PREFILL_PIECES = (32, 8)
 
 
@@ -44,8 +45,9 @@ class JittedSteps(Steps):
     def __init__(self, model, prefill_chunk: int):
         super().__init__(model)
         self.pieces = prefill_pieces(prefill_chunk)
-        # every power of two: a width-4 step took 38 ms against 57 for a padded width 8 (default
-        # model), and on the CPU kernels a width costs ~1.5 s of warm-up
+        # every power of two: a width-4 step costs less than one padded to width 8, and on the CPU
+        # kernels each width costs warm-up (bench/RESULTS.md: the tq_layer row, 87cf691, and
+        # figures moved out of code comments)
         self.widths = buckets(1, model.slots)
         self.buffers = StepBuffers()
         self._prefill_jits: dict = {}

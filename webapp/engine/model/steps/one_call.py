@@ -22,7 +22,8 @@ from webapp.engine.model.recurrent_config import draft_state_rows
 from webapp.engine.model.steps.base import Steps
 
 # a verification of 1..9 lanes (DRAFT_MAX drafted tokens and the sequence's own), each timed 3 times
-# (their median): ~0.3 s on the default model here, ~4 s on a 1.7B-shaped one
+# (their median): part of warm-up, longer the larger the model (bench/RESULTS.md, figures moved
+# out of code comments)
 VERIFY_LANES, TIMED_VERIFICATIONS = 9, 3
 WARM_UP_TOKENS = 32  # one prompt piece: the first user's step then finds every weight page mapped in
 

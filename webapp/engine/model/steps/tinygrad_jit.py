@@ -3,7 +3,7 @@ every device but the CPU, and the CPU without its kernels.
 
 Slots, start positions and lengths enter as bound symbolic variables, never as shapes, so sequences
 joining and leaving never recompile; a prefill piece is padded to a fixed size, which compiles to
-kernels ~3x faster here than a symbolic length.
+faster kernels than a symbolic length (bench/RESULTS.md, figures moved out of code comments).
 """
 
 from __future__ import annotations
