@@ -42,7 +42,7 @@ def test_a_message_comes_back_as_a_text_block_with_usage(claude, fake_runner):
 
 
 def test_stop_reasons_max_tokens_and_stop_sequence(claude, fake_runner):
-    fake_runner.replies.append(Reply.text("one two three four", eos=False, finish="length"))
+    fake_runner.replies.append(Reply.text("one two three four"))
     assert claude.messages.create(model="m", max_tokens=4, messages=HELLO).stop_reason == "max_tokens"
     fake_runner.replies.append(Reply.text("alpha END beta"))
     message = claude.messages.create(model="m", max_tokens=50, messages=HELLO, stop_sequences=["END"])

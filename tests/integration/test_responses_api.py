@@ -33,7 +33,7 @@ def test_a_string_input_gives_one_message_item(openai_client, fake_engine, fake_
 
 
 def test_running_out_of_tokens_is_an_incomplete_response(openai_client, fake_runner):
-    fake_runner.replies.append(Reply.text("one two three", eos=False, finish="length"))
+    fake_runner.replies.append(Reply.text("one two three"))
     response = openai_client.responses.create(model="m", input="hello", max_output_tokens=3)
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
     assert fake_runner.requests[-1].params.max_tokens == 3
