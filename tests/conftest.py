@@ -1,5 +1,5 @@
-"""Fixtures for more than one folder: the app around a scripted `FakeEngine` and a real Waitress
-server for it, and the real engine on a tiny random-weight llama behind Waitress. Each folder's own
+"""Fixtures for more than one folder: the app around a real engine over a scripted runner and a real
+Waitress server for it, and the real engine on a tiny random-weight llama behind Waitress. Each folder's own
 fixtures are in its conftest.py; helpers live in `support`, not here.
 
 Every test is marked with its folder's name (unit, integration, browser, e2e; registered in
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from support import TINY_CONTEXT, TINY_QUEUE_LIMIT, TINY_SLOTS, running_server, tiny_engine_server
-from support.fakes import FakeEngine
+from support.fakes import start_scripted_engine
 from support.tiny_models import write_tiny_gguf
 
 from webapp import create_app
@@ -34,10 +34,19 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
-def fake_engine():
-    engine = FakeEngine()
+def fake_engine(request):
+    """A real `Engine` over a `ScriptedRunner` (`fake_engine.loaded.runner`), loaded; an indirect
+    parameter gives `start_scripted_engine` its settings (say {"queue_limit": 0})."""
+    engine = start_scripted_engine(**getattr(request, "param", {}))
     yield engine
-    engine.close()
+    engine.loaded.runner.gate.set()  # a test that held the model thread lets it stop
+    engine.stop(5)
+
+
+@pytest.fixture
+def fake_runner(fake_engine):
+    """`fake_engine`'s `ScriptedRunner`: its `replies` script the requests, `requests` are those it ran."""
+    return fake_engine.loaded.runner
 
 
 @pytest.fixture
@@ -50,7 +59,9 @@ def fake_server(fake_app, fake_engine):
     """A real Waitress server for the app over `fake_engine`."""
     with running_server(fake_app) as srv:
         yield srv
-        fake_engine.close()  # finishes any request a handler thread is still reading
+        # as a shutdown does: the requests a handler thread is still reading end, cancelled
+        fake_engine.loaded.runner.gate.set()
+        fake_app.extensions["lifecycle"].drain(0)
 
 
 @pytest.fixture(scope="module")

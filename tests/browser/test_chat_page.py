@@ -1,5 +1,5 @@
-"""The chat page's features in Debian's Chromium, against scripted replies (FakeEngine) behind a real
-Waitress server: markdown rendered while streaming, hostile text that runs nothing, conversations
+"""The chat page's features in Debian's Chromium, against a real engine over a scripted runner behind a
+real Waitress server: markdown rendered while streaming, hostile text that runs nothing, conversations
 saved in the browser (reload, rename, search, delete, export, import), regenerate and edit with the
 cached-token figure, copying, reasoning and JSON blocks, retry on a busy server, the keyboard, and
 axe-core's audit. Screenshots of desktop and phone, light and dark, land in test-output/.
@@ -8,10 +8,11 @@ Skipped when Playwright or /usr/bin/chromium is missing.
 """
 
 import json
+import os
 
 import pytest
 from support import PHONE, SHOTS, axe_violations, send_message, wait_until
-from support.fakes import Reply
+from support.fakes import BOS, Reply
 
 pytest.importorskip("playwright.sync_api")
 
@@ -62,8 +63,8 @@ def clipboard(page) -> str:
     return page.evaluate("() => navigator.clipboard.readText()")
 
 
-def test_markdown_renders_while_streaming_and_code_copies(chat_page, fake_engine):
-    fake_engine.replies.append(Reply.text(MARKDOWN, delay=0.01))
+def test_markdown_renders_while_streaming_and_code_copies(chat_page, fake_runner):
+    fake_runner.replies.append(Reply.text(MARKDOWN, delay=0.01))
     send_message(chat_page, "How do I cook rice?")
     # Blocks above the one still growing keep their nodes: nothing above it flickers or re-renders.
     chat_page.wait_for_function("() => document.querySelector('.msg.assistant.pending .content strong')")
@@ -100,11 +101,11 @@ def test_markdown_renders_while_streaming_and_code_copies(chat_page, fake_engine
     chat_page.screenshot(path=str(SHOTS / "chat-side-list-phone-dark.png"))
 
 
-def test_hostile_text_runs_nothing(chat_page, fake_engine):
+def test_hostile_text_runs_nothing(chat_page, fake_runner):
     dialogs, requests = [], []
     chat_page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     chat_page.on("request", lambda r: requests.append(r.url))
-    fake_engine.replies.append(Reply.text(HOSTILE))
+    fake_runner.replies.append(Reply.text(HOSTILE))
     send_and_wait(chat_page, HOSTILE)
     assert chat_page.inner_text(".msg.user .content") == HOSTILE  # the user's text, as text
     log = chat_page.locator("#log")
@@ -128,8 +129,8 @@ def stored(page) -> list[dict]:
     return page.evaluate("() => JSON.parse(localStorage.getItem('chat.conversations.v1'))")
 
 
-def test_conversations_survive_reload_and_export_then_import(chat_page, fake_engine, tmp_path):
-    fake_engine.replies.extend([Reply.text("Paris is the capital."), Reply.text("Use `sorted()`.")])
+def test_conversations_survive_reload_and_export_then_import(chat_page, fake_runner, tmp_path):
+    fake_runner.replies.extend([Reply.text("Paris is the capital."), Reply.text("Use `sorted()`.")])
     send_and_wait(chat_page, "Capital of France?")
     chat_page.click("#new-chat")
     send_and_wait(chat_page, "How do I sort a list?")
@@ -203,24 +204,27 @@ def test_import_rejects_a_bad_file_and_renders_tool_calls_and_reasoning(chat_pag
     assert chat_page.inner_text(".reasoning strong") == "weather"
 
 
-def test_regenerate_and_edit_resend_with_cached_prompt_tokens(chat_page, fake_engine):
-    fake_engine.replies.extend([
+def test_regenerate_and_edit_resend_with_cached_prompt_tokens(chat_page, fake_engine, fake_runner):
+    fake_runner.replies.extend([
         Reply.text("First answer."),
-        Reply.text("Second answer.", cached_tokens=20),
-        Reply.text("Answer to the edit.", cached_tokens=12),
+        Reply.text("Second answer."),
+        Reply.text("Answer to the edit."),
     ])  # fmt: skip
     send_and_wait(chat_page, "Question one")
     chat_page.click(".msg.assistant button[data-action=regenerate]")
     chat_page.wait_for_function(f"() => {META}.includes('prompt tokens cached')")
     assert chat_page.locator(".msg").count() == 2
     assert chat_page.inner_text(".msg.assistant .content") == "Second answer."
-    assert f"20 of {fake_engine.submitted[1].prompt_len} prompt tokens cached" in chat_page.inner_text(".msg.assistant .meta")
-    assert fake_engine.submitted[1].prompt_ids == fake_engine.submitted[0].prompt_ids  # the same question again
+    first, again = fake_runner.requests[0], fake_runner.requests[1]
+    assert again.prompt_ids == first.prompt_ids  # the same question again: all of it cached but its last token
+    assert f"{again.prompt_len - 1} of {again.prompt_len} prompt tokens cached" in chat_page.inner_text(".msg.assistant .meta")
+    edited = [BOS, *fake_engine.tokenizer.encode(fake_engine.chat_template.render([{"role": "user", "content": "Question two"}]))]
+    shared = len(os.path.commonprefix([first.prompt_ids, edited]))  # what the edit's prompt finds cached
 
     chat_page.click(".msg.user button[data-action=edit]")
     chat_page.fill(".editor textarea", "Question two")
     chat_page.press(".editor textarea", "Enter")
-    chat_page.wait_for_function(f"() => {META}.includes('12 of')")
+    chat_page.wait_for_function(f"() => {META}.includes('{shared} of')")
     assert chat_page.locator(".msg").count() == 2
     assert chat_page.inner_text(".msg.user .content") == "Question two"
     assert chat_page.inner_text(".msg.assistant .content") == "Answer to the edit."
@@ -228,26 +232,23 @@ def test_regenerate_and_edit_resend_with_cached_prompt_tokens(chat_page, fake_en
     chat_page.reload()
     chat_page.wait_for_selector(".msg.assistant")
     assert chat_page.inner_text(".msg.assistant .content") == "Answer to the edit."
-    assert "12 of" in chat_page.inner_text(".msg.assistant .meta")  # the figures are saved too
+    assert f"{shared} of" in chat_page.inner_text(".msg.assistant .meta")  # the figures are saved too
 
 
+@pytest.mark.parametrize("fake_engine", [{"queue_limit": 0}], indirect=True)  # no request may wait
 def test_a_busy_server_is_retried_after_retry_after(chat_page, fake_engine, pages):
-    pages.expected += ["status of 429", "status of 503"]
-    fake_engine.queue_full_retry_after = 1
+    pages.expected += ["status of 429"]
     send_message(chat_page, "Hello?")
     chat_page.wait_for_function("() => document.getElementById('notice').textContent.includes('busy')")
     assert "Trying again in 1 s" in chat_page.inner_text("#notice")
-    fake_engine.queue_full_retry_after = None
-    fake_engine.status = "loading"  # then the model is not ready (503 with Retry-After)
-    chat_page.wait_for_function("() => document.getElementById('notice').textContent.includes('not ready')")
-    fake_engine.status = "ok"
+    fake_engine.queue_limit = 1  # a place in the queue at last
     chat_page.wait_for_function(REPLY_DONE, timeout=15_000)
     assert chat_page.inner_text(".msg.assistant .content") == "Hello from the fake engine."
     assert not chat_page.is_visible("#notice") and not chat_page.is_visible("#error")
 
 
-def test_json_reply_format_and_json_replies(chat_page, fake_engine):
-    fake_engine.replies.append(Reply.text('{"city": "Paris", "days": [1, 2]}'))
+def test_json_reply_format_and_json_replies(chat_page, fake_runner):
+    fake_runner.replies.append(Reply.text('{"city": "Paris", "days": [1, 2]}'))
     send_and_wait(chat_page, "Plan a trip")
     assert json.loads(chat_page.inner_text(".msg.assistant .code code")) == {"city": "Paris", "days": [1, 2]}
     assert chat_page.inner_text(".msg.assistant .code-head span") == "json"
@@ -258,20 +259,20 @@ def test_json_reply_format_and_json_replies(chat_page, fake_engine):
     send_message(chat_page, "Again")
     assert "not valid JSON" in chat_page.inner_text("#error")  # nothing was sent
     chat_page.fill("#json-schema", '{"type": "object"}')
-    fake_engine.replies.append(Reply.text('{"ok": true}'))
-    before = len(fake_engine.submitted)
+    fake_runner.replies.append(Reply.text('Sure: {"ok": true}'))  # the server constrains the reply to the schema
+    before = len(fake_runner.requests)
     with chat_page.expect_request("**/v1/chat/completions") as request:
         send_message(chat_page, "Again")
     sent = request.value.post_data_json["response_format"]
     assert sent == {"type": "json_schema", "json_schema": {"name": "reply", "schema": {"type": "object"}, "strict": True}}
-    assert wait_until(lambda: len(fake_engine.submitted) > before)
-    assert fake_engine.submitted[-1].constraint is not None  # the server constrains the reply to the schema
-    chat_page.wait_for_function("() => [...document.querySelectorAll('.msg.assistant .content')].pop().textContent.includes('\"ok\"')")
+    assert wait_until(lambda: len(fake_runner.requests) > before)
+    chat_page.wait_for_function(REPLY_DONE)
+    assert isinstance(json.loads(chat_page.locator(".msg.assistant .code code").last.inner_text()), dict)  # not the script's text
     assert chat_page.is_hidden("#error")
 
 
-def test_keyboard_use(chat_page, fake_engine):
-    fake_engine.replies.append(Reply.text("tick ", eos=False, delay=0.05, forever=True))
+def test_keyboard_use(chat_page, fake_runner):
+    fake_runner.replies.append(Reply.text("tick ", eos=False, delay=0.05, forever=True))
     chat_page.focus("#input")
     chat_page.keyboard.type("line one")
     chat_page.keyboard.press("Shift+Enter")
@@ -287,8 +288,8 @@ def test_keyboard_use(chat_page, fake_engine):
     assert outline != "none"
 
 
-def test_chat_page_has_no_serious_accessibility_violations(chat_page, fake_engine):
-    fake_engine.replies.append(Reply.text(MARKDOWN))
+def test_chat_page_has_no_serious_accessibility_violations(chat_page, fake_runner):
+    fake_runner.replies.append(Reply.text(MARKDOWN))
     send_and_wait(chat_page, "How do I cook rice?")
     assert chat_page.is_hidden("#model-choice") and chat_page.title() == "fake-model · Chat"  # one model: its name
     assert axe_violations(chat_page) == []

@@ -10,7 +10,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.fakes import FakeEngine
+from support.fakes import start_scripted_engine
 
 from webapp import create_app
 
@@ -159,9 +159,9 @@ embedding_bodies = st.fixed_dictionaries(
 
 @pytest.fixture(scope="module")
 def client():
-    engine = FakeEngine()
+    engine = start_scripted_engine()
     yield create_app({"TESTING": True}, engine=engine).test_client()
-    engine.close()
+    engine.stop(5)
 
 
 def _check(response, path: str) -> None:

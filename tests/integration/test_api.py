@@ -1,17 +1,20 @@
-"""The HTTP API against a scripted fake engine: the real `openai` client talks to a real Waitress
+"""The HTTP API against a real engine over a scripted runner: the real `openai` client talks to a real Waitress
 server, and raw HTTP checks the wire format (error shapes, SSE framing, disconnects)."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
-from support import HELLO, assert_error_shape, chat, get, post, raw_request
-from support.fakes import BOS, EOS, HERMES, TOOLS, XML, Reply
+from support import HELLO, assert_error_shape, chat, drain_outputs, get, post, raw_request, running_server, wait_until
+from support.fakes import BOS, EOS, HERMES, TOOLS, XML, Reply, start_scripted_engine
 
-from webapp.engine.serving.request import Finished
+from webapp import create_app
+from webapp.engine.serving.request import FinishReason
 
 
 def streamed(client, **kw):
@@ -53,8 +56,8 @@ def test_models_lists_the_engine_model(openai_client):
     assert [m.id for m in models.data] == ["fake-model"]
 
 
-def test_chat_completion(openai_client, fake_engine):
-    fake_engine.replies.append(Reply.text("Hi there!", cached_tokens=4))
+def test_chat_completion(openai_client, fake_engine, fake_runner):
+    fake_runner.replies.append(Reply.text("Hi there!"))
     r = chat(
         openai_client,
         temperature=0.5,
@@ -62,7 +65,7 @@ def test_chat_completion(openai_client, fake_engine):
         seed=7,
         extra_body={"top_k": 20, "user": "ignored"},
     )
-    req = fake_engine.submitted[-1]
+    req = fake_runner.requests[-1]
     assert r.object == "chat.completion" and r.id == req.id and r.model == "test-model"
     assert r.choices[0].message.role == "assistant"
     assert r.choices[0].message.content == "Hi there!"
@@ -72,29 +75,30 @@ def test_chat_completion(openai_client, fake_engine):
     assert r.usage.prompt_tokens == len(expected_prompt)
     assert r.usage.completion_tokens == reply_len("Hi there!")
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
-    assert r.usage.prompt_tokens_details.cached_tokens == 4
+    assert r.usage.prompt_tokens_details.cached_tokens == 0  # nothing ran before it
     p = req.params
     assert (p.temperature, p.top_p, p.top_k, p.seed) == (0.5, 0.9, 20, 7)
     assert p.stop_token_ids == frozenset({EOS})
     assert p.max_tokens == fake_engine.max_context - len(expected_prompt)  # the default fills the context
-    assert fake_engine.aborted == []  # a request the engine finished is not aborted
+    assert req.cancel_reason is None  # a request the engine finished is not aborted
 
 
-def test_chat_stream(openai_client, fake_engine):
+def test_chat_stream(openai_client, fake_engine, fake_runner):
     text = "Grüße, 世界! 🎉"  # multi-byte characters arrive split over byte tokens
-    fake_engine.replies.append(Reply.text(text))
+    fake_runner.replies.append(Reply.text(text))
     chunks, content, _ = streamed(openai_client)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert content == text
     assert chunks[-1].choices[0].finish_reason == "stop"
     assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
-    assert {c.id for c in chunks} == {fake_engine.submitted[-1].id}
+    assert {c.id for c in chunks} == {fake_runner.requests[-1].id}
     assert all(c.object == "chat.completion.chunk" and c.usage is None for c in chunks)
-    assert fake_engine.aborted == []
+    assert fake_runner.requests[-1].cancel_reason is None
 
 
-def test_stream_include_usage(openai_client, fake_engine):
-    fake_engine.replies.append(Reply.text("four", cached_tokens=2))
+def test_stream_include_usage(openai_client, fake_engine, fake_runner):
+    chat(openai_client)  # the same prompt before: its slot keeps the prompt for reuse
+    fake_runner.replies.append(Reply.text("four"))
     chunks, content, _ = streamed(openai_client, stream_options={"include_usage": True})
     assert content == "four"
     assert chunks[-2].choices[0].finish_reason == "stop"
@@ -102,17 +106,20 @@ def test_stream_include_usage(openai_client, fake_engine):
     assert last.choices == []
     assert last.usage.completion_tokens == reply_len("four")
     assert last.usage.prompt_tokens == len(prompt_ids(fake_engine))
-    assert last.usage.prompt_tokens_details.cached_tokens == 2
+    # all of it but the last token, whose logits start the reply
+    assert last.usage.prompt_tokens_details.cached_tokens == fake_runner.requests[-1].cached_tokens == last.usage.prompt_tokens - 1
 
 
-def test_first_chunk_is_sent_before_any_token(fake_server, fake_engine):
-    fake_engine.replies.append(Reply.text("late", hold=True))
+def test_first_chunk_is_sent_before_any_token(fake_server, fake_runner):
+    fake_runner.replies.append(Reply.text("late"))
+    fake_runner.gate.clear()  # the model thread holds in the request's first step
     conn, resp = open_hello_stream(fake_server)
     assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
     first = json.loads(resp.readline().decode().removeprefix("data: "))
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    assert fake_engine.submitted[-1].output_ids == []  # the model has not produced anything yet
-    fake_engine.release(fake_engine.submitted[-1])
+    assert wait_until(lambda: fake_runner.requests)
+    assert fake_runner.requests[-1].output_ids == []  # the model has not produced anything yet
+    fake_runner.gate.set()
     events = sse_events(resp.read().decode().lstrip("\n"))
     assert events[-1] == "[DONE]"
     text = "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1])
@@ -121,8 +128,8 @@ def test_first_chunk_is_sent_before_any_token(fake_server, fake_engine):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_stop_string_split_across_tokens_is_never_emitted(openai_client, fake_engine, stream):
-    fake_engine.replies.append(Reply.text("The answer is 42. STOP! and then more", delay=0.001))
+def test_stop_string_split_across_tokens_is_never_emitted(openai_client, fake_engine, stream, fake_runner):
+    fake_runner.replies.append(Reply.text("The answer is 42. STOP! and then more", delay=0.001))
     if stream:
         chunks, content, _ = streamed(openai_client, stop=["never", "STOP!"])
         finish = chunks[-1].choices[0].finish_reason
@@ -131,19 +138,21 @@ def test_stop_string_split_across_tokens_is_never_emitted(openai_client, fake_en
         content, finish = r.choices[0].message.content, r.choices[0].finish_reason
     assert content == "The answer is 42. "
     assert finish == "stop"
-    assert fake_engine.aborted == [fake_engine.submitted[-1]]  # the engine need not generate past a stop
+    request = fake_runner.requests[-1]
+    assert request.cancel_reason == FinishReason.CANCELLED  # the engine need not generate past a stop
+    assert drain_outputs(request)[1] == FinishReason.CANCELLED
 
 
-def test_stop_string_prefix_that_never_completes_is_released(openai_client, fake_engine):
-    fake_engine.replies.append(Reply.text("a STO b ST"))
+def test_stop_string_prefix_that_never_completes_is_released(openai_client, fake_engine, fake_runner):
+    fake_runner.replies.append(Reply.text("a STO b ST"))
     _, content, _ = streamed(openai_client, stop="STOP")
     assert content == "a STO b ST"
-    assert fake_engine.aborted == []
+    assert fake_runner.requests[-1].cancel_reason is None
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_max_tokens_finishes_with_length(openai_client, fake_engine, stream):
-    fake_engine.replies.append(Reply.text("abcdefgh"))
+def test_max_tokens_finishes_with_length(openai_client, fake_runner, stream):
+    fake_runner.replies.append(Reply.text("abcdefgh"))
     if stream:
         chunks, content, _ = streamed(openai_client, max_tokens=3)
         finish = chunks[-1].choices[0].finish_reason
@@ -152,24 +161,24 @@ def test_max_tokens_finishes_with_length(openai_client, fake_engine, stream):
         content, finish = r.choices[0].message.content, r.choices[0].finish_reason
         assert r.usage.completion_tokens == 3
     assert (content, finish) == ("abc", "length")
-    assert fake_engine.submitted[-1].params.max_tokens == 3
+    assert fake_runner.requests[-1].params.max_tokens == 3
 
 
-def test_max_tokens_is_capped_to_the_room_the_context_leaves(openai_client, fake_engine):
+def test_max_tokens_is_capped_to_the_room_the_context_leaves(openai_client, fake_engine, fake_runner):
     chat(openai_client, max_tokens=100_000)
-    assert fake_engine.submitted[-1].params.max_tokens == fake_engine.max_context - len(prompt_ids(fake_engine))
+    assert fake_runner.requests[-1].params.max_tokens == fake_engine.max_context - len(prompt_ids(fake_engine))
 
 
-def test_max_completion_tokens_wins_over_max_tokens(openai_client, fake_engine):
+def test_max_completion_tokens_wins_over_max_tokens(openai_client, fake_runner):
     chat(openai_client, max_tokens=5, max_completion_tokens=9)
-    assert fake_engine.submitted[-1].params.max_tokens == 9
+    assert fake_runner.requests[-1].params.max_tokens == 9
 
 
-def test_ignore_eos_drops_the_stop_token_ids(openai_client, fake_engine):
+def test_ignore_eos_drops_the_stop_token_ids(openai_client, fake_runner):
     chat(openai_client)
-    assert fake_engine.submitted[-1].params.stop_token_ids == frozenset({EOS})
-    chat(openai_client, extra_body={"ignore_eos": True})
-    assert fake_engine.submitted[-1].params.stop_token_ids == frozenset()
+    assert fake_runner.requests[-1].params.stop_token_ids == frozenset({EOS})
+    chat(openai_client, max_tokens=40, extra_body={"ignore_eos": True})  # past the reply's end: EOS is output
+    assert fake_runner.requests[-1].params.stop_token_ids == frozenset()
 
 
 def test_null_fields_count_as_absent(fake_server):
@@ -191,8 +200,8 @@ def streamed_tool_calls(chunks) -> list[dict]:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_hermes_tool_call(openai_client, fake_engine, stream):
-    fake_engine.replies.append(Reply.text(HERMES))
+def test_hermes_tool_call(openai_client, fake_engine, stream, fake_runner):
+    fake_runner.replies.append(Reply.text(HERMES))
     if stream:
         chunks, content, _ = streamed(openai_client, tools=TOOLS)
         calls, finish = streamed_tool_calls(chunks), chunks[-1].choices[0].finish_reason
@@ -210,8 +219,8 @@ def test_hermes_tool_call(openai_client, fake_engine, stream):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_xml_tool_calls_follow_the_parameter_schema(openai_client, fake_engine, stream):
-    fake_engine.replies.append(Reply.text(XML))
+def test_xml_tool_calls_follow_the_parameter_schema(openai_client, fake_runner, stream):
+    fake_runner.replies.append(Reply.text(XML))
     if stream:
         chunks, content, _ = streamed(openai_client, tools=TOOLS)
         calls, finish = streamed_tool_calls(chunks), chunks[-1].choices[0].finish_reason
@@ -228,15 +237,15 @@ def test_xml_tool_calls_follow_the_parameter_schema(openai_client, fake_engine, 
     assert len({c["id"] for c in calls}) == 2
 
 
-def test_tool_choice_none_offers_no_tools_and_parses_none(openai_client, fake_engine):
-    fake_engine.replies.append(Reply.text(HERMES))
+def test_tool_choice_none_offers_no_tools_and_parses_none(openai_client, fake_engine, fake_runner):
+    fake_runner.replies.append(Reply.text(HERMES))
     r = chat(openai_client, tools=TOOLS, tool_choice="none")
     assert fake_engine.chat_template.calls[-1]["tools"] is None
     assert r.choices[0].message.content == HERMES and r.choices[0].finish_reason == "stop"
 
 
-def test_malformed_tool_call_is_returned_as_content(openai_client, fake_engine):
-    fake_engine.replies.append(Reply.text("<tool_call>{not json}</tool_call>"))
+def test_malformed_tool_call_is_returned_as_content(openai_client, fake_runner):
+    fake_runner.replies.append(Reply.text("<tool_call>{not json}</tool_call>"))
     r = chat(openai_client, tools=TOOLS)
     assert r.choices[0].message.content == "<tool_call>{not json}</tool_call>"
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "stop"
@@ -269,8 +278,8 @@ def test_assistant_tool_calls_in_history_reach_the_template(openai_client, fake_
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_reasoning_content(openai_client, fake_engine, stream):
-    fake_engine.replies.append(Reply.text("<think>\nThe user greets me.\n</think>\n\nHello!"))
+def test_reasoning_content(openai_client, fake_runner, stream):
+    fake_runner.replies.append(Reply.text("<think>\nThe user greets me.\n</think>\n\nHello!"))
     if stream:
         _, content, reasoning = streamed(openai_client)
         assert "<" not in content
@@ -281,9 +290,9 @@ def test_reasoning_content(openai_client, fake_engine, stream):
     assert reasoning.strip() == "The user greets me."
 
 
-def test_reasoning_when_the_template_opens_the_think_block(openai_client, fake_engine):
+def test_reasoning_when_the_template_opens_the_think_block(openai_client, fake_engine, fake_runner):
     fake_engine.chat_template.think = True
-    fake_engine.replies.append(Reply.text("Hmm, a greeting.</think>\n\nHi!"))
+    fake_runner.replies.append(Reply.text("Hmm, a greeting.</think>\n\nHi!"))
     _, content, reasoning = streamed(openai_client)
     assert (content, reasoning) == ("Hi!", "Hmm, a greeting.")
 
@@ -291,17 +300,17 @@ def test_reasoning_when_the_template_opens_the_think_block(openai_client, fake_e
 # --- completions ---------------------------------------------------------------------------------
 
 
-def test_completion(openai_client, fake_engine):
-    fake_engine.replies.append(Reply.text(" a time there was"))
+def test_completion(openai_client, fake_runner):
+    fake_runner.replies.append(Reply.text(" a time there was"))
     r = openai_client.completions.create(model="m", prompt="Once upon", max_tokens=5)
     assert r.object == "text_completion"
     assert (r.choices[0].text, r.choices[0].finish_reason) == (" a ti", "length")
-    assert fake_engine.submitted[-1].prompt_ids == [BOS, *b"Once upon"]
+    assert fake_runner.requests[-1].prompt_ids == [BOS, *b"Once upon"]
     assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (10, 5)
 
 
-def test_completion_stream(openai_client, fake_engine):
-    fake_engine.replies.append(Reply.text(" there. END"))
+def test_completion_stream(openai_client, fake_runner):
+    fake_runner.replies.append(Reply.text(" there. END"))
     chunks = list(
         openai_client.completions.create(
             model="m",
@@ -321,9 +330,9 @@ def test_completion_stream(openai_client, fake_engine):
     [([5, 6, 7], [5, 6, 7]), (["Hi"], [BOS, *b"Hi"]), ("<s>Hi", [BOS, *b"Hi"])],
     ids=["token-ids", "one-string-list", "bos-not-doubled"],
 )
-def test_completion_prompt_forms(openai_client, fake_engine, prompt, ids):
+def test_completion_prompt_forms(openai_client, fake_runner, prompt, ids):
     openai_client.completions.create(model="m", prompt=prompt, max_tokens=1)
-    assert fake_engine.submitted[-1].prompt_ids == ids
+    assert fake_runner.requests[-1].prompt_ids == ids
 
 
 @pytest.mark.parametrize(
@@ -417,7 +426,7 @@ BAD_CHAT_BODIES = [
 
 
 @pytest.mark.parametrize(("body", "param"), BAD_CHAT_BODIES, ids=[str(b) for b, _ in BAD_CHAT_BODIES])
-def test_invalid_chat_requests_are_400(openai_client, fake_server, fake_engine, body, param):
+def test_invalid_chat_requests_are_400(openai_client, fake_server, fake_runner, body, param):
     body = {"model": "m", "messages": HELLO, **body}
     body = {k: v for k, v in body.items() if v is not None}
     with pytest.raises(openai.BadRequestError) as e:
@@ -427,7 +436,7 @@ def test_invalid_chat_requests_are_400(openai_client, fake_server, fake_engine, 
     assert status == 400
     assert_error_shape(payload)
     assert payload["error"]["param"] == param
-    assert fake_engine.submitted == []
+    assert fake_runner.requests == []
 
 
 @pytest.mark.parametrize(
@@ -441,21 +450,22 @@ def test_body_must_be_a_json_object(fake_server, data, code):
     assert body["error"]["code"] == code
 
 
-def test_prompt_longer_than_the_context(openai_client, fake_engine):
-    fake_engine.max_context = 64
-    messages = [{"role": "user", "content": "x" * 100}]
+def test_prompt_longer_than_the_context(openai_client, fake_engine, fake_runner):
+    messages = [{"role": "user", "content": "x" * (fake_engine.max_context + 100)}]
     n_prompt = len(prompt_ids(fake_engine, messages))
     with pytest.raises(openai.BadRequestError) as e:
         chat(openai_client, messages=messages)
     assert e.value.code == "context_length_exceeded"
-    assert str(n_prompt) in e.value.message and "64" in e.value.message
-    assert fake_engine.submitted == []
+    assert str(n_prompt) in e.value.message and str(fake_engine.max_context) in e.value.message
+    assert fake_runner.requests == []
 
 
 def test_prompt_that_fills_the_context_exactly_is_refused(openai_client, fake_engine):
-    fake_engine.max_context = len(prompt_ids(fake_engine))
+    empty = len(prompt_ids(fake_engine, [{"role": "user", "content": ""}]))
+    messages = [{"role": "user", "content": "x" * (fake_engine.max_context - empty)}]  # a byte a token
+    assert len(prompt_ids(fake_engine, messages)) == fake_engine.max_context
     with pytest.raises(openai.BadRequestError) as e:
-        chat(openai_client)
+        chat(openai_client, messages=messages)
     assert e.value.code == "context_length_exceeded"
 
 
@@ -482,19 +492,19 @@ def test_wrong_method_is_405(fake_server):
     assert_error_shape(body)
 
 
-def test_engine_failure_non_stream_is_500(openai_client, fake_engine):
-    fake_engine.replies.append(Reply([ord("a"), RuntimeError("device lost")]))
+def test_engine_failure_non_stream_is_500(openai_client, fake_runner):
+    fake_runner.replies.append(Reply([ord("a"), RuntimeError("device lost")]))
     with pytest.raises(openai.InternalServerError) as e:
         chat(openai_client)
     assert e.value.code == "engine_error"
 
 
-def test_engine_failure_mid_stream_is_an_error_event(openai_client, fake_server, fake_engine):
-    fake_engine.replies.append(Reply([ord("a"), RuntimeError("device lost")]))
+def test_engine_failure_mid_stream_is_an_error_event(openai_client, fake_server, fake_runner):
+    fake_runner.replies.append(Reply([ord("a"), RuntimeError("device lost")]))
     with pytest.raises(openai.APIError) as e:
         list(chat(openai_client, stream=True))
     assert e.value.code == "engine_error"
-    fake_engine.replies.append(Reply([ord("a"), RuntimeError("device lost")]))
+    fake_runner.replies.append(Reply([ord("a"), RuntimeError("device lost")]))
     conn, resp = open_hello_stream(fake_server)
     events = sse_events(resp.read().decode())
     conn.close()
@@ -503,59 +513,70 @@ def test_engine_failure_mid_stream_is_an_error_event(openai_client, fake_server,
     assert json.loads(events[1])["choices"][0]["delta"] == {"content": "a"}
 
 
-def test_queue_full_is_429_with_retry_after(openai_client, fake_server, fake_engine):
-    fake_engine.queue_full_retry_after = 7
+@pytest.mark.parametrize("fake_engine", [{"queue_limit": 0}], indirect=True)  # no request may wait
+def test_queue_full_is_429_with_retry_after(openai_client, fake_server, fake_runner):
     with pytest.raises(openai.RateLimitError) as e:
         chat(openai_client)
     assert e.value.code == "queue_full"
-    assert e.value.response.headers["Retry-After"] == "7"
+    retry_after = e.value.response.headers["Retry-After"]
+    assert int(retry_after) >= 1  # the engine's estimate of the queue's drain, at least a second
     status, headers, body = post(fake_server, "/v1/completions", {"prompt": "Hi"})
-    assert status == 429 and headers["Retry-After"] == "7"
+    assert status == 429 and headers["Retry-After"] == retry_after
     assert_error_shape(body, "rate_limit_exceeded")
+    assert fake_runner.requests == []
 
 
-def test_loading_engine_is_503_and_health_follows_it(openai_client, fake_server, fake_engine):
-    fake_engine.status = "loading"
-    with pytest.raises(openai.InternalServerError) as e:
-        chat(openai_client)
-    assert e.value.status_code == 503 and e.value.code == "engine_not_ready"
-    status, _, body = get(fake_server, "/health")
-    assert (status, body["status"]) == (503, "loading")
-    fake_engine.status = "ok"
-    status, _, body = get(fake_server, "/health")
-    assert (status, body["status"]) == (200, "ok")
-    assert chat(openai_client).choices[0].message.content
+def test_loading_engine_is_503_and_health_follows_it():
+    held = threading.Event()
+    engine = start_scripted_engine(held=held)
+    with running_server(create_app({"TESTING": True}, engine=engine)) as srv:
+        status, _, body = post(srv, "/v1/chat/completions", {"messages": HELLO})
+        assert status == 503 and body["error"]["code"] == "engine_not_ready"
+        status, _, body = get(srv, "/health")
+        assert (status, body["status"]) == (503, "loading")
+        held.set()
+        assert engine.settled.wait(10)
+        status, _, body = get(srv, "/health")
+        assert (status, body["status"]) == (200, "ok")
+        status, _, body = post(srv, "/v1/chat/completions", {"messages": HELLO})
+        assert status == 200 and body["choices"][0]["message"]["content"]
+    engine.stop(5)
 
 
-def test_engine_cancelling_a_request_is_503(openai_client, fake_engine):
-    fake_engine.replies.append(Reply([ord("a")], finish="cancelled"))
-    with pytest.raises(openai.InternalServerError) as e:
-        chat(openai_client)
+def test_engine_cancelling_a_request_is_503(openai_client, fake_engine, fake_runner):
+    fake_runner.gate.clear()  # hold the request in its first step, then cancel it from elsewhere
+    with ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(chat, openai_client)
+        assert wait_until(lambda: fake_runner.requests)
+        fake_engine.abort(fake_runner.requests[-1])
+        fake_runner.gate.set()
+        with pytest.raises(openai.InternalServerError) as e:
+            reply.result(10)
     assert e.value.status_code == 503
 
 
 # --- disconnects ---------------------------------------------------------------------------------
 
 
-def test_client_disconnecting_mid_stream_aborts_its_request(fake_server, fake_engine):
-    fake_engine.replies.append(Reply([ord("x")], delay=0.01, forever=True))
+def test_client_disconnecting_mid_stream_aborts_its_request(fake_server, fake_engine, fake_runner):
+    fake_runner.replies.append(Reply([ord("x")], delay=0.01, forever=True))
     sock = raw_request(fake_server, "/v1/chat/completions", {"messages": HELLO, "stream": True})
     received = b""
     while b"data: " not in received:
         received += sock.recv(4096)
     sock.close()
-    assert fake_engine.aborted_event.wait(10)
-    request = fake_engine.submitted[-1]
-    assert fake_engine.aborted == [request]
-    while not isinstance(item := request.outputs.get(timeout=5), Finished):
-        pass
-    assert item.reason == "cancelled"
+    request = fake_runner.requests[-1]
+    assert drain_outputs(request)[1] == FinishReason.CANCELLED
+    assert request.cancel_reason == FinishReason.CANCELLED  # aborted by the handler, not ended by the engine
 
 
-def test_client_disconnecting_while_waiting_aborts_its_request(fake_server, fake_engine):
-    fake_engine.replies.append(Reply.text("never sent", hold=True))
+def test_client_disconnecting_while_waiting_aborts_its_request(fake_server, fake_runner):
+    fake_runner.replies.append(Reply.text("never sent"))
+    fake_runner.gate.clear()  # the model thread holds in the request's first step
     sock = raw_request(fake_server, "/v1/chat/completions", {"messages": HELLO})
-    assert fake_engine.submitted_event.wait(10)
+    assert wait_until(lambda: fake_runner.requests)
+    request = fake_runner.requests[-1]
     sock.close()
-    assert fake_engine.aborted_event.wait(10)
-    assert fake_engine.aborted == [fake_engine.submitted[-1]]
+    assert wait_until(lambda: request.cancel_reason == FinishReason.CANCELLED)
+    fake_runner.gate.set()
+    assert drain_outputs(request)[1] == FinishReason.CANCELLED

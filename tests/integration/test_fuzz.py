@@ -2,7 +2,8 @@
 garbage HTTP. Whatever comes in, the answer is never a 5xx and never a hang; every 4xx is an OpenAI
 error object; every 200 is a well-formed completion, or a stream of JSON events ending in [DONE].
 
-Thousands of examples go through Flask's test client against the FakeEngine (fast); a smaller run
+Thousands of examples go through Flask's test client against a real engine over a scripted runner
+(fast); a smaller run
 goes through a real Waitress server. A hang is turned into a failure with a traceback by
 `faulthandler` rather than a stuck test run.
 """
@@ -238,10 +239,12 @@ def hang_guard():
         faulthandler.cancel_dump_traceback_later()
 
 
+# A small context so that random max_tokens values hit the cap and prompts can overflow it.
+pytestmark = pytest.mark.parametrize("fake_engine", [{"max_context": 512}], indirect=True)
+
+
 @pytest.fixture
 def fuzz_client(fake_engine):
-    # A small context so that random max_tokens values hit the cap and prompts can overflow it.
-    fake_engine.max_context = 512
     return create_app({"TESTING": True, "MAX_MESSAGES": 4}, engine=fake_engine).test_client()
 
 
@@ -251,7 +254,7 @@ def answer_of(client, path, data: bytes):
     return response.status_code, response.content_type, response.get_data()
 
 
-# --- the test client (FakeEngine) -----------------------------------------------------------------
+# --- the test client ------------------------------------------------------------------------------
 
 
 @settings(FUZZ, max_examples=600)
@@ -313,11 +316,10 @@ def test_any_route_any_method(fake_engine, method, path, auth):
 @pytest.fixture
 def fuzz_server(fake_engine):
     """A real Waitress server for an app set up as `fuzz_client`'s, over `fake_engine`."""
-    fake_engine.max_context = 512
     app = create_app({"TESTING": True, "MAX_MESSAGES": 4}, engine=fake_engine)
     with running_server(app) as srv:
         yield srv
-        fake_engine.close()
+        app.extensions["lifecycle"].drain(0)  # as a shutdown does: what a handler still reads ends
 
 
 def answer_over_http(server, path: str, data: bytes):

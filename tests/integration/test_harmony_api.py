@@ -38,8 +38,8 @@ def _streamed(client, **kw) -> tuple[str, str, list[dict], str]:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_analysis_is_reasoning_content_and_final_the_content(openai_client, fake_engine, stream):
-    fake_engine.replies.append(Reply.text(ANSWER))
+def test_analysis_is_reasoning_content_and_final_the_content(openai_client, fake_runner, stream):
+    fake_runner.replies.append(Reply.text(ANSWER))
     if stream:
         content, reasoning, calls, finish = _streamed(openai_client)
     else:
@@ -54,8 +54,8 @@ def test_analysis_is_reasoning_content_and_final_the_content(openai_client, fake
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_messages_to_functions_are_tool_calls(openai_client, fake_engine, stream):
-    fake_engine.replies.append(Reply.text(CALLS))
+def test_messages_to_functions_are_tool_calls(openai_client, fake_runner, stream):
+    fake_runner.replies.append(Reply.text(CALLS))
     if stream:
         content, reasoning, calls, finish = _streamed(openai_client, tools=TOOLS)
     else:
@@ -69,8 +69,8 @@ def test_messages_to_functions_are_tool_calls(openai_client, fake_engine, stream
     ]
 
 
-def test_a_forced_call_comes_back_as_a_tool_call(openai_client, fake_engine):
-    fake_engine.replies.append(Reply.text('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'))
+def test_a_forced_call_comes_back_as_a_tool_call(openai_client, fake_runner):
+    fake_runner.replies.append(Reply.text('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'))
     choice = chat(openai_client, tools=TOOLS, tool_choice="required").choices[0]
     assert choice.finish_reason == "tool_calls" and json.loads(choice.message.tool_calls[0].function.arguments) == {"city": "Rome"}
 

@@ -1,4 +1,5 @@
-"""Accepted requests through shutdown and slow clients (FakeEngine behind a real Waitress): a drain
+"""Accepted requests through shutdown and slow clients (a real engine over a scripted runner behind a
+real Waitress): a drain
 lets them finish or ends them with a clear error and refuses new ones, a second signal cancels at
 once, and a reader that stalls holds only its own thread."""
 
@@ -25,27 +26,27 @@ from support import (
 from support.fakes import Reply
 
 from webapp import create_app
+from webapp.engine.serving.request import FinishReason
 
-# --- draining (FakeEngine behind a real Waitress) -------------------------------------------------
+# --- draining ------------------------------------------------------------------------------------
 
 
 @pytest.fixture
-def drain_server(fake_app, fake_engine):
-    with running_server(fake_app) as srv:
-        yield SimpleNamespace(server=srv, lifecycle=fake_app.extensions["lifecycle"])
-        fake_engine.close()
+def drain_server(fake_server, fake_app):
+    return SimpleNamespace(server=fake_server, lifecycle=fake_app.extensions["lifecycle"])
 
 
-def test_drain_lets_accepted_requests_finish_and_refuses_new_ones(drain_server, fake_engine):
+def test_drain_lets_accepted_requests_finish_and_refuses_new_ones(drain_server, fake_runner):
     srv, lifecycle = drain_server.server, drain_server.lifecycle
-    fake_engine.replies.append(Reply.text("slow but sure", delay=0.05))
-    fake_engine.replies.append(Reply.text("queued reply", hold=True))
+    # slow steps: both requests are still generating while the drain is checked
+    fake_runner.replies.append(Reply.text("slow but sure", delay=0.05))
+    fake_runner.replies.append(Reply.text("queued reply", delay=0.05))
     stream = Stream(srv, "/v1/chat/completions", {"messages": HELLO})
     stream.next()  # the role chunk: the request is in flight
     waiting = {}
     t = threading.Thread(target=lambda: waiting.update(r=post(srv, "/v1/completions", {"prompt": "hi"})))
     t.start()
-    assert wait_until(lambda: len(fake_engine.submitted) == 2)
+    assert wait_until(lambda: len(fake_runner.requests) == 2)
 
     result = {}
     drainer = threading.Thread(target=lambda: result.update(lifecycle.drain(10)))
@@ -61,7 +62,6 @@ def test_drain_lets_accepted_requests_finish_and_refuses_new_ones(drain_server, 
     status, _, body = get(srv, "/health")
     assert (status, body["status"]) == (503, "draining")
 
-    fake_engine.release(fake_engine.submitted[1])
     events = stream.rest()
     assert events[-1] == "[DONE]" and finish_reason(events) == "stop"
     t.join(10)
@@ -82,16 +82,16 @@ def test_tokenize_is_drained_like_the_api(drain_server):
     assert post(srv, "/detokenize", {"tokens": [104]})[0] == 503
 
 
-def test_drain_cancels_what_outlives_its_bound(drain_server, fake_engine):
+def test_drain_cancels_what_outlives_its_bound(drain_server, fake_runner):
     srv, lifecycle = drain_server.server, drain_server.lifecycle
-    fake_engine.replies.append(Reply([ord("a")] * 3 + [ord("b")], delay=0.01, forever=True))
-    fake_engine.replies.append(Reply.text("never", hold=True))
+    fake_runner.replies.append(Reply([ord("a")] * 3 + [ord("b")], delay=0.01, forever=True))
+    fake_runner.replies.append(Reply([ord("n")], delay=0.01, forever=True))
     stream = Stream(srv, "/v1/completions", {"prompt": "go", "max_tokens": 2000})
     stream.next()
     waiting = {}
     t = threading.Thread(target=lambda: waiting.update(r=post(srv, "/v1/chat/completions", {"messages": HELLO})))
     t.start()
-    assert wait_until(lambda: len(fake_engine.submitted) == 2)
+    assert wait_until(lambda: len(fake_runner.requests) == 2)
 
     summary = lifecycle.drain(0.3)
     assert summary["cancelled"] == 2 and summary["unfinished"] == 0
@@ -102,19 +102,19 @@ def test_drain_cancels_what_outlives_its_bound(drain_server, fake_engine):
     status, headers, body = waiting["r"]
     assert status == 503 and int(headers["Retry-After"]) >= 1
     assert_error_shape(body, "server_error", "server_shutting_down")
-    assert all(r.cancel_reason == "shutdown" for r in fake_engine.submitted)
+    assert all(r.cancel_reason == "shutdown" for r in fake_runner.requests)
 
 
-def test_a_second_signal_cancels_at_once_and_a_third_exits(fake_engine):
+def test_a_second_signal_cancels_at_once_and_a_third_exits(fake_engine, fake_runner):
     """The handlers' state machine, called directly: no real signal reaches this test process."""
     app = create_app({"TESTING": True, "DRAIN_SECONDS": 60}, engine=fake_engine)
     lifecycle = app.extensions["lifecycle"]
-    fake_engine.replies.append(Reply.text("never", hold=True))
+    fake_runner.replies.append(Reply([ord("n")], delay=0.01, forever=True))
     with running_server(app) as srv:
         waiting = {}
-        t = threading.Thread(target=lambda: waiting.update(r=post(srv, "/v1/completions", {"prompt": "hi"})))
+        t = threading.Thread(target=lambda: waiting.update(r=post(srv, "/v1/completions", {"prompt": "hi", "max_tokens": 2000})))
         t.start()
-        assert fake_engine.submitted_event.wait(10)
+        assert wait_until(lambda: fake_runner.requests)
         started = time.monotonic()
         lifecycle._on_signal(signal.SIGTERM, None)  # starts draining, for up to 60 s
         assert wait_until(lambda: lifecycle.draining)
@@ -128,15 +128,15 @@ def test_a_second_signal_cancels_at_once_and_a_third_exits(fake_engine):
         # Without installed handlers the drain thread ends the process neither way.
         lifecycle.drain_thread.join(10)
         assert not lifecycle.drain_thread.is_alive()
-        fake_engine.close()
+        assert fake_runner.requests[-1].cancel_reason == FinishReason.SHUTDOWN
 
 
 # --- slow readers ---------------------------------------------------------------------------------
 
 
-def test_a_reader_that_stalls_holds_only_its_own_thread(fake_engine):
+def test_a_reader_that_stalls_holds_only_its_own_thread(fake_engine, fake_runner):
     """The stalled client's handler blocks once Waitress's buffer for it is full; the other threads
-    keep serving, and the blocked one is freed (and its request aborted) when the client goes."""
+    keep serving, and the blocked one is freed when the client goes."""
     app = create_app({"TESTING": True}, engine=fake_engine)
     listener = socket.socket()
     # Small send buffers (inherited by accepted sockets), or the kernel swallows the whole stream.
@@ -144,10 +144,10 @@ def test_a_reader_that_stalls_holds_only_its_own_thread(fake_engine):
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     with running_server(app, threads=3, outbuf_high_watermark=32 * 1024, sockets=[listener]) as srv:
-        fake_engine.replies.append(Reply([ord("z")], forever=True))  # as fast as it can, up to max_tokens
+        fake_runner.replies.append(Reply([ord("z")], forever=True))  # as fast as it can, up to max_tokens
         sock = unread_stream(srv, "/v1/completions", {"prompt": "flood"})
-        assert fake_engine.submitted_event.wait(10)
-        flood = fake_engine.submitted[-1]
+        assert wait_until(lambda: fake_runner.requests)
+        flood = fake_runner.requests[-1]
         # ~4,000 events of ~190 bytes: far more than the buffers hold, so its handler is stuck
         assert wait_until(lambda: isinstance(flood.finish_reason, str))
         assert flood.outputs.qsize() > 1000
@@ -156,6 +156,6 @@ def test_a_reader_that_stalls_holds_only_its_own_thread(fake_engine):
             assert status == 200 and body["choices"][0]["message"]["content"]
         assert flood.outputs.qsize() > 1000  # still stuck: nobody read
         sock.close()
-        assert fake_engine.aborted_event.wait(10)
-        assert fake_engine.aborted == [flood]
-        fake_engine.close()
+        # its handler leaves once the client has gone: a drain finds nothing left to cancel
+        summary = app.extensions["lifecycle"].drain(5)
+        assert (summary["cancelled"], summary["unfinished"]) == (0, 0)

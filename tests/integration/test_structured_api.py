@@ -1,13 +1,13 @@
 """The API's structured-output, tool-choice, sampling and logprobs parameters, through the real
-openai client against the scripted FakeEngine: what is accepted, what reaches the engine, the
-response shapes, and a 400 naming the parameter for anything that cannot be honoured."""
+openai client against a real engine over a scripted runner: what is accepted, what reaches the
+engine (a constraint shows as a script the grammar bends), the response shapes, and a 400 naming the parameter for anything that cannot be honoured."""
 
 import json
 
 import openai
 import pytest
 from support import chat
-from support.fakes import EOS, FAKE_LOGPROB, Reply
+from support.fakes import EOS, Reply, ScriptedRunner
 
 from webapp.engine.text.chat_template import ChatTemplate
 
@@ -27,15 +27,19 @@ def bad_request(fn, param: str) -> str:
     return e.value.body["message"]
 
 
-def test_json_object_and_json_schema_reach_the_engine_as_a_constraint(openai_client, fake_engine):
-    chat(openai_client, response_format={"type": "json_object"})
-    assert fake_engine.submitted[-1].constraint is not None
+def content(reply) -> str:
+    return reply.choices[0].message.content
+
+
+def test_json_object_and_json_schema_reach_the_engine_as_a_constraint(openai_client, fake_runner):
+    fake_runner.replies.append(Reply.text('Sure: {"a": 1}'))  # not JSON: the grammar picks other tokens
+    assert isinstance(json.loads(content(chat(openai_client, response_format={"type": "json_object"}))), dict)
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     fmt = {"type": "json_schema", "json_schema": {"name": "A", "schema": schema, "strict": True}}
-    chat(openai_client, response_format=fmt)
-    assert fake_engine.submitted[-1].constraint is not None
-    chat(openai_client, response_format={"type": "text"})
-    assert fake_engine.submitted[-1].constraint is None
+    fake_runner.replies.append(Reply.text('{"b": 1}'))  # the wrong key: the schema's is the only one allowed
+    assert json.loads(content(chat(openai_client, response_format=fmt))) == {"a": 1}
+    fake_runner.replies.append(Reply.text('{"b": 1}'))
+    assert content(chat(openai_client, response_format={"type": "text"})) == '{"b": 1}'
 
 
 def test_a_schema_keyword_that_cannot_be_enforced_is_a_400_naming_it(openai_client):
@@ -69,28 +73,28 @@ def test_constraints_that_cannot_be_honoured_are_400(openai_client, kw, param):
     bad_request(lambda: chat(openai_client, **kw), param)
 
 
-def test_forced_tool_call_is_constrained_and_parsed_back(openai_client, fake_engine):
-    fake_engine.replies.append(Reply.text('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'))
+def test_forced_tool_call_is_constrained_and_parsed_back(openai_client, fake_runner):
+    # a misspelt argument: the grammar allows only the tool's own
+    fake_runner.replies.append(Reply.text('<tool_call>\n{"name": "get_weather", "arguments": {"citx": "Oslo"}}\n</tool_call>'))
     reply = chat(
         openai_client, tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}, parallel_tool_calls=False
     )
-    assert fake_engine.submitted[-1].constraint is not None
     (call,) = reply.choices[0].message.tool_calls
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Oslo"}
     assert reply.choices[0].finish_reason == "tool_calls"
-    chat(openai_client, tools=[WEATHER], tool_choice="auto", parallel_tool_calls=True)
-    assert fake_engine.submitted[-1].constraint is None
+    fake_runner.replies.append(Reply.text("No call."))
+    assert content(chat(openai_client, tools=[WEATHER], tool_choice="auto", parallel_tool_calls=True)) == "No call."
 
 
-def test_raw_gbnf_and_lark_grammars_are_accepted(openai_client, fake_engine):
-    chat(openai_client, extra_body={"grammar": 'root ::= "yes" | "no"'})
-    assert fake_engine.submitted[-1].constraint is not None
-    chat(openai_client, extra_body={"grammar": {"type": "lark", "grammar": 'start: "a"+'}})
-    assert fake_engine.submitted[-1].constraint is not None
+def test_raw_gbnf_and_lark_grammars_are_accepted(openai_client, fake_runner):
+    fake_runner.replies.append(Reply.text("no way"))
+    assert content(chat(openai_client, extra_body={"grammar": 'root ::= "yes" | "no"'})) == "no"
+    fake_runner.replies.append(Reply.text("aab"))
+    assert content(chat(openai_client, extra_body={"grammar": {"type": "lark", "grammar": 'start: "a"+'}})) == "aa"
 
 
-def test_tools_go_into_the_system_prompt_when_the_template_ignores_them(openai_client, fake_engine):
-    fake_engine.chat_template = ChatTemplate(None, "<s>", "</s>")  # plain ChatML: never renders `tools`
+def test_tools_go_into_the_system_prompt_when_the_template_ignores_them(openai_client, fake_engine, fake_runner):
+    fake_engine.loaded.chat_template = ChatTemplate(None, "<s>", "</s>")  # plain ChatML: never renders `tools`
     history = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather in Oslo?"},
@@ -102,15 +106,15 @@ def test_tools_go_into_the_system_prompt_when_the_template_ignores_them(openai_c
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
     ]
     chat(openai_client, messages=history, tools=[WEATHER])
-    prompt = fake_engine.tokenizer.decode(fake_engine.submitted[-1].prompt_ids)
+    prompt = fake_engine.tokenizer.decode(fake_runner.requests[-1].prompt_ids)
     assert prompt.count("<|im_start|>system") == 1 and "Be brief." in prompt
     assert '"name": "get_weather"' in prompt and "<tools>" in prompt and "To call a tool" in prompt
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>' in prompt
     chat(openai_client, messages=history, tools=[WEATHER], tool_choice="none")
-    assert "<tools>" not in fake_engine.tokenizer.decode(fake_engine.submitted[-1].prompt_ids)
+    assert "<tools>" not in fake_engine.tokenizer.decode(fake_runner.requests[-1].prompt_ids)
 
 
-def test_sampling_options_reach_the_engine(openai_client, fake_engine):
+def test_sampling_options_reach_the_engine(openai_client, fake_runner):
     chat(
         openai_client,
         presence_penalty=0.5,
@@ -118,37 +122,43 @@ def test_sampling_options_reach_the_engine(openai_client, fake_engine):
         logit_bias={"65": 3, "66": -100},
         extra_body={"min_p": 0.1, "repetition_penalty": 1.2},
     )
-    p = fake_engine.submitted[-1].params
+    p = fake_runner.requests[-1].params
     assert (p.presence_penalty, p.frequency_penalty, p.min_p, p.repetition_penalty) == (0.5, -0.25, 0.1, 1.2)
     assert p.logit_bias == ((65, 3.0), (66, -100.0))
 
 
-def test_chat_logprobs_non_streamed_and_streamed(openai_client, fake_engine):
-    fake_engine.replies.append(Reply.text("Hey"))
+def test_chat_logprobs_non_streamed_and_streamed(openai_client, fake_runner):
+    fake_runner.replies.append(Reply.text("Hey"))
     reply = chat(openai_client, logprobs=True, top_logprobs=1)
     content = reply.choices[0].logprobs.content
     assert [c.token for c in content] == ["H", "e", "y"]
-    assert all(c.logprob == FAKE_LOGPROB and c.bytes == list(c.token.encode()) and len(c.top_logprobs) == 1 for c in content)
-    fake_engine.replies.append(Reply.text("Hey"))
+    assert all(
+        c.logprob == pytest.approx(ScriptedRunner.picked_logprob(), abs=1e-6)
+        and c.bytes == list(c.token.encode())
+        and len(c.top_logprobs) == 1
+        for c in content
+    )
+    fake_runner.replies.append(Reply.text("Hey"))
     chunks = list(chat(openai_client, logprobs=True, stream=True))
     streamed = [e.token for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert streamed == ["H", "e", "y"]
     assert chat(openai_client).choices[0].logprobs is None
 
 
-def test_completion_echo_scores_the_prompt_with_max_tokens_zero(openai_client, fake_engine):
+def test_completion_echo_scores_the_prompt_with_max_tokens_zero(openai_client, fake_runner):
     out = openai_client.completions.create(model="m", prompt="abc", max_tokens=0, echo=True, logprobs=1)
     choice = out.choices[0]
     assert choice.text == "abc" and choice.finish_reason == "length" and out.usage.completion_tokens == 0
     # the fake tokenizer adds BOS; its first token has no logprob
     assert choice.logprobs.tokens == ["<s>", "a", "b", "c"]
-    assert choice.logprobs.token_logprobs == [None, FAKE_LOGPROB, FAKE_LOGPROB, FAKE_LOGPROB]
+    # each prompt token as likely as the runner's rows make it
+    assert choice.logprobs.token_logprobs == [None, *[pytest.approx(ScriptedRunner.picked_logprob(), abs=1e-6)] * 3]
     assert choice.logprobs.text_offset == [0, 3, 4, 5]
-    assert fake_engine.submitted[-1].params.prompt_logprobs == 1
+    assert fake_runner.requests[-1].params.prompt_logprobs == 1
 
 
-def test_completion_logprobs_and_echo_streamed(openai_client, fake_engine):
-    fake_engine.replies.append(Reply([ord("x"), ord("y"), EOS]))
+def test_completion_logprobs_and_echo_streamed(openai_client, fake_runner):
+    fake_runner.replies.append(Reply([ord("x"), ord("y"), EOS]))
     chunks = list(openai_client.completions.create(model="m", prompt="ab", max_tokens=5, echo=True, logprobs=0, stream=True))
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == "abxy"
@@ -158,11 +168,11 @@ def test_completion_logprobs_and_echo_streamed(openai_client, fake_engine):
         openai_client.completions.create(model="m", prompt="ab", max_tokens=0)
 
 
-def test_parallel_tool_calls_false_keeps_only_the_first_free_call(openai_client, fake_engine):
+def test_parallel_tool_calls_false_keeps_only_the_first_free_call(openai_client, fake_runner):
     two = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "A"}}\n</tool_call>\n' * 2
     for stream in (False, True):
         for parallel, expected in ((False, 1), (True, 2)):
-            fake_engine.replies.append(Reply.text(two))
+            fake_runner.replies.append(Reply.text(two))
             reply = chat(openai_client, tools=[WEATHER], parallel_tool_calls=parallel, stream=stream)
             if stream:
                 calls = {d.index for c in reply if c.choices for d in c.choices[0].delta.tool_calls or []}

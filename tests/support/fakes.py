@@ -30,6 +30,7 @@ import codecs
 import collections
 import itertools
 import json
+import math
 import re
 import threading
 import time
@@ -469,11 +470,14 @@ class FakeRunner:
 class ScriptedRunner(FakeRunner):
     """A FakeRunner over the byte tokenizer that plays each request a script: the next queued `Reply`
     (or `default_reply`), taken at the request's first step. Its `tokens` are the request's outputs in
-    order (cycled with `forever`, EOS past their end), each one's row far above the rest, so any
+    order (cycled with `forever`, EOS past their end), each one's row `LEAD` above the rest, so any
     sampling picks it; an exception among them is raised by that request's step, failing it as a
-    model error would; `delay` stretches each of its steps. Other `Reply` fields are the scripted
-    engine's alone: a real engine finishes, caches and queues by its own rules. `requests` are the
-    requests it has run, in the order of their first steps."""
+    model error would; `delay` stretches each of its steps. A scored prompt's rows pick each next
+    prompt token the same way, and an embedding's rows are FakeRunner's. A real engine finishes,
+    caches and queues by its own rules. `requests` are the requests it has been asked to run, in the
+    order of their first steps, recorded before `gate` holds the step."""
+
+    LEAD = 30.0  # how far a picked token's logit stands above every other one
 
     def __init__(self):
         super().__init__(vocab=FakeTokenizer.vocab_size)
@@ -482,40 +486,67 @@ class ScriptedRunner(FakeRunner):
         self._scripts: dict[str, Reply] = {}
         self.requests: list[Request] = []
 
-    def _next(self, request: Request) -> np.ndarray:
+    @classmethod
+    def picked_logprob(cls) -> float:
+        """The logprob a picked token's row gives it: log(1 / (1 + (vocab - 1) * e^-LEAD))."""
+        return -math.log1p((FakeTokenizer.vocab_size - 1) * math.exp(-cls.LEAD))
+
+    def _pick(self, token: int) -> np.ndarray:
+        row = np.full(self.vocab, -self.LEAD, dtype=np.float32)  # (vocab,)
+        row[token] = 0.0
+        return row
+
+    def _script(self, request: Request) -> Reply:
         reply = self._scripts.get(request.id)
         if reply is None:
             reply = self._scripts[request.id] = self.replies.popleft() if self.replies else self.default_reply
             self.requests.append(request)
+        return reply
+
+    def _next(self, request: Request) -> np.ndarray:
+        reply = self._script(request)
         if reply.delay:
             time.sleep(reply.delay)
         n, tokens = len(request.output_ids), reply.tokens
         token = tokens[n % len(tokens)] if reply.forever else tokens[n] if n < len(tokens) else EOS
         if isinstance(token, BaseException):
             raise token
-        row = np.full(self.vocab, -30.0, dtype=np.float32)  # (vocab,)
-        row[token] = 0.0
-        return row
+        return self._pick(token)
 
     def prefill(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
+        self._script(request)
         super().prefill(request, tokens, start)
         return self._next(request)
 
+    def prompt_logits(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
+        self._script(request)
+        super().prompt_logits(request, tokens, start)
+        rows = [self._pick(t) for t in request.prompt_ids[start + 1 : start + 1 + len(tokens)]]
+        if len(rows) < len(tokens):  # the prompt's last chunk: its last row starts the script
+            rows.append(self._next(request))
+        return np.stack(rows)  # (T, vocab)
+
+    def hidden_states(self, request: Request, tokens: list[int], start: int) -> np.ndarray:
+        self._script(request)
+        return super().hidden_states(request, tokens, start)
+
     def decode(self, batch: list[Request], positions: list[int]) -> np.ndarray:
+        for request in batch:
+            self._script(request)
         super().decode(batch, positions)
         return np.stack([self._next(r) for r in batch])  # (B, vocab)
 
 
-def start_scripted_engine(max_context: int = 4096, slots: int = 4, held: threading.Event | None = None) -> Engine:
+def start_scripted_engine(max_context: int = 4096, slots: int = 4, held: threading.Event | None = None, **settings) -> Engine:
     """A started real `Engine` over a `ScriptedRunner` (its `loaded.runner`): loaded when returned, or
-    with `held`, loading until that event is set."""
+    with `held`, loading until that event is set. `settings` are the engine's own (queue_limit, ...)."""
 
     def load() -> LoadedModel:
         if held is not None:
             held.wait(10)
         return LoadedModel(ScriptedRunner(), FakeTokenizer(), FakeChatTemplate(), "fake-model", max_context, "FAKE")
 
-    engine = Engine(load, slots=slots).start()
+    engine = Engine(load, slots=slots, **settings).start()
     if held is None:
         engine.settled.wait(10)
     return engine

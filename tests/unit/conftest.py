@@ -1,22 +1,13 @@
-"""Fixtures of the unit tests: Flask's test client over a real engine on a scripted fake runner (this
-folder's `fake_engine`, in place of the scripted `FakeEngine` the other folders still use), a
-`StatsEngine` and its client for the pages, and the default model's metadata and tokenizer (read once)."""
+"""Fixtures of the unit tests: Flask's test client over `fake_engine` (a real engine on a scripted
+runner), a `StatsEngine` and its client for the pages, and the default model's metadata and tokenizer (read once)."""
 
 from __future__ import annotations
 
 import pytest
-from support.fakes import StatsEngine, start_scripted_engine
+from support.fakes import StatsEngine
 from support.tiny_models import default_model_path, smollm_metadata
 
 from webapp import create_app
-
-
-@pytest.fixture
-def fake_engine():
-    """A real `Engine` over a `ScriptedRunner` (`fake_engine.loaded.runner`), loaded."""
-    engine = start_scripted_engine()
-    yield engine
-    engine.stop(5)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""API families (Flask's test client over the scripted FakeEngine, through the lifecycle's WSGI
+"""API families (Flask's test client over a real engine on a scripted runner, through the lifecycle's WSGI
 middleware): a blueprint registered with no options is guarded by the API key and drained, a family
 that declares otherwise is not, /tokenize is drained like the API, and every family's errors keep
 their own shape, for its routes and for unknown routes in the URL space it owns."""

@@ -177,3 +177,9 @@ def test_constrained_sampler_draws_only_allowed_tokens(smollm2_tokenizer, compil
     # random logits: every draw must still be a token the grammar allows (accept() raises otherwise)
     out = [sampler.choose(rng.standard_normal(smollm2_tokenizer.vocab_size).astype(np.float32))[0] for _ in range(12)]
     assert smollm2_tokenizer.decode(out).startswith('{"name": "')
+
+
+@pytest.mark.parametrize("temperature", [1e-50, 1e-40])
+def test_a_temperature_below_float32s_range_samples_greedily(temperature):
+    logits = np.array([-3.0, -1.0, -2.0, -np.inf], dtype=np.float32)  # scaled, every one overflows or is 0 / 0
+    assert sample(logits, SamplingParams(temperature=temperature), np.random.default_rng(0)) == 1

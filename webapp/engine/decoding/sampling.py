@@ -73,9 +73,13 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     if params.temperature <= 0:
         return int(np.argmax(logits))
     x = np.array(logits, dtype=np.float32)
-    x /= np.float32(params.temperature)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        x /= np.float32(params.temperature)
     ids = None  # the kept tokens' ids where not every token is kept
     allowed = np.isfinite(x)
+    if np.count_nonzero(allowed) != np.count_nonzero(np.isfinite(logits)):
+        # a temperature so small that float32 cannot hold the scaled logits: sample as its limit does
+        return int(np.argmax(logits))
     if not allowed.all():  # masked tokens never enter the cuts below
         ids = np.flatnonzero(allowed)
         x = x[ids]
