@@ -61,12 +61,10 @@ log = logging.getLogger(__name__)
 # file's output head on tinygrad's kernels is stored as int8 with a scale per vocabulary row (see
 # weights.FloatHead); unquantized files keep an exact float16 head.
 FLOAT_FILE_TYPES = (0, 1, 32)
-# the layer of an architecture with a layer of its own
-ARCHITECTURE_BLOCKS = {"gemma3": Gemma3Block, "gpt-oss": GptOssBlock}
 
 
 class Transformer:
-    block = TransformerBlock  # the dense layer; a mixture of experts' files get MoeBlock (SharedExpertBlock), ARCHITECTURE_BLOCKS theirs
+    block = TransformerBlock  # the dense layer; a mixture of experts' files get MoeBlock (SharedExpertBlock), _own_block's theirs
 
     def __init__(
         self,
@@ -94,7 +92,7 @@ class Transformer:
         self.output_norm = weights.vector("output_norm.weight")
         self.head = weights.head(config.vocab_size, int8_head)  # (B, D) -> (B, vocab)
         # a padded prefill chunk may write up to max_chunk - 1 junk positions past the context
-        own = ARCHITECTURE_BLOCKS.get(config.arch) or (MoeBlock if config.experts else self.block)
+        own = _own_block(config) or (MoeBlock if config.experts else self.block)
         if config.shared_expert_hidden_dim:  # a shared expert beside the routed ones (qwen2moe, glm4moe)
             own = SharedExpertBlock
         dense = self.block
@@ -142,7 +140,7 @@ class Transformer:
 
     def _embedded(self, tokens: Tensor) -> Tensor:
         x = self.embed(tokens)
-        return x * self.config.embed_scale if self.config.gemma else x
+        return x * self.config.embed_scale if self.config.scaled_embedding else x
 
     def routed_tokens(self) -> np.ndarray | None:
         """A mixture of experts': the lanes each layer sent each expert since load (layers, experts),
@@ -242,6 +240,14 @@ class Transformer:
             end = block.positions if block.ring or block.recurrent else length
             rows = block.cache[:, source, :, 0:end, :].contiguous()
             block.cache[:, target, :, 0:end, :].assign(rows).realize()  # per layer, as in forward_prefill
+
+
+def _own_block(config: ModelConfig) -> type | None:
+    """The layer of a model whose features have a layer of their own: post-norms and GeGLU (Gemma's),
+    or experts with a clamped SwiGLU (gpt-oss's)."""
+    if config.post_norms:
+        return Gemma3Block
+    return GptOssBlock if config.swiglu_clamped else None
 
 
 def _rope_frequencies(kv: dict, table: dict, config: ModelConfig, context: int) -> np.ndarray:
