@@ -39,7 +39,7 @@ def test_an_f16_files_matrices_embedding_and_tied_head_stay_in_its_bytes(tmp_pat
         steps = load_steps(path, slots=2, context=64)
     model = steps.model
     assert isinstance(steps, OneCallSteps)
-    products = [m for b in model.blocks for m in (b.qkv, b.attn_output, b.gate_up, b.down)]
+    products = [m for b in model.blocks for m in (b.qkv, b.attn_output, b.ffn.gate_up, b.ffn.down)]
     assert all(isinstance(m, BlockLinear) and m.weight.type_name == "F16" for m in products)
     assert model.head.weight is model.embed.weight and model.embed.weight.type_name == "F16"
     weights = [t for b in model.blocks for t in b.tensors()[:4]] + model.embed.tensors() + model.head.tensors()
@@ -71,7 +71,7 @@ def test_a_float_matrix_whose_rows_are_not_whole_blocks_keeps_tinygrads_float16_
     path = write_tiny_gguf(str(tmp_path / "odd.gguf"), "qwen3", matrix_type="F32", hidden=80)
     steps = load_steps(path, slots=2, context=64)
     block = steps.model.blocks[0]
-    assert isinstance(block.down, FloatLinear) and isinstance(block.gate_up, BlockLinear)
+    assert isinstance(block.ffn.down, FloatLinear) and isinstance(block.ffn.gate_up, BlockLinear)
     assert not isinstance(steps, OneCallSteps)
     _matches_the_reference(steps, path, 1e-3)
 

@@ -23,8 +23,9 @@ from support.tiny_models import (
 
 from webapp.engine.kernels import abi
 from webapp.engine.model.block import TransformerBlock
+from webapp.engine.model.feed_forward import DenseFeedForward
 from webapp.engine.model.load_error import ModelLoadError
-from webapp.engine.model.shared_expert_block import SharedExpertBlock
+from webapp.engine.model.routed import RoutedFeedForward
 from webapp.engine.model.steps import KernelJitSteps, OneCallSteps
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.model.transformer import load_model
@@ -58,8 +59,8 @@ def test_in_one_call_the_model_matches_the_reference(glm4moe):
     steps = load_steps(path, slots=2, context=256)
     assert isinstance(steps, OneCallSteps)
     dense, *routed = steps.model.blocks  # the trunk's three: the NextN block is not a layer
-    assert type(dense) is TransformerBlock and dense.layer_tensors.matrices.down.cols == DENSE
-    assert all(isinstance(b, SharedExpertBlock) and b.expert_blocks is not None and b.shared_gate is None for b in routed)
+    assert type(dense) is TransformerBlock and type(dense.ffn) is DenseFeedForward and dense.layer_tensors.matrices.down.cols == DENSE
+    assert all(isinstance(b.ffn, RoutedFeedForward) and b.ffn.expert_blocks is not None and b.ffn.shared.gate is None for b in routed)
     F = abi.ExpertsFlag
     experts = routed[0].layer_tensors.experts
     assert experts.flags == F.NORM_WEIGHTS | F.SIGMOID | F.SELECTION_BIAS | F.SHARED_UNGATED and experts.weights_scale == 2.5
@@ -118,13 +119,14 @@ def test_five_kernels_around_a_product_without_one_match_the_reference(tmp_path)
 
 def test_q_and_k_norms_softmax_routing_and_no_shared_expert_from_the_file(tmp_path):
     """GLM-4.5 (355B)'s q/k norms, expert_gating_func 1 (softmax) with no scale or division, two
-    leading dense layers and no shared expert (expert_shared_count 0: the plain MoeBlock)."""
+    leading dense layers and no shared expert (expert_shared_count 0: routed experts alone)."""
     metadata = {"expert_gating_func": 1, "expert_weights_norm": False, "expert_weights_scale": 1.0}
     metadata |= {"leading_dense_block_count": 2, "expert_shared_count": 0}
     path = _file(tmp_path, qk_norm=True, metadata=metadata, nextn_layers=0)
     steps = load_steps(path, slots=2, context=256)
     assert steps.model.config.qk_norm and not steps.model.config.expert_sigmoid
-    assert [type(b).__name__ for b in steps.model.blocks] == ["TransformerBlock", "TransformerBlock", "MoeBlock"]
+    kinds = [(type(b).__name__, type(b.ffn).__name__, getattr(b.ffn, "shared", None)) for b in steps.model.blocks]
+    assert kinds == [("TransformerBlock", "DenseFeedForward", None)] * 2 + [("TransformerBlock", "RoutedFeedForward", None)]
     assert off_by(steps.score(PROMPT, slot=0, start=0), Reference(path).logits(PROMPT)) < 1e-4
 
 

@@ -14,7 +14,7 @@ from support.tiny_models import Reference, assert_a_lane_does_not_depend_on_the_
 from webapp.engine.model.config import ModelConfig, check_tensors
 from webapp.engine.model.gguf import read_gguf
 from webapp.engine.model.load_error import ModelLoadError
-from webapp.engine.model.moe_block import MoeBlock
+from webapp.engine.model.routed import RoutedFeedForward
 from webapp.engine.model.steps import KernelJitSteps, OneCallSteps, TinygradJitSteps, steps_for
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.model.transformer import load_model
@@ -53,7 +53,7 @@ def test_on_the_kernels_in_one_call_the_model_matches_the_reference(tmp_path, ma
     path = _file(tmp_path, matrix_type, experts)
     steps, ref = load_steps(path, slots=2, context=64), Reference(path)
     assert isinstance(steps, OneCallSteps)
-    assert all(isinstance(b, MoeBlock) and b.expert_blocks is not None for b in steps.model.blocks)
+    assert all(isinstance(b.ffn, RoutedFeedForward) and b.ffn.expert_blocks is not None for b in steps.model.blocks)
     want, got = ref.logits(PROMPT), steps.score(PROMPT, slot=0, start=0)
     assert np.abs(got - want).max() <= tolerance * np.abs(want).max()
     assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.8  # int8 activations part from float64 at near-ties
@@ -63,7 +63,7 @@ def test_a_matrix_without_a_kernel_runs_the_experts_on_tinygrad_beside_the_kerne
     path = _file(tmp_path, "Q8_0", float_matrices=("attn_q.weight",))  # F64: no kernel, a float16 copy
     steps, ref = load_steps(path, slots=2, context=64), Reference(path)
     assert isinstance(steps, KernelJitSteps)
-    assert all(b.expert_blocks is None for b in steps.model.blocks)
+    assert all(b.ffn.expert_blocks is None for b in steps.model.blocks)
     want = ref.logits(PROMPT)
     got = np.stack([steps.prefill(PROMPT[: n + 1], slot=0, start=0) for n in range(len(PROMPT))])
     assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()

@@ -22,7 +22,7 @@ from tinygrad.llm.gguf import ggml_data_to_tensor
 
 from webapp.engine.kernels.abi import INTERLEAVED, BlockType, Isa
 from webapp.engine.kernels.cpu import QuantizedCPU
-from webapp.engine.model.moe_block import MoeBlock
+from webapp.engine.model.routed import RoutedFeedForward
 from webapp.engine.model.steps import OneCallSteps
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 
@@ -88,7 +88,7 @@ def test_a_qwen3moe_file_with_mxfp4_experts_runs_them_in_their_blocks_and_follow
     with caplog.at_level(logging.INFO, logger="webapp.engine.model.transformer"):
         steps = load_steps(moe_file, slots=2, context=64)
     assert isinstance(steps, OneCallSteps)
-    assert all(isinstance(b, MoeBlock) and b.expert_blocks is not None for b in steps.model.blocks)
+    assert all(isinstance(b.ffn, RoutedFeedForward) and b.ffn.expert_blocks is not None for b in steps.model.blocks)
     assert "MXFP4 blocks (experts)" in caplog.text and "float16" not in caplog.text.split("weights:")[-1]
     ref = Reference(moe_file)
     want, got = ref.logits(PROMPT), steps.score(PROMPT, slot=0, start=0)

@@ -18,7 +18,7 @@ from support.tiny_models import (
 )
 
 from webapp.engine.model.load_error import ModelLoadError
-from webapp.engine.model.shared_expert_block import SharedExpertBlock
+from webapp.engine.model.routed import RoutedFeedForward
 from webapp.engine.model.steps import KernelJitSteps, OneCallSteps
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.model.transformer import load_model
@@ -51,7 +51,7 @@ def test_in_one_call_the_model_matches_the_reference_and_the_shared_expert_matte
     steps = load_steps(path, slots=2, context=256)
     assert isinstance(steps, OneCallSteps)
     blocks = steps.model.blocks
-    assert all(isinstance(b, SharedExpertBlock) and b.expert_blocks is not None for b in blocks)
+    assert all(isinstance(b.ffn, RoutedFeedForward) and b.ffn.shared is not None and b.ffn.expert_blocks is not None for b in blocks)
     assert all(b.layer_tensors.experts.shared_ffn_dim == SHARED and b.layer_tensors.experts.flags == 0 for b in blocks)
     got = steps.score(PROMPT, slot=0, start=0)
     assert off_by(got, ref.logits(PROMPT)) < 1e-4

@@ -14,15 +14,11 @@ from support.tiny_qwen35 import SIZES, Qwen35Reference, write_tiny_qwen35
 
 from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.kernels import abi
-from webapp.engine.model.delta_block import (
-    GatedAttentionBlock,
-    GatedAttentionSharedExpertBlock,
-    GatedDeltaBlock,
-    GatedDeltaSharedExpertBlock,
-)
+from webapp.engine.model.delta_block import GatedAttentionBlock, GatedDeltaBlock
 from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.memory import kv_bytes_per_position, spare_state_bytes, state_bytes
 from webapp.engine.model.recurrent_config import DRAFT_STATE_ROWS, snapshot_rows, spare_state_rows
+from webapp.engine.model.routed import RoutedFeedForward
 from webapp.engine.model.steps import OneCallSteps
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.model.transformer import load_model
@@ -330,6 +326,7 @@ def test_a_mixture_of_experts_with_a_gated_shared_expert_matches_the_reference(t
     path = write_tiny_qwen35(str(tmp_path / "moe.gguf"), experts=(8, 2, 64), shared=96)
     steps = load_steps(path, slots=2, context=256)
     assert isinstance(steps, OneCallSteps)
-    assert [type(b) for b in steps.model.blocks][-2:] == [GatedDeltaSharedExpertBlock, GatedAttentionSharedExpertBlock]
+    assert [type(b) for b in steps.model.blocks][-2:] == [GatedDeltaBlock, GatedAttentionBlock]
+    assert all(isinstance(b.ffn, RoutedFeedForward) and b.ffn.shared is not None for b in steps.model.blocks)
     assert off_by(steps.score(PROMPT, slot=0, start=0), Qwen35Reference(path).logits(PROMPT)) < 1e-4
     assert steps.model.routed_tokens().sum() == 4 * 2 * len(PROMPT)  # every layer, two experts a token

@@ -1,4 +1,5 @@
-"""A llama-family layer: attention with a KV cache of many slots, then a SwiGLU feed-forward.
+"""A llama-family layer: attention with a KV cache of many slots, then the feed-forward it holds
+(`self.ffn`: dense or routed experts, feed_forward.py), pre-norms around both.
 
 Contract: `TransformerBlock(config, weights, layer, slots, context, kv_type, step_writes)` holds the
 layer's products in the form `WeightSource` chose and its KV cache (2, slots + 1, kv_heads, context,
@@ -24,41 +25,11 @@ from webapp.engine.kernels import abi
 from webapp.engine.kernels.abi import MAX_HEAD_DIM, AttendFlag
 from webapp.engine.kernels.layer_tables import LayerMatrices, LayerTensors
 from webapp.engine.model.config import ModelConfig
+from webapp.engine.model.feed_forward import feed_forward_for
 from webapp.engine.model.kv_types import KvPool, KvRows, cache_positions
-from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.ops import rms_norm, rope
+from webapp.engine.model.products import after_norm, float32_buffer, float32_values, plus
 from webapp.engine.model.weights import BlockLinear, WeightSource
-
-
-# A layer's products with what surrounds them: one fused kernel when the matrix is in blocks on the
-# CPU kernels, tinygrad's operations around the product otherwise.
-def _after_norm(linear, x: Tensor, norm: Tensor, eps: float) -> Tensor:
-    if isinstance(linear, BlockLinear):
-        return linear.kernels.norm_linear(x, linear.weight, norm, eps)
-    return linear(rms_norm(x, norm, eps))
-
-
-def _plus(linear, x: Tensor, residual: Tensor) -> Tensor:
-    if isinstance(linear, BlockLinear):
-        return linear.kernels.residual_linear(x, linear.weight, residual)
-    return (residual + linear(x)).contiguous()
-
-
-def _float32_values(values: dict[str, np.ndarray | None], names: list[str]) -> list[np.ndarray]:
-    """The named biases' float32 values, refusing one the file stores otherwise (the kernels read float32)."""
-    for name in names:
-        if values[name] is None:
-            raise ModelLoadError(f"{name} is not stored as F32, which the CPU kernels read")
-    return [values[name] for name in names]
-
-
-def _float32_buffer(weights: WeightSource, names: list[str]) -> Tensor:
-    """The named vectors one after another as one float32 buffer (the kernels read them so), read from
-    the file straight into it where they are stored as F32."""
-    values = [weights.vector_values(n) for n in names]
-    if all(v is not None for v in values):
-        return device_array(np.concatenate(values) if values else np.zeros(1, np.float32))
-    return Tensor.cat(*(weights.vector(n) for n in names)).float().contiguous()
 
 
 def _zero_pages(shape: tuple[int, ...], dtype) -> Tensor:
@@ -69,13 +40,6 @@ def _zero_pages(shape: tuple[int, ...], dtype) -> Tensor:
         cache.uop.base.buffer.ensure_allocated()
         return cache
     return Tensor.zeros(*shape, dtype=dtype).contiguous()
-
-
-def _swiglu_plus(linear, gate_up: Tensor, residual: Tensor) -> Tensor:
-    if isinstance(linear, BlockLinear):
-        return linear.kernels.swiglu_linear(gate_up, linear.weight, residual)
-    hidden = gate_up.shape[-1] // 2
-    return (residual + linear(gate_up[..., :hidden].silu() * gate_up[..., hidden:])).contiguous()
 
 
 class TransformerBlock:
@@ -107,7 +71,8 @@ class TransformerBlock:
         # the whole layer runs on the CPU kernels when they are loaded and can rotate its heads
         head_dim_ok = config.head_dim % 2 == 0 and config.head_dim <= MAX_HEAD_DIM
         self.kernels = weights.kernels if head_dim_ok else None
-        self._load_feed_forward(weights, p)
+        self.ffn = feed_forward_for(config, weights, layer, self.kernels is not None and self._attention_in_blocks)
+        self._load_norm_policy(weights, p)
         self.qkv_bias = None  # added by tinygrad's product; on the kernels, by the attention kernel
         self.attend_extras = self.layer_tensors = None
         matrices = None
@@ -116,7 +81,7 @@ class TransformerBlock:
         else:
             self.attend_extras, self.attend_flags = self._kernel_attention(weights, p)
             # every product in blocks: the layer runs as one kernel; else five, tinygrad's products among them
-            feed_forward, attention = self._feed_forward_blocks(), self._attention_blocks()
+            feed_forward, attention = self.ffn.blocks(), self._attention_blocks()
             if attention is not None and feed_forward is not None:
                 matrices = LayerMatrices(**attention, **feed_forward)
         self.kv_type = kv_type
@@ -133,7 +98,7 @@ class TransformerBlock:
                 config.score_scale,
                 config.rotary_dim,
                 config.rope_attention_factor,
-                *self._kernel_experts(),
+                *self.ffn.kernel_experts(),
                 window=self.window,
                 kv_type=self.kv_type.abi,
                 **self._kernel_form(),
@@ -141,6 +106,7 @@ class TransformerBlock:
         # views into the file's memory map: kept, they would keep every page of it read at load resident
         # (a gpt-oss file's resident memory after warm-up was twice its size)
         self._bias_values = {}
+        self.ffn.drop_file_views()
 
     recurrent = False  # a recurrent layer's cache is a state a slot, not rows a position (delta_block.py)
 
@@ -185,7 +151,7 @@ class TransformerBlock:
             | (AttendFlag.SINKS if config.sinks else 0)
             | (AttendFlag.QK_NORM_WHOLE if config.qk_norm_whole else 0)
         )
-        return _float32_buffer(weights, names), flags
+        return float32_buffer(weights, names), flags
 
     def _attention_blocks(self) -> dict | None:
         """LayerMatrices' attention fields when every one of its matrices is in blocks, else None."""
@@ -195,45 +161,32 @@ class TransformerBlock:
     def _attention_in_blocks(self) -> bool:
         return isinstance(self.qkv, BlockLinear) and isinstance(self.attn_output, BlockLinear)
 
-    # The feed-forward's hooks: SwiGLU here; a mixture of experts (moe_block.py) fills them its own way.
-    def _load_feed_forward(self, weights: WeightSource, p: str) -> None:
-        self.gate_up = weights.linear(*self.c.gate_up_names(p))  # D -> 2*F
-        self.down = weights.linear(p + "ffn_down.weight")  # F -> D
+    def _load_norm_policy(self, weights: WeightSource, p: str) -> None:
+        """Pre-norms only: the attention's and the feed-forward's input norms, in self.w (gemma3_block.py adds post-norms)."""
 
-    def _feed_forward_blocks(self) -> dict | None:
-        """LayerMatrices' feed-forward fields when every one of its matrices is in blocks, else None."""
-        if isinstance(self.gate_up, BlockLinear) and isinstance(self.down, BlockLinear):
-            return {"gate_up": self.gate_up.weight, "down": self.down.weight}
-        return None
-
-    def routed_tokens(self):
-        """A mixture of experts' lanes per expert since load (MoeBlock); a dense layer has none."""
-        return None
-
-    def _kernel_experts(self) -> tuple:
-        """LayerTensors' experts and expert_tokens (a dense layer has none)."""
-        return ()
+    def routed_tokens(self) -> np.ndarray | None:
+        """A mixture of experts' lanes per expert since load, where the kernels count them (routed.py)."""
+        return self.ffn.routed_tokens()
 
     def _kernel_form(self) -> dict:
-        """LayerTensors' form and what it reads: the biases of `_biases` (a llama-family layer has none)."""
+        """LayerTensors' form and what it reads: the biases (the output product's, then the
+        feed-forward's) and the feed-forward's own entries."""
         biases = self._biases()
-        if not biases:
-            return {}
-        return {"form": int(abi.LayerForm.BIASES), "biases": device_array(np.concatenate(biases))}
+        form = self.ffn.form | (int(abi.LayerForm.BIASES) if biases else 0)
+        own = {"form": form} if form else {}
+        own |= {"biases": device_array(np.concatenate(biases))} if biases else {}
+        return own | self.ffn.kernel_extras()
 
     def _biases(self) -> list[np.ndarray]:
-        """LayerForm.BIASES' values in order, float32 as the file stores them: the output product's."""
-        return _float32_values(self._bias_values, ["attn_output.bias"] if self.c.output_bias else [])
-
-    def _feed_forward_tensors(self) -> list[Tensor]:
-        return [*self.gate_up.tensors(), *self.down.tensors()]
+        """LayerForm.BIASES' values in order, float32 as the file stores them."""
+        return float32_values(self._bias_values, ["attn_output.bias"] if self.c.output_bias else []) + self.ffn.biases()
 
     def _feed_forward_on_kernels(self, h: Tensor) -> Tensor:
         """h + the feed-forward of rms_norm(h), on the kernels around any product they cannot run."""
-        return _swiglu_plus(self.down, _after_norm(self.gate_up, h, self.w["ffn_norm.weight"], self.c.norm_eps), h)
+        return self.ffn.plus_on_kernels(h, self.w["ffn_norm.weight"], self.c.norm_eps)
 
     def tensors(self) -> list[Tensor]:
-        own = [*self.qkv.tensors(), *self.attn_output.tensors(), *self._feed_forward_tensors(), self.cache]
+        own = [*self.qkv.tensors(), *self.attn_output.tensors(), *self.ffn.tensors(), self.cache]
         optional = [t for t in (self.qkv_bias, self.attend_extras) if t is not None]
         return own + optional + list(self.w.values())
 
@@ -276,15 +229,7 @@ class TransformerBlock:
     def _ffn_and_out(self, x: Tensor, attn: Tensor) -> Tensor:
         h = x + self.attn_output(attn) + (self.w["attn_output.bias"] if self.c.output_bias else 0)
         n = rms_norm(h, self.w["ffn_norm.weight"], self.c.norm_eps)
-        return (h + self.feed_forward(n)).contiguous()
-
-    def feed_forward(self, n: Tensor) -> Tensor:
-        """The normed residual stream n (B, T, D) through SwiGLU -> (B, T, D); the hook an architecture
-        with another feed-forward (a mixture of experts) overrides."""
-        gate_up = self.gate_up(n).contiguous()  # (B, T, 2*F)
-        hidden = self.c.hidden_dim
-        mixed = (gate_up[..., :hidden].silu() * gate_up[..., hidden:]).contiguous()
-        return self.down(mixed)
+        return (h + self.ffn(n)).contiguous()
 
     def on_kernels(self, x: Tensor, lanes: Tensor, inv_freq: Tensor) -> Tensor:
         """The layer on the CPU kernels, as one or five of them: x (B, D) for B lanes, each a decode step's
@@ -294,7 +239,7 @@ class TransformerBlock:
         if self.layer_tensors is not None:  # every product in blocks: one kernel
             return self.kernels.layer(x, self.layer_tensors, lanes, inv_freq, c.norm_eps)
         attention = (self.cache, lanes, inv_freq, self.attend_extras, c.n_heads, self.attend_flags)
-        qkv = _after_norm(self.qkv, x, w["attn_norm.weight"], c.norm_eps)
+        qkv = after_norm(self.qkv, x, w["attn_norm.weight"], c.norm_eps)
         attn = self.kernels.attend(
             qkv, *attention, c.norm_eps, c.score_scale, c.rotary_dim, c.rope_attention_factor, self.window, kv_type=self.kv_type.abi
         )
@@ -302,7 +247,7 @@ class TransformerBlock:
 
     def _attention_plus(self, attn: Tensor, x: Tensor) -> Tensor:
         """The residual stream x plus the attention's output product, on the kernels."""
-        out = _plus(self.attn_output, attn, x)
+        out = plus(self.attn_output, attn, x)
         return (out + self.w["attn_output.bias"]).contiguous() if self.c.output_bias else out
 
     def prefill(self, x: Tensor, slot: UOp, start: UOp, rotary: tuple[Tensor, Tensor], mask: Tensor) -> Tensor:

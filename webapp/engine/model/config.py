@@ -13,54 +13,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from webapp.engine.archs import architecture, supported
+from webapp.engine.archs.record import Architecture, Experts, Mixer
 from webapp.engine.kernels.ggml_types import GGML_TYPES, UNREADABLE_TYPES
 from webapp.engine.model.latent_config import Latent, latent_rope_rows, latent_sizes, latent_tensor_shapes
 from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.recurrent_config import Recurrent, recurrent_sizes, recurrent_tensor_shapes
 from webapp.engine.model.rope import attention_factor
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "olmoe", "smollm3", "phi3", "gemma3", "gpt-oss")
-SUPPORTED_ARCHITECTURES += ("glm4moe", "deepseek2", "qwen35", "qwen35moe")
-# hybrids of recurrent (Gated DeltaNet) and full attention layers (recurrent_config.py)
-RECURRENT_HYBRID = ("qwen35", "qwen35moe")
-# architectures whose files store the feed-forward's gate and up as one matrix (ffn_up, gate first)
-FUSED_GATE_UP = ("phi3",)
-# architectures whose files store each head's rotary pairs interleaved (llama.cpp's "norm" RoPE)
-INTERLEAVED_ROPE = ("llama", "smollm3", "deepseek2")
-# architectures whose attention is multi-head latent attention (DeepSeek-V2's MLA: latent_config.py)
-LATENT_ATTENTION = ("deepseek2",)
-# architectures whose every n-th layer has no RoPE (llama.cpp's n_no_rope_layer_step)
-NO_ROPE_EVERY = {"smollm3": 4}
-# architectures whose every layer's feed-forward is a mixture of experts, and whether they divide the
-# chosen experts' weights by their sum (as llama.cpp builds each)
-# (gpt-oss's softmax over the chosen experts' logits is the same as dividing their probabilities by their sum)
-MIXTURE_OF_EXPERTS = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "gpt-oss": True, "glm4moe": False, "deepseek2": False}
-MIXTURE_OF_EXPERTS["qwen35moe"] = True
-# mixtures whose files may have no experts at all (every layer dense: a DeepSeek-style file without expert_count)
-EXPERTS_OPTIONAL = ("deepseek2",)
-# mixtures with a shared expert beside the routed ones (ffn_*_shexp; qwen2moe's gated by ffn_gate_inp_shexp)
-SHARED_EXPERT = ("qwen2moe", "glm4moe", "deepseek2", "qwen35moe")
-# mixtures whose routing the file describes (llama.cpp's DeepSeek-V3 style, GLM-4.5): leading dense
-# layers, expert_gating_func, expert_weights_norm and _scale, a selection bias (exp_probs_b.bias) on
-# the probabilities that choose the experts but not on their weights, and expert_shared_count
-# ungated shared experts of the routed experts' width (no ffn_gate_inp_shexp)
-ROUTING_FROM_FILE = ("glm4moe", "deepseek2")  # (deepseek2's selection bias: DeepSeek-V3-style files only)
 # expert_gating_func's values (llama.cpp's llama_expert_gating_func_type) this server computes
 GATING_FUNCS = {1: "softmax", 2: "sigmoid"}
-# architectures whose q and k norms run over all of q and all of k, not a head at a time
-QK_NORM_WHOLE = ("olmoe",)
-# architectures whose experts' activation is gpt-oss's clamped SwiGLU (kernels' FORM_SWIGLU_CLAMPED)
-CLAMPED_SWIGLU = ("gpt-oss",)
-# the feed-forward's input norm where a file names it otherwise than ffn_norm
-FFN_NORM_NAMES = {"gpt-oss": "post_attention_norm.weight", "glm4moe": "post_attention_norm.weight", "qwen35": "post_attention_norm.weight"}
-FFN_NORM_NAMES["qwen35moe"] = "post_attention_norm.weight"
-# architectures whose layers attend a sliding window (attention.sliding_window) but every n-th, and
-# the RoPE base of those local layers (llama.cpp's rope_freq_base_train_swa: Gemma 3's is fixed)
-SLIDING_WINDOW_EVERY = {"gemma3": 6, "gpt-oss": 2}
-LOCAL_ROPE_BASE = {"gemma3": 10000.0}
-# Gemma 3's layer: its embedding scaled by sqrt(dim), each sublayer's output normed before it is
-# added, and gelu(gate) * up for its feed-forward
-GEMMA_LAYERS = ("gemma3",)
 
 # far past any real model: a file claiming more is corrupt, and would ask for absurd buffers
 LIMITS = {"block_count": 1024, "embedding_length": 1 << 17, "feed_forward_length": 1 << 20, "attention.head_count": 1024}
@@ -70,6 +32,9 @@ LIMITS |= {"expert_shared_feed_forward_length": 1 << 20, "expert_shared_count": 
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """The model's numbers and features; `arch` (general.architecture) only prefixes its metadata keys
+    and names it in logs: what differs between architectures is a feature here (archs/)."""
+
     arch: str
     n_layers: int
     dim: int
@@ -83,7 +48,7 @@ class ModelConfig:
     trained_context: int
     qkv_bias: bool
     qk_norm: bool
-    qk_norm_whole: bool = False  # the q/k norms over all of q and of k (QK_NORM_WHOLE), not each head
+    qk_norm_whole: bool = False  # the q/k norms over all of q and of k, not each head
     rope_attention_factor: float = 1.0  # YaRN's or LongRoPE's factor on RoPE's cos and sin (rope.attention_factor)
     experts: int = 0  # a mixture of experts' count a layer (0: dense layers)...
     experts_used: int = 0  # ...how many a token uses...
@@ -93,25 +58,29 @@ class ModelConfig:
     expert_weights_scale: float = 1.0  # ...the weights times this after any division...
     selection_bias: bool = False  # ...and the experts chosen by probs + exp_probs_b.bias, weighted by probs alone
     dense_layers: int = 0  # the first layers of a mixture of experts are dense (leading_dense_block_count)
-    shared_expert_hidden_dim: int = 0  # a shared expert's feed-forward width (SHARED_EXPERT; 0: none)...
+    shared_expert_hidden_dim: int = 0  # a shared expert's feed-forward width (0: none)...
     shared_expert_gated: bool = True  # ...scaled by sigmoid(ffn_gate_inp_shexp . n), or added as it is
     no_rope_every: int = 0  # every n-th layer attends without RoPE (0: none)
     rotary_dim: int = 0  # RoPE turns each head's first rotary_dim values (rope.dimension_count; 0: the head size)
     fused_qkv: bool = False  # q, k and v stored as one matrix, attn_qkv (phi3)
     fused_gate_up: bool = False  # gate and up stored as one matrix, ffn_up (phi3)
+    interleaved_rope: bool = False  # q and k rows hold each head's rotary pairs interleaved (regrouped at load)
     sliding_window: int = 0  # local layers attend their last sliding_window positions (0: no local layers)...
     global_every: int = 0  # ...all but every global_every-th layer (gemma3: 6)...
     local_rope_theta: float = 0.0  # ...rotated with this base (0: the model's)
-    gemma: bool = False  # the embedding times sqrt(dim), post-norms, GeGLU (GEMMA_LAYERS)
+    scaled_embedding: bool = False  # the embedding times sqrt(dim) (gemma3)
+    post_norms: bool = False  # each sublayer's output normed before it joins the residual stream (gemma3)
+    geglu: bool = False  # the feed-forward's gelu(gate) * up, not silu(gate) * up (gemma3)
+    score_by_width: bool = False  # attention's scale 1 / sqrt(dim / heads), not the head size's
     sinks: bool = False  # a sink logit a query head beside its keys' (attn_sinks, gpt-oss)
     output_bias: bool = False  # a bias on the attention's output product (attn_output.bias)
     expert_biases: bool = False  # biases on the router and every expert's products (gpt-oss)
-    swiglu_clamped: bool = False  # the experts' activation (CLAMPED_SWIGLU)
-    ffn_norm_name: str = "ffn_norm.weight"  # the feed-forward's input norm (FFN_NORM_NAMES)
-    # multi-head latent attention's sizes (LATENT_ATTENTION; None: q, k and v heads): head_dim is then a
-    # cache row's values, n_kv_heads 1
+    swiglu_clamped: bool = False  # the experts' activation: gpt-oss's clamped SwiGLU
+    ffn_norm_name: str = "ffn_norm.weight"  # the feed-forward's input norm as the file names it
+    # multi-head latent attention's sizes (None: q, k and v heads): head_dim is then a cache row's
+    # values, n_kv_heads 1
     latent: Latent | None = None
-    # a hybrid's recurrent layers (RECURRENT_HYBRID; None: attention in every layer)
+    # a hybrid's recurrent layers (None: attention in every layer)
     recurrent: Recurrent | None = None
 
     @property
@@ -133,9 +102,9 @@ class ModelConfig:
             object.__setattr__(self, "rotary_dim", self.head_dim)
 
     def rope_rows(self) -> dict[str, tuple[int, int]]:
-        """The matrices whose rows hold rotary pairs interleaved (INTERLEAVED_ROPE), by name suffix:
+        """The matrices whose rows hold rotary pairs interleaved (`interleaved_rope`), by name suffix:
         (groups, rotated rows at the end of each group), as weights.WeightSource takes them."""
-        if self.arch not in INTERLEAVED_ROPE:
+        if not self.interleaved_rope:
             return {}
         if self.latent:
             return latent_rope_rows(self)
@@ -159,25 +128,26 @@ class ModelConfig:
 
     @property
     def embed_scale(self) -> float:
-        return math.sqrt(self.dim) if self.gemma else 1.0
+        return math.sqrt(self.dim) if self.scaled_embedding else 1.0
 
     @property
     def score_scale(self) -> float:
         """Attention's scale on q . k: 1 / sqrt(head size). (YaRN's and LongRoPE's factor scales the
-        rotated values, in RoPE's cos and sin: a partial rotary's other values keep their size.) Gemma
-        3 27B (62 layers) takes its width per head instead, as llama.cpp does; latent attention its own
-        (latent_config.py)."""
+        rotated values, in RoPE's cos and sin: a partial rotary's other values keep their size.) A
+        model `score_by_width` takes its width per head instead (archs/gemma3.py); latent attention its
+        own (latent_config.py)."""
         if self.latent:
             return self.latent.score_scale
-        if self.gemma and self.n_layers == 62:
+        if self.score_by_width:
             return 1.0 / math.sqrt(self.dim / self.n_heads)
         return 1.0 / math.sqrt(self.head_dim)
 
     @classmethod
     def from_gguf(cls, kv: dict, weights: dict) -> ModelConfig:
         arch = kv.get("general.architecture")
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ModelLoadError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        record = architecture(arch)
+        if record is None:
+            raise ModelLoadError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(supported())}")
 
         def need(key: str):
             if key not in kv:
@@ -205,16 +175,16 @@ class ModelConfig:
         if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not (math.isfinite(theta) and theta > 1):
             raise ModelLoadError(f"GGUF metadata {arch}.rope.freq_base = {theta!r}: expected a number above 1")
         experts = experts_used = expert_hidden = 0
-        if arch in MIXTURE_OF_EXPERTS and not (arch in EXPERTS_OPTIONAL and f"{arch}.expert_count" not in kv):
+        if record.experts is Experts.ALWAYS or (record.experts is Experts.OPTIONAL and f"{arch}.expert_count" in kv):
             experts, experts_used = count("expert_count"), count("expert_used_count")
             expert_hidden = count("expert_feed_forward_length")
             if experts_used > experts:
                 raise ModelLoadError(f"GGUF metadata {arch}.expert_used_count = {experts_used}: more than the {experts} experts")
-        routing = _routing_from_file(kv, arch, count) if arch in ROUTING_FROM_FILE and experts else {}
+        routing = _routing_from_file(kv, arch, record, count) if record.routing_from_file and experts else {}
         # as llama.cpp reads it: the shared expert's own width, else the file's feed-forward width
-        shared_hidden = count("expert_shared_feed_forward_length", kv.get(f"{arch}.feed_forward_length")) if arch in SHARED_EXPERT else 0
+        shared_hidden = count("expert_shared_feed_forward_length", kv.get(f"{arch}.feed_forward_length")) if record.shared_expert else 0
         shared_hidden = shared_hidden if experts else 0
-        if arch in ROUTING_FROM_FILE and experts:  # expert_shared_count experts of the routed ones' width, as one
+        if record.routing_from_file and experts:  # expert_shared_count experts of the routed ones' width, as one
             shared_hidden = count("expert_shared_count", low=0) * expert_hidden
         dense_lead = routing.get("dense_layers", 0)
         rotary = count("rope.dimension_count", head_dim)
@@ -222,15 +192,14 @@ class ModelConfig:
             raise ModelLoadError(
                 f"GGUF metadata {arch}.rope.dimension_count = {rotary}: expected an even number up to the head size {head_dim}"
             )
-        if rotary < head_dim and arch in INTERLEAVED_ROPE and arch not in LATENT_ATTENTION:
+        if rotary < head_dim and record.interleaved_rope and record.mixer is not Mixer.LATENT:
             raise ModelLoadError(f"partial rotary ({rotary} of {head_dim} values) with {arch}'s interleaved pairs is not supported")
-        window = count("attention.sliding_window") if arch in SLIDING_WINDOW_EVERY else 0
-        latent = latent_sizes(kv, arch, head_dim, n_kv_heads, rotary, n_heads, count) if arch in LATENT_ATTENTION else None
+        window = count("attention.sliding_window") if record.sliding_window_every else 0
+        latent = latent_sizes(kv, arch, head_dim, n_kv_heads, rotary, n_heads, count) if record.mixer is Mixer.LATENT else None
         tokens = need("tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens:
             raise ModelLoadError("GGUF metadata tokenizer.ggml.tokens is not a list of tokens")
-        # Qwen3.5's M-RoPE sections all turn by a text token's one position: the plain rotation
-        if any(kv.get(f"{arch}.rope.dimension_sections") or []) and arch not in RECURRENT_HYBRID:
+        if any(kv.get(f"{arch}.rope.dimension_sections") or []) and not record.text_only_mrope:
             raise ModelLoadError(f"GGUF metadata {arch}.rope.dimension_sections: multimodal RoPE (M-RoPE) is not supported")
         # llama.cpp's converter counts NextN/MTP layers in block_count, after the trunk's: they predict
         # further tokens for speculation, and the trunk alone makes the logits
@@ -241,7 +210,7 @@ class ModelConfig:
         if dense_lead > blocks - nextn:
             raise ModelLoadError(f"GGUF metadata {arch}.leading_dense_block_count = {dense_lead}: more than the {blocks - nextn} layers")
         dense_ffn = not experts or dense_lead > 0
-        recurrent = recurrent_sizes(kv, arch, blocks - nextn, count) if arch in RECURRENT_HYBRID else None
+        recurrent = recurrent_sizes(kv, arch, blocks - nextn, count) if record.mixer is Mixer.HYBRID else None
         a = f"blk.{recurrent.first_attention if recurrent else 0}."  # an attention layer's tensors say what they all have
         return cls(
             arch=arch,
@@ -257,31 +226,35 @@ class ModelConfig:
             trained_context=count("context_length"),
             qkv_bias=a + "attn_q.bias" in weights,
             fused_qkv=a + "attn_qkv.weight" in weights,
-            fused_gate_up=arch in FUSED_GATE_UP,
+            fused_gate_up=record.fused_gate_up,
+            interleaved_rope=record.interleaved_rope,
             qk_norm=a + "attn_q_norm.weight" in weights,
-            qk_norm_whole=arch in QK_NORM_WHOLE,
+            qk_norm_whole=record.qk_norm_whole,
             rope_attention_factor=1.0 if latent else attention_factor(kv, arch),  # latent: in the score scale instead
             experts=experts,
             experts_used=experts_used,
             expert_hidden_dim=expert_hidden,
-            expert_weights_norm=routing.get("norm", MIXTURE_OF_EXPERTS.get(arch, False)),
+            expert_weights_norm=routing.get("norm", record.expert_weights_norm),
             expert_sigmoid=routing.get("sigmoid", False),
             expert_weights_scale=routing.get("scale", 1.0),
-            selection_bias=bool(routing) and (arch not in EXPERTS_OPTIONAL or f"blk.{dense_lead}.exp_probs_b.bias" in weights),
+            selection_bias=bool(routing) and (not record.selection_bias_optional or f"blk.{dense_lead}.exp_probs_b.bias" in weights),
             dense_layers=dense_lead,
             shared_expert_hidden_dim=shared_hidden,
-            shared_expert_gated=arch not in ROUTING_FROM_FILE,
-            no_rope_every=NO_ROPE_EVERY.get(arch, 0),
+            shared_expert_gated=not record.routing_from_file,
+            no_rope_every=record.no_rope_every,
             rotary_dim=rotary,
             sliding_window=window,
-            global_every=SLIDING_WINDOW_EVERY.get(arch, 0),
-            local_rope_theta=LOCAL_ROPE_BASE.get(arch, 0.0),
-            gemma=arch in GEMMA_LAYERS,
+            global_every=record.sliding_window_every,
+            local_rope_theta=record.local_rope_base,
+            scaled_embedding=record.scaled_embedding,
+            post_norms=record.post_norms,
+            geglu=record.geglu,
+            score_by_width=record.score_scale_by_width(kv, blocks - nextn),
             sinks=a + "attn_sinks.weight" in weights,
             output_bias=a + "attn_output.bias" in weights,
             expert_biases=bool(experts) and f"blk.{dense_lead}.ffn_gate_exps.bias" in weights,
-            swiglu_clamped=arch in CLAMPED_SWIGLU,
-            ffn_norm_name=FFN_NORM_NAMES.get(arch, "ffn_norm.weight"),
+            swiglu_clamped=record.swiglu_clamped,
+            ffn_norm_name=record.ffn_norm_name,
             latent=latent,
             recurrent=recurrent,
         )
@@ -336,7 +309,7 @@ class ModelConfig:
                 shapes |= {p + "attn_q_norm.weight": (1, q_norm), p + "attn_k_norm.weight": (1, k_norm)}
             if self.qkv_bias:
                 shapes |= {p + "attn_q.bias": (1, q), p + "attn_k.bias": (1, kv), p + "attn_v.bias": (1, kv)}
-            if self.gemma:
+            if self.post_norms:
                 shapes |= {p + "post_attention_norm.weight": (1, self.dim), p + "post_ffw_norm.weight": (1, self.dim)}
             if self.sinks:
                 shapes[p + "attn_sinks.weight"] = (1, self.n_heads)
@@ -345,12 +318,11 @@ class ModelConfig:
         return shapes
 
 
-def _routing_from_file(kv: dict, arch: str, count) -> dict:
-    """ROUTING_FROM_FILE's keys, as llama.cpp reads them (sigmoid where expert_gating_func is absent,
-    no division or scale where the norm and scale are), or ModelLoadError naming the key at fault."""
-    # llama.cpp: 0 (none) is glm4moe's sigmoid and deepseek2's softmax, but GLM-4.7-Flash's sigmoid
-    glm_flash = arch == "deepseek2" and kv.get(f"{arch}.block_count") in (47, 48) and len(kv.get("tokenizer.ggml.tokens") or ()) == 154880
-    gating = count("expert_gating_func", 0, low=0) or (1 if arch == "deepseek2" and not glm_flash else 2)
+def _routing_from_file(kv: dict, arch: str, record: Architecture, count) -> dict:
+    """The routing keys of an architecture whose file describes its routing, as llama.cpp reads them
+    (the record's default gating where expert_gating_func is absent or 0, no division or scale where
+    the norm and scale are), or ModelLoadError naming the key at fault."""
+    gating = count("expert_gating_func", 0, low=0) or record.default_gating(kv)
     if gating not in GATING_FUNCS:
         raise ModelLoadError(f"GGUF metadata {arch}.expert_gating_func = {gating}: only {GATING_FUNCS} are supported")
     norm = kv.get(f"{arch}.expert_weights_norm", False)

@@ -1,7 +1,7 @@
 """Qwen3.5's layers (llama.cpp's `qwen35`, `qwen35moe`): Gated DeltaNet recurrent layers
 (`GatedDeltaBlock`) beside full attention layers whose output a gate scales (`GatedAttentionBlock`),
-each then a dense SwiGLU, or a mixture of experts with a gated shared expert (the *SharedExpertBlock
-pair: MoeBlock's and SharedExpertBlock's feed-forward hooks).
+each then the feed-forward the layer holds: a dense SwiGLU, or a mixture of experts with a gated
+shared expert (feed_forward.py, routed.py).
 
 Contract: both fill TransformerBlock's attention hooks for the CPU kernels' whole-model step (the
 kernels' gated_delta.c says what they compute); with n = rms_norm(x) * attn_norm:
@@ -22,12 +22,11 @@ from tinygrad import Tensor, dtypes
 
 from webapp.engine.kernels import abi
 from webapp.engine.kernels.abi import AttendFlag
-from webapp.engine.model.block import TransformerBlock, _float32_buffer, _zero_pages
+from webapp.engine.model.block import TransformerBlock, _zero_pages
 from webapp.engine.model.kv_types import KvPool
 from webapp.engine.model.load_error import ModelLoadError
-from webapp.engine.model.moe_block import MoeBlock
+from webapp.engine.model.products import float32_buffer
 from webapp.engine.model.recurrent_config import spare_state_rows
-from webapp.engine.model.shared_expert_block import SharedExpertBlock
 from webapp.engine.model.weights import WeightSource
 
 ONLY_ON_KERNELS = "Qwen3.5's layers run only on the CPU kernels' one-call step (the CPU device, LLM_CPU_KERNELS on)"
@@ -59,7 +58,7 @@ class GatedDeltaBlock(_KernelsOnly):
         self._extras = [p + "ssm_conv1d.weight", p + "ssm_dt.bias", p + "ssm_a", p + "ssm_norm.weight"]
 
     def _kernel_attention(self, weights: WeightSource, p: str) -> tuple[Tensor, int]:
-        return _float32_buffer(weights, self._extras), int(AttendFlag(0))
+        return float32_buffer(weights, self._extras), int(AttendFlag(0))
 
     def _make_cache(self, slots: int, context: int, step_writes: int, pool: KvPool | None) -> None:
         if pool is not None:
@@ -74,27 +73,7 @@ class GatedDeltaBlock(_KernelsOnly):
         return form | {"form": form.get("form", 0) | int(abi.LayerForm.RECURRENT), "recurrent": recurrent}
 
 
-class GatedDeltaMoeBlock(GatedDeltaBlock, MoeBlock):
-    """Gated DeltaNet, then routed experts."""
-
-
-class GatedAttentionMoeBlock(GatedAttentionBlock, MoeBlock):
-    """Gated attention, then routed experts."""
-
-
-class GatedDeltaSharedExpertBlock(GatedDeltaBlock, SharedExpertBlock):
-    """Gated DeltaNet, then routed experts and a gated shared expert (Qwen3.5's mixtures: qwen35moe)."""
-
-
-class GatedAttentionSharedExpertBlock(GatedAttentionBlock, SharedExpertBlock):
-    """Gated attention, then routed experts and a gated shared expert."""
-
-
 def hybrid_blocks(config) -> list[type]:
-    """Each layer's block, recurrent or full attention (Recurrent.pattern), dense or a mixture of experts."""
-    recurrent, attention = GatedDeltaBlock, GatedAttentionBlock
-    if config.experts:
-        shared = config.shared_expert_hidden_dim
-        recurrent = GatedDeltaSharedExpertBlock if shared else GatedDeltaMoeBlock
-        attention = GatedAttentionSharedExpertBlock if shared else GatedAttentionMoeBlock
-    return [recurrent if config.recurrent_layer(i) else attention for i in range(config.n_layers)]
+    """Each layer's block, recurrent or full attention (Recurrent.pattern); its feed-forward, dense or
+    routed, is the layer's component (feed_forward.feed_forward_for)."""
+    return [GatedDeltaBlock if config.recurrent_layer(i) else GatedAttentionBlock for i in range(config.n_layers)]

@@ -17,16 +17,16 @@ from tinygrad import Tensor
 
 from webapp.engine.device.buffers import device_array
 from webapp.engine.kernels import abi
-from webapp.engine.model.block import TransformerBlock, _after_norm
+from webapp.engine.model.block import TransformerBlock
 from webapp.engine.model.ops import rms_norm
+from webapp.engine.model.products import after_norm
 from webapp.engine.model.weights import WeightSource
 
 POST_NORMS = ("post_attention_norm.weight", "post_ffw_norm.weight")
 
 
 class Gemma3Block(TransformerBlock):
-    def _load_feed_forward(self, weights: WeightSource, p: str) -> None:
-        super()._load_feed_forward(weights, p)
+    def _load_norm_policy(self, weights: WeightSource, p: str) -> None:
         self.post = {name: weights.vector(p + name) for name in POST_NORMS}
         values = [weights.vector_values(p + name) for name in POST_NORMS]
         # the kernels read both as one float32 buffer: the attention's norm, then the feed-forward's
@@ -48,13 +48,13 @@ class Gemma3Block(TransformerBlock):
         return (x + self._post_normed(self.attn_output(attn), POST_NORMS[0])).contiguous()
 
     def _feed_forward_on_kernels(self, h: Tensor) -> Tensor:
-        return self._post_plus(h, _after_norm(self.gate_up, h, self.w["ffn_norm.weight"], self.c.norm_eps))
+        return self._post_plus(h, after_norm(self.ffn.gate_up, h, self.w["ffn_norm.weight"], self.c.norm_eps))
 
     def _post_plus(self, h: Tensor, gate_up: Tensor) -> Tensor:
         hidden = self.c.hidden_dim
-        out = self.down((gate_up[..., :hidden].gelu() * gate_up[..., hidden:]).contiguous())
+        out = self.ffn.down((gate_up[..., :hidden].gelu() * gate_up[..., hidden:]).contiguous())
         return (h + self._post_normed(out, POST_NORMS[1])).contiguous()
 
     def _ffn_and_out(self, x: Tensor, attn: Tensor) -> Tensor:
         h = self._attention_plus(attn, x)
-        return self._post_plus(h, self.gate_up(rms_norm(h, self.w["ffn_norm.weight"], self.c.norm_eps)).contiguous())
+        return self._post_plus(h, self.ffn.gate_up(rms_norm(h, self.w["ffn_norm.weight"], self.c.norm_eps)).contiguous())

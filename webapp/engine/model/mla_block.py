@@ -1,6 +1,6 @@
-"""DeepSeek-V2's layer (llama.cpp's `deepseek2`): multi-head latent attention, then a dense SwiGLU
-(`LatentBlock`, the leading layers) or a mixture of experts with shared experts (`LatentSharedExpertBlock`,
-`LatentMoeBlock` without them: the feed-forward hooks of SharedExpertBlock and MoeBlock).
+"""DeepSeek-V2's layer (llama.cpp's `deepseek2`): multi-head latent attention (`LatentBlock`), then the
+feed-forward the layer holds: a dense SwiGLU (the leading layers) or a mixture of experts with shared
+experts (feed_forward.py, routed.py).
 
 Contract: `LatentBlock` fills TransformerBlock's attention hooks. With n = rms_norm(x) * attn_norm:
     [q_a | c | k_pe] = W_qkv . n   (W_qkv: q_a's rows, or q's without a q_lora rank, over kv_a_mqa's)
@@ -23,10 +23,9 @@ from tinygrad import Tensor, UOp
 from webapp.engine.kernels import abi
 from webapp.engine.kernels.abi import AttendFlag
 from webapp.engine.kernels.block_weight import BlockWeight
-from webapp.engine.model.block import TransformerBlock, _float32_buffer
-from webapp.engine.model.moe_block import MoeBlock
+from webapp.engine.model.block import TransformerBlock
 from webapp.engine.model.ops import rms_norm, rope
-from webapp.engine.model.shared_expert_block import SharedExpertBlock
+from webapp.engine.model.products import float32_buffer
 from webapp.engine.model.weights import BlockLinear, WeightSource
 
 
@@ -58,7 +57,7 @@ class LatentBlock(TransformerBlock):
         """Nothing: latent attention has no q/k/v biases."""
 
     def _kernel_attention(self, weights: WeightSource, p: str) -> tuple[Tensor, int]:
-        return _float32_buffer(weights, self.norm_names), int(AttendFlag.LATENT)
+        return float32_buffer(weights, self.norm_names), int(AttendFlag.LATENT)
 
     def _attention_blocks(self) -> dict | None:
         if not self._attention_in_blocks:
@@ -164,17 +163,3 @@ def _head(block: BlockWeight, h: int, heads: int) -> BlockWeight:
     """Head h's matrix of a per-head tensor stored head after head (QuantizedCPU.expert_weight)."""
     rows = block.rows // heads
     return BlockWeight(block.raw[h * rows : (h + 1) * rows].contiguous(), block.ggml_type, rows, block.cols)
-
-
-class LatentMoeBlock(LatentBlock, MoeBlock):
-    """Latent attention, then routed experts."""
-
-
-class LatentSharedExpertBlock(LatentBlock, SharedExpertBlock):
-    """Latent attention, then routed experts and the shared ones every token runs (DeepSeek-V2's)."""
-
-
-def latent_blocks(config) -> tuple[type, type]:
-    """The block of a latent model's mixture layers, and of its dense ones (every layer, without experts)."""
-    routed = LatentSharedExpertBlock if config.shared_expert_hidden_dim else LatentMoeBlock if config.experts else LatentBlock
-    return routed, LatentBlock

@@ -1,4 +1,5 @@
-"""A llama-family transformer (llama, qwen2, qwen3; qwen3moe with MoeBlock's experts, gemma3 with Gemma3Block's layers) on tinygrad, with a KV cache of many slots.
+"""A llama-family transformer on tinygrad, its layers composed from the config (archs/ says what each
+architecture's config holds), with a KV cache of many slots.
 
 Contract: `Transformer` holds the model (embedding, `TransformerBlock`s with their KV caches, final
 norm, head) and its forward passes, one per way of feeding it: `forward_on_kernels` (lanes of any
@@ -42,16 +43,13 @@ from webapp.engine.model.config import ModelConfig, check_tensors
 from webapp.engine.model.delta_block import ONLY_ON_KERNELS, hybrid_blocks
 from webapp.engine.model.gemma3_block import Gemma3Block
 from webapp.engine.model.gguf import read_gguf
-from webapp.engine.model.gpt_oss_block import GptOssBlock
 from webapp.engine.model.kv_types import KV_TYPES, STEP_WRITES_AT_LEAST, KvPool, KvRows, kv_type_named
 from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.memory import auto_context, pool_plan
 from webapp.engine.model.memory import plan as memory_plan
-from webapp.engine.model.mla_block import latent_blocks
-from webapp.engine.model.moe_block import MoeBlock
+from webapp.engine.model.mla_block import LatentBlock
 from webapp.engine.model.ops import rms_norm, rotation
 from webapp.engine.model.rope import RopeUnsupported, inverse_frequencies
-from webapp.engine.model.shared_expert_block import SharedExpertBlock
 from webapp.engine.model.steps.one_call import OneCallSteps
 from webapp.engine.model.weights import WeightSource
 
@@ -61,13 +59,9 @@ log = logging.getLogger(__name__)
 # file's output head on tinygrad's kernels is stored as int8 with a scale per vocabulary row (see
 # weights.FloatHead); unquantized files keep an exact float16 head.
 FLOAT_FILE_TYPES = (0, 1, 32)
-# the layer of an architecture with a layer of its own
-ARCHITECTURE_BLOCKS = {"gemma3": Gemma3Block, "gpt-oss": GptOssBlock}
 
 
 class Transformer:
-    block = TransformerBlock  # the dense layer; a mixture of experts' files get MoeBlock (SharedExpertBlock), ARCHITECTURE_BLOCKS theirs
-
     def __init__(
         self,
         config: ModelConfig,
@@ -94,17 +88,9 @@ class Transformer:
         self.output_norm = weights.vector("output_norm.weight")
         self.head = weights.head(config.vocab_size, int8_head)  # (B, D) -> (B, vocab)
         # a padded prefill chunk may write up to max_chunk - 1 junk positions past the context
-        own = ARCHITECTURE_BLOCKS.get(config.arch) or (MoeBlock if config.experts else self.block)
-        if config.shared_expert_hidden_dim:  # a shared expert beside the routed ones (qwen2moe, glm4moe)
-            own = SharedExpertBlock
-        dense = self.block
-        if config.latent:  # deepseek2's attention in every layer, dense or not
-            own, dense = latent_blocks(config)
         self.step_writes = max(max_chunk, STEP_WRITES_AT_LEAST)  # as load_model's memory plan counts them
-        # a mixture's leading dense layers (GLM-4.5's first) are the plain layer
-        blocks = [own if config.routed(i) or not config.experts else dense for i in range(config.n_layers)]
-        if config.recurrent:  # qwen35: recurrent and gated attention layers
-            blocks = hybrid_blocks(config)
+        # every layer's feed-forward (dense, routed, routed + shared) is its component (feed_forward.py)
+        blocks = hybrid_blocks(config) if config.recurrent else [_layer_kind(config)] * config.n_layers
         self.blocks = [
             block(config, weights, i, slots, context + max_chunk, kv_type, self.step_writes, pool) for i, block in enumerate(blocks)
         ]
@@ -142,11 +128,11 @@ class Transformer:
 
     def _embedded(self, tokens: Tensor) -> Tensor:
         x = self.embed(tokens)
-        return x * self.config.embed_scale if self.config.gemma else x
+        return x * self.config.embed_scale if self.config.scaled_embedding else x
 
     def routed_tokens(self) -> np.ndarray | None:
         """A mixture of experts': the lanes each layer sent each expert since load (layers, experts),
-        where the kernels count them (MoeBlock.routed_tokens); None elsewhere."""
+        where the kernels count them (routed.RoutedFeedForward.routed_tokens); None elsewhere."""
         counts = [block.routed_tokens() for i, block in enumerate(self.blocks) if self.config.routed(i)]
         return None if not counts or any(c is None for c in counts) else np.stack(counts)
 
@@ -242,6 +228,14 @@ class Transformer:
             end = block.positions if block.ring or block.recurrent else length
             rows = block.cache[:, source, :, 0:end, :].contiguous()
             block.cache[:, target, :, 0:end, :].assign(rows).realize()  # per layer, as in forward_prefill
+
+
+def _layer_kind(config: ModelConfig) -> type:
+    """The layer of a model without recurrent layers, by its token mixer and norm policy: latent
+    attention, Gemma's post-norms, or the pre-norm attention layer."""
+    if config.latent:
+        return LatentBlock
+    return Gemma3Block if config.post_norms else TransformerBlock
 
 
 def _rope_frequencies(kv: dict, table: dict, config: ModelConfig, context: int) -> np.ndarray:
