@@ -20,8 +20,8 @@ every tag is split across tokens, plus BOS (256, "<s>") and EOS (257, "</s>").
 `ScriptedRunner` is a `FakeRunner` that plays scripted replies, and `start_scripted_engine` starts a real
 `Engine` over one: the web layer's fixture where it has moved off `FakeEngine`.
 
-`StatsEngine` is a `FakeEngine` whose stats() come from a real `EngineMetrics` fed by hand (the pages'
-and /metrics' numbers), on a settable `Clock`.
+`ClockedRunner` is a `ScriptedRunner` whose steps take time on a settable `Clock` (the engine's, for the
+pages' and /metrics' numbers), and which can hold the model thread after a given number of steps.
 """
 
 from __future__ import annotations
@@ -36,18 +36,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import numpy as np
 
 from webapp.engine.decoding.constraints import GrammarCompiler
 from webapp.engine.decoding.sampling import TokenLogprobs
-from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.model.lanes import Want
 from webapp.engine.serving.engine import Engine
 from webapp.engine.serving.errors import EngineNotReady, QueueFull, completion_room
 from webapp.engine.serving.loaded_model import LoadedModel
-from webapp.engine.serving.metrics import EngineMetrics
 from webapp.engine.serving.request import Finished, FinishReason, Request, Status
 from webapp.engine.serving.runner import Part
 
@@ -279,52 +276,13 @@ class FakeEngine:
 
 
 class Clock:
-    """A settable clock for code that takes one (`EngineMetrics(clock=...)`)."""
+    """A settable clock for code that takes one (`Engine(clock=...)`, `EngineMetrics(clock=...)`)."""
 
     def __init__(self, now: float = 1000.0):
         self.now = now
 
     def __call__(self) -> float:
         return self.now
-
-
-class StatsEngine(FakeEngine):
-    """FakeEngine whose stats() are a real EngineMetrics view: two finished requests, one decoding
-    in slot 0 with a reused prefix, an idle slot that keeps a cached prefix, two requests queued."""
-
-    def __init__(self):
-        super().__init__(max_context=256)
-        clock = self.clock = Clock(5000.0)
-        m = self.metrics = EngineMetrics({"model": self.model_name, "context": 256, "device": "TEST"}, clock=clock)
-        for i, (prompt, cached, reason) in enumerate([(40, 0, "stop"), (60, 36, "length")]):
-            r = Request([1] * prompt, SamplingParams(), id=f"chatcmpl-done{i}")
-            r.submitted_at, r.cached_tokens = clock.now, cached
-            clock.now += 0.05
-            r.admitted_at = clock.now
-            m.on_admit(r)
-            m.on_prefill(prompt - cached)
-            for _ in range(10):
-                clock.now += 0.02
-                m.on_token(r, clock.now)
-                r.first_token_at = r.first_token_at or clock.now
-                r.last_token_at = clock.now
-                r.output_ids.append(5)
-            r.status, r.finish_reason, r.finished_at = Status.FINISHED, reason, clock.now
-            m.on_finish(r)
-        live = Request([1] * 50, SamplingParams(), id="chatcmpl-live")
-        live.submitted_at, live.cached_tokens, live.status = clock.now, 30, Status.DECODE
-        live.output_ids = [5, 5, 5]
-        slots = [
-            SimpleNamespace(index=0, owner=live, tokens=[0] * 53),
-            SimpleNamespace(index=1, owner=None, tokens=[0] * 70),
-        ]
-        m.publish(2, [live], slots)
-        clock.now += 1.5
-
-    def stats(self):
-        stats = self.metrics.current()
-        stats["state"] = self.status
-        return stats
 
 
 def run_by_kind(runner, parts: list[Part]) -> list[np.ndarray]:
@@ -537,14 +495,45 @@ class ScriptedRunner(FakeRunner):
         return np.stack([self._next(r) for r in batch])  # (B, vocab)
 
 
-def start_scripted_engine(max_context: int = 4096, slots: int = 4, held: threading.Event | None = None, **settings) -> Engine:
-    """A started real `Engine` over a `ScriptedRunner` (its `loaded.runner`): loaded when returned, or
-    with `held`, loading until that event is set. `settings` are the engine's own (queue_limit, ...)."""
+class ClockedRunner(ScriptedRunner):
+    """A ScriptedRunner on a test's `Clock` (give the engine the same one): each model step takes
+    `step_s` of it, its tokens coming at its end. With `steps` set, that many more steps run, then
+    the model thread holds at `gate` in the next one (`held` is set; that pass has published) until
+    the test sets the gate."""
+
+    def __init__(self, clock: Clock, step_s: float):
+        super().__init__()
+        self.clock, self.clock_step = clock, step_s  # not FakeRunner.step_s, which sleeps
+        self.steps: int | None = None
+        self.held = threading.Event()
+
+    def run(self, parts: list[Part]) -> list[np.ndarray]:
+        if self.steps is not None:
+            self.steps -= 1
+            if self.steps < 0:
+                self.steps = None
+                self.gate.clear()
+                self.held.set()
+        outputs = super().run(parts)
+        self.clock.now += self.clock_step
+        return outputs
+
+
+def start_scripted_engine(
+    max_context: int = 4096,
+    slots: int = 4,
+    held: threading.Event | None = None,
+    runner: ScriptedRunner | None = None,
+    **settings,
+) -> Engine:
+    """A started real `Engine` over a `ScriptedRunner` (its `loaded.runner`; `runner`, or a new one):
+    loaded when returned, or with `held`, loading until that event is set. `settings` are the
+    engine's own (queue_limit, clock, ...)."""
 
     def load() -> LoadedModel:
         if held is not None:
             held.wait(10)
-        return LoadedModel(ScriptedRunner(), FakeTokenizer(), FakeChatTemplate(), "fake-model", max_context, "FAKE")
+        return LoadedModel(runner or ScriptedRunner(), FakeTokenizer(), FakeChatTemplate(), "fake-model", max_context, "FAKE")
 
     engine = Engine(load, slots=slots, **settings).start()
     if held is None:
