@@ -1,12 +1,5 @@
-"""Test doubles for the web layer: a byte tokenizer, a plain chat template and a scripted engine.
-
-`FakeEngine` implements the interface `webapp/http/api.py` programs against (model_name, max_context,
-tokenizer, chat_template, submit, abort, health, stats) without a model. Each submitted request
-plays the next queued `Reply` (or `default_reply`) on its own daemon thread, putting token ids
-and then one `Finished` (or an exception) on `request.outputs`, exactly as the real engine's
-contract says; like the engine, it ends a request at a stop token id without outputting it. It refuses a prompt that leaves no room with the engine's own check, and honours `max_tokens`, stop token ids and cancellation (finishing with the
-request's own cancel reason, as the real engine does), and records what it saw:
-`submitted`, `aborted`, plus Events a test can wait on instead of sleeping.
+"""Test doubles for the web layer and the engine: a byte tokenizer, a plain chat template and fake
+model runners under the real `Engine`.
 
 `FakeRunner` stands in for the model runner under the real `Engine` (see `webapp.engine.serving.runner.Runner`):
 its logits make greedy sampling pick `next_token(last token fed)`, and a test can hold its steps
@@ -17,18 +10,17 @@ every tag is split across tokens, plus BOS (256, "<s>") and EOS (257, "</s>").
 
 `FakeModelEngines` makes a model set's engines: real engines over fake runners, one per model file.
 
-`ScriptedRunner` is a `FakeRunner` that plays scripted replies, and `start_scripted_engine` starts a real
-`Engine` over one: the web layer's fixture where it has moved off `FakeEngine`.
+`ScriptedRunner` is a `FakeRunner` that plays scripted replies (`Reply`), and `start_scripted_engine`
+starts a real `Engine` over one: the web layer's fixture.
 
-`StatsEngine` is a `FakeEngine` whose stats() come from a real `EngineMetrics` fed by hand (the pages'
-and /metrics' numbers), on a settable `Clock`.
+`ClockedRunner` is a `ScriptedRunner` whose steps take time on a settable `Clock` (the engine's, for the
+pages' and /metrics' numbers), and which can hold the model thread after a given number of steps.
 """
 
 from __future__ import annotations
 
 import codecs
 import collections
-import itertools
 import json
 import math
 import re
@@ -36,23 +28,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import numpy as np
 
-from webapp.engine.decoding.constraints import GrammarCompiler
-from webapp.engine.decoding.sampling import TokenLogprobs
-from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.model.lanes import Want
 from webapp.engine.serving.engine import Engine
-from webapp.engine.serving.errors import EngineNotReady, QueueFull, completion_room
 from webapp.engine.serving.loaded_model import LoadedModel
-from webapp.engine.serving.metrics import EngineMetrics
-from webapp.engine.serving.request import Finished, FinishReason, Request, Status
+from webapp.engine.serving.request import Request
 from webapp.engine.serving.runner import Part
-
-# What the fake "model" reports as every token's logprob (and the prompt's, when scored).
-FAKE_LOGPROB = -0.5
 
 BOS, EOS = 256, 257
 SPECIALS = {BOS: "<s>", EOS: "</s>"}
@@ -137,194 +120,28 @@ class FakeChatTemplate:
 
 @dataclass
 class Reply:
-    """What the fake model generates for one request.
-
-    `tokens` are played in order; an exception instance among them is put on the output queue in
-    place of `Finished` (an engine failure). After the last token the request finishes with
-    `finish`. `forever` cycles the tokens until the request is cancelled or hits max_tokens.
-    """
+    """What `ScriptedRunner` makes the model generate for one request: `tokens` are its outputs in
+    order, then EOS; an exception among them is raised by that request's step (a model error).
+    `forever` cycles the tokens until the request is cancelled or hits max_tokens; `delay` stretches
+    each of its steps (seconds)."""
 
     tokens: list = field(default_factory=list)
-    delay: float = 0.0  # seconds before each token
-    hold: bool = False  # generate nothing until `FakeEngine.release` (or an abort)
-    finish: str = "stop"
+    delay: float = 0.0
     forever: bool = False
-    cached_tokens: int = 0
 
     @classmethod
     def text(cls, text: str, eos: bool = True, **kw) -> Reply:
         return cls(list(text.encode()) + ([EOS] if eos else []), **kw)
 
 
-class FakeEngine:
-    model_name = "fake-model"
-    pooling, embedding_suffix = "mean", ()
-    keeps_states = False  # True: chats carry their messages' ends (Request.message_ends)
-
-    def __init__(self, max_context: int = 4096, n_slots: int = 4) -> None:
-        self.max_context, self.n_slots = max_context, n_slots
-        self.tokenizer = FakeTokenizer()
-        self.chat_template = FakeChatTemplate()
-        self.grammars = GrammarCompiler(self.tokenizer)
-        self.replies: collections.deque[Reply] = collections.deque()
-        self.default_reply = Reply.text("Hello from the fake engine.")
-        self.status = "ok"  # "loading": submit raises EngineNotReady and health says so
-        self.queue_full_retry_after: int | None = None  # set: submit raises QueueFull
-        self.submitted: list[Request] = []
-        self.aborted: list[Request] = []
-        self.submitted_event = threading.Event()
-        self.aborted_event = threading.Event()
-        self._lock = threading.Lock()
-        self._wake: dict[str, threading.Event] = {}  # per running request; removed when it ends
-        self._threads: list[threading.Thread] = []
-
-    def submit(self, request: Request) -> None:
-        if self.status != "ok":
-            raise EngineNotReady("The model is still loading.")
-        completion_room(request.prompt_len, self.max_context)  # PromptTooLong, as the engine says
-        if self.queue_full_retry_after is not None:
-            raise QueueFull(self.queue_full_retry_after)
-        reply = self.replies.popleft() if self.replies else self.default_reply
-        wake = threading.Event()
-        with self._lock:
-            self.submitted.append(request)
-            self._wake[request.id] = wake
-        thread = threading.Thread(target=self._play, args=(request, reply, wake), daemon=True)
-        self._threads.append(thread)
-        thread.start()
-        self.submitted_event.set()
-
-    def abort(self, request: Request) -> None:
-        request.cancel("cancelled")
-        with self._lock:
-            self.aborted.append(request)
-            wake = self._wake.get(request.id)
-        if wake is not None:
-            wake.set()
-        self.aborted_event.set()
-
-    def release(self, request: Request) -> None:
-        """Let a request whose reply has `hold` start generating."""
-        with self._lock:
-            wake = self._wake.get(request.id)
-        if wake is not None:
-            wake.set()
-
-    def health(self) -> dict:
-        return {"status": self.status, "model": self.model_name}
-
-    def stats(self) -> dict:
-        with self._lock:
-            return {
-                "submitted": len(self.submitted),
-                "aborted": len(self.aborted),
-                "running": len(self._wake),
-            }
-
-    def close(self) -> None:
-        with self._lock:
-            running = [(r, self._wake[r.id]) for r in self.submitted if r.id in self._wake]
-        for request, wake in running:
-            request.cancel("shutdown")
-            wake.set()
-        for thread in self._threads:
-            thread.join(timeout=5)
-
-    def _play(self, request: Request, reply: Reply, wake: threading.Event) -> None:
-        request.cached_tokens = reply.cached_tokens
-        request.status = Status.DECODE
-        if request.params.prompt_logprobs is not None:  # as if scored while prefilling
-            request.prompt_logprobs = [TokenLogprobs(t, FAKE_LOGPROB, ()) for t in request.prompt_ids[1:]]
-        if request.pooling is not None:  # an embedding: the mean of one-hot rows of its tokens (mod 8)
-            request.embedding = np.bincount(np.array(request.prompt_ids) % 8, minlength=8).astype(np.float32) / request.prompt_len
-            self._retire(request, Finished(FinishReason.STOP))
-            return
-        if request.params.max_tokens == 0:
-            self._retire(request, Finished(FinishReason.LENGTH))
-            return
-        tokens = itertools.cycle(reply.tokens) if reply.forever else iter(reply.tokens)
-        reason = reply.finish
-        if reply.hold:
-            wake.wait()
-            wake.clear()
-        for item in tokens:
-            if reply.delay:
-                wake.wait(reply.delay)
-            if request.cancel_reason is not None:
-                break
-            if isinstance(item, BaseException):
-                self._retire(request, item)
-                return
-            if item in request.params.stop_token_ids:  # ends the request; never output, as in the engine
-                reason = FinishReason.STOP
-                break
-            request.output_ids.append(item)
-            if request.params.logprobs:
-                top = ((item, FAKE_LOGPROB),) * min(request.params.top_logprobs, 1)
-                request.logprobs.append(TokenLogprobs(item, FAKE_LOGPROB, top))
-            request.outputs.put(item)
-            if len(request.output_ids) >= request.params.max_tokens:
-                reason = FinishReason.LENGTH
-                break
-        if request.cancel_reason is not None:
-            reason = request.cancel_reason  # "cancelled" by an abort, "shutdown" by a drain
-        self._retire(request, Finished(reason))
-
-    def _retire(self, request: Request, last: Finished | BaseException) -> None:
-        request.status = Status.FINISHED
-        request.finish_reason = last.reason if isinstance(last, Finished) else FinishReason.ERROR
-        with self._lock:
-            del self._wake[request.id]
-        request.outputs.put(last)
-
-
 class Clock:
-    """A settable clock for code that takes one (`EngineMetrics(clock=...)`)."""
+    """A settable clock for code that takes one (`Engine(clock=...)`, `EngineMetrics(clock=...)`)."""
 
     def __init__(self, now: float = 1000.0):
         self.now = now
 
     def __call__(self) -> float:
         return self.now
-
-
-class StatsEngine(FakeEngine):
-    """FakeEngine whose stats() are a real EngineMetrics view: two finished requests, one decoding
-    in slot 0 with a reused prefix, an idle slot that keeps a cached prefix, two requests queued."""
-
-    def __init__(self):
-        super().__init__(max_context=256)
-        clock = self.clock = Clock(5000.0)
-        m = self.metrics = EngineMetrics({"model": self.model_name, "context": 256, "device": "TEST"}, clock=clock)
-        for i, (prompt, cached, reason) in enumerate([(40, 0, "stop"), (60, 36, "length")]):
-            r = Request([1] * prompt, SamplingParams(), id=f"chatcmpl-done{i}")
-            r.submitted_at, r.cached_tokens = clock.now, cached
-            clock.now += 0.05
-            r.admitted_at = clock.now
-            m.on_admit(r)
-            m.on_prefill(prompt - cached)
-            for _ in range(10):
-                clock.now += 0.02
-                m.on_token(r, clock.now)
-                r.first_token_at = r.first_token_at or clock.now
-                r.last_token_at = clock.now
-                r.output_ids.append(5)
-            r.status, r.finish_reason, r.finished_at = Status.FINISHED, reason, clock.now
-            m.on_finish(r)
-        live = Request([1] * 50, SamplingParams(), id="chatcmpl-live")
-        live.submitted_at, live.cached_tokens, live.status = clock.now, 30, Status.DECODE
-        live.output_ids = [5, 5, 5]
-        slots = [
-            SimpleNamespace(index=0, owner=live, tokens=[0] * 53),
-            SimpleNamespace(index=1, owner=None, tokens=[0] * 70),
-        ]
-        m.publish(2, [live], slots)
-        clock.now += 1.5
-
-    def stats(self):
-        stats = self.metrics.current()
-        stats["state"] = self.status
-        return stats
 
 
 def run_by_kind(runner, parts: list[Part]) -> list[np.ndarray]:
@@ -537,14 +354,45 @@ class ScriptedRunner(FakeRunner):
         return np.stack([self._next(r) for r in batch])  # (B, vocab)
 
 
-def start_scripted_engine(max_context: int = 4096, slots: int = 4, held: threading.Event | None = None, **settings) -> Engine:
-    """A started real `Engine` over a `ScriptedRunner` (its `loaded.runner`): loaded when returned, or
-    with `held`, loading until that event is set. `settings` are the engine's own (queue_limit, ...)."""
+class ClockedRunner(ScriptedRunner):
+    """A ScriptedRunner on a test's `Clock` (give the engine the same one): each model step takes
+    `step_s` of it, its tokens coming at its end. With `steps` set, that many more steps run, then
+    the model thread holds at `gate` in the next one (`held` is set; that pass has published) until
+    the test sets the gate."""
+
+    def __init__(self, clock: Clock, step_s: float):
+        super().__init__()
+        self.clock, self.clock_step = clock, step_s  # not FakeRunner.step_s, which sleeps
+        self.steps: int | None = None
+        self.held = threading.Event()
+
+    def run(self, parts: list[Part]) -> list[np.ndarray]:
+        if self.steps is not None:
+            self.steps -= 1
+            if self.steps < 0:
+                self.steps = None
+                self.gate.clear()
+                self.held.set()
+        outputs = super().run(parts)
+        self.clock.now += self.clock_step
+        return outputs
+
+
+def start_scripted_engine(
+    max_context: int = 4096,
+    slots: int = 4,
+    held: threading.Event | None = None,
+    runner: ScriptedRunner | None = None,
+    **settings,
+) -> Engine:
+    """A started real `Engine` over a `ScriptedRunner` (its `loaded.runner`; `runner`, or a new one):
+    loaded when returned, or with `held`, loading until that event is set. `settings` are the
+    engine's own (queue_limit, clock, ...)."""
 
     def load() -> LoadedModel:
         if held is not None:
             held.wait(10)
-        return LoadedModel(ScriptedRunner(), FakeTokenizer(), FakeChatTemplate(), "fake-model", max_context, "FAKE")
+        return LoadedModel(runner or ScriptedRunner(), FakeTokenizer(), FakeChatTemplate(), "fake-model", max_context, "FAKE")
 
     engine = Engine(load, slots=slots, **settings).start()
     if held is None:

@@ -1,13 +1,21 @@
 """Fixtures of the unit tests: Flask's test client over `fake_engine` (a real engine on a scripted
-runner), a `StatsEngine` and its client for the pages, and the default model's metadata and tokenizer (read once)."""
+runner), `stats_engine` (a real engine whose stats real requests made on a settable clock) and its
+client for the pages, and the default model's metadata and tokenizer (read once)."""
 
 from __future__ import annotations
 
 import pytest
-from support.fakes import StatsEngine
+from support import drain_outputs
+from support.fakes import EOS, Clock, ClockedRunner, Reply, start_scripted_engine
 from support.tiny_models import default_model_path, smollm_metadata
 
 from webapp import create_app
+from webapp.engine.decoding.sampling_params import SamplingParams
+from webapp.engine.serving.request import Request
+
+# A model step's length on the stats engine's clock: longer than the engine's publish period
+# (PUBLISH_EVERY_S), so every pass of its loop publishes before its step
+STEP = 0.25
 
 
 @pytest.fixture
@@ -18,9 +26,35 @@ def fake_client(fake_app):
 
 @pytest.fixture
 def stats_engine():
-    engine = StatsEngine()
+    """A real engine (two slots, a 256-token context, every prompt one prefill step) over a `ClockedRunner` on a settable `Clock`
+    (`loaded.runner.clock`; each model step takes STEP), its stats made by real requests, one after
+    another: chatcmpl-done0 (40 prompt tokens) stops after 10 tokens in slot 0; chatcmpl-done1 (60
+    others) runs out at max_tokens=10 in slot 1, which keeps its cache; chatcmpl-live reuses 30 of
+    done0's prompt tokens in slot 0 and is held in its fourth step, three tokens out, with two
+    requests queued behind it; then 1.5 s pass. `loaded.runner.requests` are the three that ran."""
+    clock = Clock(5000.0)
+    engine = start_scripted_engine(256, slots=2, runner=ClockedRunner(clock, STEP), clock=clock, prefill_chunk=64)
+    runner = engine.loaded.runner
+
+    def send(rid: str, prompt: list[int], max_tokens: int = 16) -> Request:
+        params = SamplingParams(max_tokens=max_tokens, stop_token_ids=frozenset({EOS}))
+        request = Request(prompt, params, id=rid, submitted_at=clock.now)  # the clock the engine stamps the rest on
+        engine.submit(request)
+        return request
+
+    first = list(range(1, 41))
+    runner.replies.extend([Reply([ord("a")] * 10), Reply([ord("b")] * 20), Reply([ord("c")] * 20)])
+    assert drain_outputs(send("chatcmpl-done0", first))[1] == "stop"
+    assert drain_outputs(send("chatcmpl-done1", list(range(100, 160)), max_tokens=10))[1] == "length"
+    runner.steps = 3  # its prefill and two decode steps
+    send("chatcmpl-live", first[:30] + list(range(200, 220)))
+    assert runner.held.wait(10)
+    for i in range(2):
+        send(f"chatcmpl-queued{i}", [1, 2, 3])
+    clock.now += 1.5
     yield engine
-    engine.close()
+    runner.gate.set()
+    engine.stop(5)
 
 
 @pytest.fixture

@@ -1,16 +1,17 @@
-"""/admin, /admin/stats.json and /metrics over an engine whose stats() come from a real
-EngineMetrics fed by hand: numbers in the page without JavaScript, a strict CSP, the admin token,
-and every promised Prometheus family parsed back with prometheus_client's own parser."""
+"""/admin, /admin/stats.json and /metrics over a real engine whose stats real requests made on a
+settable clock (`stats_engine`): numbers in the page without JavaScript, a strict CSP, the admin
+token, and every promised Prometheus family parsed back with prometheus_client's own parser."""
 
 import json
 import re
+import threading
 
 import pytest
 from prometheus_client import REGISTRY
 from support import metric_families
+from support.fakes import start_scripted_engine
 
 from webapp import create_app
-from webapp.engine.serving.metrics import EngineMetrics
 from webapp.http.admin import format_value, nice_max, plot_paths, slot_row
 
 
@@ -20,19 +21,32 @@ def stat(html: str, path: str) -> str:
     return m.group(1)
 
 
-def test_dashboard_shows_the_numbers_without_javascript(stats_client):
+def ran(engine) -> list:
+    """The requests the stats engine's runner ran: done0, done1, live."""
+    return engine.loaded.runner.requests
+
+
+def step(engine) -> float:
+    """A model step's length on the stats engine's clock."""
+    return engine.loaded.runner.clock_step
+
+
+def test_dashboard_shows_the_numbers_without_javascript(stats_engine, stats_client):
     response = stats_client.get("/admin")
     assert response.status_code == 200
     html = response.get_data(as_text=True)
+    done0, done1, live = ran(stats_engine)
     assert stat(html, "model") == "fake-model" and stat(html, "context") == "256"
     assert stat(html, "queue_depth") == "2"
     assert stat(html, "running") == "1" and stat(html, "slots_total") == "2"
-    assert stat(html, "generated_tokens_total") == "20" and stat(html, "prompt_tokens_total") == "100"
-    assert stat(html, "prefix_reuse") == "36%" and stat(html, "prefix_reuse_total") == "36%"
-    assert stat(html, "decode_tokens_per_s") != "–" and stat(html, "ttft_p50_s").endswith("ms")
+    assert stat(html, "generated_tokens_total") == "23" and stat(html, "prompt_tokens_total") == "150"
+    assert (done0.cached_tokens, done1.cached_tokens, live.cached_tokens) == (0, 0, 30)
+    assert stat(html, "prefix_reuse") == "20%" and stat(html, "prefix_reuse_total") == "20%"  # all within the last 10 s
+    assert stat(html, "decode_tokens_per_s") != "–" and stat(html, "ttft_p50_s") == format_value(step(stats_engine), "latency")
     assert stat(html, "requests_total.stop") == "1" and stat(html, "requests_total.length") == "1"
-    # the slot table: who runs where, and the KV bar split into reused / prefilled / generated
-    assert "chatcmpl-live" in html and "53 / 256" in html and "70 / 256" in html
+    # the slot table: who runs where (live: its prompt and the two outputs fed back so far; done1's
+    # slot: its prompt and nine of its ten outputs), the KV bar split into reused / prefilled / generated
+    assert "chatcmpl-live" in html and "52 / 256" in html and "69 / 256" in html
     for kind in ("reused", "prefilled", "generated", "idle"):
         assert f'<rect class="kv-{kind}"' in html
     assert '30 <span class="muted">(60%)</span>' in html  # 30 of the 50 prompt tokens were reused
@@ -57,7 +71,7 @@ def test_pages_run_under_a_strict_csp(stats_client):
         assert stats_client.get(asset).status_code == 200
 
 
-def test_stats_json(stats_client):
+def test_stats_json(stats_engine, stats_client):
     response = stats_client.get("/admin/stats.json")
     assert response.status_code == 200 and response.is_json
     assert response.headers["Cache-Control"] == "no-store"
@@ -72,9 +86,10 @@ def test_stats_json(stats_client):
         assert key in s, key
     assert set(s["requests_total"]) == {"stop", "length", "cancelled", "shutdown", "error", "rejected"}
     assert s["slots"][0] == {
-        "index": 0, "state": "decode", "request_id": "chatcmpl-live", "tokens_cached": 53, "prompt_tokens": 50,
-        "reused_tokens": 30, "tokens_generated": 3, "age_s": pytest.approx(1.5),
+        "index": 0, "state": "decode", "request_id": "chatcmpl-live", "tokens_cached": 52, "prompt_tokens": 50,
+        "reused_tokens": 30, "tokens_generated": 3, "age_s": pytest.approx(3 * step(stats_engine) + 1.5),
     }  # fmt: skip
+    assert s["slots"][1]["state"] == "cached" and s["slots"][1]["tokens_cached"] == 69
     recent = s["recent_requests"][0]
     assert set(recent) >= {
         "id",
@@ -89,14 +104,17 @@ def test_stats_json(stats_client):
     assert len(s["history"]["decode_tokens_per_s"]) == 600
 
 
-def test_dashboard_of_an_engine_still_loading(stats_engine):
-    stats_engine.metrics = EngineMetrics({})  # nothing published yet, as before the model is loaded
-    stats_engine.status = "loading"
-    client = create_app({"TESTING": True}, engine=stats_engine).test_client()
+def test_dashboard_of_an_engine_still_loading():
+    held = threading.Event()
+    engine = start_scripted_engine(held=held)  # nothing published yet: the model is loading
+    client = create_app({"TESTING": True}, engine=engine).test_client()
     html = client.get("/admin").get_data(as_text=True)
     assert 'class="state state-loading"' in html and stat(html, "running") == "–"
-    assert client.get("/admin/stats.json").get_json() == {"state": "loading"}
+    assert client.get("/admin/stats.json").get_json() == {"state": "loading", "model": "loading"}
     assert metric_families(client).keys() == {"llm_engine_ready"}
+    held.set()
+    assert engine.settled.wait(10)
+    engine.stop(5)
 
 
 def test_a_real_engines_stats_make_the_page_before_and_after_a_request(fake_engine, fake_client):
@@ -132,7 +150,7 @@ def value(family, suffix="", **labels):
     return sample.value
 
 
-def test_metrics_has_every_promised_family(stats_client):
+def test_metrics_has_every_promised_family(stats_engine, stats_client):
     response = stats_client.get("/metrics")
     assert response.content_type.startswith("text/plain")
     families = metric_families(stats_client)
@@ -140,17 +158,18 @@ def test_metrics_has_every_promised_family(stats_client):
     assert value(families["llm_engine_ready"]) == 1
     assert value(families["llm_num_requests_waiting"]) == 2 and value(families["llm_num_requests_running"]) == 1
     assert value(families["llm_num_slots"]) == 2
-    assert value(families["llm_kv_cache_usage_ratio"]) == pytest.approx(123 / 512)
-    assert value(families["llm_prompt_tokens"], "_total") == 100
-    assert value(families["llm_prefill_tokens"], "_total") == 64
-    assert value(families["llm_generation_tokens"], "_total") == 20
-    assert value(families["llm_prefix_cache_queries"], "_total") == 100
-    assert value(families["llm_prefix_cache_hits"], "_total") == 36
+    runs, step_s = ran(stats_engine), step(stats_engine)
+    assert value(families["llm_kv_cache_usage_ratio"]) == pytest.approx((52 + 69) / (2 * 256))
+    assert value(families["llm_prompt_tokens"], "_total") == sum(r.prompt_len for r in runs) == 150
+    assert value(families["llm_prefill_tokens"], "_total") == sum(r.prefilled_tokens for r in runs) == 120
+    assert value(families["llm_generation_tokens"], "_total") == sum(len(r.output_ids) for r in runs) == 23
+    assert value(families["llm_prefix_cache_queries"], "_total") == 150
+    assert value(families["llm_prefix_cache_hits"], "_total") == sum(r.cached_tokens for r in runs) == 30
     requests = families["llm_requests"]
     assert {s.labels["finish_reason"]: s.value for s in requests.samples} == {
         "stop": 1, "length": 1, "cancelled": 0, "shutdown": 0, "error": 0, "rejected": 0
     }  # fmt: skip
-    assert value(families["llm_model_info"], model="fake-model", device="TEST", context="256") == 1
+    assert value(families["llm_model_info"], model="fake-model", device="FAKE", context="256") == 1
     for name in (
         "llm_time_to_first_token_seconds",
         "llm_inter_token_latency_seconds",
@@ -162,11 +181,16 @@ def test_metrics_has_every_promised_family(stats_client):
         assert buckets[-1].labels["le"] == "+Inf"
         counts = [s.value for s in buckets]
         assert counts == sorted(counts) and counts[-1] == value(h, "_count")
-    assert value(families["llm_time_to_first_token_seconds"], "_count") == 2
-    assert value(families["llm_inter_token_latency_seconds"], "_count") == 18
-    assert value(families["llm_inter_token_latency_seconds"], "_sum") == pytest.approx(18 * 0.02)
-    assert value(families["llm_time_to_first_token_seconds"], "_bucket", le="0.05") == 0
-    assert value(families["llm_time_to_first_token_seconds"], "_bucket", le="0.1") == 2
+    # each request's first token came at the end of its prefill step, one step after it was
+    # submitted; the next ones one step apart
+    assert [r.first_token_at - r.submitted_at for r in runs] == [step_s] * 3
+    assert value(families["llm_time_to_first_token_seconds"], "_count") == 3
+    assert value(families["llm_time_to_first_token_seconds"], "_bucket", le="0.1") == 0
+    assert value(families["llm_time_to_first_token_seconds"], "_bucket", le="0.25") == 3
+    gaps = sum(len(r.output_ids) - 1 for r in runs)
+    assert value(families["llm_inter_token_latency_seconds"], "_count") == gaps == 20
+    spans = sum(r.last_token_at - r.first_token_at for r in runs)
+    assert value(families["llm_inter_token_latency_seconds"], "_sum") == pytest.approx(spans) == gaps * step_s
 
 
 def test_metrics_in_openmetrics_when_asked(stats_client):

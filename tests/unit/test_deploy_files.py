@@ -10,7 +10,6 @@ import re
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from support import ROOT
-from support.fakes import StatsEngine
 
 from webapp import DEFAULTS, create_app
 
@@ -57,15 +56,13 @@ def test_compose_runs_replicas_behind_nginx_with_a_drain_long_enough():
         assert (ROOT / mount.split(":")[0]).is_file(), mount
 
 
-def test_the_grafana_dashboard_reads_only_metrics_we_export():
+def test_the_grafana_dashboard_reads_only_metrics_we_export(stats_engine):
     dashboard = json.loads((ROOT / "deploy" / "grafana" / "tinyserve.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     exprs.append(dashboard["templating"]["list"][1]["definition"])
     read = {name for e in exprs for name in re.findall(r"\bllm_\w+", e)}
-    engine = StatsEngine()
-    text = create_app({"TESTING": True}, engine=engine).test_client().get("/metrics").get_data(as_text=True)
+    text = create_app({"TESTING": True}, engine=stats_engine).test_client().get("/metrics").get_data(as_text=True)
     exported = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
-    engine.close()
     assert read and read <= exported, read - exported
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
     assert DEFAULTS["METRICS_COMPAT"] is None  # the dashboard needs no aliases

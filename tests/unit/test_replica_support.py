@@ -10,7 +10,7 @@ import threading
 
 import pytest
 from support import ROOT, metric_families
-from support.fakes import StatsEngine, start_scripted_engine
+from support.fakes import start_scripted_engine
 
 from webapp import DEFAULTS, create_app
 from webapp.engine.serving.errors import RETRY_AFTER_S
@@ -69,9 +69,8 @@ def samples(client) -> dict:
     return {s.name: s for s in found if not s.labels.get("le")} | {(s.name, s.labels["le"]): s for s in found if s.labels.get("le")}
 
 
-def test_vllm_aliases_mirror_our_metrics_with_the_model_name_label():
-    engine = StatsEngine()
-    client = create_app({"TESTING": True, "METRICS_COMPAT": "vllm"}, engine=engine).test_client()
+def test_vllm_aliases_mirror_our_metrics_with_the_model_name_label(stats_engine):
+    client = create_app({"TESTING": True, "METRICS_COMPAT": "vllm"}, engine=stats_engine).test_client()
     m = samples(client)
     pairs = {
         "vllm:num_requests_waiting": "llm_num_requests_waiting",
@@ -96,11 +95,10 @@ def test_vllm_aliases_mirror_our_metrics_with_the_model_name_label():
     text = client.get("/metrics").get_data(as_text=True)
     assert 'vllm:request_success_total{finished_reason="stop",model_name="fake-model"} 1.0' in text
     assert 'vllm:request_success_total{finished_reason="length",model_name="fake-model"} 1.0' in text
-    engine.close()
 
 
 def test_no_aliases_by_default_and_an_unknown_mode_stops_start_up(fake_engine):
-    app = create_app({"TESTING": True}, engine=StatsEngine())
+    app = create_app({"TESTING": True}, engine=fake_engine)
     assert "vllm:" not in app.test_client().get("/metrics").get_data(as_text=True)
     with pytest.raises(ValueError, match="LLM_METRICS_COMPAT='sglang'"):
         create_app({"TESTING": True, "METRICS_COMPAT": "sglang"}, engine=fake_engine)

@@ -52,23 +52,23 @@ class Engine:
         stall_seconds: float = ENGINE_DEFAULTS["STALL_SECONDS"],
         speculate: bool = True,
         prefix_store: PrefixStore | None = None,
+        clock: Callable[[], float] = time.monotonic,  # times admissions, tokens, finishes, metrics, publishes; not the watchdog
     ):
         self.loader = loader
         self.prefix_store = prefix_store  # a paged cache's filed blocks kept across restarts (LLM_PREFIX_CACHE_DIR)
         self.n_slots, self.queue_limit, self.prefill_chunk = slots, queue_limit, prefill_chunk
-        self.stall_seconds = stall_seconds
+        self.stall_seconds, self.clock = stall_seconds, clock
         self.speculation = Speculation(speculate)  # where the runner can verify drafts (Runner.speculates)
         self._busy_since: float | None = None  # when the loop's current pass began; None asleep on the inbox
         self.state, self.error = "loading", None
         self.settled = threading.Event()  # loading has ended, loaded or failed (serving/model_set.py waits on it)
         self.loaded: LoadedModel | None = None
         self._grammars: GrammarCompiler | None = None
-        self.scheduler = Scheduler(SlotTable(slots), prefill_chunk)
-        self.metrics = EngineMetrics({})
+        self.scheduler = Scheduler(SlotTable(slots), prefill_chunk, clock)
+        self.metrics = EngineMetrics({}, clock)
         self._inbox: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
-        self._waiting = 0  # submitted, not yet admitted to a slot; guarded by _lock
-        self._rejected = 0
+        self._waiting, self._rejected = 0, 0  # submitted, not yet admitted to a slot; refused at submit; guarded by _lock
         self._thread: threading.Thread | None = None
         self._stopping = False
 
@@ -190,6 +190,7 @@ class Engine:
             self.metrics = EngineMetrics(
                 {"model": loaded.name, "context": loaded.context, "device": loaded.device, "prefill_chunk": self.prefill_chunk}
                 | {"kv_type": loaded.kv_type, "kv_bytes_per_token": loaded.kv_bytes_per_token},
+                clock=self.clock,
                 routed=loaded.routed_tokens,
             )
             self.scheduler.slots = loaded.kv_table(self.n_slots)
@@ -228,10 +229,9 @@ class Engine:
                 self.metrics.on_admit(request)
                 changed = True
             # publish before the step too, so pages show who is running during a long step
-            now = time.monotonic()
-            if changed or now - last_publish >= PUBLISH_EVERY_S:
+            if changed or self.clock() - last_publish >= PUBLISH_EVERY_S:
                 self._publish()
-                last_publish = now
+                last_publish = self.clock()
             self._step()
             self.metrics.on_step()
         self._publish()
@@ -362,7 +362,7 @@ class Engine:
         if token in params.stop_token_ids:
             self._finish(request, FinishReason.STOP)
             return
-        now = time.monotonic()
+        now = self.clock()
         self.metrics.on_token(request, now)
         if request.first_token_at is None:
             request.first_token_at = now

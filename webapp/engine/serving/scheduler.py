@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from webapp.engine.serving.kv_cache import Slot, SlotTable, reusable_prefix
@@ -66,8 +67,9 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, slots: SlotTable | PagedSlots, prefill_chunk: int):
+    def __init__(self, slots: SlotTable | PagedSlots, prefill_chunk: int, clock: Callable[[], float] = time.monotonic):
         self.slots = slots
+        self.clock = clock  # stamps admissions and finishes: the engine's clock
         self.prefill_chunk = prefill_chunk
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order; prefilling ones first come first served
@@ -104,7 +106,7 @@ class Scheduler:
                 reused = 0
             request.slot, request.status = slot.index, Status.PREFILL
             if not request.preemptions:
-                request.cached_tokens, request.admitted_at = reused, time.monotonic()
+                request.cached_tokens, request.admitted_at = reused, self.clock()
                 admitted.append(request)
             self.running.append(request)
         return admitted
@@ -227,7 +229,7 @@ class Scheduler:
 
     def finish(self, request: Request, reason: str) -> None:
         """Retire a request; its slot keeps the cached tokens for prefix reuse."""
-        request.status, request.finish_reason, request.finished_at = Status.FINISHED, reason, time.monotonic()
+        request.status, request.finish_reason, request.finished_at = Status.FINISHED, reason, self.clock()
         if request in self.running:
             self.running.remove(request)
             self.slots.release(self.slot_of(request))
