@@ -57,7 +57,7 @@ class PromptChunk:
 class StepPlan:
     chunks: tuple[PromptChunk, ...]
     decode: tuple[Request, ...]  # the lanes decoding now, each with a token to feed
-    mixed: bool  # chunks and lanes as one model step (`Runner.prefill_and_decode`)
+    mixed: bool  # chunks and lanes as one model step (one `Runner.run`)
 
     def lanes_after_prefill(self) -> list[Request]:
         """The lanes of a step whose chunks ran on their own: those decoding before, and the requests

@@ -35,7 +35,7 @@ Chunk = tuple[list[int], int, int]  # prompt tokens, slot, start position
 class Steps:
     how: str = ""
     tunable: bool = True
-    mixes: bool = False  # prompt chunks and a decode step run as one step (`prefill_and_decode`)
+    mixes: bool = False  # a step may hold prompt chunks beside decode lanes
     speculates: bool = False  # `verify` runs drafted tokens as lanes whose logits equal a lone decode's
     drafted_limit: int | None = None  # the drafted tokens a verification may hold (None: the lanes bound them)
     verify_seconds: list[float] | None = None  # `verify` of 1, 2, .. lanes of one sequence, timed at warm-up
