@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from webapp.engine.device.capabilities import device_capabilities
 from webapp.engine.model.config import ModelConfig, used_tensors
 from webapp.engine.model.kv_types import KV_TYPES, KvPool, KvRows, cache_positions, ring_positions
 from webapp.engine.model.load_error import ModelLoadError
@@ -179,9 +180,10 @@ def auto_context(
     context and AUTO_CONTEXT_CAP; and why, in words."""
     trained = config.trained_context
     cap = min(trained, AUTO_CONTEXT_CAP)
-    available = available_bytes() if device in ("CPU", "PYTHON") else None
+    host = device_capabilities(device).host_ram
+    available = available_bytes() if host else None
     if available is None:
-        where = "this machine's" if device in ("CPU", "PYTHON") else f"{device}'s"
+        where = "this machine's" if host else f"{device}'s"
         return min(cap, FIXED_CONTEXT), f"{where} free memory is not known"
     free = max(0, available - weight_bytes(config, table, kept_types))
     rings = (slots + 1) * ((0 if step_writes is None else ring_bytes(config, kv_type, step_writes)) + state_bytes(config))
