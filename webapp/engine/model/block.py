@@ -1,5 +1,7 @@
 """A llama-family layer: attention with a KV cache of many slots, then the feed-forward it holds
-(`self.ffn`: dense or routed experts, feed_forward.py), pre-norms around both.
+(`self.ffn`: dense or routed experts, feed_forward.py), each sublayer's output joining the residual
+stream as the norm policy it holds says (`self.norm_policy`: pre-norms, or pre + post norms,
+norm_policy.py).
 
 Contract: `TransformerBlock(config, weights, layer, slots, context, kv_type, step_writes)` holds the
 layer's products in the form `WeightSource` chose and its KV cache (2, slots + 1, kv_heads, context,
@@ -27,8 +29,9 @@ from webapp.engine.kernels.layer_tables import LayerMatrices, LayerTensors
 from webapp.engine.model.config import ModelConfig
 from webapp.engine.model.feed_forward import feed_forward_for
 from webapp.engine.model.kv_types import KvPool, KvRows, cache_positions
+from webapp.engine.model.norm_policy import norm_policy_for
 from webapp.engine.model.ops import rms_norm, rope
-from webapp.engine.model.products import after_norm, float32_buffer, float32_values, plus
+from webapp.engine.model.products import after_norm, float32_buffer, float32_values
 from webapp.engine.model.weights import BlockLinear, WeightSource
 
 
@@ -72,7 +75,7 @@ class TransformerBlock:
         head_dim_ok = config.head_dim % 2 == 0 and config.head_dim <= MAX_HEAD_DIM
         self.kernels = weights.kernels if head_dim_ok else None
         self.ffn = feed_forward_for(config, weights, layer, self.kernels is not None and self._attention_in_blocks)
-        self._load_norm_policy(weights, p)
+        self.norm_policy = norm_policy_for(config, weights, p)
         self.qkv_bias = None  # added by tinygrad's product; on the kernels, by the attention kernel
         self.attend_extras = self.layer_tensors = None
         matrices = None
@@ -161,32 +164,29 @@ class TransformerBlock:
     def _attention_in_blocks(self) -> bool:
         return isinstance(self.qkv, BlockLinear) and isinstance(self.attn_output, BlockLinear)
 
-    def _load_norm_policy(self, weights: WeightSource, p: str) -> None:
-        """Pre-norms only: the attention's and the feed-forward's input norms, in self.w (gemma3_block.py adds post-norms)."""
-
     def routed_tokens(self) -> np.ndarray | None:
         """A mixture of experts' lanes per expert since load, where the kernels count them (routed.py)."""
         return self.ffn.routed_tokens()
 
     def _kernel_form(self) -> dict:
         """LayerTensors' form and what it reads: the biases (the output product's, then the
-        feed-forward's) and the feed-forward's own entries."""
+        feed-forward's), the feed-forward's own entries and the norm policy's."""
         biases = self._biases()
-        form = self.ffn.form | (int(abi.LayerForm.BIASES) if biases else 0)
+        form = self.ffn.form | self.norm_policy.form | (int(abi.LayerForm.BIASES) if biases else 0)
         own = {"form": form} if form else {}
         own |= {"biases": device_array(np.concatenate(biases))} if biases else {}
-        return own | self.ffn.kernel_extras()
+        return own | self.ffn.kernel_extras() | self.norm_policy.kernel_extras()
 
     def _biases(self) -> list[np.ndarray]:
         """LayerForm.BIASES' values in order, float32 as the file stores them."""
         return float32_values(self._bias_values, ["attn_output.bias"] if self.c.output_bias else []) + self.ffn.biases()
 
     def _feed_forward_on_kernels(self, h: Tensor) -> Tensor:
-        """h + the feed-forward of rms_norm(h), on the kernels around any product they cannot run."""
-        return self.ffn.plus_on_kernels(h, self.w["ffn_norm.weight"], self.c.norm_eps)
+        """h joined by the feed-forward of rms_norm(h), on the kernels around any product they cannot run."""
+        return self.norm_policy.feed_forward_plus(self.ffn, h, self.w["ffn_norm.weight"], self.c.norm_eps)
 
     def tensors(self) -> list[Tensor]:
-        own = [*self.qkv.tensors(), *self.attn_output.tensors(), *self.ffn.tensors(), self.cache]
+        own = [*self.qkv.tensors(), *self.attn_output.tensors(), *self.ffn.tensors(), *self.norm_policy.tensors(), self.cache]
         optional = [t for t in (self.qkv_bias, self.attend_extras) if t is not None]
         return own + optional + list(self.w.values())
 
@@ -227,9 +227,13 @@ class TransformerBlock:
         return out.transpose(1, 2).reshape(B, T, H * Hd)
 
     def _ffn_and_out(self, x: Tensor, attn: Tensor) -> Tensor:
-        h = x + self.attn_output(attn) + (self.w["attn_output.bias"] if self.c.output_bias else 0)
+        h = self.norm_policy.attention_joined(x, self.attn_output(attn), self._output_bias)
         n = rms_norm(h, self.w["ffn_norm.weight"], self.c.norm_eps)
-        return (h + self.ffn(n)).contiguous()
+        return self.norm_policy.feed_forward_joined(h, self.ffn(n))
+
+    @property
+    def _output_bias(self) -> Tensor | None:
+        return self.w["attn_output.bias"] if self.c.output_bias else None
 
     def on_kernels(self, x: Tensor, lanes: Tensor, inv_freq: Tensor) -> Tensor:
         """The layer on the CPU kernels, as one or five of them: x (B, D) for B lanes, each a decode step's
@@ -246,9 +250,8 @@ class TransformerBlock:
         return self._feed_forward_on_kernels(self._attention_plus(attn, x))
 
     def _attention_plus(self, attn: Tensor, x: Tensor) -> Tensor:
-        """The residual stream x plus the attention's output product, on the kernels."""
-        out = plus(self.attn_output, attn, x)
-        return (out + self.w["attn_output.bias"]).contiguous() if self.c.output_bias else out
+        """The residual stream x joined by the attention's output product, on the kernels."""
+        return self.norm_policy.attention_plus(self.attn_output, attn, x, self._output_bias)
 
     def prefill(self, x: Tensor, slot: UOp, start: UOp, rotary: tuple[Tensor, Tensor], mask: Tensor) -> Tensor:
         """x (1, T, D) for positions start..start+T-1 of the sequence in `slot`."""

@@ -41,7 +41,6 @@ from webapp.engine.kernels.ggml_types import KERNEL_ONLY_TYPES
 from webapp.engine.model.block import TransformerBlock
 from webapp.engine.model.config import ModelConfig, check_tensors
 from webapp.engine.model.delta_block import ONLY_ON_KERNELS, hybrid_blocks
-from webapp.engine.model.gemma3_block import Gemma3Block
 from webapp.engine.model.gguf import read_gguf
 from webapp.engine.model.kv_types import KV_TYPES, STEP_WRITES_AT_LEAST, KvPool, KvRows, kv_type_named
 from webapp.engine.model.load_error import ModelLoadError
@@ -231,11 +230,9 @@ class Transformer:
 
 
 def _layer_kind(config: ModelConfig) -> type:
-    """The layer of a model without recurrent layers, by its token mixer and norm policy: latent
-    attention, Gemma's post-norms, or the pre-norm attention layer."""
-    if config.latent:
-        return LatentBlock
-    return Gemma3Block if config.post_norms else TransformerBlock
+    """The layer of a model without recurrent layers, by its token mixer: latent attention, or
+    (windowed) attention; its norm policy is the layer's component (norm_policy.norm_policy_for)."""
+    return LatentBlock if config.latent else TransformerBlock
 
 
 def _rope_frequencies(kv: dict, table: dict, config: ModelConfig, context: int) -> np.ndarray:
