@@ -19,9 +19,9 @@ from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.kernels import abi
 from webapp.engine.model.feed_forward import DenseFeedForward
 from webapp.engine.model.kv_types import KvPool
+from webapp.engine.model.latent_attention import LatentAttention
 from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.memory import kv_bytes_per_position
-from webapp.engine.model.mla_block import LatentBlock
 from webapp.engine.model.routed import RoutedFeedForward
 from webapp.engine.model.steps import KernelJitSteps, OneCallSteps
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
@@ -51,7 +51,7 @@ def test_in_one_call_the_model_matches_the_decompressed_reference(deepseek2):
     steps = load_steps(path, slots=2, context=256)
     assert isinstance(steps, OneCallSteps)
     blocks = steps.model.blocks
-    assert all(isinstance(b, LatentBlock) and b.layer_tensors.form & abi.LayerForm.LATENT for b in blocks)
+    assert all(isinstance(b.mixer, LatentAttention) and b.layer_tensors.form & abi.LayerForm.LATENT for b in blocks)
     assert off_by(steps.score(PROMPT, slot=0, start=0), ref.logits(PROMPT)) < 1e-4
 
 
@@ -141,7 +141,7 @@ def test_mixtures_of_experts_after_a_dense_layer_match_the_reference(tmp_path, k
     steps = load_steps(path, slots=4, context=256)
     assert isinstance(steps, OneCallSteps)
     blocks = steps.model.blocks
-    assert all(type(b) is LatentBlock for b in blocks) and type(blocks[0].ffn) is DenseFeedForward
+    assert all(type(b.mixer) is LatentAttention for b in blocks) and type(blocks[0].ffn) is DenseFeedForward
     assert all(isinstance(b.ffn, RoutedFeedForward) and b.ffn.shared is not None for b in blocks[1:])
     assert steps.model.config.selection_bias is bias and steps.model.config.shared_expert_hidden_dim == shared * 64
     ref = LatentReference(path)

@@ -14,7 +14,7 @@ from support.tiny_qwen35 import SIZES, Qwen35Reference, write_tiny_qwen35
 
 from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.kernels import abi
-from webapp.engine.model.delta_block import GatedAttentionBlock, GatedDeltaBlock
+from webapp.engine.model.gated_delta import GatedAttention, GatedDeltaNet
 from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.memory import kv_bytes_per_position, spare_state_bytes, state_bytes
 from webapp.engine.model.recurrent_config import DRAFT_STATE_ROWS, snapshot_rows, spare_state_rows
@@ -46,8 +46,8 @@ def test_in_one_call_the_model_matches_the_reference(qwen35):
     path, ref = qwen35
     steps = load_steps(path, slots=2, context=256)
     assert isinstance(steps, OneCallSteps) and steps.speculates and steps.drafted_limit == DRAFT_STATE_ROWS
-    kinds = [type(b) for b in steps.model.blocks]
-    assert kinds == [GatedDeltaBlock, GatedDeltaBlock, GatedDeltaBlock, GatedAttentionBlock]
+    kinds = [type(b.mixer) for b in steps.model.blocks]
+    assert kinds == [GatedDeltaNet, GatedDeltaNet, GatedDeltaNet, GatedAttention]
     assert steps.model.blocks[0].layer_tensors.form == abi.LayerForm.RECURRENT
     assert steps.model.blocks[3].layer_tensors.form == abi.LayerForm.GATED_ATTENTION
     assert off_by(steps.score(PROMPT, slot=0, start=0), ref.logits(PROMPT)) < 1e-4
@@ -326,7 +326,7 @@ def test_a_mixture_of_experts_with_a_gated_shared_expert_matches_the_reference(t
     path = write_tiny_qwen35(str(tmp_path / "moe.gguf"), experts=(8, 2, 64), shared=96)
     steps = load_steps(path, slots=2, context=256)
     assert isinstance(steps, OneCallSteps)
-    assert [type(b) for b in steps.model.blocks][-2:] == [GatedDeltaBlock, GatedAttentionBlock]
+    assert [type(b.mixer) for b in steps.model.blocks][-2:] == [GatedDeltaNet, GatedAttention]
     assert all(isinstance(b.ffn, RoutedFeedForward) and b.ffn.shared is not None for b in steps.model.blocks)
     assert off_by(steps.score(PROMPT, slot=0, start=0), Qwen35Reference(path).logits(PROMPT)) < 1e-4
     assert steps.model.routed_tokens().sum() == 4 * 2 * len(PROMPT)  # every layer, two experts a token

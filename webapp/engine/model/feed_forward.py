@@ -1,9 +1,11 @@
-"""A layer's feed-forward as a component the layer holds: dense (SwiGLU) here, routed experts with or
-without a shared expert in routed.py; `feed_forward_for` chooses from the config.
+"""A layer's feed-forward as a component the layer holds: dense (SwiGLU, or GeGLU as an option) here,
+routed experts with or without a shared expert in routed.py; `feed_forward_for` chooses from the config.
 
 Contract: every feed-forward takes the normed residual stream n (..., D) to (..., D) on tinygrad's
-path (`__call__`) and, on the CPU kernels, `plus_on_kernels(h, norm, eps)` = h + itself of
-rms_norm(h) * norm. For the kernels' one-kernel layer it gives LayerMatrices' feed-forward fields
+path (`__call__`) and, on the CPU kernels, `on_kernels(h, norm, eps, residual)` = itself of
+rms_norm(h) * norm, plus `residual` where one is given (the add fused into the down product where
+it is in blocks); how its output joins the residual stream is the layer's norm policy's
+(norm_policy.py). For the kernels' one-kernel layer it gives LayerMatrices' feed-forward fields
 (`blocks`, None where some matrix is outside blocks), LayerTensors' experts (`kernel_experts`), its
 entries and form bits (`kernel_extras`, `form`), and the float32 biases it adds to the layer's
 (`biases`); `drop_file_views` forgets views into the file's memory map once the layer is built.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 from tinygrad import Tensor
 
+from webapp.engine.kernels import abi
 from webapp.engine.model.config import ModelConfig
 from webapp.engine.model.products import after_norm, swiglu_plus
 from webapp.engine.model.routed import RoutedFeedForward
@@ -21,12 +24,13 @@ from webapp.engine.model.weights import BlockLinear, WeightSource
 
 
 class DenseFeedForward:
-    """silu(gate) * up, then down: gate and up one product (D -> 2F), as fewer, larger kernels run faster."""
-
-    form = 0
+    """silu(gate) * up, then down: gate and up one product (D -> 2F), as fewer, larger kernels run
+    faster. With `geglu` (Gemma 3) gelu(gate) * up, gelu by tanh's approximation as llama.cpp's."""
 
     def __init__(self, config: ModelConfig, weights: WeightSource, p: str):
         self.c = config
+        self.geglu = config.geglu
+        self.form = int(abi.LayerForm.GEGLU) if self.geglu else 0
         self.gate_up = weights.linear(*config.gate_up_names(p))  # D -> 2*F
         self.down = weights.linear(p + "ffn_down.weight")  # F -> D
 
@@ -54,14 +58,20 @@ class DenseFeedForward:
     def tensors(self) -> list[Tensor]:
         return [*self.gate_up.tensors(), *self.down.tensors()]
 
-    def plus_on_kernels(self, h: Tensor, norm: Tensor, eps: float) -> Tensor:
-        return swiglu_plus(self.down, after_norm(self.gate_up, h, norm, eps), h)
+    def on_kernels(self, h: Tensor, norm: Tensor, eps: float, residual: Tensor | None = None) -> Tensor:
+        gate_up = after_norm(self.gate_up, h, norm, eps)
+        if residual is not None and not self.geglu:  # the kernels' SwiGLU product adds the residual itself
+            return swiglu_plus(self.down, gate_up, residual)
+        out = self.down(self._mixed(gate_up))
+        return out if residual is None else (residual + out).contiguous()
+
+    def _mixed(self, gate_up: Tensor) -> Tensor:
+        hidden = self.c.hidden_dim
+        gate = gate_up[..., :hidden].gelu() if self.geglu else gate_up[..., :hidden].silu()
+        return (gate * gate_up[..., hidden:]).contiguous()
 
     def __call__(self, n: Tensor) -> Tensor:
-        gate_up = self.gate_up(n).contiguous()  # (B, T, 2*F)
-        hidden = self.c.hidden_dim
-        mixed = (gate_up[..., :hidden].silu() * gate_up[..., hidden:]).contiguous()
-        return self.down(mixed)
+        return self.down(self._mixed(self.gate_up(n).contiguous()))  # gate_up (B, T, 2*F)
 
 
 def feed_forward_for(config: ModelConfig, weights: WeightSource, layer: int, one_kernel: bool):

@@ -143,8 +143,9 @@ class RoutedFeedForward:
         shared = [] if self.shared is None else self.shared.tensors()
         return [*self.router.tensors(), *experts] + own + shared + list(self.expert_bias.values())
 
-    def plus_on_kernels(self, h: Tensor, norm: Tensor, eps: float) -> Tensor:
-        return (h + self(rms_norm(h, norm, eps))).contiguous()
+    def on_kernels(self, h: Tensor, norm: Tensor, eps: float, residual: Tensor | None = None) -> Tensor:
+        out = self(rms_norm(h, norm, eps))
+        return out if residual is None else (residual + out).contiguous()
 
     def __call__(self, n: Tensor) -> Tensor:
         """n (..., D) normed -> (..., D): every expert's output, weighted by the router's choice (plus

@@ -40,14 +40,12 @@ from webapp.engine.kernels.cpu import QuantizedCPU
 from webapp.engine.kernels.ggml_types import KERNEL_ONLY_TYPES
 from webapp.engine.model.block import TransformerBlock
 from webapp.engine.model.config import ModelConfig, check_tensors
-from webapp.engine.model.delta_block import ONLY_ON_KERNELS, hybrid_blocks
-from webapp.engine.model.gemma3_block import Gemma3Block
+from webapp.engine.model.gated_delta import ONLY_ON_KERNELS
 from webapp.engine.model.gguf import read_gguf
 from webapp.engine.model.kv_types import KV_TYPES, STEP_WRITES_AT_LEAST, KvPool, KvRows, kv_type_named
 from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.memory import auto_context, pool_plan
 from webapp.engine.model.memory import plan as memory_plan
-from webapp.engine.model.mla_block import LatentBlock
 from webapp.engine.model.ops import rms_norm, rotation
 from webapp.engine.model.rope import RopeUnsupported, inverse_frequencies
 from webapp.engine.model.steps.one_call import OneCallSteps
@@ -89,10 +87,10 @@ class Transformer:
         self.head = weights.head(config.vocab_size, int8_head)  # (B, D) -> (B, vocab)
         # a padded prefill chunk may write up to max_chunk - 1 junk positions past the context
         self.step_writes = max(max_chunk, STEP_WRITES_AT_LEAST)  # as load_model's memory plan counts them
-        # every layer's feed-forward (dense, routed, routed + shared) is its component (feed_forward.py)
-        blocks = hybrid_blocks(config) if config.recurrent else [_layer_kind(config)] * config.n_layers
+        # one layer class: its mixer, feed-forward and norm policy are its components, chosen from the config
         self.blocks = [
-            block(config, weights, i, slots, context + max_chunk, kv_type, self.step_writes, pool) for i, block in enumerate(blocks)
+            TransformerBlock(config, weights, i, slots, context + max_chunk, kv_type, self.step_writes, pool)
+            for i in range(config.n_layers)
         ]
         self.uses_cpu_kernels = weights.uses_kernels  # some matrix runs on the quantized CPU kernels
         # every layer runs on the CPU kernels, or none does (attention always, each product where its
@@ -228,14 +226,6 @@ class Transformer:
             end = block.positions if block.ring or block.recurrent else length
             rows = block.cache[:, source, :, 0:end, :].contiguous()
             block.cache[:, target, :, 0:end, :].assign(rows).realize()  # per layer, as in forward_prefill
-
-
-def _layer_kind(config: ModelConfig) -> type:
-    """The layer of a model without recurrent layers, by its token mixer and norm policy: latent
-    attention, Gemma's post-norms, or the pre-norm attention layer."""
-    if config.latent:
-        return LatentBlock
-    return Gemma3Block if config.post_norms else TransformerBlock
 
 
 def _rope_frequencies(kv: dict, table: dict, config: ModelConfig, context: int) -> np.ndarray:

@@ -98,7 +98,7 @@ class Steps:
 
     def copy_state(self, source: int, target: int) -> None:
         """Copy every recurrent layer's state from row `source` to row `target` of its cache (a slot's
-        row, or a snapshot's after the slots' and the scratch one: delta_block.GatedDeltaBlock)."""
+        row, or a snapshot's after the slots' and the scratch one: gated_delta.GatedDeltaNet)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no recurrent state")
 
     def warm_up(self, progress: Callable[[str], None]) -> None:

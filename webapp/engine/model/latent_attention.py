@@ -1,8 +1,8 @@
-"""DeepSeek-V2's layer (llama.cpp's `deepseek2`): multi-head latent attention (`LatentBlock`), then the
-feed-forward the layer holds: a dense SwiGLU (the leading layers) or a mixture of experts with shared
-experts (feed_forward.py, routed.py).
+"""DeepSeek-V2's token mixer (llama.cpp's `deepseek2`): multi-head latent attention (`LatentAttention`),
+a mixer as attention.py states it; the layer holds it beside its feed-forward (a dense SwiGLU in the
+leading layers, else a mixture of experts with shared experts: feed_forward.py, routed.py).
 
-Contract: `LatentBlock` fills TransformerBlock's attention hooks. With n = rms_norm(x) * attn_norm:
+Contract: `LatentAttention` fills Attention's hooks. With n = rms_norm(x) * attn_norm:
     [q_a | c | k_pe] = W_qkv . n   (W_qkv: q_a's rows, or q's without a q_lora rank, over kv_a_mqa's)
     q = W_q_b . rms_norm(q_a) * q_a_norm;  a head's q = [q_nope | q_pe]
     key row (one for every head, what the cache holds) = [RoPE(k_pe) | rms_norm(c) * kv_a_norm]
@@ -23,14 +23,14 @@ from tinygrad import Tensor, UOp
 from webapp.engine.kernels import abi
 from webapp.engine.kernels.abi import AttendFlag
 from webapp.engine.kernels.block_weight import BlockWeight
-from webapp.engine.model.block import TransformerBlock
+from webapp.engine.model.attention import Attention
 from webapp.engine.model.ops import rms_norm, rope
 from webapp.engine.model.products import float32_buffer
 from webapp.engine.model.weights import BlockLinear, WeightSource
 
 
-class LatentBlock(TransformerBlock):
-    def _load_attention(self, weights: WeightSource, p: str) -> None:
+class LatentAttention(Attention):
+    def _load_products(self, weights: WeightSource, p: str) -> None:
         c, m = self.c, self.c.latent
         # q (or q_a) and the latent both read the normed input: one product
         self.qkv = weights.linear(p + ("attn_q_a.weight" if m.q_lora else "attn_q.weight"), p + "attn_kv_a_mqa.weight")
@@ -50,7 +50,7 @@ class LatentBlock(TransformerBlock):
         return all(isinstance(w, BlockLinear) for w in (self.qkv, self.attn_output, self.q_b or self.qkv))
 
     @property
-    def _attention_in_blocks(self) -> bool:
+    def in_blocks(self) -> bool:
         return self._products_in_blocks and self.head_blocks is not None
 
     def _load_tinygrad_attention(self, weights: WeightSource, p: str) -> None:
@@ -59,16 +59,17 @@ class LatentBlock(TransformerBlock):
     def _kernel_attention(self, weights: WeightSource, p: str) -> tuple[Tensor, int]:
         return float32_buffer(weights, self.norm_names), int(AttendFlag.LATENT)
 
-    def _attention_blocks(self) -> dict | None:
-        if not self._attention_in_blocks:
+    def blocks(self) -> dict | None:
+        if not self.in_blocks:
             return None
         k_b, v_b = self.head_blocks
         return {"qkv": self.qkv.weight, "o": self.attn_output.weight, "q_b": self.q_b.weight if self.q_b else None, "k_b": k_b, "v_b": v_b}
 
-    def _kernel_form(self) -> dict:
-        m, form = self.c.latent, super()._kernel_form()  # a mixture's (its shared expert's) besides
-        form["form"] = form.get("form", 0) | int(abi.LayerForm.LATENT)
-        return form | {"latent": abi.Latent(m.q_lora, m.kv_lora, m.nope, m.rope, m.v_dim)}
+    form = int(abi.LayerForm.LATENT)
+
+    def kernel_extras(self) -> dict:
+        m = self.c.latent
+        return {"latent": abi.Latent(m.q_lora, m.kv_lora, m.nope, m.rope, m.v_dim)}
 
     def tensors(self) -> list[Tensor]:
         products = [*(self.q_b.tensors() if self.q_b else []), *self.norms.values()]
@@ -103,39 +104,36 @@ class LatentBlock(TransformerBlock):
         out = scores.softmax(-1) @ keys[..., self.c.latent.rope :].unsqueeze(1)  # (B, H, T, L)
         return out.transpose(1, 2)
 
-    def _queries_and_key(self, x: Tensor, rotary: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-        """x (B, T, D) -> queries (B, H, T, R+L) and key rows (B, T, R+L), rotated."""
-        q_nope, q_pe, latent, k_pe = self._projected(rms_norm(x, self.w["attn_norm.weight"], self.c.norm_eps))
+    def _queries_and_key(self, n: Tensor, rotary: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        """n (B, T, D) normed -> queries (B, H, T, R+L) and key rows (B, T, R+L), rotated."""
+        q_nope, q_pe, latent, k_pe = self._projected(n)
         q_pe = rope(q_pe.transpose(1, 2), *rotary)  # (B, H, T, R)
         queries = q_pe.cat(self._absorbed(q_nope).transpose(1, 2), dim=-1).contiguous()
         k_pe = rope(k_pe.unsqueeze(1), *rotary)[:, 0]  # a head's axis, as the rotations broadcast over one
         return queries, k_pe.cat(latent, dim=-1)
 
-    def _out(self, x: Tensor, attended: Tensor) -> Tensor:
-        return self._ffn_and_out(x, self._heads_out(attended))
-
-    def prefill(self, x: Tensor, slot: UOp, start: UOp, rotary: tuple[Tensor, Tensor], mask: Tensor) -> Tensor:
-        T = x.shape[1]
-        queries, key = self._queries_and_key(x, rotary)
+    def prefill(self, n: Tensor, slot: UOp, start: UOp, rotary: tuple[Tensor, Tensor], mask: Tensor) -> Tensor:
+        T = n.shape[1]
+        queries, key = self._queries_and_key(n, rotary)
         store = self.cache[0, slot, 0, start : start + T, :].uop.store(self.kv_type.store(key[0]).uop)
         cache = Tensor(self.cache.uop.after(store))
         keys = self.kv_type.load(cache[0, slot, 0, 0 : start + T, :]).unsqueeze(0)  # (1, S, R+L)
-        return self._out(x, self._latent_attend(queries, keys, mask))
+        return self._heads_out(self._latent_attend(queries, keys, mask))
 
-    def decode(self, x: Tensor, slots: list[UOp], positions: list[UOp], rotary: tuple[Tensor, Tensor], length: UOp, mask: Tensor) -> Tensor:
-        queries, key = self._queries_and_key(x, rotary)  # key (B, 1, R+L)
+    def decode(self, n: Tensor, slots: list[UOp], positions: list[UOp], rotary: tuple[Tensor, Tensor], length: UOp, mask: Tensor) -> Tensor:
+        queries, key = self._queries_and_key(n, rotary)  # key (B, 1, R+L)
         rows = self.kv_type.store(key)
         stores = [self.cache[0, s, 0, p : p + 1, :].uop.store(rows[b].contiguous().uop) for b, (s, p) in enumerate(zip(slots, positions))]
         cache = Tensor(self.cache.uop.after(*stores))
         keys = self.kv_type.load(Tensor.stack(*[cache[0, s, 0, 0:length, :] for s in slots]))  # (B, length, R+L)
-        return self._out(x, self._latent_attend(queries, keys, mask))
+        return self._heads_out(self._latent_attend(queries, keys, mask))
 
-    def on_kernels(self, x: Tensor, lanes: Tensor, inv_freq: Tensor) -> Tensor:
+    def on_kernels(self, x: Tensor, norm: Tensor, lanes: Tensor, inv_freq: Tensor) -> Tensor:
         """Where some product of the model is outside blocks: tinygrad's products around the kernels'
         latent attention (the whole layer in blocks runs only inside tq_forward)."""
         c, m = self.c, self.c.latent
         B = x.shape[0]
-        q_nope, q_pe, latent, k_pe = self._projected(rms_norm(x, self.w["attn_norm.weight"], c.norm_eps))
+        q_nope, q_pe, latent, k_pe = self._projected(rms_norm(x, norm, c.norm_eps))
         if self.head_blocks is not None:  # (B, H, N) a head at a time through its blocks
             k_b = self.head_blocks[0]
             absorbed = Tensor.stack(
@@ -145,7 +143,7 @@ class LatentBlock(TransformerBlock):
             absorbed = self._absorbed(q_nope)
         queries = q_pe.cat(absorbed, dim=-1)  # (B, H, R+L), rotated by the kernel
         rows = queries.cat(k_pe.cat(latent, dim=-1).unsqueeze(1), dim=1).reshape(B, -1).float().contiguous()
-        attention = (self.cache, lanes, inv_freq, self.attend_extras, c.n_heads, self.attend_flags)
+        attention = (self.cache, lanes, inv_freq, self.extras, c.n_heads, self.flags)
         attn = self.kernels.attend(rows, *attention, c.norm_eps, c.score_scale, m.rope, 1.0, kv_type=self.kv_type.abi)
         attended = attn.reshape(B, c.n_heads, m.rope + m.kv_lora)[..., m.rope :]
         if self.head_blocks is not None:
@@ -156,7 +154,7 @@ class LatentBlock(TransformerBlock):
             out = out.reshape(B, -1)
         else:
             out = self._heads_out(attended)
-        return self._feed_forward_on_kernels(self._attention_plus(out.contiguous(), x))
+        return out.contiguous()
 
 
 def _head(block: BlockWeight, h: int, heads: int) -> BlockWeight:
