@@ -565,6 +565,7 @@ def test_client_disconnecting_mid_stream_aborts_its_request(fake_server, fake_en
     while b"data: " not in received:
         received += sock.recv(4096)
     sock.close()
+    assert wait_until(lambda: fake_runner.requests)  # the role chunk can come before the request's first step
     request = fake_runner.requests[-1]
     assert drain_outputs(request)[1] == FinishReason.CANCELLED
     assert request.cancel_reason == FinishReason.CANCELLED  # aborted by the handler, not ended by the engine
