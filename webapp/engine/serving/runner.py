@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -37,7 +37,11 @@ class Part:
     start: int
     want: Want = Want.LAST
     decoding: bool = False
-    drafts: list[int] = field(default_factory=list)
+
+    @property
+    def drafts(self) -> list[int]:
+        """A decoding part's drafted tokens: those after its last output token."""
+        return list(self.tokens[1:]) if self.decoding else []
 
     def take(self, output: np.ndarray) -> np.ndarray | None:
         """A prompt chunk's output taken: an embedding pools its rows, a scored prompt records each
@@ -60,7 +64,7 @@ class Part:
     @classmethod
     def decode(cls, request: Request, position: int, draft: list[int]) -> Part:
         """A decoding request's lane: every drafted token's logits too where it drafted."""
-        return cls(request, [request.output_ids[-1], *draft], position, Want.ALL if draft else Want.LAST, True, draft)
+        return cls(request, [request.output_ids[-1], *draft], position, Want.ALL if draft else Want.LAST, True)
 
 
 class Runner(Protocol):
