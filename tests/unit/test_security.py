@@ -6,6 +6,7 @@ tests/integration/test_security_on_the_wire.py."""
 from __future__ import annotations
 
 import base64
+import json
 import logging
 
 import pytest
@@ -204,6 +205,24 @@ def test_user_text_never_comes_back_as_html(fake_engine):
     r = client.post("/v1/chat/completions", json={"messages": HELLO})
     assert r.mimetype == "application/json" and r.get_json()["choices"][0]["message"]["content"] == "<img src=x onerror=alert(1)>"
 
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/chat/completions", {"messages": HELLO, "stream": True}),
+        ("/v1/responses", {"input": "hi", "stream": True}),
+        ("/v1/messages", {"model": "m", "max_tokens": 16, "messages": HELLO, "stream": True}),
+    ],
+)
+def test_streamed_text_with_unicode_line_breaks_stays_one_line_per_event(fake_client, fake_engine, path, body):
+    # U+2028, U+2029 and U+0085 end a line for str.splitlines; JSON leaves them raw unless escaped
+    fake_engine.loaded.runner.replies.append(Reply.text("a\u2028b\u2029c\x85d"))
+    r = fake_client.post(path, json=body)
+    events = [line[6:] for line in r.get_data(as_text=True).splitlines() if line.startswith("data: ")]
+    parsed = [json.loads(e) for e in events if e != "[DONE]"]
+    sent = json.dumps(parsed, ensure_ascii=False)
+    assert all(c in sent for c in "\u2028\u2029\x85")
 
 # --- limits ---------------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import uuid
 from webapp.engine.serving.request import FinishReason
 from webapp.openai.errors import ApiError
 from webapp.openai.output_text import Piece
+from webapp.openai.response_bodies import sse
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -47,7 +48,7 @@ def new_id(prefix: str) -> str:
 
 def event(kind: str, data: dict) -> str:
     """One server-sent event as Anthropic sends them: a named event whose data repeats the type."""
-    return f"event: {kind}\ndata: {json.dumps({'type': kind, **data}, ensure_ascii=False)}\n\n"
+    return sse({"type": kind, **data}, event=kind)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:

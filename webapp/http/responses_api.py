@@ -10,7 +10,6 @@ false. Streaming sends the Responses events, each with its `sequence_number`, fr
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
 
@@ -22,6 +21,7 @@ from webapp.openai import responses_format
 from webapp.openai.choices import Answer
 from webapp.openai.errors import ApiError
 from webapp.openai.output_text import OutputParser
+from webapp.openai.response_bodies import sse
 from webapp.openai.response_store import ResponseStore
 
 bp = Family("responses", __name__)  # OpenAI's: the API key, drained, OpenAI's errors
@@ -103,7 +103,7 @@ def _finish(
 
 
 def _sse(event: dict) -> str:
-    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+    return sse(event, event=event["type"])
 
 
 def _failed_event() -> str:

@@ -14,11 +14,15 @@ from typing import Any
 
 from webapp.openai.output_text import Piece
 
+# Characters that Python's str.splitlines (and some other line readers) end a line at although JSON
+# leaves them raw; escaped so that one event's data can never read as two lines.
+_LINE_BREAKERS = str.maketrans({"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
-def sse(obj: dict | str) -> str:
-    """One server-sent event; a str payload is sent verbatim (used for `[DONE]`)."""
-    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
-    return f"data: {data}\n\n"
+
+def sse(obj: dict | str, event: str | None = None) -> str:
+    """One server-sent event, named when `event` is given; a str payload is sent verbatim (used for `[DONE]`)."""
+    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False).translate(_LINE_BREAKERS)
+    return (f"event: {event}\n" if event else "") + f"data: {data}\n\n"
 
 
 SSE_DONE = sse("[DONE]")
