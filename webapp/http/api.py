@@ -32,15 +32,12 @@ from webapp.engine.serving.model_set import ModelSet
 from webapp.engine.serving.request import FinishReason
 from webapp.http import generation as gen
 from webapp.http.families import Family
-from webapp.openai import request_bodies, response_bodies
+from webapp.openai import response_bodies
 from webapp.openai.choices import Answer, ChoiceReader, interleave
+from webapp.openai.completion_request import parse_completion
 from webapp.openai.errors import ApiError
 from webapp.openai.output_text import OutputParser
-from webapp.openai.sampling_options import (
-    CompletionEcho,
-    chat_logprobs,
-    parse_sampling_options,
-)
+from webapp.openai.sampling_options import CompletionEcho, chat_logprobs
 
 bp = Family("api", __name__, owns=("/v1",))
 log = logging.getLogger(__name__)
@@ -84,8 +81,8 @@ def completions():
     """An OpenAI (legacy) text completion of a raw prompt; SSE chunks when `stream` is true."""
     body = gen.json_body()
     engine = gen.engine(body)
-    params = request_bodies.parse_completion_request(body)
-    options = parse_sampling_options(body, chat=False)
+    completion = parse_completion(body)
+    params, options = completion.params, completion.options
     if isinstance(params.prompt, str):
         ids = gen.encode(engine.tokenizer, params.prompt)
     else:
