@@ -181,3 +181,18 @@ def test_every_name_of_the_seam_has_its_line_in_the_fallback_list():
     fallback = (SOURCES / "fallback.h").read_text()
     assert len(names) == 12 and names == set(re.findall(r"^#define (\w+)_generic \1$", fallback, re.M))
     assert names == set(re.findall(r"^#define HAS_AVX2_(\w+) 1$", fallback, re.M))
+
+
+def test_the_setting_names_the_rung_a_model_is_loaded_with(tmp_path):
+    from support.tiny_models import write_tiny_gguf
+
+    from webapp.engine.model.transformer import load_model
+    from webapp.engine.serving.settings import engine_settings
+
+    path = write_tiny_gguf(str(tmp_path / "m.gguf"), matrix_type="Q8_0")
+    assert engine_settings({"MODEL": path}).cpu_isa == "auto"
+    isa = engine_settings({"MODEL": path, "CPU_ISA": "generic"}).cpu_isa
+    model, _ = load_model(path, slots=1, context=64, cpu_isa=isa)
+    assert model.kernels.isa == Isa.GENERIC
+    with pytest.raises(ValueError, match="LLM_CPU_ISA='sse9'"):
+        load_model(path, slots=1, context=64, cpu_isa="sse9")

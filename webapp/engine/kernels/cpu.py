@@ -39,7 +39,7 @@ from webapp.engine.device.capabilities import device_capabilities
 from webapp.engine.kernels import abi
 from webapp.engine.kernels.abi import MAX_PARTS, STACK_HEADER_BYTES, STACKED
 from webapp.engine.kernels.block_weight import BLOCK_FORMATS, BlockWeight
-from webapp.engine.kernels.build import ISA_VARIABLE, SOURCE, load_library, rung_for
+from webapp.engine.kernels.build import SOURCE, load_library, rung_for
 from webapp.engine.kernels.layer_tables import LayerTensors, WholeModel, cache_layout, layer_attention, page_attention
 
 log = logging.getLogger(__name__)
@@ -83,8 +83,9 @@ class QuantizedCPU:
 
     @classmethod
     @functools.cache
-    def load(cls) -> QuantizedCPU | None:
-        """The kernels for this process, or None (with the reason logged) where they cannot run."""
+    def load(cls, isa: str = "auto") -> QuantizedCPU | None:
+        """The kernels built for the rung named `isa` (build.rung_for's name, LLM_CPU_ISA's value), or None
+        (with the reason logged) where they cannot run."""
         if not device_capabilities().runs_cpu_kernels:
             return None
         if _trampoline(0) is None:
@@ -93,7 +94,7 @@ class QuantizedCPU:
         if shutil.which("clang") is None:
             log.info("quantized CPU kernels: clang not found; using tinygrad's kernels")
             return None
-        rung, flags = rung_for(os.environ.get(ISA_VARIABLE))  # a rung this CPU cannot run is refused (ValueError)
+        rung, flags = rung_for(isa)  # a rung this CPU cannot run is refused (ValueError)
         try:
             library = load_library(rung, flags)  # RuntimeError where its interface or rung is not the expected one
         except (OSError, subprocess.CalledProcessError) as e:

@@ -258,10 +258,12 @@ def load_model(
     cpu_kernels: bool = True,
     kv_type: str = "f16",
     paging: tuple[int, tuple[str, int] | None] | None = None,
+    cpu_isa: str = "auto",
 ) -> tuple[Transformer, dict]:
     """Read a GGUF file; returns the model and the file's metadata (the tokenizer needs it).
     `context` None sizes each slot from free memory (`memory.auto_context`); `cpu_kernels=False` keeps
-    every matrix on tinygrad's float16 path, even where a kernel exists; `kv_type` names the KV
+    every matrix on tinygrad's float16 path, even where a kernel exists, and `cpu_isa` (`LLM_CPU_ISA`)
+    names the rung of the ISA ladder the kernels are built for; `kv_type` names the KV
     cache's rows (`LLM_KV_TYPE`: "f16" or "q8_0", kv_types.py). `paging` = (sequences, LLM_KV_BUDGET)
     asks for a paged cache (`memory.pool_plan`; `context` None: the trained one) where the CPU kernels
     run the whole model in one call and no layer has a sliding window; elsewhere `slots` slots."""
@@ -278,7 +280,7 @@ def load_model(
         raise ModelLoadError(why)
     # float32 where the device has no float16 arithmetic, reading float16 or block weights all the same
     act_dtype = dtypes.float16 if device_capabilities().float16_compute else dtypes.float32
-    kernels = QuantizedCPU.load() if cpu_kernels else None
+    kernels = QuantizedCPU.load(cpu_isa) if cpu_kernels else None
     kept = set(BLOCK_FORMATS) if kernels is not None else set()
     for name, raw in table.items():  # a kernel-only type that would take tinygrad's path: no kernel, or rows not in whole blocks
         if raw.ggml_type in KERNEL_ONLY_TYPES and (raw.ggml_type not in kept or raw.data is None):
@@ -329,7 +331,7 @@ def load_model(
     if memory.pool is not None and not OneCallSteps.fits(model):  # a block only the kernels' whole-model call pages
         log.warning("KV cache: some product of %s runs outside the CPU kernels' whole-model step; slots instead of a pool", path)
         del model
-        return load_model(path, *asked, max_chunk, cpu_kernels, kv_type)
+        return load_model(path, *asked, max_chunk, cpu_kernels, kv_type, cpu_isa=cpu_isa)
     log.info(
         "loaded %s: %s, %d layers, dim %d, %d "
         + ("sequences" if memory.pool else "slots")

@@ -1,6 +1,6 @@
 """Loading the draft model (`LLM_DRAFT_MODEL`) beside the served one, by the same loader.
 
-Contract: `load_draft(path, target_path, target_kv, target_steps, slots, max_chunk, cpu_kernels)`
+Contract: `load_draft(path, target_path, target_kv, target_steps, slots, max_chunk, cpu_kernels, cpu_isa)`
 returns a `DraftModel` (webapp/engine/serving/draft_model.py) with the served model's slots and
 context, or raises `ModelLoadError` in one line naming both files: where the served model's steps
 do not verify drafts (only one call on the CPU kernels does: `Steps.speculates`), where the draft's
@@ -24,7 +24,9 @@ from webapp.engine.serving.draft_model import DraftModel
 log = logging.getLogger(__name__)
 
 
-def load_draft(path: str, target_path: str, target_kv: dict, target_steps, slots: int, max_chunk: int, cpu_kernels: bool) -> DraftModel:
+def load_draft(
+    path: str, target_path: str, target_kv: dict, target_steps, slots: int, max_chunk: int, cpu_kernels: bool, cpu_isa: str = "auto"
+) -> DraftModel:
     draft, target = os.path.basename(path), os.path.basename(target_path)
     if not target_steps.speculates:
         raise ModelLoadError(
@@ -42,7 +44,9 @@ def load_draft(path: str, target_path: str, target_kv: dict, target_steps, slots
         raise ModelLoadError(
             f"LLM_DRAFT_MODEL: {draft} and {target} have different vocabularies ({mismatch}); a draft needs the served model's tokenizer"
         )
-    model, _ = load_model(path, slots=slots, context=target_steps.model.context, max_chunk=max_chunk, cpu_kernels=cpu_kernels)
+    model, _ = load_model(
+        path, slots=slots, context=target_steps.model.context, max_chunk=max_chunk, cpu_kernels=cpu_kernels, cpu_isa=cpu_isa
+    )
     if not OneCallSteps.fits(model):
         raise ModelLoadError(
             f"LLM_DRAFT_MODEL: {draft} has matrices the CPU kernels do not read, so its steps cannot be one call each as {target}'s are"

@@ -54,6 +54,7 @@ def load_gguf_model(
     *,
     beam="auto",
     cpu_kernels: bool = True,
+    cpu_isa: str = "auto",
     pooling: str = "auto",
     draft: str | None = None,
     kv_type: str = "f16",
@@ -77,7 +78,7 @@ def load_gguf_model(
     piece = prefill_pieces(prefill_chunk)[0]  # the largest
     # a paged cache keeps no per-slot copy for a draft model to mirror: a draft model keeps slots
     paging = None if draft else paging
-    model, kv = load_model(path, slots, max_context, piece, cpu_kernels, kv_type, paging)
+    model, kv = load_model(path, slots, max_context, piece, cpu_kernels, kv_type, paging, cpu_isa)
     try:  # the tokenizer's metadata and the template are the file's too: untrusted, refused in one line
         tokenizer = Tokenizer.from_gguf_metadata(kv)
         template = ChatTemplate(kv.get("tokenizer.chat_template"), bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
@@ -88,7 +89,7 @@ def load_gguf_model(
     suffix = (tokenizer.eos_id,) if kv.get("tokenizer.ggml.add_eos_token") and tokenizer.eos_id is not None else ()
     log.info("embeddings: %s pooling (%s)%s", pooling, why, ", end-of-text appended" if suffix else "")
     steps = steps_for(model, prefill_chunk)
-    draft_model = load_draft(draft, path, kv, steps, slots, piece, cpu_kernels) if draft else None
+    draft_model = load_draft(draft, path, kv, steps, slots, piece, cpu_kernels, cpu_isa) if draft else None
     tuned = tuning_key(path, slots, model.context, piece, model.uses_cpu_kernels, model.kv_type.name) if steps.tunable else None
     if tuned is not None:
         beam = beam_for(tuned, beam)
@@ -145,6 +146,7 @@ def _engine(s: EngineSettings, path: str, draft: str | None, own_thread: bool = 
             s.prefill_chunk,
             beam=s.beam,
             cpu_kernels=s.cpu_kernels,
+            cpu_isa=s.cpu_isa,
             pooling=s.pooling,
             draft=draft,
             kv_type=s.kv_type,

@@ -30,6 +30,7 @@ ENGINE_DEFAULTS = {
     "BEAM": "auto",  # tinygrad BEAM width; "auto": the tuned value when `make tune` ran, else 0
     "STALL_SECONDS": 120,  # /health turns 503 when a step with work pending takes longer
     "CPU_KERNELS": True,  # quantized matrices on the CPU device run on webapp/engine/kernels; false: tinygrad's float16 path
+    "CPU_ISA": "auto",  # the instruction-set rung the CPU kernels are built for (kernels/build.py's RUNGS); "auto": the highest automatic one
     "SPECULATIVE": True,  # draft tokens from the request's own text (prompt lookup) and verify them in the step; outputs never change
     "DRAFT_MODEL": None,  # a small GGUF with the served model's vocabulary whose greedy tokens are drafts too; None: none
     "KV_TYPE": "f16",  # the KV cache's rows: "f16", or "q8_0" (8-bit values, a float16 scale per 32: half the memory)
@@ -110,6 +111,7 @@ class EngineSettings:
     beam: object  # "auto" or a BEAM width
     stall_seconds: float
     cpu_kernels: bool
+    cpu_isa: str  # "auto" or a rung's name
     pooling: str
     speculate: bool
     draft: str | None  # no drafts verified: no draft model loaded
@@ -151,6 +153,7 @@ def engine_settings(config: Mapping) -> EngineSettings:
         beam=setting(config, "BEAM"),
         stall_seconds=float(setting(config, "STALL_SECONDS")),
         cpu_kernels=setting(config, "CPU_KERNELS") not in (False, 0, "0", "false", "off"),
+        cpu_isa=str(setting(config, "CPU_ISA")),
         pooling=str(setting(config, "POOLING")),
         speculate=speculate,
         draft=draft if speculate else None,

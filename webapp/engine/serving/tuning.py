@@ -40,6 +40,7 @@ def main() -> int:
         settings.prefill_chunk,
         beam=beam,
         cpu_kernels=settings.cpu_kernels,
+        cpu_isa=settings.cpu_isa,
         kv_type=settings.kv_type,
     )
     if loaded.tuning_key is None:
