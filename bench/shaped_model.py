@@ -43,6 +43,7 @@ SHAPES = {
     "llama3.2-1b": ("llama", 16, 2048, 8192, 32, 8, 64, True, 5e5),
     "llama3.2-3b": ("llama", 28, 3072, 8192, 24, 8, 128, True, 5e5),
     "smollm2-135m": ("llama", 30, 576, 1536, 9, 3, 64, True, 1e5),
+    "exaone3.5-2.4b": ("exaone", 30, 2560, 7168, 32, 8, 80, True, 1e6),
     "qwen3-30b-a3b": ("qwen3moe", 48, 2048, 6144, 32, 4, 128, False, 1e6),
     "smollm3-3b": ("smollm3", 36, 2048, 11008, 16, 4, 128, True, 5e6),
     "phi4-mini": ("phi3", 32, 3072, 8192, 24, 8, 128, True, 1e4),

@@ -20,6 +20,7 @@ ARCHITECTURE_FILES = {
     "llama": {},
     "qwen2": {},
     "qwen3": {"qk_norm": True},
+    "exaone": {"tokenizer_pre": "exaone"},
     "smollm3": {"n_layers": 4},
     "phi3": {},
     "gemma3": {"n_layers": 7, "n_kv_heads": 1},
