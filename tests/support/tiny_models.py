@@ -121,7 +121,8 @@ def write_tiny_gguf(
     (rope.dimension_count). A phi3 file stores q, k and v as one attn_qkv and gate over up as one
     ffn_up, as Phi-3 and Phi-4-mini files do; `long_rope` (short, long) adds LongRoPE's
     rope_factors_short/long.weight. `renamed_tokens` ({id: text}) makes the vocabulary another one
-    of the same size. A gemma3 file has q/k norms, post-norms and `sliding_window` (its local layers':
+    of the same size. An olmo2 file has no input norms (attn_norm, ffn_norm), post-norms and q/k norms
+    over all of q and all of k. A gemma3 file has q/k norms, post-norms and `sliding_window` (its local layers':
     all but every sixth); a gpt-oss file (with `experts`) q/k/v and output biases, sinks, biases on the
     router and the experts, its feed-forward norm as post_attention_norm, every other layer windowed;
     a qwen2moe file (with `experts`) q/k/v biases and a shared expert of width `hidden` beside the
@@ -230,7 +231,9 @@ def write_tiny_gguf(
             add_matrix(p + "nextn.eh_proj.weight", mat(dim, 2 * dim), i)
             for name in ("enorm", "hnorm", "shared_head_norm"):
                 w.add_tensor(p + f"nextn.{name}.weight", norm(dim))
-        w.add_tensor(p + "attn_norm.weight", norm(dim))
+        olmo2 = arch == "olmo2"  # no input norms: post-norms only
+        if not olmo2:
+            w.add_tensor(p + "attn_norm.weight", norm(dim))
         q, k, v = mat(n_heads * head_dim, dim), mat(n_kv_heads * head_dim, dim), mat(n_kv_heads * head_dim, dim)
         if arch == "phi3":
             add_matrix(p + "attn_qkv.weight", np.concatenate([q, k, v]), i)
@@ -244,15 +247,16 @@ def write_tiny_gguf(
         if arch in ("qwen3", "qwen3moe", "gemma3") or qk_norm:
             w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
-        if arch == "olmoe":  # over all of q and all of k
+        if arch in ("olmoe", "olmo2"):  # over all of q and all of k
             w.add_tensor(p + "attn_q_norm.weight", norm(n_heads * head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(n_kv_heads * head_dim))
         add_matrix(p + "attn_output.weight", mat(dim, n_heads * head_dim), i)
-        w.add_tensor(p + ("post_attention_norm.weight" if arch in ("gpt-oss", "glm4moe") else "ffn_norm.weight"), norm(dim))
+        if not olmo2:
+            w.add_tensor(p + ("post_attention_norm.weight" if arch in ("gpt-oss", "glm4moe") else "ffn_norm.weight"), norm(dim))
         if arch == "gpt-oss":
             w.add_tensor(p + "attn_output.bias", (0.1 * rng.standard_normal(dim)).astype(np.float32))
             w.add_tensor(p + "attn_sinks.weight", rng.standard_normal(n_heads).astype(np.float32))
-        if arch == "gemma3":
+        if arch in ("gemma3", "olmo2"):
             w.add_tensor(p + "post_attention_norm.weight", norm(dim))
             w.add_tensor(p + "post_ffw_norm.weight", norm(dim))
         if arch == "phi3":
@@ -456,13 +460,15 @@ class Reference:
         for i in range(self.n_layers):
             p = f"blk.{i}."
             window = self.window if (i + 1) % self.global_every else 0  # gemma3: every sixth layer global; gpt-oss: every other
-            h = self._norm(x, w[p + "attn_norm.weight"])
+            post = p + "post_ffw_norm.weight" in w  # each sublayer's output normed (gemma3, olmo2)
+            h = self._norm(x, w[p + "attn_norm.weight"]) if p + "attn_norm.weight" in w else x  # olmo2: no input norms
             q, k, v = (h @ w[p + f"attn_{n}.weight"].T + w.get(p + f"attn_{n}.bias", 0.0) for n in "qkv")
-            if self.arch == "olmoe":  # its norms over all of q and all of k, before the heads
-                q, k = self._norm(q, w[p + "attn_q_norm.weight"]), self._norm(k, w[p + "attn_k_norm.weight"])
             hd = q.shape[-1] // self.n_heads
+            whole = p + "attn_q_norm.weight" in w and w[p + "attn_q_norm.weight"].shape[-1] > hd
+            if whole:  # norms over all of q and all of k, before the heads (olmoe, olmo2)
+                q, k = self._norm(q, w[p + "attn_q_norm.weight"]), self._norm(k, w[p + "attn_k_norm.weight"])
             q, k, v = q.reshape(T, self.n_heads, hd), k.reshape(T, self.n_kv, hd), v.reshape(T, self.n_kv, hd)
-            if p + "attn_q_norm.weight" in w and self.arch != "olmoe":
+            if p + "attn_q_norm.weight" in w and not whole:
                 q, k = self._norm(q, w[p + "attn_q_norm.weight"]), self._norm(k, w[p + "attn_k_norm.weight"])
             if not (self.arch == "smollm3" and (i + 1) % 4 == 0):  # SmolLM3: every fourth layer without RoPE
                 local = bool(window) and gemma  # gemma3's local layers' own base
@@ -479,8 +485,9 @@ class Reference:
             probs /= probs.sum(-1, keepdims=True) + (0 if sinks is None else np.exp(sinks[:, None, None] - top))
             attn = np.einsum("hts,shd->thd", probs, v).reshape(T, -1)
             out = attn @ w[p + "attn_output.weight"].T + w.get(p + "attn_output.bias", 0.0)
-            x = x + (self._norm(out, w[p + "post_attention_norm.weight"]) if gemma else out)
-            h = self._norm(x, w[p + ("post_attention_norm.weight" if self.arch in ("gpt-oss", "glm4moe") else "ffn_norm.weight")])
+            x = x + (self._norm(out, w[p + "post_attention_norm.weight"]) if post else out)
+            ffn_norm = "ffn_norm.weight" if p + "ffn_norm.weight" in w else None if post else "post_attention_norm.weight"
+            h = x if ffn_norm is None else self._norm(x, w[p + ffn_norm])  # gpt-oss, glm4moe: named post_attention_norm
             self.ffn_inputs.append(h)
             if p + "ffn_gate_inp.weight" in w:
                 x = x + self.experts(h, p)
@@ -491,7 +498,8 @@ class Reference:
                 out = (gelu * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
                 x = x + self._norm(out, w[p + "post_ffw_norm.weight"])
                 continue
-            x = x + ((gate / (1 + np.exp(-gate))) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+            out = ((gate / (1 + np.exp(-gate))) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+            x = x + (self._norm(out, w[p + "post_ffw_norm.weight"]) if post else out)
         return self._norm(x, w["output_norm.weight"])
 
     def routing(self, h: np.ndarray, p: str) -> tuple[np.ndarray, np.ndarray]:

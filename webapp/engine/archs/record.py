@@ -74,7 +74,14 @@ class Architecture:
     # Gemma's layer
     scaled_embedding: bool = False  # the embedding times sqrt(dim)
     post_norms: bool = False  # each sublayer's output normed before it joins the residual stream
+    # each sublayer's input normed (attn_norm, ffn_norm); False: its output's post-norm is its only one (OLMo 2)
+    input_norms: bool = True
     geglu: bool = False  # gelu(gate) * up for the feed-forward, not silu(gate) * up
+
+    def __post_init__(self):
+        # the kernels' unnormed inputs (FORM_UNNORMED_INPUTS) are a dense attention layer's only
+        if not self.input_norms and (self.mixer is not Mixer.ATTENTION or self.experts is not Experts.NONE):
+            raise ValueError(f"{self.names[0]}: a layer without input norms is served for dense attention layers only")
 
     @property
     def name(self) -> str:

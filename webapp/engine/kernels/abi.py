@@ -106,6 +106,7 @@ class LayerForm(enum.IntFlag):
     LATENT = 16  # the attention is multi-head latent attention (mla.c), Latent's sizes
     RECURRENT = 32  # Gated DeltaNet in place of attention (gated_delta.c), Recurrent's sizes
     GATED_ATTENTION = 64  # the attention's output times sigmoid of a gate q's rows carry (Qwen3.5)
+    UNNORMED_INPUTS = 128  # the sublayers read the residual stream as it is: post-norms only (OLMo 2)
 
 
 class ExpertsFlag(enum.IntFlag):

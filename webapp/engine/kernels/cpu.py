@@ -271,7 +271,9 @@ class QuantizedCPU:
         shape = self._shape(abi.LayerShape(layer_attention(layer, B, eps), D, m.down.cols, m.types, layer.experts, layer.form))
         unread = iter(self._unread)
         weights = tuple(next(unread) if w is None else w.raw for w in m.in_order)
-        attn_norm, ffn_norm = (n.cast(dtypes.float32).contiguous() for n in (layer.attn_norm, layer.ffn_norm))
+        attn_norm, ffn_norm = (
+            next(unread) if n is None else n.cast(dtypes.float32).contiguous() for n in (layer.attn_norm, layer.ffn_norm)
+        )
         tokens = next(unread) if layer.expert_tokens is None else layer.expert_tokens
         post_norms = next(unread) if layer.post_norms is None else layer.post_norms
         biases = next(unread) if layer.biases is None else layer.biases

@@ -67,8 +67,8 @@ class LayerTensors:
     and token counts (int64, one an expert, which every step adds to)."""
 
     matrices: LayerMatrices
-    attn_norm: Tensor
-    ffn_norm: Tensor
+    attn_norm: Tensor | None  # None: LayerForm.UNNORMED_INPUTS
+    ffn_norm: Tensor | None
     cache: Tensor
     extras: Tensor
     heads: int

@@ -2,7 +2,8 @@
 config says, latent attention, or a hybrid's gated attention or Gated DeltaNet recurrence; attention.py,
 latent_attention.py, gated_delta.py), then the feed-forward it holds (`self.ffn`: dense or routed
 experts, feed_forward.py), each sublayer's output joining the residual stream as the norm policy it
-holds says (`self.norm_policy`: pre-norms, or pre + post norms, norm_policy.py). `mixer_for` and
+holds says (`self.norm_policy`: pre-norms, or post norms, norm_policy.py); the sublayers' inputs are
+rms-normed first unless the config says the layer has no input norms (OLMo 2). `mixer_for` and
 `feed_forward_for` choose from the config; there is one layer class.
 
 Contract: `TransformerBlock(config, weights, layer, slots, context, kv_type, step_writes, pool)` holds
@@ -81,7 +82,7 @@ class TransformerBlock:
                 matrices = LayerMatrices(**attention, **feed_forward)
         self.mixer.make_cache(slots, context, step_writes, pool, kv_type)
         if matrices is not None:
-            norms = (self.w["attn_norm.weight"], self.w["ffn_norm.weight"])
+            norms = (self.w.get("attn_norm.weight"), self.w.get("ffn_norm.weight"))
             self.layer_tensors = LayerTensors(
                 matrices,
                 *norms,
@@ -121,6 +122,7 @@ class TransformerBlock:
         feed-forward's) and each component's own entries."""
         biases = self.mixer.biases() + self.ffn.biases()
         form = self.mixer.form | self.ffn.form | self.norm_policy.form | (int(abi.LayerForm.BIASES) if biases else 0)
+        form |= 0 if self.c.input_norms else int(abi.LayerForm.UNNORMED_INPUTS)
         own = {"form": form} if form else {}
         own |= {"biases": device_array(np.concatenate(biases))} if biases else {}
         return own | self.mixer.kernel_extras() | self.ffn.kernel_extras() | self.norm_policy.kernel_extras()
@@ -130,13 +132,13 @@ class TransformerBlock:
         own = [*self.mixer.matrix_tensors(), *self.ffn.tensors(), *self.mixer.tensors(), *self.norm_policy.tensors()]
         return own + list(self.w.values())
 
-    def _attention_normed(self, x: Tensor) -> Tensor:
-        return rms_norm(x, self.w["attn_norm.weight"], self.c.norm_eps)
+    def _input(self, x: Tensor, norm: str) -> Tensor:
+        """A sublayer's input: x rms-normed by the layer's `norm`, or as it is in a layer without input norms."""
+        return rms_norm(x, self.w[norm], self.c.norm_eps) if self.c.input_norms else x
 
     def _ffn_and_out(self, x: Tensor, attn: Tensor) -> Tensor:
         h = self.norm_policy.attention_joined(x, self.mixer.attn_output(attn), self.mixer.output_bias)
-        n = rms_norm(h, self.w["ffn_norm.weight"], self.c.norm_eps)
-        return self.norm_policy.feed_forward_joined(h, self.ffn(n))
+        return self.norm_policy.feed_forward_joined(h, self.ffn(self._input(h, "ffn_norm.weight")))
 
     def on_kernels(self, x: Tensor, lanes: Tensor, inv_freq: Tensor) -> Tensor:
         """The layer on the CPU kernels, as one or five of them: x (B, D) for B lanes, each a decode step's
@@ -145,14 +147,14 @@ class TransformerBlock:
         c, w = self.c, self.w
         if self.layer_tensors is not None:  # every product in blocks: one kernel
             return self.kernels.layer(x, self.layer_tensors, lanes, inv_freq, c.norm_eps)
-        attn = self.mixer.on_kernels(x, w["attn_norm.weight"], lanes, inv_freq)
+        attn = self.mixer.on_kernels(x, w.get("attn_norm.weight"), lanes, inv_freq)
         h = self.norm_policy.attention_plus(self.mixer.attn_output, attn, x, self.mixer.output_bias)
-        return self.norm_policy.feed_forward_plus(self.ffn, h, w["ffn_norm.weight"], c.norm_eps)
+        return self.norm_policy.feed_forward_plus(self.ffn, h, w.get("ffn_norm.weight"), c.norm_eps)
 
     def prefill(self, x: Tensor, slot: UOp, start: UOp, rotary: tuple[Tensor, Tensor], mask: Tensor) -> Tensor:
         """x (1, T, D) for positions start..start+T-1 of the sequence in `slot`."""
-        return self._ffn_and_out(x, self.mixer.prefill(self._attention_normed(x), slot, start, rotary, mask))
+        return self._ffn_and_out(x, self.mixer.prefill(self._input(x, "attn_norm.weight"), slot, start, rotary, mask))
 
     def decode(self, x: Tensor, slots: list[UOp], positions: list[UOp], rotary: tuple[Tensor, Tensor], length: UOp, mask: Tensor) -> Tensor:
         """x (B, 1, D): lane b is at position positions[b] of the sequence in slots[b]; keys read up to `length`."""
-        return self._ffn_and_out(x, self.mixer.decode(self._attention_normed(x), slots, positions, rotary, length, mask))
+        return self._ffn_and_out(x, self.mixer.decode(self._input(x, "attn_norm.weight"), slots, positions, rotary, length, mask))

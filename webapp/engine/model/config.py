@@ -70,6 +70,7 @@ class ModelConfig:
     local_rope_theta: float = 0.0  # ...rotated with this base (0: the model's)
     scaled_embedding: bool = False  # the embedding times sqrt(dim) (gemma3)
     post_norms: bool = False  # each sublayer's output normed before it joins the residual stream (gemma3)
+    input_norms: bool = True  # each sublayer's input normed first (False: post-norms alone, olmo2)
     geglu: bool = False  # the feed-forward's gelu(gate) * up, not silu(gate) * up (gemma3)
     score_by_width: bool = False  # attention's scale 1 / sqrt(dim / heads), not the head size's
     sinks: bool = False  # a sink logit a query head beside its keys' (attn_sinks, gpt-oss)
@@ -248,6 +249,7 @@ class ModelConfig:
             local_rope_theta=record.local_rope_base,
             scaled_embedding=record.scaled_embedding,
             post_norms=record.post_norms,
+            input_norms=record.input_norms,
             geglu=record.geglu,
             score_by_width=record.score_scale_by_width(kv, blocks - nextn),
             sinks=a + "attn_sinks.weight" in weights,
@@ -298,11 +300,9 @@ class ModelConfig:
                 shapes[p + "attn_qkv.weight"] = (q + 2 * kv, self.dim)
             else:
                 shapes |= {p + "attn_q.weight": (q, self.dim), p + "attn_k.weight": (kv, self.dim), p + "attn_v.weight": (kv, self.dim)}
-            shapes |= {
-                p + "attn_norm.weight": (1, self.dim),
-                p + "attn_output.weight": (self.dim, q),
-                p + self.ffn_norm_name: (1, self.dim),
-            }
+            shapes[p + "attn_output.weight"] = (self.dim, q)
+            if self.input_norms:
+                shapes |= {p + "attn_norm.weight": (1, self.dim), p + self.ffn_norm_name: (1, self.dim)}
             shapes |= self._feed_forward_shapes(p, i)
             if self.qk_norm:
                 q_norm, k_norm = (q, kv) if self.qk_norm_whole else (self.head_dim, self.head_dim)

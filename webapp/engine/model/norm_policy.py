@@ -1,11 +1,12 @@
 """A layer's norm policy, a component the layer holds: how each sublayer's output joins the residual
-stream. `PreNorms` (every architecture but Gemma 3): as it is, its input normed before the sublayer;
-`PostNorms` (Gemma 3): also rms-normed on its way out. `norm_policy_for` chooses from the config.
+stream. `PreNorms` (every architecture but Gemma 3 and OLMo 2): as it is, its input normed before the
+sublayer; `PostNorms` (Gemma 3, OLMo 2): rms-normed on its way out. `norm_policy_for` chooses from the
+config. Whether a sublayer's input is normed is the layer's (ModelConfig.input_norms: OLMo 2's are not).
 
 Contract: with x the residual stream, o = the attention's output product (its bias included) and
-f = the feed-forward of rms_norm(h) * ffn_norm,
+f = the feed-forward of rms_norm(h) * ffn_norm (of h itself where the layer has no input norms),
     pre-norms:        h = x + o,                          out = h + f
-    pre + post norms: h = x + rms_norm(o) * post_attn,    out = h + rms_norm(f) * post_ffw
+    (pre +) post norms: h = x + rms_norm(o) * post_attn,  out = h + rms_norm(f) * post_ffw
 `attention_plus` / `feed_forward_plus` compute h and out on the CPU kernels (the add fused into the
 product where the policy lets it); `attention_joined` / `feed_forward_joined` on tinygrad's path.
 `form` and `kernel_extras` are the policy's share of the one-kernel layer's LayerTensors.
@@ -89,5 +90,5 @@ class PostNorms:
 
 
 def norm_policy_for(config: ModelConfig, weights: WeightSource, p: str) -> PreNorms | PostNorms:
-    """The layer's norm policy: pre + post norms where the config says so (Gemma 3), else pre-norms."""
+    """The layer's norm policy: post norms where the config says so (Gemma 3, OLMo 2), else pre-norms."""
     return PostNorms(config, weights, p) if config.post_norms else PreNorms()

@@ -17,8 +17,10 @@ from webapp.engine.model.ops import rms_norm
 from webapp.engine.model.weights import BlockLinear, WeightSource
 
 
-def after_norm(linear, x: Tensor, norm: Tensor, eps: float) -> Tensor:
-    """linear(rms_norm(x) * norm)."""
+def after_norm(linear, x: Tensor, norm: Tensor | None, eps: float) -> Tensor:
+    """linear(rms_norm(x) * norm); linear(x) where there is no norm (a layer without input norms)."""
+    if norm is None:
+        return linear(x)
     if isinstance(linear, BlockLinear):
         return linear.kernels.norm_linear(x, linear.weight, norm, eps)
     return linear(rms_norm(x, norm, eps))

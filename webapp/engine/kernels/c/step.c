@@ -10,7 +10,7 @@
  * rms_norm(W_down . ...) * post_norms[D..2D) in place of the products themselves, FORM_GEGLU takes
  * gelu(gate) * up for swiglu; FORM_BIASES adds the output product's bias (biases[0..D)) and a mixture
  * of experts' (moe.c); FORM_LATENT's attention is mla.c's (its matrices from the model table only:
- * tq_layer has none of them).
+ * tq_layer has none of them); FORM_UNNORMED_INPUTS takes x and h as they are for the two rms_norms.
  * One kernel a layer keeps a captured step at ~30 kernels: tinygrad's capture and replay cost grows
  * with their count. shape: tq_layer_shape. */
 /* Ask for the cache lines that attend() will write (each lane's new keys and values) before the qkv
@@ -42,7 +42,7 @@ static void layer(float *out, const float *x, const layer_matrices *w, const flo
   const tq_attention *attention = &shape->attention;
   const int B = attention->lanes, H = attention->heads, KvH = attention->kv_heads, Hd = attention->head_dim, D = shape->dim, F = shape->ffn_dim;
   const int moe = shape->experts.count > 0, post = shape->form & FORM_POST_NORMS, latent = shape->form & FORM_LATENT;
-  const int recurrent = shape->form & FORM_RECURRENT;
+  const int recurrent = shape->form & FORM_RECURRENT, input = shape->form & FORM_UNNORMED_INPUTS ? AS_IS : RMS_NORM;
   const float eps = attention->eps;
   const int width = (H + 2 * KvH) * Hd;
   const int attended = recurrent ? shape->recurrent.v_heads * shape->recurrent.state : latent ? H * shape->latent.v_dim : H * Hd;
@@ -58,7 +58,7 @@ static void layer(float *out, const float *x, const layer_matrices *w, const flo
   } else if (latent) {
     latent_attention(attn, x, w, attn_norm, extras, cache, lanes, rotations, tables, shape);
   } else {
-    linear(qkv, w->qkv, x, &qkv_shape, RMS_NORM, attn_norm, 0);
+    linear(qkv, w->qkv, x, &qkv_shape, input, attn_norm, 0);
     attend(attn, qkv, cache, lanes, rotations, extras, tables, attention);
   }
   linear(h, w->o, attn, &o_shape, AS_IS, 0, post ? 0 : x);
@@ -71,7 +71,7 @@ static void layer(float *out, const float *x, const layer_matrices *w, const flo
     return;
   }
   const tq_product gate_up_shape = {shape->types[LAYER_GATE_UP], 2 * F, D, B, eps}, down_shape = {shape->types[LAYER_DOWN], D, F, B, eps};
-  linear(gate_up, w->gate_up, h, &gate_up_shape, RMS_NORM, ffn_norm, 0);
+  linear(gate_up, w->gate_up, h, &gate_up_shape, input, ffn_norm, 0);
   linear(out, w->down, gate_up, &down_shape, shape->form & FORM_GEGLU ? GEGLU : SWIGLU, 0, post ? 0 : h);
   if (post) add_normed(out, h, post_norms + D, B, D, eps);
 }

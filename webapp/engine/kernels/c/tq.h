@@ -64,6 +64,11 @@ enum { FORM_LATENT = 16 };
  * FORM_GATED_ATTENTION: q's rows are each head's query then its gate, and the attention's output is
  * times sigmoid(gate) (Qwen3.5's full attention layers). */
 enum { FORM_RECURRENT = 32, FORM_GATED_ATTENTION = 64 };
+/* FORM_UNNORMED_INPUTS: the attention's q/k/v product and the feed-forward's gate/up product read the
+ * residual stream as it is, not rms-normalized (LAYER_ATTN_NORM and LAYER_FFN_NORM unread); with
+ * FORM_POST_NORMS the layer's norms are its outputs' only (OLMo 2, EXAONE 4). A dense attention and a
+ * dense feed-forward only: no other mixer or feed-forward reads this bit. */
+enum { FORM_UNNORMED_INPUTS = 128 };
 /* The KV cache's element types (tq_attention.kv_type). KV_F16: a row of Hd float16 values. KV_Q8_0: a row
  * of Hd / 32 blocks of GGUF's Q8_0 layout (a float16 scale d, then 32 int8 q: value d * q), 34 bytes per
  * 32 values, Hd a multiple of 32 (see attention_q8.c). */
