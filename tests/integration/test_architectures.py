@@ -24,6 +24,7 @@ ARCHITECTURE_FILES = {
     "smollm3": {"n_layers": 4},
     "phi3": {},
     "gemma3": {"n_layers": 7, "n_kv_heads": 1},
+    "olmo2": {},
     "olmoe": {"experts": MOE},
     "qwen3moe": {"experts": MOE},
     "qwen2moe": {"experts": MOE},
