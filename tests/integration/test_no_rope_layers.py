@@ -27,7 +27,7 @@ def test_every_fourth_layer_attends_without_rope_on_the_kernels(smollm3):
     want, got = ref.logits(PROMPT), steps.score(PROMPT, slot=0, start=0)
     ours = np.abs(got - want).max()
     assert ours < 0.05 * np.abs(want).max()
-    ref.arch = "llama"  # the same file read as if every layer rotated: another model, much further off
+    ref.no_rope_every = 0  # the same file read as if every layer rotated: another model, much further off
     assert np.abs(ref.logits(PROMPT) - got).max() > 3 * ours
 
 

@@ -164,7 +164,7 @@ def write_tiny_gguf(
             w.add_expert_shared_feed_forward_length(hidden)
     w.add_rope_freq_base(10000.0)
     w.add_rope_dimension_count(rotary_dim or head_dim)
-    if arch in ("gemma3", "gpt-oss"):
+    if arch in ("gemma3", "gpt-oss", "exaone4"):
         w.add_sliding_window(sliding_window)
     for key, value in (metadata or {}).items():
         if isinstance(value, bool):
@@ -231,7 +231,7 @@ def write_tiny_gguf(
             add_matrix(p + "nextn.eh_proj.weight", mat(dim, 2 * dim), i)
             for name in ("enorm", "hnorm", "shared_head_norm"):
                 w.add_tensor(p + f"nextn.{name}.weight", norm(dim))
-        olmo2 = arch == "olmo2"  # no input norms: post-norms only
+        olmo2 = arch in ("olmo2", "exaone4")  # no input norms: post-norms only
         if not olmo2:
             w.add_tensor(p + "attn_norm.weight", norm(dim))
         q, k, v = mat(n_heads * head_dim, dim), mat(n_kv_heads * head_dim, dim), mat(n_kv_heads * head_dim, dim)
@@ -244,7 +244,7 @@ def write_tiny_gguf(
         if arch in ("qwen2", "qwen2moe", "gpt-oss", "glm4moe"):
             for name, n in (("q", n_heads), ("k", n_kv_heads), ("v", n_kv_heads)):
                 w.add_tensor(p + f"attn_{name}.bias", (0.1 * rng.standard_normal(n * head_dim)).astype(np.float32))
-        if arch in ("qwen3", "qwen3moe", "gemma3") or qk_norm:
+        if arch in ("qwen3", "qwen3moe", "gemma3", "exaone4") or qk_norm:
             w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
         if arch in ("olmoe", "olmo2"):  # over all of q and all of k
@@ -256,7 +256,7 @@ def write_tiny_gguf(
         if arch == "gpt-oss":
             w.add_tensor(p + "attn_output.bias", (0.1 * rng.standard_normal(dim)).astype(np.float32))
             w.add_tensor(p + "attn_sinks.weight", rng.standard_normal(n_heads).astype(np.float32))
-        if arch in ("gemma3", "olmo2"):
+        if arch in ("gemma3", "olmo2", "exaone4"):
             w.add_tensor(p + "post_attention_norm.weight", norm(dim))
             w.add_tensor(p + "post_ffw_norm.weight", norm(dim))
         if arch == "phi3":
@@ -392,6 +392,9 @@ class Reference:
         self.rotary = field("rope.dimension_count", None)
         self.window = field("attention.sliding_window", 0) if self.arch in ("gemma3", "gpt-oss") else 0
         self.global_every = 2 if self.arch == "gpt-oss" else 6
+        self.no_rope_every = 4 if self.arch == "smollm3" else 0  # SmolLM3: every fourth layer without RoPE
+        if self.arch == "exaone4" and self.n_layers == 64:  # its 32B: every fourth layer global, without RoPE
+            self.window, self.global_every, self.no_rope_every = field("attention.sliding_window", 0), 4, 4
         self.w = {}
         for t in reader.tensors:
             f64 = t.tensor_type == gguf.GGMLQuantizationType.F64
@@ -470,7 +473,7 @@ class Reference:
             q, k, v = q.reshape(T, self.n_heads, hd), k.reshape(T, self.n_kv, hd), v.reshape(T, self.n_kv, hd)
             if p + "attn_q_norm.weight" in w and not whole:
                 q, k = self._norm(q, w[p + "attn_q_norm.weight"]), self._norm(k, w[p + "attn_k_norm.weight"])
-            if not (self.arch == "smollm3" and (i + 1) % 4 == 0):  # SmolLM3: every fourth layer without RoPE
+            if not (self.no_rope_every and (i + 1) % self.no_rope_every == 0):
                 local = bool(window) and gemma  # gemma3's local layers' own base
                 q, k = self._rope(q, pos, local), self._rope(k, pos, local)
             k, v = cached(k, self.kv_type), cached(v, self.kv_type)  # as the KV cache holds them

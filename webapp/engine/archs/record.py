@@ -35,6 +35,10 @@ def _never(kv: dict, n_layers: int) -> bool:
     return False
 
 
+def _always(kv: dict, n_layers: int) -> bool:
+    return True
+
+
 def _sigmoid_gating(kv: dict) -> int:
     return 2
 
@@ -55,6 +59,9 @@ class Architecture:
     qk_norm_whole: bool = False  # the q and k norms run over all of q and all of k, not a head at a time
     sliding_window_every: int = 0  # attention.sliding_window in every layer but every n-th (0: none)
     local_rope_base: float = 0.0  # the sliding-window layers' RoPE base (0: the model's)
+    # whether a file's layers follow no_rope_every and sliding_window_every (a named rule: of EXAONE 4's
+    # files, the 32B alone has them)
+    layer_patterns: Callable[[dict, int], bool] = _always
     # M-RoPE sections (rope.dimension_sections) accepted: a text token turns every section by its one
     # position, which is the plain rotation
     text_only_mrope: bool = False

@@ -195,7 +195,6 @@ class ModelConfig:
             )
         if rotary < head_dim and record.interleaved_rope and record.mixer is not Mixer.LATENT:
             raise ModelLoadError(f"partial rotary ({rotary} of {head_dim} values) with {arch}'s interleaved pairs is not supported")
-        window = count("attention.sliding_window") if record.sliding_window_every else 0
         latent = latent_sizes(kv, arch, head_dim, n_kv_heads, rotary, n_heads, count) if record.mixer is Mixer.LATENT else None
         tokens = need("tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens:
@@ -211,6 +210,8 @@ class ModelConfig:
         if dense_lead > blocks - nextn:
             raise ModelLoadError(f"GGUF metadata {arch}.leading_dense_block_count = {dense_lead}: more than the {blocks - nextn} layers")
         dense_ffn = not experts or dense_lead > 0
+        patterned = record.layer_patterns(kv, blocks - nextn)
+        window = count("attention.sliding_window") if record.sliding_window_every and patterned else 0
         recurrent = recurrent_sizes(kv, arch, blocks - nextn, count) if record.mixer is Mixer.HYBRID else None
         a = f"blk.{recurrent.first_attention if recurrent else 0}."  # an attention layer's tensors say what they all have
         return cls(
@@ -242,10 +243,10 @@ class ModelConfig:
             dense_layers=dense_lead,
             shared_expert_hidden_dim=shared_hidden,
             shared_expert_gated=not record.routing_from_file,
-            no_rope_every=record.no_rope_every,
+            no_rope_every=record.no_rope_every if patterned else 0,
             rotary_dim=rotary,
             sliding_window=window,
-            global_every=record.sliding_window_every,
+            global_every=record.sliding_window_every if patterned else 0,
             local_rope_theta=record.local_rope_base,
             scaled_embedding=record.scaled_embedding,
             post_norms=record.post_norms,
