@@ -25,6 +25,7 @@ ARCHITECTURE_FILES = {
     "phi3": {},
     "gemma3": {"n_layers": 7, "n_kv_heads": 1},
     "olmo2": {},
+    "exaone4": {},
     "olmoe": {"experts": MOE},
     "qwen3moe": {"experts": MOE},
     "qwen2moe": {"experts": MOE},
