@@ -45,6 +45,7 @@ SHAPES = {
     "smollm2-135m": ("llama", 30, 576, 1536, 9, 3, 64, True, 1e5),
     "exaone3.5-2.4b": ("exaone", 30, 2560, 7168, 32, 8, 80, True, 1e6),
     "olmo2-1b": ("olmo2", 16, 2048, 8192, 16, 16, 128, False, 5e5),
+    "exaone4-1.2b": ("exaone4", 30, 2048, 4096, 32, 8, 64, True, 1e6),
     "qwen3-30b-a3b": ("qwen3moe", 48, 2048, 6144, 32, 4, 128, False, 1e6),
     "smollm3-3b": ("smollm3", 36, 2048, 11008, 16, 4, 128, True, 5e6),
     "phi4-mini": ("phi3", 32, 3072, 8192, 24, 8, 128, True, 1e4),
@@ -274,7 +275,7 @@ def write_shaped(
 
     for i in range(n_layers):
         p = f"blk.{i}."
-        if arch != "olmo2":
+        if arch not in ("olmo2", "exaone4"):  # their sublayers' inputs are not normed
             add(p + "attn_norm.weight", norm(dim))
         if shape in RECURRENT:
             hybrid_layer(p, i)
@@ -301,7 +302,7 @@ def write_shaped(
             add(p + "attn_q.weight", q)
             add(p + "attn_k.weight", k)
             add(p + "attn_v.weight", v)
-        if arch in ("qwen3", "qwen3moe", "gemma3"):
+        if arch in ("qwen3", "qwen3moe", "gemma3", "exaone4"):
             add(p + "attn_q_norm.weight", norm(head_dim))
             add(p + "attn_k_norm.weight", norm(head_dim))
         if arch in ("olmoe", "olmo2"):  # over all of q and all of k
@@ -312,7 +313,7 @@ def write_shaped(
                 add(p + name + ".bias", bias(rows))
         add(p + "attn_output.weight", weight(dim, heads * head_dim))
         oss = arch == "gpt-oss"  # biases everywhere, a sink a head, its feed-forward norm named post_attention_norm
-        if arch != "olmo2":  # its sublayers' inputs are not normed
+        if arch not in ("olmo2", "exaone4"):
             add(p + ("post_attention_norm.weight" if oss or arch == "glm4moe" else "ffn_norm.weight"), norm(dim))
         if oss:
             for name, rows in (
@@ -326,7 +327,7 @@ def write_shaped(
             add(p + "ffn_gate_inp.bias", bias(count))
             for name, rows in (("gate", expert_ffn), ("up", expert_ffn), ("down", dim)):
                 add(p + f"ffn_{name}_exps.bias", np.stack([bias(rows) for _ in range(count)]))
-        if arch in ("gemma3", "olmo2"):  # each sublayer's output normed before it is added
+        if arch in ("gemma3", "olmo2", "exaone4"):  # each sublayer's output normed before it is added
             add(p + "post_attention_norm.weight", norm(dim))
             add(p + "post_ffw_norm.weight", norm(dim))
         feed_forward(p, i)
