@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit
 
-from webapp.engine.kernels.abi import INTERLEAVED, AttendFlag, Attention, Isa, Product
+from webapp.engine.kernels.abi import ROWS_X8, AttendFlag, Attention, Isa, Product
 from webapp.engine.kernels.block_weight import BLOCK_FORMATS, BlockWeight
 from webapp.engine.kernels.build import RUNG_NAMES, SOURCE
 from webapp.engine.kernels.cpu import QuantizedCPU
@@ -253,7 +253,7 @@ def test_interleaved_rows_give_the_same_products_rows_and_invariance(library, gg
     raw = random_blocks(ggml_type, rows, cols, rng)
     packed, stored_type = _repack(library, raw, ggml_type, cols)
     interleaved = library.tq_isa() != Isa.GENERIC and rows % 8 == 0
-    assert stored_type == (INTERLEAVED + ggml_type if interleaved else ggml_type)
+    assert stored_type == (ROWS_X8 + ggml_type if interleaved else ggml_type)
     assert np.array_equal(packed, raw) != interleaved and np.array_equal(np.sort(packed, axis=None), np.sort(raw, axis=None))
     w = dequantize(ggml_type, raw, cols)
     rows_out = np.empty((rows, cols), np.float32)
@@ -455,7 +455,7 @@ def test_k_quant_matrices_at_real_shapes_store_and_multiply_whole(ggml_type, row
     raw = random_blocks(ggml_type, rows, cols, rng)
     weight = kernels.block_weight(raw, ggml_type, cols)
     interleaved = rows % 8 == 0 and kernels.isa != Isa.GENERIC and ggml_type not in FLOATS
-    assert (weight.ggml_type, weight.rows, weight.cols) == (ggml_type + (INTERLEAVED if interleaved else 0), rows, cols)
+    assert (weight.ggml_type, weight.rows, weight.cols) == (ggml_type + (ROWS_X8 if interleaved else 0), rows, cols)
     stored = weight.raw.numpy()
     assert np.array_equal(stored, raw) if not interleaved else np.array_equal(np.sort(stored, axis=None), np.sort(raw, axis=None))
     x = rng.standard_normal((1, cols)).astype(np.float32)
@@ -477,7 +477,7 @@ def stored_random_matrix(ggml_type: int, rows: int, cols: int):
     rng = np.random.default_rng(rows + ggml_type)
     raw = random_blocks(ggml_type, rows, cols, rng)
     weight = kernels.block_weight(raw, ggml_type, cols)
-    assert weight.ggml_type == ggml_type + (INTERLEAVED if rows % 8 == 0 and kernels.isa != Isa.GENERIC else 0)
+    assert weight.ggml_type == ggml_type + (ROWS_X8 if rows % 8 == 0 and kernels.isa != Isa.GENERIC else 0)
     return kernels, rng, raw, weight
 
 

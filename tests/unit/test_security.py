@@ -206,7 +206,6 @@ def test_user_text_never_comes_back_as_html(fake_engine):
     assert r.mimetype == "application/json" and r.get_json()["choices"][0]["message"]["content"] == "<img src=x onerror=alert(1)>"
 
 
-
 @pytest.mark.parametrize(
     "path, body",
     [
@@ -223,6 +222,7 @@ def test_streamed_text_with_unicode_line_breaks_stays_one_line_per_event(fake_cl
     parsed = [json.loads(e) for e in events if e != "[DONE]"]
     sent = json.dumps(parsed, ensure_ascii=False)
     assert all(c in sent for c in "\u2028\u2029\x85")
+
 
 # --- limits ---------------------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ class BlockType(enum.IntEnum):
 
 
 # tq_repack's types: a GGUF type plus this, for matrices stored with eight rows' blocks side by side
-INTERLEAVED = 100
+ROWS_X8 = 100
 # a matrix stacked from parts of different types, its bytes opening with a StackHeader (STACK_HEADER_BYTES)
 STACKED, MAX_PARTS, STACK_HEADER_BYTES = 1000, 7, 64
 MAX_HEAD_DIM = 576  # the largest head tq_attend rotates (DeepSeek-V2's latent row)
@@ -44,7 +44,7 @@ KEY_CHUNK = 256  # attention's keys an item (isa.h): a sliding-window layer's ri
 # a paged cache's block_positions: a power of two from this to KEY_CHUNK (an item's keys are whole blocks)
 MIN_BLOCK_POSITIONS = 16
 SPIN_US = 100  # how long idle pool threads spin before sleeping (tq.h says why)
-CONSTANTS = {"INTERLEAVED": INTERLEAVED, "STACKED": STACKED, "MAX_PARTS": MAX_PARTS, "STACK_HEADER_BYTES": STACK_HEADER_BYTES}
+CONSTANTS = {"ROWS_X8": ROWS_X8, "STACKED": STACKED, "MAX_PARTS": MAX_PARTS, "STACK_HEADER_BYTES": STACK_HEADER_BYTES}
 MAX_EXPERTS, MAX_EXPERTS_USED = 512, 32  # the most experts a layer has, and a token uses
 LAYER_MATRICES = 11  # a layer's first table entries are its matrices (LayerEntry.QKV .. V_B)
 # tq_forward's layer_info: each layer's LAYER_MATRICES matrix types, then its attention's flags, its

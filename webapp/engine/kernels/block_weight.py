@@ -2,7 +2,7 @@
 
 Contract: `BLOCK_FORMATS[ggml_type] = (name, values, bytes)` per block as the kernels count them, for
 every type with a kernel; `BlockWeight` is one such matrix on the device (its bytes maybe repacked
-into an interleaved or stacked layout, `ggml_type` then the stored type, abi.py's INTERLEAVED and
+into an interleaved or stacked layout, `ggml_type` then the stored type, abi.py's ROWS_X8 and
 STACKED); `stored_form(type)` says in words how a matrix of a type is kept.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from tinygrad import Tensor
 
-from webapp.engine.kernels.abi import INTERLEAVED, STACKED, BlockType
+from webapp.engine.kernels.abi import ROWS_X8, STACKED, BlockType
 from webapp.engine.kernels.ggml_types import GGML_TYPES
 
 # The kernels read a plain float type (F32, F16, BF16: a GGML block of one value) in blocks of the
@@ -48,12 +48,12 @@ class BlockWeight:
     @property
     def form(self) -> str:
         """How the start-up log names this matrix's form, e.g. "Q4_1 blocks (rows interleaved)"."""
-        return stored_form(self.ggml_type) + (" (rows interleaved)" if INTERLEAVED < self.ggml_type < STACKED else "")
+        return stored_form(self.ggml_type) + (" (rows interleaved)" if ROWS_X8 < self.ggml_type < STACKED else "")
 
 
 def _file_type(stored_type: int) -> int:
     """The GGML type of a stored (maybe interleaved) type."""
-    return stored_type - INTERLEAVED if INTERLEAVED <= stored_type < STACKED else stored_type
+    return stored_type - ROWS_X8 if ROWS_X8 <= stored_type < STACKED else stored_type
 
 
 def stored_form(ggml_type: int) -> str:

@@ -23,7 +23,7 @@ static const block_format FORMATS[TYPE_IDS] = {
 
 /* A type's format, interleaved or not (0 for none). */
 static const block_format *format_of(int type) {
-  const int base = type >= INTERLEAVED && type < STACKED ? type - INTERLEAVED : type; /* STACKED % INTERLEAVED is F32 */
+  const int base = type >= ROWS_X8 && type < STACKED ? type - ROWS_X8 : type; /* STACKED % ROWS_X8 is F32 */
   return base >= 0 && base < TYPE_IDS && FORMATS[base].dequantize ? &FORMATS[base] : 0;
 }
 static int block_values(int type) { return format_of(type)->values; }
@@ -85,7 +85,7 @@ static const interleaving INTERLEAVINGS[] = {
 
 static const interleaving *interleaving_of(int type) {
   for (size_t i = 0; i < sizeof INTERLEAVINGS / sizeof *INTERLEAVINGS; i++)
-    if (INTERLEAVINGS[i].type == type % INTERLEAVED) return &INTERLEAVINGS[i];
+    if (INTERLEAVINGS[i].type == type % ROWS_X8) return &INTERLEAVINGS[i];
   return 0;
 }
 
@@ -120,13 +120,13 @@ int tq_repack(uint8_t *dst, const uint8_t *src, const tq_product *shape) {
     for (int b = 0; b < nb; b++)
       for (int i = 0; i < 8; i++)
         move_block(layout, src + (size_t)(8 * g + i) * row_bytes + (size_t)b * bb, dst + ((size_t)g * nb + b) * 8 * bb, i, 1);
-  return INTERLEAVED + type;
+  return ROWS_X8 + type;
 }
 
 /* Row r of a matrix of `type` dequantized, whatever its layout. */
 static void row_values(int type, const uint8_t *w, int r, int cols, float *y) {
   const size_t row_bytes = (size_t)cols / block_values(type) * block_bytes(type);
-  if (type < INTERLEAVED) {
+  if (type < ROWS_X8) {
     dequantize_row(type, w + (size_t)r * row_bytes, cols, y);
     return;
   }
@@ -136,7 +136,7 @@ static void row_values(int type, const uint8_t *w, int r, int cols, float *y) {
   uint8_t own[256];
   for (int b = 0; b < cols / bv; b++, group += 8 * bb, y += bv) {
     move_block(layout, group, own, r % 8, 0);
-    dequantize_row(type - INTERLEAVED, own, bv, y);
+    dequantize_row(type - ROWS_X8, own, bv, y);
   }
 }
 

@@ -14,16 +14,18 @@ enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 enum { Q2_K = 10, Q3_K = 11, IQ4_XS = 23 };
 enum { F32 = 0, F16 = 1, BF16 = 30 }; /* plain floats, read in blocks of 32 values (format_float.c) */
 /* Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K with eight rows' blocks side by side (see "interleaved rows" in
- * formats.c): not GGUF types, made from them at load by tq_repack */
-enum { INTERLEAVED = 100, Q4_0x8 = INTERLEAVED + Q4_0, Q4_1x8 = INTERLEAVED + Q4_1, Q8_0x8 = INTERLEAVED + Q8_0, Q4_Kx8 = INTERLEAVED + Q4_K,
-       Q5_Kx8 = INTERLEAVED + Q5_K,
-       Q6_Kx8 = INTERLEAVED + Q6_K };
-enum { Q2_Kx8 = INTERLEAVED + Q2_K, Q3_Kx8 = INTERLEAVED + Q3_K, IQ4_XSx8 = INTERLEAVED + IQ4_XS }; /* the same for these */
+ * formats.c): not GGUF types, made from them at load by tq_repack. A layout is named by its geometry:
+ * ROWS_X8 + a GGUF type is that type's eight-row interleave; another geometry (sixteen rows, say) would
+ * be another offset below STACKED. */
+enum { ROWS_X8 = 100, Q4_0x8 = ROWS_X8 + Q4_0, Q4_1x8 = ROWS_X8 + Q4_1, Q8_0x8 = ROWS_X8 + Q8_0, Q4_Kx8 = ROWS_X8 + Q4_K,
+       Q5_Kx8 = ROWS_X8 + Q5_K,
+       Q6_Kx8 = ROWS_X8 + Q6_K };
+enum { Q2_Kx8 = ROWS_X8 + Q2_K, Q3_Kx8 = ROWS_X8 + Q3_K, IQ4_XSx8 = ROWS_X8 + IQ4_XS }; /* the same for these */
 /* more GGUF types with a kernel, each beside its interleaved twin (a line a format) */
-enum { Q5_0 = 6, Q5_0x8 = INTERLEAVED + Q5_0 };
-enum { Q5_1 = 7, Q5_1x8 = INTERLEAVED + Q5_1 };
-enum { IQ4_NL = 20, IQ4_NLx8 = INTERLEAVED + IQ4_NL };
-enum { MXFP4 = 39, MXFP4x8 = INTERLEAVED + MXFP4 };
+enum { Q5_0 = 6, Q5_0x8 = ROWS_X8 + Q5_0 };
+enum { Q5_1 = 7, Q5_1x8 = ROWS_X8 + Q5_1 };
+enum { IQ4_NL = 20, IQ4_NLx8 = ROWS_X8 + IQ4_NL };
+enum { MXFP4 = 39, MXFP4x8 = ROWS_X8 + MXFP4 };
 /* A matrix stacked by rows from parts of different types (a Q4_K_M layer's q and k in Q4_K over its v in
  * Q6_K), made at load by cpu.py: its bytes open with a stack_header (STACK_HEADER_BYTES), then each
  * part's blocks in turn, each in its own layout (interleaved or not). Products run a part at a time. */

@@ -222,7 +222,7 @@ typedef void (*group_fn)(int, const uint8_t *, const xblock *const *, int, float
 static int tile_rows_avx2(int type, const uint8_t *w, size_t row_bytes, int nb, const xblock *const *xs, int n, float *out, size_t stride,
                           int first, int last) {
   int r = first;
-  if (type > INTERLEAVED) { /* first and last are multiples of 8: chunks are of 16 rows */
+  if (type > ROWS_X8) { /* first and last are multiples of 8: chunks are of 16 rows */
     static const group_fn groups[9] = {0, tile_x8_1, tile_x8_2, tile_x8_3, tile_x8_4, tile_x8_5, tile_x8_6, tile_x8_7, tile_x8_8};
     for (; r < last; r += 8) groups[n](type, w + r * row_bytes, xs, nb, out + r, stride);
   }
