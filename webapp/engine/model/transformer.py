@@ -40,6 +40,7 @@ from webapp.engine.kernels.cpu import QuantizedCPU
 from webapp.engine.kernels.ggml_types import KERNEL_ONLY_TYPES
 from webapp.engine.model.block import TransformerBlock
 from webapp.engine.model.config import ModelConfig, check_tensors
+from webapp.engine.model.device_blocks import DEVICE_BLOCK_TYPES
 from webapp.engine.model.gated_delta import ONLY_ON_KERNELS
 from webapp.engine.model.gguf import read_gguf
 from webapp.engine.model.kv_types import KV_TYPES, STEP_WRITES_AT_LEAST, KvPool, KvRows, kv_type_named
@@ -281,7 +282,7 @@ def load_model(
     # float32 where the device has no float16 arithmetic, reading float16 or block weights all the same
     act_dtype = dtypes.float16 if device_capabilities().float16_compute else dtypes.float32
     kernels = QuantizedCPU.load(cpu_isa) if cpu_kernels else None
-    kept = set(BLOCK_FORMATS) if kernels is not None else set()
+    kept = set(BLOCK_FORMATS) if kernels is not None else set(DEVICE_BLOCK_TYPES)
     for name, raw in table.items():  # a kernel-only type that would take tinygrad's path: no kernel, or rows not in whole blocks
         if raw.ggml_type in KERNEL_ONLY_TYPES and (raw.ggml_type not in kept or raw.data is None):
             raise ModelLoadError(

@@ -9,9 +9,11 @@ Contract: `WeightSource(path, ...)` opens a GGUF file; `linear(*names)` returns 
   CPU device whenever the type has a kernel: a decode step then reads the file's bytes (97 MB for the
   default model) instead of float16 copies (269 MB), and the weights take no more memory than the
   file's tensors (an F16 or BF16 file is not copied a second time as float16).
+- `DeviceBlockLinear` (device_blocks.py) keeps the file's bytes on every other device (and on the CPU
+  with the kernels off) and dequantizes them inside tinygrad's product kernel, for the types whose
+  dequantization fuses there (`DEVICE_BLOCK_TYPES`); the embedding alike (`DeviceBlockEmbedding`).
 - `FloatLinear` dequantizes once at load to float16, laid out (in, out), multiplied by tinygrad's own
-  kernels: every other device, and any type without a kernel (or a float matrix whose rows are not
-  whole 32-value blocks).
+  kernels: any other type (or a float matrix on the CPU whose rows are not whole 32-value blocks).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tinygrad.llm.gguf import ggml_data_to_tensor
 from webapp.engine.device.buffers import device_array
 from webapp.engine.kernels.block_weight import BlockWeight, stored_form
 from webapp.engine.kernels.cpu import QuantizedCPU
+from webapp.engine.model.device_blocks import DEVICE_BLOCK_TYPES, DeviceBlockEmbedding, DeviceBlockLinear, row_bytes
 from webapp.engine.model.gguf import RawTensor
 
 log = logging.getLogger(__name__)
@@ -135,6 +138,7 @@ class WeightSource:
         self.forms: Counter = Counter()  # which form each matrix took, for the log
         self.kept = 0  # how many of them stay in the file's bytes, on the kernels
         self._blocks: dict[tuple[str, ...], BlockWeight | None] = {}  # a tied head shares the embedding's blocks
+        self._device_blocks: dict[tuple[str, ...], list | None] = {}  # on the device, alike
 
     def tinygrad_tensor(self, name: str) -> Tensor:
         """One tensor of the file as tinygrad dequantizes it, lazily, from its bytes alone: only they are
@@ -170,6 +174,32 @@ class WeightSource:
         t = self.tinygrad_tensor(name)
         heads = self._rope_heads_of(name)
         return unpermute_rope_rows(t, *heads) if heads else t
+
+    def _device_parts(self, names: tuple[str, ...]) -> list[tuple[Tensor, int, int]] | None:
+        """The matrices' blocks on the device, by rows (rotary rows regrouped), consecutive ones of a type
+        as one part, on tinygrad's path where each type's dequantization fuses into a product; else None.
+        Read once a tuple of names: a tied head shares the embedding's."""
+        if names not in self._device_blocks:
+            self._device_blocks[names] = self._read_device_parts(names)
+        return self._device_blocks[names]
+
+    def _read_device_parts(self, names: tuple[str, ...]) -> list[tuple[Tensor, int, int]] | None:
+        if self.kernels is not None or any(self._table[n].ggml_type not in DEVICE_BLOCK_TYPES for n in names):
+            return None
+        if self._file is None:
+            self._file = Tensor(pathlib.Path(self.path))
+        parts: list[tuple[list[Tensor], int, int]] = []
+        for name in names:
+            raw = self._table[name]
+            rows = self._file[raw.start : raw.start + raw.nbytes].to(Device.DEFAULT).reshape(raw.rows, row_bytes(raw.ggml_type, raw.cols))
+            heads = self._rope_heads_of(name)
+            rows = unpermute_rope_rows(rows, *heads) if heads else rows
+            if parts and parts[-1][1] == raw.ggml_type:
+                parts[-1][0].append(rows)
+                parts[-1] = (parts[-1][0], raw.ggml_type, parts[-1][2] + raw.rows)
+            else:
+                parts.append(([rows], raw.ggml_type, raw.rows))
+        return [(Tensor.cat(*blocks).contiguous() if len(blocks) > 1 else blocks[0].contiguous(), t, n) for blocks, t, n in parts]
 
     def _block(self, names: tuple[str, ...]) -> BlockWeight | None:
         if names not in self._blocks:
@@ -213,6 +243,11 @@ class WeightSource:
                 self.forms[block.form] += len(names)
             self.kept += len(names)
             return BlockLinear(self.kernels, block)
+        parts = self._device_parts(names)
+        if parts is not None:
+            for name in names:
+                self.forms[f"{stored_form(self._table[name].ggml_type)} on the device"] += 1
+            return DeviceBlockLinear(parts, self._table[names[0]].cols)
         self.forms["float16"] += len(names)
         return FloatLinear(Tensor.cat(*(self._float(n) for n in names)) if len(names) > 1 else self._float(names[0]))
 
@@ -240,6 +275,11 @@ class WeightSource:
             self.forms[block.form] += 1
             self.kept += 1
             return _BlockEmbedding(self.kernels, block, self.act_dtype)
+        parts = self._device_parts(("token_embd.weight",))
+        if parts is not None:
+            blocks, ggml_type, _ = parts[0]
+            self.forms[f"{stored_form(ggml_type)} on the device"] += 1
+            return DeviceBlockEmbedding(blocks, ggml_type, self._table["token_embd.weight"].cols, self.act_dtype)
         self.forms["float16"] += 1
         return _FloatEmbedding(self.tinygrad_tensor("token_embd.weight").cast(WEIGHT_DTYPE).contiguous(), self.act_dtype)
 
@@ -252,6 +292,10 @@ class WeightSource:
             self.kept += 1
             linear = BlockLinear(self.kernels, block)
             return _BlockHead(linear)
+        parts = self._device_parts((name,))
+        if parts is not None:
+            self.forms[f"{stored_form(parts[0][1])} on the device"] += 1
+            return _DeviceHead(DeviceBlockLinear(parts, self._table[name].cols))
         self.forms["int8 head" if int8 else "float16"] += 1
         return FloatHead(self.tinygrad_tensor(name), vocab, int8)
 
@@ -288,6 +332,17 @@ class _BlockEmbedding:
 class _BlockHead:
     def __init__(self, linear: BlockLinear):
         self.linear, self.weight = linear, linear.weight
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.linear(x).float()
+
+    def tensors(self) -> list[Tensor]:
+        return self.linear.tensors()
+
+
+class _DeviceHead:
+    def __init__(self, linear: DeviceBlockLinear):
+        self.linear = linear
 
     def __call__(self, x: Tensor) -> Tensor:
         return self.linear(x).float()

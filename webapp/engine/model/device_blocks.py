@@ -1,0 +1,67 @@
+"""Matrices in the file's blocks on tinygrad's devices (every device but the CPU kernels' path):
+dequantized inside the product's own kernel, so a step reads the file's bytes, not float16 copies.
+
+Contract: `DeviceBlockLinear(parts, cols)` holds one or more matrices' raw GGUF blocks on the device
+(each part a (rows, bytes a row) uint8 tensor, its GGML type and its rows; parts of different types
+stack by rows, as a Q4_K_M layer's q and k in Q4_K over its v in Q6_K) and computes y = x @ W.T with
+W dequantized lazily: tinygrad fuses the dequantization into the product's reduction, one kernel
+that loads the blocks. `DEVICE_BLOCK_TYPES` are the types whose dequantization fuses that way (a
+type whose tinygrad dequantization gathers from a table, IQ4_XS or MXFP4, writes its values out
+first and so stays float16 from load, in weights.py's FloatLinear). `DeviceBlockEmbedding` gathers
+token rows of an embedding's blocks and dequantizes those rows only.
+"""
+
+from __future__ import annotations
+
+from tinygrad import Tensor
+from tinygrad.llm.gguf import ggml_data_to_tensor
+
+from webapp.engine.kernels.ggml_types import GGML_TYPES
+
+# F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: arithmetic on the block's bytes alone
+DEVICE_BLOCK_TYPES = frozenset({1, 30, 2, 3, 6, 7, 8, 12, 13, 14})
+
+
+def row_bytes(ggml_type: int, cols: int) -> int:
+    """The bytes of one row of `cols` values in `ggml_type`'s blocks."""
+    _, values, nbytes = GGML_TYPES[ggml_type]
+    return cols // values * nbytes
+
+
+def dequantized(blocks: Tensor, ggml_type: int, rows: int, cols: int) -> Tensor:
+    """(rows, cols) float values of (rows, row_bytes) blocks, as lazy tensor ops."""
+    return ggml_data_to_tensor(blocks.flatten(), rows * cols, ggml_type).reshape(rows, cols)
+
+
+class DeviceBlockLinear:
+    """y = x @ W.T over W's blocks on the device, dequantized to the activations' dtype inside the product."""
+
+    def __init__(self, parts: list[tuple[Tensor, int, int]], cols: int):
+        self.parts, self.cols = parts, cols
+        self.rows = sum(rows for _, _, rows in parts)
+
+    def weight(self, dtype) -> Tensor:
+        """W (rows, cols) in `dtype`, lazily: realized alone it would be the float copy this class avoids."""
+        mats = [dequantized(blocks, t, rows, self.cols).cast(dtype) for blocks, t, rows in self.parts]
+        return mats[0] if len(mats) == 1 else Tensor.cat(*mats)
+
+    def __call__(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        return x.linear(self.weight(x.dtype).T, bias)
+
+    def tensors(self) -> list[Tensor]:
+        return [blocks for blocks, _, _ in self.parts]
+
+
+class DeviceBlockEmbedding:
+    """token ids (...) -> (..., D) activations, from the embedding's blocks: only the tokens' rows are dequantized."""
+
+    def __init__(self, blocks: Tensor, ggml_type: int, cols: int, act_dtype):
+        self.blocks, self.ggml_type, self.cols, self.act_dtype = blocks, ggml_type, cols, act_dtype
+
+    def __call__(self, tokens: Tensor) -> Tensor:
+        picked = self.blocks[tokens.flatten()]  # (n, row bytes)
+        rows = dequantized(picked, self.ggml_type, picked.shape[0], self.cols)
+        return rows.reshape(*tokens.shape, self.cols).cast(self.act_dtype)
+
+    def tensors(self) -> list[Tensor]:
+        return [self.blocks]
