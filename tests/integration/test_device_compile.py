@@ -1,0 +1,49 @@
+"""tinygrad's path compiled for an H100/H200 (sm_90) on tinygrad's NULL device, which renders and
+compiles every kernel and runs none: a Llama-3.1-8B-shaped Q4_K_M file cut to two layers, in a
+process of its own (the device is chosen before tinygrad is imported). Its weights take the file's
+bytes on the device, and a prefill piece's and a wide decode's products run on tensor cores while a
+one-lane decode reads the blocks in its products."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("null")
+    path = tmp / "llama8b.gguf"
+    subprocess.run(
+        [sys.executable, "bench/shaped_model.py", "llama3.1-8b", str(path), "--direct", "Q4_K_M", "--layers", "2"],
+        cwd=ROOT, check=True, capture_output=True, env=os.environ | {"DEV": "CPU"},
+    )  # fmt: skip
+    # tinygrad 0.14's MOCK interface imports a module its wheel does not ship: a stub stands in
+    stub = tmp / "stub" / "test" / "mockgpu"
+    stub.mkdir(parents=True)
+    (stub.parent / "__init__.py").write_text("")
+    (stub / "__init__.py").write_text("")
+    (stub / "mockgpu.py").write_text("class MockFileIOInterface: pass\n")
+    env = os.environ | {"DEV": "MOCK+NULL:PTX:sm_90", "NULL_ALLOW_COPYOUT": "1", "PYTHONPATH": str(tmp / "stub")}
+    run = subprocess.run(
+        [sys.executable, "tests/support/device_compile.py", str(path), "--widths", "1,8,32"],
+        cwd=ROOT, capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    path.unlink()
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_the_weights_take_the_files_bytes_on_the_device(compiled):
+    assert compiled["weight_bytes"] <= 1.05 * compiled["file_bytes"]
+
+
+def test_prefill_and_wide_decode_products_run_on_tensor_cores(compiled):
+    assert compiled["prefill"]["tensor_core_kernels"] >= 2 * 4  # each layer's q/k/v, output, gate/up and down
+    assert compiled["decode"]["32"]["tensor_core_kernels"] >= 2 * 4
+    assert compiled["decode"]["1"]["tensor_core_kernels"] == 0  # one lane: the blocks read in the product

@@ -1,0 +1,88 @@
+"""A model's steps compiled for another device and run on none: what tinygrad's NULL device shows.
+
+Usage (the device named before tinygrad is imported; tests/integration/test_device_compile.py sets it up):
+    DEV="MOCK+NULL:PTX:sm_90" NULL_ALLOW_COPYOUT=1 python tests/support/device_compile.py FILE.gguf [--widths 1,8,32]
+
+Loads FILE on tinygrad's path (no CPU kernels), captures a prefill piece and a decode step of each
+width, and prints one JSON object: the bytes the weights take on the device beside those of the
+file's tensors they come from, and for each step its kernel count, how many of its kernels multiply on
+tensor cores (`mma` in the PTX source each captured kernel carries) and the host's
+time to launch it once captured (the device runs nothing, so that time is the host's alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path[:0] = [os.path.join(os.path.dirname(__file__), "..", "..")]
+
+from tinygrad.uop.ops import Ops  # noqa: E402
+
+from webapp.engine.model.gguf import read_gguf  # noqa: E402
+from webapp.engine.model.steps import steps_for  # noqa: E402
+from webapp.engine.model.transformer import load_model  # noqa: E402
+
+PIECE = 32
+
+
+def kernel_calls(jit) -> list:
+    """A captured jit's kernel calls, those inside its graph batches one by one."""
+    calls = []
+    for call in jit.captured._linear.src:
+        batched = call.src[0].op is Ops.CUSTOM_FUNCTION and call.src[0].arg == "graph"
+        calls += list(call.src[0].src[0].src) if batched else [call]
+    return calls
+
+
+def source(call) -> str:
+    """A kernel call's rendered source ("" where it holds none: a copy)."""
+    program = call.src[0]
+    return next((u.arg for u in program.toposort() if u.op is Ops.SOURCE), "") if program.op is Ops.PROGRAM else ""
+
+
+def captured(run, jit_of) -> dict:
+    """Capture a step (its first calls compile it), then time its launch on the host."""
+    for _ in range(3):
+        run()
+    calls = kernel_calls(jit_of())
+    times = []
+    for _ in range(5):
+        began = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - began)
+    tensor_cores = sum("mma" in source(c) for c in calls)
+    return {"kernels": len(calls), "tensor_core_kernels": tensor_cores, "host_ms": round(statistics.median(times) * 1e3, 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("file")
+    ap.add_argument("--widths", default="1,8,32")
+    args = ap.parse_args()
+    widths = [int(w) for w in args.widths.split(",")]
+    model, _ = load_model(args.file, slots=max(widths), context=256, max_chunk=PIECE, cpu_kernels=False)
+    _, table = read_gguf(args.file)
+    held = [*model.embed.tensors(), *model.head.tensors()]
+    for block in model.blocks:
+        held += [*block.mixer.matrix_tensors(), *block.ffn.tensors()]
+    names = {"token_embd.weight", "output.weight"} | {n for n in table if n.startswith("blk.") and table[n].rows > 1}
+    steps = steps_for(model, PIECE)
+    report = {
+        "weight_bytes": sum(t.nbytes() for t in held),
+        "file_bytes": sum(table[n].nbytes for n in names if n in table),
+        "prefill": captured(lambda: steps.prefill(list(range(1, PIECE + 1)), slot=0, start=0), lambda: steps._prefill_jits[PIECE]),
+        "decode": {},
+    }
+    for width in widths:
+        run = lambda w=width: steps.decode([1] * w, slots=list(range(w)), positions=[PIECE + 1] * w)  # noqa: E731
+        report["decode"][width] = captured(run, lambda w=width: steps._decode_jits[w])
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
