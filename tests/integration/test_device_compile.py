@@ -1,16 +1,26 @@
 """tinygrad's path compiled for an H100/H200 (sm_90) on tinygrad's NULL device, which renders and
 compiles every kernel and runs none: a Llama-3.1-8B-shaped Q4_K_M file cut to two layers, in a
 process of its own (the device is chosen before tinygrad is imported). Its weights take the file's
-bytes on the device, and a prefill piece's and a wide decode's products run on tensor cores while a
-one-lane decode reads the blocks in its products."""
+bytes on the device, a prefill piece's and a wide decode's products run on tensor cores while a
+one-lane decode reads the blocks in its products, and no step keeps float32 activations. What a GPU
+computes in float16 is run here too, on tinygrad's CPU backend told it has float16 arithmetic,
+against the float64 reference."""
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from support.tiny_models import Reference, assert_tinygrad_path_matches, write_tiny_gguf
+from tinygrad import dtypes
+
+from webapp.engine.device.capabilities import device_capabilities
+from webapp.engine.model import transformer
+from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,3 +57,20 @@ def test_prefill_and_wide_decode_products_run_on_tensor_cores(compiled):
     assert compiled["prefill"]["tensor_core_kernels"] >= 2 * 4  # each layer's q/k/v, output, gate/up and down
     assert compiled["decode"]["32"]["tensor_core_kernels"] >= 2 * 4
     assert compiled["decode"]["1"]["tensor_core_kernels"] == 0  # one lane: the blocks read in the product
+
+
+def test_no_step_keeps_float32_activations(compiled):
+    steps = [compiled["prefill"], *compiled["decode"].values()]
+    assert [step["float32_activations"] for step in steps] == [0] * len(steps)
+
+
+@pytest.mark.parametrize("arch, options", [("qwen3", {"qk_norm": True}), ("gemma3", {"n_layers": 7, "n_kv_heads": 1})])
+def test_float16_activations_match_the_reference(tmp_path, monkeypatch, arch, options):
+    use_tinygrad_from_this_thread()
+    float16 = lambda name=None: dataclasses.replace(device_capabilities(name), float16_compute=True)  # noqa: E731
+    monkeypatch.setattr(transformer, "device_capabilities", float16)
+    path = write_tiny_gguf(str(tmp_path / f"{arch}.gguf"), arch, matrix_type="Q8_0", **options)
+    model, _ = transformer.load_model(path, slots=1, context=64, cpu_kernels=False)
+    assert model.act_dtype == dtypes.float16
+    prompt = [int(t) for t in np.random.default_rng(7).integers(2, 4000, 16)]
+    assert_tinygrad_path_matches(path, Reference(path).logits(prompt + [42]), prompt, 42, tolerance=0.005)

@@ -6,14 +6,15 @@ Usage (the device named before tinygrad is imported; tests/integration/test_devi
 Loads FILE on tinygrad's path (no CPU kernels), captures a prefill piece and a decode step of each
 width, and prints one JSON object: the bytes the weights take on the device beside those of the
 file's tensors they come from, and for each step its kernel count, how many of its kernels multiply on
-tensor cores (`mma` in the PTX source each captured kernel carries) and the host's
-time to launch it once captured (the device runs nothing, so that time is the host's alone).
+tensor cores (`mma` in the PTX source each captured kernel carries), how many write float32
+activations (a buffer of a row of the model's width a lane) and the host's time to launch it once captured (the device runs nothing, so that time is the host's alone).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -21,6 +22,8 @@ import time
 
 sys.path[:0] = [os.path.join(os.path.dirname(__file__), "..", "..")]
 
+from tinygrad import dtypes  # noqa: E402
+from tinygrad.engine.realize import get_call_arg_uops, get_call_outs_ins  # noqa: E402
 from tinygrad.uop.ops import Ops  # noqa: E402
 
 from webapp.engine.model.gguf import read_gguf  # noqa: E402
@@ -45,7 +48,19 @@ def source(call) -> str:
     return next((u.arg for u in program.toposort() if u.op is Ops.SOURCE), "") if program.op is Ops.PROGRAM else ""
 
 
-def captured(run, jit_of) -> dict:
+def float32_rows(calls: list, rows: int, dim: int) -> int:
+    """Kernels that write a float32 buffer of `rows` x `dim` values: activations between layers kept in float32."""
+    written = 0
+    for call in calls:
+        args = get_call_arg_uops(call)
+        for i in get_call_outs_ins(call)[0]:
+            buffer = args[i]  # a view of the step's arena: its size() is its shape
+            elements = math.prod(buffer.size()) if callable(buffer.size) else buffer.size
+            written += getattr(buffer.dtype, "base", buffer.dtype) == dtypes.float32 and elements == rows * dim
+    return written
+
+
+def captured(run, jit_of, rows: int, dim: int) -> dict:
     """Capture a step (its first calls compile it), then time its launch on the host."""
     for _ in range(3):
         run()
@@ -55,8 +70,12 @@ def captured(run, jit_of) -> dict:
         began = time.perf_counter()
         run()
         times.append(time.perf_counter() - began)
-    tensor_cores = sum("mma" in source(c) for c in calls)
-    return {"kernels": len(calls), "tensor_core_kernels": tensor_cores, "host_ms": round(statistics.median(times) * 1e3, 2)}
+    return {
+        "kernels": len(calls),
+        "tensor_core_kernels": sum("mma" in source(c) for c in calls),
+        "float32_activations": float32_rows(calls, rows, dim),
+        "host_ms": round(statistics.median(times) * 1e3, 2),
+    }
 
 
 def main() -> None:
@@ -75,12 +94,14 @@ def main() -> None:
     report = {
         "weight_bytes": sum(t.nbytes() for t in held),
         "file_bytes": sum(table[n].nbytes for n in names if n in table),
-        "prefill": captured(lambda: steps.prefill(list(range(1, PIECE + 1)), slot=0, start=0), lambda: steps._prefill_jits[PIECE]),
+        "prefill": captured(
+            lambda: steps.prefill(list(range(1, PIECE + 1)), slot=0, start=0), lambda: steps._prefill_jits[PIECE], PIECE, model.config.dim
+        ),
         "decode": {},
     }
     for width in widths:
         run = lambda w=width: steps.decode([1] * w, slots=list(range(w)), positions=[PIECE + 1] * w)  # noqa: E731
-        report["decode"][width] = captured(run, lambda w=width: steps._decode_jits[w])
+        report["decode"][width] = captured(run, lambda w=width: steps._decode_jits[w], width, model.config.dim)
     print(json.dumps(report))
 
 

@@ -189,7 +189,7 @@ class Attention:
         # contiguous after RoPE: fusing RoPE into symbolic-length attention overflows tinygrad's rewriter
         if self.rotates:
             q, k = rope(q, *rotary), rope(k, *rotary)
-        q = q.contiguous()
+        q = q.cast(n.dtype).contiguous()  # the stream's dtype: RoPE's float32 angles made it float32
         kv = self.kv_type.store(Tensor.stack(k[0], v[0]))  # (2, KvH, T, row)
         store = self.cache[:, slot, :, start : start + T, :].uop.store(kv.uop)
         cache = Tensor(self.cache.uop.after(store))
@@ -202,7 +202,7 @@ class Attention:
         q, k, v = self._qkv(n)
         if self.rotates:
             q, k = rope(q, *rotary), rope(k, *rotary)
-        q = q.contiguous()
+        q = q.cast(n.dtype).contiguous()
         kv = self.kv_type.store(Tensor.stack(k, v))  # (2, B, KvH, 1, row)
         stores = [self.cache[:, s, :, p : p + 1, :].uop.store(kv[:, b].contiguous().uop) for b, (s, p) in enumerate(zip(slots, positions))]
         cache = Tensor(self.cache.uop.after(*stores))

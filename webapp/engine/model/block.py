@@ -137,7 +137,8 @@ class TransformerBlock:
         return rms_norm(x, self.w[norm], self.c.norm_eps) if self.c.input_norms else x
 
     def _ffn_and_out(self, x: Tensor, attn: Tensor) -> Tensor:
-        h = self.norm_policy.attention_joined(x, self.mixer.attn_output(attn), self.mixer.output_bias)
+        # the attention reads its keys and values in float32; its output returns to the stream's dtype
+        h = self.norm_policy.attention_joined(x, self.mixer.attn_output(attn.cast(x.dtype)), self.mixer.output_bias)
         return self.norm_policy.feed_forward_joined(h, self.ffn(self._input(h, "ffn_norm.weight")))
 
     def on_kernels(self, x: Tensor, lanes: Tensor, inv_freq: Tensor) -> Tensor:

@@ -6,7 +6,10 @@ from tinygrad import Tensor
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    return x * (x.square().mean(-1, keepdim=True) + eps).rsqrt() * weight
+    """x's rows rms-normed times weight, in x's dtype; computed in float32 whatever x's dtype: a float16
+    square overflows from 256 up, and activations of real models reach past it."""
+    xf = x.float()
+    return (xf * (xf.square().mean(-1, keepdim=True) + eps).rsqrt() * weight).cast(x.dtype)
 
 
 def rotation(pos: Tensor, inv_freq: Tensor, scale: float = 1.0) -> tuple[Tensor, Tensor]:
