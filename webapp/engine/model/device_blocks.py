@@ -5,8 +5,8 @@ Contract: `DeviceBlockLinear(parts, cols)` holds one or more matrices' raw GGUF 
 (each part a (rows, bytes a row) uint8 tensor, its GGML type and its rows; parts of different types
 stack by rows, as a Q4_K_M layer's q and k in Q4_K over its v in Q6_K) and computes y = x @ W.T with
 W dequantized lazily: tinygrad fuses the dequantization into the product's reduction, one kernel
-that loads the blocks; from TENSOR_CORE_ROWS rows of x (a prefill piece, a wide decode) W is written
-out as float16 first, for a product on tensor cores. `DEVICE_BLOCK_TYPES` are the types whose dequantization fuses that way (a
+that loads the blocks; from TENSOR_CORE_ROWS rows of float16 x (a prefill piece, a wide decode) W is
+written out as float16 first, for a product on tensor cores. `DEVICE_BLOCK_TYPES` are the types whose dequantization fuses that way (a
 type whose tinygrad dequantization gathers from a table, IQ4_XS or MXFP4, writes its values out
 first and so stays float16 from load, in weights.py's FloatLinear). `DeviceBlockEmbedding` gathers
 token rows of an embedding's blocks and dequantizes those rows only.
@@ -19,7 +19,7 @@ from tinygrad.llm.gguf import ggml_data_to_tensor
 
 from webapp.engine.kernels.ggml_types import GGML_TYPES
 
-# From this many rows of x a product first dequantizes W to float16 (a kernel of its own) and multiplies
+# From this many rows of float16 x a product first dequantizes W to float16 (a kernel of its own) and multiplies
 # in float16 with float32 accumulation: tinygrad puts a fused dequantization's product on no tensor
 # core, and rows enough share each weight for the float16 copy's traffic to pay.
 TENSOR_CORE_ROWS = 16
@@ -52,11 +52,13 @@ class DeviceBlockLinear:
         return mats[0] if len(mats) == 1 else Tensor.cat(*mats)
 
     def __call__(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
-        if x.numel() // self.cols < TENSOR_CORE_ROWS:  # a few lanes: the blocks read once, in the product
+        # a few lanes, or float32 activations (a device without float16 arithmetic has no tensor cores
+        # either): the blocks read in the product
+        if x.dtype != dtypes.float16 or x.numel() // self.cols < TENSOR_CORE_ROWS:
             return x.linear(self.weight(x.dtype).T, bias)
-        # x, too, a float16 buffer of its own: a norm fused into the product's input keeps it off the tensor cores
-        y = x.cast(dtypes.float16).contiguous() @ self.weight(dtypes.float16).contiguous().T
-        return y.cast(x.dtype) if bias is None else y.cast(x.dtype) + bias
+        # x, too, a buffer of its own: a norm fused into the product's input keeps it off the tensor cores
+        y = x.contiguous() @ self.weight(dtypes.float16).contiguous().T
+        return y if bias is None else y + bias
 
     def tensors(self) -> list[Tensor]:
         return [blocks for blocks, _, _ in self.parts]
