@@ -6,9 +6,10 @@ Contract: `DeviceBlockLinear(parts, cols)` holds one or more matrices' raw GGUF 
 stack by rows, as a Q4_K_M layer's q and k in Q4_K over its v in Q6_K) and computes y = x @ W.T with
 W dequantized lazily: tinygrad fuses the dequantization into the product's reduction, one kernel
 that loads the blocks; from TENSOR_CORE_ROWS rows of float16 x (a prefill piece, a wide decode) W is
-written out as float16 first, for a product on tensor cores. `DEVICE_BLOCK_TYPES` are the types whose dequantization fuses that way (a
-type whose tinygrad dequantization gathers from a table, IQ4_XS or MXFP4, writes its values out
-first and so stays float16 from load, in weights.py's FloatLinear). `DeviceBlockEmbedding` gathers
+written out as float16 first, for a product on tensor cores. `DEVICE_BLOCK_TYPES` are the types whose
+dequantization fuses that way: tinygrad's own for the types whose values are arithmetic on their
+bytes, this module's for IQ4_XS and MXFP4, whose 16-value codebooks it reads by comparisons
+(tinygrad's gathers from a table, a kernel of its own that writes every value out). `DeviceBlockEmbedding` gathers
 token rows of an embedding's blocks and dequantizes those rows only.
 """
 
@@ -18,14 +19,16 @@ from tinygrad import Tensor, dtypes
 from tinygrad.llm.gguf import ggml_data_to_tensor
 
 from webapp.engine.kernels.ggml_types import GGML_TYPES
+from webapp.engine.model.device_codebooks import CODEBOOK_TYPES
 
 # From this many rows of float16 x a product first dequantizes W to float16 (a kernel of its own) and multiplies
 # in float16 with float32 accumulation: tinygrad puts a fused dequantization's product on no tensor
 # core, and rows enough share each weight for the float16 copy's traffic to pay.
 TENSOR_CORE_ROWS = 16
 
-# F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: arithmetic on the block's bytes alone
-DEVICE_BLOCK_TYPES = frozenset({1, 30, 2, 3, 6, 7, 8, 12, 13, 14})
+# F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: arithmetic on the block's bytes alone;
+# IQ4_XS and MXFP4: a codebook read by comparisons
+DEVICE_BLOCK_TYPES = frozenset({1, 30, 2, 3, 6, 7, 8, 12, 13, 14, *CODEBOOK_TYPES})
 
 
 def row_bytes(ggml_type: int, cols: int) -> int:
@@ -36,6 +39,9 @@ def row_bytes(ggml_type: int, cols: int) -> int:
 
 def dequantized(blocks: Tensor, ggml_type: int, rows: int, cols: int) -> Tensor:
     """(rows, cols) float values of (rows, row_bytes) blocks, as lazy tensor ops."""
+    if ggml_type in CODEBOOK_TYPES:
+        _, values, nbytes = GGML_TYPES[ggml_type]
+        return CODEBOOK_TYPES[ggml_type](blocks.reshape(rows * cols // values, nbytes)).reshape(rows, cols)
     return ggml_data_to_tensor(blocks.flatten(), rows * cols, ggml_type).reshape(rows, cols)
 
 
