@@ -9,8 +9,8 @@ that loads the blocks; from TENSOR_CORE_ROWS rows of float16 x (a prefill piece,
 written out as float16 first, for a product on tensor cores. `DEVICE_BLOCK_TYPES` are the types whose
 dequantization fuses that way: tinygrad's own for the types whose values are arithmetic on their
 bytes, this module's for IQ4_XS and MXFP4, whose 16-value codebooks it reads by comparisons
-(tinygrad's gathers from a table, a kernel of its own that writes every value out). `DeviceBlockEmbedding` gathers
-token rows of an embedding's blocks and dequantizes those rows only.
+(tinygrad's gathers from a table, a kernel of its own that writes every value out).
+`DeviceBlockEmbedding` gathers token rows of an embedding's blocks and dequantizes those rows only.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from tinygrad.llm.gguf import ggml_data_to_tensor
 from webapp.engine.kernels.ggml_types import GGML_TYPES
 from webapp.engine.model.device_codebooks import CODEBOOK_TYPES
 
-# From this many rows of float16 x a product first dequantizes W to float16 (a kernel of its own) and multiplies
-# in float16 with float32 accumulation: tinygrad puts a fused dequantization's product on no tensor
-# core, and rows enough share each weight for the float16 copy's traffic to pay.
+# From this many rows of float16 x a product first dequantizes W to float16 (a kernel of its own)
+# and multiplies in float16 with float32 accumulation: tinygrad puts a fused dequantization's
+# product on no tensor core, and rows enough share each weight for the float16 copy's traffic to pay.
 TENSOR_CORE_ROWS = 16
 
 # F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: arithmetic on the block's bytes alone;
