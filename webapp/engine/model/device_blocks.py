@@ -52,7 +52,7 @@ class DeviceBlockLinear:
         self.parts, self.cols = parts, cols
         self.rows = sum(rows for _, _, rows in parts)
 
-    def weight(self, dtype) -> Tensor:
+    def matrix(self, dtype) -> Tensor:
         """W (rows, cols) in `dtype`, lazily: realized alone it would be the float copy this class avoids."""
         mats = [dequantized(blocks, t, rows, self.cols).cast(dtype) for blocks, t, rows in self.parts]
         return mats[0] if len(mats) == 1 else Tensor.cat(*mats)
@@ -61,9 +61,9 @@ class DeviceBlockLinear:
         # a few lanes, or float32 activations (a device without float16 arithmetic has no tensor cores
         # either): the blocks read in the product
         if x.dtype != dtypes.float16 or x.numel() // self.cols < TENSOR_CORE_ROWS:
-            return x.linear(self.weight(x.dtype).T, bias)
+            return x.linear(self.matrix(x.dtype).T, bias)
         # x, too, a buffer of its own: a norm fused into the product's input keeps it off the tensor cores
-        y = x.contiguous() @ self.weight(dtypes.float16).contiguous().T
+        y = x.contiguous() @ self.matrix(dtypes.float16).contiguous().T
         return y if bias is None else y + bias
 
     def tensors(self) -> list[Tensor]:

@@ -145,10 +145,13 @@ class WeightSource:
         copied from the file (tinygrad's gguf_load copies the whole file to the device first, and
         parses it again after read_gguf checked it)."""
         raw = self._table[name]
+        return ggml_data_to_tensor(self._file_bytes(raw), int(np.prod(raw.shape)), raw.ggml_type).reshape(raw.shape)
+
+    def _file_bytes(self, raw: RawTensor) -> Tensor:
+        """A tensor's bytes, copied from the file to the device (lazily)."""
         if self._file is None:
             self._file = Tensor(pathlib.Path(self.path))
-        data = self._file[raw.start : raw.start + raw.nbytes].to(Device.DEFAULT)
-        return ggml_data_to_tensor(data, int(np.prod(raw.shape)), raw.ggml_type).reshape(raw.shape)
+        return self._file[raw.start : raw.start + raw.nbytes].to(Device.DEFAULT)
 
     def has(self, name: str) -> bool:
         return name in self.names
@@ -170,10 +173,13 @@ class WeightSource:
     def _rope_heads_of(self, name: str) -> tuple[int, int] | None:
         return next((n for suffix, n in self._rope_heads.items() if name.endswith(suffix)), None)
 
-    def _float(self, name: str) -> Tensor:
-        t = self.tinygrad_tensor(name)
+    def _regrouped(self, name: str, rows):
+        """A matrix's rows (values or raw blocks, NumPy or tinygrad) with llama files' rotary pairs regrouped."""
         heads = self._rope_heads_of(name)
-        return unpermute_rope_rows(t, *heads) if heads else t
+        return unpermute_rope_rows(rows, *heads) if heads else rows
+
+    def _float(self, name: str) -> Tensor:
+        return self._regrouped(name, self.tinygrad_tensor(name))
 
     def _device_parts(self, names: tuple[str, ...]) -> list[tuple[Tensor, int, int]] | None:
         """The matrices' blocks on the device, by rows (rotary rows regrouped), consecutive ones of a type
@@ -188,18 +194,10 @@ class WeightSource:
             return None
         if self._file is None:
             self._file = Tensor(pathlib.Path(self.path))
-        parts: list[tuple[list[Tensor], int, int]] = []
-        for name in names:
-            raw = self._table[name]
-            rows = self._file[raw.start : raw.start + raw.nbytes].to(Device.DEFAULT).reshape(raw.rows, row_bytes(raw.ggml_type, raw.cols))
-            heads = self._rope_heads_of(name)
-            rows = unpermute_rope_rows(rows, *heads) if heads else rows
-            if parts and parts[-1][1] == raw.ggml_type:
-                parts[-1][0].append(rows)
-                parts[-1] = (parts[-1][0], raw.ggml_type, parts[-1][2] + raw.rows)
-            else:
-                parts.append(([rows], raw.ggml_type, raw.rows))
-        return [(Tensor.cat(*blocks).contiguous() if len(blocks) > 1 else blocks[0].contiguous(), t, n) for blocks, t, n in parts]
+        raws = [self._table[n] for n in names]
+        rows = [self._file_bytes(raw).reshape(raw.rows, row_bytes(raw.ggml_type, raw.cols)) for raw in raws]
+        runs = _runs_of_one_type([self._regrouped(name, r) for name, r in zip(names, rows)], raws)
+        return [(Tensor.cat(*blocks).contiguous(), t, sum(b.shape[0] for b in blocks)) for blocks, t in runs]
 
     def _block(self, names: tuple[str, ...]) -> BlockWeight | None:
         if names not in self._blocks:
@@ -216,19 +214,8 @@ class WeightSource:
         cols = raws[0].cols
         if any(r.cols != cols or r.data is None for r in raws):
             return None
-        parts = []
-        for name, raw in zip(names, raws):
-            rows = raw.data  # (rows, bytes per row)
-            heads = self._rope_heads_of(name)
-            parts.append(unpermute_rope_rows(rows, *heads) if heads else rows)
-        # consecutive matrices of one type are one part (q and k of a Q4_K_M layer; all of them, mostly)
-        merged: list[tuple[list[np.ndarray], int]] = []
-        for rows, raw in zip(parts, raws):
-            if merged and merged[-1][1] == raw.ggml_type:
-                merged[-1][0].append(rows)
-            else:
-                merged.append(([rows], raw.ggml_type))
-        stacked = [(np.concatenate(rows) if len(rows) > 1 else rows[0], t) for rows, t in merged]
+        runs = _runs_of_one_type([self._regrouped(name, raw.data) for name, raw in zip(names, raws)], raws)
+        stacked = [(np.concatenate(rows) if len(rows) > 1 else rows[0], t) for rows, t in runs]
         if len(stacked) == 1:
             return self.kernels.block_weight(*stacked[0], cols)
         return self.kernels.stacked_weight(stacked, cols)
@@ -295,7 +282,7 @@ class WeightSource:
         parts = self._device_parts((name,))
         if parts is not None:
             self.forms[f"{stored_form(parts[0][1])} on the device"] += 1
-            return _DeviceHead(DeviceBlockLinear(parts, self._table[name].cols))
+            return _BlockHead(DeviceBlockLinear(parts, self._table[name].cols))
         self.forms["int8 head" if int8 else "float16"] += 1
         return FloatHead(self.tinygrad_tensor(name), vocab, int8)
 
@@ -330,22 +317,27 @@ class _BlockEmbedding:
 
 
 class _BlockHead:
-    def __init__(self, linear: BlockLinear):
-        self.linear, self.weight = linear, linear.weight
+    """The output projection over the file's blocks, on the CPU kernels or on the device; `weight` is the
+    BlockWeight the kernels' whole-model step reads (None on tinygrad's path)."""
 
-    def __call__(self, x: Tensor) -> Tensor:
-        return self.linear(x).float()
-
-    def tensors(self) -> list[Tensor]:
-        return self.linear.tensors()
-
-
-class _DeviceHead:
-    def __init__(self, linear: DeviceBlockLinear):
+    def __init__(self, linear: BlockLinear | DeviceBlockLinear):
         self.linear = linear
+        self.weight = linear.weight if isinstance(linear, BlockLinear) else None
 
     def __call__(self, x: Tensor) -> Tensor:
         return self.linear(x).float()
 
     def tensors(self) -> list[Tensor]:
         return self.linear.tensors()
+
+
+def _runs_of_one_type(rows: list, raws: list[RawTensor]) -> list[tuple[list, int]]:
+    """Matrices' rows grouped into runs of consecutive matrices of one GGML type, each run (its rows, its
+    type): q and k of a Q4_K_M layer are one run, its v in Q6_K another; all of them, mostly, one."""
+    runs: list[tuple[list, int]] = []
+    for matrix, raw in zip(rows, raws):
+        if runs and runs[-1][1] == raw.ggml_type:
+            runs[-1][0].append(matrix)
+        else:
+            runs.append(([matrix], raw.ggml_type))
+    return runs
