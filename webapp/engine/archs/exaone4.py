@@ -4,14 +4,9 @@ alone interleaves three sliding-window layers with one global layer, and its glo
 without RoPE; its files say so only by their layer count, as llama.cpp reads them (the 1.2B model's
 30 layers are all global, all rotated)."""
 
-from webapp.engine.archs.record import Architecture
+from webapp.engine.archs.record import Architecture, with_layers
 
-EXAONE4_32B_LAYERS = 64
-
-
-def is_exaone4_32b(kv: dict, n_layers: int) -> bool:
-    """EXAONE 4.0 32B, known by its layers."""
-    return n_layers == EXAONE4_32B_LAYERS
+is_exaone4_32b = with_layers(64)  # EXAONE 4.0 32B; the 1.2B has 30 layers
 
 
 ARCHITECTURES = (

@@ -5,14 +5,9 @@ Gemma 3 27B scales attention by its width per head, dim / heads (query_pre_attn_
 head size, as llama.cpp does; its files say so only by their layer count.
 """
 
-from webapp.engine.archs.record import Architecture
+from webapp.engine.archs.record import Architecture, with_layers
 
-GEMMA3_27B_LAYERS = 62
-
-
-def is_gemma3_27b(kv: dict, n_layers: int) -> bool:
-    """Gemma 3 27B, known by its layers (the other sizes have 26, 34 and 48)."""
-    return n_layers == GEMMA3_27B_LAYERS
+is_gemma3_27b = with_layers(62)  # Gemma 3 27B; the other sizes have 26, 34 and 48 layers
 
 
 ARCHITECTURES = (

@@ -39,6 +39,15 @@ def _always(kv: dict, n_layers: int) -> bool:
     return True
 
 
+def with_layers(count: int) -> Callable[[dict, int], bool]:
+    """A named rule for a model its files tell apart only by its layer count: true for files of `count` layers."""
+
+    def rule(kv: dict, n_layers: int) -> bool:
+        return n_layers == count
+
+    return rule
+
+
 def _sigmoid_gating(kv: dict) -> int:
     return 2
 
