@@ -2,7 +2,8 @@
 compiles every kernel and runs none: a Llama-3.1-8B-shaped Q4_K_M file cut to two layers, in a
 process of its own (the device is chosen before tinygrad is imported). Its weights take the file's
 bytes on the device, a prefill piece's and a wide decode's products run on tensor cores while a
-one-lane decode reads the blocks in its products, and no step keeps float32 activations. What a GPU
+one-lane decode reads the blocks in its products, a decode step's kernels are as many at 64 lanes as
+at 32 and at 8 as at 1, and no step keeps float32 activations. What a GPU
 computes in float16 is run here too, on tinygrad's CPU backend told it has float16 arithmetic,
 against the float64 reference."""
 
@@ -23,6 +24,8 @@ from webapp.engine.model import transformer
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 
 ROOT = Path(__file__).resolve().parents[2]
+WIDTHS = (1, 8, 32, 64)
+LAYERS = 2
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +33,7 @@ def compiled(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("null")
     path = tmp / "llama8b.gguf"
     subprocess.run(
-        [sys.executable, "bench/shaped_model.py", "llama3.1-8b", str(path), "--direct", "Q4_K_M", "--layers", "2"],
+        [sys.executable, "bench/shaped_model.py", "llama3.1-8b", str(path), "--direct", "Q4_K_M", "--layers", str(LAYERS)],
         cwd=ROOT, check=True, capture_output=True, env=os.environ | {"DEV": "CPU"},
     )  # fmt: skip
     # tinygrad 0.14's MOCK interface imports a module its wheel does not ship: a stub stands in
@@ -41,7 +44,7 @@ def compiled(tmp_path_factory):
     (stub / "mockgpu.py").write_text("class MockFileIOInterface: pass\n")
     env = os.environ | {"DEV": "MOCK+NULL:PTX:sm_90", "NULL_ALLOW_COPYOUT": "1", "PYTHONPATH": str(tmp / "stub")}
     run = subprocess.run(
-        [sys.executable, "tests/support/device_compile.py", str(path), "--widths", "1,8,32"],
+        [sys.executable, "tests/support/device_compile.py", str(path), "--widths", ",".join(map(str, WIDTHS))],
         cwd=ROOT, capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
@@ -57,6 +60,14 @@ def test_prefill_and_wide_decode_products_run_on_tensor_cores(compiled):
     assert compiled["prefill"]["tensor_core_kernels"] >= 2 * 4  # each layer's q/k/v, output, gate/up and down
     assert compiled["decode"]["32"]["tensor_core_kernels"] >= 2 * 4
     assert compiled["decode"]["1"]["tensor_core_kernels"] == 0  # one lane: the blocks read in the product
+
+
+def test_a_decode_steps_kernels_do_not_grow_with_its_lanes(compiled):
+    """Lanes' slots and positions are device tensors (lane_rows.py); from 16 lanes the products'
+    tensor-core path adds one kernel each, at every width above it alike."""
+    kernels = {int(width): step["kernels"] for width, step in compiled["decode"].items()}
+    assert kernels[1] == kernels[8] and kernels[32] == kernels[64]
+    assert kernels[8] <= 15 * LAYERS + 10  # the issue's aim is 10 a layer + 10: softmax and norms are kernels of their own
 
 
 def test_no_step_keeps_float32_activations(compiled):

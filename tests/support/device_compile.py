@@ -7,7 +7,8 @@ Loads FILE on tinygrad's path (no CPU kernels), captures a prefill piece and a d
 width, and prints one JSON object: the bytes the weights take on the device beside those of the
 file's tensors they come from, and for each step its kernel count, how many of its kernels multiply on
 tensor cores (`mma` in the PTX source each captured kernel carries), how many write float32
-activations (a buffer of a row of the model's width a lane) and the host's time to launch it once captured (the device runs nothing, so that time is the host's alone).
+activations (a buffer of a row of the model's width a lane) and the host's time for it once captured,
+whole and without reading its logits back (the device runs nothing, so that time is the host's alone).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tinygrad.engine.realize import get_call_arg_uops, get_call_outs_ins  # noqa
 from tinygrad.uop.ops import Ops  # noqa: E402
 
 from webapp.engine.model.gguf import read_gguf  # noqa: E402
+from webapp.engine.model.lanes import decode_lanes  # noqa: E402
 from webapp.engine.model.steps import steps_for  # noqa: E402
 from webapp.engine.model.transformer import load_model  # noqa: E402
 
@@ -60,21 +62,38 @@ def float32_rows(calls: list, rows: int, dim: int) -> int:
     return written
 
 
-def captured(run, jit_of, rows: int, dim: int) -> dict:
-    """Capture a step (its first calls compile it), then time its launch on the host."""
+def captured(run, jit_of, reads, rows: int, dim: int) -> dict:
+    """Capture a step (its first calls compile it), then time it on the host: the whole call, and
+    its launch alone (the call less the reading back of its outputs, `reads` the StepBuffers)."""
     for _ in range(3):
         run()
     calls = kernel_calls(jit_of())
-    times = []
-    for _ in range(5):
+    whole, launch, spent = [], [], []
+    reading = reads.read
+
+    def timed_read(*args, **kwargs):
         began = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - began)
+        try:
+            return reading(*args, **kwargs)
+        finally:
+            spent.append(time.perf_counter() - began)
+
+    reads.read = timed_read
+    try:
+        for _ in range(5):
+            spent.clear()
+            began = time.perf_counter()
+            run()
+            whole.append(time.perf_counter() - began)
+            launch.append(whole[-1] - sum(spent))
+    finally:
+        reads.read = reading
     return {
         "kernels": len(calls),
         "tensor_core_kernels": sum("mma" in source(c) for c in calls),
         "float32_activations": float32_rows(calls, rows, dim),
-        "host_ms": round(statistics.median(times) * 1e3, 2),
+        "host_ms": round(statistics.median(whole) * 1e3, 2),
+        "launch_ms": round(statistics.median(launch) * 1e3, 2),
     }
 
 
@@ -95,13 +114,17 @@ def main() -> None:
         "weight_bytes": sum(t.nbytes() for t in held),
         "file_bytes": sum(table[n].nbytes for n in names if n in table),
         "prefill": captured(
-            lambda: steps.prefill(list(range(1, PIECE + 1)), slot=0, start=0), lambda: steps._prefill_jits[PIECE], PIECE, model.config.dim
+            lambda: steps.prefill(list(range(1, PIECE + 1)), slot=0, start=0),
+            lambda: steps._prefill_jits[PIECE],
+            steps.buffers,
+            PIECE,
+            model.config.dim,
         ),
         "decode": {},
     }
     for width in widths:
-        run = lambda w=width: steps.decode([1] * w, slots=list(range(w)), positions=[PIECE + 1] * w)  # noqa: E731
-        report["decode"][width] = captured(run, lambda w=width: steps._decode_jits[w], width, model.config.dim)
+        run = lambda w=width: steps.run(decode_lanes([1] * w, list(range(w)), [PIECE + 1] * w))  # noqa: E731  as the engine calls it
+        report["decode"][width] = captured(run, lambda w=width: steps._decode_jits[w], steps.buffers, width, model.config.dim)
     print(json.dumps(report))
 
 

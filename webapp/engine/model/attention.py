@@ -26,6 +26,7 @@ from webapp.engine.device.capabilities import device_capabilities
 from webapp.engine.kernels.abi import AttendFlag
 from webapp.engine.model.config import ModelConfig
 from webapp.engine.model.kv_types import KvPool, KvRows, cache_positions
+from webapp.engine.model.lane_rows import lane_rows, write_lane_rows
 from webapp.engine.model.ops import rms_norm, rope
 from webapp.engine.model.products import after_norm, float32_buffer, float32_values
 from webapp.engine.model.weights import BlockLinear, WeightSource
@@ -152,24 +153,24 @@ class Attention:
         return q, k, v
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-        """q (B, H, T, Hd) over k, v (B, KvH, S, Hd) with an additive mask (B or 1, T, S).
+        """q (B, H, T, Hd) over k, v (B, KvH, group or 1, S, Hd) with an additive mask (B or 1, T, S).
 
-        Query heads sharing a kv head get their own axis and k, v broadcast over it: no reshape
-        ever touches the symbolic S axis, which tinygrad would index with a division and a modulo
-        by S on every load, slowing the product with v.
+        Query heads sharing a kv head get their own axis and k, v broadcast over it (or come
+        repeated over it: lane_rows.py): no reshape ever touches the symbolic S axis, which tinygrad
+        would index with a division and a modulo by S on every load, slowing the product with v.
         """
         c = self.c
         B, H, T, Hd = q.shape
         group = c.n_heads // c.n_kv_heads
         q = q.reshape(B, c.n_kv_heads, group, T, Hd)
-        scores = q @ k.unsqueeze(2).transpose(-1, -2) * c.score_scale  # (B, KvH, group, T, S)
+        scores = q @ k.transpose(-1, -2) * c.score_scale  # (B, KvH, group, T, S)
         scores = scores + mask.unsqueeze(1).unsqueeze(1)
         if c.sinks:  # one more score a head, weighing no value
             sinks = self.w["attn_sinks.weight"].float().reshape(1, c.n_kv_heads, group, 1, 1).expand(B, c.n_kv_heads, group, T, 1)
             probs = scores.cat(sinks, dim=-1).softmax(-1)[..., :-1]
         else:
             probs = scores.softmax(-1)
-        out = (probs @ v.unsqueeze(2)).reshape(B, H, T, Hd)
+        out = (probs @ v).reshape(B, H, T, Hd)
         return out.transpose(1, 2).reshape(B, T, H * Hd)
 
     def on_kernels(self, x: Tensor, norm: Tensor, lanes: Tensor, inv_freq: Tensor) -> Tensor:
@@ -193,19 +194,20 @@ class Attention:
         kv = self.kv_type.store(Tensor.stack(k[0], v[0]))  # (2, KvH, T, row)
         store = self.cache[:, slot, :, start : start + T, :].uop.store(kv.uop)
         cache = Tensor(self.cache.uop.after(store))
-        keys = self.kv_type.load(cache[0, slot, :, 0 : start + T, :]).unsqueeze(0)  # (1, KvH, start+T, Hd)
-        values = self.kv_type.load(cache[1, slot, :, 0 : start + T, :]).unsqueeze(0)
+        keys = self.kv_type.load(cache[0, slot, :, 0 : start + T, :]).unsqueeze(0).unsqueeze(2)  # (1, KvH, 1, start+T, Hd)
+        values = self.kv_type.load(cache[1, slot, :, 0 : start + T, :]).unsqueeze(0).unsqueeze(2)
         return self._attend(q, keys, values, mask)
 
-    def decode(self, n: Tensor, slots: list[UOp], positions: list[UOp], rotary: tuple[Tensor, Tensor], length: UOp, mask: Tensor) -> Tensor:
-        """n (B, 1, D) normed: lane b is at position positions[b] of the sequence in slots[b]; keys read up to `length`."""
+    def decode(self, n: Tensor, slots: Tensor, positions: Tensor, rotary: tuple[Tensor, Tensor], length: UOp, mask: Tensor) -> Tensor:
+        """n (B, 1, D) normed: lane b is at position positions[b] of the sequence in slots[b] ((B,)
+        int32 device tensors, lane_rows.py); keys read up to `length`."""
         q, k, v = self._qkv(n)
         if self.rotates:
             q, k = rope(q, *rotary), rope(k, *rotary)
         q = q.cast(n.dtype).contiguous()
-        kv = self.kv_type.store(Tensor.stack(k, v))  # (2, B, KvH, 1, row)
-        stores = [self.cache[:, s, :, p : p + 1, :].uop.store(kv[:, b].contiguous().uop) for b, (s, p) in enumerate(zip(slots, positions))]
-        cache = Tensor(self.cache.uop.after(*stores))
-        keys = self.kv_type.load(Tensor.stack(*[cache[0, s, :, 0:length, :] for s in slots]))  # (B, KvH, length, Hd)
-        values = self.kv_type.load(Tensor.stack(*[cache[1, s, :, 0:length, :] for s in slots]))
+        rows = self.kv_type.store(Tensor.stack(k[:, :, 0], v[:, :, 0]))  # (2, B, KvH, row)
+        cache = write_lane_rows(self.cache, rows, slots, positions)
+        group = self.c.n_heads // self.c.n_kv_heads
+        keys = self.kv_type.load(lane_rows(cache, 0, slots, length, group))  # (B, KvH, group, length, Hd)
+        values = self.kv_type.load(lane_rows(cache, 1, slots, length, group))
         return self._attend(q, keys, values, mask)

@@ -156,6 +156,7 @@ class TransformerBlock:
         """x (1, T, D) for positions start..start+T-1 of the sequence in `slot`."""
         return self._ffn_and_out(x, self.mixer.prefill(self._input(x, "attn_norm.weight"), slot, start, rotary, mask))
 
-    def decode(self, x: Tensor, slots: list[UOp], positions: list[UOp], rotary: tuple[Tensor, Tensor], length: UOp, mask: Tensor) -> Tensor:
-        """x (B, 1, D): lane b is at position positions[b] of the sequence in slots[b]; keys read up to `length`."""
+    def decode(self, x: Tensor, slots: Tensor, positions: Tensor, rotary: tuple[Tensor, Tensor], length: UOp, mask: Tensor) -> Tensor:
+        """x (B, 1, D): lane b is at position positions[b] of the sequence in slots[b] ((B,) int32
+        device tensors); keys read up to `length`."""
         return self._ffn_and_out(x, self.mixer.decode(self._input(x, "attn_norm.weight"), slots, positions, rotary, length, mask))

@@ -65,13 +65,17 @@ class DenseFeedForward:
         out = self.down(self._mixed(gate_up))
         return out if residual is None else (residual + out).contiguous()
 
-    def _mixed(self, gate_up: Tensor) -> Tensor:
+    def _gated(self, gate_up: Tensor) -> Tensor:
         hidden = self.c.hidden_dim
         gate = gate_up[..., :hidden].gelu() if self.geglu else gate_up[..., :hidden].silu()
-        return (gate * gate_up[..., hidden:]).contiguous()
+        return gate * gate_up[..., hidden:]
+
+    def _mixed(self, gate_up: Tensor) -> Tensor:
+        return self._gated(gate_up).contiguous()  # the kernels read a buffer
 
     def __call__(self, n: Tensor) -> Tensor:
-        return self.down(self._mixed(self.gate_up(n).contiguous()))  # gate_up (B, T, 2*F)
+        # the gating computed where the down product reads its input: no kernel and no buffer of its own
+        return self.down(self._gated(self.gate_up(n).contiguous()))  # gate_up (B, T, 2*F)
 
 
 def feed_forward_for(config: ModelConfig, weights: WeightSource, layer: int, one_kernel: bool):

@@ -24,6 +24,7 @@ from webapp.engine.kernels import abi
 from webapp.engine.kernels.abi import AttendFlag
 from webapp.engine.kernels.block_weight import BlockWeight
 from webapp.engine.model.attention import Attention
+from webapp.engine.model.lane_rows import lane_rows, write_lane_rows
 from webapp.engine.model.ops import rms_norm, rope
 from webapp.engine.model.products import float32_buffer
 from webapp.engine.model.weights import BlockLinear, WeightSource
@@ -99,9 +100,10 @@ class LatentAttention(Attention):
         return out.reshape(*out.shape[:-2], -1)
 
     def _latent_attend(self, queries: Tensor, keys: Tensor, mask: Tensor) -> Tensor:
-        """queries (B, H, T, R+L) over key rows (B, S, R+L), an additive mask (B or 1, T, S) -> (B, T, H, L)."""
-        scores = queries @ keys.unsqueeze(1).transpose(-1, -2) * self.c.score_scale + mask.unsqueeze(1)
-        out = scores.softmax(-1) @ keys[..., self.c.latent.rope :].unsqueeze(1)  # (B, H, T, L)
+        """queries (B, H, T, R+L) over key rows (B, H or 1, S, R+L) (repeated over the heads or
+        broadcast: lane_rows.py), an additive mask (B or 1, T, S) -> (B, T, H, L)."""
+        scores = queries @ keys.transpose(-1, -2) * self.c.score_scale + mask.unsqueeze(1)
+        out = scores.softmax(-1) @ keys[..., self.c.latent.rope :]  # (B, H, T, L)
         return out.transpose(1, 2)
 
     def _queries_and_key(self, n: Tensor, rotary: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
@@ -117,15 +119,14 @@ class LatentAttention(Attention):
         queries, key = self._queries_and_key(n, rotary)
         store = self.cache[0, slot, 0, start : start + T, :].uop.store(self.kv_type.store(key[0]).uop)
         cache = Tensor(self.cache.uop.after(store))
-        keys = self.kv_type.load(cache[0, slot, 0, 0 : start + T, :]).unsqueeze(0)  # (1, S, R+L)
+        keys = self.kv_type.load(cache[0, slot, 0, 0 : start + T, :]).unsqueeze(0).unsqueeze(1)  # (1, 1, S, R+L)
         return self._heads_out(self._latent_attend(queries, keys, mask))
 
-    def decode(self, n: Tensor, slots: list[UOp], positions: list[UOp], rotary: tuple[Tensor, Tensor], length: UOp, mask: Tensor) -> Tensor:
+    def decode(self, n: Tensor, slots: Tensor, positions: Tensor, rotary: tuple[Tensor, Tensor], length: UOp, mask: Tensor) -> Tensor:
         queries, key = self._queries_and_key(n, rotary)  # key (B, 1, R+L)
-        rows = self.kv_type.store(key)
-        stores = [self.cache[0, s, 0, p : p + 1, :].uop.store(rows[b].contiguous().uop) for b, (s, p) in enumerate(zip(slots, positions))]
-        cache = Tensor(self.cache.uop.after(*stores))
-        keys = self.kv_type.load(Tensor.stack(*[cache[0, s, 0, 0:length, :] for s in slots]))  # (B, length, R+L)
+        rows = self.kv_type.store(key).reshape(1, key.shape[0], 1, -1)  # (1, B, 1, row): one kind, one head
+        cache = write_lane_rows(self.cache, rows, slots, positions)
+        keys = self.kv_type.load(lane_rows(cache, 0, slots, length, self.c.n_heads)[:, 0])  # (B, H, length, R+L)
         return self._heads_out(self._latent_attend(queries, keys, mask))
 
     def on_kernels(self, x: Tensor, norm: Tensor, lanes: Tensor, inv_freq: Tensor) -> Tensor:

@@ -3,8 +3,8 @@ architecture's config holds), with a KV cache of many slots.
 
 Contract: `Transformer` holds the model (embedding, `TransformerBlock`s with their KV caches, final
 norm, head) and its forward passes, one per way of feeding it: `forward_on_kernels` (lanes of any
-slot and position, on the CPU kernels), `forward_prefill` and `forward_decode` (tinygrad's path,
-positions and slots as bound symbolic variables). It runs nothing by itself: how a step runs (one
+slot and position, on the CPU kernels), `forward_prefill` and `forward_decode` (tinygrad's path: a
+prefill piece's slot and start as bound symbolic variables, a decode step's lanes' as device tensors). It runs nothing by itself: how a step runs (one
 call into the kernels, a jit of them, or a jit of tinygrad's kernels) is a step strategy's, chosen
 once at load (`webapp.engine.model.steps.steps_for`). Positions and slots enter the steps as values,
 never as shapes, so sequences joining and leaving never trigger a recompile, and each step writes
@@ -203,19 +203,17 @@ class Transformer:
         """forward_prefill's tokens, every one's final norm output -> (T, D) float32 (embeddings)."""
         return self._hidden(self._layers_prefill(tokens, slot, start)[0])
 
-    def forward_decode(self, tokens: Tensor, pos: Tensor, length: UOp, *lanes: UOp) -> Tensor:
-        """tokens (B,), one per lane; pos (B,) their positions; lanes = B slot variables then B position
-        variables; keys read up to `length` -> (B, vocab)."""
+    def forward_decode(self, tokens: Tensor, pos: Tensor, slots: Tensor, length: UOp) -> Tensor:
+        """tokens (B,), one per lane; pos (B,) their positions, slots (B,) their slots (int32 device
+        tensors: a step's kernels the same at every width, lane_rows.py); keys read up to `length`
+        -> (B, vocab)."""
         width = tokens.shape[0]
-        slots, positions = list(lanes[:width]), list(lanes[width:])
         keys = self.key_positions[0:length].reshape(1, 1, -1)
         masks = self._masks(pos.reshape(-1, 1, 1), keys, 1)  # (B, 1, length) each
         rotary = self._rotations(pos.reshape(-1, 1, 1))  # (B, 1, 1, half): over heads
         x = self._embedded(tokens).reshape(width, 1, -1)  # (B, 1, D)
         for block in self.blocks:
-            x = block.decode(
-                x, slots, positions, rotary[block.local_rope], length, masks[block.window]
-            ).realize()  # as in forward_on_kernels
+            x = block.decode(x, slots, pos, rotary[block.local_rope], length, masks[block.window]).realize()  # as in forward_on_kernels
         return self._logits(x[:, 0, :]).realize()  # (B, vocab)
 
     def copy_prefix_rows(self, source: UOp, target: UOp, length: UOp) -> None:

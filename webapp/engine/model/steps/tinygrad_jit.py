@@ -1,9 +1,11 @@
 """Steps as captured jits of tinygrad's own kernels (`Transformer.forward_prefill` / `forward_decode`):
 every device but the CPU, and the CPU without its kernels.
 
-Slots, start positions and lengths enter as bound symbolic variables, never as shapes, so sequences
-joining and leaving never recompile; a prefill piece is padded to a fixed size, which compiles to
-faster kernels than a symbolic length (bench/RESULTS.md, figures moved out of code comments).
+A prefill piece's slot and start and a decode step's key length enter as bound symbolic variables, a
+decode step's lanes' slots and positions as device tensors (lane_rows.py), never as shapes, so
+sequences joining and leaving never recompile and a decode step's kernels do not grow with its
+width; a prefill piece is padded to a fixed size, which compiles to faster kernels than a symbolic
+length (bench/RESULTS.md, figures moved out of code comments).
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ class TinygradJitSteps(JittedSteps):
         jit = self._decode_jits.get(width)
         if jit is None:
             jit = self._decode_jits[width] = capturing_jit(self.model.forward_decode)
+        assert all(0 <= s <= self.model.slots for s in slots) and all(0 <= p < self.model.context for p in positions)
         tokens_in = b.fill("decode tokens", tokens, dtypes.int32)
-        lanes = [UOp.variable(f"slot{i}", 0, self.model.slots).bind(s) for i, s in enumerate(slots)]
-        lanes += [UOp.variable(f"pos{i}", 0, self.model.context - 1).bind(p) for i, p in enumerate(positions)]
-        length = self.v_length.bind(max(positions) + 1)
-        return b.read(jit(tokens_in, b.fill("decode positions", positions, dtypes.int32), length, *lanes), n)
+        positions_in = b.fill("decode positions", positions, dtypes.int32)
+        slots_in = b.fill("decode slots", slots, dtypes.int32)
+        return b.read(jit(tokens_in, positions_in, slots_in, self.v_length.bind(max(positions) + 1)), n)
