@@ -12,7 +12,8 @@ this checkout (rungs whose weights are laid out alike). On a shared VM whose spe
 by 10-20% between runs, only ratios taken this way, a few milliseconds apart, are worth reading.
 Prints, per position: a verification of n lanes of one sequence (a speculative step; 32 lanes: a
 prefill piece) and a decode step of B sequences each in its own slot, the median of each build's
-times, after/before, and whether both builds gave the same logits bit for bit.
+times, after/before, the median and range of each round's after/before, and whether both builds
+gave the same logits bit for bit.
 """
 
 from __future__ import annotations
@@ -107,14 +108,17 @@ def main() -> int:
         f"# {os.path.basename(args.model or default_model_path())}: kernels of {args.before} (before) and this checkout (after), {args.rounds} rounds"
     )
     print(f"same logits, bit for bit (a {len(prompt)}-token prompt's last): {'yes' if same else 'no'}\n")
-    print("| step | position | before ms | after ms | after / before |")
-    print("|---|---:|---:|---:|---:|")
+    print("| step | position | before ms | after ms | after / before | each round's after / before: median (range) |")
+    print("|---|---:|---:|---:|---:|---:|")
     for pos in positions:
         for kind, n in runs:
             before, after = (statistics.median(seconds[(kind, n, pos, build)]) for build in ("before", "after"))
+            # a round's two builds ran a few milliseconds apart: their ratio is free of the VM's drift
+            ratios = [a / b for b, a in zip(seconds[(kind, n, pos, "before")], seconds[(kind, n, pos, "after")])]
             plural = "s" if n > 1 else ""
             what = f"{n} lane{plural} of one sequence" if kind == "lanes" else f"decode of {n} sequence{plural}"
-            print(f"| {what} | {pos} | {before * 1e3:.2f} | {after * 1e3:.2f} | {after / before:.2f} |")
+            spread = f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+            print(f"| {what} | {pos} | {before * 1e3:.2f} | {after * 1e3:.2f} | {after / before:.2f} | {spread} |")
     return 0
 
 

@@ -570,3 +570,15 @@ def test_each_way_of_the_vnni_rung_compiles_its_integer_dots_to_dpbusd(way):
         pytest.skip(f"this clang lacks a flag: {build.stderr.strip()}")
     assert build.returncode == 0, build.stderr
     assert "vpdpbusd" in build.stdout
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="an x86 build")
+def test_the_avx512_rungs_norms_take_no_gathers():
+    """Built with AVX-512's flags, clang vectorized the norms' square sums (linear.c) with gathers and
+    masked stores, which made a one-lane step slower than AVX2's; SCALAR_LOOP keeps that loop scalar.
+    Compiled only: this CPU need not run the rung."""
+    flags = RUNG_NAMES["avx512_vnni"].ways[0][1]
+    build = subprocess.run(["clang", "-O3", "-S", "-o", "-", "-fno-math-errno", *flags, str(SOURCE)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    body = build.stdout.split("\nlinear:", 1)[1].split(".Lfunc_end", 1)[0]
+    assert "vfmadd" in body and "gather" not in body

@@ -11,6 +11,12 @@
 /* generic.c's definitions: unused where the build's ISA has versions of its own */
 #define GENERIC static __attribute__((unused))
 
+/* Before a loop whose index strides across rows: built with AVX-512's flags, clang vectorizes such a
+ * loop with gathers and masked stores, slower than the scalar loop it keeps on AVX2 (a one-lane step's
+ * norms were: bench/RESULTS.md, 2026-12-05). What the loop computes is unchanged: each result's
+ * operations stay in their order. */
+#define SCALAR_LOOP _Pragma("clang loop vectorize(disable)")
+
 /* how many tokens' activations a row product takes at once: eight, so that a verification of up to 8
  * lanes reads each matrix once (with four, a fifth lane began a second pass over every matrix:
  * bench/RESULTS.md, cheaper verification lanes) */

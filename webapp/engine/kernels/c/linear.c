@@ -100,7 +100,7 @@ static void square_sums(const float *x, int rows, int n, float *sums) {
     const int g = rows - r0 < 8 ? rows - r0 : 8;
     float s[8] = {0};
     for (int i = 0; i < n; i++)
-      for (int t = 0; t < g; t++) s[t] = fmaf(x[(size_t)(r0 + t) * n + i], x[(size_t)(r0 + t) * n + i], s[t]);
+      SCALAR_LOOP for (int t = 0; t < g; t++) s[t] = fmaf(x[(size_t)(r0 + t) * n + i], x[(size_t)(r0 + t) * n + i], s[t]);
     memcpy(sums + r0, s, g * sizeof(float));
   }
 }

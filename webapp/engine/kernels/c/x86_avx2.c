@@ -38,11 +38,12 @@ static inline float hsum(__m256 v) {
 #endif
 /* acc + the dot products of 32 unsigned weights (0..128) and 32 signed activations, per four, as 8 int32 */
 static inline __m256i dot_u8_add(__m256i acc, __m256i w, __m256i x) { return DPBUSD(acc, w, x); }
-/* sum over k < K of q[k] times the four activations fours[k] broadcast to every lane, as 8 int32 */
+/* sum over k < K of q[k] times the four activations fours[k] broadcast to every lane, as 8 int32; in
+ * two chains, each dpbusd waiting on its own chain's last: a one-lane tile waits on that latency */
 static inline __attribute__((always_inline)) __m256i dot_u8_quads(const __m256i *q, const int32_t *fours, const int K) {
-  __m256i sum = _mm256_setzero_si256();
-  for (int k = 0; k < K; k++) sum = DPBUSD(sum, q[k], _mm256_set1_epi32(fours[k]));
-  return sum;
+  __m256i sum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  for (int k = 0; k < K; k++) sum[k & 1] = DPBUSD(sum[k & 1], q[k], _mm256_set1_epi32(fours[k]));
+  return _mm256_add_epi32(sum[0], sum[1]);
 }
 /* dot_u8_quads times each lane's scale (int32 lanes, each within int16) */
 static inline __attribute__((always_inline)) __m256i dot_u8_quads_scaled(const __m256i *q, const int32_t *fours, const int K, __m256i scale) {
