@@ -32,7 +32,21 @@ from werkzeug.exceptions import HTTPException
 
 from webapp.engine.serving.errors import RETRY_AFTER_S, EngineNotReady, ModelLoadFailed, PromptTooLong, QueueFull
 from webapp.engine.serving.settings import ENGINE_DEFAULTS
-from webapp.http import admin, anthropic_api, api, chat, embeddings, families, headers, health, login, metrics, responses_api, tokens
+from webapp.http import (
+    admin,
+    anthropic_api,
+    api,
+    chat,
+    embeddings,
+    families,
+    headers,
+    health,
+    login,
+    metrics,
+    ollama_api,
+    responses_api,
+    tokens,
+)
 from webapp.openai.errors import ApiError
 from webapp.ops.lifecycle import Lifecycle
 
@@ -76,7 +90,19 @@ def create_app(config: dict | None = None, engine=None) -> Flask:
 
     families.install(app, app_routes=families.Policy(guard=families.PUBLIC, drained=False))  # the static files
     headers.install(app)
-    blueprints = (api.bp, anthropic_api.bp, responses_api.bp, embeddings.bp, tokens.bp, health.bp, chat.bp, admin.bp, metrics.bp, login.bp)
+    blueprints = (
+        api.bp,
+        anthropic_api.bp,
+        ollama_api.bp,
+        responses_api.bp,
+        embeddings.bp,
+        tokens.bp,
+        health.bp,
+        chat.bp,
+        admin.bp,
+        metrics.bp,
+        login.bp,
+    )
     for blueprint in blueprints:
         app.register_blueprint(blueprint)
     _register_error_handlers(app)

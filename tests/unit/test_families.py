@@ -32,7 +32,7 @@ def app(fake_engine):
     plain = Blueprint("plain", __name__)  # a new family that declares nothing
     plain.add_url_rule("/api/plain", "probe", _in_flight)
     app.register_blueprint(plain)
-    ollama = Family("ollama", __name__, errors=_ollama_error, owns=("/api/ollama",))
+    ollama = Family("ollama_like", __name__, errors=_ollama_error, owns=("/api/ollama",))
     ollama.add_url_rule("/api/ollama/tags", "tags", _in_flight)
     app.register_blueprint(ollama)
     public = Family("status_page", __name__, guard=PUBLIC, drained=False)

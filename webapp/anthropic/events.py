@@ -18,7 +18,7 @@ import uuid
 
 from webapp.engine.serving.request import FinishReason
 from webapp.openai.errors import ApiError
-from webapp.openai.output_text import Piece
+from webapp.openai.output_text import Piece, arguments_object
 from webapp.openai.response_bodies import sse
 
 ERROR_TYPES = {
@@ -83,12 +83,7 @@ def stop_reason(finish_reason: str | None, stop_sequence: str | None, called_too
 
 
 def _tool_use(call: dict) -> dict:
-    function = call["function"]
-    try:
-        arguments = json.loads(function["arguments"]) if function["arguments"].strip() else {}
-    except ValueError:
-        arguments = {}  # a model's malformed arguments: the tool gets no input rather than a broken stream
-    return {"type": "tool_use", "id": new_id("toolu"), "name": function["name"], "input": arguments if isinstance(arguments, dict) else {}}
+    return {"type": "tool_use", "id": new_id("toolu"), "name": call["function"]["name"], "input": arguments_object(call)}
 
 
 class Blocks:

@@ -9,13 +9,17 @@ other users wait in; a client that goes away ends its requests.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from flask import Response
+
 from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.serving.errors import PromptTooLong, completion_room
 from webapp.engine.serving.request import Request
 from webapp.http import generation as gen
 from webapp.http.families import Family
 from webapp.openai.choices import ChoiceReader
-from webapp.openai.embeddings import embedding_list, parse_embedding_request, unit_vector
+from webapp.openai.embeddings import EmbeddingParams, embedding_list, parse_embedding_request, unit_vector
 from webapp.openai.errors import ApiError
 
 bp = Family("embeddings", __name__)  # the API key, drained, OpenAI's errors
@@ -26,6 +30,13 @@ def embeddings():
     body = gen.json_body()
     engine = gen.engine(body)
     params = parse_embedding_request(body)
+    model = params.model or engine.model_name
+    return embedded(engine, params, lambda vectors, tokens: embedding_list(vectors, params.encoding_format, model, tokens))
+
+
+def embedded(engine, params: EmbeddingParams, answer: Callable[[list, int], dict]) -> Response:
+    """The inputs' unit vectors in order, and the prompt tokens they took, shaped by `answer` into
+    the response's JSON (Ollama's /api/embed shapes them its own way)."""
     prompts = [_prompt(engine, item, i) for i, item in enumerate(params.inputs)]
     window = max(1, engine.n_slots)
     running: list[tuple[int, ChoiceReader]] = []
@@ -38,7 +49,7 @@ def embeddings():
                 for i, reader in running:
                     vectors[i] = _read(reader, params.dimensions)
                 running.clear()
-        return embedding_list(vectors, params.encoding_format, params.model or engine.model_name, sum(map(len, prompts)))
+        return answer(vectors, sum(map(len, prompts)))
 
     def close() -> None:
         for _, reader in running:

@@ -233,7 +233,12 @@ def whole(close: Callable[[], None], read: Callable[[], dict]) -> Response:
     return jsonify(body)
 
 
-def event_stream(answer: Answer, events: Iterator[str], error_event: Callable[[], str] | None = None) -> Response:
+def event_stream(
+    answer: Answer, events: Iterator[str], error_event: Callable[[], str] | None = None, mimetype: str = "text/event-stream"
+) -> Response:
+    """`events` streamed as they come (server-sent events, or another line format by `mimetype`);
+    a failure mid-stream ends it with `error_event()`, and the answer's requests end with it."""
+
     def stream():
         try:
             yield from events
@@ -251,7 +256,7 @@ def event_stream(answer: Answer, events: Iterator[str], error_event: Callable[[]
             # Under Waitress a closed connection surfaces here as GeneratorExit: free the slots.
             answer.close()
 
-    response = Response(stream(), mimetype="text/event-stream")
+    response = Response(stream(), mimetype=mimetype)
     response.headers["Cache-Control"] = "no-cache"
     response.headers["X-Accel-Buffering"] = "no"  # reverse proxies must not buffer the stream
     # A generator that is closed before it ever started runs no `finally`; this still aborts.

@@ -67,6 +67,17 @@ class Piece(NamedTuple):
     value: Any
 
 
+def arguments_object(call: dict) -> dict:
+    """A tool_call piece's arguments (a JSON string) as an object, for the APIs that send them so;
+    a model's malformed arguments become none, rather than a broken answer."""
+    text = call["function"]["arguments"]
+    try:
+        arguments = json.loads(text) if text.strip() else {}
+    except ValueError:
+        return {}
+    return arguments if isinstance(arguments, dict) else {}
+
+
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 

@@ -1,0 +1,216 @@
+"""Ollama's API, requests: `/api/chat`, `/api/generate` and `/api/embed` bodies translated into the
+OpenAI bodies the rest of the server validates, so Ollama's clients take the same path to the
+engine (template, tools, grammar, stops) as OpenAI's.
+
+Contract: `chat_body`, `generate_body` and `embed_body` return an OpenAI chat, completion or
+embeddings body, or raise `ApiError` naming the Ollama field at fault; `model_name` is the name a
+client sent, less Ollama's `:latest` tag, which this server's names never carry.
+- `options`: `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop`, `num_predict` (-1 or -2:
+  until the context is full), `repeat_penalty`, `presence_penalty`, `frequency_penalty`. Options
+  that only tune Ollama's own runner (`num_ctx`, `num_gpu`, `num_thread`, `mirostat`, ...) change
+  nothing here and are accepted; any other is a 400 naming it.
+- `format`: "json" (any JSON object) or a JSON schema, as constrained output.
+- `think` (a bool or "low" / "medium" / "high") is checked; what a model thinks comes back in
+  `thinking` whatever it says.
+- `stream` is true unless the body says false, as in Ollama; `keep_alive` is accepted (a model here
+  stays loaded).
+- Messages: `images` are refused (this server takes no images yet), an assistant's `tool_calls`
+  (arguments as an object) become OpenAI tool calls and its `thinking` its reasoning, a `tool`
+  message answers the last call of its `tool_name` (else the last call).
+- `/api/generate`: the prompt (with `system`) goes through the chat template, or with `raw` as it
+  is; `suffix`, a `template` of its own, `images` and a non-empty `context` are refused.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from webapp.openai.errors import ApiError
+
+# Ollama's options that tune its own runner (memory, threads, GPUs, the context it allocates, its
+# other samplers): nothing here reads them
+_RUNNER_OPTIONS = frozenset(
+    "num_ctx num_batch num_gpu main_gpu low_vram vocab_only use_mmap use_mlock num_thread numa num_keep "
+    "typical_p repeat_last_n tfs_z mirostat mirostat_tau mirostat_eta penalize_newline".split()
+)
+_SAMPLING_OPTIONS = {  # Ollama's name -> the OpenAI body's
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "seed": "seed",
+    "stop": "stop",
+    "repeat_penalty": "repetition_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+}
+_COMMON = frozenset({"model", "options", "format", "stream", "keep_alive", "think"})
+_CHAT_FIELDS = _COMMON | {"messages", "tools"}
+_GENERATE_FIELDS = _COMMON | {"prompt", "system", "raw", "suffix", "template", "images", "context"}
+_EMBED_FIELDS = frozenset({"model", "input", "truncate", "options", "keep_alive", "dimensions"})
+THINK_LEVELS = ("low", "medium", "high")
+
+
+def model_name(body: dict) -> str | None:
+    name = body.get("model")
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name:
+        raise ApiError(400, "model: a model name is expected.", "model")
+    return name.removesuffix(":latest")
+
+
+def streams(body: dict) -> bool:
+    stream = body.get("stream", True)
+    if not isinstance(stream, bool):
+        raise ApiError(400, "stream: true or false is expected.", "stream")
+    return stream
+
+
+def chat_body(body: dict) -> dict:
+    """An /api/chat body as a /v1/chat/completions body."""
+    _reject_unknown(body, _CHAT_FIELDS)
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise ApiError(400, "messages: a list of messages is expected.", "messages")
+    out = _common(body)
+    out["messages"] = _messages(messages)
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise ApiError(400, "tools: a list of tools is expected.", "tools")
+        if tools:
+            out["tools"] = tools  # Ollama's tools are OpenAI's: {"type": "function", "function": {...}}
+    return out
+
+
+def generate_body(body: dict) -> tuple[str, dict]:
+    """An /api/generate body as ("chat", a chat body) or, with `raw`, ("completion", a completion body)."""
+    _reject_unknown(body, _GENERATE_FIELDS)
+    for field, why in (("suffix", "fill-in-the-middle"), ("template", "a template of the request's own"), ("images", "images")):
+        if body.get(field):
+            raise ApiError(400, f"{field}: this server does not take {why}.", field)
+    if body.get("context"):
+        raise ApiError(400, "context: this server does not continue from token ids; send the conversation to /api/chat.", "context")
+    prompt, system, raw = body.get("prompt", ""), body.get("system"), body.get("raw", False)
+    if not isinstance(prompt, str):
+        raise ApiError(400, "prompt: a string is expected.", "prompt")
+    if system is not None and not isinstance(system, str):
+        raise ApiError(400, "system: a string is expected.", "system")
+    if not isinstance(raw, bool):
+        raise ApiError(400, "raw: true or false is expected.", "raw")
+    out = _common(body)
+    if raw:
+        if system:
+            raise ApiError(400, "system: a raw prompt is sent as it is, without a system prompt.", "system")
+        if "response_format" in out:
+            raise ApiError(400, "format: a raw prompt's output is not constrained here; use /api/chat.", "format")
+        return "completion", out | {"prompt": prompt}
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    return "chat", out | {"messages": messages}
+
+
+def embed_body(body: dict) -> dict:
+    """An /api/embed body as a /v1/embeddings body."""
+    _reject_unknown(body, _EMBED_FIELDS)
+    if not isinstance(body.get("truncate", True), bool):
+        raise ApiError(400, "truncate: true or false is expected.", "truncate")
+    _options(body.get("options"))  # checked; none of them changes an embedding
+    out = {"input": body.get("input")}
+    if body.get("dimensions") is not None:
+        out["dimensions"] = body["dimensions"]
+    return out
+
+
+def _common(body: dict) -> dict:
+    """What /api/chat and /api/generate share, as OpenAI body fields."""
+    out = {"stream": streams(body)}
+    think = body.get("think")
+    if think is not None and not isinstance(think, bool) and think not in THINK_LEVELS:
+        raise ApiError(400, 'think: true, false, "low", "medium" or "high" is expected.', "think")
+    keep_alive = body.get("keep_alive")
+    if keep_alive is not None and (isinstance(keep_alive, bool) or not isinstance(keep_alive, str | int | float)):
+        raise ApiError(400, 'keep_alive: a duration ("5m", "1h") or a number of seconds is expected.', "keep_alive")
+    out |= _options(body.get("options"))
+    fmt = body.get("format")
+    if fmt == "json":
+        out["response_format"] = {"type": "json_object"}
+    elif isinstance(fmt, dict):
+        out["response_format"] = {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
+    elif fmt not in (None, ""):
+        raise ApiError(400, 'format: "json" or a JSON schema is expected.', "format")
+    return out
+
+
+def _options(options: Any) -> dict:
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise ApiError(400, "options: an object is expected.", "options")
+    out = {}
+    for name, value in options.items():
+        if name in _SAMPLING_OPTIONS:
+            out[_SAMPLING_OPTIONS[name]] = value
+        elif name == "num_predict":
+            if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value not in (-1, -2)):
+                raise ApiError(400, "options.num_predict: a whole number of at least 1 (or -1, -2: no limit) is expected.", "options")
+            if value > 0:
+                out["max_tokens"] = value
+        elif name not in _RUNNER_OPTIONS:
+            raise ApiError(400, f"options.{name}: not an option this server knows.", "options")
+    return out
+
+
+def _messages(messages: list) -> list[dict]:
+    out, calls = [], []  # calls: (id, name) of every tool call so far, for the tool messages after them
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise ApiError(400, f"{where}: an object is expected.", "messages")
+        if message.get("images"):
+            raise ApiError(400, f"{where}.images: this server does not take images.", "messages")
+        role, content = message.get("role"), message.get("content", "")
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise ApiError(400, f"{where}.content: a string is expected.", "messages")
+        entry = {"role": role, "content": content}
+        if role == "assistant":
+            if isinstance(message.get("thinking"), str) and message["thinking"]:
+                entry["reasoning_content"] = message["thinking"]
+            tool_calls = _tool_calls(message.get("tool_calls"), where, len(calls))
+            if tool_calls:
+                entry["tool_calls"] = tool_calls
+                calls += [(call["id"], call["function"]["name"]) for call in tool_calls]
+        elif role == "tool":
+            name = message.get("tool_name")
+            answered = [id_ for id_, called in calls if called == name] or [id_ for id_, _ in calls]
+            entry["tool_call_id"] = answered[-1] if answered else "call_0"
+        out.append(entry)
+    return out
+
+
+def _tool_calls(tool_calls: Any, where: str, first: int) -> list[dict]:
+    if tool_calls is None:
+        return []
+    if not isinstance(tool_calls, list):
+        raise ApiError(400, f"{where}.tool_calls: a list is expected.", "messages")
+    out = []
+    for j, call in enumerate(tool_calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ApiError(400, f"{where}.tool_calls[{j}]: {{'function': {{'name': ..., 'arguments': {{...}}}}}} is expected.", "messages")
+        arguments = function.get("arguments", {})
+        if not isinstance(arguments, dict):
+            raise ApiError(400, f"{where}.tool_calls[{j}].function.arguments: an object is expected.", "messages")
+        out.append(
+            {"id": f"call_{first + j}", "type": "function", "function": {"name": function["name"], "arguments": json.dumps(arguments)}}
+        )
+    return out
+
+
+def _reject_unknown(body: dict, known: frozenset) -> None:
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise ApiError(400, f"{unknown[0]}: not a field this server knows.", unknown[0])
