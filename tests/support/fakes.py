@@ -100,13 +100,8 @@ class FakeChatTemplate:
         self.source = ""  # the template's text, as ChatTemplate.source (a test sets one that writes <|channel|> for Harmony)
         self.think = False  # end the generation prompt with "<think>\n", as thinking templates do
 
-    def render(
-        self,
-        messages: list[dict],
-        tools: list[dict] | None = None,
-        add_generation_prompt: bool = True,
-    ) -> str:
-        self.calls.append({"messages": messages, "tools": tools})
+    def render(self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True, **extra) -> str:
+        self.calls.append({"messages": messages, "tools": tools, "extra": extra})
         parts = [f"<|tools|>{json.dumps(tools)}\n"] if tools else []
         for m in messages:
             if m["content"] == "!template-error":
@@ -114,7 +109,9 @@ class FakeChatTemplate:
             calls = "".join(json.dumps(c["function"]) for c in m.get("tool_calls", []))
             parts.append(f"<|{m['role']}|>{m['content']}{calls}\n")
         if add_generation_prompt:
-            parts.append("<|assistant|>" + ("<think>\n" if self.think else ""))
+            # as Qwen3's templates: thinking turned off renders an empty think block, closed
+            thinks = self.think and extra.get("enable_thinking", True)
+            parts.append("<|assistant|>" + ("<think>\n" if thinks else "<think>\n\n</think>\n\n" if self.think else ""))
         return "".join(parts)
 
 

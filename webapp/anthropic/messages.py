@@ -12,6 +12,8 @@ Anthropic field at fault; `parse_json_body` and everything after it are the Open
 - `tools` with `input_schema` become function tools; `tool_choice` auto / any / tool / none map to
   auto / required / that function / none, and `disable_parallel_tool_use` to `parallel_tool_calls`.
 - `max_tokens` is required, `temperature` is 0..1, `stop_sequences` are stop strings.
+- `thinking` `enabled` / `disabled` sets the chat template's `enable_thinking` (Qwen3's switch;
+  openai/template_kwargs.py), `adaptive` leaves the template's default.
 - Fields that change nothing here (`metadata`, `cache_control` on blocks, Claude Code's
   `context_management` and `output_config`, `service_tier`) are accepted and ignored; any other is a
   400 naming it.
@@ -89,6 +91,9 @@ def _conversation(body: dict) -> dict:
     for i, message in enumerate(raw):
         messages += _message(message, f"messages.{i}")
     out: dict[str, Any] = {"messages": messages}
+    thinking = (body.get("thinking") or {}).get("type")
+    if thinking in ("enabled", "disabled"):  # the switch of the templates that have one (Qwen3's enable_thinking)
+        out["chat_template_kwargs"] = {"enable_thinking": thinking == "enabled"}
     tools = body.get("tools")
     if tools is not None:
         out["tools"] = _tools(tools)

@@ -23,6 +23,7 @@ from webapp.openai import request_bodies
 from webapp.openai.choices import Answer
 from webapp.openai.errors import ApiError
 from webapp.openai.output_text import OutputParser
+from webapp.openai.template_kwargs import template_kwargs
 
 PREFIX = "/v1/messages"
 bp = Family("anthropic", __name__, errors=events.api_error_body, owns=(PREFIX,))
@@ -57,7 +58,7 @@ def count_tokens():
     engine = gen.engine(raw)
     body = count_tokens_body(raw)
     params = request_bodies.parse_chat_request(body, current_app.config["MAX_MESSAGES"])
-    prompt = gen.render_chat(engine.chat_template, list(params.messages), params.active_tools)
+    prompt = gen.render_chat(engine.chat_template, list(params.messages), params.active_tools, extra=template_kwargs(body))
     return jsonify(input_tokens=len(gen.encode(engine.tokenizer, prompt)))
 
 

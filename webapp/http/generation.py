@@ -51,31 +51,33 @@ def parse_chat(body: dict) -> ChatRequest:
 def start_chat(engine, chat: ChatRequest, answer_id: str, param: str) -> ChatRun:
     """Render and tokenize a chat request's prompt and submit it (the grammar of its response
     format or forced tool included)."""
-    params, tools = chat.params, chat.params.active_tools
-    prompt = render_chat(engine.chat_template, list(params.messages), tools)
+    params, tools, extra = chat.params, chat.params.active_tools, chat.template_kwargs
+    prompt = render_chat(engine.chat_template, list(params.messages), tools, extra=extra)
     prompt_ids = encode(engine.tokenizer, prompt)
-    ends = message_ends(engine, list(params.messages), tools, prompt, prompt_ids) if engine.keeps_states else ()
+    ends = message_ends(engine, list(params.messages), tools, prompt, prompt_ids, extra) if engine.keeps_states else ()
     answer = submit(engine, prompt_ids, params, answer_id, param, chat.options, chat.grammar, ends)
     parsers = [output_parser(engine.chat_template.source, prompt, tools) for _ in answer.readers]
     return ChatRun(chat, answer, parsers, params.model or engine.model_name)
 
 
-def render_chat(template, messages: list[dict], tools: list[dict] | None, generation: bool = True) -> str:
-    """The prompt text (with the generation prompt unless not `generation`); tools a template would
-    silently drop go into the system prompt instead."""
-    messages = template_messages(template.source, messages)
+def render_chat(template, messages: list[dict], tools: list[dict] | None, generation: bool = True, extra: dict | None = None) -> str:
+    """The prompt text (with the generation prompt unless not `generation`; `extra`, the request's
+    template variables); tools a template would silently drop go into the system prompt instead."""
+    messages, extra = template_messages(template.source, messages), extra or {}
     try:
-        without = template.render(messages, tools=None, add_generation_prompt=generation) if tools else None
-        prompt = template.render(messages, tools=tools, add_generation_prompt=generation)
+        without = template.render(messages, tools=None, add_generation_prompt=generation, **extra) if tools else None
+        prompt = template.render(messages, tools=tools, add_generation_prompt=generation, **extra)
         if prompt == without:
             messages = structured.with_tools_in_system_prompt(messages, tools)
-            prompt = template.render(messages, tools=None, add_generation_prompt=generation)
+            prompt = template.render(messages, tools=None, add_generation_prompt=generation, **extra)
     except ValueError as e:  # the template's TemplateError: these messages do not fit the model
         raise ApiError(400, f"The chat template rejected the messages: {e}", "messages") from e
     return prompt
 
 
-def message_ends(engine, messages: list[dict], tools: list[dict] | None, prompt: str, prompt_ids: list[int]) -> tuple[int, ...]:
+def message_ends(
+    engine, messages: list[dict], tools: list[dict] | None, prompt: str, prompt_ids: list[int], extra: dict | None = None
+) -> tuple[int, ...]:
     """Where in `prompt_ids` the system prompt ends, the last user message starts and the generation
     prompt starts: a recurrent model snapshots its state there (Request.message_ends), for another
     user's chat with the same system prompt, an edited last message, and this chat's next turn. A
@@ -86,7 +88,7 @@ def message_ends(engine, messages: list[dict], tools: list[dict] | None, prompt:
     ends = []
     for count in {leading, last_user, len(messages)} - {0}:
         try:
-            text = render_chat(engine.chat_template, messages[:count], tools, generation=False)
+            text = render_chat(engine.chat_template, messages[:count], tools, generation=False, extra=extra)
         except ApiError:
             continue
         if not text or not prompt.startswith(text):

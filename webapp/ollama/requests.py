@@ -10,8 +10,9 @@ client sent, less Ollama's `:latest` tag, which this server's names never carry.
   that only tune Ollama's own runner (`num_ctx`, `num_gpu`, `num_thread`, `mirostat`, ...) change
   nothing here and are accepted; any other is a 400 naming it.
 - `format`: "json" (any JSON object) or a JSON schema, as constrained output.
-- `think` (a bool or "low" / "medium" / "high") is checked; what a model thinks comes back in
-  `thinking` whatever it says.
+- `think`: true or false sets the chat template's `enable_thinking` (Qwen3's switch), a level
+  ("low", "medium", "high") OpenAI's `reasoning_effort` (openai/template_kwargs.py); what a model
+  thinks comes back in `thinking`.
 - `stream` is true unless the body says false, as in Ollama; `keep_alive` is accepted (a model here
   stays loaded).
 - Messages: `images` are refused (this server takes no images yet), an assistant's `tool_calls`
@@ -106,6 +107,8 @@ def generate_body(body: dict) -> tuple[str, dict]:
             raise ApiError(400, "system: a raw prompt is sent as it is, without a system prompt.", "system")
         if "response_format" in out:
             raise ApiError(400, "format: a raw prompt's output is not constrained here; use /api/chat.", "format")
+        for template_only in ("chat_template_kwargs", "reasoning_effort"):  # `think`: no template renders a raw prompt
+            out.pop(template_only, None)
         return "completion", out | {"prompt": prompt}
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     return "chat", out | {"messages": messages}
@@ -127,7 +130,11 @@ def _common(body: dict) -> dict:
     """What /api/chat and /api/generate share, as OpenAI body fields."""
     out = {"stream": streams(body)}
     think = body.get("think")
-    if think is not None and not isinstance(think, bool) and think not in THINK_LEVELS:
+    if isinstance(think, bool):  # the switch of the templates that have one (Qwen3's enable_thinking)
+        out["chat_template_kwargs"] = {"enable_thinking": think}
+    elif think in THINK_LEVELS:  # gpt-oss's levels, thinking on for the others
+        out["reasoning_effort"] = think
+    elif think is not None:
         raise ApiError(400, 'think: true, false, "low", "medium" or "high" is expected.', "think")
     keep_alive = body.get("keep_alive")
     if keep_alive is not None and (isinstance(keep_alive, bool) or not isinstance(keep_alive, str | int | float)):

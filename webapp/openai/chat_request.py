@@ -3,8 +3,9 @@
 Contract: `parse_chat(body, max_messages)` validates an OpenAI chat body (the one
 `/v1/chat/completions` receives, or the one Anthropic's Messages and OpenAI's Responses bodies are
 translated into) and returns a frozen `ChatRequest`: its parameters (`request_bodies`), its
-sampling options (`sampling_options`), the grammar its output must follow (`structured`) and
-whether more than one tool call may come back. Every refusal is an `ApiError` 400, raised here,
+sampling options (`sampling_options`), the grammar its output must follow (`structured`),
+whether more than one tool call may come back, and the template's extra variables
+(`template_kwargs`). Every refusal is an `ApiError` 400, raised here,
 before anything is rendered or submitted. Pure Python: no Flask, no engine.
 """
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from webapp.openai import structured
 from webapp.openai.request_bodies import ChatParams, parse_chat_request
 from webapp.openai.sampling_options import SamplingOptions, parse_sampling_options
+from webapp.openai.template_kwargs import template_kwargs
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,7 @@ class ChatRequest:
     options: SamplingOptions
     grammar: str | None  # None: free output
     parallel: bool  # more than one tool call may come back
+    template_kwargs: dict  # extra variables for the chat template (template_kwargs.py)
 
 
 def parse_chat(body: dict, max_messages: int) -> ChatRequest:
@@ -30,4 +33,4 @@ def parse_chat(body: dict, max_messages: int) -> ChatRequest:
     options = parse_sampling_options(body, chat=True)
     parallel = structured.parallel_tool_calls(body)
     grammar = structured.output_grammar(body, params.active_tools, params.tool_choice, params.forced_tool, parallel)
-    return ChatRequest(params, options, grammar, parallel)
+    return ChatRequest(params, options, grammar, parallel, template_kwargs(body))

@@ -11,7 +11,8 @@ Requests (`chat_body(body, history)`):
   `local_shell`, `custom`, ...) are skipped, since Codex sends them with every request and the model
   can only call functions; `tool_choice` auto / none / required / a named function.
 - `text.format` json_schema / json_object become `response_format`; `max_output_tokens` is
-  `max_tokens`. Fields that change nothing here (`store`, `include`, `reasoning`,
+  `max_tokens`; `reasoning.effort` is chat's `reasoning_effort`. Fields that change nothing here
+  (`store`, `include`, `reasoning`'s others,
   `prompt_cache_key`, `client_metadata`, `metadata`, `truncation`, `service_tier`, `user`,
   `safety_identifier`) are accepted; any other is a 400 naming it.
 
@@ -108,6 +109,9 @@ def chat_body(body: dict, history: list[dict]) -> dict:
     fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
     if fmt is not None:
         out["response_format"] = _response_format(fmt)
+    effort = body["reasoning"].get("effort") if isinstance(body.get("reasoning"), dict) else None
+    if effort is not None:  # chat's reasoning_effort: the template's thinking switches (template_kwargs.py)
+        out["reasoning_effort"] = effort
     return out
 
 

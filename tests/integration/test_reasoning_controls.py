@@ -1,0 +1,99 @@
+"""Turning a model's thinking off or setting its effort, on every API, through the real clients against
+a real Waitress server over the scripted fake engine: `chat_template_kwargs` and `reasoning_effort`
+(OpenAI chat), `reasoning.effort` (Responses), `thinking` (Anthropic) and `think` (Ollama) reach the
+chat template as its variables, and a template that then closes its think block makes the answer
+plain content; bad values are a 400 naming the field."""
+
+import anthropic
+import ollama
+import openai
+import pytest
+from support.fakes import Reply
+
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture
+def thinking_template(fake_engine):
+    fake_engine.chat_template.think = True  # its generation prompt opens a think block, as Qwen3's does
+    return fake_engine.chat_template
+
+
+def extra(template) -> dict:
+    return template.calls[-1]["extra"]
+
+
+def test_chat_template_kwargs_reach_the_template_and_thinking_off_gives_plain_content(openai_client, fake_runner, thinking_template):
+    fake_runner.replies.append(Reply.text("Hmm.</think>Paris."))  # the prompt opened the think block
+    thought = openai_client.chat.completions.create(model="m", messages=HELLO)
+    assert thought.choices[0].message.content == "Paris." and thought.choices[0].message.reasoning_content == "Hmm."
+    fake_runner.replies.append(Reply.text("Paris."))
+    kwargs = {"enable_thinking": False, "custom_flag": [1, {"a": None}]}
+    plain = openai_client.chat.completions.create(model="m", messages=HELLO, extra_body={"chat_template_kwargs": kwargs})
+    assert extra(thinking_template) == kwargs
+    assert plain.choices[0].message.content == "Paris." and getattr(plain.choices[0].message, "reasoning_content", None) is None
+    assert fake_runner.requests[-1].prompt_ids[-len(b"<think>\n\n</think>\n\n") :] == list(b"<think>\n\n</think>\n\n")
+
+
+@pytest.mark.parametrize(
+    "effort, variables",
+    [
+        ("none", {"enable_thinking": False, "reasoning_effort": "low"}),
+        ("minimal", {"enable_thinking": False, "reasoning_effort": "low"}),
+        ("low", {"enable_thinking": True, "reasoning_effort": "low"}),
+        ("high", {"enable_thinking": True, "reasoning_effort": "high"}),
+    ],
+)
+def test_reasoning_effort_sets_both_families_switches(openai_client, fake_runner, thinking_template, effort, variables):
+    fake_runner.replies.append(Reply.text("ok"))
+    openai_client.chat.completions.create(model="m", messages=HELLO, reasoning_effort=effort)
+    assert extra(thinking_template) == variables
+    fake_runner.replies.append(Reply.text("ok"))  # explicit template variables win over the effort's
+    openai_client.chat.completions.create(
+        model="m", messages=HELLO, reasoning_effort=effort, extra_body={"chat_template_kwargs": {"enable_thinking": True}}
+    )
+    assert extra(thinking_template)["enable_thinking"] is True
+
+
+def test_the_responses_apis_reasoning_effort(openai_client, fake_runner, thinking_template):
+    fake_runner.replies.append(Reply.text("ok"))
+    openai_client.responses.create(model="m", input="hello", reasoning={"effort": "minimal"})
+    assert extra(thinking_template) == {"enable_thinking": False, "reasoning_effort": "low"}
+
+
+def test_anthropics_thinking_switch(fake_server, fake_runner, thinking_template):
+    claude = anthropic.Anthropic(base_url=fake_server.url, api_key="k", max_retries=0, timeout=10)
+    fake_runner.replies.append(Reply.text("Paris."))
+    message = claude.messages.create(model="m", max_tokens=20, messages=HELLO, thinking={"type": "disabled"})
+    assert extra(thinking_template) == {"enable_thinking": False} and [b.type for b in message.content] == ["text"]
+    fake_runner.replies.append(Reply.text("Hmm.</think>Paris."))  # the prompt opened the think block
+    claude.messages.create(model="m", max_tokens=50, messages=HELLO, thinking={"type": "enabled", "budget_tokens": 1024})
+    assert extra(thinking_template) == {"enable_thinking": True}
+    assert claude.messages.count_tokens(model="m", messages=HELLO, thinking={"type": "disabled"}).input_tokens > 0
+    assert extra(thinking_template) == {"enable_thinking": False}
+
+
+def test_ollamas_think(fake_server, fake_runner, thinking_template):
+    client = ollama.Client(host=fake_server.url, timeout=10)
+    fake_runner.replies.append(Reply.text("Paris."))
+    response = client.chat(model="m", messages=HELLO, think=False, stream=False)
+    assert extra(thinking_template) == {"enable_thinking": False} and response.message.content == "Paris." and not response.message.thinking
+    fake_runner.replies.append(Reply.text("Hmm.</think>Paris."))  # the prompt opened the think block
+    response = client.chat(model="m", messages=HELLO, think="high", stream=False)
+    assert extra(thinking_template) == {"enable_thinking": True, "reasoning_effort": "high"} and response.message.thinking == "Hmm."
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+        ({"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": {"not a name": 1}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": {"big": "x" * 20000}}, "chat_template_kwargs"),
+    ],
+)
+def test_bad_values_are_a_400_naming_the_field(openai_client, body, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        openai_client.chat.completions.create(model="m", messages=HELLO, extra_body=body)
+    assert e.value.body["param"] == param
