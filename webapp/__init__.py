@@ -60,6 +60,7 @@ DEFAULTS = {
     "MAX_CONTENT_LENGTH": 4 * 1024 * 1024,  # request bodies beyond this get a 413
     "MAX_MESSAGES": 1000,  # messages per chat request
     "MAX_PROMPT_TOKENS": None,  # prompt tokens per request; None: whatever the context allows
+    "REASONING_BUDGET": None,  # thinking tokens before the end-of-thinking marker is forced; None: no limit
     "DRAIN_SECONDS": 30,  # on SIGTERM/SIGINT, how long running requests may take to finish
     "METRICS_COMPAT": None,  # "vllm": /metrics also exports vLLM's metric names (webapp.ops.vllm_metrics)
 }

@@ -97,3 +97,32 @@ def test_bad_values_are_a_400_naming_the_field(openai_client, body, param):
     with pytest.raises(openai.BadRequestError) as e:
         openai_client.chat.completions.create(model="m", messages=HELLO, extra_body=body)
     assert e.value.body["param"] == param
+
+
+def test_a_thinking_budget_forces_the_end_of_thinking_and_the_answer_follows(openai_client, fake_runner, thinking_template):
+    thought = "Hmm, thinking on and on and on."
+    fake_runner.replies.append(Reply.text(thought + "</think>Paris."))  # the prompt opened the think block
+    reply = openai_client.chat.completions.create(model="m", messages=HELLO, extra_body={"reasoning_budget": 5})
+    assert fake_runner.requests[-1].output_ids[:13] == list(b"Hmm, </think>")  # five tokens of thinking, then the marker
+    assert reply.choices[0].message.reasoning_content == "Hmm,"
+    assert reply.choices[0].message.content  # the answer after it
+    fake_runner.replies.append(Reply.text("Hmm.</think>Paris."))
+    reply = openai_client.chat.completions.create(model="m", messages=HELLO, extra_body={"reasoning_budget": 50})
+    assert (reply.choices[0].message.reasoning_content, reply.choices[0].message.content) == ("Hmm.", "Paris.")  # in time
+
+
+def test_anthropics_budget_tokens_and_the_server_default(fake_server, fake_app, fake_runner, thinking_template):
+    claude = anthropic.Anthropic(base_url=fake_server.url, api_key="k", max_retries=0, timeout=10)
+    fake_runner.replies.append(Reply.text("Hmm, thinking on and on.</think>Paris."))
+    message = claude.messages.create(model="m", max_tokens=50, messages=HELLO, thinking={"type": "enabled", "budget_tokens": 3})
+    assert message.content[0].type == "thinking" and message.content[0].thinking == "Hmm"
+    fake_app.config["REASONING_BUDGET"] = 4
+    fake_runner.replies.append(Reply.text("Hmm, thinking on and on.</think>Paris."))
+    message = claude.messages.create(model="m", max_tokens=50, messages=HELLO)
+    assert message.content[0].thinking == "Hmm,"
+
+
+def test_a_negative_budget_is_a_400(openai_client):
+    with pytest.raises(openai.BadRequestError) as e:
+        openai_client.chat.completions.create(model="m", messages=HELLO, extra_body={"reasoning_budget": -1})
+    assert e.value.body["param"] == "reasoning_budget"

@@ -183,3 +183,38 @@ def test_constrained_sampler_draws_only_allowed_tokens(smollm2_tokenizer, compil
 def test_a_temperature_below_float32s_range_samples_greedily(temperature):
     logits = np.array([-3.0, -1.0, -2.0, -np.inf], dtype=np.float32)  # scaled, every one overflows or is 0 / 0
     assert sample(logits, SamplingParams(temperature=temperature), np.random.default_rng(0)) == 1
+
+
+OPEN, CLOSE = (7,), (8, 9)  # a thinking template's markers as token ids
+
+
+def _greedy_run(sampler: RequestSampler, script: list[int]) -> list[int]:
+    """Each choice's row prefers the script's token at that output position."""
+    out = []
+    for want in script:
+        row = np.zeros(16, np.float32)
+        row[want] = 10.0
+        out.append(sampler.choose(row)[0])
+    return out
+
+
+@pytest.mark.parametrize(
+    "opened, script, budget, expected",
+    [
+        (True, [5, 5, 5, 5, 5, 5, 5], 3, [5, 5, 5, 8, 9, 5, 5]),  # spent: the closing marker is forced, then the answer
+        (True, [5, 8, 9, 5, 5, 5, 5], 3, [5, 8, 9, 5, 5, 5, 5]),  # closed in time by the model: untouched
+        (True, [5, 5, 5, 5], 0, [8, 9, 5, 5]),  # no thinking at all
+        (False, [7, 5, 5, 5, 5, 5], 2, [7, 5, 5, 8, 9, 5]),  # the output opens it itself
+        (False, [5, 5, 5, 5, 5, 5], 2, [5, 5, 5, 5, 5, 5]),  # an answer that never thinks
+    ],
+)
+def test_a_spent_thinking_budget_forces_the_closing_marker_once(opened, script, budget, expected):
+    params = SamplingParams(temperature=0, reasoning_budget=budget, reasoning_markers=(OPEN, CLOSE), reasoning_open=opened)
+    assert _greedy_run(RequestSampler(params, [1, 2]), script) == expected
+
+
+def test_without_a_budget_or_a_closing_marker_nothing_is_forced():
+    script = [5] * 6
+    assert _greedy_run(RequestSampler(SamplingParams(temperature=0, reasoning_open=True), [1]), script) == script
+    params = SamplingParams(temperature=0, reasoning_budget=1, reasoning_markers=((), ()), reasoning_open=True)
+    assert _greedy_run(RequestSampler(params, [1]), script) == script

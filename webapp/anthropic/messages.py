@@ -13,7 +13,8 @@ Anthropic field at fault; `parse_json_body` and everything after it are the Open
   auto / required / that function / none, and `disable_parallel_tool_use` to `parallel_tool_calls`.
 - `max_tokens` is required, `temperature` is 0..1, `stop_sequences` are stop strings.
 - `thinking` `enabled` / `disabled` sets the chat template's `enable_thinking` (Qwen3's switch;
-  openai/template_kwargs.py), `adaptive` leaves the template's default.
+  openai/reasoning_controls.py), `adaptive` leaves the template's default; an enabled one's
+  `budget_tokens` is the thinking budget.
 - Fields that change nothing here (`metadata`, `cache_control` on blocks, Claude Code's
   `context_management` and `output_config`, `service_tier`) are accepted and ignored; any other is a
   400 naming it.
@@ -94,6 +95,9 @@ def _conversation(body: dict) -> dict:
     thinking = (body.get("thinking") or {}).get("type")
     if thinking in ("enabled", "disabled"):  # the switch of the templates that have one (Qwen3's enable_thinking)
         out["chat_template_kwargs"] = {"enable_thinking": thinking == "enabled"}
+    budget = (body.get("thinking") or {}).get("budget_tokens")
+    if thinking == "enabled" and budget is not None:
+        out["reasoning_budget"] = budget
     tools = body.get("tools")
     if tools is not None:
         out["tools"] = _tools(tools)

@@ -23,7 +23,7 @@ from webapp.openai import request_bodies
 from webapp.openai.choices import Answer
 from webapp.openai.errors import ApiError
 from webapp.openai.output_text import OutputParser
-from webapp.openai.template_kwargs import template_kwargs
+from webapp.openai.reasoning_controls import template_kwargs
 
 PREFIX = "/v1/messages"
 bp = Family("anthropic", __name__, errors=events.api_error_body, owns=(PREFIX,))

@@ -24,7 +24,7 @@ from webapp.openai.chat_request import ChatRequest
 from webapp.openai.choices import Answer, ChoiceOutputs, ChoiceReader, ClientGone
 from webapp.openai.errors import ApiError, error_body
 from webapp.openai.harmony import HarmonyParser, output_parser, template_messages
-from webapp.openai.output_text import OutputParser, Piece
+from webapp.openai.output_text import THINK_CLOSE, THINK_OPEN, OutputParser, Piece, opens_reasoning
 from webapp.openai.sampling_options import SamplingOptions, check_token_ids
 
 log = logging.getLogger(__name__)
@@ -55,9 +55,20 @@ def start_chat(engine, chat: ChatRequest, answer_id: str, param: str) -> ChatRun
     prompt = render_chat(engine.chat_template, list(params.messages), tools, extra=extra)
     prompt_ids = encode(engine.tokenizer, prompt)
     ends = message_ends(engine, list(params.messages), tools, prompt, prompt_ids, extra) if engine.keeps_states else ()
-    answer = submit(engine, prompt_ids, params, answer_id, param, chat.options, chat.grammar, ends)
+    reasoning = reasoning_fields(engine, prompt, chat.reasoning_budget)
+    answer = submit(engine, prompt_ids, params, answer_id, param, chat.options, chat.grammar, ends, reasoning)
     parsers = [output_parser(engine.chat_template.source, prompt, tools) for _ in answer.readers]
     return ChatRun(chat, answer, parsers, params.model or engine.model_name)
+
+
+def reasoning_fields(engine, prompt: str, budget: int | None) -> dict:
+    """SamplingParams' thinking budget for this prompt: the request's, else LLM_REASONING_BUDGET;
+    none for a template that writes Harmony's channels, whose end of thinking is no one marker."""
+    budget = current_app.config.get("REASONING_BUDGET") if budget is None else budget
+    if budget is None or isinstance(output_parser(engine.chat_template.source, prompt, None), HarmonyParser):
+        return {}
+    markers = tuple(tuple(engine.tokenizer.encode(marker, special=True)) for marker in (THINK_OPEN, THINK_CLOSE))
+    return {"reasoning_budget": int(budget), "reasoning_markers": markers, "reasoning_open": opens_reasoning(prompt)}
 
 
 def render_chat(template, messages: list[dict], tools: list[dict] | None, generation: bool = True, extra: dict | None = None) -> str:
@@ -173,6 +184,7 @@ def submit(
     options: SamplingOptions,
     grammar: str | None = None,
     message_ends: tuple[int, ...] = (),
+    reasoning: dict | None = None,
 ) -> Answer:
     """Build one engine request per choice and queue them; QueueFull / EngineNotReady go to the
     app handlers, after the choices already queued are aborted."""
@@ -192,6 +204,7 @@ def submit(
         seed=params.seed,
         stop_token_ids=frozenset() if params.ignore_eos else frozenset(engine.tokenizer.stop_ids),
         **options.engine_fields(),
+        **(reasoning or {}),
     )
     if grammar is not None and params.ignore_eos:
         raise ApiError(400, "ignore_eos cannot be combined with constrained output.", "ignore_eos")

@@ -11,7 +11,7 @@ client sent, less Ollama's `:latest` tag, which this server's names never carry.
   nothing here and are accepted; any other is a 400 naming it.
 - `format`: "json" (any JSON object) or a JSON schema, as constrained output.
 - `think`: true or false sets the chat template's `enable_thinking` (Qwen3's switch), a level
-  ("low", "medium", "high") OpenAI's `reasoning_effort` (openai/template_kwargs.py); what a model
+  ("low", "medium", "high") OpenAI's `reasoning_effort` (openai/reasoning_controls.py); what a model
   thinks comes back in `thinking`.
 - `stream` is true unless the body says false, as in Ollama; `keep_alive` is accepted (a model here
   stays loaded).

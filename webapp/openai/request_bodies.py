@@ -90,7 +90,7 @@ _COMMON_FIELDS = _INERT_FIELDS | frozenset(
 # validated by webapp/openai/sampling_options.py (sampling, logprobs) and webapp/openai/structured.py (grammars)
 _CHAT_FIELDS = _COMMON_FIELDS | frozenset(
     "messages max_completion_tokens tools tool_choice response_format top_logprobs parallel_tool_calls grammar "
-    "chat_template_kwargs reasoning_effort".split()
+    "chat_template_kwargs reasoning_effort reasoning_budget".split()
 )
 _COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "echo"}
 

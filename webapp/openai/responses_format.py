@@ -110,7 +110,7 @@ def chat_body(body: dict, history: list[dict]) -> dict:
     if fmt is not None:
         out["response_format"] = _response_format(fmt)
     effort = body["reasoning"].get("effort") if isinstance(body.get("reasoning"), dict) else None
-    if effort is not None:  # chat's reasoning_effort: the template's thinking switches (template_kwargs.py)
+    if effort is not None:  # chat's reasoning_effort: the template's thinking switches (reasoning_controls.py)
         out["reasoning_effort"] = effort
     return out
 

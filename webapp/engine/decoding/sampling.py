@@ -15,6 +15,8 @@ The row goes through, in this order (as vLLM and Hugging Face do):
 4. the grammar mask: tokens the request's constraint forbids get -inf;
 5. greedy (argmax) at temperature 0, otherwise temperature, top-k, top-p, min-p (tokens below
    min_p times the most likely token's probability are dropped), then a draw.
+Where a thinking budget is spent (`reasoning_budget.py`), the closing marker's tokens are taken
+instead of any of this, one a choice.
 
 Log-probabilities report the model's own distribution: the log-softmax of the raw row, before
 any of the steps above (vLLM's default), so `logprobs` score what the model thinks, whatever
@@ -27,6 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from webapp.engine.decoding.reasoning_budget import ReasoningBudget
 from webapp.engine.decoding.sampling_params import SamplingParams
 
 
@@ -164,6 +167,9 @@ class RequestSampler:
         self._penalized = params.frequency_penalty != 0 or params.presence_penalty != 0
         self._counts: np.ndarray | None = None  # (vocab,) generated-token counts, when penalized
         self._seen: np.ndarray | None = None  # (vocab,) bool, prompt and output, for repetition_penalty
+        # a grammar decides every token of a constrained output: no marker is forced into it
+        budgeted = params.reasoning_budget is not None and params.reasoning_markers[1] and constraint is None
+        self.reasoning = ReasoningBudget(params) if budgeted else None
 
     @property
     def _adjusts(self) -> bool:
@@ -189,6 +195,10 @@ class RequestSampler:
         return x
 
     def choose(self, logits: np.ndarray) -> tuple[int, TokenLogprobs | None]:
+        forced = self.reasoning.forced() if self.reasoning is not None else None
+        if forced is not None:  # the thinking budget is spent: its closing marker, whatever the row says
+            self._record(forced, logits.shape[0])
+            return forced, token_logprobs(logits, forced, self.params.top_logprobs) if self.params.logprobs else None
         x = self.adjusted(logits)
         if self.constraint is not None and not np.isfinite(x).any():
             # the grammar allows nothing more, not even a stop token (a stopped matcher): end here
@@ -200,6 +210,8 @@ class RequestSampler:
         return token, logprobs
 
     def _record(self, token: int, width: int) -> None:
+        if self.reasoning is not None:
+            self.reasoning.record(token)
         if self._penalized:
             if self._counts is None:
                 self._counts = np.zeros(width, dtype=np.float32)

@@ -28,3 +28,8 @@ class SamplingParams:
     logprobs: bool = False  # record each output token's logprob in Request.logprobs
     top_logprobs: int = 0
     prompt_logprobs: int | None = None  # score the prompt (Request.prompt_logprobs), with this many alternatives
+    # thinking tokens before the end-of-thinking marker is forced (decoding/reasoning_budget.py; None:
+    # no limit); the markers' token ids (opening, closing), and whether the prompt opened thinking
+    reasoning_budget: int | None = None
+    reasoning_markers: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
+    reasoning_open: bool = False

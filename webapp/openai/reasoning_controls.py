@@ -1,9 +1,11 @@
-"""What a chat body asks of the chat template beyond its messages and tools: `chat_template_kwargs`
-(vLLM's, SGLang's and llama-server's field: `{"enable_thinking": false}` for Qwen3's templates) and
-OpenAI's `reasoning_effort`, as the variables the template is rendered with.
+"""What a chat body asks of the model's reasoning: `chat_template_kwargs` (vLLM's, SGLang's and
+llama-server's field: `{"enable_thinking": false}` for Qwen3's templates) and OpenAI's
+`reasoning_effort`, as the variables the template is rendered with, and `reasoning_budget`, the
+thinking tokens after which the end-of-thinking marker is forced.
 
 Contract: `template_kwargs(body)` returns the extra variables (a dict, empty where the body asks for
-none) or raises `ApiError` 400 naming the field. `reasoning_effort` ("none", "minimal", "low",
+none) and `reasoning_budget(body)` the budget (None: the server's, `LLM_REASONING_BUDGET`), or
+they raise `ApiError` 400 naming the field. `reasoning_effort` ("none", "minimal", "low",
 "medium" or "high") sets the two switches families read: `enable_thinking` (Qwen3 and its kin; off
 for "none" and "minimal") and `reasoning_effort` (gpt-oss's, which knows low, medium and high: the
 two lowest become low); a template that reads neither renders as before. `chat_template_kwargs`
@@ -44,3 +46,10 @@ def template_kwargs(body: dict) -> dict[str, Any]:
     if len(json.dumps(kwargs)) > MAX_BYTES:
         raise ApiError(400, f"chat_template_kwargs: at most {MAX_BYTES} bytes of JSON.", "chat_template_kwargs")
     return out | kwargs
+
+
+def reasoning_budget(body: dict) -> int | None:
+    budget = body.get("reasoning_budget")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+        raise ApiError(400, "reasoning_budget: a whole number of tokens, 0 or more, is expected.", "reasoning_budget")
+    return budget
