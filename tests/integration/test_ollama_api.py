@@ -4,6 +4,7 @@ reaching the engine, a raw prompt, the model listings, and errors in Ollama's `{
 shape; over the scripted fake engine, and once over a real tiny model (chat and embeddings)."""
 
 import json
+import threading
 
 import numpy as np
 import ollama
@@ -160,3 +161,36 @@ def test_a_real_model_chats_and_embeds(real):
     assert len(vectors) == 2 and all(abs(np.linalg.norm(v) - 1) < 1e-5 for v in vectors)
     single = client.embeddings(model=engine.model_name, prompt="the cat").embedding
     np.testing.assert_allclose(single, vectors[0], atol=1e-6)
+
+
+def test_keep_alive_0_puts_the_model_to_sleep_and_the_next_request_wakes_it(tmp_path):
+    from support import running_server
+    from support.fakes import FakeModelEngines
+
+    from webapp import create_app
+    from webapp.engine.serving.model_set import ModelSet
+
+    (tmp_path / "sleepy.gguf").write_bytes(b"x" * 100)
+    models = ModelSet(None, FakeModelEngines(), first=str(tmp_path / "sleepy.gguf"), idle_s=3600).start()
+    app = create_app({"TESTING": True}, engine=models)
+    try:
+        with running_server(app) as server:
+            client = ollama.Client(host=server.url, timeout=10)
+            assert client.chat(model="sleepy", messages=HELLO, stream=False, keep_alive="5m").done
+            assert [m.model for m in client.ps().models] == ["sleepy:latest"]
+            assert client.chat(model="sleepy", messages=HELLO, stream=False, keep_alive=0).done
+            for _ in range(100):  # released when the response closes
+                if not client.ps().models:
+                    break
+                threading.Event().wait(0.02)
+            assert client.ps().models == [] and [m.model for m in client.list().models] == ["sleepy:latest"]
+            listed = requests.get(f"{server.url}/v1/models", timeout=5).json()["data"]
+            assert [(m["id"], m["status"]) for m in listed] == [("sleepy", "unloaded")]
+            assert requests.get(f"{server.url}/health", timeout=5).status_code == 200
+            assert client.chat(model="sleepy", messages=HELLO, stream=False).done  # woken
+            assert [m.model for m in client.ps().models] == ["sleepy:latest"]
+            with pytest.raises(ollama.ResponseError) as e:
+                client.chat(model="sleepy", messages=HELLO, stream=False, keep_alive="soon")
+            assert e.value.status_code == 400 and "keep_alive" in e.value.error
+    finally:
+        models.stop(5)

@@ -211,3 +211,63 @@ def test_settings_of_a_model_set(tmp_path):
     from webapp.engine.serving.loader import build_engine
 
     assert isinstance(build_engine({"MODELS_DIR": str(tmp_path)}), ModelSet)  # nothing loads until started
+
+
+def test_an_idle_model_sleeps_and_the_next_request_wakes_it(tmp_path, models_of):
+    from support.fakes import Clock
+
+    clock = Clock()
+    models = models_of(_files(tmp_path, "a", "b"), idle_s=10, clock=clock)
+    first = _use(models, "a")
+    _use(models, "b")
+    clock.now += 5
+    _use(models, "b")
+    clock.now += 6  # a: idle 11 s, b: 6 s
+    assert models.sleep_idle() == ["a"] and _loaded(models) == ["b"]
+    assert {m["id"]: m["status"] for m in models.listing()} == {"a": "unloaded", "b": "loaded"}
+    assert _use(models, "a") is not first  # loaded again
+    held = models.lease("b")
+    clock.now += 60
+    assert models.sleep_idle() == ["a"] and _loaded(models) == ["b"]  # a held model never sleeps
+    held.release()
+
+
+def test_a_requests_keep_alive_sets_its_models_idle_time(tmp_path, models_of):
+    from support.fakes import Clock
+
+    clock = Clock()
+    models = models_of(_files(tmp_path, "a", "b"), idle_s=10, clock=clock)
+    models.lease("a", keep_alive=0).release()  # Ollama's keep_alive 0: asleep once the request ends
+    assert _loaded(models) == []
+    models.lease("a", keep_alive=-1).release()  # negative: kept loaded
+    models.lease("b", keep_alive=30).release()
+    clock.now += 20
+    assert models.sleep_idle() == [] and _loaded(models) == ["a", "b"]
+    clock.now += 20
+    assert models.sleep_idle() == ["b"]
+
+
+def test_a_single_model_is_a_set_of_one_without_a_folder(tmp_path, factory):
+    path = _files(tmp_path, "only") + "/only.gguf"
+    models = ModelSet(None, factory, first=path, idle_s=0.05).start()
+    try:
+        assert [f.name for f in models.files()] == ["only"]
+        _use(models, "only")
+        deadline = threading.Event()
+        for _ in range(100):  # the sleeper thread unloads it
+            if not _loaded(models):
+                break
+            deadline.wait(0.02)
+        assert _loaded(models) == []
+        assert _use(models, None).state == "ok" and _loaded(models) == ["only"]
+    finally:
+        models.stop(5)
+
+
+def test_idle_unload_seconds_setting(tmp_path):
+    path = _files(tmp_path, "m") + "/m.gguf"
+    assert engine_settings({"MODEL": path}).idle_unload is None
+    assert engine_settings({"MODEL": path, "IDLE_UNLOAD_SECONDS": "300"}).idle_unload == 300.0
+    for bad in ("0", "-5", "soon"):
+        with pytest.raises(ValueError, match="LLM_IDLE_UNLOAD_SECONDS"):
+            engine_settings({"MODEL": path, "IDLE_UNLOAD_SECONDS": bad})

@@ -121,17 +121,18 @@ def served():
     return current_app.extensions["engine"]
 
 
-def engine(body: dict | None = None):
+def engine(body: dict | None = None, keep_alive: float | None = None):
     """The engine for a request body's `model`: the one place a request picks its model. With one
     model, it (whatever the name); with a model set, that model's, loaded first if need be, held
-    until the response is closed (so it is never unloaded under the request). An unknown name is a
+    until the response is closed (so it is never unloaded under the request), then left to sleep
+    after `keep_alive` seconds idle where given (Ollama's; else LLM_IDLE_UNLOAD_SECONDS). An unknown name is a
     404 `model_not_found`; a model that cannot be loaded while every other one is busy, a 503."""
     models = served()
     if not isinstance(models, ModelSet):
         return models
     name = body.get("model") if isinstance(body, dict) else None
     try:
-        lease = models.lease(name if isinstance(name, str) else None)  # a non-string: the body's parser refuses it
+        lease = models.lease(name if isinstance(name, str) else None, keep_alive)  # a non-string: the body's parser refuses it
     except ModelNotFound as e:
         raise ApiError(404, str(e), "model", "model_not_found") from e
     except ModelsBusy as e:

@@ -127,7 +127,7 @@ def version():
 
 
 def _engine(body: dict):
-    return gen.engine({"model": requests.model_name(body)})
+    return gen.engine({"model": requests.model_name(body)}, requests.keep_alive_seconds(body))
 
 
 def _loaded(model: str) -> dict:

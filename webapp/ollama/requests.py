@@ -13,8 +13,9 @@ client sent, less Ollama's `:latest` tag, which this server's names never carry.
 - `think`: true or false sets the chat template's `enable_thinking` (Qwen3's switch), a level
   ("low", "medium", "high") OpenAI's `reasoning_effort` (openai/reasoning_controls.py); what a model
   thinks comes back in `thinking`.
-- `stream` is true unless the body says false, as in Ollama; `keep_alive` is accepted (a model here
-  stays loaded).
+- `stream` is true unless the body says false, as in Ollama; `keep_alive` (a duration, "5m", or
+  seconds; 0: unload after this request; negative: keep loaded) is `keep_alive_seconds`, the idle
+  time after which the model sleeps where the server unloads idle models.
 - Messages: `images` are refused (this server takes no images yet), an assistant's `tool_calls`
   (arguments as an object) become OpenAI tool calls and its `thinking` its reasoning, a `tool`
   message answers the last call of its `tool_name` (else the last call).
@@ -25,6 +26,7 @@ client sent, less Ollama's `:latest` tag, which this server's names never carry.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from webapp.openai.errors import ApiError
@@ -60,6 +62,30 @@ def model_name(body: dict) -> str | None:
     if not isinstance(name, str) or not name:
         raise ApiError(400, "model: a model name is expected.", "model")
     return name.removesuffix(":latest")
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d*)?)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def keep_alive_seconds(body: dict) -> float | None:
+    """`keep_alive` in seconds: a number, or a duration as Go writes one ("5m", "1h30m", "-1")."""
+    value = body.get("keep_alive")
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        sign, text = (-1.0, text[1:]) if text.startswith("-") else (1.0, text)
+        try:
+            return sign * float(text)  # a bare number: seconds
+        except ValueError:
+            pass
+        parts = _DURATION.findall(text)
+        if parts and "".join(n + u for n, u in parts) == text:
+            return sign * sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+    raise ApiError(400, 'keep_alive: a duration ("5m", "1h") or a number of seconds is expected.', "keep_alive")
 
 
 def streams(body: dict) -> bool:
@@ -119,6 +145,7 @@ def embed_body(body: dict) -> dict:
     _reject_unknown(body, _EMBED_FIELDS)
     if not isinstance(body.get("truncate", True), bool):
         raise ApiError(400, "truncate: true or false is expected.", "truncate")
+    keep_alive_seconds(body)
     _options(body.get("options"))  # checked; none of them changes an embedding
     out = {"input": body.get("input")}
     if body.get("dimensions") is not None:
@@ -136,9 +163,7 @@ def _common(body: dict) -> dict:
         out["reasoning_effort"] = think
     elif think is not None:
         raise ApiError(400, 'think: true, false, "low", "medium" or "high" is expected.', "think")
-    keep_alive = body.get("keep_alive")
-    if keep_alive is not None and (isinstance(keep_alive, bool) or not isinstance(keep_alive, str | int | float)):
-        raise ApiError(400, 'keep_alive: a duration ("5m", "1h") or a number of seconds is expected.', "keep_alive")
+    keep_alive_seconds(body)  # checked here; the view hands it to the model's lease
     out |= _options(body.get("options"))
     fmt = body.get("format")
     if fmt == "json":

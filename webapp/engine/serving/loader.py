@@ -122,15 +122,17 @@ def load_gguf_model(
 def build_engine(config) -> Engine | ModelSet:
     """The engine described by the app's LLM_* settings (not started): with LLM_MODELS_DIR, the
     `ModelSet` of the folder's models (LLM_MODEL's among them, loaded at start; the draft model
-    goes with LLM_MODEL's model only, the one it was chosen for)."""
+    goes with LLM_MODEL's model only, the one it was chosen for); with LLM_IDLE_UNLOAD_SECONDS, a
+    set too (of LLM_MODEL's alone, without the folder), whose models sleep when idle."""
     s = engine_settings(config)
-    if s.models_dir is None:
+    if s.models_dir is None and s.idle_unload is None:
         return _engine(s, s.path, s.draft)
 
     def make_engine(path: str) -> Engine:
         return _engine(s, path, s.draft if path == s.path else None, own_thread=True)
 
-    return ModelSet(s.models_dir, make_engine, s.memory_budget, first=s.path)
+    # a model that sleeps when idle is served as a set of one: the set loads and unloads it
+    return ModelSet(s.models_dir, make_engine, s.memory_budget, first=s.path, idle_s=s.idle_unload)
 
 
 def _engine(s: EngineSettings, path: str, draft: str | None, own_thread: bool = False) -> Engine:

@@ -17,6 +17,11 @@ Contract:
   gets `ModelsBusy` (the API's 503 with Retry-After). A model alone over the budget still loads
   when nothing else is loaded (logged). Loads run one at a time: tinygrad keeps one kernel-cache
   connection per process, usable by one thread (`use_tinygrad_from_this_thread`, called by the loader).
+- Idle sleep (`idle_s`, LLM_IDLE_UNLOAD_SECONDS): a loaded model no request has held for that long
+  is unloaded, its memory given back, and the next request for it loads it again and waits. A lease
+  may set its model's own idle time for after it (`lease(name, keep_alive)`: Ollama's `keep_alive`;
+  0 unloads it once the request ends, a negative one keeps it loaded). `folder` may be None: the set
+  is then LLM_MODEL's model alone, which is how a single model sleeps.
 - A model's `footprint` is its file's size (the CPU kernels keep the weights in the file's bytes;
   the float16 path takes more) plus its KV cache when every slot is full, known once it has loaded
   (until then the file's size alone: the budget is checked again after the load, and idle models
@@ -78,6 +83,7 @@ class Member:
     last_used: float
     leases: int = 0
     settled: bool = False  # its load's outcome is accounted for
+    keep_alive: float | None = None  # its last request's idle time before it sleeps (None: the set's)
 
 
 class Lease:
@@ -108,8 +114,9 @@ class ModelSet:
         first: str | None = None,
         wait_s: float = WAIT_S,
         clock: Callable[[], float] = time.monotonic,
+        idle_s: float | None = None,
     ):
-        self.folder, self.budget, self.wait_s = folder, budget, wait_s
+        self.folder, self.budget, self.wait_s, self.idle_s = folder, budget, wait_s, idle_s
         self._make_engine, self._clock = make_engine, clock
         self.first = _file(first) if first else None
         self._members: dict[str, Member] = {}
@@ -118,11 +125,14 @@ class ModelSet:
         self._measured: dict[ModelFile, int] = {}  # footprints of files loaded before
         self._cond = threading.Condition()
         self._stopping = False
+        self._sleeper: threading.Thread | None = None
 
     # --- the listing ------------------------------------------------------------------------------
 
     def files(self) -> list[ModelFile]:
         found = {self.first.name: self.first} if self.first else {}
+        if self.folder is None:
+            return list(found.values())
         try:
             entries = sorted(os.scandir(self.folder), key=lambda e: e.name)
         except OSError:
@@ -165,7 +175,7 @@ class ModelSet:
 
     # --- leases -----------------------------------------------------------------------------------
 
-    def lease(self, name: str | None) -> Lease:
+    def lease(self, name: str | None, keep_alive: float | None = None) -> Lease:
         file = self.find(name)
         deadline = self._clock() + self.wait_s
         claim = None
@@ -181,6 +191,8 @@ class ModelSet:
         if member.engine.state != "ok":
             self._release(member)
             raise ModelLoadFailed(f"the model {file.name} failed to load: {member.engine.error}")
+        if keep_alive is not None:
+            member.keep_alive = keep_alive
         return Lease(self, member)
 
     def _claim(self, file: ModelFile, deadline: float) -> tuple[Member, list[Member], bool] | None:
@@ -215,6 +227,36 @@ class ModelSet:
             member.leases -= 1
             member.last_used = self._clock()
             self._cond.notify_all()
+        if member.keep_alive == 0:  # Ollama's keep_alive 0: asleep as soon as nothing holds it
+            self.sleep_idle()
+
+    def sleep_idle(self) -> list[str]:
+        """Unload every loaded model left idle past its idle time; their names."""
+        with self._cond:
+            now = self._clock()
+            idle = [
+                m
+                for m in self._members.values()
+                if m.leases == 0 and m.settled and m is not self._loading and _sleeps(m.keep_alive, self.idle_s, now - m.last_used)
+            ]
+            for member in idle:
+                del self._members[member.file.name]
+        for member in idle:
+            member.engine.stop(STOP_S)
+            log.info("model %s asleep: idle %.0f s (%d bytes freed)", member.file.name, self._clock() - member.last_used, member.footprint)
+        if idle:
+            gc.collect()
+        return [m.file.name for m in idle]
+
+    def _sleep_when_idle(self) -> None:
+        """The sleeper thread: looks for idle models a few times an idle time, until stop()."""
+        period = max(0.05, min(self.idle_s or 1.0, 5.0) / 4)
+        while True:
+            with self._cond:
+                if self._stopping:
+                    return
+                self._cond.wait(period)
+            self.sleep_idle()
 
     def _refuse_failed(self, file: ModelFile) -> None:
         failed = self._failed.get(file.name)
@@ -294,6 +336,9 @@ class ModelSet:
             with self._cond:
                 member = self._add(self.first, [])
             member.engine.start()
+        if self.idle_s is not None:
+            self._sleeper = threading.Thread(target=self._sleep_when_idle, name="model-sleeper", daemon=True)
+            self._sleeper.start()
         return self
 
     def _ready(self) -> list[Member]:
@@ -331,3 +376,10 @@ class ModelSet:
             self._cond.notify_all()
         for member in members:
             member.engine.stop(timeout)
+
+
+def _sleeps(keep_alive: float | None, idle_s: float | None, idle_for: float) -> bool:
+    """Whether a model idle for `idle_for` seconds sleeps: its last request's keep_alive (negative:
+    never), else the set's idle time (None: never)."""
+    limit = keep_alive if keep_alive is not None else idle_s
+    return limit is not None and limit >= 0 and idle_for >= limit

@@ -37,6 +37,7 @@ ENGINE_DEFAULTS = {
     "POOLING": "auto",  # /v1/embeddings: "mean", "last" or "first"; "auto": the file's pooling_type, else mean
     "MODELS_DIR": None,  # a folder of GGUFs served side by side, picked by a request's model (serving/model_set.py)
     "MEMORY_BUDGET": None,  # bytes ("8G", "512M") the loaded models' weights and KV caches may take; None: no limit
+    "IDLE_UNLOAD_SECONDS": None,  # a model no request held for this long is unloaded until the next one (serving/model_set.py); None: never
     "PREFIX_CACHE_DIR": None,  # a folder the paged KV cache's filed blocks are saved to at shutdown and restored from at start; None: off
     "PREFIX_CACHE_BYTES": "512M",  # the most a saved prefix cache takes on disk (serving/prefix_store.py)
 }
@@ -119,6 +120,7 @@ class EngineSettings:
     models_dir: str | None
     memory_budget: int | None
     prefix_cache: tuple[str, int] | None  # (folder, bytes)
+    idle_unload: float | None  # seconds; None: a model stays loaded
 
     @property
     def paging(self) -> tuple[int, tuple[str, int] | None] | None:
@@ -161,4 +163,17 @@ def engine_settings(config: Mapping) -> EngineSettings:
         models_dir=folder,
         memory_budget=None if budget is None else byte_size(budget, "MEMORY_BUDGET"),
         prefix_cache=None if cache_dir is None else (cache_dir, byte_size(setting(config, "PREFIX_CACHE_BYTES"), "PREFIX_CACHE_BYTES")),
+        idle_unload=_seconds(setting(config, "IDLE_UNLOAD_SECONDS"), "IDLE_UNLOAD_SECONDS"),
     )
+
+
+def _seconds(value, name: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"LLM_{name}={value!r}: a number of seconds above 0 is expected")
+    return seconds
