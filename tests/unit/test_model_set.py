@@ -260,6 +260,7 @@ def test_a_single_model_is_a_set_of_one_without_a_folder(tmp_path, factory):
             deadline.wait(0.02)
         assert _loaded(models) == []
         assert _use(models, None).state == "ok" and _loaded(models) == ["only"]
+        assert _use(models, "gpt-4o").state == "ok"  # any name, as a single model answers
     finally:
         models.stop(5)
 

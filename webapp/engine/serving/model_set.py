@@ -21,7 +21,7 @@ Contract:
   is unloaded, its memory given back, and the next request for it loads it again and waits. A lease
   may set its model's own idle time for after it (`lease(name, keep_alive)`: Ollama's `keep_alive`;
   0 unloads it once the request ends, a negative one keeps it loaded). `folder` may be None: the set
-  is then LLM_MODEL's model alone, which is how a single model sleeps.
+  is then LLM_MODEL's model alone, which is how a single model sleeps, and answers any name.
 - A model's `footprint` is its file's size (the CPU kernels keep the weights in the file's bytes;
   the float16 path takes more) plus its KV cache when every slot is full, known once it has loaded
   (until then the file's size alone: the budget is checked again after the load, and idle models
@@ -147,6 +147,8 @@ class ModelSet:
         return list(found.values())
 
     def find(self, name: str | None) -> ModelFile:
+        if self.folder is None and self.first is not None:  # a set of one answers any name, as one model does
+            return self.first
         files = self.files()
         if name is None and files:
             return files[0]
