@@ -10,8 +10,8 @@ THREADS ?= 96
 # LLM_MAX_CONTENT_LENGTH (4 MiB) so that ordinary oversized bodies get the API's JSON 413.
 MAX_BODY ?= 8388608
 export DEV ?= CPU
-# tinygrad's runtime that replays each captured step as one command buffer (see webapp/engine/model/tinygrad_setup.py)
-export HCQ2 ?= 1
+# tinygrad's HCQ2 runtime (one command buffer a captured step) is set on the CPU by
+# webapp/engine/model/tinygrad_setup.py: under it tinygrad's AMD backend does not import
 
 STAMP := $(VENV)/.installed
 

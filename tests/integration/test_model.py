@@ -252,7 +252,18 @@ from tinygrad.runtime.support.hcq2 import HCQ2Compiled
 from webapp.engine.model.tinygrad_setup import _wait_without_spinning
 assert "HCQ2" not in os.environ and HCQ2Compiled._wait_signal is not _wait_without_spinning
 """
-    for code in (script, untouched):
+    on_amd = """
+import os
+os.environ.pop("HCQ2", None)
+os.environ["DEV"] = "AMD"
+from webapp.engine.model.tinygrad_setup import prepare_tinygrad, _signal_wait_without_spinning
+prepare_tinygrad()
+assert "HCQ2" not in os.environ  # under it, tinygrad's AMD backend imports a module its wheel lacks
+import tinygrad.runtime.ops_amd
+from tinygrad.runtime.support.hcq import HCQSignal
+assert HCQSignal.wait is _signal_wait_without_spinning
+"""
+    for code in (script, untouched, on_amd):
         done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
 

@@ -3,13 +3,18 @@ explicit call instead of as a side effect of importing the model.
 
 Call it before anything imports tinygrad: the real loader (`load_gguf_model`) calls it first, and so
 do the tests' conftest and the benchmarks that import the model directly. It is idempotent. It
-1. defaults `HCQ2=1` in the environment, which tinygrad reads once, at import. The HCQ2 runtime
+1. defaults `HCQ2=1` in the environment, which tinygrad reads once, at import, where the model runs
+   on the CPU (`DEV=CPU`, or no `DEV` on a machine without an AMD or NVIDIA GPU). The HCQ2 runtime
    replays a captured step as one command buffer on a native worker thread instead of one Python
    call per kernel (hundreds of kernels a step), which one-token decode paid for in Python
-   (bench/RESULTS.md, before the quantized kernels: the HCQ2 row, 0355ec7). The
-   Makefile exports it as well. If tinygrad was imported before without it, a warning says so.
+   (bench/RESULTS.md, before the quantized kernels: the HCQ2 row, 0355ec7). Elsewhere it is left
+   alone: under HCQ2 tinygrad's AMD backend imports a module its wheel does not ship. If tinygrad
+   was imported before without it, a warning says so.
 2. replaces `HCQ2Compiled._wait_signal`, tinygrad's wait for a worker's signal, with
-   `_wait_without_spinning` (why: see there). With another tinygrad that lacks it, nothing changes.
+   `_wait_without_spinning` (why: see there), and `HCQSignal.wait`, the GPUs' wait for a signal
+   (NV, AMD), with `_signal_wait_without_spinning`: tinygrad's spins in Python for up to 200 ms,
+   holding the GIL the streaming threads need. With another tinygrad that lacks them, nothing
+   changes.
 
 Importing this module imports nothing from tinygrad.
 """
@@ -31,16 +36,35 @@ def prepare_tinygrad() -> None:
     global _prepared
     if _prepared:
         return
-    if "tinygrad" in sys.modules and "HCQ2" not in os.environ:
+    on_cpu = runs_on_cpu(os.environ.get("DEV"))
+    if on_cpu and "tinygrad" in sys.modules and "HCQ2" not in os.environ:
         log.warning("tinygrad was imported before prepare_tinygrad(): HCQ2 is off, every kernel is a Python call")
-    os.environ.setdefault("HCQ2", "1")
+    if on_cpu:
+        os.environ.setdefault("HCQ2", "1")
     try:
         from tinygrad.runtime.support.hcq2 import HCQ2Compiled
     except ImportError:  # another tinygrad: keep its own wait
         pass
     else:
         HCQ2Compiled._wait_signal = _wait_without_spinning
+    try:
+        from tinygrad.runtime.support.hcq import HCQSignal
+    except ImportError:
+        pass
+    else:
+        HCQSignal.wait = _signal_wait_without_spinning
     _prepared = True
+
+
+GPU_DEVICE_FILES = ("/dev/kfd", "/dev/nvidiactl")  # AMD's and NVIDIA's: tinygrad would pick that GPU
+
+
+def runs_on_cpu(dev: str | None, device_files: tuple[str, ...] = GPU_DEVICE_FILES) -> bool:
+    """Whether tinygrad's device will be the CPU: `DEV` names it (its first part: "CPU", "CPU:LLVM"),
+    or names none on a machine without an AMD or NVIDIA GPU."""
+    if dev:
+        return dev.replace("+", ":").split(":")[0].upper() == "CPU"
+    return not any(os.path.exists(path) for path in device_files)
 
 
 def _wait_without_spinning(device, signal, value, timeout=None):
@@ -61,6 +85,23 @@ def _wait_without_spinning(device, signal, value, timeout=None):
             seen, since = now, time.perf_counter()
         elif time.perf_counter() - since > limit:
             device.on_device_hang()
+
+
+def _signal_wait_without_spinning(signal, value: int, timeout: int | None = None) -> None:
+    """`HCQSignal.wait` in sleeps that release the GIL (50 us doubling to 400 us), with tinygrad's
+    timeout and its device's own `_sleep` hook (NV's long sleep after 200 ms, fault checks)."""
+    limit_ms = timeout or int(os.environ.get("HCQDEV_WAIT_TIMEOUT_MS", 30000))
+    since = time.perf_counter()
+    seen, pause = signal.value, 0.00005
+    while seen < value:
+        waited_ms = int((time.perf_counter() - since) * 1000)
+        if waited_ms >= limit_ms:
+            raise RuntimeError(f"Wait timeout: {limit_ms} ms! (the signal is not set to {value}, but {seen})")
+        signal._sleep(waited_ms)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.0004)
+        if (now := signal.value) != seen:  # progress: the timeout counts from here
+            seen, since = now, time.perf_counter()
 
 
 def use_tinygrad_from_this_thread() -> None:
