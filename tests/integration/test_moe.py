@@ -148,3 +148,19 @@ def test_a_server_answers_the_openai_client_and_shows_each_experts_load(tmp_path
         page = requests.get(f"{srv.url}/admin", timeout=30).text
         bars = page[page.index('id="expert-bars"') :]
         assert bars[: bars.index("</svg>")].count("<rect ") == EXPERTS[0] and "Busiest / mean" in page
+
+
+def test_on_tinygrads_path_a_few_tokens_read_only_their_chosen_experts(tmp_path):
+    """A decode step's lanes (tokens x experts used < experts) read their chosen experts through an
+    indexed load, not every expert; both ways give the reference's outputs (the tinygrad tests)."""
+    from tinygrad import GlobalCounters, Tensor
+
+    model, _ = load_model(_file(tmp_path), slots=1, context=64, cpu_kernels=False)
+    ffn = next(b.ffn for b in model.blocks if isinstance(b.ffn, RoutedFeedForward))
+    experts = sum(t.nbytes() for t in (ffn.gate_exps, ffn.up_exps, ffn.down_exps))
+    n = Tensor(np.random.default_rng(3).standard_normal((1, 1, model.config.dim), dtype=np.float32)).realize()
+    GlobalCounters.reset()
+    one = ffn(n).realize()
+    assert GlobalCounters.global_mem < 0.5 * experts  # two of eight experts, and the router
+    many = ffn(n.expand(1, 8, model.config.dim).contiguous()).realize()  # 8 tokens x 2 >= 8 experts: the mask
+    np.testing.assert_allclose(many.numpy()[0, 3], one.numpy()[0, 0], rtol=1e-5, atol=1e-5)

@@ -19,11 +19,15 @@ llama.cpp's glm4-moe graph does) to the routed sum before the residual.
 On the CPU kernels, with every matrix of the layer in blocks, the whole layer is one kernel
 (kernels/c/moe.c, shared_expert.c: a step's tokens grouped by expert, each chosen expert's blocks read
 once a step) and `expert_tokens` counts the lanes each expert took. Everywhere else the experts are
-float16 (experts, cols, rows) tensors and every token runs through every expert, weighted by a mask
-that is zero off its chosen ones: exact, but reading all experts' weights each step.
+float16 (experts, cols, rows) tensors: where a step's tokens times the experts each uses are fewer
+than the experts (a decode step's few lanes), each token's chosen experts' weights are read through
+an indexed load folded into the products, and nothing else of them; otherwise every token runs
+through every expert, weighted by a mask that is zero off its chosen ones, each expert read once.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from tinygrad import Tensor, dtypes
@@ -168,24 +172,38 @@ class RoutedFeedForward:
             top = top / top.sum(-1, keepdim=True).maximum(WEIGHT_SUM_FLOOR)
         if c.expert_weights_scale != 1.0:
             top = top * c.expert_weights_scale
-        mask = ((chosen.unsqueeze(-1) == Tensor.arange(c.experts)).float() * top.unsqueeze(-1)).sum(-2)  # (..., E)
         x = n.unsqueeze(-2).unsqueeze(-2)  # (..., 1, 1, D)
+        if math.prod(n.shape[:-1]) * c.experts_used < c.experts:
+            # fewer tokens x choices than experts (a decode step's few lanes): each token reads only its
+            # chosen experts, an indexed load tinygrad folds into the products
+            gate, up = x @ self.gate_exps[chosen].cast(n.dtype), x @ self.up_exps[chosen].cast(n.dtype)  # (..., K, 1, F)
+            out = self._expert_outputs(gate, up, chosen)  # (..., K, 1, D)
+            return (out.squeeze(-2) * top.unsqueeze(-1).cast(n.dtype)).sum(-2)  # (..., D)
+        # else every expert runs every token, weighed by a mask: each expert's weights read once
+        mask = ((chosen.unsqueeze(-1) == Tensor.arange(c.experts)).float() * top.unsqueeze(-1)).sum(-2)  # (..., E)
         gate = x @ self.gate_exps.cast(n.dtype)  # (..., E, 1, F)
         up = x @ self.up_exps.cast(n.dtype)
         out = self._expert_outputs(gate, up)  # (..., E, 1, D)
         return (out.squeeze(-2) * mask.unsqueeze(-1).cast(n.dtype)).sum(-2)  # (..., D)
 
-    def _expert_outputs(self, gate: Tensor, up: Tensor) -> Tensor:
-        """Every expert's output (..., E, 1, D) from its gate and up rows (..., E, 1, F)."""
+    def _expert_outputs(self, gate: Tensor, up: Tensor, chosen: Tensor | None = None) -> Tensor:
+        """The experts' outputs (..., E, 1, D) from their gate and up rows (..., E, 1, F): every
+        expert's, or with `chosen` (..., K) the chosen ones' (..., K, 1, D)."""
         E, F, D = self.c.experts, self.c.expert_hidden_dim, self.c.dim
         bias = self.expert_bias
+
+        def of(name: str, width: int) -> Tensor:
+            rows = bias[name].reshape(E, 1, width)
+            return (rows if chosen is None else rows[chosen]).cast(gate.dtype)
+
         if bias:
-            gate = gate + bias["ffn_gate_exps.bias"].reshape(E, 1, F).cast(gate.dtype)
-            up = up + bias["ffn_up_exps.bias"].reshape(E, 1, F).cast(up.dtype)
+            gate = gate + of("ffn_gate_exps.bias", F)
+            up = up + of("ffn_up_exps.bias", F)
         if self.c.swiglu_clamped:
             gate, up = gate.minimum(LIMIT), up.clip(-LIMIT, LIMIT)
             mixed = gate * (gate * ALPHA).sigmoid() * (up + 1)
         else:
             mixed = gate.silu() * up
-        out = mixed @ self.down_exps.cast(gate.dtype)
-        return out + bias["ffn_down_exps.bias"].reshape(E, 1, D).cast(gate.dtype) if bias else out
+        down = self.down_exps if chosen is None else self.down_exps[chosen]
+        out = mixed @ down.cast(gate.dtype)
+        return out + of("ffn_down_exps.bias", D) if bias else out
