@@ -126,3 +126,38 @@ def test_a_negative_budget_is_a_400(openai_client):
     with pytest.raises(openai.BadRequestError) as e:
         openai_client.chat.completions.create(model="m", messages=HELLO, extra_body={"reasoning_budget": -1})
     assert e.value.body["param"] == "reasoning_budget"
+
+
+# a thinking template in the way Qwen3's behave: the generation prompt opens a think block, or with
+# enable_thinking false writes it closed and empty
+THINKING_TEMPLATE = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n"
+    "{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{%- else %}<think>\n{%- endif %}"
+    "{%- endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    from support import tiny_engine_server
+    from support.tiny_models import write_tiny_gguf
+
+    path = write_tiny_gguf(str(tmp_path_factory.mktemp("think") / "think.gguf"), "llama", context=256, chat_template=THINKING_TEMPLATE)
+    with tiny_engine_server(path, slots=2, queue_limit=8, context=256) as (engine, server):
+        yield engine, openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_a_real_model_thinks_within_its_budget_then_answers(real):
+    engine, client = real
+    ask = dict(model="m", messages=HELLO, temperature=0, max_tokens=24, logprobs=True)
+    on = client.chat.completions.create(**ask)
+    off = client.chat.completions.create(**ask, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert off.usage.prompt_tokens > on.usage.prompt_tokens  # the template wrote the block closed
+    assert getattr(off.choices[0].message, "reasoning_content", None) is None  # nothing to think: plain content
+    budgeted = client.chat.completions.create(**ask, extra_body={"reasoning_budget": 3})
+    tokens = [t.token for t in budgeted.choices[0].logprobs.content]
+    marker = [engine.tokenizer.decode([i]) for i in engine.tokenizer.encode("</think>", special=True)]
+    if "</think>" not in "".join(tokens[:3]):  # unless the model closed it itself within the budget
+        assert tokens[3 : 3 + len(marker)] == marker  # three tokens of thinking, then the forced marker
+    assert budgeted.usage.completion_tokens == 24  # and the answer goes on after it
