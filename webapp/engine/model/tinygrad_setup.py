@@ -67,6 +67,22 @@ def runs_on_cpu(dev: str | None, device_files: tuple[str, ...] = GPU_DEVICE_FILE
     return not any(os.path.exists(path) for path in device_files)
 
 
+def _poll_until(read, value: int, limit_s: float, on_stall, each_look=None) -> None:
+    """Sleep until `read()` reaches `value`: 50 us doubling to 400 us between looks, so the GIL and
+    the core are free meanwhile; `on_stall(seen)` once no progress was seen for `limit_s`;
+    `each_look(waited_ms)` before each sleep, where given."""
+    seen, since, pause = read(), time.perf_counter(), 0.00005
+    while seen < value:
+        if each_look is not None:
+            each_look(int((time.perf_counter() - since) * 1000))
+        time.sleep(pause)
+        pause = min(pause * 2, 0.0004)
+        if seen != (now := read()):
+            seen, since = now, time.perf_counter()
+        elif time.perf_counter() - since > limit_s:
+            on_stall(seen)
+
+
 def _wait_without_spinning(device, signal, value, timeout=None):
     """Wait for a worker's signal in sleeps, releasing the GIL and the core between looks.
 
@@ -76,32 +92,18 @@ def _wait_without_spinning(device, signal, value, timeout=None):
     less of the model thread's CPU per step than fixed 50 us sleeps, at one lane and at eight, for
     the same step times (bench/RESULTS.md, figures moved out of code comments).
     """
-    limit = (timeout or device.wait_timeout_ms) / 1000
-    seen, since, pause = signal[0], time.perf_counter(), 0.00005
-    while seen < value:
-        time.sleep(pause)
-        pause = min(pause * 2, 0.0004)
-        if seen != (now := signal[0]):
-            seen, since = now, time.perf_counter()
-        elif time.perf_counter() - since > limit:
-            device.on_device_hang()
+    _poll_until(lambda: signal[0], value, (timeout or device.wait_timeout_ms) / 1000, lambda _: device.on_device_hang())
 
 
 def _signal_wait_without_spinning(signal, value: int, timeout: int | None = None) -> None:
-    """`HCQSignal.wait` in sleeps that release the GIL (50 us doubling to 400 us), with tinygrad's
-    timeout and its device's own `_sleep` hook (NV's long sleep after 200 ms, fault checks)."""
+    """`HCQSignal.wait` in the same sleeps, with tinygrad's timeout and its device's own `_sleep` hook
+    (NV's long sleep after 200 ms, fault checks)."""
     limit_ms = timeout or int(os.environ.get("HCQDEV_WAIT_TIMEOUT_MS", 30000))
-    since = time.perf_counter()
-    seen, pause = signal.value, 0.00005
-    while seen < value:
-        waited_ms = int((time.perf_counter() - since) * 1000)
-        if waited_ms >= limit_ms:
-            raise RuntimeError(f"Wait timeout: {limit_ms} ms! (the signal is not set to {value}, but {seen})")
-        signal._sleep(waited_ms)
-        time.sleep(pause)
-        pause = min(pause * 2, 0.0004)
-        if (now := signal.value) != seen:  # progress: the timeout counts from here
-            seen, since = now, time.perf_counter()
+
+    def timed_out(seen: int) -> None:
+        raise RuntimeError(f"Wait timeout: {limit_ms} ms! (the signal is not set to {value}, but {seen})")
+
+    _poll_until(lambda: signal.value, value, limit_ms / 1000, timed_out, signal._sleep)
 
 
 def use_tinygrad_from_this_thread() -> None:
