@@ -11,20 +11,12 @@ import ollama
 import pytest
 import requests
 from support import tiny_engine_server
-from support.fakes import EOS, Reply
+from support.fakes import EOS, TOOLS, Reply
 from support.tiny_models import write_tiny_gguf
 
 from webapp.engine.serving.request import FinishReason
 
 HELLO = [{"role": "user", "content": "hello"}]
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
@@ -66,21 +58,19 @@ def test_a_tool_call_comes_back_with_arguments_as_an_object_and_its_result_goes_
     fake_runner.replies.append(Reply.text(CALL))
     if stream:
         calls = [
-            call
-            for chunk in client.chat(model="tiny", messages=HELLO, tools=[WEATHER], stream=True)
-            for call in chunk.message.tool_calls or []
+            call for chunk in client.chat(model="tiny", messages=HELLO, tools=TOOLS, stream=True) for call in chunk.message.tool_calls or []
         ]
     else:
-        calls = client.chat(model="tiny", messages=HELLO, tools=[WEATHER], stream=False).message.tool_calls
+        calls = client.chat(model="tiny", messages=HELLO, tools=TOOLS, stream=False).message.tool_calls
     assert [(c.function.name, dict(c.function.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
-    assert fake_engine.chat_template.calls[-1]["tools"] == [WEATHER]
+    assert fake_engine.chat_template.calls[-1]["tools"] == TOOLS
     fake_runner.replies.append(Reply.text("It is sunny in Paris."))
     turn = [
         *HELLO,
         {"role": "assistant", "content": "", "tool_calls": calls},
         {"role": "tool", "content": "sunny", "tool_name": "get_weather"},
     ]
-    assert client.chat(model="tiny", messages=turn, tools=[WEATHER], stream=False).message.content == "It is sunny in Paris."
+    assert client.chat(model="tiny", messages=turn, tools=TOOLS, stream=False).message.content == "It is sunny in Paris."
     sent = fake_engine.chat_template.calls[-1]["messages"]
     assert sent[1]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": {"city": "Paris"}}
     assert sent[2]["role"] == "tool" and sent[2]["content"] == "sunny"

@@ -81,10 +81,7 @@ def embed():
 def embeddings():
     """The older single-prompt form: {"model", "prompt"} -> {"embedding"}."""
     body = gen.json_body()
-    unknown = sorted(set(body) - {"model", "prompt", "options", "keep_alive"})
-    if unknown:
-        raise ApiError(400, f"{unknown[0]}: not a field this server knows.", unknown[0])
-    params = parse_embedding_request({"input": body.get("prompt")})
+    params = parse_embedding_request(requests.embeddings_body(body))
     return embedded(_engine(body), params, lambda vectors, _: {"embedding": vectors[0].tolist()})
 
 
@@ -168,7 +165,7 @@ def _lines(parsed: Iterator[list[Piece]], model: str, line_of: Callable, last: C
     except ApiError as e:  # the engine failed or is shutting down: the stream's last line says so
         yield replies.line(replies.error(e.message))
         return
-    yield replies.line(last(**{key: "" if isinstance(value, str) else value for key, value in empty.items()}))
+    yield replies.line(last(**empty))  # the whole answer's fields, empty: the stream carried them
 
 
 def _failed() -> str:

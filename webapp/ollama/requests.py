@@ -2,7 +2,7 @@
 OpenAI bodies the rest of the server validates, so Ollama's clients take the same path to the
 engine (template, tools, grammar, stops) as OpenAI's.
 
-Contract: `chat_body`, `generate_body` and `embed_body` return an OpenAI chat, completion or
+Contract: `chat_body`, `generate_body`, `embed_body` and `embeddings_body` return an OpenAI chat, completion or
 embeddings body, or raise `ApiError` naming the Ollama field at fault; `model_name` is the name a
 client sent, less Ollama's `:latest` tag, which this server's names never carry.
 - `options`: `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop`, `num_predict` (-1 or -2:
@@ -52,6 +52,7 @@ _COMMON = frozenset({"model", "options", "format", "stream", "keep_alive", "thin
 _CHAT_FIELDS = _COMMON | {"messages", "tools"}
 _GENERATE_FIELDS = _COMMON | {"prompt", "system", "raw", "suffix", "template", "images", "context"}
 _EMBED_FIELDS = frozenset({"model", "input", "truncate", "options", "keep_alive", "dimensions"})
+_EMBEDDINGS_FIELDS = frozenset({"model", "prompt", "options", "keep_alive"})  # the older /api/embeddings
 THINK_LEVELS = ("low", "medium", "high")
 
 
@@ -151,6 +152,12 @@ def embed_body(body: dict) -> dict:
     if body.get("dimensions") is not None:
         out["dimensions"] = body["dimensions"]
     return out
+
+
+def embeddings_body(body: dict) -> dict:
+    """An /api/embeddings body (one `prompt`) as a /v1/embeddings body."""
+    _reject_unknown(body, _EMBEDDINGS_FIELDS)
+    return {"input": body.get("prompt")}
 
 
 def _common(body: dict) -> dict:
