@@ -55,17 +55,19 @@ def start_chat(engine, chat: ChatRequest, answer_id: str, param: str) -> ChatRun
     prompt = render_chat(engine.chat_template, list(params.messages), tools, extra=extra)
     prompt_ids = encode(engine.tokenizer, prompt)
     ends = message_ends(engine, list(params.messages), tools, prompt, prompt_ids, extra) if engine.keeps_states else ()
-    reasoning = reasoning_fields(engine, prompt, chat.reasoning_budget)
+    first = output_parser(engine.chat_template.source, prompt, tools)
+    reasoning = reasoning_fields(engine, prompt, chat.reasoning_budget, first)
     answer = submit(engine, prompt_ids, params, answer_id, param, chat.options, chat.grammar, ends, reasoning)
-    parsers = [output_parser(engine.chat_template.source, prompt, tools) for _ in answer.readers]
+    # one parser a choice, made once submit has checked how many choices the engine takes
+    parsers = [first] + [output_parser(engine.chat_template.source, prompt, tools) for _ in answer.readers[1:]]
     return ChatRun(chat, answer, parsers, params.model or engine.model_name)
 
 
-def reasoning_fields(engine, prompt: str, budget: int | None) -> dict:
+def reasoning_fields(engine, prompt: str, budget: int | None, parser: OutputParser | HarmonyParser) -> dict:
     """SamplingParams' thinking budget for this prompt: the request's, else LLM_REASONING_BUDGET;
-    none for a template that writes Harmony's channels, whose end of thinking is no one marker."""
+    none where the output parser reads Harmony's channels, whose end of thinking is no one marker."""
     budget = current_app.config.get("REASONING_BUDGET") if budget is None else budget
-    if budget is None or isinstance(output_parser(engine.chat_template.source, prompt, None), HarmonyParser):
+    if budget is None or isinstance(parser, HarmonyParser):
         return {}
     markers = tuple(tuple(engine.tokenizer.encode(marker, special=True)) for marker in (THINK_OPEN, THINK_CLOSE))
     return {"reasoning_budget": int(budget), "reasoning_markers": markers, "reasoning_open": opens_reasoning(prompt)}
