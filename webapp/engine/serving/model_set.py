@@ -243,12 +243,9 @@ class ModelSet:
             ]
             for member in idle:
                 del self._members[member.file.name]
-        for member in idle:
-            member.engine.stop(STOP_S)
-            log.info("model %s asleep: idle %.0f s (%d bytes freed)", member.file.name, self._clock() - member.last_used, member.footprint)
-        if idle:
-            gc.collect()
-        return [m.file.name for m in idle]
+        names = [m.file.name for m in idle]
+        self._unload(idle, "idle")
+        return names
 
     def _sleep_when_idle(self) -> None:
         """The sleeper thread: looks for idle models a few times an idle time, until stop()."""
@@ -322,10 +319,10 @@ class ModelSet:
             log.info("model %s loaded: %d bytes counted (file %d, KV cache %d)", member.file.name, member.footprint, member.file.size, kv)
         self._cond.notify_all()
 
-    def _unload(self, victims: list[Member]) -> None:
+    def _unload(self, victims: list[Member], why: str = "least recently used") -> None:
         for victim in victims:
             victim.engine.stop(STOP_S)
-            log.info("model %s unloaded (least recently used; %d bytes freed)", victim.file.name, victim.footprint)
+            log.info("model %s unloaded (%s; %d bytes freed)", victim.file.name, why, victim.footprint)
         if victims:
             victims.clear()
             gc.collect()  # the model's buffers sit in reference cycles: free them now, not at some later collection
