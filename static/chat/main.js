@@ -6,9 +6,11 @@
 // resends from there. Either way the prompt's start is already in the server's KV cache, which the
 // figures under the reply report ("N of M prompt tokens cached"). Each conversation records the
 // model it talks to (the header's picker, models.js); a chat not sent yet takes the last one picked.
+// A user message may carry images (attachments.js), saved with it as data: URLs.
 "use strict";
 
 import { events, figures, openStream } from "./api.js";
+import { Attachments, apiContent } from "./attachments.js";
 import { copyText, handleCodeCopy } from "./markdown.js";
 import { ModelPicker } from "./models.js";
 import { Sidebar } from "./sidebar.js";
@@ -139,7 +141,7 @@ function requestBody(messages) {
   const body = { messages: [], stream: true, stream_options: { include_usage: true } };
   const system = $("system-prompt").value.trim();
   if (system) body.messages.push({ role: "system", content: system });
-  body.messages.push(...messages.map((m) => ({ role: m.role, content: m.content })));
+  body.messages.push(...messages.map((m) => ({ role: m.role, content: apiContent(m) })));
   if (picker.value) body.model = picker.value;
   const temperature = parseFloat($("temperature").value);
   if (!Number.isNaN(temperature)) body.temperature = temperature;
@@ -263,8 +265,9 @@ async function generate(typed) {
   sidebar.render();
 }
 
-function sendTyped(text) {
+function sendTyped(text, images) {
   const message = { role: "user", content: text };
+  if (images.length) message.images = images;
   state.conversation.messages.push(message);
   addView(message);
   generate(text);
@@ -283,8 +286,9 @@ function edit(index) {
   state.views[index].edit((text) => {
     if (text === null) return;
     const conversation = state.conversation;
+    const images = conversation.messages[index].images; // an edit changes the text, not the images
     conversation.messages = conversation.messages.slice(0, index);
-    conversation.messages.push({ role: "user", content: text });
+    conversation.messages.push(images ? { role: "user", content: text, images } : { role: "user", content: text });
     show(conversation);
     generate();
   });
@@ -348,7 +352,17 @@ const sidebar = new Sidebar({
   failed: showError,
 });
 
+let attachments;
+
 function init() {
+  attachments = new Attachments({
+    strip: $("attached"),
+    picker: $("attach-file"),
+    button: $("attach"),
+    dropZone: document.querySelector(".main"),
+    pasteTarget: $("input"),
+    failed: showError,
+  });
   restoreSettings();
   refreshModels();
   const saved = store.currentId() && store.getConversation(store.currentId());
@@ -357,10 +371,10 @@ function init() {
   $("composer").addEventListener("submit", (e) => {
     e.preventDefault();
     const text = input.value.trim();
-    if (!text || state.controller) return;
+    if ((!text && !attachments.urls.length) || state.controller) return;
     input.value = "";
     autoGrow();
-    sendTyped(text);
+    sendTyped(text, attachments.take());
   });
   input.addEventListener("keydown", (e) => {
     // isComposing: Enter that confirms an IME composition must not send.

@@ -1,4 +1,4 @@
-// The DOM of one message. User text is shown as text (textContent); a reply as sanitized markdown
+// The DOM of one message. User text is shown as text (textContent), its images as <img>; a reply as sanitized markdown
 // (markdown.js), with its reasoning in a collapsed <details>, each tool call and a JSON reply as a
 // formatted block, a line of figures and its action buttons. Buttons carry `data-action`; main.js
 // handles them all with one listener on the log.
@@ -60,10 +60,27 @@ export class MessageView {
     else this.bubble.removeAttribute("aria-busy");
     if (message.role === "user") {
       this.content.textContent = message.content;
+      this.showImages(message.images || []);
     } else {
       this.showReply(message, streaming);
     }
     this.meta.textContent = message.meta || "";
+  }
+
+  showImages(urls) {
+    if (!this.images) {
+      this.images = el("div", "images");
+      this.bubble.insertBefore(this.images, this.content);
+    }
+    this.images.hidden = !urls.length;
+    this.images.replaceChildren(
+      ...urls.map((url, i) => {
+        const img = el("img");
+        img.src = url; // a data: URL the user attached; never markup
+        img.alt = `Image ${i + 1} of the message`;
+        return img;
+      }),
+    );
   }
 
   showReply(message, streaming) {

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from support import running_server
 
 from webapp import create_app
-from webapp.openai.request_bodies import ROLES
+from webapp.openai.chat_messages import ROLES
 
 HANG_S = 120  # far beyond any example; only a real hang gets here
 

@@ -139,17 +139,25 @@ def running_server(app, threads: int = 16, **adjustments):
 
 @contextlib.contextmanager
 def tiny_engine_server(
-    path: str, slots: int, queue_limit: int, context: int = 256, pooling: str = "auto", draft: str | None = None, kv_type: str = "f16"
+    path: str,
+    slots: int,
+    queue_limit: int,
+    context: int = 256,
+    pooling: str = "auto",
+    draft: str | None = None,
+    kv_type: str = "f16",
+    mmproj: str | None = None,
 ):
     """The real engine on the GGUF at `path` (prefill chunks of 8; `draft`, a draft model's GGUF;
-    `kv_type`, the KV cache's rows) behind a real Waitress server, ready to serve; yields (engine, server)."""
+    `kv_type`, the KV cache's rows; `mmproj`, a projector's) behind a real Waitress server, ready to
+    serve; yields (engine, server)."""
     from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
     from webapp.engine.serving.engine import Engine
     from webapp.engine.serving.loader import load_gguf_model
 
     use_tinygrad_from_this_thread()
     engine = Engine(
-        lambda: load_gguf_model(path, slots, context, 8, pooling=pooling, draft=draft, kv_type=kv_type),
+        lambda: load_gguf_model(path, slots, context, 8, pooling=pooling, draft=draft, kv_type=kv_type, mmproj=mmproj),
         slots=slots,
         queue_limit=queue_limit,
         prefill_chunk=8,

@@ -450,16 +450,20 @@ class Reference:
         a, b = x[..., : hd // 2], x[..., hd // 2 :]
         return np.concatenate([a * cos - b * sin, a * sin + b * cos], -1)
 
-    def logits(self, tokens: list[int]) -> np.ndarray:
-        """(T, vocab) logits for every position."""
-        return self.hidden(tokens) @ self.w.get("output.weight", self.w["token_embd.weight"]).T
+    def logits(self, tokens: list[int], inputs: dict[int, np.ndarray] | None = None) -> np.ndarray:
+        """(T, vocab) logits for every position; `inputs`: rows fed in place of the embeddings of
+        the tokens at their positions (an image's), unscaled."""
+        return self.hidden(tokens, inputs) @ self.w.get("output.weight", self.w["token_embd.weight"]).T
 
-    def hidden(self, tokens: list[int]) -> np.ndarray:
+    def hidden(self, tokens: list[int], inputs: dict[int, np.ndarray] | None = None) -> np.ndarray:
         """(T, dim): the final norm's output at every position (what the head reads, embeddings pool)."""
         w, T = self.w, len(tokens)
         self.ffn_inputs = []  # each layer's normed feed-forward input, for tests of a router on its own
         gemma = self.arch == "gemma3"
-        x = w["token_embd.weight"][tokens] * (np.sqrt(w["token_embd.weight"].shape[1]) if gemma else 1.0)
+        known = [t if 0 <= t < len(w["token_embd.weight"]) else 0 for t in tokens]  # an input's token is none
+        x = w["token_embd.weight"][known] * (np.sqrt(w["token_embd.weight"].shape[1]) if gemma else 1.0)
+        for position, row in (inputs or {}).items():
+            x[position] = row
         pos = np.arange(T, dtype=np.float64)
         for i in range(self.n_layers):
             p = f"blk.{i}."

@@ -8,7 +8,8 @@ Anthropic field at fault; `parse_json_body` and everything after it are the Open
   turn's prompt differ from the last one's at its first tokens and lose the whole prefix cache.
 - `messages`: text blocks join as text; an assistant's `tool_use` blocks become tool calls; a user's
   `tool_result` blocks become tool messages, before that user turn's own text. `thinking` blocks
-  of earlier turns are dropped (the template would not show them). Images and documents are refused.
+  of earlier turns are dropped (the template would not show them). A user's `image` blocks (base64
+  sources) become image parts where they stand among its text; URL sources and documents are refused.
 - `tools` with `input_schema` become function tools; `tool_choice` auto / any / tool / none map to
   auto / required / that function / none, and `disable_parallel_tool_use` to `parallel_tool_calls`.
 - `max_tokens` is required, `temperature` is 0..1, `stop_sequences` are stop strings.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from webapp.openai import images
 from webapp.openai.errors import ApiError
 
 BILLING_HEADER = "x-anthropic-billing-header:"
@@ -147,9 +149,11 @@ def _blocks(content: Any, where: str) -> list[dict]:
         raise ApiError(400, f"{where}.content: a string or an array of content blocks is expected.", f"{where}.content")
     for i, block in enumerate(content):
         kind = block.get("type") if isinstance(block, dict) else None
-        if kind in ("image", "document", "search_result"):
+        if kind in ("document", "search_result"):
             raise ApiError(400, f"{where}.content.{i}: {kind} blocks are not supported by this model; send text.", f"{where}.content")
-        if kind not in ("text", "tool_use", "tool_result", "thinking", "redacted_thinking"):
+        if kind == "image":
+            _image_part(block, f"{where}.content.{i}")
+        elif kind not in ("text", "tool_use", "tool_result", "thinking", "redacted_thinking"):
             raise ApiError(400, f"{where}.content.{i}: unknown content block type {kind!r}.", f"{where}.content")
     return content
 
@@ -171,7 +175,24 @@ def _message(message: Any, where: str) -> list[dict]:
     if any(b["type"] == "tool_use" for b in blocks):
         raise ApiError(400, f"{where}: tool_use blocks belong in an assistant message.", f"{where}.content")
     results = [_tool_result(b, f"{where}.content") for b in blocks if b["type"] == "tool_result"]
+    if any(b["type"] == "image" for b in blocks):  # OpenAI's parts, in their order
+        parts = [
+            _image_part(b, where) if b["type"] == "image" else {"type": "text", "text": b["text"]}
+            for b in blocks
+            if b["type"] in ("text", "image")
+        ]
+        return results + [{"role": "user", "content": parts}]
     return results + ([{"role": "user", "content": "\n\n".join(texts)}] if texts or not results else [])
+
+
+def _image_part(block: dict, where: str) -> dict:
+    """A base64 image block as an OpenAI image part (images.data_url)."""
+    source = block.get("source")
+    if not isinstance(source, dict) or source.get("type") != "base64":
+        raise ApiError(400, f"{where}: an image block needs a base64 source; this server fetches no URL.", f"{where}.source")
+    if not isinstance(source.get("media_type"), str) or not isinstance(source.get("data"), str):
+        raise ApiError(400, f"{where}: an image block's source needs media_type and data strings.", f"{where}.source")
+    return images.data_url(source["media_type"], source["data"])
 
 
 def _tool_call(block: dict, where: str) -> dict:

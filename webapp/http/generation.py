@@ -19,6 +19,7 @@ from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.serving.errors import RETRY_AFTER_S, PromptTooLong, completion_room
 from webapp.engine.serving.model_set import ModelNotFound, ModelsBusy, ModelSet
 from webapp.engine.serving.request import Request
+from webapp.http.image_prompt import image_prompt
 from webapp.openai import chat_request, request_bodies, response_bodies, structured
 from webapp.openai.chat_request import ChatRequest
 from webapp.openai.choices import Answer, ChoiceOutputs, ChoiceReader, ClientGone
@@ -53,11 +54,11 @@ def start_chat(engine, chat: ChatRequest, answer_id: str, param: str) -> ChatRun
     format or forced tool included)."""
     params, tools, extra = chat.params, chat.params.active_tools, chat.template_kwargs
     prompt = render_chat(engine.chat_template, list(params.messages), tools, extra=extra)
-    prompt_ids = encode(engine.tokenizer, prompt)
+    prompt_ids, images = image_prompt(engine, prompt, chat.images) if chat.images else (encode(engine.tokenizer, prompt), ())
     ends = message_ends(engine, list(params.messages), tools, prompt, prompt_ids, extra) if engine.keeps_states else ()
     first = output_parser(engine.chat_template.source, prompt, tools)
     reasoning = reasoning_fields(engine, prompt, chat.reasoning_budget, first)
-    answer = submit(engine, prompt_ids, params, answer_id, param, chat.options, chat.grammar, ends, reasoning)
+    answer = submit(engine, prompt_ids, params, answer_id, param, chat.options, chat.grammar, ends, reasoning, images)
     # one parser a choice, made once submit has checked how many choices the engine takes
     parsers = [first] + [output_parser(engine.chat_template.source, prompt, tools) for _ in answer.readers[1:]]
     return ChatRun(chat, answer, parsers, params.model or engine.model_name)
@@ -188,6 +189,7 @@ def submit(
     grammar: str | None = None,
     message_ends: tuple[int, ...] = (),
     reasoning: dict | None = None,
+    images: tuple = (),
 ) -> Answer:
     """Build one engine request per choice and queue them; QueueFull / EngineNotReady go to the
     app handlers, after the choices already queued are aborted."""
@@ -221,12 +223,12 @@ def submit(
             except GrammarError as e:
                 raise ApiError(400, f"The output constraint does not compile: {e}") from e
         if outputs is None:
-            requests.append(Request(prompt_ids, sampling, id=answer_id, message_ends=message_ends, constraint=constraint))
+            requests.append(Request(prompt_ids, sampling, id=answer_id, message_ends=message_ends, images=images, constraint=constraint))
         else:
             # the same seed in every choice would give n copies of one answer
             seeded = replace(sampling, seed=None if sampling.seed is None else sampling.seed + index)
             outbox = outputs.outbox(index)
-            requests.append(Request(prompt_ids, seeded, f"{answer_id}-{index}", outbox, message_ends, constraint=constraint))
+            requests.append(Request(prompt_ids, seeded, f"{answer_id}-{index}", outbox, message_ends, images, constraint=constraint))
     answer = Answer(answer_id, engine, outputs, params.stop, disconnected(), lifecycle())
     try:
         for req in requests:

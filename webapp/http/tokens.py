@@ -4,7 +4,8 @@ evaluation tools count tokens exactly as the model does.
 - `/tokenize`: text as `content` (llama-server) or `prompt` (vLLM), or chat `messages` rendered with
   the model's template (and its generation prompt unless `add_generation_prompt` is false).
   `add_special` / `add_special_tokens` (default true) parses special-token text and puts the BOS
-  first where the model wants one; `with_pieces` gives each id with its text. The answer carries
+  first where the model wants one; `with_pieces` gives each id with its text. Images in the
+  messages count as the positions they take (their placeholder ids, as the engine is sent them). The answer carries
   `tokens`, `count` and `max_model_len`.
 - `/detokenize`: `tokens` back to text, as `content` and as `prompt`.
 
@@ -18,7 +19,8 @@ from flask import current_app, jsonify
 
 from webapp.http import generation as gen
 from webapp.http.families import Family
-from webapp.openai import request_bodies
+from webapp.http.image_prompt import image_prompt
+from webapp.openai import images, request_bodies
 from webapp.openai.errors import ApiError
 
 bp = Family("tokens", __name__)
@@ -38,12 +40,16 @@ def tokenize():
         if not isinstance(text, str):
             raise ApiError(400, "Send the text as 'content' (or 'prompt'), or chat 'messages'.", "content")
     tokenizer = engine.tokenizer
-    ids = tokenizer.encode(text, special=special)
-    if special and tokenizer.add_bos and tokenizer.bos_id is not None and ids[:1] != [tokenizer.bos_id]:
-        ids = [tokenizer.bos_id, *ids]
+    pictures = images.chat_images(body["messages"]) if "messages" in body else ()
+    if pictures:
+        ids = image_prompt(engine, text, pictures)[0]
+    else:
+        ids = tokenizer.encode(text, special=special)
+        if special and tokenizer.add_bos and tokenizer.bos_id is not None and ids[:1] != [tokenizer.bos_id]:
+            ids = [tokenizer.bos_id, *ids]
     out: dict = {"tokens": ids, "count": len(ids), "max_model_len": engine.max_context}
     if _flag(body, "with_pieces", False):
-        out["tokens"] = [{"id": i, "piece": tokenizer.decode([i])} for i in ids]
+        out["tokens"] = [{"id": i, "piece": tokenizer.decode([i]) if i < tokenizer.vocab_size else "[image]"} for i in ids]
     return jsonify(out)
 
 

@@ -16,11 +16,12 @@ client sent, less Ollama's `:latest` tag, which this server's names never carry.
 - `stream` is true unless the body says false, as in Ollama; `keep_alive` (a duration, "5m", or
   seconds; 0: unload after this request; negative: keep loaded) is `keep_alive_seconds`, the idle
   time after which the model sleeps where the server unloads idle models.
-- Messages: `images` are refused (this server takes no images yet), an assistant's `tool_calls`
+- Messages: `images` (base64 strings) go before the message's text as image parts; an assistant's `tool_calls`
   (arguments as an object) become OpenAI tool calls and its `thinking` its reasoning, a `tool`
   message answers the last call of its `tool_name` (else the last call).
 - `/api/generate`: the prompt (with `system`) goes through the chat template, or with `raw` as it
-  is; `suffix`, a `template` of its own, `images` and a non-empty `context` are refused.
+  is (`images` then refused: no template places them); `suffix`, a `template` of its own and a
+  non-empty `context` are refused.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import re
 from typing import Any
 
 from webapp.openai.errors import ApiError
+from webapp.openai.images import data_url
 
 # Ollama's options that tune its own runner (memory, threads, GPUs, the context it allocates, its
 # other samplers): nothing here reads them
@@ -116,7 +118,7 @@ def chat_body(body: dict) -> dict:
 def generate_body(body: dict) -> tuple[str, dict]:
     """An /api/generate body as ("chat", a chat body) or, with `raw`, ("completion", a completion body)."""
     _reject_unknown(body, _GENERATE_FIELDS)
-    for field, why in (("suffix", "fill-in-the-middle"), ("template", "a template of the request's own"), ("images", "images")):
+    for field, why in (("suffix", "fill-in-the-middle"), ("template", "a template of the request's own")):
         if body.get(field):
             raise ApiError(400, f"{field}: this server does not take {why}.", field)
     if body.get("context"):
@@ -130,6 +132,8 @@ def generate_body(body: dict) -> tuple[str, dict]:
         raise ApiError(400, "raw: true or false is expected.", "raw")
     out = _common(body)
     if raw:
+        if body.get("images"):
+            raise ApiError(400, "images: a raw prompt has no place for them; send them without raw.", "images")
         if system:
             raise ApiError(400, "system: a raw prompt is sent as it is, without a system prompt.", "system")
         if "response_format" in out:
@@ -137,8 +141,8 @@ def generate_body(body: dict) -> tuple[str, dict]:
         for template_only in ("chat_template_kwargs", "reasoning_effort"):  # `think`: no template renders a raw prompt
             out.pop(template_only, None)
         return "completion", out | {"prompt": prompt}
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    return "chat", out | {"messages": messages}
+    user = {"role": "user", "content": _with_images(prompt, body.get("images"), "images")}
+    return "chat", out | {"messages": ([{"role": "system", "content": system}] if system else []) + [user]}
 
 
 def embed_body(body: dict) -> dict:
@@ -201,20 +205,27 @@ def _options(options: Any) -> dict:
     return out
 
 
+def _with_images(text: str, images: Any, where: str) -> str | list[dict]:
+    """A message's text, or with images chat's parts: the images (base64, any format), then the text."""
+    if not images:
+        return text
+    if not isinstance(images, list) or not all(isinstance(image, str) for image in images):
+        raise ApiError(400, f"{where}: a list of base64 strings is expected.", "images")
+    return [data_url("", image) for image in images] + ([{"type": "text", "text": text}] if text else [])
+
+
 def _messages(messages: list) -> list[dict]:
     out, calls = [], []  # calls: (id, name) of every tool call so far, for the tool messages after them
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
             raise ApiError(400, f"{where}: an object is expected.", "messages")
-        if message.get("images"):
-            raise ApiError(400, f"{where}.images: this server does not take images.", "messages")
         role, content = message.get("role"), message.get("content", "")
         if content is None:
             content = ""
         if not isinstance(content, str):
             raise ApiError(400, f"{where}.content: a string is expected.", "messages")
-        entry = {"role": role, "content": content}
+        entry = {"role": role, "content": _with_images(content, message.get("images"), f"{where}.images")}
         if role == "assistant":
             if isinstance(message.get("thinking"), str) and message["thinking"]:
                 entry["reasoning_content"] = message["thinking"]

@@ -16,11 +16,11 @@ without a server. What the model's text means (stop strings, reasoning, tool cal
 
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import dataclass
 from typing import Any
 
+from webapp.openai.chat_messages import parse_messages
 from webapp.openai.errors import ApiError
 
 MAX_JSON_DEPTH = 64
@@ -75,7 +75,6 @@ def _check_text(text: str) -> None:
 
 # --- request validation -------------------------------------------------------------------------
 
-ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 MAX_MESSAGES = 1000  # the default; the app passes its MAX_MESSAGES setting
 MAX_TOOLS = 128  # OpenAI's own limit
 MAX_STOP_STRINGS = 4
@@ -144,7 +143,7 @@ def parse_chat_request(body: dict, max_messages: int = MAX_MESSAGES) -> ChatPara
     return ChatParams(
         **_generation_fields(body),
         max_tokens=max_tokens,
-        messages=_parse_messages(body.get("messages"), max_messages),
+        messages=parse_messages(body.get("messages"), max_messages),
         tools=tools,
         tool_choice=tool_choice,
         forced_tool=forced_tool,
@@ -297,77 +296,6 @@ def _parse_prompt(prompt: Any) -> str | tuple[int, ...]:
         "'prompt' must be a string, an array of one string, or a non-empty array of token ids.",
         "prompt",
     )
-
-
-def _parse_messages(messages: Any, max_messages: int) -> tuple[dict, ...]:
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "'messages' must be a non-empty array.", "messages")
-    if len(messages) > max_messages:
-        raise ApiError(
-            400,
-            f"'messages' may hold at most {max_messages} messages, got {len(messages)}.",
-            "messages",
-            "array_above_max_length",
-        )
-    return tuple(_parse_message(m, f"messages[{i}]") for i, m in enumerate(messages))
-
-
-def _parse_message(message: Any, where: str) -> dict:
-    if not isinstance(message, dict):
-        raise ApiError(400, f"'{where}' must be an object.", where)
-    role = message.get("role")
-    if not isinstance(role, str) or role not in ROLES:
-        raise ApiError(
-            400,
-            f"'{where}.role' must be one of {', '.join(sorted(ROLES))}; got {role!r}.",
-            f"{where}.role",
-        )
-    content = _parse_content(message.get("content"), f"{where}.content")
-    out: dict[str, Any] = {"role": role, "content": content}
-    tool_calls = message.get("tool_calls")
-    if role == "assistant" and tool_calls is not None:
-        out["tool_calls"] = _parse_tool_calls(tool_calls, f"{where}.tool_calls")
-    if content is None:
-        if not out.get("tool_calls"):
-            raise ApiError(400, f"'{where}' has no content.", f"{where}.content")
-        out["content"] = ""  # templates test `content is string`; null trips some of them
-    for key in ("name", "tool_call_id", "reasoning_content"):
-        if isinstance(message.get(key), str):
-            out[key] = message[key]
-    return out
-
-
-def _parse_content(content: Any, where: str) -> str | None:
-    if content is None or isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ApiError(400, f"'{where}' must be a string or an array of text parts.", where)
-    texts = []
-    for i, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise ApiError(400, f"'{where}[{i}]' must be a text part; only text is supported.", where)
-        texts.append(part["text"])
-    return "\n".join(texts)
-
-
-def _parse_tool_calls(tool_calls: Any, where: str) -> list[dict]:
-    if not isinstance(tool_calls, list):
-        raise ApiError(400, f"'{where}' must be an array.", where)
-    out = []
-    for i, call in enumerate(tool_calls):
-        fn = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise ApiError(400, f"'{where}[{i}]' must have a function with a name.", where)
-        arguments = fn.get("arguments", {})
-        if isinstance(arguments, str):
-            # A model's malformed arguments may come back verbatim; those stay text.
-            with contextlib.suppress(ValueError):
-                arguments = json.loads(arguments) if arguments.strip() else {}
-        entry = {"type": "function", "function": {"name": fn["name"], "arguments": arguments}}
-        if isinstance(call.get("id"), str):
-            entry["id"] = call["id"]
-        out.append(entry)
-    return out
 
 
 def _parse_tools(tools: Any) -> tuple[dict, ...] | None:

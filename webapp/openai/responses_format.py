@@ -4,7 +4,8 @@ stream's events built from parsed output pieces.
 
 Requests (`chat_body(body, history)`):
 - `instructions` become the system message; `input` is a string or items: messages (roles user,
-  assistant, system, developer; `input_text` / `output_text` parts), `function_call` (an assistant
+  assistant, system, developer; `input_text` / `output_text` parts, `input_image` parts with a data:
+  URL as chat's image parts), `function_call` (an assistant
   tool call) and `function_call_output` (a tool message); earlier `reasoning` items are dropped.
   `history` is the items of the `previous_response_id` chain, put before `input`.
 - `tools`: function tools become chat tools; tools of other types (`web_search`, `namespace`,
@@ -115,18 +116,27 @@ def chat_body(body: dict, history: list[dict]) -> dict:
     return out
 
 
-def _text(content: Any, where: str) -> str:
+def _text(content: Any, where: str) -> str | list[dict]:
+    """A message's content as chat's: its text, or where it holds images chat's parts in their order."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise ApiError(400, f"'{where}.content' must be a string or an array of parts.", f"{where}.content")
-    texts = []
+    parts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in ("input_text", "output_text", "text") or not isinstance(part.get("text"), str):
-            raise ApiError(400, f"'{where}.content[{j}]' of type {kind!r} is not supported; only text is.", f"{where}.content")
-        texts.append(part["text"])
-    return "\n".join(texts)
+        if kind == "input_image":
+            if not isinstance(part.get("image_url"), str) or not part["image_url"].startswith("data:"):
+                why = "an input_image needs a data: URL as image_url (this server fetches no URL, and keeps no files)"
+                raise ApiError(400, f"'{where}.content[{j}]': {why}.", f"{where}.content")
+            parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+        elif kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        else:
+            raise ApiError(400, f"'{where}.content[{j}]' of type {kind!r} is not supported; text and images are.", f"{where}.content")
+    if any(part["type"] == "image_url" for part in parts):
+        return parts
+    return "\n".join(part["text"] for part in parts)
 
 
 def _add_item(messages: list[dict], item: Any, where: str) -> None:

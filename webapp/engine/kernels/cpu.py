@@ -78,7 +78,7 @@ class QuantizedCPU:
         self._repack = library.tq_repack
         self._repack.argtypes, self._repack.restype = [ctypes.c_void_p] * 2 + [ctypes.POINTER(abi.Product)], ctypes.c_int
         self._forward = library.tq_forward
-        self._forward.argtypes, self._forward.restype = [ctypes.c_void_p] * 5 + [ctypes.POINTER(abi.Step), ctypes.c_void_p], None
+        self._forward.argtypes, self._forward.restype = [ctypes.c_void_p] * 5 + [ctypes.POINTER(abi.Step)] + [ctypes.c_void_p] * 2, None
         library.tq_start(ctypes.c_long(threads), ctypes.c_long(abi.SPIN_US))
 
     @classmethod
@@ -341,13 +341,15 @@ class QuantizedCPU:
         hidden: bool = False,
         state_rows: list[int] | None = None,
         resume_rows: bool = False,
+        inputs: np.ndarray | None = None,
     ) -> np.ndarray:
         """A whole step (tq_forward) as one call on this thread, which works through the pool's jobs
         with it: tokens (B,), lanes (2B,) as `attend` takes them, picks = the lanes whose logits are
         wanted -> (len(picks), vocab) float32 logits; `hidden`: the final norm's output instead,
         (len(picks), dim), for embeddings; `state_rows` (B,): each lane's row of a recurrent layer's
         state, where it is not its slot's (gated_delta.c), its sequence's first lane taking the slot's
-        state, or with `resume_rows` going on from the state its row holds. The model's tensors must not be in use by
+        state, or with `resume_rows` going on from the state its row holds; `inputs` (k, dim) float32:
+        the embeddings of the tokens given as -1 - row (an image's rows). The model's tensors must not be in use by
         tinygrad's queue (callers synchronize after tinygrad work on the same tensors).
 
         Not a kernel inside a TinyJit like the others: a replayed capture adds Python before the kernel,
@@ -356,12 +358,26 @@ class QuantizedCPU:
             assert len(state_rows) == len(tokens) and model.dims.recurrent.state, "a recurrent model's rows of state, one a lane"
             lanes = [*lanes, *state_rows]
         ids, lane_values, rows = (np.ascontiguousarray(v, dtype=np.int32) for v in (tokens, lanes, picks))
+        given = _checked_inputs(ids, inputs, model.dims.dim)
         out = np.empty((len(rows), model.dims.dim if hidden else model.dims.vocab), dtype=np.float32)
         lane_rows = abi.LaneRows.SLOTS if state_rows is None else abi.LaneRows.RESUME if resume_rows else abi.LaneRows.GIVEN
         step = model.step(len(ids), len(rows), abi.StepOutput.HIDDEN if hidden else abi.StepOutput.LOGITS, lane_rows)
         addresses = (out.ctypes.data, ids.ctypes.data, lane_values.ctypes.data, rows.ctypes.data, model.table.ctypes.data)
-        self._forward(*addresses, step, model.layer_info.ctypes.data)
+        self._forward(*addresses, step, model.layer_info.ctypes.data, None if given is None else given.ctypes.data)
         return out
+
+
+def _checked_inputs(ids: np.ndarray, inputs: np.ndarray | None, dim: int) -> np.ndarray | None:
+    """`inputs` as C-contiguous float32 rows that every negative id names, or ValueError: the C side
+    copies row -1 - id without a bound."""
+    if inputs is None:
+        if (ids < 0).any():
+            raise ValueError("a negative token id names a row of inputs, and none were given")
+        return None
+    given = np.ascontiguousarray(inputs, dtype=np.float32)
+    if given.ndim != 2 or given.shape[1] != dim or (ids < -len(given)).any():
+        raise ValueError(f"inputs of shape {given.shape} for negative ids down to {ids.min()} (rows of {dim})")
+    return given
 
 
 def _checked_blocks(rows: np.ndarray, ggml_type: int, cols: int) -> np.ndarray:

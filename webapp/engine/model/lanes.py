@@ -6,8 +6,9 @@ sequence's one token); ALL, every token's logits (len(tokens), vocab) (a scored 
 verification); HIDDEN, every token's final norm output (len(tokens), dim) (embeddings). A `decoding`
 lane feeds a sequence's last output token, then any drafted tokens after it (`drafted`: a
 verification, each drafted token in a recurrent state row of its own where the model has such
-layers); any other lane is a prompt chunk. The lanes of one step hold distinct slots, and a lane's
-numbers never depend on the others beside it.
+layers); any other lane is a prompt chunk, whose `inputs` are (offset, rows) pairs: rows (n, dim)
+float32 fed at tokens offset .. offset + n - 1 in place of their embeddings (an image's). The lanes of
+one step hold distinct slots, and a lane's numbers never depend on the others beside it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Lane:
     tokens: Sequence[int]
     want: Want = Want.LAST
     decoding: bool = False
+    inputs: tuple = ()
 
     @property
     def drafted(self) -> bool:

@@ -101,6 +101,10 @@ class Engine:
         return self._require().chat_template
 
     @property
+    def vision(self):  # the projector's side of images in prompts (vision/vision.py); None: no projector
+        return self._require().vision
+
+    @property
     def grammars(self) -> GrammarCompiler:
         """Compiles grammars against the served model's vocabulary, for handler threads."""
         loaded = self._require()
@@ -140,7 +144,8 @@ class Engine:
         with self._lock:
             if self._waiting >= self.queue_limit:
                 self._rejected += 1
-                raise QueueFull(retry_after=self._retry_after())
+                ttft = self.metrics.snapshot.get("ttft_p50_s") or 1.0  # the queue drains a request's time per slot round
+                raise QueueFull(retry_after=max(1, int(ttft * self.queue_limit / max(self.n_slots, 1))))
             self._waiting += 1
         self._inbox.put(request)
 
@@ -171,12 +176,9 @@ class Engine:
             snap["queue_depth"] = self._waiting  # live: the snapshot lags while a step runs
             snap["requests_total"] = {**snap["requests_total"], REJECTED: self._rejected}
             snap["state"] = self.state
+            if self.loaded is not None and self.loaded.vision is not None:
+                snap["images"] = self.loaded.vision.stats()
         return snap or {"state": self.state, "model": self.model_name}
-
-    def _retry_after(self) -> int:
-        # roughly how long the queue ahead takes to drain: one request's worth of time per slot round
-        ttft = self.metrics.snapshot.get("ttft_p50_s") or 1.0
-        return max(1, int(ttft * self.queue_limit / max(self.n_slots, 1)))
 
     # --- the model thread ----------------------------------------------------------------------
 
@@ -331,11 +333,9 @@ class Engine:
         self._emit(request, token, logprobs)
 
     def _verified(self, decoding: list[tuple[Part, np.ndarray]]) -> None:
-        """Take each request's tokens from its lane's rows (a row, or 1 + len(drafts) of them when it
-        drafted): its positions are sampled in order, as plain decoding would sample them (the same
-        logits, its own generator), and a draft is kept while the sample equals it; the first sample
-        that differs is the step's last token for that request. So the output is the same, token for
-        token, as without speculation."""
+        """Take each request's tokens from its lane's rows (a row, or 1 + len(drafts) when it drafted),
+        sampled in order as plain decoding would (the same logits, its own generator), keeping a draft
+        while the sample equals it: the output is, token for token, what it is without speculation."""
         for part, lane_rows in decoding:
             request, draft = part.request, part.drafts
             accepted, drafter = 0, request.drafter  # kept: a request that ends here lets go of its drafter

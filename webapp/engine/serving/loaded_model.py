@@ -51,6 +51,8 @@ class LoadedModel:
     # what `make tune`'s stamp for this configuration is filed under; None where a step runs no
     # tinygrad kernel to tune (model/tuning_stamp.py)
     tuning_key: dict | None = None
+    # a projector's side of image input (webapp/engine/vision/vision.py's Vision), else None
+    vision: object = None
 
     def kv_bytes(self, slots: int) -> int:
         """The KV cache when full: the pool's blocks, or `slots` slots and the scratch one at the whole context."""

@@ -22,7 +22,7 @@ from webapp.engine.model.tuning_stamp import beam_for, tuning_key
 from webapp.engine.serving.engine import Engine
 from webapp.engine.serving.kv_cache import RingRows
 from webapp.engine.serving.loaded_model import LoadedModel
-from webapp.engine.serving.model_set import ModelSet
+from webapp.engine.serving.model_set import ModelSet, projector_beside
 from webapp.engine.serving.prefix_store import PrefixStore
 from webapp.engine.serving.settings import EngineSettings, engine_settings
 
@@ -59,9 +59,11 @@ def load_gguf_model(
     draft: str | None = None,
     kv_type: str = "f16",
     paging: tuple[int, tuple[str, int] | None] | None = None,
+    mmproj: str | None = None,
 ) -> LoadedModel:
     """The real loader: tinygrad model, GGUF tokenizer and the file's chat template; `draft`, a draft
-    model's GGUF for speculative decoding (serving/draft_loader.py)."""
+    model's GGUF for speculative decoding (serving/draft_loader.py); `mmproj`, a projector GGUF
+    whose images prompts may hold (webapp/engine/vision)."""
     prepare_tinygrad()  # before tinygrad's first import: it reads HCQ2 then
     from tinygrad import Device
 
@@ -90,6 +92,7 @@ def load_gguf_model(
     log.info("embeddings: %s pooling (%s)%s", pooling, why, ", end-of-text appended" if suffix else "")
     steps = steps_for(model, prefill_chunk)
     draft_model = load_draft(draft, path, kv, steps, slots, piece, cpu_kernels, cpu_isa) if draft else None
+    vision = load_vision(mmproj, model.config, steps, tokenizer) if mmproj else None
     tuned = tuning_key(path, slots, model.context, piece, model.uses_cpu_kernels, model.kv_type.name) if steps.tunable else None
     if tuned is not None:
         beam = beam_for(tuned, beam)
@@ -98,7 +101,7 @@ def load_gguf_model(
         beam = 0
         log.info("steps: %s (no tinygrad kernel in a step: `make tune` has nothing to search)", steps.how)
     return LoadedModel(
-        runner=ModelRunner(steps, beam=beam, draft=draft_model),
+        runner=ModelRunner(steps, beam=beam, draft=draft_model, vision=vision),
         tokenizer=tokenizer,
         chat_template=template,
         name=os.path.basename(path).removesuffix(".gguf"),
@@ -116,7 +119,24 @@ def load_gguf_model(
         kv_pool=model.pool,
         block_table=model.block_table,
         tuning_key=tuned,
+        vision=vision,
     )
+
+
+def load_vision(path: str, config, steps, tokenizer):
+    """The projector at `path` as the served model's `Vision`, or ModelLoadError where the two do
+    not go together."""
+    from webapp.engine.vision.projector import load_projector
+    from webapp.engine.vision.vision import Vision
+
+    name = os.path.basename(path)
+    if not steps.takes_inputs:
+        raise ModelLoadError(f"{name}: an image's rows go where token embeddings do, which only the CPU kernels' steps take ({steps.how})")
+    projector = load_projector(path)
+    if projector.text_dim != config.dim:
+        raise ModelLoadError(f"{name}: its rows have {projector.text_dim} values; the model's embeddings have {config.dim}")
+    log.info("images: %s's %s projector, %d positions an image", name, projector.family, projector.tokens_per_image)
+    return Vision(projector, max(config.vocab_size, tokenizer.vocab_size))
 
 
 def build_engine(config) -> Engine | ModelSet:
@@ -153,6 +173,7 @@ def _engine(s: EngineSettings, path: str, draft: str | None, own_thread: bool = 
             draft=draft,
             kv_type=s.kv_type,
             paging=s.paging,
+            mmproj=(s.mmproj if path == s.path else None) or projector_beside(path),
         )
 
     return Engine(

@@ -3,8 +3,8 @@ own model thread, slots and queue), loaded on first use and unloaded least recen
 
 Contract:
 - `files()` is the folder's listing, read again at every call (a file copied in is offered at
-  once): each `*.gguf` as a `ModelFile` named by its file name without `.gguf`, the way the single
-  model is named; `LLM_MODEL`'s file (`first`) comes first even when it lies elsewhere, and is the
+  once): each `*.gguf` but projectors (`NAME.mmproj.gguf`, `mmproj-NAME.gguf`: loaded with NAME)
+  as a `ModelFile` named by its file name without `.gguf`, the way the single model is named; `LLM_MODEL`'s file (`first`) comes first even when it lies elsewhere, and is the
   model of a request that names none (else the first by name). A name is only ever looked up in
   that listing, so `../x`, an absolute path or a file outside the folder is `ModelNotFound` and
   nothing is opened.
@@ -102,7 +102,21 @@ class Lease:
 
 def _file(path: str) -> ModelFile:
     stat = os.stat(path)
-    return ModelFile(os.path.basename(path).removesuffix(SUFFIX), path, stat.st_size, stat.st_mtime)
+    projector = projector_beside(path)  # loaded with it: its memory counts too
+    size = stat.st_size + (os.path.getsize(projector) if projector else 0)
+    return ModelFile(os.path.basename(path).removesuffix(SUFFIX), path, size, stat.st_mtime)
+
+
+def projector_beside(path: str) -> str | None:
+    """A model's projector file, found beside it by name: NAME.mmproj.gguf or mmproj-NAME.gguf."""
+    folder, name = os.path.split(path)
+    stem = name.removesuffix(SUFFIX)
+    found = (os.path.join(folder, c) for c in (f"{stem}.mmproj{SUFFIX}", f"mmproj-{stem}{SUFFIX}"))
+    return next((c for c in found if os.path.isfile(c)), None)
+
+
+def is_projector(name: str) -> bool:
+    return name.endswith(f".mmproj{SUFFIX}") or name.startswith("mmproj-")
 
 
 class ModelSet:
@@ -139,7 +153,7 @@ class ModelSet:
             log.warning("LLM_MODELS_DIR=%r cannot be read", self.folder, exc_info=True)
             entries = []
         for entry in entries:
-            if entry.name.endswith(SUFFIX) and not entry.name.startswith(".") and entry.is_file():
+            if entry.name.endswith(SUFFIX) and not entry.name.startswith(".") and not is_projector(entry.name) and entry.is_file():
                 try:
                     found.setdefault(entry.name.removesuffix(SUFFIX), _file(entry.path))
                 except OSError:  # removed since the folder was read

@@ -65,6 +65,9 @@ class Request:
     # message, the last one before the generation prompt), set by the web layer for a recurrent
     # model: its state is snapshotted there for a later prompt to start from (serving/state_snapshots.py)
     message_ends: tuple[int, ...] = ()
+    # the prompt's images (webapp/engine/vision/vision.py's ImageSpan): their positions hold
+    # placeholder ids past the vocabulary, and the steps feed the images' rows there
+    images: tuple = ()
 
     # Owned by the model thread once submitted; handlers only read them after Finished.
     status: Status = Status.WAITING

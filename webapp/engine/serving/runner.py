@@ -116,10 +116,11 @@ class Runner(Protocol):
 
 
 class ModelRunner:
-    def __init__(self, steps, beam: int = 0, draft=None):
+    def __init__(self, steps, beam: int = 0, draft=None, vision=None):
         self.steps = steps
         self.beam = beam  # tinygrad BEAM search width for compiling kernels at warm-up (0: default kernels)
         self.draft = draft  # a DraftModel, run on this thread beside the served model
+        self.vision = vision  # the projector's Vision (webapp/engine/vision/vision.py) where images are taken
 
     @property
     def mixes(self) -> bool:
@@ -142,7 +143,13 @@ class ModelRunner:
         return self.steps.verify_seconds
 
     def run(self, parts: list[Part]) -> list[np.ndarray]:
-        return self.steps.run([Lane(p.request.slot, p.start, p.tokens, p.want, p.decoding) for p in parts])
+        return self.steps.run([Lane(p.request.slot, p.start, p.tokens, p.want, p.decoding, self._inputs(p)) for p in parts])
+
+    def _inputs(self, part: Part) -> tuple:
+        """A prompt chunk's image rows, encoded here on the model thread where first needed."""
+        if part.decoding or not part.request.images:
+            return ()
+        return self.vision.inputs(part.request.images, part.start, len(part.tokens))
 
     def kept(self, request: Request, lanes: int) -> None:
         self.steps.kept(request.slot, lanes)

@@ -33,6 +33,7 @@ ENGINE_DEFAULTS = {
     "CPU_ISA": "auto",  # the instruction-set rung the CPU kernels are built for (kernels/build.py's RUNGS); "auto": the highest automatic one
     "SPECULATIVE": True,  # draft tokens from the request's own text (prompt lookup) and verify them in the step; outputs never change
     "DRAFT_MODEL": None,  # a small GGUF with the served model's vocabulary whose greedy tokens are drafts too; None: none
+    "MMPROJ": None,  # LLM_MODEL's projector GGUF (llama.cpp's mmproj file): images in prompts; None: one found beside it, else none
     "KV_TYPE": "f16",  # the KV cache's rows: "f16", or "q8_0" (8-bit values, a float16 scale per 32: half the memory)
     "POOLING": "auto",  # /v1/embeddings: "mean", "last" or "first"; "auto": the file's pooling_type, else mean
     "MODELS_DIR": None,  # a folder of GGUFs served side by side, picked by a request's model (serving/model_set.py)
@@ -116,6 +117,7 @@ class EngineSettings:
     pooling: str
     speculate: bool
     draft: str | None  # no drafts verified: no draft model loaded
+    mmproj: str | None  # LLM_MMPROJ's file
     kv_type: str
     models_dir: str | None
     memory_budget: int | None
@@ -140,6 +142,9 @@ def engine_settings(config: Mapping) -> EngineSettings:
     speculate, draft = _speculation(setting(config, "SPECULATIVE")), setting(config, "DRAFT_MODEL")
     if draft is not None and not os.path.isfile(draft):
         raise FileNotFoundError(f"LLM_DRAFT_MODEL={draft!r} is not a file")
+    mmproj = setting(config, "MMPROJ")
+    if mmproj is not None and not os.path.isfile(mmproj):
+        raise FileNotFoundError(f"LLM_MMPROJ={mmproj!r} is not a file")
     cache_dir = setting(config, "PREFIX_CACHE_DIR")
     if cache_dir is not None and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
         raise FileNotFoundError(f"LLM_PREFIX_CACHE_DIR={cache_dir!r} is not a folder")
@@ -159,6 +164,7 @@ def engine_settings(config: Mapping) -> EngineSettings:
         pooling=str(setting(config, "POOLING")),
         speculate=speculate,
         draft=draft if speculate else None,
+        mmproj=mmproj,
         kv_type=str(setting(config, "KV_TYPE")),
         models_dir=folder,
         memory_budget=None if budget is None else byte_size(budget, "MEMORY_BUDGET"),

@@ -38,7 +38,8 @@ class Speculation:
 
     def admit(self, request: Request, runner) -> None:
         if self.enabled and runner.speculates and request.pooling is None:
-            draft = runner.draft if self.use_draft_model else None
+            # a draft model reads the prompt's tokens: an image's placeholders are none of its own
+            draft = runner.draft if self.use_draft_model and not request.images else None
             request.drafter = Drafter(PromptLookup(request.prompt_ids, self.recent, self.costs(runner)), draft)
 
     def costs(self, runner) -> StepCosts:

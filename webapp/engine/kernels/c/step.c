@@ -89,7 +89,7 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
 }
 
 /* ---- a whole step --------------------------------------------------------------------------- */
-/* tq_forward(logits, tokens, lanes, picks, model, step, layer_info): a whole step for B lanes, from token ids to
+/* tq_forward(logits, tokens, lanes, picks, model, step, layer_info, inputs): a whole step for B lanes, from token ids to
  * the logits of the lanes in `picks` (R of them: every lane of a decode step, a prefill piece's last
  * real token): embedding, every layer as tq_layer, then the final norm and the output head (or, with
  * step->outputs STEP_HIDDEN, the final norm's rows alone: `logits` then holds R x dim floats).
@@ -104,11 +104,12 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
  * info's positions unread). cpu.py calls it directly, on the model thread, which then works through
  * the pool's jobs itself: replayed inside a TinyJit, the same one-kernel step took longer (Python
  * before it started, tinygrad's worker thread running it, noticing its end; bench/RESULTS.md, one
- * call a step: the second 56cc4f0 row). */
+ * call a step: the second 56cc4f0 row). A negative token -1 - k takes row k of `inputs` (rows of dim
+ * floats, an image's projected rows) for its embedding, unscaled: no token id gave it. */
 static __thread scratch_t step_rows, local_rotation_rows;
 
 void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, const int32_t *picks, const uint64_t *model, const tq_step *step,
-                const int32_t *layer_info) {
+                const int32_t *layer_info, const float *inputs) {
   const int B = step->attention.lanes, D = step->dim, R = step->picks;
   float *x = at_least(&step_rows, (size_t)(B + R) * D * sizeof(float)), *picked = x + (size_t)B * D;
   const tq_attention *a = &step->attention;
@@ -123,6 +124,8 @@ void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, cons
   tq_embed(x, (const uint8_t *)(uintptr_t)model[MODEL_EMBED], tokens, &embed_shape);
   if (step->embed_scale != 1.0f)
     for (size_t i = 0; i < (size_t)B * D; i++) x[i] *= step->embed_scale;
+  for (int b = 0; b < B && inputs; b++)
+    if (tokens[b] < 0) memcpy(x + (size_t)b * D, inputs + (size_t)(-1 - (int64_t)tokens[b]) * D, D * sizeof(float));
   tq_layer_shape layer_shape = {step->attention, D, step->ffn_dim, {0}, {0}, 0, step->latent, step->recurrent};
   for (int l = 0; l < step->layers; l++) {
     const uint64_t *m = model + MODEL_LAYERS + (size_t)l * LAYER_ENTRIES;

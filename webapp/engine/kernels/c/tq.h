@@ -265,6 +265,7 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
               int64_t *expert_tokens, const float *post_norms, const float *biases, const float *shared_gate, const float *selection_bias,
               const tq_layer_shape *shape);
 /* A whole step: embedding, every layer, the final norm and the head, the model's tensors passed by
- * address (model, in MODEL_* and LAYER_* order), each layer's LAYER_INFO numbers in layer_info. */
+ * address (model, in MODEL_* and LAYER_* order), each layer's LAYER_INFO numbers in layer_info; a
+ * token -1 - k embedded as row k of `inputs` (0 where no token is negative). */
 void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, const int32_t *picks, const uint64_t *model, const tq_step *step,
-                const int32_t *layer_info);
+                const int32_t *layer_info, const float *inputs);

@@ -13,7 +13,9 @@ says how many of the slot's lanes were kept (a recurrent state then goes on from
 the last); `pages`, the cache is a paged pool whose blocks `block_rows` and `write_block_rows` move
 (the prefix store's contract); `spare_rows`, rows of recurrent state for drafted tokens (None: no
 recurrent layers). `prefill`, `decode`, `score`, `hidden`, `verify`, `prefill_and_decode` and
-`prefill_and_verify` are `run` by shape, for the draft model, tests and benches. `copy_prefix(source,
+`prefill_and_verify` are `run` by shape, for the draft model, tests and benches. `takes_inputs`: a
+prompt lane's `inputs` (rows fed in place of token embeddings: an image's) are honoured; elsewhere
+such a lane is refused. `copy_prefix(source,
 target, length)` copies K/V rows between slots; `warm_up(progress)` compiles what the steps will run
 (and, where `speculates`, times `verify_seconds`, what drafted lanes cost: decoding/drafts.py). `how`
 says in words how a step runs, for the start-up log; `tunable` is whether tinygrad's BEAM search
@@ -41,6 +43,7 @@ class Steps:
     verify_seconds: list[float] | None = None  # `verify` of 1, 2, .. lanes of one sequence, timed at warm-up
     spare_rows: range | None = None  # rows of recurrent state for drafted tokens (None: no recurrent layers)
     pages: bool = False  # the KV cache is a paged pool's blocks, read through block tables, and `block_rows` moves them
+    takes_inputs: bool = False  # a lane's `inputs` rows replace its tokens' embeddings (images)
 
     def __init__(self, model):
         self.model = model

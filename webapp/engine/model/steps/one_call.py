@@ -33,6 +33,7 @@ class OneCallSteps(Steps):
     tunable = False  # no tinygrad kernel runs in a step
     mixes = True
     speculates = True  # a lane's numbers never depend on the step's other lanes
+    takes_inputs = True  # tq_forward embeds a negative token as a row of its inputs
 
     @staticmethod
     def fits(model) -> bool:
@@ -112,9 +113,15 @@ class OneCallSteps(Steps):
         return rows
 
     def _step(
-        self, tokens: list[int], lanes: list[int], picks: list[int], state_rows: list[int] | None = None, resume: bool = False
+        self,
+        tokens: list[int],
+        lanes: list[int],
+        picks: list[int],
+        state_rows: list[int] | None = None,
+        resume: bool = False,
+        inputs: np.ndarray | None = None,
     ) -> np.ndarray:
-        return self.kernels.step(self.whole_model, tokens, lanes, picks, state_rows=state_rows, resume_rows=resume)
+        return self.kernels.step(self.whole_model, tokens, lanes, picks, state_rows=state_rows, resume_rows=resume, inputs=inputs)
 
     def run(self, lanes: list[Lane]) -> list[np.ndarray]:
         """One call for every lane: their tokens one after another, each token's slot and position,
@@ -122,18 +129,22 @@ class OneCallSteps(Steps):
         lane attends, and lanes never mix."""
         assert lanes and all(lane.tokens for lane in lanes) and len({lane.slot for lane in lanes}) == len(lanes)
         assert all(lane.start + len(lane.tokens) <= self.model.context for lane in lanes)
-        tokens, slots, positions, picks = [], [], [], []
+        tokens, slots, positions, picks, inputs = [], [], [], [], []
         for lane in lanes:
             first, n = len(tokens), len(lane.tokens)
             tokens += lane.tokens
+            for offset, rows in lane.inputs:  # fed as -1 - their row in `inputs` (tq_forward)
+                given = sum(len(r) for r in inputs)
+                tokens[first + offset : first + offset + len(rows)] = range(-1 - given, -1 - given - len(rows), -1)
+                inputs.append(rows)
             slots += [lane.slot] * n
             positions += range(lane.start, lane.start + n)
             picks += [first + n - 1] if lane.want is Want.LAST else range(first, first + n)
         if any(lane.want is Want.HIDDEN for lane in lanes):  # the final norm's outputs, for a whole call only
             assert len(lanes) == 1 and lanes[0].want is Want.HIDDEN, "a hidden lane runs alone"
-            return [self.kernels.step(self.whole_model, tokens, slots + positions, picks, hidden=True)]
+            return [self.kernels.step(self.whole_model, tokens, slots + positions, picks, hidden=True, inputs=_rows(inputs))]
         state_rows = self._state_rows(lanes) if any(lane.drafted for lane in lanes) else None
-        out = self._step(tokens, slots + positions, picks, state_rows)
+        out = self._step(tokens, slots + positions, picks, state_rows, inputs=_rows(inputs))
         ends = list(itertools.accumulate(lane.picked for lane in lanes))
         return [out[end - 1] if lane.want is Want.LAST else out[end - lane.picked : end] for lane, end in zip(lanes, ends)]
 
@@ -168,6 +179,10 @@ class OneCallSteps(Steps):
             return  # a paged cache shares blocks: no prefix is ever copied (the scratch row writes the stray-write block)
         for _ in range(2):  # the prefix copy's jit captures on the first call; the second checks the replay
             self.copy_prefix(0, scratch, 1)
+
+
+def _rows(inputs: list[np.ndarray]) -> np.ndarray | None:
+    return np.concatenate(inputs) if inputs else None
 
 
 def _median_seconds(run, times: int = TIMED_VERIFICATIONS) -> float:

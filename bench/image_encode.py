@@ -1,0 +1,60 @@
+"""Encode time per image at each projector family's real shape (random weights, F16 as the released
+files are): what an image costs before its prompt is prefilled, and the positions it then takes.
+
+    .venv/bin/python bench/image_encode.py [--families gemma3,idefics3] [--rounds 3]
+
+Shapes: Gemma 3's SigLIP-so400m at 896 pixels (27 layers of 1152, 14-pixel patches: 4096 patches
+pooled to 256 rows of the 4B model's 2560) and SmolVLM-256M's SigLIP-base at 512 pixels (12 layers
+of 768, 16-pixel patches: 1024 patches shuffled to 64 rows of 576). Prints a table: the file's size,
+weights in memory, encode seconds (median of the rounds) and rows per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from support.tiny_projectors import write_tiny_projector  # noqa: E402
+
+from webapp.engine.vision.projector import load_projector  # noqa: E402
+
+SHAPES = {
+    "gemma3": dict(text_dim=2560, width=1152, ffn=4304, layers=27, heads=16, image_size=896, patch_size=14),
+    "idefics3": dict(text_dim=576, width=768, ffn=3072, layers=12, heads=12, image_size=512, patch_size=16, scale_factor=4),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--families", default=",".join(SHAPES))
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    print("| family | file MiB | in memory MiB | rows | encode s (median) | rows/s |")
+    print("|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as folder:
+        for family in args.families.split(","):
+            path = write_tiny_projector(os.path.join(folder, f"{family}.mmproj.gguf"), family, tensor_type="F16", **SHAPES[family])
+            projector = load_projector(path)
+            picture = np.random.default_rng(0).integers(0, 256, (768, 1024, 3), dtype=np.uint8)
+            pixels = projector.preprocess(picture)
+            seconds = []
+            for _ in range(args.rounds):
+                started = time.perf_counter()
+                projector.encode(pixels)
+                seconds.append(time.perf_counter() - started)
+            median = statistics.median(seconds)
+            size = os.path.getsize(path) / 2**20
+            rows = projector.tokens_per_image
+            print(f"| {family} | {size:.0f} | {projector.nbytes / 2**20:.0f} | {rows} | {median:.2f} | {rows / median:.0f} |")
+
+
+if __name__ == "__main__":
+    main()

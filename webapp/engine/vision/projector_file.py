@@ -1,0 +1,186 @@
+"""A llama.cpp projector ("mmproj") GGUF file: its vision hyperparameters and its tensors as float32 arrays.
+
+Contract: `ProjectorFile.open(path)` checks that the file is a CLIP-style projector with a vision
+encoder and reads `projector_type` and the SigLIP encoder's numbers (`VisionHparams`); a family's
+own keys are read through `uint` / `floats`, and `tensor(name, shape)` dequantizes one tensor to a
+float32 array of exactly that NumPy shape (a None in `shape` accepts any size, as the projection's
+text width). Anything wrong raises `ModelLoadError` with one line naming the key or tensor: the file
+is untrusted input, and the sizes read here decide the buffers the encoder allocates and the loops
+it runs, so no size leaves this module unchecked.
+
+Tensors are dequantized on request, not at open: a family reads only what it computes with, and
+nothing keeps the file's memory map once the arrays are built.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf.quants import dequantize
+
+from webapp.engine.model.load_error import ModelLoadError
+
+# far past any real projector: a file claiming more is corrupt, and would ask for absurd buffers
+LIMITS = {"image_size": 8192, "patch_size": 1024, "embedding_length": 1 << 14, "feed_forward_length": 1 << 17}
+LIMITS |= {"block_count": 256, "attention.head_count": 1024}
+# one head's (patches x patches) float32 score matrix stays under a gigabyte
+MAX_PATCHES = 1 << 14
+
+_INTEGER_TYPES = {GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16}
+_INTEGER_TYPES |= {GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64}
+_NUMBER_TYPES = _INTEGER_TYPES | {GGUFValueType.FLOAT32, GGUFValueType.FLOAT64}
+# what gguf's reader raises on a file that lies about its own layout
+_READER_ERRORS = (OSError, ValueError, KeyError, IndexError, TypeError, OverflowError, struct.error)
+
+
+@dataclass(frozen=True)
+class VisionHparams:
+    """The SigLIP encoder's numbers, checked against each other: whole patches, whole heads."""
+
+    image_size: int  # the square side the image is resized to
+    patch_size: int
+    width: int  # clip.vision.embedding_length
+    ffn: int  # clip.vision.feed_forward_length
+    layers: int
+    heads: int
+    eps: float  # every LayerNorm's, and the projections' RMS norms'
+    image_mean: tuple[float, float, float]
+    image_std: tuple[float, float, float]
+
+    @property
+    def grid_side(self) -> int:
+        """Patches along each side of the image."""
+        return self.image_size // self.patch_size
+
+    @property
+    def n_patches(self) -> int:
+        return self.grid_side**2
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.heads
+
+
+class ProjectorFile:
+    """One projector GGUF, open for reading: metadata checked at open, tensors read on request."""
+
+    def __init__(self, path: str, reader: GGUFReader):
+        self.path = path
+        self._reader = reader
+        self._tensors = {t.name: t for t in reader.tensors}
+        if (arch := self.string("general.architecture")) != "clip":
+            raise ModelLoadError(f"general.architecture is {arch!r}, not 'clip': not a projector file")
+        if not self.flag("clip.has_vision_encoder"):
+            raise ModelLoadError("clip.has_vision_encoder is false: the projector has no vision encoder")
+        self.projector_type = self.string("clip.projector_type")
+        self.hparams = self._vision_hparams()
+
+    @classmethod
+    def open(cls, path: str) -> ProjectorFile:
+        try:
+            reader = GGUFReader(path)
+        except _READER_ERRORS as err:
+            raise ModelLoadError(f"{path} is not a readable GGUF file: {err}") from err
+        return cls(path, reader)
+
+    def _field(self, key: str):
+        field = self._reader.fields.get(key)
+        if field is None or not field.types:
+            raise ModelLoadError(f"{key} is missing")
+        return field
+
+    def string(self, key: str) -> str:
+        field = self._field(key)
+        if field.types != [GGUFValueType.STRING]:
+            raise ModelLoadError(f"{key} is not a string")
+        try:
+            return field.contents()
+        except UnicodeDecodeError as err:
+            raise ModelLoadError(f"{key} is not valid UTF-8") from err
+
+    def flag(self, key: str) -> bool:
+        field = self._field(key)
+        if field.types != [GGUFValueType.BOOL]:
+            raise ModelLoadError(f"{key} is not a bool")
+        return bool(field.contents())
+
+    def uint(self, key: str, low: int = 1, high: int = 1 << 31) -> int:
+        """An integer key, which must lie in [low, high]."""
+        field = self._field(key)
+        if len(field.types) != 1 or field.types[0] not in _INTEGER_TYPES:
+            raise ModelLoadError(f"{key} is not an integer")
+        value = int(field.contents())
+        if not low <= value <= high:
+            raise ModelLoadError(f"{key} is {value}, outside [{low}, {high}]")
+        return value
+
+    def floats(self, key: str, count: int | None = None) -> tuple[float, ...]:
+        """A number (count None: a tuple of one) or an array of exactly `count` numbers, all finite."""
+        field = self._field(key)
+        if count is None:
+            ok = len(field.types) == 1 and field.types[0] in _NUMBER_TYPES
+        else:
+            ok = len(field.types) == 2 and field.types[0] == GGUFValueType.ARRAY and field.types[1] in _NUMBER_TYPES
+        if not ok:
+            raise ModelLoadError(f"{key} is not {'a number' if count is None else f'an array of {count} numbers'}")
+        values = (field.contents(),) if count is None else tuple(field.contents())
+        if count is not None and len(values) != count:
+            raise ModelLoadError(f"{key} has {len(values)} values, not {count}")
+        if not all(math.isfinite(v) for v in values):
+            raise ModelLoadError(f"{key} is not finite")
+        return tuple(float(v) for v in values)
+
+    def _vision_hparams(self) -> VisionHparams:
+        size = {name: self.uint(f"clip.vision.{name}", 1, limit) for name, limit in LIMITS.items()}
+        image_size, patch_size, width, heads = (
+            size["image_size"],
+            size["patch_size"],
+            size["embedding_length"],
+            size["attention.head_count"],
+        )
+        if image_size < patch_size:
+            raise ModelLoadError(f"clip.vision.image_size {image_size} is less than clip.vision.patch_size {patch_size}")
+        if (image_size // patch_size) ** 2 > MAX_PATCHES:
+            raise ModelLoadError(f"clip.vision.image_size {image_size} over patch_size {patch_size} makes more than {MAX_PATCHES} patches")
+        if width % heads:
+            raise ModelLoadError(f"clip.vision.attention.head_count {heads} does not divide clip.vision.embedding_length {width}")
+        (eps,) = self.floats("clip.vision.attention.layer_norm_epsilon")
+        if not 0 < eps < 1:
+            raise ModelLoadError(f"clip.vision.attention.layer_norm_epsilon is {eps}, outside (0, 1)")
+        std = self.floats("clip.vision.image_std", 3)
+        if not all(s > 0 for s in std):
+            raise ModelLoadError(f"clip.vision.image_std {std} is not positive")
+        return VisionHparams(
+            image_size=image_size,
+            patch_size=patch_size,
+            width=width,
+            ffn=size["feed_forward_length"],
+            layers=size["block_count"],
+            heads=heads,
+            eps=eps,
+            image_mean=self.floats("clip.vision.image_mean", 3),
+            image_std=std,
+        )
+
+    def tensor(self, name: str, shape: tuple[int | None, ...]) -> np.ndarray:
+        """The tensor as a float32 array of NumPy shape `shape` (the file's dimensions, last first);
+        a None there takes the file's size, which must lie in [1, 1 << 20]."""
+        stored = self._tensors.get(name)
+        if stored is None:
+            raise ModelLoadError(f"tensor {name} is missing")
+        actual = tuple(int(d) for d in reversed(stored.shape))
+        if len(actual) != len(shape) or any(want is not None and want != got for want, got in zip(shape, actual)):
+            raise ModelLoadError(f"tensor {name} has shape {actual}, expected {tuple('any' if d is None else d for d in shape)}")
+        if any(not 1 <= got <= 1 << 20 for want, got in zip(shape, actual) if want is None):
+            raise ModelLoadError(f"tensor {name} has shape {actual}, a size outside [1, {1 << 20}]")
+        try:
+            values = dequantize(stored.data, GGMLQuantizationType(stored.tensor_type))
+        except (NotImplementedError, ValueError) as err:
+            raise ModelLoadError(f"tensor {name} has type {stored.tensor_type!r}, which cannot be read here") from err
+        if values.size != math.prod(actual):
+            raise ModelLoadError(f"tensor {name} holds {values.size} values, not the {math.prod(actual)} of its shape")
+        return np.array(values, dtype=np.float32).reshape(actual)

@@ -1,0 +1,196 @@
+"""The SigLIP vision transformer of llama.cpp's projector files, in float32 NumPy.
+
+Contract: `SiglipEncoder.from_file(file)` reads the encoder's tensors (names as llama.cpp's mtmd
+writes them: `v.patch_embd`, `v.position_embd`, `v.blk.{i}.*`, `v.post_ln`) checked against the
+file's hyperparameters; `forward(pixels)` maps one normalized (3, S, S) image to its patches'
+(n_patches, width) features, patches in row-major order over the grid. `normalized_pixels` is the
+encoder's input convention (resize to S x S, scale to [0, 1], subtract the mean, divide by the
+std), the resampling filter left to the family, as each model was trained with its own.
+
+The layers are pre-norm: x + attention(ln1(x)), then x + ffn_down(gelu(ffn_up(ln2(x)))), the
+attention bidirectional over every patch, gelu the tanh approximation ggml's gelu computes. Matrix
+products go through NumPy's matmul (BLAS); attention runs one head at a time so that no more than
+one (patches x patches) score matrix is alive at once: the encoder's largest buffer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from webapp.engine.vision.projector_file import ProjectorFile, VisionHparams
+
+GELU_CUBIC = 0.044715
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def normalized_pixels(rgb: np.ndarray, resample: Image.Resampling, hparams: VisionHparams) -> np.ndarray:
+    """An RGB uint8 (H, W, 3) image resized to S x S (S = image_size, aspect ratio not kept) with
+    `resample`, scaled to [0, 1] and normalized with the file's mean and std: (3, S, S) float32."""
+    if not isinstance(rgb, np.ndarray) or rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3 or 0 in rgb.shape:
+        raise ValueError(
+            f"an image must be an RGB uint8 (H, W, 3) array, not {getattr(rgb, 'dtype', type(rgb))} {getattr(rgb, 'shape', '')}"
+        )
+    size = hparams.image_size
+    resized = Image.fromarray(np.ascontiguousarray(rgb)).resize((size, size), resample=resample)
+    pixels = np.asarray(resized, dtype=np.float32) / np.float32(255.0)  # (S, S, 3)
+    pixels -= np.asarray(hparams.image_mean, dtype=np.float32)
+    pixels /= np.asarray(hparams.image_std, dtype=np.float32)
+    return np.ascontiguousarray(pixels.transpose(2, 0, 1))  # (3, S, S)
+
+
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    centered = x - x.mean(axis=-1, keepdims=True)
+    variance = np.mean(centered * centered, axis=-1, keepdims=True)
+    centered *= 1.0 / np.sqrt(variance + np.float32(eps))
+    centered *= weight
+    centered += bias
+    return centered
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), overwriting x: the feed-forward's widest buffer."""
+    inner = x * x
+    inner *= np.float32(GELU_CUBIC)
+    inner += 1.0
+    inner *= x
+    inner *= np.float32(SQRT_2_OVER_PI)
+    np.tanh(inner, out=inner)
+    inner += 1.0
+    inner *= 0.5
+    x *= inner
+    return x
+
+
+def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """x @ weight.T + bias, weight (out, in) as the file stores it: BLAS reads the transpose in place."""
+    y = x @ weight.T
+    y += bias
+    return y
+
+
+@dataclass(frozen=True)
+class EncoderLayer:
+    """One pre-norm transformer block's tensors; matrices (out, in), biases and norms (out,)."""
+
+    ln1_weight: np.ndarray
+    ln1_bias: np.ndarray
+    q_weight: np.ndarray
+    q_bias: np.ndarray
+    k_weight: np.ndarray
+    k_bias: np.ndarray
+    v_weight: np.ndarray
+    v_bias: np.ndarray
+    out_weight: np.ndarray
+    out_bias: np.ndarray
+    ln2_weight: np.ndarray
+    ln2_bias: np.ndarray
+    up_weight: np.ndarray
+    up_bias: np.ndarray
+    down_weight: np.ndarray
+    down_bias: np.ndarray
+
+    @classmethod
+    def from_file(cls, file: ProjectorFile, index: int) -> EncoderLayer:
+        width, ffn = file.hparams.width, file.hparams.ffn
+        prefix = f"v.blk.{index}."
+        # the file's name -> (this class's field, the weight's shape); every bias is as long as its weight's first axis
+        parts = {"ln1": ("ln1", (width,)), "attn_q": ("q", (width, width)), "attn_k": ("k", (width, width))}
+        parts |= {"attn_v": ("v", (width, width)), "attn_out": ("out", (width, width)), "ln2": ("ln2", (width,))}
+        parts |= {"ffn_up": ("up", (ffn, width)), "ffn_down": ("down", (width, ffn))}
+        arrays = {}
+        for name, (field, shape) in parts.items():
+            arrays[f"{field}_weight"] = file.tensor(f"{prefix}{name}.weight", shape)
+            arrays[f"{field}_bias"] = file.tensor(f"{prefix}{name}.bias", shape[:1])
+        return cls(**arrays)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(array.nbytes for array in vars(self).values())
+
+
+class SiglipEncoder:
+    """Patch embedding, learned positions, `layers` pre-norm blocks and a final LayerNorm."""
+
+    def __init__(
+        self,
+        hparams: VisionHparams,
+        patch_weight: np.ndarray,
+        patch_bias: np.ndarray,
+        position: np.ndarray,
+        layers: list[EncoderLayer],
+        post_weight: np.ndarray,
+        post_bias: np.ndarray,
+    ):
+        self.hparams = hparams
+        self.patch_weight = patch_weight  # (width, 3 * patch * patch): the conv's kernel, one row per output channel
+        self.patch_bias = patch_bias  # (width,)
+        self.position = position  # (n_patches, width)
+        self.layers = layers
+        self.post_weight = post_weight  # (width,)
+        self.post_bias = post_bias  # (width,)
+
+    @classmethod
+    def from_file(cls, file: ProjectorFile) -> SiglipEncoder:
+        h = file.hparams
+        kernel = file.tensor("v.patch_embd.weight", (h.width, 3, h.patch_size, h.patch_size))
+        return cls(
+            hparams=h,
+            patch_weight=kernel.reshape(h.width, 3 * h.patch_size * h.patch_size),
+            patch_bias=file.tensor("v.patch_embd.bias", (h.width,)),
+            position=file.tensor("v.position_embd.weight", (h.n_patches, h.width)),
+            layers=[EncoderLayer.from_file(file, i) for i in range(h.layers)],
+            post_weight=file.tensor("v.post_ln.weight", (h.width,)),
+            post_bias=file.tensor("v.post_ln.bias", (h.width,)),
+        )
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.patch_weight, self.patch_bias, self.position, self.post_weight, self.post_bias)
+        return sum(a.nbytes for a in arrays) + sum(layer.nbytes for layer in self.layers)
+
+    def forward(self, pixels: np.ndarray) -> np.ndarray:
+        """(3, S, S) float32 normalized pixels -> (n_patches, width) float32 features."""
+        h = self.hparams
+        side, patch = h.grid_side, h.patch_size
+        pixels = np.asarray(pixels, dtype=np.float32)
+        if pixels.shape != (3, h.image_size, h.image_size):
+            raise ValueError(f"pixels must have shape (3, {h.image_size}, {h.image_size}), not {pixels.shape}")
+        # a stride-`patch` convolution is one product over the flattened patches; pixels past the last
+        # whole patch are no patch's (SmolVLM's 384-pixel input in 14-pixel patches)
+        cropped = side * patch
+        patches = pixels[:, :cropped, :cropped].reshape(3, side, patch, side, patch).transpose(1, 3, 0, 2, 4)  # (row, col, channel, dy, dx)
+        patches = patches.reshape(side * side, 3 * patch * patch)  # (n_patches, 3 * patch * patch)
+        x = linear(patches, self.patch_weight, self.patch_bias)  # (n_patches, width)
+        x += self.position
+        for layer in self.layers:
+            x += self._attention(layer, layer_norm(x, layer.ln1_weight, layer.ln1_bias, h.eps))
+            x += self._feed_forward(layer, layer_norm(x, layer.ln2_weight, layer.ln2_bias, h.eps))
+        return layer_norm(x, self.post_weight, self.post_bias, h.eps)
+
+    def _attention(self, layer: EncoderLayer, x: np.ndarray) -> np.ndarray:
+        h = self.hparams
+        n, heads, head_dim = x.shape[0], h.heads, h.head_dim
+
+        def by_head(y: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(y.reshape(n, heads, head_dim).transpose(1, 0, 2))  # (heads, n, head_dim)
+
+        q = linear(x, layer.q_weight, layer.q_bias)
+        q *= np.float32(1.0 / math.sqrt(head_dim))
+        q, k, v = by_head(q), by_head(linear(x, layer.k_weight, layer.k_bias)), by_head(linear(x, layer.v_weight, layer.v_bias))
+        mixed = np.empty((n, heads, head_dim), dtype=np.float32)
+        for head in range(heads):
+            scores = q[head] @ k[head].T  # (n, n)
+            scores -= scores.max(axis=1, keepdims=True)
+            np.exp(scores, out=scores)
+            scores *= 1.0 / scores.sum(axis=1, keepdims=True)
+            mixed[:, head] = scores @ v[head]  # (n, head_dim)
+        return linear(mixed.reshape(n, h.width), layer.out_weight, layer.out_bias)
+
+    @staticmethod
+    def _feed_forward(layer: EncoderLayer, x: np.ndarray) -> np.ndarray:
+        hidden = gelu_tanh(linear(x, layer.up_weight, layer.up_bias))  # (n, ffn)
+        return linear(hidden, layer.down_weight, layer.down_bias)

@@ -1,0 +1,101 @@
+"""Images in a prompt, as the web layer and the model thread see them.
+
+Contract: `Vision(projector, vocab)` is made at load beside a model whose steps take embedding rows
+(`Steps.takes_inputs`) and kept as `LoadedModel.vision`. A handler thread calls `prepare(data)`: the
+image decoded under images.py's limits (`ImageError` otherwise) and preprocessed as the projector's
+family does it, into a `PreparedImage` that knows its digest and how many prompt positions it takes.
+In a prompt an image is `before` + that many positions + `after` (the family's own text around its
+rows), each position holding `placeholder(image)`: a token id past the vocabulary, one per image
+content, so that the prefix cache tells images apart by their pixels and a second request with the
+same image shares its blocks. The model thread calls `inputs(request, start, count)` for a prompt
+chunk: the rows its image positions take instead of a token's embedding, encoded on first use and
+kept by digest (`ENCODED_KEPT` of them), so a follow-up turn about the same picture encodes nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from webapp.engine.vision.images import decode_image
+
+ENCODED_KEPT = 32  # encoded images kept by digest, the most recently used
+_ID_SPACE = 2**31 - 1  # int32 token ids: placeholders lie between the vocabulary and this
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedImage:
+    pixels: np.ndarray  # the family's preprocessed input, float32
+    digest: bytes  # sha256 of those pixels: equal images, equal digests, whatever their encoding
+    tokens: int  # prompt positions its rows take
+
+
+@dataclass(frozen=True)
+class ImageSpan:
+    """An image's rows in a prompt: positions start .. start + image.tokens - 1."""
+
+    start: int
+    image: PreparedImage
+
+
+class Vision:
+    def __init__(self, projector, vocab: int):
+        self.projector, self.vocab = projector, vocab
+        self.before, self.after = projector.before, projector.after
+        self._encoded: collections.OrderedDict[bytes, np.ndarray] = collections.OrderedDict()
+        self._lock = threading.Lock()  # the counters: read by the dashboard's thread
+        self.encodes, self.encode_seconds, self.reused = 0, 0.0, 0
+
+    def prepare(self, data: bytes) -> PreparedImage:
+        pixels = np.ascontiguousarray(self.projector.preprocess(decode_image(data)), dtype=np.float32)
+        return PreparedImage(pixels, hashlib.sha256(pixels.tobytes()).digest(), self.projector.tokens_per_image)
+
+    def placeholder(self, image: PreparedImage) -> int:
+        return self.vocab + int.from_bytes(image.digest[:8], "little") % (_ID_SPACE - self.vocab)
+
+    def is_placeholder(self, token: int) -> bool:
+        return token >= self.vocab
+
+    def inputs(self, images: tuple[ImageSpan, ...], start: int, count: int) -> tuple[tuple[int, np.ndarray], ...]:
+        """The image rows among prompt positions start .. start + count - 1, as (offset from start,
+        rows) pairs."""
+        found = []
+        for span in images:
+            first, last = max(span.start, start), min(span.start + span.image.tokens, start + count)
+            if first < last:
+                rows = self.rows(span.image, counted=first == span.start)
+                found.append((first - start, rows[first - span.start : last - span.start]))
+        return tuple(found)
+
+    def rows(self, image: PreparedImage, counted: bool = True) -> np.ndarray:
+        """The image's projected rows (tokens, dim), encoded once while kept; `counted`: a kept
+        image's reuse counts (not so for the later chunks of one prompt's image)."""
+        rows = self._encoded.get(image.digest)
+        if rows is not None:
+            self._encoded.move_to_end(image.digest)
+            with self._lock:
+                self.reused += counted
+            return rows
+        started = time.perf_counter()
+        rows = np.ascontiguousarray(self.projector.encode(image.pixels), dtype=np.float32)
+        with self._lock:
+            self.encodes += 1
+            self.encode_seconds += time.perf_counter() - started
+        self._encoded[image.digest] = rows
+        while len(self._encoded) > ENCODED_KEPT:
+            self._encoded.popitem(last=False)
+        return rows
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {
+                "family": self.projector.family,
+                "encodes": self.encodes,
+                "encode_seconds": round(self.encode_seconds, 3),
+                "reused": self.reused,
+            }
