@@ -1,12 +1,14 @@
 """Encode time per image at each projector family's real shape (random weights, F16 as the released
 files are): what an image costs before its prompt is prefilled, and the positions it then takes.
 
-    .venv/bin/python bench/image_encode.py [--families gemma3,idefics3] [--rounds 3]
+    .venv/bin/python bench/image_encode.py [--families gemma3,idefics3] [--rounds 3] [--compare-slices]
 
 Shapes: Gemma 3's SigLIP-so400m at 896 pixels (27 layers of 1152, 14-pixel patches: 4096 patches
 pooled to 256 rows of the 4B model's 2560) and SmolVLM-256M's SigLIP-base at 512 pixels (12 layers
 of 768, 16-pixel patches: 1024 patches shuffled to 64 rows of 576). Prints a table: the file's size,
-weights in memory, encode seconds (median of the rounds) and rows per second.
+weights in memory, encode seconds (median of the rounds) and rows per second. `--compare-slices`
+times the encoder whole and in the model thread's slices (SiglipEncoder.forward_slices), alternated
+each round, and prints the median of the rounds' sliced/whole ratios.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from support.tiny_projectors import write_tiny_projector  # noqa: E402
 
 from webapp.engine.vision.projector import load_projector  # noqa: E402
+from webapp.engine.vision.siglip import run_to_end  # noqa: E402
 
 SHAPES = {
     "gemma3": dict(text_dim=2560, width=1152, ffn=4304, layers=27, heads=16, image_size=896, patch_size=14),
@@ -36,6 +39,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", default=",".join(SHAPES))
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--compare-slices", action="store_true")
     args = parser.parse_args()
     print("| family | file MiB | in memory MiB | rows | encode s (median) | rows/s |")
     print("|---|---|---|---|---|---|")
@@ -54,6 +58,20 @@ def main() -> None:
             size = os.path.getsize(path) / 2**20
             rows = projector.tokens_per_image
             print(f"| {family} | {size:.0f} | {projector.nbytes / 2**20:.0f} | {rows} | {median:.2f} | {rows / median:.0f} |")
+            if args.compare_slices:
+                ratios = [sliced_over_whole(projector, pixels) for _ in range(args.rounds)]
+                print(
+                    f"  {family}: sliced / whole, median of {len(ratios)} rounds {statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
+                )
+
+
+def sliced_over_whole(projector, pixels) -> float:
+    seconds = []
+    for slice_flops in (1e15, None):  # one slice: the whole encode; None: the model thread's
+        started = time.perf_counter()
+        run_to_end(projector.encoder.forward_slices(pixels, slice_flops=slice_flops))
+        seconds.append(time.perf_counter() - started)
+    return seconds[1] / seconds[0]
 
 
 if __name__ == "__main__":

@@ -189,3 +189,38 @@ def test_tokenize_counts_an_images_positions(served):
         served[1], "/tokenize", {"model": "tiny", "messages": [{"role": "user", "content": "What is in this picture?"}]}
     )
     assert counted["count"] >= text_only["count"] + TOKENS_PER_IMAGE
+
+
+def test_a_long_encode_lets_other_requests_run_meanwhile(served, client, monkeypatch):
+    """The model thread encodes a slice a pass between steps: a text request sent while an image
+    is still encoding is answered first, not after the encode."""
+    import threading
+    import time
+
+    from support import wait_until
+
+    from webapp.engine.vision import siglip
+    from webapp.engine.vision.vision import Vision
+
+    engine, _ = served
+    monkeypatch.setattr(siglip, "SLICE_FLOPS", 1e4)  # the tiny encoder in hundreds of slices,
+    one_slice = Vision.encode_slice
+
+    def slow_slice(vision, images):  # each of them as slow as a real encoder's
+        time.sleep(0.005)
+        one_slice(vision, images)
+
+    monkeypatch.setattr(Vision, "encode_slice", slow_slice)
+    finished = {}
+
+    def ask_about_an_image():
+        ask(client, user_turn(png(13)))
+        finished["image"] = time.monotonic()
+
+    asking = threading.Thread(target=ask_about_an_image)
+    asking.start()
+    assert wait_until(lambda: len(engine.scheduler.waiting) == 1, timeout=10)  # held back while it encodes
+    ask(client, [{"role": "user", "content": "And meanwhile?"}])
+    finished["text"] = time.monotonic()
+    asking.join(60)
+    assert finished["text"] < finished["image"]

@@ -232,6 +232,12 @@ class FakeRunner:
     def kept(self, request: Request, lanes: int) -> None:
         pass
 
+    def ready(self, request: Request) -> bool:
+        return True  # no images: a fake model has no projector
+
+    def encode(self, waiting) -> None:
+        pass
+
     def decode_drafted(self, batch: list[Request], drafts: list[list[int]], positions: list[int]) -> list[np.ndarray]:
         assert self.speculates
         if self.fault is not None:

@@ -85,6 +85,12 @@ class PagedFakeRunner:
     def kept(self, request: Request, lanes: int) -> None:
         pass
 
+    def ready(self, request: Request) -> bool:
+        return True  # no images
+
+    def encode(self, waiting) -> None:
+        pass
+
     def decode_drafted(self, batch: list[Request], drafts: list[list[int]], positions: list[int]) -> list[np.ndarray]:
         self.steps += 1
         return [np.stack(self._feed(r.slot, [r.output_ids[-1], *d], p)) for r, d, p in zip(batch, drafts, positions, strict=True)]

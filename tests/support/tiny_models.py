@@ -453,7 +453,8 @@ class Reference:
     def logits(self, tokens: list[int], inputs: dict[int, np.ndarray] | None = None) -> np.ndarray:
         """(T, vocab) logits for every position; `inputs`: rows fed in place of the embeddings of
         the tokens at their positions (an image's), unscaled."""
-        return self.hidden(tokens, inputs) @ self.w.get("output.weight", self.w["token_embd.weight"]).T
+        hidden = self.hidden(tokens, inputs) if inputs else self.hidden(tokens)  # subclasses take no inputs
+        return hidden @ self.w.get("output.weight", self.w["token_embd.weight"]).T
 
     def hidden(self, tokens: list[int], inputs: dict[int, np.ndarray] | None = None) -> np.ndarray:
         """(T, dim): the final norm's output at every position (what the head reads, embeddings pool)."""

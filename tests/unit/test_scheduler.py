@@ -86,6 +86,18 @@ def test_a_prefix_copied_from_a_ring_takes_how_far_its_source_went():
     assert sched.slot_of(target).reach == 30
 
 
+def test_a_request_not_ready_lets_those_behind_it_pass():
+    """An image still encoding (Runner.ready) holds its own admission, not the queue's."""
+    sched = Scheduler(SlotTable(2), prefill_chunk=4)
+    encoding, text = request([1, 2]), request([3, 4])
+    sched.add(encoding)
+    sched.add(text)
+    sched.ready = lambda r: r is not encoding
+    assert sched.admit() == [text] and list(sched.waiting) == [encoding]
+    sched.ready = lambda r: True
+    assert sched.admit() == [encoding]
+
+
 def test_admission_is_fcfs_and_bounded_by_slots():
     sched = Scheduler(SlotTable(2), prefill_chunk=4)
     reqs = [request([i, i]) for i in range(3)]

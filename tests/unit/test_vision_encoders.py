@@ -222,3 +222,49 @@ def test_truncated_or_foreign_bytes_raise_load_error(projector_files, tmp_path, 
     path.write_bytes(data[: int(keep * len(data)) if isinstance(keep, float) else keep])
     with pytest.raises(ModelLoadError, match="cut.gguf"):
         load_projector(str(path))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_encode_in_slices_gives_the_same_rows(projector_files, family):
+    """What the model thread runs a slice a pass: many small slices, the rows of one whole encode."""
+    from webapp.engine.vision.siglip import run_to_end
+
+    projector = load_projector(projector_files[family, "F32"])
+    pixels = projector.preprocess(an_image())
+    slices, yields = projector.encoder.forward_slices(pixels, slice_flops=2e5), 0
+    while True:
+        try:
+            next(slices)
+            yields += 1
+        except StopIteration as done:
+            features = done.value
+            break
+    assert yields > 4 * len(projector.encoder.layers)  # rows of every product and queries of every head cut apart
+    whole = run_to_end(projector.encoder.forward_slices(pixels, slice_flops=1e12))
+    np.testing.assert_allclose(features, whole, rtol=1e-5, atol=1e-5 * np.abs(whole).max())
+    np.testing.assert_allclose(projector.projection.project(features), projector.encode(pixels), rtol=1e-5, atol=1e-5)
+
+
+def test_vision_encodes_a_slice_at_a_time_and_keeps_the_rows(projector_files):
+    from webapp.engine.vision.vision import ImageSpan, Vision
+
+    projector = load_projector(projector_files["idefics3", "F32"])
+    vision = Vision(projector, vocab=100)
+    spans = (ImageSpan(3, vision.prepare(_png(an_image(2)))), ImageSpan(40, vision.prepare(_png(an_image(3)))))
+    passes = 0
+    while not vision.encoded(spans):
+        vision.encode_slice(spans)
+        passes += 1
+    assert passes > 2 and vision.encodes == 2
+    rows = vision.inputs(spans, 0, 64)
+    assert [offset for offset, _ in rows] == [3, 40]
+    np.testing.assert_array_equal(rows[0][1], projector.encode(spans[0].image.pixels))
+    assert vision.placeholder(spans[0].image) >= 100 and vision.placeholder(spans[0].image) != vision.placeholder(spans[1].image)
+
+
+def _png(rgb: np.ndarray) -> bytes:
+    import io
+
+    out = io.BytesIO()
+    Image.fromarray(rgb).save(out, format="PNG")
+    return out.getvalue()

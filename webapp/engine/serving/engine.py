@@ -35,8 +35,6 @@ from webapp.engine.serving.scheduler import PromptChunk, Scheduler
 from webapp.engine.serving.settings import ENGINE_DEFAULTS
 from webapp.engine.serving.speculation import Speculation
 
-__all__ = ["Engine", "EngineNotReady", "QueueFull"]
-
 log = logging.getLogger(__name__)
 
 PUBLISH_EVERY_S = 0.2
@@ -195,7 +193,7 @@ class Engine:
                 clock=self.clock,
                 routed=loaded.routed_tokens,
             )
-            self.scheduler.slots = loaded.kv_table(self.n_slots)
+            self.scheduler.slots, self.scheduler.ready = loaded.kv_table(self.n_slots), loaded.runner.ready
             self.n_slots = len(self.scheduler.slots.slots)
             if self.prefix_store is not None:
                 self.prefix_store.restore(self.scheduler.slots, loaded)
@@ -230,6 +228,7 @@ class Engine:
                 self.speculation.admit(request, self.loaded.runner)
                 self.metrics.on_admit(request)
                 changed = True
+            self.loaded.runner.encode(self.scheduler.waiting)  # a slice of an image's encode between steps
             # publish before the step too, so pages show who is running during a long step
             if changed or self.clock() - last_publish >= PUBLISH_EVERY_S:
                 self._publish()

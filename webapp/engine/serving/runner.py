@@ -89,6 +89,13 @@ class Runner(Protocol):
         """The first `lanes` of `request`'s lanes in the last verification were kept: its cache goes
         on from the last of them (a recurrent state, which took in every lane, is set back to that one's)."""
 
+    def ready(self, request: Request) -> bool:
+        """Whether the request's prompt can run: every image in it encoded (the scheduler admits no other)."""
+
+    def encode(self, waiting) -> None:
+        """One slice of work on the images of the oldest waiting request that is not `ready`: called once
+        a pass of the engine's loop, between steps."""
+
     def copy_prefix(self, request: Request, source_slot: int, length: int) -> None:
         """Copy the K/V of positions 0..length-1 from `source_slot` into `request`'s slot."""
 
@@ -144,6 +151,14 @@ class ModelRunner:
 
     def run(self, parts: list[Part]) -> list[np.ndarray]:
         return self.steps.run([Lane(p.request.slot, p.start, p.tokens, p.want, p.decoding, self._inputs(p)) for p in parts])
+
+    def ready(self, request: Request) -> bool:
+        return not request.images or self.vision.encoded(request.images)
+
+    def encode(self, waiting) -> None:
+        pending = next((request for request in waiting if not self.ready(request)), None)
+        if pending is not None:
+            self.vision.encode_slice(pending.images)
 
     def _inputs(self, part: Part) -> tuple:
         """A prompt chunk's image rows, encoded here on the model thread where first needed."""

@@ -74,6 +74,9 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order; prefilling ones first come first served
         self.preemptions = 0
+        # whether a waiting request may be admitted (Runner.ready: its images encoded); one that may
+        # not yet lets those behind it pass
+        self.ready: Callable[[Request], bool] = lambda request: True
 
     def slot_of(self, request: Request) -> Slot:
         """The KV-cache slot an admitted request holds."""
@@ -95,11 +98,15 @@ class Scheduler:
         return [r for r in (*self.waiting, *self.running) if r.cancel_reason is not None]
 
     def admit(self) -> list[Request]:
-        """Move waiting requests FCFS into free slots (with blocks: while the pool holds their prompts);
-        each reuses what the cache already holds. A preempted request resumes: not admitted anew."""
+        """Move waiting requests FCFS into free slots (with blocks: while the pool holds their prompts),
+        passing over those not `ready`; each reuses what the cache already holds. A preempted request
+        resumes: not admitted anew."""
         admitted = []
-        while self.waiting and self.slots.free and self.slots.admits(self.waiting[0].resume_ids, len(self.running)):
-            request = self.waiting.popleft()
+        while self.slots.free:
+            request = next((r for r in self.waiting if self.ready(r)), None)
+            if request is None or not self.slots.admits(request.resume_ids, len(self.running)):
+                break
+            self.waiting.remove(request)
             slot, reused = self.slots.acquire(request, request.resume_ids)
             if request.every_position and reused:  # scoring and embeddings need every prompt position: none from the cache
                 self.slots.reset(slot)

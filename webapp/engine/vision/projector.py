@@ -15,7 +15,7 @@ shared. A new family is a module beside gemma3.py and one entry there.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,7 +26,7 @@ from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.vision.gemma3 import Gemma3Projection
 from webapp.engine.vision.idefics3 import Idefics3Projection
 from webapp.engine.vision.projector_file import ProjectorFile
-from webapp.engine.vision.siglip import SiglipEncoder, normalized_pixels
+from webapp.engine.vision.siglip import SiglipEncoder, normalized_pixels, run_to_end
 
 
 class Projection(Protocol):
@@ -100,7 +100,12 @@ class Projector:
 
     def encode(self, pixels: np.ndarray) -> np.ndarray:
         """(3, image_size, image_size) float32 -> (tokens_per_image, text_dim) float32 rows."""
-        return self.projection.project(self.encoder.forward(pixels))
+        return run_to_end(self.encode_slices(pixels))
+
+    def encode_slices(self, pixels: np.ndarray) -> Generator[None, None, np.ndarray]:
+        """`encode` a slice of work at a time (SiglipEncoder.forward_slices), returning the rows."""
+        features = yield from self.encoder.forward_slices(pixels)
+        return self.projection.project(features)
 
 
 def load_projector(path: str) -> Projector:

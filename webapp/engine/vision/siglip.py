@@ -9,13 +9,16 @@ std), the resampling filter left to the family, as each model was trained with i
 
 The layers are pre-norm: x + attention(ln1(x)), then x + ffn_down(gelu(ffn_up(ln2(x)))), the
 attention bidirectional over every patch, gelu the tanh approximation ggml's gelu computes. Matrix
-products go through NumPy's matmul (BLAS); attention runs one head at a time so that no more than
-one (patches x patches) score matrix is alive at once: the encoder's largest buffer.
+products go through NumPy's matmul (BLAS); attention runs a head, and a block of its queries, at a
+time, so that no more than one block of (queries x patches) scores is alive at once.
+`forward_slices` yields between such blocks of work: how the model thread interleaves an encode
+with other requests' steps.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Generator
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +26,9 @@ from PIL import Image
 
 from webapp.engine.vision.projector_file import ProjectorFile, VisionHparams
 
+# the work of one slice of a sliced encode (`forward_slices`): tens of milliseconds on a small CPU,
+# about one decode step of a small model
+SLICE_FLOPS = 2e9
 GELU_CUBIC = 0.044715
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -154,7 +160,13 @@ class SiglipEncoder:
 
     def forward(self, pixels: np.ndarray) -> np.ndarray:
         """(3, S, S) float32 normalized pixels -> (n_patches, width) float32 features."""
-        h = self.hparams
+        return run_to_end(self.forward_slices(pixels))
+
+    def forward_slices(self, pixels: np.ndarray, slice_flops: float | None = None) -> Generator[None, None, np.ndarray]:
+        """`forward` as a generator that yields after each slice of about `slice_flops` of work (rows
+        of a product, queries of a head) and returns the features: the model thread runs a slice
+        between other requests' steps, so a long encode never holds them up for longer than that."""
+        h, slice_flops = self.hparams, SLICE_FLOPS if slice_flops is None else slice_flops
         side, patch = h.grid_side, h.patch_size
         pixels = np.asarray(pixels, dtype=np.float32)
         if pixels.shape != (3, h.image_size, h.image_size):
@@ -166,31 +178,52 @@ class SiglipEncoder:
         patches = patches.reshape(side * side, 3 * patch * patch)  # (n_patches, 3 * patch * patch)
         x = linear(patches, self.patch_weight, self.patch_bias)  # (n_patches, width)
         x += self.position
+        yield
+        n, width, heads, head_dim = x.shape[0], h.width, h.heads, h.head_dim
         for layer in self.layers:
-            x += self._attention(layer, layer_norm(x, layer.ln1_weight, layer.ln1_bias, h.eps))
-            x += self._feed_forward(layer, layer_norm(x, layer.ln2_weight, layer.ln2_bias, h.eps))
+            normed = layer_norm(x, layer.ln1_weight, layer.ln1_bias, h.eps)
+            q, k, v = (np.empty((n, width), dtype=np.float32) for _ in range(3))
+            for rows in _row_blocks(n, 6 * width * width, slice_flops):
+                for out, weight, bias in (
+                    (q, layer.q_weight, layer.q_bias),
+                    (k, layer.k_weight, layer.k_bias),
+                    (v, layer.v_weight, layer.v_bias),
+                ):
+                    out[rows] = linear(normed[rows], weight, bias)
+                yield
+            q *= np.float32(1.0 / math.sqrt(head_dim))
+            q, k, v = (np.ascontiguousarray(y.reshape(n, heads, head_dim).transpose(1, 0, 2)) for y in (q, k, v))  # (heads, n, head_dim)
+            mixed = np.empty((n, heads, head_dim), dtype=np.float32)
+            for head in range(heads):
+                for rows in _row_blocks(n, 4 * n * head_dim, slice_flops):
+                    scores = q[head, rows] @ k[head].T  # (queries, n)
+                    scores -= scores.max(axis=1, keepdims=True)
+                    np.exp(scores, out=scores)
+                    scores *= 1.0 / scores.sum(axis=1, keepdims=True)
+                    mixed[rows, head] = scores @ v[head]
+                    yield
+            mixed = mixed.reshape(n, width)
+            for rows in _row_blocks(n, 2 * width * width, slice_flops):
+                x[rows] += linear(mixed[rows], layer.out_weight, layer.out_bias)
+                yield
+            normed = layer_norm(x, layer.ln2_weight, layer.ln2_bias, h.eps)
+            for rows in _row_blocks(n, 4 * width * h.ffn, slice_flops):
+                hidden = gelu_tanh(linear(normed[rows], layer.up_weight, layer.up_bias))  # (rows, ffn)
+                x[rows] += linear(hidden, layer.down_weight, layer.down_bias)
+                yield
         return layer_norm(x, self.post_weight, self.post_bias, h.eps)
 
-    def _attention(self, layer: EncoderLayer, x: np.ndarray) -> np.ndarray:
-        h = self.hparams
-        n, heads, head_dim = x.shape[0], h.heads, h.head_dim
 
-        def by_head(y: np.ndarray) -> np.ndarray:
-            return np.ascontiguousarray(y.reshape(n, heads, head_dim).transpose(1, 0, 2))  # (heads, n, head_dim)
+def _row_blocks(n: int, flops_a_row: float, slice_flops: float) -> list[slice]:
+    """Rows 0..n-1 in blocks of about `slice_flops` of work each."""
+    step = max(1, int(slice_flops // max(flops_a_row, 1)))
+    return [slice(start, min(n, start + step)) for start in range(0, n, step)]
 
-        q = linear(x, layer.q_weight, layer.q_bias)
-        q *= np.float32(1.0 / math.sqrt(head_dim))
-        q, k, v = by_head(q), by_head(linear(x, layer.k_weight, layer.k_bias)), by_head(linear(x, layer.v_weight, layer.v_bias))
-        mixed = np.empty((n, heads, head_dim), dtype=np.float32)
-        for head in range(heads):
-            scores = q[head] @ k[head].T  # (n, n)
-            scores -= scores.max(axis=1, keepdims=True)
-            np.exp(scores, out=scores)
-            scores *= 1.0 / scores.sum(axis=1, keepdims=True)
-            mixed[:, head] = scores @ v[head]  # (n, head_dim)
-        return linear(mixed.reshape(n, h.width), layer.out_weight, layer.out_bias)
 
-    @staticmethod
-    def _feed_forward(layer: EncoderLayer, x: np.ndarray) -> np.ndarray:
-        hidden = gelu_tanh(linear(x, layer.up_weight, layer.up_bias))  # (n, ffn)
-        return linear(hidden, layer.down_weight, layer.down_bias)
+def run_to_end(slices: Generator[None, None, np.ndarray]) -> np.ndarray:
+    """A sliced computation run through: what it returns."""
+    while True:
+        try:
+            next(slices)
+        except StopIteration as done:
+            return done.value

@@ -7,9 +7,12 @@ family does it, into a `PreparedImage` that knows its digest and how many prompt
 In a prompt an image is `before` + that many positions + `after` (the family's own text around its
 rows), each position holding `placeholder(image)`: a token id past the vocabulary, one per image
 content, so that the prefix cache tells images apart by their pixels and a second request with the
-same image shares its blocks. The model thread calls `inputs(request, start, count)` for a prompt
-chunk: the rows its image positions take instead of a token's embedding, encoded on first use and
-kept by digest (`ENCODED_KEPT` of them), so a follow-up turn about the same picture encodes nothing.
+same image shares its blocks. The model thread encodes a waiting request's images a slice
+at a time (`encode_slice`, one a pass of its loop, until `encoded`), so a long encode never holds
+other requests' steps up for more than a slice; the rows are kept by digest (`ENCODED_KEPT` of
+them), and a follow-up turn about the same picture encodes nothing. `inputs(images, start, count)`
+gives a prompt chunk the rows its image positions take instead of a token's embedding (encoded at
+once where they are no longer kept: a preempted request's, say).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import collections
 import hashlib
 import threading
 import time
+from collections.abc import Generator
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +52,7 @@ class Vision:
         self.projector, self.vocab = projector, vocab
         self.before, self.after = projector.before, projector.after
         self._encoded: collections.OrderedDict[bytes, np.ndarray] = collections.OrderedDict()
+        self._encoding: tuple[bytes, Generator[None, None, np.ndarray]] | None = None  # the image being encoded, by slices
         self._lock = threading.Lock()  # the counters: read by the dashboard's thread
         self.encodes, self.encode_seconds, self.reused = 0, 0.0, 0
 
@@ -60,6 +65,28 @@ class Vision:
 
     def is_placeholder(self, token: int) -> bool:
         return token >= self.vocab
+
+    def encoded(self, images: tuple[ImageSpan, ...]) -> bool:
+        return all(span.image.digest in self._encoded for span in images)
+
+    def encode_slice(self, images: tuple[ImageSpan, ...]) -> None:
+        """One slice of encoding the first of `images` not encoded yet (Projector.encode_slices)."""
+        image = next((span.image for span in images if span.image.digest not in self._encoded), None)
+        if image is None:
+            return
+        if self._encoding is None or self._encoding[0] != image.digest:  # a new one, or the last one's request went
+            self._encoding = (image.digest, self.projector.encode_slices(image.pixels))
+        started = time.perf_counter()
+        try:
+            next(self._encoding[1])
+        except StopIteration as done:
+            self._keep(image.digest, np.ascontiguousarray(done.value, dtype=np.float32))
+            self._encoding = None
+            with self._lock:
+                self.encodes += 1
+        finally:
+            with self._lock:
+                self.encode_seconds += time.perf_counter() - started
 
     def inputs(self, images: tuple[ImageSpan, ...], start: int, count: int) -> tuple[tuple[int, np.ndarray], ...]:
         """The image rows among prompt positions start .. start + count - 1, as (offset from start,
@@ -86,10 +113,13 @@ class Vision:
         with self._lock:
             self.encodes += 1
             self.encode_seconds += time.perf_counter() - started
-        self._encoded[image.digest] = rows
+        self._keep(image.digest, rows)
+        return rows
+
+    def _keep(self, digest: bytes, rows: np.ndarray) -> None:
+        self._encoded[digest] = rows
         while len(self._encoded) > ENCODED_KEPT:
             self._encoded.popitem(last=False)
-        return rows
 
     def stats(self) -> dict:
         with self._lock:
