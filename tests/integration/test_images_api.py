@@ -170,6 +170,7 @@ def test_ollamas_images(served):
     import ollama
 
     client = ollama.Client(host=served[1].url, timeout=60)
+    assert "vision" in client.show("tiny").capabilities
     reply = client.chat(
         model="tiny", messages=[{"role": "user", "content": "What is this?", "images": [png(10)]}], options={"num_predict": 4}
     )

@@ -23,7 +23,7 @@ from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.vision.projector import load_projector
 
 FAMILIES = ("gemma3", "idefics3")
-RESAMPLE = {"gemma3": Image.Resampling.BILINEAR, "idefics3": Image.Resampling.BICUBIC}
+RESAMPLE = {"gemma3": Image.Resampling.BILINEAR, "idefics3": Image.Resampling.LANCZOS}
 WRAP = {
     "gemma3": ("<start_of_image>", "<end_of_image>"),
     "idefics3": ("<fake_token_around_image><global-img>", "<fake_token_around_image>"),
@@ -250,7 +250,8 @@ def test_vision_encodes_a_slice_at_a_time_and_keeps_the_rows(projector_files):
 
     projector = load_projector(projector_files["idefics3", "F32"])
     vision = Vision(projector, vocab=100)
-    spans = (ImageSpan(3, vision.prepare(_png(an_image(2)))), ImageSpan(40, vision.prepare(_png(an_image(3)))))
+    (first,), (second,) = vision.prepare(_png(an_image(2))), vision.prepare(_png(an_image(3)))  # one piece each: no tiles
+    spans = (ImageSpan(3, first), ImageSpan(40, second))
     passes = 0
     while not vision.encoded(spans):
         vision.encode_slice(spans)
@@ -268,3 +269,33 @@ def _png(rgb: np.ndarray) -> bytes:
     out = io.BytesIO()
     Image.fromarray(rgb).save(out, format="PNG")
     return out.getvalue()
+
+
+def test_smolvlm_tiles_then_its_overview_as_llama_cpp_lays_them_out(tmp_path):
+    """With clip.vision.preproc_image_size, an image is resized (Lanczos, ratio kept) to that longest
+    edge, then to whole tiles; each tile after its row/col marker, a newline after each row but the
+    last, then the overview of the tiled picture."""
+    path = write_tiny_projector(str(tmp_path / "tiles.gguf"), "idefics3", metadata={"clip.vision.preproc_image_size": 128})
+    projector, ref = load_projector(path), ReferenceFile(path)
+    rgb = an_image(4, height=60, width=100)
+    pieces = projector.pieces(rgb)
+    # 100 x 60 -> 128 x 76 (the short side made even) -> 2 x 2 tiles of 64 -> 128 x 128
+    texts = [(before, after) for before, _, after in pieces]
+    assert texts == [
+        ("<fake_token_around_image><row_1_col_1>", ""),
+        ("<fake_token_around_image><row_1_col_2>", "\n"),
+        ("<fake_token_around_image><row_2_col_1>", ""),
+        ("<fake_token_around_image><row_2_col_2>", ""),
+        ("\n\n<fake_token_around_image><global-img>", "<fake_token_around_image>"),
+    ]
+    picture = Image.fromarray(rgb).resize((128, 76), Image.Resampling.LANCZOS).resize((128, 128), Image.Resampling.LANCZOS)
+    mean, std = np.array(ref.vision("image_mean")), np.array(ref.vision("image_std"))
+
+    def normalized(square: Image.Image) -> np.ndarray:
+        return ((np.asarray(square, dtype=np.float64) / 255 - mean) / std).transpose(2, 0, 1)
+
+    np.testing.assert_allclose(pieces[1][1], normalized(picture.crop((64, 0, 128, 64))), atol=1e-5)
+    np.testing.assert_allclose(pieces[4][1], normalized(picture.resize((64, 64), Image.Resampling.LANCZOS)), atol=1e-5)
+    # a file without the key: the overview alone
+    plain = load_projector(write_tiny_projector(str(tmp_path / "plain.gguf"), "idefics3"))
+    assert [(b, a) for b, _, a in plain.pieces(rgb)] == [("<fake_token_around_image><global-img>", "<fake_token_around_image>")]

@@ -2,8 +2,9 @@
 
 Contract: `image_prompt(engine, prompt, images)` splits `prompt` at its image markers
 (webapp/openai/images.py), prepares each image for the served model's projector (`engine.vision`),
-and returns the prompt's token ids, each image standing as its family's text around a run of
-placeholder ids, with the `ImageSpan`s the engine feeds the images' rows at. A model without a
+and returns the prompt's token ids, each image standing as its pieces (a family's tiles and
+overview, or the whole image), each its family's text around a run of placeholder ids, with the
+`ImageSpan`s the engine feeds the pieces' rows at. A model without a
 projector, a marker the chat template dropped or an image that does not decode is an `ApiError` 400.
 """
 
@@ -31,11 +32,13 @@ def image_prompt(engine, prompt: str, images: tuple[bytes, ...]) -> tuple[list[i
     spans = []
     for number, (data, text) in enumerate(zip(images, pieces[1:], strict=True), 1):
         try:
-            image = vision.prepare(data)
+            pieces = vision.prepare(data)
         except ImageError as e:
             raise ApiError(400, f"Image {number} of the request: {e}.", "messages", "invalid_image") from e
-        ids += tokenizer.encode(vision.before, special=True)
-        spans.append(ImageSpan(len(ids), image))
-        ids += [vision.placeholder(image)] * image.tokens
-        ids += tokenizer.encode(vision.after + text, special=True)
+        for piece in pieces:
+            ids += tokenizer.encode(piece.before, special=True)
+            spans.append(ImageSpan(len(ids), piece))
+            ids += [vision.placeholder(piece)] * piece.tokens
+            ids += tokenizer.encode(piece.after, special=True)
+        ids += tokenizer.encode(text, special=True)
     return ids, tuple(spans)

@@ -104,6 +104,7 @@ def show():
     name = requests.model_name(body) or engine.model_name
     source = engine.chat_template.source or ""
     capabilities = ["completion"] + ["tools"] * ("tools" in source) + ["thinking"] * ("think" in source)
+    capabilities += ["vision"] * (engine.vision is not None)  # a projector: images in messages
     entry = next((m for m in _models(loaded_only=False) if m["name"] == f"{name}:latest"), replies.model_entry(name, None, None))
     return jsonify(
         {

@@ -18,7 +18,8 @@ import numpy as np
 from PIL import Image
 
 from webapp.engine.model.load_error import ModelLoadError
-from webapp.engine.vision.projector_file import ProjectorFile
+from webapp.engine.vision.projector_file import ProjectorFile, VisionHparams
+from webapp.engine.vision.siglip import normalized_pixels
 
 # the pooled grid's side: 256 tokens per image, what Gemma 3 was trained on
 POOLED_SIDE = 16
@@ -51,6 +52,10 @@ class Gemma3Projection:
         norm_weight = file.tensor("mm.soft_emb_norm.weight", (h.width,))
         projection = file.tensor("mm.input_projection.weight", (h.width, None))
         return cls(h.grid_side, pooled, h.eps, norm_weight, projection)
+
+    def pieces(self, rgb: np.ndarray, hparams: VisionHparams) -> list[tuple[str, np.ndarray, str]]:
+        """One piece: the whole image in the encoder's square (no pan-and-scan crops)."""
+        return [(self.before, normalized_pixels(rgb, self.resample, hparams), self.after)]
 
     @property
     def tokens_per_image(self) -> int:

@@ -25,7 +25,7 @@ from PIL import Image
 from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.vision.gemma3 import Gemma3Projection
 from webapp.engine.vision.idefics3 import Idefics3Projection
-from webapp.engine.vision.projector_file import ProjectorFile
+from webapp.engine.vision.projector_file import ProjectorFile, VisionHparams
 from webapp.engine.vision.siglip import SiglipEncoder, normalized_pixels, run_to_end
 
 
@@ -48,6 +48,8 @@ class Projection(Protocol):
     def nbytes(self) -> int: ...
 
     def project(self, patches: np.ndarray) -> np.ndarray: ...
+
+    def pieces(self, rgb: np.ndarray, hparams: VisionHparams) -> list[tuple[str, np.ndarray, str]]: ...
 
 
 # clip.projector_type -> the family's reader; each checks its own keys and tensors
@@ -93,6 +95,11 @@ class Projector:
     def nbytes(self) -> int:
         """The weights' bytes in memory (float32, whatever the file's types)."""
         return self.encoder.nbytes + self.projection.nbytes
+
+    def pieces(self, rgb: np.ndarray) -> list[tuple[str, np.ndarray, str]]:
+        """What an image is in a prompt: its encoder inputs (a family's tiles, then its overview; most
+        families one whole image), each with the text before and after its rows."""
+        return self.projection.pieces(rgb, self.encoder.hparams)
 
     def preprocess(self, rgb: np.ndarray) -> np.ndarray:
         """RGB uint8 (H, W, 3) -> (3, image_size, image_size) float32, resized and normalized as the family was trained."""

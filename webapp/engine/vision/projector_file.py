@@ -108,6 +108,9 @@ class ProjectorFile:
             raise ModelLoadError(f"{key} is not a bool")
         return bool(field.contents())
 
+    def has(self, key: str) -> bool:
+        return key in self._reader.fields
+
     def uint(self, key: str, low: int = 1, high: int = 1 << 31) -> int:
         """An integer key, which must lie in [low, high]."""
         field = self._field(key)

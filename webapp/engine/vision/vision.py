@@ -3,14 +3,15 @@
 Contract: `Vision(projector, vocab)` is made at load beside a model whose steps take embedding rows
 (`Steps.takes_inputs`) and kept as `LoadedModel.vision`. A handler thread calls `prepare(data)`: the
 image decoded under images.py's limits (`ImageError` otherwise) and preprocessed as the projector's
-family does it, into a `PreparedImage` that knows its digest and how many prompt positions it takes.
-In a prompt an image is `before` + that many positions + `after` (the family's own text around its
-rows), each position holding `placeholder(image)`: a token id past the vocabulary, one per image
-content, so that the prefix cache tells images apart by their pixels and a second request with the
-same image shares its blocks. The model thread encodes a waiting request's images a slice
+family does it, into its pieces (`PreparedImage`s: most families one, SmolVLM its tiles and an
+overview), each knowing its digest and how many prompt positions it takes. In a prompt a piece is
+its `before` text + that many positions + its `after` text (the family's own text around its
+rows), each position holding `placeholder(piece)`: a token id past the vocabulary, one per content,
+so that the prefix cache tells images apart by their pixels and a second request with the same
+image shares its blocks. The model thread encodes a waiting request's images a slice
 at a time (`encode_slice`, one a pass of its loop, until `encoded`), so a long encode never holds
-other requests' steps up for more than a slice; the rows are kept by digest (`ENCODED_KEPT` of
-them), and a follow-up turn about the same picture encodes nothing. `inputs(images, start, count)`
+other requests' steps up for more than a slice; the rows are kept by digest (the most recently
+used, up to `ENCODED_BYTES`), and a follow-up turn about the same picture encodes nothing. `inputs(images, start, count)`
 gives a prompt chunk the rows its image positions take instead of a token's embedding (encoded at
 once where they are no longer kept: a preempted request's, say).
 """
@@ -28,15 +29,19 @@ import numpy as np
 
 from webapp.engine.vision.images import decode_image
 
-ENCODED_KEPT = 32  # encoded images kept by digest, the most recently used
+ENCODED_BYTES = 256 * 2**20  # encoded pieces' rows kept by digest: a hundred Gemma 3 images, ~1,500 SmolVLM tiles
 _ID_SPACE = 2**31 - 1  # int32 token ids: placeholders lie between the vocabulary and this
 
 
 @dataclass(frozen=True, eq=False)
 class PreparedImage:
+    """One encoder input: a whole image, or one of its tiles or its overview."""
+
     pixels: np.ndarray  # the family's preprocessed input, float32
     digest: bytes  # sha256 of those pixels: equal images, equal digests, whatever their encoding
     tokens: int  # prompt positions its rows take
+    before: str = ""  # the family's text before its rows, and after them
+    after: str = ""
 
 
 @dataclass(frozen=True)
@@ -50,15 +55,19 @@ class ImageSpan:
 class Vision:
     def __init__(self, projector, vocab: int):
         self.projector, self.vocab = projector, vocab
-        self.before, self.after = projector.before, projector.after
         self._encoded: collections.OrderedDict[bytes, np.ndarray] = collections.OrderedDict()
+        self._kept_bytes = 0
         self._encoding: tuple[bytes, Generator[None, None, np.ndarray]] | None = None  # the image being encoded, by slices
         self._lock = threading.Lock()  # the counters: read by the dashboard's thread
         self.encodes, self.encode_seconds, self.reused = 0, 0.0, 0
 
-    def prepare(self, data: bytes) -> PreparedImage:
-        pixels = np.ascontiguousarray(self.projector.preprocess(decode_image(data)), dtype=np.float32)
-        return PreparedImage(pixels, hashlib.sha256(pixels.tobytes()).digest(), self.projector.tokens_per_image)
+    def prepare(self, data: bytes) -> tuple[PreparedImage, ...]:
+        """The image's pieces in prompt order."""
+        pieces = []
+        for before, pixels, after in self.projector.pieces(decode_image(data)):
+            pixels = np.ascontiguousarray(pixels, dtype=np.float32)
+            pieces.append(PreparedImage(pixels, hashlib.sha256(pixels.tobytes()).digest(), self.projector.tokens_per_image, before, after))
+        return tuple(pieces)
 
     def placeholder(self, image: PreparedImage) -> int:
         return self.vocab + int.from_bytes(image.digest[:8], "little") % (_ID_SPACE - self.vocab)
@@ -118,8 +127,9 @@ class Vision:
 
     def _keep(self, digest: bytes, rows: np.ndarray) -> None:
         self._encoded[digest] = rows
-        while len(self._encoded) > ENCODED_KEPT:
-            self._encoded.popitem(last=False)
+        self._kept_bytes += rows.nbytes
+        while self._kept_bytes > ENCODED_BYTES and len(self._encoded) > 1:
+            self._kept_bytes -= self._encoded.popitem(last=False)[1].nbytes
 
     def stats(self) -> dict:
         with self._lock:

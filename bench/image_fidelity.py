@@ -1,0 +1,102 @@
+"""Our image rows beside llama.cpp's: the same random-weight projector file in each family's real
+shape (bench/image_encode.py's SHAPES, F16), the same picture at the encoder's own size (so neither
+side resizes), encoded by `llama-mtmd-cli` (its MTMD_DEBUG_EMBEDDINGS dump of the rows it hands the
+language model) and by webapp/engine/vision.
+
+    .venv/bin/python bench/image_fidelity.py --mtmd-cli $BIN/llama-mtmd-cli [--families gemma3,idefics3]
+
+llama-mtmd-cli needs a language model whose width is the projector's: a one-layer Qwen3-4B-shaped
+file for Gemma 3's 2,560, the default model (SmolLM2-135M, 576, SmolVLM-256M's own text model) for
+SmolVLM. Prints a table: tokens, cosine similarity per token (the lowest and the median), the
+largest difference over the largest value, and each side's encode time on this machine's cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+from PIL import Image
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.dirname(__file__))
+from image_encode import SHAPES  # noqa: E402
+from shaped_model import write_shaped  # noqa: E402
+from support.tiny_models import default_model_path  # noqa: E402
+from support.tiny_projectors import write_tiny_projector  # noqa: E402
+
+from webapp.engine.kernels.cpu import cpu_threads  # noqa: E402
+from webapp.engine.vision.projector import load_projector  # noqa: E402
+
+
+def picture(size: int) -> np.ndarray:
+    """Smooth colour gradients with some noise: a photo's statistics more than random pixels'."""
+    y, x = np.mgrid[0:size, 0:size] / size
+    rgb = np.stack([np.sin(6 * x + 2 * y), np.cos(5 * y - 3 * x), np.sin(4 * (x + y))], axis=-1) * 0.4 + 0.5
+    rgb += np.random.default_rng(0).normal(0, 0.05, rgb.shape)
+    return (np.clip(rgb, 0, 1) * 255).astype(np.uint8)
+
+
+def language_model(family: str, folder: str) -> str:
+    if family == "idefics3":
+        return default_model_path()
+    path = os.path.join(folder, "qwen3-4b-1-layer.gguf")
+    write_shaped("qwen3-4b", path, 1)
+    return path
+
+
+def llama_cpp_rows(cli: str, model: str, projector: str, image: str, dump: str) -> tuple[np.ndarray, float]:
+    """The rows llama-mtmd-cli encoded (the last image slice's, MTMD_DEBUG_EMBEDDINGS) and its encode ms."""
+    command = [cli, "-m", model, "--mmproj", projector, "--image", image, "-p", "Describe.", "-n", "1", "-t", str(cpu_threads())]
+    done = subprocess.run(command, env={**os.environ, "MTMD_DEBUG_EMBEDDINGS": dump}, capture_output=True, text=True, timeout=1800)
+    if done.returncode:
+        raise RuntimeError(f"llama-mtmd-cli failed: {done.stderr[-2000:]}")
+    times = [float(ms) for ms in re.findall(r"slice encoded in (\d+) ms", done.stderr)]
+    with open(dump, "rb") as f:
+        tokens, width = np.frombuffer(f.read(8), dtype=np.int32)
+        rows = np.frombuffer(f.read(), dtype=np.float32).reshape(tokens, width)
+    return rows, times[-1] / 1000 if times else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mtmd-cli", required=True, help="llama.cpp's llama-mtmd-cli")
+    parser.add_argument("--families", default=",".join(SHAPES))
+    args = parser.parse_args()
+    print("| family | tokens | cosine min | cosine median | max diff / max | llama.cpp encode s | ours s |")
+    print("|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as folder:
+        for family in args.families.split(","):
+            projector_path = write_tiny_projector(
+                os.path.join(folder, f"{family}.mmproj.gguf"), family, tensor_type="F16", **SHAPES[family]
+            )
+            projector = load_projector(projector_path)
+            rgb = picture(projector.image_size)
+            image = os.path.join(folder, f"{family}.png")
+            Image.fromarray(rgb).save(image)
+            theirs, their_s = llama_cpp_rows(
+                args.mtmd_cli, language_model(family, folder), projector_path, image, os.path.join(folder, "rows.bin")
+            )
+            started = time.perf_counter()
+            ours = projector.encode(projector.preprocess(rgb))
+            our_s = time.perf_counter() - started
+            if theirs.shape != ours.shape:
+                print(f"| {family} | ours {ours.shape}, llama.cpp's {theirs.shape} | | | | {their_s:.2f} | {our_s:.2f} |")
+                continue
+            cosine = (ours * theirs).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(theirs, axis=1))
+            off = np.abs(ours - theirs).max() / np.abs(theirs).max()
+            print(
+                f"| {family} | {len(ours)} | {cosine.min():.5f} | {statistics.median(cosine):.5f} | {off:.4f} | {their_s:.2f} | {our_s:.2f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
