@@ -57,9 +57,11 @@ def llama_cpp_rows(cli: str, model: str, projector: str, image: str, dump: str) 
     """The rows llama-mtmd-cli encoded (the last image slice's, MTMD_DEBUG_EMBEDDINGS) and its encode ms."""
     command = [cli, "-m", model, "--mmproj", projector, "--image", image, "-p", "Describe.", "-n", "1", "-t", str(cpu_threads())]
     done = subprocess.run(command, env={**os.environ, "MTMD_DEBUG_EMBEDDINGS": dump}, capture_output=True, text=True, timeout=1800)
-    if done.returncode:
+    # SmolLM2's vocabulary lacks SmolVLM's <fake_token_around_image>: mtmd asserts when it lays the
+    # prompt out, after the first image piece was encoded and dumped, which is all this compares
+    if not os.path.exists(dump):
         raise RuntimeError(f"llama-mtmd-cli failed: {done.stderr[-2000:]}")
-    times = [float(ms) for ms in re.findall(r"slice encoded in (\d+) ms", done.stderr)]
+    times = [float(ms) for ms in re.findall(r"(?:slice|batch) encod\w+ (?:in|done in) (\d+) ms", done.stderr)]
     with open(dump, "rb") as f:
         tokens, width = np.frombuffer(f.read(8), dtype=np.int32)
         rows = np.frombuffer(f.read(), dtype=np.float32).reshape(tokens, width)

@@ -191,3 +191,32 @@ def test_mutated_gguf_files_load_or_fail_with_a_model_load_error(tmp_path):
             assert str(e) and "\n" not in str(e)
     assert outcomes["refused"] > CASES // 2, outcomes
     assert len(messages) > 20  # the refusals name many different faults
+
+
+def test_mutated_projector_files_load_or_fail_with_a_model_load_error(tmp_path):
+    """A projector file (images' GGUF, webapp/engine/vision) is untrusted too: mutated as above, it
+    loads and encodes an image, or stops with one ModelLoadError line."""
+    from support.tiny_projectors import write_tiny_projector
+
+    from webapp.engine.vision.projector import load_projector
+
+    source = write_tiny_projector(str(tmp_path / "valid.mmproj.gguf"), "idefics3", tensor_type="F16")
+    data = open(source, "rb").read()
+    fields = field_positions(data)
+    picture = np.random.default_rng(1).integers(0, 256, (20, 30, 3), dtype=np.uint8)
+    rng = np.random.default_rng(2027)
+    target, outcomes, messages = tmp_path / "mutated.mmproj.gguf", {"loaded": 0, "refused": 0}, set()
+    for _ in range(CASES):
+        target.write_bytes(mutate(data, fields, rng))
+        try:
+            projector = load_projector(str(target))
+        except ModelLoadError as e:
+            outcomes["refused"] += 1
+            messages.add(str(e)[:50])
+            assert str(e) and "\n" not in str(e)
+            continue
+        outcomes["loaded"] += 1
+        for _, pixels, _ in projector.pieces(picture):
+            assert projector.encode(pixels).shape == (projector.tokens_per_image, projector.text_dim)
+    assert outcomes["refused"] > CASES // 2, outcomes
+    assert len(messages) > 20

@@ -225,3 +225,17 @@ def test_a_long_encode_lets_other_requests_run_meanwhile(served, client, monkeyp
     finished["text"] = time.monotonic()
     asking.join(60)
     assert finished["text"] < finished["image"]
+
+
+def test_a_projector_that_does_not_fit_the_model_is_refused_at_load(tmp_path):
+    from webapp.engine.model.load_error import ModelLoadError
+    from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
+    from webapp.engine.serving.loader import load_gguf_model
+
+    use_tinygrad_from_this_thread()
+    model = write_tiny_gguf(str(tmp_path / "tiny.gguf"), matrix_type="Q8_0")
+    narrow = write_tiny_projector(str(tmp_path / "narrow.mmproj.gguf"), "idefics3", text_dim=48)
+    with pytest.raises(ModelLoadError, match="narrow.mmproj.gguf: its rows have 48 values; the model's embeddings have 64"):
+        load_gguf_model(model, 1, 64, 8, mmproj=narrow)
+    with pytest.raises(ModelLoadError, match="clip"):
+        load_gguf_model(model, 1, 64, 8, mmproj=model)  # a language model given as the projector

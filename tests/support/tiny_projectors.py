@@ -39,7 +39,7 @@ def write_tiny_projector(
     replace: dict[str, np.ndarray] | None = None,
 ) -> str:
     """A random-weight projector of `family` ("gemma3" or "idefics3") projecting to `text_dim`;
-    `tensor_type` "F16" stores every matrix (the patch kernel and positions too) as float16, norms
+    `tensor_type` "F16" stores every matrix (the patch kernel too) as float16; positions, norms
     and biases staying float32 as real files have them. `projector_type` writes another
     clip.projector_type than the family's; `metadata` adds or replaces keys (a value of None leaves
     the key out); `omit` leaves out tensors and `replace` writes other arrays under their names."""
@@ -51,6 +51,7 @@ def write_tiny_projector(
 
     keys: dict = {"clip.has_vision_encoder": True, "clip.has_text_encoder": False, "clip.projector_type": projector_type or family}
     vision = {"image_size": image_size, "patch_size": patch_size, "embedding_length": width, "feed_forward_length": ffn}
+    vision["projection_dim"] = text_dim  # llama.cpp reads it; this loader takes the width from the projection
     vision |= {"block_count": layers, "attention.head_count": heads, "attention.layer_norm_epsilon": 1e-6}
     vision |= {"image_mean": IMAGE_MEAN, "image_std": IMAGE_STD}
     if family == "idefics3":
@@ -67,7 +68,7 @@ def write_tiny_projector(
     tensors = {
         "v.patch_embd.weight": matrix(width, 3, patch_size, patch_size, fan_in=3 * patch_size * patch_size),
         "v.patch_embd.bias": vector(width),
-        "v.position_embd.weight": (0.3 * rng.standard_normal((n_patches, width))).astype(matrix_dtype),
+        "v.position_embd.weight": (0.3 * rng.standard_normal((n_patches, width))).astype(np.float32),
     }
     for i in range(layers):
         p = f"v.blk.{i}."

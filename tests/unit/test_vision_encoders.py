@@ -188,7 +188,7 @@ SPOILED = {
     "wrong shape": ("idefics3", {"replace": {"v.blk.0.ffn_up.weight": np.zeros((65, 32), np.float32)}}, "v.blk.0.ffn_up.weight"),
     "wrong patch kernel": ("gemma3", {"replace": {"v.patch_embd.weight": np.zeros((32, 3, 4, 5), np.float32)}}, "v.patch_embd.weight"),
     "unknown projector type": ("gemma3", {"projector_type": "llava"}, "clip.projector_type"),
-    "image smaller than a patch": ("idefics3", {"image_size": 6}, "clip.vision.image_size"),
+    "image smaller than a patch": ("idefics3", {"metadata": {"clip.vision.image_size": 6}}, "clip.vision.image_size"),
     "grid that does not pool": ("gemma3", {"image_size": 72}, "clip.vision.image_size"),
     "heads not dividing width": ("idefics3", {"heads": 5}, "clip.vision.attention.head_count"),
     "scale not dividing grid": ("idefics3", {"scale_factor": 3}, "clip.vision.projector.scale_factor"),

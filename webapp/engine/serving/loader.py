@@ -76,10 +76,13 @@ def load_gguf_model(
     from webapp.engine.serving.runner import ModelRunner
     from webapp.engine.text.chat_template import ChatTemplate
     from webapp.engine.text.tokenizer import Tokenizer
+    from webapp.engine.vision.projector import load_projector
 
     piece = prefill_pieces(prefill_chunk)[0]  # the largest
     # a paged cache keeps no per-slot copy for a draft model to mirror: a draft model keeps slots
     paging = None if draft else paging
+    # the projector first: the memory plan (available memory) then sees its weights taken
+    projector = load_projector(mmproj) if mmproj else None
     model, kv = load_model(path, slots, max_context, piece, cpu_kernels, kv_type, paging, cpu_isa)
     try:  # the tokenizer's metadata and the template are the file's too: untrusted, refused in one line
         tokenizer = Tokenizer.from_gguf_metadata(kv)
@@ -92,7 +95,7 @@ def load_gguf_model(
     log.info("embeddings: %s pooling (%s)%s", pooling, why, ", end-of-text appended" if suffix else "")
     steps = steps_for(model, prefill_chunk)
     draft_model = load_draft(draft, path, kv, steps, slots, piece, cpu_kernels, cpu_isa) if draft else None
-    vision = load_vision(mmproj, model.config, steps, tokenizer) if mmproj else None
+    vision = vision_for(projector, os.path.basename(mmproj), model.config, steps, tokenizer) if projector else None
     tuned = tuning_key(path, slots, model.context, piece, model.uses_cpu_kernels, model.kv_type.name) if steps.tunable else None
     if tuned is not None:
         beam = beam_for(tuned, beam)
@@ -123,16 +126,13 @@ def load_gguf_model(
     )
 
 
-def load_vision(path: str, config, steps, tokenizer):
-    """The projector at `path` as the served model's `Vision`, or ModelLoadError where the two do
-    not go together."""
-    from webapp.engine.vision.projector import load_projector
+def vision_for(projector, name: str, config, steps, tokenizer):
+    """The projector (file `name`) as the served model's `Vision`, or ModelLoadError where the two
+    do not go together."""
     from webapp.engine.vision.vision import Vision
 
-    name = os.path.basename(path)
     if not steps.takes_inputs:
         raise ModelLoadError(f"{name}: an image's rows go where token embeddings do, which only the CPU kernels' steps take ({steps.how})")
-    projector = load_projector(path)
     if projector.text_dim != config.dim:
         raise ModelLoadError(f"{name}: its rows have {projector.text_dim} values; the model's embeddings have {config.dim}")
     log.info("images: %s's %s projector, %d positions an image", name, projector.family, projector.tokens_per_image)

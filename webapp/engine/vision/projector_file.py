@@ -8,20 +8,22 @@ text width). Anything wrong raises `ModelLoadError` with one line naming the key
 is untrusted input, and the sizes read here decide the buffers the encoder allocates and the loops
 it runs, so no size leaves this module unchecked.
 
-Tensors are dequantized on request, not at open: a family reads only what it computes with, and
-nothing keeps the file's memory map once the arrays are built.
+The file is read with the language models' own reader (model/gguf.py: counts, lengths and offsets
+checked against the file's size before anything is allocated). Tensors are dequantized on request,
+not at open: a family reads only what it computes with, and nothing keeps the file's memory map
+once the arrays are built.
 """
 
 from __future__ import annotations
 
 import math
-import struct
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
+from webapp.engine.model.gguf import RawTensor, read_gguf
 from webapp.engine.model.load_error import ModelLoadError
 
 # far past any real projector: a file claiming more is corrupt, and would ask for absurd buffers
@@ -29,12 +31,6 @@ LIMITS = {"image_size": 8192, "patch_size": 1024, "embedding_length": 1 << 14, "
 LIMITS |= {"block_count": 256, "attention.head_count": 1024}
 # one head's (patches x patches) float32 score matrix stays under a gigabyte
 MAX_PATCHES = 1 << 14
-
-_INTEGER_TYPES = {GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16}
-_INTEGER_TYPES |= {GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64}
-_NUMBER_TYPES = _INTEGER_TYPES | {GGUFValueType.FLOAT32, GGUFValueType.FLOAT64}
-# what gguf's reader raises on a file that lies about its own layout
-_READER_ERRORS = (OSError, ValueError, KeyError, IndexError, TypeError, OverflowError, struct.error)
 
 
 @dataclass(frozen=True)
@@ -68,10 +64,9 @@ class VisionHparams:
 class ProjectorFile:
     """One projector GGUF, open for reading: metadata checked at open, tensors read on request."""
 
-    def __init__(self, path: str, reader: GGUFReader):
+    def __init__(self, path: str, metadata: dict, tensors: dict[str, RawTensor]):
         self.path = path
-        self._reader = reader
-        self._tensors = {t.name: t for t in reader.tensors}
+        self._metadata, self._tensors = metadata, tensors
         if (arch := self.string("general.architecture")) != "clip":
             raise ModelLoadError(f"general.architecture is {arch!r}, not 'clip': not a projector file")
         if not self.flag("clip.has_vision_encoder"):
@@ -82,55 +77,48 @@ class ProjectorFile:
     @classmethod
     def open(cls, path: str) -> ProjectorFile:
         try:
-            reader = GGUFReader(path)
-        except _READER_ERRORS as err:
+            metadata, tensors = read_gguf(path)
+        except (OSError, ValueError) as err:
             raise ModelLoadError(f"{path} is not a readable GGUF file: {err}") from err
-        return cls(path, reader)
+        return cls(path, metadata, tensors)
 
-    def _field(self, key: str):
-        field = self._reader.fields.get(key)
-        if field is None or not field.types:
+    def _value(self, key: str):
+        if key not in self._metadata:
             raise ModelLoadError(f"{key} is missing")
-        return field
+        return self._metadata[key]
 
     def string(self, key: str) -> str:
-        field = self._field(key)
-        if field.types != [GGUFValueType.STRING]:
+        value = self._value(key)
+        if not isinstance(value, str):
             raise ModelLoadError(f"{key} is not a string")
-        try:
-            return field.contents()
-        except UnicodeDecodeError as err:
-            raise ModelLoadError(f"{key} is not valid UTF-8") from err
+        return value
 
     def flag(self, key: str) -> bool:
-        field = self._field(key)
-        if field.types != [GGUFValueType.BOOL]:
+        value = self._value(key)
+        if not isinstance(value, bool):
             raise ModelLoadError(f"{key} is not a bool")
-        return bool(field.contents())
+        return value
 
     def has(self, key: str) -> bool:
-        return key in self._reader.fields
+        return key in self._metadata
 
     def uint(self, key: str, low: int = 1, high: int = 1 << 31) -> int:
         """An integer key, which must lie in [low, high]."""
-        field = self._field(key)
-        if len(field.types) != 1 or field.types[0] not in _INTEGER_TYPES:
+        value = self._value(key)
+        if isinstance(value, bool) or not isinstance(value, int):
             raise ModelLoadError(f"{key} is not an integer")
-        value = int(field.contents())
         if not low <= value <= high:
             raise ModelLoadError(f"{key} is {value}, outside [{low}, {high}]")
         return value
 
     def floats(self, key: str, count: int | None = None) -> tuple[float, ...]:
         """A number (count None: a tuple of one) or an array of exactly `count` numbers, all finite."""
-        field = self._field(key)
-        if count is None:
-            ok = len(field.types) == 1 and field.types[0] in _NUMBER_TYPES
-        else:
-            ok = len(field.types) == 2 and field.types[0] == GGUFValueType.ARRAY and field.types[1] in _NUMBER_TYPES
-        if not ok:
+        value = self._value(key)
+        values = (value,) if count is None else tuple(value) if isinstance(value, list) else ()
+        if (count is not None and not isinstance(value, list)) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
+        ):
             raise ModelLoadError(f"{key} is not {'a number' if count is None else f'an array of {count} numbers'}")
-        values = (field.contents(),) if count is None else tuple(field.contents())
         if count is not None and len(values) != count:
             raise ModelLoadError(f"{key} has {len(values)} values, not {count}")
         if not all(math.isfinite(v) for v in values):
@@ -175,15 +163,19 @@ class ProjectorFile:
         stored = self._tensors.get(name)
         if stored is None:
             raise ModelLoadError(f"tensor {name} is missing")
-        actual = tuple(int(d) for d in reversed(stored.shape))
+        actual = tuple(int(d) for d in stored.shape)  # read_gguf's: the file's dimensions, last first
         if len(actual) != len(shape) or any(want is not None and want != got for want, got in zip(shape, actual)):
             raise ModelLoadError(f"tensor {name} has shape {actual}, expected {tuple('any' if d is None else d for d in shape)}")
         if any(not 1 <= got <= 1 << 20 for want, got in zip(shape, actual) if want is None):
             raise ModelLoadError(f"tensor {name} has shape {actual}, a size outside [1, {1 << 20}]")
         try:
-            values = dequantize(stored.data, GGMLQuantizationType(stored.tensor_type))
+            raw = np.memmap(self.path, dtype=np.uint8, mode="r")[stored.start : stored.start + stored.nbytes]
+            values = dequantize(raw, GGMLQuantizationType(stored.ggml_type))
         except (NotImplementedError, ValueError) as err:
-            raise ModelLoadError(f"tensor {name} has type {stored.tensor_type!r}, which cannot be read here") from err
+            raise ModelLoadError(f"tensor {name} has type {stored.ggml_type!r}, which cannot be read here") from err
         if values.size != math.prod(actual):
             raise ModelLoadError(f"tensor {name} holds {values.size} values, not the {math.prod(actual)} of its shape")
-        return np.array(values, dtype=np.float32).reshape(actual)
+        array = np.array(values, dtype=np.float32).reshape(actual)
+        if not np.isfinite(array).all():  # a NaN would spread through every row of every image
+            raise ModelLoadError(f"tensor {name} holds values that are not finite")
+        return array
