@@ -1,6 +1,6 @@
 """What every generating view shares, whatever API it speaks: reading the body, the prompt's token
-ids, one engine request per choice, reading the answer back as parsed pieces, and the event stream
-that frees the slots when the client goes away.
+ids (with images in it: `image_prompt`), one engine request per choice, reading the answer back as
+parsed pieces, and the event stream that frees the slots when the client goes away.
 
 Flask glue around `webapp.openai.choices`; each API's views (`api.py` for OpenAI's,
 `anthropic_api.py` for Anthropic's) shape what these return into their own wire format.
@@ -19,12 +19,14 @@ from webapp.engine.decoding.sampling_params import SamplingParams
 from webapp.engine.serving.errors import RETRY_AFTER_S, PromptTooLong, completion_room
 from webapp.engine.serving.model_set import ModelNotFound, ModelsBusy, ModelSet
 from webapp.engine.serving.request import Request
-from webapp.http.image_prompt import image_prompt
+from webapp.engine.vision.images import ImageError
+from webapp.engine.vision.vision import ImageSpan
 from webapp.openai import chat_request, request_bodies, response_bodies, structured
 from webapp.openai.chat_request import ChatRequest
 from webapp.openai.choices import Answer, ChoiceOutputs, ChoiceReader, ClientGone
 from webapp.openai.errors import ApiError, error_body
 from webapp.openai.harmony import HarmonyParser, output_parser, template_messages
+from webapp.openai.images import IMAGE_MARKER
 from webapp.openai.output_text import THINK_CLOSE, THINK_OPEN, OutputParser, Piece, opens_reasoning
 from webapp.openai.sampling_options import SamplingOptions, check_token_ids
 
@@ -163,13 +165,47 @@ def json_body() -> dict:
 
 
 def encode(tokenizer, text: str) -> list[int]:
-    ids = tokenizer.encode(text, special=True)
-    bos = tokenizer.bos_id
-    if tokenizer.add_bos and bos is not None and ids[:1] != [bos]:
-        ids = [bos, *ids]
+    ids = with_bos(tokenizer, tokenizer.encode(text, special=True))
     if not ids:
         raise ApiError(400, "The prompt is empty.", "prompt")
     return ids
+
+
+def with_bos(tokenizer, ids: list[int]) -> list[int]:
+    """A prompt's ids with the BOS first, where the model wants one and they lack it."""
+    if tokenizer.add_bos and tokenizer.bos_id is not None and ids[:1] != [tokenizer.bos_id]:
+        return [tokenizer.bos_id, *ids]
+    return ids
+
+
+def image_prompt(engine, prompt: str, images: tuple[bytes, ...]) -> tuple[list[int], tuple[ImageSpan, ...]]:
+    """A rendered chat prompt with images in it: `prompt` split at its image markers
+    (webapp/openai/images.py), each image prepared for the served model's projector (`engine.vision`)
+    and standing as its pieces (a family's tiles and overview, or the whole image), each its family's
+    text around a run of placeholder ids; the token ids, and the `ImageSpan`s the engine feeds the
+    pieces' rows at. A model without a projector, a marker the chat template dropped or an image that
+    does not decode is an `ApiError` 400."""
+    vision, tokenizer = engine.vision, engine.tokenizer
+    if vision is None:
+        why = "it was loaded without a projector file (LLM_MMPROJ, or NAME.mmproj.gguf beside it)"
+        raise ApiError(400, f"The model {engine.model_name} takes no images: {why}.", "messages", "images_not_supported")
+    texts = prompt.split(IMAGE_MARKER)
+    if len(texts) != len(images) + 1:
+        kept = f"The chat template kept {len(texts) - 1} of the {len(images)} images; send them in user messages."
+        raise ApiError(400, kept, "messages")
+    ids, spans = with_bos(tokenizer, tokenizer.encode(texts[0], special=True)), []
+    for number, (data, text) in enumerate(zip(images, texts[1:], strict=True), 1):
+        try:
+            pieces = vision.prepare(data)
+        except ImageError as e:
+            raise ApiError(400, f"Image {number} of the request: {e}.", "messages", "invalid_image") from e
+        for piece in pieces:
+            ids += tokenizer.encode(piece.before, special=True)
+            spans.append(ImageSpan(len(ids), piece))
+            ids += [vision.placeholder(piece)] * piece.tokens
+            ids += tokenizer.encode(piece.after, special=True)
+        ids += tokenizer.encode(text, special=True)
+    return ids, tuple(spans)
 
 
 def prompt_token_ids(tokenizer, ids: tuple[int, ...]) -> list[int]:

@@ -19,7 +19,6 @@ from flask import current_app, jsonify
 
 from webapp.http import generation as gen
 from webapp.http.families import Family
-from webapp.http.image_prompt import image_prompt
 from webapp.openai import images, request_bodies
 from webapp.openai.errors import ApiError
 
@@ -42,11 +41,10 @@ def tokenize():
     tokenizer = engine.tokenizer
     pictures = images.chat_images(body["messages"]) if "messages" in body else ()
     if pictures:
-        ids = image_prompt(engine, text, pictures)[0]
+        ids = gen.image_prompt(engine, text, pictures)[0]
     else:
         ids = tokenizer.encode(text, special=special)
-        if special and tokenizer.add_bos and tokenizer.bos_id is not None and ids[:1] != [tokenizer.bos_id]:
-            ids = [tokenizer.bos_id, *ids]
+        ids = gen.with_bos(tokenizer, ids) if special else ids
     out: dict = {"tokens": ids, "count": len(ids), "max_model_len": engine.max_context}
     if _flag(body, "with_pieces", False):
         out["tokens"] = [{"id": i, "piece": tokenizer.decode([i]) if i < tokenizer.vocab_size else "[image]"} for i in ids]

@@ -4,8 +4,9 @@ Contract: `load_projector(path)` reads a llama.cpp projector ("mmproj") GGUF and
 `Projector`, or raises `ModelLoadError` naming the key or tensor at fault. A `Projector`'s
 `preprocess(rgb)` maps an RGB uint8 (H, W, 3) image to the encoder's (3, S, S) float32 input;
 `encode(pixels)` runs the SigLIP encoder and the family's projection and returns
-(tokens_per_image, text_dim) float32 rows, which stand in the prompt for the image between the
-strings `before` and `after` (the caller tokenizes those). Both are pure functions of their input:
+(tokens_per_image, text_dim) float32 rows; `pieces(rgb)` is what an image is in a prompt: its
+encoder inputs, each between the family's strings before and after its rows (the caller tokenizes
+those). Both are pure functions of their input:
 the same pixels give the same rows.
 
 What differs between families (resampling filter, wrap strings, the projection after the encoder) is
@@ -82,14 +83,6 @@ class Projector:
     def image_size(self) -> int:
         """The side of the square every image is resized to."""
         return self.encoder.hparams.image_size
-
-    @property
-    def before(self) -> str:
-        return self.projection.before
-
-    @property
-    def after(self) -> str:
-        return self.projection.after
 
     @property
     def nbytes(self) -> int:

@@ -72,9 +72,6 @@ class Vision:
     def placeholder(self, image: PreparedImage) -> int:
         return self.vocab + int.from_bytes(image.digest[:8], "little") % (_ID_SPACE - self.vocab)
 
-    def is_placeholder(self, token: int) -> bool:
-        return token >= self.vocab
-
     def encoded(self, images: tuple[ImageSpan, ...]) -> bool:
         return all(span.image.digest in self._encoded for span in images)
 
@@ -89,10 +86,8 @@ class Vision:
         try:
             next(self._encoding[1])
         except StopIteration as done:
-            self._keep(image.digest, np.ascontiguousarray(done.value, dtype=np.float32))
             self._encoding = None
-            with self._lock:
-                self.encodes += 1
+            self._keep(image.digest, done.value)
         finally:
             with self._lock:
                 self.encode_seconds += time.perf_counter() - started
@@ -118,18 +113,20 @@ class Vision:
                 self.reused += counted
             return rows
         started = time.perf_counter()
-        rows = np.ascontiguousarray(self.projector.encode(image.pixels), dtype=np.float32)
+        rows = self._keep(image.digest, self.projector.encode(image.pixels))
         with self._lock:
-            self.encodes += 1
             self.encode_seconds += time.perf_counter() - started
-        self._keep(image.digest, rows)
         return rows
 
-    def _keep(self, digest: bytes, rows: np.ndarray) -> None:
-        self._encoded[digest] = rows
+    def _keep(self, digest: bytes, encoded: np.ndarray) -> np.ndarray:
+        """An encode's rows, kept by digest (the least recently used let go past ENCODED_BYTES) and counted."""
+        rows = self._encoded[digest] = np.ascontiguousarray(encoded, dtype=np.float32)
+        with self._lock:
+            self.encodes += 1
         self._kept_bytes += rows.nbytes
         while self._kept_bytes > ENCODED_BYTES and len(self._encoded) > 1:
             self._kept_bytes -= self._encoded.popitem(last=False)[1].nbytes
+        return rows
 
     def stats(self) -> dict:
         with self._lock:

@@ -129,14 +129,14 @@ class OneCallSteps(Steps):
         lane attends, and lanes never mix."""
         assert lanes and all(lane.tokens for lane in lanes) and len({lane.slot for lane in lanes}) == len(lanes)
         assert all(lane.start + len(lane.tokens) <= self.model.context for lane in lanes)
-        tokens, slots, positions, picks, inputs = [], [], [], [], []
+        tokens, slots, positions, picks, inputs, given = [], [], [], [], [], 0
         for lane in lanes:
             first, n = len(tokens), len(lane.tokens)
             tokens += lane.tokens
             for offset, rows in lane.inputs:  # fed as -1 - their row in `inputs` (tq_forward)
-                given = sum(len(r) for r in inputs)
                 tokens[first + offset : first + offset + len(rows)] = range(-1 - given, -1 - given - len(rows), -1)
                 inputs.append(rows)
+                given += len(rows)
             slots += [lane.slot] * n
             positions += range(lane.start, lane.start + n)
             picks += [first + n - 1] if lane.want is Want.LAST else range(first, first + n)
