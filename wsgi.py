@@ -10,7 +10,12 @@ the queue (or a missing --channel-request-lookahead) is too, with the flags to a
 """
 
 import logging
+import os
 import sys
+
+# OpenBLAS's threads (NumPy's products: an image encoder's) spin for ~2^28 cycles after each product
+# before they sleep, on the cores the kernels' own pool runs on the next moment: let them sleep at once
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 from webapp import create_app
 from webapp.ops.exposure import listen_hosts, warn_if_exposed

@@ -34,6 +34,10 @@ from webapp.engine.kernels.abi import Isa
 SOURCES = Path(__file__).with_name("c")
 SOURCE = SOURCES / "tq.c"
 ISA_VARIABLE = "LLM_CPU_ISA"  # names a rung to build instead of the highest this CPU executes
+# "1": build the kernels under AddressSanitizer and UndefinedBehaviorSanitizer (a build of their own,
+# cached apart), for a process started with clang's ASan runtime preloaded (tests/integration/test_sanitizers.py)
+SANITIZE_VARIABLE = "LLM_CPU_SANITIZE"
+SANITIZER_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-shared-libasan", "-fno-omit-frame-pointer", "-g1")
 
 X86 = frozenset({"x86_64", "amd64"})
 _AVX2 = (frozenset({"avx2", "fma", "f16c"}), ("-mavx2", "-mfma", "-mf16c"))
@@ -144,11 +148,16 @@ def source_hash(sources: Path | None = None) -> bytes:
     return digest.digest()
 
 
+def sanitized() -> bool:
+    """Whether LLM_CPU_SANITIZE asks for the sanitizers' build."""
+    return os.environ.get(SANITIZE_VARIABLE, "") == "1"
+
+
 def compile_library(flags: list[str], sources: Path | None = None) -> Path:
     """Build the kernels (tq.c of `sources`, SOURCES unless another checkout's, and what it includes)
-    into a shared library, once per source and flags."""
+    into a shared library, once per source and flags (the sanitizers' too, with LLM_CPU_SANITIZE)."""
     sources = sources or SOURCES
-    command = ["clang", "-O3", "-shared", "-fPIC", "-fno-math-errno", *flags]
+    command = ["clang", "-O3", "-shared", "-fPIC", "-fno-math-errno", *flags, *(SANITIZER_FLAGS if sanitized() else ())]
     key = hashlib.sha256(source_hash(sources) + " ".join(command).encode()).hexdigest()[:16]
     target = _cache_dir() / f"tq-{key}.so"
     if target.exists():
@@ -171,6 +180,11 @@ def load_library(rung: Rung, flags: tuple[str, ...] | list[str], sources: Path |
     """The library of `sources` built for `rung` with `flags` (rung_for's), loaded and checked: a RuntimeError
     where its interface is not abi.py's (arguments would be misread) or it reports another rung (this table
     and tq.c's macros disagree). Both are bugs, not a CPU's missing feature."""
+    if sanitized() and "asan" not in os.environ.get("LD_PRELOAD", ""):
+        # the sanitizers' runtime must be the process's first library, or loading the build aborts it
+        raise RuntimeError(
+            f"{SANITIZE_VARIABLE}=1 needs clang's ASan runtime in LD_PRELOAD (tests/integration/test_sanitizers.py starts such a process)"
+        )
     library = ctypes.CDLL(str(compile_library(list(flags), sources)))
     if mismatches := abi.mismatches(library):
         raise RuntimeError(f"the kernels' interface differs from kernels/abi.py: {'; '.join(mismatches)}")

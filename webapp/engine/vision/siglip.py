@@ -10,7 +10,8 @@ std), the resampling filter left to the family, as each model was trained with i
 The layers are pre-norm: x + attention(ln1(x)), then x + ffn_down(gelu(ffn_up(ln2(x)))), the
 attention bidirectional over every patch, gelu the tanh approximation ggml's gelu computes. Matrix
 products go through NumPy's matmul (BLAS); attention runs a head, and a block of its queries, at a
-time, so that no more than one block of (queries x patches) scores is alive at once.
+time: on the CPU kernels' cores where `kernels` is set (one pass over the keys, on every core; the
+gelu too), else in NumPy, where no more than one block of (queries x patches) scores is alive at once.
 `forward_slices` yields between such blocks of work: how the model thread interleaves an encode
 with other requests' steps.
 """
@@ -138,6 +139,9 @@ class SiglipEncoder:
         self.layers = layers
         self.post_weight = post_weight  # (width,)
         self.post_bias = post_bias  # (width,)
+        # attention and gelu on the CPU kernels' cores (kernels/vision_encoder.py), set where the
+        # served model runs on them; None: in NumPy (attention a head and a block of queries at a time)
+        self.kernels = None
 
     @classmethod
     def from_file(cls, file: ProjectorFile) -> SiglipEncoder:
@@ -194,24 +198,35 @@ class SiglipEncoder:
             q *= np.float32(1.0 / math.sqrt(head_dim))
             q, k, v = (np.ascontiguousarray(y.reshape(n, heads, head_dim).transpose(1, 0, 2)) for y in (q, k, v))  # (heads, n, head_dim)
             mixed = np.empty((n, heads, head_dim), dtype=np.float32)
+            on_kernels = self.kernels is not None and self.kernels.runs_attention(head_dim)
             for head in range(heads):
+                kt = np.ascontiguousarray(k[head].T) if on_kernels else None  # (head_dim, n): what the kernel reads
                 for rows in _row_blocks(n, 4 * n * head_dim, slice_flops):
-                    scores = q[head, rows] @ k[head].T  # (queries, n)
-                    scores -= scores.max(axis=1, keepdims=True)
-                    np.exp(scores, out=scores)
-                    scores *= 1.0 / scores.sum(axis=1, keepdims=True)
-                    mixed[rows, head] = scores @ v[head]
+                    if on_kernels:
+                        self.kernels.attention(q[head, rows], kt, v[head], mixed[rows, head])
+                    else:
+                        mixed[rows, head] = _attention(q[head, rows], k[head], v[head])
                     yield
             mixed = mixed.reshape(n, width)
             for rows in _row_blocks(n, 2 * width * width, slice_flops):
                 x[rows] += linear(mixed[rows], layer.out_weight, layer.out_bias)
                 yield
             normed = layer_norm(x, layer.ln2_weight, layer.ln2_bias, h.eps)
+            gelu = gelu_tanh if self.kernels is None else self.kernels.gelu_tanh
             for rows in _row_blocks(n, 4 * width * h.ffn, slice_flops):
-                hidden = gelu_tanh(linear(normed[rows], layer.up_weight, layer.up_bias))  # (rows, ffn)
+                hidden = gelu(linear(normed[rows], layer.up_weight, layer.up_bias))  # (rows, ffn)
                 x[rows] += linear(hidden, layer.down_weight, layer.down_bias)
                 yield
         return layer_norm(x, self.post_weight, self.post_bias, h.eps)
+
+
+def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """softmax(q . k^T) . v for one head's (queries, head_dim) q over its (n, head_dim) k and v."""
+    scores = q @ k.T  # (queries, n)
+    scores -= scores.max(axis=1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores *= 1.0 / scores.sum(axis=1, keepdims=True)
+    return scores @ v
 
 
 def _row_blocks(n: int, flops_a_row: float, slice_flops: float) -> list[slice]:

@@ -17,7 +17,8 @@ static void run_rows(const void *ctx, int first, int last) {
     const int n = j->tokens - t0 < MAX_TOKEN_GROUP ? j->tokens - t0 : MAX_TOKEN_GROUP;
     const xblock *xs[MAX_TOKEN_GROUP];
     const float *xf[MAX_TOKEN_GROUP];
-    for (int t = 0; t < n; t++) xs[t] = j->x + (size_t)(t0 + t) * nb, xf[t] = j->xf + (size_t)(t0 + t) * j->cols;
+    for (int t = 0; t < n; t++) /* a float format has no int8 rows, another no float rows: null, not an offset from null */
+      xs[t] = j->x ? j->x + (size_t)(t0 + t) * nb : 0, xf[t] = j->xf ? j->xf + (size_t)(t0 + t) * j->cols : 0;
     float *out = j->out + (size_t)t0 * j->stride;
     int r = floats ? last : tile_rows(j->type, j->w, row_bytes, nb, xs, n, out, j->stride, first, last);
     if (floats) float_format_rows(j->type, j->w, row_bytes, j->cols, xf, n, out, j->stride, first, last);
@@ -135,7 +136,7 @@ static void linear(float *out, const uint8_t *w, const float *x, const tq_produc
   const int type = shape->type, rows = shape->rows, cols = shape->cols, tokens = shape->tokens;
   /* every token's transformed row is kept: the float formats' products read them as they are */
   float *rows_in = input == AS_IS ? 0 : at_least(&float_rows, ((size_t)tokens * cols + tokens) * sizeof(float));
-  float *sums = rows_in + (size_t)tokens * cols;
+  float *sums = rows_in ? rows_in + (size_t)tokens * cols : 0;
   const float *xf = input == AS_IS ? x : rows_in;
   if (input == RMS_NORM) square_sums(x, tokens, cols, sums);
   if (input != AS_IS)

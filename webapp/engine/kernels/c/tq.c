@@ -12,7 +12,7 @@
  * portable and x86 versions, which every x86 rung of the ladder builds; fallback.h choosing, name by
  * name; x86_avx2_<format>.c a format's own products),
  * pool.c (the thread pool), linear.c (the products and the fused linears), attention.c (attention_q8.c: its
- * 8-bit KV cache rows), moe.c (a mixture of experts' feed-forward), mla.c (multi-head latent attention), gated_delta.c (Qwen3.5's recurrent
+ * 8-bit KV cache rows), vision_encoder.c (a vision encoder's attention and gelu), moe.c (a mixture of experts' feed-forward), mla.c (multi-head latent attention), gated_delta.c (Qwen3.5's recurrent
  * and gated attention layers), step.c (a layer, a step) and abi.c (tq_abi).
  *
  * Why this shape: a decode step reads every weight once, so bytes decide its speed; keeping the file's
@@ -84,6 +84,7 @@
 #include "pool.c"
 #include "linear.c"
 #include "attention.c"
+#include "vision_encoder.c"
 #include "shared_expert.c"
 #include "moe.c"
 #include "mla.c"

@@ -255,6 +255,12 @@ void tq_swiglu_linear(float *out, const uint8_t *w, const float *gate_up, const 
  * tables (int32, rows x shape->table_width), unread (NULL) when shape->block_positions is 0. */
 void tq_attend(float *out, const float *qkv, void *cache, const int32_t *lanes, const float *inv_freq, const float *extras,
                const int32_t *tables, const tq_attention *shape);
+/* A vision encoder's attention for one head, no mask: out[r] (row stride out_stride) = softmax(q[r] . k)
+ * . v for the `rows` queries q (rows x hd, already scaled) over n keys given transposed, kt (hd x n),
+ * and their values v (n x hd). hd a multiple of 8, at most MAX_HEAD_DIM; -1 (nothing written) otherwise. */
+int tq_encoder_attention(float *out, const float *q, const float *kt, const float *v, int n, int rows, int hd, int out_stride);
+/* x[i] = gelu(x[i]) in its tanh form (ggml's gelu), for n values; n / 4096 must fit an int. */
+void tq_gelu_tanh(float *x, long n);
 /* A whole layer: those five in a row (see step.c), or a mixture of experts' feed-forward after the
  * attention, over an unpaged cache (shape->attention.block_positions must be 0: no block tables here) (shape->experts.count > 0; a dense layer's w_router, w_up and expert_tokens are unread, and
  * the shared expert's w_shared_gate_up, w_shared_down and shared_gate where it has none, selection_bias

@@ -1,0 +1,88 @@
+"""The vision encoder's kernels (c/vision_encoder.c through kernels/vision_encoder.py): attention
+against float64 softmax attention, on the best rung this CPU runs and the generic build: shapes that
+leave partial tiles (patches not a multiple of 16 or of the key tile, queries not a multiple of the
+item), scores large enough that a later tile's maximum rescales what came before, outputs written into
+one head's columns of a wider array; gelu against float64's over float32's whole range; then the
+whole SigLIP encoder with and without them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support.tiny_projectors import write_tiny_projector
+
+from webapp.engine.kernels.vision_encoder import VisionEncoderKernels
+from webapp.engine.vision.projector import load_projector
+
+
+def float64_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    scores = q.astype(np.float64) @ k.astype(np.float64).T
+    probs = np.exp(scores - scores.max(axis=1, keepdims=True))
+    return (probs / probs.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
+
+
+@pytest.mark.parametrize(
+    "patches, queries, head_dim, spread",
+    [
+        (1, 1, 8, 1.0),
+        (17, 5, 8, 3.0),
+        (129, 49, 64, 1.0),
+        (729, 37, 72, 2.0),
+        (1024, 100, 64, 0.5),
+        (300, 13, 576, 0.1),
+        (256, 12, 16, 30.0),
+    ],
+)
+def test_one_head_matches_float64(library, patches, queries, head_dim, spread):
+    rng = np.random.default_rng(patches * 1000 + head_dim)
+    q = (rng.standard_normal((queries, head_dim)) * spread / np.sqrt(head_dim)).astype(np.float32)
+    k = rng.standard_normal((patches, head_dim)).astype(np.float32)
+    v = rng.standard_normal((patches, head_dim)).astype(np.float32)
+    if spread > 10:  # the largest score in the last key tile: every tile before it is rescaled
+        k[-1] = q.mean(axis=0) * 4
+    heads = np.full((queries, 3, head_dim), np.nan, dtype=np.float32)  # the middle head's columns written, the others untouched
+    VisionEncoderKernels(library).attention(q, np.ascontiguousarray(k.T), v, heads[:, 1])
+    np.testing.assert_allclose(heads[:, 1], float64_attention(q, k, v), atol=2e-5, rtol=1e-4)
+    assert np.isnan(heads[:, 0]).all() and np.isnan(heads[:, 2]).all()
+
+
+def test_what_c_would_misread_is_refused_before_it(library):
+    kernels = VisionEncoderKernels(library)
+    q, k, v = (np.zeros((4, 8), np.float32) for _ in range(3))
+    out = np.zeros((4, 8), np.float32)
+    for args, says in [
+        ((q.astype(np.float64), k.T.copy(), v, out), "float32"),
+        ((q, k.copy(), v[:3], out), "shapes"),
+        ((q, k.T, v, out), "contiguous"),  # the transpose of k as a view: its rows are columns
+        ((q, k.T.copy(), v, np.zeros((8, 4), np.float32).T), "rows"),  # a row of out is a column
+        (
+            (np.zeros((4, 12), np.float32), np.zeros((12, 4), np.float32), np.zeros((4, 12), np.float32), np.zeros((4, 12), np.float32)),
+            "shapes",
+        ),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            kernels.attention(*args)
+    assert kernels.runs_attention(72) and kernels.runs_attention(64) and not kernels.runs_attention(12) and not kernels.runs_attention(1024)
+    for x, says in [(np.zeros(8, np.float64), "float32"), (np.zeros((4, 4), np.float32).T[:, :2], "contiguous")]:
+        with pytest.raises(ValueError, match=says):
+            kernels.gelu_tanh(x)
+
+
+def test_gelu_matches_float64_everywhere(library):
+    # every size of value, both signs, the extremes, and a length that leaves a tail past the eights
+    x = np.concatenate([np.linspace(-12, 12, 4001), [0.0, -0.0, 1e-30, -1e-30, 1e30, -1e30, 3.4e38, -3.4e38]])
+    x = np.concatenate([x, np.random.default_rng(0).standard_normal(5000) * 3]).astype(np.float32)
+    wide = x.astype(np.float64)
+    expected = 0.5 * wide * (1 + np.tanh(np.sqrt(2 / np.pi) * (wide + 0.044715 * wide**3)))
+    got = VisionEncoderKernels(library).gelu_tanh(x.copy())
+    np.testing.assert_allclose(got, expected, rtol=2e-6, atol=1e-6)
+
+
+def test_the_encoder_gives_the_same_rows_with_the_kernels_as_in_numpy(library, tmp_path):
+    path = write_tiny_projector(str(tmp_path / "p.mmproj.gguf"), "gemma3", width=64, heads=8, image_size=112, patch_size=14)
+    projector = load_projector(path)
+    pixels = projector.preprocess(np.random.default_rng(1).integers(0, 256, (90, 120, 3), dtype=np.uint8))
+    in_numpy = projector.encode(pixels)
+    projector.encoder.kernels = VisionEncoderKernels(library)
+    on_kernels = projector.encode(pixels)
+    np.testing.assert_allclose(on_kernels, in_numpy, atol=2e-4, rtol=1e-3)

@@ -1,0 +1,57 @@
+"""A vision encoder's attention and gelu on the CPU kernels' cores (c/vision_encoder.c).
+
+Contract: `VisionEncoderKernels(library)` is what the SigLIP encoder takes as its `kernels`.
+`attention(q, kt, v, out)` writes one head's softmax(q . kt) . v into `out`, where q is (rows, hd)
+and already scaled, kt (hd, n) the keys transposed, v (n, hd), and out a (rows, hd) view whose rows
+may be apart (one head's columns of a (patches, heads, hd) array); `runs_attention(hd)` says which
+heads it takes. `gelu_tanh(x)` overwrites a contiguous float32 array with its gelu (tanh form) and
+returns it. Everything C will read or write is checked here first (float32, shapes that agree,
+contiguous rows): a ValueError, never an access past a buffer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from webapp.engine.kernels.abi import MAX_HEAD_DIM
+
+FLOAT32 = np.dtype(np.float32)
+
+
+class VisionEncoderKernels:
+    def __init__(self, library: ctypes.CDLL):
+        self._attend = library.tq_encoder_attention
+        self._attend.argtypes, self._attend.restype = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4, ctypes.c_int
+        self._gelu = library.tq_gelu_tanh
+        self._gelu.argtypes, self._gelu.restype = [ctypes.c_void_p, ctypes.c_long], None
+
+    @staticmethod
+    def runs_attention(head_dim: int) -> bool:
+        """Whether heads of `head_dim` values run here (else the encoder's own NumPy attention)."""
+        return 0 < head_dim <= MAX_HEAD_DIM and head_dim % 8 == 0
+
+    def attention(self, q: np.ndarray, kt: np.ndarray, v: np.ndarray, out: np.ndarray) -> None:
+        rows, hd = q.shape
+        n = v.shape[0]
+        for name, array in (("q", q), ("kt", kt), ("v", v), ("out", out)):
+            if array.dtype != FLOAT32 or array.ndim != 2:
+                raise ValueError(f"{name} must be a 2-d float32 array, not {array.dtype} {array.shape}")
+        if kt.shape != (hd, n) or v.shape != (n, hd) or out.shape != (rows, hd) or not self.runs_attention(hd):
+            raise ValueError(f"shapes q {q.shape}, kt {kt.shape}, v {v.shape}, out {out.shape} do not make one head's attention here")
+        if not (q.flags.c_contiguous and kt.flags.c_contiguous and v.flags.c_contiguous):
+            raise ValueError("q, kt and v must be contiguous")
+        if out.strides[1] != FLOAT32.itemsize or out.strides[0] < hd * FLOAT32.itemsize or out.strides[0] % FLOAT32.itemsize:
+            raise ValueError(f"out's rows must each be contiguous and apart, not strides {out.strides}")
+        if n == 0 or rows == 0:
+            return
+        stride = out.strides[0] // FLOAT32.itemsize
+        if self._attend(out.ctypes.data, q.ctypes.data, kt.ctypes.data, v.ctypes.data, n, rows, hd, stride) != 0:
+            raise ValueError(f"tq_encoder_attention refused n={n} rows={rows} hd={hd}")
+
+    def gelu_tanh(self, x: np.ndarray) -> np.ndarray:
+        if x.dtype != FLOAT32 or not x.flags.c_contiguous or not x.flags.writeable:
+            raise ValueError(f"gelu runs in place on a contiguous, writable float32 array, not {x.dtype} {x.shape}")
+        self._gelu(x.ctypes.data, x.size)
+        return x
