@@ -1,7 +1,10 @@
-"""GGUF files are untrusted input: a valid tiny file, mutated a few thousand ways in its header, its
-metadata, its tensor table (types, shapes, offsets) and its length, either loads (model, tokenizer and
-template, through the server's own loader) or stops with one `ModelLoadError` naming what is wrong.
-Never another exception, and never a crash in the C kernels, which trust every size they are given.
+"""GGUF files are untrusted input: valid tiny files (seeds of several architectures and block formats:
+Q8_0, K-quants, IQ4, 2- and 3-bit, float16 and bfloat16), mutated thousands of ways in their headers,
+metadata, tensor tables (types, shapes, offsets) and lengths, either load (model, tokenizer and
+template, through the server's own loader) and run a step on the CPU kernels, or stop with one
+`ModelLoadError` naming what is wrong. Never another exception, and never a crash in the C kernels,
+which trust every size they are given (tests/integration/test_sanitizers.py runs this file again
+under AddressSanitizer and UndefinedBehaviorSanitizer).
 """
 
 from __future__ import annotations
@@ -10,6 +13,9 @@ import struct
 
 import gguf
 import numpy as np
+import pytest
+from support.k_quants import QUANTIZERS as K_QUANTIZERS
+from support.low_bit_quants import QUANTIZERS as LOW_BIT_QUANTIZERS
 from support.tiny_models import smollm_tokenizer_fields
 
 from webapp.engine.model.load_error import ModelLoadError
@@ -18,6 +24,17 @@ from webapp.engine.serving.loader import load_gguf_model
 
 CASES = 2000
 VOCAB = 512
+# (architecture, the layers' block type, cases): the first is the original seed; the others fewer cases
+# each, their matrices 256 wide (a K-quant block's values)
+SEEDS = [
+    ("qwen3", "Q8_0", CASES),
+    ("llama", "Q4_K", 400),
+    ("llama", "Q6_K", 300),
+    ("qwen3", "IQ4_XS", 300),
+    ("llama", "Q3_K", 300),
+    ("qwen3", "F16", 300),
+    ("llama", "BF16", 300),
+]
 # struct formats of GGUF's scalar value types (8: string, 9: array)
 SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 EXTREMES = [0, 1, 2, 3, 7, 31, 32, 255, 256, 1000, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**63 - 1, 2**64 - 1]
@@ -37,11 +54,14 @@ def _small_vocabulary() -> dict:
     }
 
 
-def write_fixture(path: str) -> None:
+def write_fixture(path: str, arch: str = "qwen3", matrix_type: str = "Q8_0") -> None:
     rng = np.random.default_rng(0)
     vocab = _small_vocabulary()
-    dim, hidden, heads, kv_heads, head_dim = 64, 128, 4, 2, 16
-    w = gguf.GGUFWriter(path, "qwen3")
+    wide = matrix_type != "Q8_0"
+    dim, hidden, heads, kv_heads, head_dim = (256, 256, 4, 2, 64) if wide else (64, 128, 4, 2, 16)
+    qtype = gguf.GGMLQuantizationType[matrix_type]
+    quantizers = K_QUANTIZERS | LOW_BIT_QUANTIZERS
+    w = gguf.GGUFWriter(path, arch)
     w.add_block_count(1)
     w.add_context_length(64)
     w.add_embedding_length(dim)
@@ -61,10 +81,12 @@ def write_fixture(path: str) -> None:
 
     def matrix(name: str, rows: int, cols: int, q8: bool = True) -> None:
         values = (rng.standard_normal((rows, cols)) * cols**-0.5).astype(np.float32)
-        if q8:
-            w.add_tensor(name, gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q8_0), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
+        if not q8:
             w.add_tensor(name, values.astype(np.float16))
+        elif qtype in quantizers:
+            w.add_tensor(name, quantizers[qtype](values), raw_dtype=qtype)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
 
     def norm(name: str, n: int) -> None:
         w.add_tensor(name, (1 + 0.1 * rng.standard_normal(n)).astype(np.float32))
@@ -76,8 +98,9 @@ def write_fixture(path: str) -> None:
     matrix("blk.0.attn_q.weight", heads * head_dim, dim)
     matrix("blk.0.attn_k.weight", kv_heads * head_dim, dim)
     matrix("blk.0.attn_v.weight", kv_heads * head_dim, dim, q8=False)
-    norm("blk.0.attn_q_norm.weight", head_dim)
-    norm("blk.0.attn_k_norm.weight", head_dim)
+    if arch == "qwen3":
+        norm("blk.0.attn_q_norm.weight", head_dim)
+        norm("blk.0.attn_k_norm.weight", head_dim)
     matrix("blk.0.attn_output.weight", dim, heads * head_dim)
     norm("blk.0.ffn_norm.weight", dim)
     matrix("blk.0.ffn_gate.weight", hidden, dim)
@@ -170,27 +193,34 @@ def mutate(data: bytes, fields: dict, rng: np.random.Generator) -> bytes:
     return bytes(out)
 
 
-def test_mutated_gguf_files_load_or_fail_with_a_model_load_error(tmp_path):
+@pytest.mark.parametrize("arch, matrix_type, cases", SEEDS)
+def test_mutated_gguf_files_load_and_run_or_fail_with_a_model_load_error(tmp_path, arch, matrix_type, cases):
     use_tinygrad_from_this_thread()
     source = tmp_path / "valid.gguf"
-    write_fixture(str(source))
+    write_fixture(str(source), arch, matrix_type)
     data = source.read_bytes()
     fields = field_positions(data)
-    assert load_gguf_model(str(source), slots=1, max_context=32, prefill_chunk=8).context == 32
+    valid = load_gguf_model(str(source), slots=1, max_context=32, prefill_chunk=8)
+    assert valid.context == 32 and np.isfinite(valid.runner.steps.prefill([1, 2, 3, 4], 0, 0)).all()
     rng = np.random.default_rng(2026)
     target, outcomes = tmp_path / "mutated.gguf", {"loaded": 0, "refused": 0}
     messages = set()
-    for _ in range(CASES):
+    for _ in range(cases):
         target.write_bytes(mutate(data, fields, rng))
         try:
-            load_gguf_model(str(target), slots=1, max_context=32, prefill_chunk=8)
-            outcomes["loaded"] += 1
+            loaded = load_gguf_model(str(target), slots=1, max_context=32, prefill_chunk=8)
         except ModelLoadError as e:
             outcomes["refused"] += 1
             messages.add(str(e).split(":")[0][:60])
             assert str(e) and "\n" not in str(e)
-    assert outcomes["refused"] > CASES // 2, outcomes
-    assert len(messages) > 20  # the refusals name many different faults
+            continue
+        outcomes["loaded"] += 1
+        # what loaded runs: a prompt and a decode step over whatever the mutation left in its tensors
+        vocab = loaded.runner.steps.model.config.vocab_size
+        assert loaded.runner.steps.prefill([1, 2, 3], 0, 0).shape == (vocab,)
+        assert loaded.runner.steps.decode([4], [0], [3]).shape == (1, vocab)
+    assert outcomes["refused"] > cases // 2, outcomes
+    assert len(messages) > 20 * cases // CASES  # the refusals name many different faults
 
 
 def test_mutated_projector_files_load_or_fail_with_a_model_load_error(tmp_path):

@@ -236,6 +236,22 @@ def test_each_token_row_is_independent_of_the_others(library, ggml_type):
         assert np.array_equal(alone[0], together[t])
 
 
+@pytest.mark.parametrize("ggml_type", TYPES)
+@pytest.mark.parametrize("rows", [1, 8, 9])
+def test_one_block_rows_match_their_blocks_product(library, ggml_type, rows):
+    """The smallest shapes a file can give: rows of one block, one row, a single interleaved eight and
+    one row past it (the sanitizers' run reads these for any access past the blocks)."""
+    rng = np.random.default_rng(rows * 1000 + ggml_type)
+    cols = BLOCK_FORMATS[ggml_type][1]
+    raw = random_blocks(ggml_type, rows, cols, rng)
+    packed, stored_type = _repack(library, raw, ggml_type, cols)
+    x = rng.standard_normal((5, cols)).astype(np.float32)
+    got = np.empty((5, rows), np.float32)
+    library.tq_linear(_ptr(got), _ptr(packed), _ptr(x), _ref(Product(stored_type, rows, cols, 5)))
+    w = dequantize(ggml_type, raw, cols)
+    np.testing.assert_allclose(got, int8_product(ggml_type, raw, x, cols), rtol=1e-4, atol=1e-4 * np.abs(w).max() * cols**0.5)
+
+
 def _repack(library, raw: np.ndarray, ggml_type: int, cols: int) -> tuple[np.ndarray, int]:
     packed = np.empty_like(raw)
     stored_type = library.tq_repack(_ptr(packed), _ptr(raw), _ref(Product(ggml_type, raw.shape[0], cols)))

@@ -29,8 +29,10 @@ from tinygrad.llm.gguf import ggml_data_to_tensor
 from webapp.engine.device.buffers import device_array
 from webapp.engine.kernels.block_weight import BlockWeight, stored_form
 from webapp.engine.kernels.cpu import QuantizedCPU
+from webapp.engine.kernels.ggml_types import KERNEL_ONLY_TYPES
 from webapp.engine.model.device_blocks import DEVICE_BLOCK_TYPES, DeviceBlockEmbedding, DeviceBlockLinear, row_bytes
 from webapp.engine.model.gguf import RawTensor
+from webapp.engine.model.load_error import ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +147,11 @@ class WeightSource:
         copied from the file (tinygrad's gguf_load copies the whole file to the device first, and
         parses it again after read_gguf checked it)."""
         raw = self._table[name]
+        if raw.ggml_type in KERNEL_ONLY_TYPES:  # tinygrad has no dequantization for these
+            raise ModelLoadError(
+                f"tensor {name!r} is stored as {KERNEL_ONLY_TYPES[raw.ggml_type]}, which only the CPU kernels read, "
+                f"and they do not take it in this shape {tuple(raw.shape)}"
+            )
         return ggml_data_to_tensor(self._file_bytes(raw), int(np.prod(raw.shape)), raw.ggml_type).reshape(raw.shape)
 
     def _file_bytes(self, raw: RawTensor) -> Tensor:

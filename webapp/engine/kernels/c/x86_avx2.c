@@ -141,7 +141,8 @@ static void quantize_row_avx2(const float *x, int cols, int format, xblock *out)
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
         sum[half] = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1)));
       }
-      set_block_scale(out, format, d, sum[0] + sum[1]);
+      /* summed as unsigned: a row that is not finite (a broken file's) converts to INT_MIN, and wraps here as in the vectors */
+      set_block_scale(out, format, d, (int)((unsigned)sum[0] + (unsigned)sum[1]));
       out->sum16[0] = (int16_t)sum[0];
       out->sum16[1] = (int16_t)sum[1];
     }
