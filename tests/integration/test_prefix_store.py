@@ -118,3 +118,48 @@ def test_a_server_stopped_by_sigterm_and_started_again_answers_from_the_saved_bl
                 process.send_signal(signal.SIGTERM)
                 assert process.wait(60) == 0
             assert any(name.endswith(".kvcache.npz") for name in os.listdir(folder))
+
+
+KILLED_MIDWAY = """
+import os, signal, sys
+import numpy as np
+sys.path[:0] = [{tests!r}, {here!r}]
+from test_prefix_store import SYSTEM, QUESTIONS, _run
+from webapp.engine.serving.prefix_store import PrefixStore
+
+def killed(f, **arrays):  # half a file written, then kill -9: no handler runs, nothing is cleaned up
+    f.write(b"PK\\x03\\x04" + bytes(4096))
+    f.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+np.savez = killed
+_run({model!r}, PrefixStore({folder!r}, 1 << 30, {model!r}), [SYSTEM + QUESTIONS[1]])
+"""
+
+
+def test_a_save_killed_midway_or_out_of_disk_leaves_the_last_good_file(tiny, tmp_path, monkeypatch, caplog):
+    folder = str(tmp_path / "cache")
+    store = PrefixStore(folder, 1 << 30, tiny)
+    _run(tiny, store, [SYSTEM + QUESTIONS[0]])
+    good = open(store.path, "rb").read()
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = KILLED_MIDWAY.format(tests=os.path.dirname(here), here=here, model=tiny, folder=folder)
+    killed = subprocess.run([sys.executable, "-c", script], cwd=os.path.dirname(os.path.dirname(here)), capture_output=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+    partials = [name for name in os.listdir(folder) if name.endswith(".partial")]
+    assert len(partials) == 1 and open(store.path, "rb").read() == good
+
+    def disk_full(f, **arrays):
+        f.write(bytes(1000))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("webapp.engine.serving.prefix_store.np.savez", disk_full)
+    with caplog.at_level("INFO"):
+        [(_, cached)] = _run(tiny, store, [SYSTEM + QUESTIONS[1]])
+    assert cached == 64  # the last good file, restored; the save as this engine stopped found the disk full
+    assert "save cut short" in caplog.text and "No space left on device" in caplog.text
+    assert open(store.path, "rb").read() == good
+    assert [name for name in os.listdir(folder) if name.endswith(".partial")] == partials  # the full disk's bytes removed
+    monkeypatch.undo()
+    [(_, cached)] = _run(tiny, store, [SYSTEM + QUESTIONS[0]])
+    assert cached == 64

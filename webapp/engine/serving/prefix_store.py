@@ -10,6 +10,9 @@ the model thread after warm-up: the file's blocks, as many as half the pool, are
 written, filed and left cached (held by no one), so the first request with that prefix holds them as
 any cached block. Both return how many blocks they moved.
 
+A save writes a temporary file, syncs it to the disk and renames it over the last one, so a process
+killed during a save, a power cut or a full disk leaves the last good file (and, but for a full
+disk, whose bytes are removed at once, a `.partial` file the next saves remove once an hour old).
 The file is read as untrusted: a file of another model (another digest in its name is never even
 opened), another KV type, block size or layer shapes, or one that is damaged, is refused with one
 line in the log and nothing restored. The digest of the whole model file is what keys it: a file
@@ -87,15 +90,22 @@ class PrefixStore:
                 if time.time() - os.path.getmtime(stale) > STALE_PARTIAL_S:
                     os.unlink(stale)
         fd, partial = tempfile.mkstemp(dir=self.folder, suffix=".partial")
-        with os.fdopen(fd, "wb") as f:
-            np.savez(
-                f,
-                header=header,
-                kv_type=np.array(loaded.kv_type),
-                parents=parents,
-                tokens=tokens,
-                **{f"layer{i}": r for i, r in enumerate(rows)},
-            )
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(
+                    f,
+                    header=header,
+                    kv_type=np.array(loaded.kv_type),
+                    parents=parents,
+                    tokens=tokens,
+                    **{f"layer{i}": r for i, r in enumerate(rows)},
+                )
+                f.flush()
+                os.fsync(f.fileno())  # on the disk before it takes the name: a power cut leaves the old file or this one
+        except BaseException:
+            with contextlib.suppress(OSError):  # a full disk: the last good file stays, and this one's bytes go
+                os.unlink(partial)
+            raise
         os.replace(partial, self.path)  # a reader never sees half a file
         return len(chosen)
 
@@ -114,6 +124,8 @@ class PrefixStore:
 
     def _restore(self, table: PagedSlots, loaded) -> int:
         path = self.path
+        for cut_short in glob.glob(os.path.join(self.folder, "*.partial")):
+            log.warning("prefix cache: %s is a save cut short (or another replica's, being written); not read", cut_short)
         if not os.path.exists(path):
             return 0
         try:
