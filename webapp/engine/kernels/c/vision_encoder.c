@@ -28,13 +28,10 @@ static inline float v8_hmax(v8f x) {
 }
 static inline float v8_hsum(v8f x) { return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7])); }
 
-/* e^x for x <= 0 (scores less their maximum), 0 below e^-87: x = n ln2 + r with |r| <= ln2 / 2,
- * e^r by its degree-6 Taylor polynomial (Horner), 2^n through the exponent's bits. */
-static inline v8f v8_exp_nonpositive(v8f x) {
-  const v8i tiny = ~(x >= v8_splat(-87.0f)); /* NaN too: no NaN reaches the conversion to integers */
-  x = v8_select(tiny, v8_splat(0.0f), x);
-  const v8f t = x * v8_splat(1.44269504088896341f) - v8_splat(0.5f);
-  const v8i n = __builtin_convertvector(t, v8i); /* toward zero: the nearest integer to x log2(e), as t <= -0.5 */
+/* e^x as 2^n e^r, r = x - n ln2 (ln2 in two parts, so r keeps its low bits), e^r by its degree-6
+ * Taylor polynomial (Horner) and 2^n through the exponent's bits: for n the nearest integer to
+ * x log2(e), |r| <= ln2 / 2 and the error is a few float32 ulps. */
+static inline v8f v8_exp_parts(v8f x, v8i n) {
   const v8f nf = __builtin_convertvector(n, v8f);
   const v8f r = x - nf * v8_splat(0.693359375f) + nf * v8_splat(2.12194440e-4f);
   v8f p = v8_splat(1.0f / 720.0f);
@@ -44,30 +41,29 @@ static inline v8f v8_exp_nonpositive(v8f x) {
   p = p * r + v8_splat(0.5f);
   p = p * r + v8_splat(1.0f);
   p = p * r + v8_splat(1.0f);
-  const v8i scaled = (v8i)p + ((n & ~tiny) << 23);
-  return (v8f)(scaled & ~tiny);
+  return (v8f)((v8i)p + (n << 23));
 }
 
-/* e^x for any x: as v8_exp_nonpositive, n the nearest integer by a floor; +inf past 88 (where float32's
- * e^x overflows, as expf's does), e^-87 below -87. */
+/* e^x for x <= 0 (scores less their maximum); 0 below -87 (and for NaN: none reaches the conversion
+ * to integers). n by truncation, which is the nearest integer here as x log2(e) - 0.5 <= -0.5. */
+static inline v8f v8_exp_nonpositive(v8f x) {
+  const v8i tiny = ~(x >= v8_splat(-87.0f));
+  x = v8_select(tiny, v8_splat(0.0f), x);
+  const v8i n = __builtin_convertvector(x * v8_splat(1.44269504088896341f) - v8_splat(0.5f), v8i);
+  return (v8f)((v8i)v8_exp_parts(x, n) & ~tiny);
+}
+
+/* e^x for any x: +inf past 88 (where float32's e^x overflows, as expf's does), e^-87 below -87, 1 for
+ * NaN (no NaN reaches the conversion to integers; x / (1 + 1) keeps gelu's). n by a floor. */
 static inline v8f v8_exp(v8f x) {
   const v8i overflows = x > v8_splat(88.0f);
   x = v8_select(overflows, v8_splat(0.0f), x);
   x = v8_select(x < v8_splat(-87.0f), v8_splat(-87.0f), x);
-  x = v8_select(x != x, v8_splat(0.0f), x); /* NaN: no NaN reaches the conversion to integers (x / (1 + 1) keeps gelu's) */
+  x = v8_select(x != x, v8_splat(0.0f), x);
   const v8f t = x * v8_splat(1.44269504088896341f) + v8_splat(0.5f);
   v8i n = __builtin_convertvector(t, v8i);
   n += (v8i)(__builtin_convertvector(n, v8f) > t); /* toward zero -> floor: -1 where it rounded up */
-  const v8f nf = __builtin_convertvector(n, v8f);
-  const v8f r = x - nf * v8_splat(0.693359375f) + nf * v8_splat(2.12194440e-4f);
-  v8f p = v8_splat(1.0f / 720.0f);
-  p = p * r + v8_splat(1.0f / 120.0f);
-  p = p * r + v8_splat(1.0f / 24.0f);
-  p = p * r + v8_splat(1.0f / 6.0f);
-  p = p * r + v8_splat(0.5f);
-  p = p * r + v8_splat(1.0f);
-  p = p * r + v8_splat(1.0f);
-  return v8_select(overflows, v8_splat(INFINITY), (v8f)((v8i)p + (n << 23)));
+  return v8_select(overflows, v8_splat(INFINITY), v8_exp_parts(x, n));
 }
 
 typedef struct {
