@@ -68,14 +68,13 @@ GENERIC void swiglu_row_generic(const float *gate, const float *up, int n, float
   for (int i = 0; i < n; i++) y[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
-/* y = gelu(gate) * up, gelu by tanh's approximation (Gemma's GeGLU, as llama.cpp's ggml_gelu); scalar
- * everywhere: a step spends far longer in the products that read y. */
+/* gelu by tanh's approximation, as llama.cpp's ggml_gelu: one value */
+static inline float gelu_tanh_one(float g) { return 0.5f * g * (1.0f + tanhf(0.79788456080286535588f * g * (1.0f + 0.044715f * g * g))); }
+
+/* y = gelu(gate) * up (Gemma's GeGLU); scalar everywhere: a step spends far longer in the products
+ * that read y. */
 static void geglu_row(const float *gate, const float *up, int n, float *y) {
-  const float root_2_over_pi = 0.79788456080286535588f;
-  for (int i = 0; i < n; i++) {
-    const float g = gate[i];
-    y[i] = 0.5f * g * (1.0f + tanhf(root_2_over_pi * g * (1.0f + 0.044715f * g * g))) * up[i];
-  }
+  for (int i = 0; i < n; i++) y[i] = gelu_tanh_one(gate[i]) * up[i];
 }
 
 /* y = gpt-oss's clamped SwiGLU of gate and up (tq.h's FORM_SWIGLU_CLAMPED), as llama.cpp's swiglu_oai */

@@ -197,10 +197,7 @@ static void run_gelu(const void *ctx, int first, int last) {
     const v8f u = x * (v8_splat(0.7978845608028654f) + v8_splat(0.7978845608028654f * 0.044715f) * x * x);
     v8_store(g->x + i, x / (v8_splat(1.0f) + v8_exp(v8_splat(-2.0f) * u)));
   }
-  for (; i < to; i++) {
-    const float x = g->x[i], u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-    g->x[i] = 0.5f * x * (1.0f + tanhf(u));
-  }
+  for (; i < to; i++) g->x[i] = gelu_tanh_one(g->x[i]);
 }
 
 void tq_gelu_tanh(float *x, long n) {
