@@ -6,6 +6,8 @@ import concurrent.futures
 import json
 import time
 
+import anthropic
+import jsonschema
 import numpy as np
 import openai
 import pydantic
@@ -133,6 +135,57 @@ def test_forced_tool_call_has_arguments_that_validate(default_model_client):
         arguments = json.loads(call.function.arguments)
         assert set(arguments) == {"city", "unit"} and isinstance(arguments["city"], str)
         assert arguments["unit"] in ("celsius", "fahrenheit")
+
+
+# The arguments' schema as a client writes it, saying nothing of other properties: JSON Schema's
+# default would take invented ones, which this small model at temperature 1 writes often.
+LOOSE_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+    "required": ["city"],
+}
+TRIES = 50
+
+
+def _strictly_valid(arguments: dict) -> None:
+    jsonschema.validate(arguments, {**LOOSE_SCHEMA, "additionalProperties": False})
+
+
+def test_forced_tool_calls_at_temperature_one_are_strict_through_both_clients(default_model_client):
+    """Every forced reply is calls whose arguments validate strictly, or, where the token limit cut
+    the call off, no call and no markup; bench/tool_calls.py counts how often each happens."""
+    question = [{"role": "user", "content": "What's the weather like in Paris today?"}]
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.", "parameters": LOOSE_SCHEMA}}
+
+    def openai_reply(seed: int) -> tuple[str, list[dict], str]:
+        choice = default_model_client.chat.completions.create(
+            model="default", messages=question, tools=[tool], tool_choice="required", temperature=1.0, seed=seed, max_tokens=256
+        ).choices[0]
+        calls = [json.loads(c.function.arguments) for c in choice.message.tool_calls or []]
+        return choice.finish_reason, calls, choice.message.content or ""
+
+    claude = anthropic.Anthropic(base_url=str(default_model_client.base_url).removesuffix("/v1/"), api_key="unused", max_retries=0)
+
+    def anthropic_reply(_: int) -> tuple[str, list[dict], str]:
+        message = claude.messages.create(  # the SDK sends no temperature: the API's default, 1
+            model="default",
+            max_tokens=256,
+            messages=question,
+            tools=[{"name": "get_weather", "description": "The weather in a city.", "input_schema": LOOSE_SCHEMA}],
+            tool_choice={"type": "tool", "name": "get_weather"},
+        )
+        calls = [b.input for b in message.content if b.type == "tool_use"]
+        return message.stop_reason, calls, "".join(b.text for b in message.content if b.type == "text")
+
+    for ask, called, cut in ((openai_reply, "tool_calls", "length"), (anthropic_reply, "tool_use", "max_tokens")):
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            replies = list(pool.map(ask, range(TRIES)))
+        for end, calls, text in replies:
+            assert "<" not in text and end in (called, cut), (end, text)
+            assert calls or end == cut, (end, text)
+            for arguments in calls:
+                _strictly_valid(arguments)
+        assert sum(bool(calls) for _, calls, _ in replies) >= TRIES - 3, replies
 
 
 def test_echo_logprobs_scoring_matches_one_request_at_a_time(default_model_client):

@@ -171,3 +171,11 @@ def test_a_stream_cut_midway_frees_the_request(fake_server, fake_runner):
         received += sock.recv(4096)
     sock.close()
     assert drain_outputs(fake_runner.requests[-1])[1] == FinishReason.CANCELLED
+
+
+def test_a_tool_call_cut_off_by_max_tokens_leaves_no_markup(claude, fake_runner):
+    fake_runner.replies.append(Reply.text(CALL))
+    message = claude.messages.create(
+        model="m", max_tokens=30, messages=HELLO, tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"}
+    )
+    assert message.stop_reason == "max_tokens" and message.content == []

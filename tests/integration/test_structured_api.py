@@ -183,3 +183,39 @@ def test_parallel_tool_calls_false_keeps_only_the_first_free_call(openai_client,
             assert len(calls) == expected
     with pytest.raises(openai.BadRequestError):
         chat(openai_client, tools=[WEATHER], extra_body={"parallel_tool_calls": "no"})
+
+
+def test_a_forced_call_takes_no_property_its_tool_never_named(openai_client, fake_runner):
+    # JSON Schema lets an object take any property it does not list; a forced call reads the tool's
+    # schema strictly, so the invented one is refused token by token and the object ends instead
+    invented = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "api_key": "x"}}\n</tool_call>'
+    fake_runner.replies.append(Reply.text(invented))
+    reply = chat(openai_client, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
+    (call,) = reply.choices[0].message.tool_calls
+    assert json.loads(call.function.arguments) == {"city": "Oslo"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_off_by_max_tokens_is_dropped_not_shown_as_markup(openai_client, fake_runner, stream):
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    for max_tokens in (5, 30, len(call) - 3):  # inside the opening tag, the arguments, the closing tag
+        fake_runner.replies.append(Reply.text(call))
+        reply = chat(openai_client, tools=[WEATHER], tool_choice="required", max_tokens=max_tokens, stream=stream)
+        if stream:
+            chunks = list(reply)
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            calls = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason][-1]
+        else:
+            text, calls = content(reply) or "", reply.choices[0].message.tool_calls or []
+            finish = reply.choices[0].finish_reason
+        assert "<" not in text and finish == "length", (max_tokens, text)
+        # a call whose JSON was whole when the limit fell inside its closing tag is still a call
+        assert len(calls) == (max_tokens == len(call) - 3), max_tokens
+
+
+def test_a_forced_call_may_end_with_the_line_break_after_its_closing_tag(openai_client, fake_runner):
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+    fake_runner.replies.append(Reply.text(call))  # then the end of output, which the grammar must allow
+    reply = chat(openai_client, tools=[WEATHER], tool_choice="required", max_tokens=200)
+    assert len(reply.choices[0].message.tool_calls) == 1 and reply.choices[0].finish_reason == "tool_calls"

@@ -124,3 +124,11 @@ def test_a_template_that_writes_channels_gets_the_harmony_parser():
     assert isinstance(output_parser("x<|channel|>y", "<|start|>assistant", TOOLS), HarmonyParser)
     chatml = output_parser("<|im_start|>", "<|im_start|>assistant\n<think>\n", TOOLS)
     assert isinstance(chatml, OutputParser) and chatml.feed("why</think>so") == [("reasoning", "why"), ("content", "so")]
+
+
+def test_arguments_the_token_limit_cut_off_are_dropped_not_shown():
+    call = '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Os'
+    cut = HarmonyParser(TOOLS)
+    assert cut.feed(call) + cut.finish(cut=True) == [] and cut.tool_calls == []
+    ended = HarmonyParser(TOOLS)  # arguments that ended by themselves unparsed are what the model wrote
+    assert [p.kind for p in ended.feed(call) + ended.finish()] == ["content"]

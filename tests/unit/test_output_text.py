@@ -28,6 +28,7 @@ def _merged(pieces):
         XML,
         "plain <b>text</b> with a <tool_call stray tag",
         "<think>never closed",
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "a</tool_call>\\" b"}}\n</tool_call> after',
     ],
 )
 def test_output_parser_gives_the_same_pieces_for_every_split(text):
@@ -87,3 +88,22 @@ def test_parse_tool_call_reads_hermes_json_and_typed_xml():
 @pytest.mark.parametrize("body", ["", "not a call", "{broken json", '{"arguments": {}}', '{"name": "f", "arguments": [1]}'])
 def test_parse_tool_call_refuses_what_is_not_a_call(body):
     assert parse_tool_call(body, {}) is None
+
+
+def test_a_closing_tag_inside_a_json_string_is_part_of_the_value():
+    parser = OutputParser(TOOLS)
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "x</tool_call>y\\"z"}}\n</tool_call>\nDone.'
+    pieces = parser.feed(text) + parser.finish()
+    assert [p.kind for p in pieces] == ["tool_call", "content"] and pieces[1].value == "Done."
+    assert json.loads(pieces[0].value["function"]["arguments"]) == {"city": 'x</tool_call>y"z'}
+
+
+@pytest.mark.parametrize("end", [len("<tool"), len(HERMES) // 2, len(HERMES) - 4])
+def test_output_the_token_limit_cut_off_is_never_markup(end):
+    cut = OutputParser(TOOLS)
+    pieces = cut.feed("Sure. " + HERMES[:end]) + cut.finish(cut=True)
+    assert "".join(p.value for p in pieces if p.kind == "content") == "Sure. "
+    # a call whose JSON is whole, cut inside its closing tag, is still the call
+    assert [p.kind for p in pieces if p.kind == "tool_call"] == (["tool_call"] if end == len(HERMES) - 4 else [])
+    ended = OutputParser(TOOLS)  # an output that ended by itself mid-call keeps what it wrote
+    assert "<tool" in "".join(p.value for p in ended.feed(HERMES[: len(HERMES) // 2]) + ended.finish() if p.kind == "content")

@@ -331,4 +331,4 @@ def parse(reader: ChoiceReader, parser: OutputParser, parallel: bool) -> Iterato
 
     for text in reader.texts():
         yield [p for p in parser.feed(text) if keep(p)]
-    yield [p for p in parser.finish() if keep(p)]
+    yield [p for p in parser.finish(cut=reader.finish_reason == "length") if keep(p)]

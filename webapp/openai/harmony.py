@@ -78,18 +78,18 @@ class HarmonyParser(StreamedText):
         self._call_body = ""
         self.tool_calls: list[dict] = []
 
-    def finish(self) -> list[Piece]:
+    def finish(self, cut: bool = False) -> list[Piece]:
         out: list[Piece] = []
         buf, self._buf = self._buf, ""
         if self._mode == "body":
             self._body_text(out, buf)
-            self._close_body(out)
+            self._close_body(out, cut)
         elif self._mode == "plain" or buf.strip():  # a header cut off: what there is of it is text
-            self._read_plain(out, buf, final=True)
+            self._read_plain(out, buf, final=True, cut=cut)
         return out
 
-    def _read_plain(self, out: list[Piece], text: str, final: bool = False) -> None:
-        pieces = self._plain.feed(text) + (self._plain.finish() if final else [])
+    def _read_plain(self, out: list[Piece], text: str, final: bool = False, cut: bool = False) -> None:
+        pieces = self._plain.feed(text) + (self._plain.finish(cut) if final else [])
         self.tool_calls += [p.value for p in pieces if p.kind == "tool_call"]
         out += pieces
 
@@ -143,13 +143,15 @@ class HarmonyParser(StreamedText):
         else:
             self._emit(out, self._kind, text)
 
-    def _close_body(self, out: list[Piece]) -> None:
+    def _close_body(self, out: list[Piece], cut: bool = False) -> None:
+        """Ends a body; a call's arguments that do not parse are text, unless the token limit cut them off."""
         if self._kind != "tool":
             return
         self._kind = "content"
         call = _tool_call(self._function, self._call_body)
         if call is None:
-            self._emit(out, "content", self._call_body)
+            if not cut:
+                self._emit(out, "content", self._call_body)
             return
         self.tool_calls.append(call)
         out.append(Piece("tool_call", call))

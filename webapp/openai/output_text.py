@@ -8,7 +8,8 @@ the incrementally decoded text of one request.
 - `OutputParser` routes `<think>...</think>` to reasoning and turns `<tool_call>...</tool_call>`
   blocks (hermes JSON or `<function=...>` XML, read by `parse_tool_call`) into OpenAI tool calls,
   holding back text that could be the start of a tag so that no part of one ever leaks out as
-  content. It yields `Piece`s, which `webapp.openai.response_bodies` shapes as deltas and messages.
+  content; a call the token limit cut off is dropped. It yields `Piece`s, which
+  `webapp.openai.response_bodies` shapes as deltas and messages.
 """
 
 from __future__ import annotations
@@ -124,14 +125,19 @@ class OutputParser(StreamedText):
         self._strip_content = True
         self.tool_calls: list[dict] = []
 
-    def finish(self) -> list[Piece]:
+    def finish(self, cut: bool = False) -> list[Piece]:
+        """The pieces still held back once the output ended; `cut` when the token limit ended it,
+        so that a tool call or tag it cut off is dropped rather than shown as raw markup."""
         out: list[Piece] = []
         buf, self._buf = self._buf, ""
         if self._mode == "reasoning":
             self._emit(out, "reasoning", buf)
         elif self._mode == "tool":
-            self._close_tool_call(out, buf, closed=False)
+            # the output may end inside the closing tag
+            self._close_tool_call(out, buf[: len(buf) - partial_tail(buf, (TOOL_CLOSE,))], closed=False, cut=cut)
         else:
+            if cut and self._schemas is not None:
+                buf = buf[: len(buf) - partial_tail(buf, (TOOL_OPEN,))]
             self._emit(out, "content", buf)
         return out
 
@@ -143,7 +149,7 @@ class OutputParser(StreamedText):
         """Consume what can be decided in the buffer; True when a tag switched the mode."""
         buf = self._buf
         if self._mode == "tool":
-            end = buf.find(TOOL_CLOSE)
+            end = _closing_tag(buf)
             if end < 0:
                 return False
             self._buf = buf[end + len(TOOL_CLOSE) :]
@@ -180,14 +186,37 @@ class OutputParser(StreamedText):
         if text:
             out.append(Piece(kind, text))
 
-    def _close_tool_call(self, out: list[Piece], body: str, closed: bool) -> None:
+    def _close_tool_call(self, out: list[Piece], body: str, closed: bool, cut: bool = False) -> None:
         call = parse_tool_call(body, self._schemas or {})
         if call is None:
-            self._emit(out, "content", TOOL_OPEN + body + (TOOL_CLOSE if closed else ""))
+            if not cut:
+                self._emit(out, "content", TOOL_OPEN + body + (TOOL_CLOSE if closed else ""))
             return
         self.tool_calls.append(call)
         self._strip_content = True
         out.append(Piece("tool_call", call))
+
+
+def _closing_tag(body: str) -> int:
+    """Where the `</tool_call>` that ends this call's text is, or -1: in hermes JSON, one inside a
+    string value (a model may write anything there) is part of the value."""
+    at = body.find(TOOL_CLOSE)
+    while at >= 0 and body.lstrip().startswith("{") and _inside_json_string(body[:at]):
+        at = body.find(TOOL_CLOSE, at + 1)
+    return at
+
+
+def _inside_json_string(text: str) -> bool:
+    """Whether JSON text that starts outside a string ends inside one."""
+    inside = escaped = False
+    for ch in text:
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = inside
+        elif ch == '"':
+            inside = not inside
+    return inside
 
 
 _FUNCTION_RE = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>|$)", re.S)

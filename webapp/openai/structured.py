@@ -4,10 +4,13 @@ tools the chat template would drop.
 Pure functions (no Flask, no engine state); every refusal is an `ApiError` 400 naming the field.
 - `output_grammar(body, tools, tool_choice, forced, parallel)` returns the llguidance grammar a request's output
   must follow, or None when it is free: `response_format` json_object (any JSON object) or
-  json_schema (the schema; `strict` is accepted either way, as output always follows it), a
-  forced tool call (`tool_choice` "required" or a named function, honouring
-  `parallel_tool_calls`), or the `grammar` extension field (GBNF or Lark, as llama-server and vLLM
-  accept). A schema keyword the library cannot enforce is a 400 naming it, never ignored.
+  json_schema (the schema, read by `strict_schema` when `strict` is true), a forced tool call
+  (`tool_choice` "required" or a named function, honouring `parallel_tool_calls`, its arguments
+  always read by `strict_schema`), or the `grammar` extension field (GBNF or Lark, as llama-server
+  and vLLM accept). A schema keyword the library cannot enforce is a 400 naming it, never ignored.
+- `strict_schema(schema)`: an object that lists its properties takes no others unless it says
+  so (`additionalProperties`), the strict reading of OpenAI's structured outputs and xgrammar's
+  default; JSON Schema's own default would let a model invent properties a tool never named.
 - `parallel_tool_calls(body)`: false means at most one call, enforced by the grammar when the
   call is forced and by dropping later calls from the parsed output when it is free.
 - Forced calls use the hermes format that `OutputParser` reads back:
@@ -76,7 +79,39 @@ def _response_format_grammar(fmt) -> str:
     schema = spec.get("schema", {"type": "object"})
     if not isinstance(schema, dict):
         raise ApiError(400, "'response_format.json_schema.schema' must be a JSON schema object.", param)
+    if spec.get("strict"):
+        schema = strict_schema(schema)
     return _schema_grammar(schema, param, "response_format.json_schema.schema")
+
+
+# Keywords whose values are schemas: maps of them, lists of them, or one.
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems", "items")
+_SCHEMA_ONES = ("items", "additionalProperties", "additionalItems", "not", "if", "then", "else", "contains", "propertyNames")
+# Beside these an object's properties may come from elsewhere, so closing it could refuse them.
+_OPEN_ENDED = ("allOf", "anyOf", "oneOf", "$ref", "if", "dependentSchemas", "unevaluatedProperties")
+
+
+def strict_schema(schema, close: bool = True):
+    """`schema` with `"additionalProperties": false` on every object schema that lists
+    `properties`, says nothing of others and is not composed with other schemas; an allOf's members
+    stay open (each would refuse the others' properties). Non-schemas come back as they are."""
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            value = {name: strict_schema(sub) for name, sub in value.items()}
+        elif key == "allOf" and isinstance(value, list):
+            value = [strict_schema(sub, close=False) for sub in value]
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            value = [strict_schema(sub) for sub in value]
+        elif key in _SCHEMA_ONES:
+            value = strict_schema(value)
+        out[key] = value
+    if close and isinstance(out.get("properties"), dict) and "additionalProperties" not in out and not any(k in out for k in _OPEN_ENDED):
+        out["additionalProperties"] = False
+    return out
 
 
 def _schema_grammar(schema: dict, param: str, where: str | None = None) -> str:
@@ -99,7 +134,7 @@ def tool_call_grammar(tools: list[dict], parallel: bool) -> str:
     options = []
     for i, tool in enumerate(tools):
         fn = tool["function"]
-        parameters = fn.get("parameters") or {"type": "object"}
+        parameters = strict_schema(fn.get("parameters") or {"type": "object"})
         # each tool's schema on its own first, so a 400 names the tool whose schema is the problem
         _check(json_schema_grammar(parameters), "tools", f"tools[{i}].function.parameters")
         options.append(
@@ -112,7 +147,9 @@ def tool_call_grammar(tools: list[dict], parallel: bool) -> str:
         )
     body = json.dumps({"anyOf": options, "x-guidance": JSON_STYLE})
     repeat = ' ("\\n" call)*' if parallel else ""
-    source = f'start: call{repeat}\ncall: "<tool_call>\\n" body "\\n</tool_call>"\nbody: %json {body}\n'
+    # the line break a model writes after a call's closing tag may also end the output: were it
+    # always the start of the next call, most forced answers would repeat their call
+    source = f'start: call{repeat} "\\n"?\ncall: "<tool_call>\\n" body "\\n</tool_call>"\nbody: %json {body}\n'
     grammar = lark_grammar(source)
     _check(grammar, "tools", "tools")
     return grammar
