@@ -41,6 +41,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     PORT=8000 \
     THREADS=96 \
     MAX_BODY=8388608 \
+    CONNECTIONS=4096 \
+    IDLE_TIMEOUT=120 \
     LLM_DRAIN_SECONDS=30
 USER 10001
 EXPOSE 8000
@@ -52,4 +54,4 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=300s --retries=3 \
 # SIGTERM drains: new requests get 503, running ones finish within LLM_DRAIN_SECONDS, then exit 0.
 STOPSIGNAL SIGTERM
 # THREADS must exceed the running requests (LLM_MAX_BATCH, or LLM_SLOTS: the larger) + LLM_QUEUE_LIMIT (+8 for /health and /metrics); the log says so if not.
-CMD ["sh", "-c", "exec waitress-serve --threads=${THREADS} --channel-request-lookahead=1 --channel-timeout=600 --max-request-body-size=${MAX_BODY} --listen=0.0.0.0:${PORT} wsgi:app"]
+CMD ["sh", "-c", "exec waitress-serve --threads=${THREADS} --channel-request-lookahead=1 --channel-timeout=${IDLE_TIMEOUT} --connection-limit=${CONNECTIONS} --asyncore-use-poll --max-request-body-size=${MAX_BODY} --listen=0.0.0.0:${PORT} wsgi:app"]

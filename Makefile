@@ -9,6 +9,10 @@ THREADS ?= 96
 # Waitress buffers a whole body before the app sees it; cut absurd uploads off there. Keep it above
 # LLM_MAX_CONTENT_LENGTH (4 MiB) so that ordinary oversized bodies get the API's JSON 413.
 MAX_BODY ?= 8388608
+# Open connections Waitress accepts (idle ones too; each costs a file descriptor, not a thread),
+# and how long an idle one stays open: at Waitress's default of 100, 100 silent sockets stop /health.
+CONNECTIONS ?= 4096
+IDLE_TIMEOUT ?= 120
 export DEV ?= CPU
 # tinygrad's HCQ2 runtime (one command buffer a captured step) is set on the CPU by
 # webapp/engine/model/tinygrad_setup.py: under it tinygrad's AMD backend does not import
@@ -32,8 +36,8 @@ $(STAMP): requirements.txt requirements-dev.txt Makefile
 	touch $(STAMP)
 
 serve: install
-	$(VENV)/bin/waitress-serve --threads=$(THREADS) --channel-request-lookahead=1 --channel-timeout=600 \
-	  --max-request-body-size=$(MAX_BODY) --listen=$(HOST):$(PORT) wsgi:app
+	$(VENV)/bin/waitress-serve --threads=$(THREADS) --channel-request-lookahead=1 --channel-timeout=$(IDLE_TIMEOUT) \
+	  --connection-limit=$(CONNECTIONS) --asyncore-use-poll --max-request-body-size=$(MAX_BODY) --listen=$(HOST):$(PORT) wsgi:app
 
 # Browser tests drive Debian's chromium (no browser downloads); install it when missing and root.
 test: install

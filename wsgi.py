@@ -5,8 +5,9 @@ us install the SIGTERM/SIGINT handlers here: they drain the accepted requests (u
 LLM_DRAIN_SECONDS), then make waitress's main loop exit, and `waitress-serve` returns 0. Waitress
 installs no handlers of its own; without ours SIGTERM would kill the process mid-stream. The
 command line also tells where the server listens, so an exposed server without an admin token is
-reported loudly in the log, and how many threads Waitress runs, so a pool too small for the slots and
-the queue (or a missing --channel-request-lookahead) is too, with the flags to add.
+reported loudly in the log, and how Waitress runs, so a pool too small for the slots and the queue,
+a missing --channel-request-lookahead or a connection limit an idle crowd could fill is too, with the
+flags to add; the open-file limit is raised to hold the connections.
 """
 
 import logging
@@ -19,10 +20,11 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 from webapp import create_app
 from webapp.ops.exposure import listen_hosts, warn_if_exposed
-from webapp.ops.waitress_settings import warn_if_underprovisioned
+from webapp.ops.waitress_settings import allow_connections, warn_if_underprovisioned
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 app = create_app()
 app.extensions["lifecycle"].install_signal_handlers()
 warn_if_exposed(app.config, listen_hosts(sys.argv))
 warn_if_underprovisioned(app.config, sys.argv)
+allow_connections(sys.argv)

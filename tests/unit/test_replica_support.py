@@ -5,6 +5,7 @@ vLLM-named metric aliases (`LLM_METRICS_COMPAT=vllm`) parsed back with prometheu
 
 import logging
 import re
+import resource
 import shlex
 import threading
 
@@ -14,10 +15,18 @@ from support.fakes import start_scripted_engine
 
 from webapp import DEFAULTS, create_app
 from webapp.engine.serving.errors import RETRY_AFTER_S
-from webapp.ops.waitress_settings import HEADROOM_THREADS, missing_flags, waitress_adjustments, warn_if_underprovisioned
+from webapp.ops.waitress_settings import (
+    HEADROOM_THREADS,
+    MIN_CONNECTIONS,
+    allow_connections,
+    missing_flags,
+    waitress_adjustments,
+    warn_if_underprovisioned,
+)
 
 CONFIG = {"SLOTS": DEFAULTS["SLOTS"], "QUEUE_LIMIT": DEFAULTS["QUEUE_LIMIT"]}
 NEEDED = max(DEFAULTS["SLOTS"], DEFAULTS["MAX_BATCH"]) + DEFAULTS["QUEUE_LIMIT"] + HEADROOM_THREADS
+CONNECTION_FLAGS = ("--connection-limit=4096", "--asyncore-use-poll")
 
 
 # --- the Waitress warning -------------------------------------------------------------------------
@@ -26,36 +35,53 @@ NEEDED = max(DEFAULTS["SLOTS"], DEFAULTS["MAX_BATCH"]) + DEFAULTS["QUEUE_LIMIT"]
 def test_the_plain_invocation_gets_one_loud_warning_with_the_exact_flags(caplog):
     with caplog.at_level(logging.WARNING, logger="webapp.ops.waitress_settings"):
         flags = warn_if_underprovisioned(CONFIG, ["/venv/bin/waitress-serve", "wsgi:app"])
-    assert flags == [f"--threads={NEEDED}", "--channel-request-lookahead=1"]
+    assert flags == [f"--threads={NEEDED}", "--channel-request-lookahead=1", *CONNECTION_FLAGS]
     [record] = caplog.records
-    assert f"Add: --threads={NEEDED} --channel-request-lookahead=1" in record.getMessage()
+    assert f"Add: --threads={NEEDED} --channel-request-lookahead=1 {' '.join(CONNECTION_FLAGS)}" in record.getMessage()
+    assert "at most 100 connections and watches them with select()" in record.getMessage()
     assert "Waitress runs 4 threads" in record.getMessage()
 
 
 def test_enough_threads_and_lookahead_are_quiet(caplog):
-    argv = ["waitress-serve", f"--threads={NEEDED}", "--channel-request-lookahead=1", "wsgi:app"]
+    argv = ["waitress-serve", f"--threads={NEEDED}", "--channel-request-lookahead=1", *CONNECTION_FLAGS, "wsgi:app"]
     with caplog.at_level(logging.WARNING):
         assert warn_if_underprovisioned(CONFIG, argv) == []
     assert caplog.records == []
 
 
 def test_more_slots_need_more_threads_and_other_servers_are_not_judged():
-    adj = waitress_adjustments(["waitress-serve", "--threads=96", "--channel-request-lookahead=1", "wsgi:app"])
+    adj = waitress_adjustments(["waitress-serve", "--threads=96", *CONNECTION_FLAGS, "--channel-request-lookahead=1", "wsgi:app"])
     assert missing_flags({"SLOTS": 32, "QUEUE_LIMIT": 64}, adj) == [f"--threads={32 + 64 + HEADROOM_THREADS}"]
     assert warn_if_underprovisioned(CONFIG, ["pytest", "-q"]) == []
 
 
+def test_a_connection_limit_an_idle_crowd_could_fill_is_reported():
+    adj = waitress_adjustments(["waitress-serve", f"--threads={NEEDED}", "--channel-request-lookahead=1", "wsgi:app"])
+    assert missing_flags(CONFIG, adj) == [f"--connection-limit={4 * MIN_CONNECTIONS}", "--asyncore-use-poll"]
+
+
+def test_the_open_file_limit_is_raised_to_hold_the_connections():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        assert allow_connections(["pytest"]) is None and resource.getrlimit(resource.RLIMIT_NOFILE)[0] == 256
+        limit = allow_connections(["waitress-serve", "--connection-limit=600", "--threads=40", "wsgi:app"])
+        assert limit == resource.getrlimit(resource.RLIMIT_NOFILE)[0] == min(600 + 40 + 256, hard)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_make_serve_and_the_container_start_waitress_well():
     makefile = (ROOT / "Makefile").read_text()
-    threads = re.search(r"^THREADS\s*\?=\s*(\d+)", makefile, re.M).group(1)
+    defaults = dict(re.findall(r"^(\w+)\s*\?=\s*(\d+)\s*$", makefile, re.M))
     serve = re.search(r"^serve:.*\n\t((?:.*\\\n)*.*)", makefile, re.M).group(1).replace("\\\n", " ")
-    serve = serve.replace("$(VENV)/bin/", "").replace("$(THREADS)", threads)
-    serve = re.sub(r"\$\((\w+)\)", "8000", serve)  # MAX_BODY, HOST, PORT: any number parses
-    assert missing_flags(CONFIG, waitress_adjustments(shlex.split(serve))) == []
+    serve = re.sub(r"\$\((\w+)\)", lambda m: defaults.get(m.group(1), ""), serve.replace("$(VENV)/bin/", ""))
+    made = waitress_adjustments(shlex.split(serve.replace("--listen=:", "--listen=127.0.0.1:")))
+    assert missing_flags(CONFIG, made) == [] and made.connection_limit >= MIN_CONNECTIONS
 
     dockerfile = (ROOT / "Dockerfile").read_text()
     cmd = re.search(r'^CMD \["sh", "-c", "exec (.*)"\]', dockerfile, re.M).group(1)
-    env = dict(re.findall(r"\b(THREADS|MAX_BODY|PORT)=(\d+)", dockerfile))
+    env = dict(re.findall(r"\b(THREADS|MAX_BODY|PORT|CONNECTIONS|IDLE_TIMEOUT)=(\d+)", dockerfile))
     cmd = re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], cmd)
     assert missing_flags(CONFIG, waitress_adjustments(shlex.split(cmd))) == []
 
