@@ -31,10 +31,11 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
-from support.tiny_models import add_smollm_tokenizer, smollm_tokenizer_fields  # noqa: E402
+from support.tiny_models import RERANK_PROMPT, add_smollm_tokenizer, smollm_tokenizer_fields  # noqa: E402
 
 from bench.block_files import MIXES, Random, write_blocks  # noqa: E402
 
+RANK_LABELS = ("yes", "no")
 # (arch, layers, dim, FFN, heads, KV heads, head dim, tied, rope theta): the published configs
 SHAPES = {
     "qwen3-0.6b": ("qwen3", 28, 1024, 3072, 16, 8, 128, True, 1e6),
@@ -110,11 +111,20 @@ def llama3_rope_factors(head_dim: int, theta: float, factor=32.0, low=1.0, high=
 
 
 def write_shaped(
-    shape: str, path: str, layers: int | None = None, seed: int = 0, predictable: bool = False, direct: str | None = None
+    shape: str,
+    path: str,
+    layers: int | None = None,
+    seed: int = 0,
+    predictable: bool = False,
+    direct: str | None = None,
+    reranker: bool = False,
 ) -> str:
     """Write SHAPE's random model to `path`: float16 matrices, or with `direct` (a mix of MIXES) each matrix
-    straight in its type of that mix (bench/block_files.py)."""
+    straight in its type of that mix (bench/block_files.py). `reranker` makes it a reranker's file
+    as llama.cpp's converter writes Qwen3-Reranker (tests/support/tiny_models.py's `rank_labels`)."""
     arch, n_layers, dim, ffn, heads, kv_heads, head_dim, tied, theta = SHAPES[shape]
+    if reranker and (direct or predictable or not tied):
+        raise SystemExit("--reranker copies the tied float16 embedding's rows: not with --direct, --predictable or an untied shape")
     if direct and (predictable or arch == "phi3"):
         raise SystemExit("--direct writes unfused matrices of random rows: not with --predictable or phi3's fused ones")
     n_layers = layers or n_layers
@@ -180,6 +190,10 @@ def write_shaped(
     w.add_file_type(MIXES[direct] if direct else 1)  # llama_ftype: mostly F16, or the mix
     add_smollm_tokenizer(w)
     w.add_chat_template(tok["tokenizer.chat_template"])
+    if reranker:
+        w.add_uint32(f"{arch}.pooling_type", 4)  # rank
+        w.add_array(f"{arch}.classifier.output_labels", list(RANK_LABELS))
+        w.add_string("tokenizer.chat_template.rerank", RERANK_PROMPT)
 
     def matrix(rows: int, cols: int, scale: float | None = None) -> np.ndarray:
         return (rng.standard_normal((rows, cols), dtype=np.float32) * (scale or cols**-0.5)).astype(np.float16)
@@ -210,6 +224,8 @@ def write_shaped(
     embedding_std = EMBEDDING_STD / (np.sqrt(dim) if arch == "gemma3" else 1.0)
     embedding = weight(vocab, dim, scale=PREDICTABLE_STD if predictable else embedding_std)
     add("token_embd.weight", embedding)
+    if reranker:  # the head's rows of "yes" and "no"
+        add("cls.output.weight", embedding[[tok["tokenizer.ggml.tokens"].index(label) for label in RANK_LABELS]])
     if predictable:  # head row successor[t] is token t's embedding: the greedy token after t is successor[t]
         head = np.empty_like(embedding)
         head[np.random.default_rng(SUCCESSOR_SEED).permutation(vocab)] = embedding
@@ -353,6 +369,7 @@ def main() -> None:
     parser.add_argument(
         "--direct", choices=sorted(MIXES), help="write this mix block by block, with no float16 file (bench/block_files.py)"
     )
+    parser.add_argument("--reranker", action="store_true", help="a reranker's file (Qwen3-Reranker's layout; tied shapes)")
     parser.add_argument("--list", action="store_true")
     args = parser.parse_args()
     if args.list or not (args.shape and args.out):
@@ -367,11 +384,11 @@ def main() -> None:
             )
         return
     if args.direct or not args.type:
-        write_shaped(args.shape, args.out, args.layers, predictable=args.predictable, direct=args.direct)
+        write_shaped(args.shape, args.out, args.layers, predictable=args.predictable, direct=args.direct, reranker=args.reranker)
         print(f"{args.out}: {os.path.getsize(args.out) / 2**20:.0f} MiB")
         return
     f16 = args.out + ".f16.tmp"
-    write_shaped(args.shape, f16, args.layers, predictable=args.predictable)
+    write_shaped(args.shape, f16, args.layers, predictable=args.predictable, reranker=args.reranker)
     try:
         subprocess.run([args.llama_quantize, f16, args.out, args.type], check=True, capture_output=True, text=True)
     finally:

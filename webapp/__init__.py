@@ -44,6 +44,7 @@ from webapp.http import (
     login,
     metrics,
     ollama_api,
+    rerank,
     responses_api,
     tokens,
 )
@@ -97,6 +98,7 @@ def create_app(config: dict | None = None, engine=None) -> Flask:
         ollama_api.bp,
         responses_api.bp,
         embeddings.bp,
+        rerank.bp,
         tokens.bp,
         health.bp,
         chat.bp,

@@ -72,6 +72,15 @@ def add_smollm_tokenizer(w: gguf.GGUFWriter, pre: str | None = None, renamed: di
     w.add_add_bos_token(False)
 
 
+# Qwen3-Reranker's prompt as llama.cpp's converter writes it into a reranker's file
+RERANK_PROMPT = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct provided. "
+    'Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n<Instruct>: Given a web search query, '
+    "retrieve relevant passages that answer the query\n<Query>: {query}\n<Document>: {document}<|im_end|>\n"
+    "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+)
+
+
 def write_tiny_gguf(
     path: str,
     arch: str = "llama",
@@ -101,6 +110,7 @@ def write_tiny_gguf(
     sliding_window: int = 4,
     nextn_layers: int = 0,
     qk_norm: bool = False,
+    rank_labels: tuple[str, ...] = (),
 ) -> str:
     """A random-weight GGUF; `matrix_type` ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS") quantizes every layer
     matrix and the output head into that block format, as real files do (the default model is Q4_1),
@@ -132,7 +142,10 @@ def write_tiny_gguf(
     `metadata` to change), then mixtures routed by sigmoid with an F32 selection bias (exp_probs_b.bias),
     weights divided by their sum and scaled by 2.5, and one ungated shared expert of the experts'
     width; `nextn_layers` more MoE blocks past the trunk carry NextN tensors (nextn.*), counted in
-    block_count as llama.cpp's converter writes them."""
+    block_count as llama.cpp's converter writes them. `rank_labels` (("yes", "no")) makes a reranker
+    file as llama.cpp's converter writes Qwen3-Reranker: pooling type rank, those classifier labels,
+    cls.output.weight the output head's rows of those tokens (F32; untied files only, so that the
+    rows are the head's exactly), and the rerank prompt as tokenizer.chat_template.rerank."""
     rng = np.random.default_rng(seed)
     tok = smollm_tokenizer_fields()
     vocab = len(tok["tokenizer.ggml.tokens"])
@@ -176,6 +189,10 @@ def write_tiny_gguf(
         else:
             w.add_uint32(f"{arch}.{key}", value)
     add_smollm_tokenizer(w, tokenizer_pre, renamed_tokens)
+    if rank_labels:
+        w.add_uint32(f"{arch}.pooling_type", 4)
+        w.add_array(f"{arch}.classifier.output_labels", list(rank_labels))
+        w.add_string("tokenizer.chat_template.rerank", RERANK_PROMPT)
     if add_eos:
         w.add_add_eos_token(True)
     if chat_template == "from-smollm":
@@ -223,7 +240,12 @@ def write_tiny_gguf(
         w.add_tensor("rope_factors_short.weight", np.asarray(long_rope[0], dtype=np.float32))
         w.add_tensor("rope_factors_long.weight", np.asarray(long_rope[1], dtype=np.float32))
     if not tied:
-        add_matrix("output.weight", mat(vocab, dim))
+        head = mat(vocab, dim)
+        add_matrix("output.weight", head)
+    if rank_labels:
+        assert not tied and matrix_type in (None, "F32"), "a reranker's head rows are copied from an F32 output.weight"
+        rows = [tok["tokenizer.ggml.tokens"].index(label) for label in rank_labels]
+        w.add_tensor("cls.output.weight", head[rows])
     dense_layers = metadata.get("leading_dense_block_count", 0) if glm else 0
     for i in range(n_layers + nextn_layers):
         p = f"blk.{i}."

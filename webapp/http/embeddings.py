@@ -2,9 +2,8 @@
 
 Each input becomes one engine request that prefills its prompt (no cache reuse: every position is
 computed) and is pooled as the model's file asks (`Engine.pooling`: mean, last or first; the file's
-end-of-text appended first where it asks, as embedding models such as Qwen3-Embedding do). At most
-as many inputs run at once as the engine has slots, so one large batch never fills the queue that
-other users wait in; a client that goes away ends its requests.
+end-of-text appended first where it asks, as embedding models such as Qwen3-Embedding do), through
+`pooled`, which reranking (webapp/http/rerank.py) shares.
 """
 
 from __future__ import annotations
@@ -38,18 +37,28 @@ def embedded(engine, params: EmbeddingParams, answer: Callable[[list, int], dict
     """The inputs' unit vectors in order, and the prompt tokens they took, shaped by `answer` into
     the response's JSON (Ollama's /api/embed shapes them its own way)."""
     prompts = [_prompt(engine, item, i) for i, item in enumerate(params.inputs)]
+    return pooled(engine, prompts, engine.pooling, lambda request: unit_vector(request.embedding, params.dimensions), answer)
+
+
+def pooled(
+    engine, prompts: list[list[int]], pooling: str, value: Callable[[Request], object], answer: Callable[[list, int], dict]
+) -> Response:
+    """Each prompt run as its own engine request pooled `pooling`, at most as many at once as the
+    engine has slots (so one large batch never fills the queue other users wait in); `value` of
+    each finished request, in the prompts' order, and the prompt tokens they took, shaped by
+    `answer` into the response's JSON. A client that goes away ends its requests."""
     window = max(1, engine.n_slots)
     running: list[tuple[int, ChoiceReader]] = []
 
     def read() -> dict:
-        vectors = [None] * len(prompts)
+        values = [None] * len(prompts)
         for index, ids in enumerate(prompts):
-            running.append((index, _submit(engine, ids)))
+            running.append((index, _submit(engine, ids, pooling)))
             if len(running) >= window or index == len(prompts) - 1:
                 for i, reader in running:
-                    vectors[i] = _read(reader, params.dimensions)
+                    values[i] = value(_finished(reader))
                 running.clear()
-        return answer(vectors, sum(map(len, prompts)))
+        return answer(values, sum(map(len, prompts)))
 
     def close() -> None:
         for _, reader in running:
@@ -63,9 +72,7 @@ def _prompt(engine, item, index: int) -> list[int]:
     given ids checked against the vocabulary; the file's suffix after either."""
     tokenizer = engine.tokenizer
     if isinstance(item, str):
-        ids = tokenizer.encode(item, special=False)
-        if tokenizer.add_bos and tokenizer.bos_id is not None and ids[:1] != [tokenizer.bos_id]:
-            ids = [tokenizer.bos_id, *ids]
+        ids = gen.with_bos(tokenizer, tokenizer.encode(item, special=False))
     else:
         if any(not 0 <= i < tokenizer.vocab_size for i in item):
             raise ApiError(400, f"'input[{index}]': token ids are from 0 to {tokenizer.vocab_size - 1}.", "input")
@@ -78,8 +85,8 @@ def _prompt(engine, item, index: int) -> list[int]:
     return ids
 
 
-def _submit(engine, ids: list[int]) -> ChoiceReader:
-    request = Request(ids, SamplingParams(max_tokens=0), pooling=engine.pooling)
+def _submit(engine, ids: list[int], pooling: str) -> ChoiceReader:
+    request = Request(ids, SamplingParams(max_tokens=0), pooling=pooling)
     reader = ChoiceReader(engine, request, (), gen.disconnected(), gen.lifecycle())
     try:
         engine.submit(request)
@@ -89,11 +96,11 @@ def _submit(engine, ids: list[int]) -> ChoiceReader:
     return reader
 
 
-def _read(reader: ChoiceReader, dimensions: int | None):
-    """Wait for the request's end (an engine failure or shutdown raises its ApiError); its unit vector."""
+def _finished(reader: ChoiceReader) -> Request:
+    """Wait for the request's end (an engine failure or shutdown raises its ApiError)."""
     try:
-        for _ in reader.texts():  # an embedding generates no text: this returns at its end
+        for _ in reader.texts():  # a pooled request generates no text: this returns at its end
             pass
     finally:
         reader.close()
-    return unit_vector(reader.request.embedding, dimensions)
+    return reader.request

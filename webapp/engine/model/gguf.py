@@ -3,11 +3,14 @@
 Contract: `read_gguf(path)` returns the file's metadata (a dict of plain Python values) and its
 tensors as `RawTensor`s whose bytes are views into the map, so only the pages that are used are ever
 read. A file that lies about its own layout (truncated, offsets past the end, counts that do not
-fit) raises `ValueError` naming the problem: GGUF files are untrusted input.
+fit) raises `ValueError` naming the problem: GGUF files are untrusted input. `float_values(path,
+name, tensor)` reads one (small) tensor whole as float32 in any block format, for the parts the
+kernels never see (a projector's weights, a reranker's head).
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 
@@ -124,3 +127,24 @@ def read_gguf(path: str) -> tuple[dict, dict[str, RawTensor]]:
             blocks = data.reshape(rows, -1) if ggml_type in BLOCK_FORMATS and cols % BLOCK_FORMATS[ggml_type][1] == 0 else None
             table[name] = RawTensor(ggml_type, rows, cols, blocks, shape, start, nbytes)
     return metadata, table
+
+
+def float_values(path: str, name: str, tensor: RawTensor) -> np.ndarray:
+    """`tensor`'s values as a float32 array of its NumPy shape (the file's dimensions, last first),
+    dequantized by the gguf package; a type it cannot read, or values that are not finite, raise
+    ValueError naming `name`."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    shape = tuple(int(d) for d in tensor.shape)
+    try:
+        raw = np.memmap(path, dtype=np.uint8, mode="r")[tensor.start : tensor.start + tensor.nbytes]
+        values = dequantize(raw, GGMLQuantizationType(tensor.ggml_type))
+    except (NotImplementedError, ValueError) as err:
+        raise ValueError(f"tensor {name} has type {tensor.ggml_type!r}, which cannot be read here") from err
+    if values.size != math.prod(shape):
+        raise ValueError(f"tensor {name} holds {values.size} values, not the {math.prod(shape)} of its shape")
+    array = np.array(values, dtype=np.float32).reshape(shape)
+    if not np.isfinite(array).all():  # a NaN would spread through every row it touches
+        raise ValueError(f"tensor {name} holds values that are not finite")
+    return array

@@ -103,6 +103,10 @@ class Engine:
         return self._require().vision
 
     @property
+    def ranker(self):  # a reranker file's head and prompt (serving/ranker.py); None: not a reranker
+        return self._require().ranker
+
+    @property
     def grammars(self) -> GrammarCompiler:
         """Compiles grammars against the served model's vocabulary, for handler threads."""
         loaded = self._require()
@@ -154,16 +158,13 @@ class Engine:
 
     def health(self) -> dict:
         snap = self.metrics.snapshot
-        alive = self._thread is not None and self._thread.is_alive()
-        if self.state == "ok" and not alive:
+        if self.state == "ok" and not (self._thread is not None and self._thread.is_alive()):
             return {"status": "error", "error": "the model thread has stopped"}
         busy_since = self._busy_since
         if self.state == "ok" and busy_since is not None and time.monotonic() - busy_since > self.stall_seconds:
             stuck = time.monotonic() - busy_since
             return {"status": "stalled", "model": self.model_name, "error": f"the model thread has not finished a step for {stuck:.0f} s"}
-        body = {"status": self.state, "model": self.model_name}
-        if self.error:
-            body["error"] = self.error
+        body = {"status": self.state, "model": self.model_name} | ({"error": self.error} if self.error else {})
         if snap:
             body.update(running=snap["running"], queue_depth=snap["queue_depth"], slots_total=snap["slots_total"])
         return body
@@ -316,7 +317,7 @@ class Engine:
                 self.scheduler.slots.drop(row)
         if done:
             if request.pooling is not None:
-                pooling.finish(request)
+                pooling.finish(request, self.loaded.ranker)
                 self._finish(request, FinishReason.STOP)
             elif request.params.max_tokens == 0:  # prompt scoring only
                 self._finish(request, FinishReason.LENGTH)

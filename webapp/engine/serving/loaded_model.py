@@ -40,6 +40,8 @@ class LoadedModel:
     state_snapshots: int = 0  # rows of them kept for prefix reuse (recurrent_config.snapshot_rows)
     draft_states: int = 0  # rows of them for drafted tokens (recurrent_config.DRAFT_STATE_ROWS)
     embedding_suffix: tuple[int, ...] = ()
+    # a reranker file's head and prompt (serving/ranker.py), else None
+    ranker: object = None
     # a mixture of experts': how many lanes each expert has taken since load, (layers, experts), where
     # the kernels count them (Transformer.routed_tokens)
     routed_tokens: Callable[[], np.ndarray | None] | None = None

@@ -24,6 +24,7 @@ from webapp.engine.serving.kv_cache import RingRows
 from webapp.engine.serving.loaded_model import LoadedModel
 from webapp.engine.serving.model_set import ModelSet, projector_beside
 from webapp.engine.serving.prefix_store import PrefixStore
+from webapp.engine.serving.ranker import ranker_of
 from webapp.engine.serving.settings import EngineSettings, engine_settings
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ def load_gguf_model(
     # an embedding model's file asks for its end-of-text after each input (Qwen3-Embedding pools that token)
     suffix = (tokenizer.eos_id,) if kv.get("tokenizer.ggml.add_eos_token") and tokenizer.eos_id is not None else ()
     log.info("embeddings: %s pooling (%s)%s", pooling, why, ", end-of-text appended" if suffix else "")
+    ranker = ranker_of(path, kv, model.config.dim)
     steps = steps_for(model, prefill_chunk)
     draft_model = load_draft(draft, path, kv, steps, slots, piece, cpu_kernels, cpu_isa) if draft else None
     vision = vision_for(projector, os.path.basename(mmproj), model.config, steps, tokenizer) if projector else None
@@ -112,6 +114,7 @@ def load_gguf_model(
         device=Device.DEFAULT,
         pooling=pooling,
         embedding_suffix=suffix,
+        ranker=ranker,
         routed_tokens=model.routed_tokens if model.config.experts else None,
         kv_type=model.kv_type.name,
         kv_bytes_per_token=kv_bytes_per_position(model.config, model.kv_type, rings=model.ring_rows is not None),

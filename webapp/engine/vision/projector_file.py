@@ -20,10 +20,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
 
-from webapp.engine.model.gguf import RawTensor, read_gguf
+from webapp.engine.model.gguf import RawTensor, float_values, read_gguf
 from webapp.engine.model.load_error import ModelLoadError
 
 # far past any real projector: a file claiming more is corrupt, and would ask for absurd buffers
@@ -169,13 +167,6 @@ class ProjectorFile:
         if any(not 1 <= got <= 1 << 20 for want, got in zip(shape, actual) if want is None):
             raise ModelLoadError(f"tensor {name} has shape {actual}, a size outside [1, {1 << 20}]")
         try:
-            raw = np.memmap(self.path, dtype=np.uint8, mode="r")[stored.start : stored.start + stored.nbytes]
-            values = dequantize(raw, GGMLQuantizationType(stored.ggml_type))
-        except (NotImplementedError, ValueError) as err:
-            raise ModelLoadError(f"tensor {name} has type {stored.ggml_type!r}, which cannot be read here") from err
-        if values.size != math.prod(actual):
-            raise ModelLoadError(f"tensor {name} holds {values.size} values, not the {math.prod(actual)} of its shape")
-        array = np.array(values, dtype=np.float32).reshape(actual)
-        if not np.isfinite(array).all():  # a NaN would spread through every row of every image
-            raise ModelLoadError(f"tensor {name} holds values that are not finite")
-        return array
+            return float_values(self.path, name, stored)
+        except ValueError as err:
+            raise ModelLoadError(str(err)) from err
