@@ -28,7 +28,8 @@ COPY templates ./templates
 COPY static ./static
 
 # /models: GGUF files of your own (LLM_MODEL=/models/x.gguf). /cache: tinygrad's kernel cache and the
-# stamps `python -m webapp.engine.serving.tuning` writes, so a restart reads compiled and tuned kernels back.
+# stamps `python -m webapp.engine.serving.tuning` writes, so a restart reads compiled and tuned kernels back,
+# and (under huggingface/) the models LLM_MODEL=hf:org/repo:QUANT pulled from the Hub.
 RUN useradd --create-home --uid 10001 tinyserve \
     && mkdir -p /models /cache \
     && chown tinyserve:tinyserve /models /cache

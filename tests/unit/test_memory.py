@@ -61,6 +61,17 @@ def test_auto_context_fills_half_the_memory_the_weights_leave_within_the_trained
     assert memory.auto_context(config, table, 4, {8}, "CUDA") == (memory.FIXED_CONTEXT, "CUDA's free memory is not known")
 
 
+def test_a_model_whose_every_layer_is_windowed_gets_its_whole_trained_context(tmp_path, caplog):
+    """Its caches are rings, whatever the context: nothing to divide the free memory by."""
+    import logging
+
+    use_tinygrad_from_this_thread()
+    path = write_tiny_gguf(str(tmp_path / "g.gguf"), "gemma3", n_layers=2, matrix_type="Q8_0", context=512)  # both layers local
+    with caplog.at_level(logging.INFO, logger="webapp.engine.model"):
+        model, _ = load_model(path, slots=1, context=None)
+    assert model.context == 512 and "capped at 512 (the trained context)" in caplog.text
+
+
 def test_a_model_loaded_without_a_context_says_what_it_chose(tmp_path, caplog):
     import logging
 

@@ -189,7 +189,8 @@ def auto_context(
     rings = (slots + 1) * ((0 if step_writes is None else ring_bytes(config, kv_type, step_writes)) + state_bytes(config))
     rings += spare_state_bytes(config, slots)
     per_position = (slots + 1) * kv_bytes_per_position(config, kv_type, step_writes is not None)
-    fits = max(0, int(free * KV_SHARE) - rings) // per_position // 256 * 256
+    # every layer windowed (a ring each): no cache grows with the context
+    fits = max(0, int(free * KV_SHARE) - rings) // per_position // 256 * 256 if per_position else cap
     positions = max(min(cap, fits), min(cap, AUTO_CONTEXT_FLOOR))
     why = f"{slots} slots' {kv_type.name} caches in at most {KV_SHARE:.0%} of the {free / GIB:.1f} GiB the weights leave free hold {fits} positions each"
     if positions == cap:

@@ -20,6 +20,7 @@ from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.tinygrad_setup import free_cached_buffers, prepare_tinygrad, use_tinygrad_from_this_thread
 from webapp.engine.model.tuning_stamp import beam_for, tuning_key
 from webapp.engine.serving.engine import Engine
+from webapp.engine.serving.hub_pull import is_hub_name, pull
 from webapp.engine.serving.kv_cache import RingRows
 from webapp.engine.serving.loaded_model import LoadedModel
 from webapp.engine.serving.model_set import ModelSet, projector_beside
@@ -166,8 +167,12 @@ def _engine(s: EngineSettings, path: str, draft: str | None, own_thread: bool = 
             prepare_tinygrad()
             use_tinygrad_from_this_thread()
             free_cached_buffers()  # an unloaded model's, before this one allocates its own
+        model, mmproj = path, (s.mmproj if path == s.path else None)
+        if is_hub_name(path):  # fetched here, on the model thread: /health says loading meanwhile
+            pulled = pull(path)
+            model, mmproj = pulled.model, mmproj or pulled.projector
         return load_gguf_model(
-            path,
+            model,
             s.slots,
             s.context,
             s.prefill_chunk,
@@ -178,7 +183,7 @@ def _engine(s: EngineSettings, path: str, draft: str | None, own_thread: bool = 
             draft=draft,
             kv_type=s.kv_type,
             paging=s.paging,
-            mmproj=(s.mmproj if path == s.path else None) or projector_beside(path),
+            mmproj=mmproj or projector_beside(model),
         )
 
     return Engine(

