@@ -15,13 +15,17 @@ import openai
 import pytest
 from support import ROOT, get
 from support.fake_hub import FakeHub
+from support.split_files import write_split
 from support.tiny_models import write_tiny_gguf
 from support.tiny_projectors import write_tiny_projector
+
+from webapp.engine.model.gguf import read_gguf
 
 sys.path.insert(0, str(ROOT / "bench"))
 from servers import free_port, health_status, start_ours  # noqa: E402
 
 REPO = "tiny-org/Tiny-GGUF"
+SPLIT_REPO = "tiny-org/Split-GGUF"
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +35,11 @@ def hub(tmp_path_factory):
     other = write_tiny_gguf(str(folder / "o.gguf"), "llama", matrix_type="Q4_0", context=256)
     projector = write_tiny_projector(str(folder / "p.gguf"), "gemma3", text_dim=64)
     files = {"README.md": b"# tiny\n", "tiny-Q8_0.gguf": model, "tiny-Q4_0.gguf": other, "mmproj-tiny-f16.gguf": projector}
-    with FakeHub({REPO: {name: value if isinstance(value, bytes) else open(value, "rb").read() for name, value in files.items()}}) as fake:
+    parts = write_split(other, str(folder / "tiny-Q4_0"), 3)
+    repos = {REPO: {name: value if isinstance(value, bytes) else open(value, "rb").read() for name, value in files.items()}}
+    repos[SPLIT_REPO] = {f"Q4_0/{os.path.basename(p)}": open(p, "rb").read() for p in parts}
+    with FakeHub(repos) as fake:
+        fake.original = other
         yield fake
 
 
@@ -103,3 +111,19 @@ def test_without_the_hub_a_former_pull_is_served_from_the_cache(hub, tmp_path):
     assert pull_error(f"hf:{REPO}:Q4_0", offline)[0] == 0
     status, line = pull_error(f"hf:{REPO}:Q8_0", offline)  # never pulled
     assert status == 1 and "cannot reach http://127.0.0.1:9" in line
+
+
+def test_a_split_model_is_fetched_part_by_part_and_joined_once(hub, tmp_path):
+    env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf")}
+    code = f"from webapp.engine.serving.hub_pull import pull; print(pull('hf:{SPLIT_REPO}:q4_0').model)"
+    for _ in range(2):  # the second time: every part in the cache, the joined file too
+        done = subprocess.run(
+            [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True, cwd=ROOT, timeout=120
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+    joined = done.stdout.strip().splitlines()[-1]
+    assert joined.endswith(os.path.join("joined", "0123456789abcdef0123456789abcdef01234567", "Q4_0", "tiny-Q4_0.gguf"))
+    assert sorted(n for n in hub.served if n.startswith("Q4_0/")) == [f"Q4_0/tiny-Q4_0-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    assert all(hub.served[f"Q4_0/tiny-Q4_0-0000{i}-of-00003.gguf"] == 1 for i in (1, 2, 3))
+    (want_kv, want), (got_kv, got) = read_gguf(hub.original), read_gguf(joined)
+    assert got_kv == want_kv and [(t.ggml_type, t.shape) for t in got.values()] == [(t.ggml_type, t.shape) for t in want.values()]

@@ -14,8 +14,10 @@ every other tool that uses it) and from `HF_ENDPOINT` with `HF_TOKEN`, as that l
 file already there is not fetched again, a broken-off download resumes, and where the Hub cannot
 be asked (no network, `HF_HUB_OFFLINE=1`) the files of a former pull are served from the cache. A file the repository stores
 in LFS is checked against its sha256 once, when it arrives; a mismatch deletes it. The download's
-progress goes to the log every few seconds. Anything that fails (no such repository or file, no
-network, a split file, a checksum) raises `ModelLoadError` in one line that says why.
+progress goes to the log every few seconds. A split GGUF (`-00001-of-0000N`) has every part fetched
+and is joined once into one file under the repository's cache folder (`joined/`). Anything that
+fails (no such repository or file, no network, a checksum) raises `ModelLoadError` in one line that
+says why.
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ import time
 from dataclasses import dataclass
 
 from webapp.engine.model.load_error import ModelLoadError
+from webapp.engine.serving.split_gguf import join_split
 
 log = logging.getLogger(__name__)
 
 PREFIX = "hf:"
 DEFAULT_QUANT = "Q4_K_M"
 SPLIT = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
+FIRST_PART = re.compile(r"-00001-of-\d{5}\.gguf$")
 PROGRESS_EVERY_S = 5.0
 
 
@@ -81,8 +85,8 @@ def choose_files(repo: str, names: list[str], quant: str | None, file: str | Non
             have = sorted({_quant_of(n) for n in models})
             raise ModelLoadError(f"hf:{repo} has no {wanted.upper()} file; it has {', '.join(have) or 'no GGUF model'}")
         chosen = matching[0]
-    if SPLIT.search(chosen):
-        raise ModelLoadError(f"hf:{repo}: {chosen} is one part of a split GGUF, which is not served; join it with llama-gguf-split --merge")
+    if SPLIT.search(chosen) and not FIRST_PART.search(chosen):
+        raise ModelLoadError(f"hf:{repo}: {chosen} is not the first part of its split GGUF: name the -00001-of- one")
     quant_name = _quant_of(chosen).lower()
     projector = next((p for p in projectors if quant_name in p.lower()), None)
     projector = projector or next((p for p in projectors if "f16" in p.lower()), None) or (projectors[0] if projectors else None)
@@ -107,26 +111,51 @@ def pull(name: str) -> Pulled:
             return cached
         siblings = {s.rfilename: s for s in info.siblings or ()}
         model, projector = choose_files(repo, list(siblings), quant, file)
-        paths = []
-        for wanted in (model, projector):
-            if wanted is None:
-                paths.append(None)
-                continue
+
+        def fetch(wanted: str) -> str:
             cached = try_to_load_from_cache(repo, wanted, revision=info.sha)
             if isinstance(cached, str):
-                paths.append(cached)
-                continue
-            sibling = siblings[wanted]
-            with _progress(repo, wanted, sibling.size):
+                return cached
+            with _progress(repo, wanted, siblings[wanted].size):
                 path = hf_hub_download(repo, wanted, revision=info.sha)
-            _check(path, wanted, sibling)
-            paths.append(path)
+            _check(path, wanted, siblings[wanted])
+            return path
+
+        parts = [fetch(part) for part in _parts_of(model, siblings)]
+        pulled = Pulled(_joined(parts[0]) if len(parts) > 1 else parts[0], fetch(projector) if projector else None)
     except ModelLoadError:
         raise
     except Exception as e:  # the library's and the network's errors, each said in one line
         raise ModelLoadError(f"hf:{repo}: {_reason(e)}") from e
-    log.info("hf:%s: %s%s", repo, paths[0], f", projector {paths[1]}" if paths[1] else "")
-    return Pulled(paths[0], paths[1])
+    log.info("hf:%s: %s%s", repo, pulled.model, f", projector {pulled.projector}" if pulled.projector else "")
+    return pulled
+
+
+def _parts_of(model: str, siblings: dict) -> list[str]:
+    """A split GGUF's part names (its first part's name given), in order; else [model]."""
+    match = SPLIT.search(model)
+    if match is None:
+        return [model]
+    count = int(model[match.start() :].split("-of-")[1].removesuffix(".gguf"))
+    parts = [model[: match.start()] + f"-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+    missing = [p for p in parts if p not in siblings]
+    if missing:
+        raise ModelLoadError(f"{model}: the repository lacks its parts {', '.join(missing)}")
+    return parts
+
+
+def _joined(first: str) -> str:
+    """A split GGUF joined once into one file beside the cache's snapshots (`joined/<commit>/`)."""
+    root, _, inside = first.partition(f"{os.sep}snapshots{os.sep}")
+    out = os.path.join(root, "joined", SPLIT.sub(".gguf", inside))
+    if not os.path.isfile(out):
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        log.info("joining the parts of %s into %s", os.path.basename(first), out)
+        try:
+            join_split(first, out)
+        except ValueError as e:
+            raise ModelLoadError(f"{os.path.basename(first)}: {e}") from e
+    return out
 
 
 def _from_cache(repo: str, quant: str | None, file: str | None) -> Pulled | None:
@@ -141,9 +170,10 @@ def _from_cache(repo: str, quant: str | None, file: str | None) -> Pulled | None
     names = [os.path.relpath(os.path.join(root, n), newest) for root, _, files in os.walk(newest) for n in files]
     try:
         model, projector = choose_files(repo, names, quant, file)
-    except ModelLoadError:
+        model = os.path.join(newest, model)
+        return Pulled(_joined(model) if SPLIT.search(model) else model, os.path.join(newest, projector) if projector else None)
+    except (ModelLoadError, OSError):
         return None
-    return Pulled(os.path.join(newest, model), os.path.join(newest, projector) if projector else None)
 
 
 # the library's errors that say too little in their own first line

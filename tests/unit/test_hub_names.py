@@ -46,6 +46,7 @@ def test_the_named_quantization_and_its_projector_else_q4_k_m_and_the_f16_projec
     assert choose_files("o/r", FILES, None, None) == ("Qwen3-1.7B-Q4_K_M.gguf", "mmproj-Qwen3-1.7B-f16.gguf")
     assert choose_files("o/r", FILES, None, "Qwen3-1.7B-BF16.gguf") == ("Qwen3-1.7B-BF16.gguf", "mmproj-Qwen3-1.7B-f16.gguf")
     assert choose_files("o/r", ["only.gguf", "README.md"], None, None) == ("only.gguf", None)
+    assert choose_files("o/r", FILES, "Q6_K", None) == ("big/Qwen3-1.7B-Q6_K-00001-of-00002.gguf", "mmproj-Qwen3-1.7B-f16.gguf")
 
 
 @pytest.mark.parametrize(
@@ -53,7 +54,7 @@ def test_the_named_quantization_and_its_projector_else_q4_k_m_and_the_f16_projec
     [
         (FILES, "Q2_K", None, "has no Q2_K file; it has BF16, Q4_K_M, Q6_K, Q8_0"),
         (FILES, None, "nope.gguf", "has no file nope.gguf"),
-        (FILES, "Q6_K", None, "one part of a split GGUF"),
+        (FILES, None, "big/Qwen3-1.7B-Q6_K-00002-of-00002.gguf", "not the first part of its split GGUF"),
         (["a-Q8_0.gguf", "b-Q4_0.gguf"], None, None, "has no Q4_K_M file; it has Q4_0, Q8_0"),
         (["README.md"], None, None, "no GGUF model"),
     ],
