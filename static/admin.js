@@ -266,6 +266,8 @@ function render(stats) {
     node.textContent = format(lookup(stats, node.dataset.stat), node.dataset.format);
   }
   $("state").className = "state state-" + (stats.state || "unknown");
+  $("download").hidden = !stats.download; // LLM_MODEL=hf:...: the file being fetched while the model loads
+  $("download").textContent = stats.download || "";
   if (stats.model) document.title = "Admin · " + stats.model;
   drawPlots(stats);
   drawTables(stats);

@@ -6,6 +6,7 @@ deleted and refused, and names that cannot be pulled say why in one line."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -45,11 +46,14 @@ def hub(tmp_path_factory):
 
 def test_a_named_model_is_pulled_while_health_says_loading_then_served_then_found_in_the_cache(hub, tmp_path):
     env = {"LLM_MODEL": f"hf:{REPO}:q8_0", "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "LLM_LOG_LEVEL": "info"}
-    port, seen, stop = free_port(), set(), threading.Event()
+    port, seen, shown, stop = free_port(), set(), set(), threading.Event()
+    server = type("S", (), {"host": "127.0.0.1", "port": port})()
 
     def watch():
         while not stop.wait(0.1):
             seen.add(health_status(port))
+            with contextlib.suppress(OSError, ValueError):
+                shown.add(get(server, "/admin/stats.json", timeout=2)[2].get("download"))
 
     hub.delay_s = 3.0  # the download takes a while: /health is asked meanwhile
     watcher = threading.Thread(target=watch, daemon=True)
@@ -61,11 +65,13 @@ def test_a_named_model_is_pulled_while_health_says_loading_then_served_then_foun
             reply = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0)
             assert reply.usage.completion_tokens > 0 and [m.id for m in client.models.list()] == ["tiny-Q8_0"]
             assert "projector" in ours.log_tail(20000) and "images:" in ours.log_tail(20000)
-            assert get(type("S", (), {"host": "127.0.0.1", "port": ours.port})(), "/health")[0] == 200
+            assert get(server, "/health")[0] == 200
     finally:
         stop.set()
         hub.delay_s = 0.0
     assert 503 in seen  # loading, while the files came
+    size = len(hub.repos[REPO]["tiny-Q8_0.gguf"]) / 2**20
+    assert f"downloading hf:{REPO}/tiny-Q8_0.gguf: 0.0 MiB of {size:.1f} MiB" in shown  # the dashboard said so
     assert hub.served == {"tiny-Q8_0.gguf": 1, "mmproj-tiny-f16.gguf": 1}
     with start_ours(env=env, timeout=120):  # the same cache: nothing fetched again
         pass

@@ -1,6 +1,7 @@
 """The dashboard: `/admin` (a Jinja page) and `/admin/stats.json` (what the page polls).
 With LLM_MODELS_DIR the panels are one model's (`?model=<name>`, else the most recently used one)
 and a Models table lists every model of the folder with its status (loaded, loading, unloaded, failed).
+While LLM_MODEL=hf:... is being fetched, the header says which file and how much of it has come.
 
 Both read `engine.stats()`, a fresh dict derived from the engine's immutable metrics snapshot, so
 they answer at once however busy the model thread is. The page is complete without JavaScript:
@@ -26,6 +27,7 @@ from flask import (
     request,
 )
 
+from webapp.engine.serving import hub_pull
 from webapp.engine.serving.metrics import REQUEST_OUTCOMES
 from webapp.engine.serving.model_set import ModelSet
 from webapp.http.families import ADMIN_TOKEN, Family
@@ -64,7 +66,10 @@ def _engine_stats() -> dict:
     served = current_app.extensions["engine"]
     if isinstance(served, ModelSet):  # the panels are one model's: ?model=, else the most recently used
         return served.stats(request.args.get("model"))
-    return served.stats()
+    stats = served.stats()
+    if stats.get("state") == "loading" and (download := hub_pull.progress()):
+        stats["download"] = download  # LLM_MODEL=hf:...: its files are still coming
+    return stats
 
 
 def _no_store(response: Response) -> Response:

@@ -14,7 +14,8 @@ every other tool that uses it) and from `HF_ENDPOINT` with `HF_TOKEN`, as that l
 file already there is not fetched again, a broken-off download resumes, and where the Hub cannot
 be asked (no network, `HF_HUB_OFFLINE=1`) the files of a former pull are served from the cache. A file the repository stores
 in LFS is checked against its sha256 once, when it arrives; a mismatch deletes it. The download's
-progress goes to the log every few seconds. A split GGUF (`-00001-of-0000N`) has every part fetched
+progress goes to the log every few seconds, and `progress()` says it in words meanwhile (the
+dashboard and /health show it while the model loads). A split GGUF (`-00001-of-0000N`) has every part fetched
 and is joined once into one file under the repository's cache folder (`joined/`). Anything that
 fails (no such repository or file, no network, a checksum) raises `ModelLoadError` in one line that
 says why.
@@ -220,21 +221,33 @@ def _check(path: str, name: str, sibling) -> None:
         raise ModelLoadError(f"{name}: its sha256 is {digest.hexdigest()}, not the {expected} the Hub lists; the file was deleted")
 
 
+_downloading: dict[str, str] = {}  # what each model thread is fetching now, in words; read by `progress()`
+
+
+def progress() -> str | None:
+    """The download in progress, in words (the dashboard and /health show it while a model loads)."""
+    return next(iter(_downloading.values()), None)
+
+
 class _progress:
-    """Logs a download's bytes so far every PROGRESS_EVERY_S, from the size of the cache's partial file."""
+    """Follows a download's bytes so far from the size of the cache's partial file: `progress()`
+    says them every second, the log every PROGRESS_EVERY_S."""
 
     def __init__(self, repo: str, name: str, size: int | None):
         self.repo, self.name, self.size = repo, name, size
         self.done = threading.Event()
+        self.key = f"{repo}/{name}"
 
     def __enter__(self):
         self.started = time.monotonic()
         log.info("hf:%s: downloading %s (%s)", self.repo, self.name, _mib(self.size))
+        _downloading[self.key] = f"downloading hf:{self.repo}/{self.name}: 0.0 MiB of {_mib(self.size)}"
         threading.Thread(target=self._watch, name="hub-progress", daemon=True).start()
         return self
 
     def __exit__(self, *exc):
         self.done.set()
+        _downloading.pop(self.key, None)
         if exc[0] is None:
             log.info("hf:%s: %s arrived in %.1f s", self.repo, self.name, time.monotonic() - self.started)
 
@@ -242,10 +255,16 @@ class _progress:
         from huggingface_hub.constants import HF_HUB_CACHE
 
         folder = os.path.join(HF_HUB_CACHE, "models--" + self.repo.replace("/", "--"), "blobs")
-        while not self.done.wait(PROGRESS_EVERY_S):
+        logged = time.monotonic()
+        while not self.done.wait(1.0):
             partial = [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".incomplete")] if os.path.isdir(folder) else []
             got = max((os.path.getsize(p) for p in partial if os.path.exists(p)), default=0)
-            log.info("hf:%s: %s: %s of %s", self.repo, self.name, _mib(got), _mib(self.size))
+            if self.done.is_set():
+                return
+            _downloading[self.key] = f"downloading hf:{self.repo}/{self.name}: {_mib(got)} of {_mib(self.size)}"
+            if time.monotonic() - logged >= PROGRESS_EVERY_S:
+                log.info("hf:%s: %s: %s of %s", self.repo, self.name, _mib(got), _mib(self.size))
+                logged = time.monotonic()
 
 
 def _mib(size: int | None) -> str:
