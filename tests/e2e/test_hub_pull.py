@@ -1,8 +1,10 @@
 """`LLM_MODEL=hf:org/repo:QUANT` end to end, against a local stand-in for the Hub (`HF_ENDPOINT`,
 tests/support/fake_hub.py), never the network: the server, started as `make serve` starts it, says
 `loading` while the files come, then serves the named file with its projector to the openai
-client; a second start fetches nothing; a file whose bytes do not match the sha256 the Hub lists is
-deleted and refused, and names that cannot be pulled say why in one line."""
+client (the dashboard saying what is being fetched meanwhile); a second start fetches nothing; a
+download broken off resumes from the bytes it has; a split file's parts are joined once; a file
+whose bytes do not match the sha256 the Hub lists is deleted and refused; names that cannot be
+pulled say why in one line; without the Hub, a former pull is served from the cache."""
 
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ SPLIT_REPO = "tiny-org/Split-GGUF"
 def hub(tmp_path_factory):
     folder = tmp_path_factory.mktemp("hub")
     model = write_tiny_gguf(str(folder / "m.gguf"), "gemma3", matrix_type="Q8_0", context=256)
-    other = write_tiny_gguf(str(folder / "o.gguf"), "llama", matrix_type="Q4_0", context=256)
+    # a float32 embedding: over the 10 MiB the library writes at a time, so that a cut-off download has bytes to resume from
+    other = write_tiny_gguf(str(folder / "o.gguf"), "llama", matrix_type="Q4_0", context=256, quantize_embedding=False)
     projector = write_tiny_projector(str(folder / "p.gguf"), "gemma3", text_dim=64)
     files = {"README.md": b"# tiny\n", "tiny-Q8_0.gguf": model, "tiny-Q4_0.gguf": other, "mmproj-tiny-f16.gguf": projector}
     parts = write_split(other, str(folder / "tiny-Q4_0"), 3)
@@ -83,6 +86,15 @@ def pull_error(name: str, env: dict) -> tuple[int, str]:
     code = f"from webapp.engine.serving.hub_pull import pull; pull({name!r})"
     done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True, cwd=ROOT, timeout=120)
     return done.returncode, (done.stderr.strip().splitlines() or [""])[-1]
+
+
+def test_a_download_broken_off_resumes_where_it_stopped(hub, tmp_path):
+    env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf")}
+    chunk = 10 * 2**20  # huggingface_hub's DOWNLOAD_CHUNK_SIZE: what it has written when the connection drops
+    hub.cut_once["tiny-Q4_0.gguf"], hub.ranges = chunk + 12_345, {}
+    status, line = pull_error(f"hf:{REPO}:Q4_0", env)  # the library asks again, from the bytes it has
+    assert status == 0, line
+    assert hub.ranges["tiny-Q4_0.gguf"] == [0, chunk]
 
 
 def test_a_file_that_fails_its_checksum_is_deleted_and_refused(hub, tmp_path):

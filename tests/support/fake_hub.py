@@ -2,8 +2,10 @@
 model's files, on 127.0.0.1 (point `HF_ENDPOINT` at `FakeHub.url`): a repository's info with its files'
 sizes and LFS sha256s (`GET /api/models/{repo}[/revision/{rev}]`), and each file's bytes (`HEAD` and
 `GET /{repo}/resolve/{rev}/{path}`, with `Range` for a resumed download). `served[path]` counts the
-GETs of each file's bytes; `corrupt` names files whose bytes differ from the sha256 listed; `delay_s`
-slows each file's GET (a download in progress)."""
+GETs of each file's bytes and `ranges` the byte each one started from; `corrupt` names files whose
+bytes differ from the sha256 listed; `cut_once` ({file: n}) ends the next GET of a file after n
+bytes, the connection closed mid-body (a download broken off); `delay_s` slows each file's GET (a
+download in progress)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ class FakeHub:
         self.repos = repos
         self.served: dict[str, int] = {}
         self.corrupt: set[str] = set()
+        self.ranges: dict[str, list[int]] = {}
+        self.cut_once: dict[str, int] = {}
         self.delay_s = 0.0
         hub = self
 
@@ -78,7 +82,18 @@ class FakeHub:
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
         if body:
             self.served[name] = self.served.get(name, 0) + 1
+            self.ranges.setdefault(name, []).append(start)
             time.sleep(self.delay_s)
+        cut = self.cut_once.pop(name, None) if body else None
+        if cut is not None:  # promise the whole rest, send part of it, hang up
+            handler.send_response(206 if start else 200)
+            for key, value in (headers | {"Content-Length": str(len(data) - start)}).items():
+                handler.send_header(key, value)
+            handler.end_headers()
+            handler.wfile.write(data[start : start + cut])
+            handler.wfile.flush()
+            handler.close_connection = True
+            return None
         self._send(handler, 206 if start else 200, headers | {"Content-Type": "application/octet-stream"}, data[start:], body)
 
     @staticmethod
