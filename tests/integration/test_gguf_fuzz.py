@@ -1,5 +1,6 @@
 """GGUF files are untrusted input: valid tiny files (seeds of several architectures and block formats:
-Q8_0, K-quants, IQ4, 2- and 3-bit, float16 and bfloat16), mutated thousands of ways in their headers,
+Q8_0, K-quants, IQ4, 2- and 3-bit, float16 and bfloat16; gpt-oss's MXFP4 experts, Gemma 3's windows,
+Phi-3's fused matrices, GLM-4.5's NextN blocks, a reranker's head), mutated thousands of ways in their headers,
 metadata, tensor tables (types, shapes, offsets) and lengths, either load (model, tokenizer and
 template, through the server's own loader) and run a step on the CPU kernels, or stop with one
 `ModelLoadError` naming what is wrong. Never another exception, and never a crash in the C kernels,
@@ -16,13 +17,14 @@ import numpy as np
 import pytest
 from support.k_quants import QUANTIZERS as K_QUANTIZERS
 from support.low_bit_quants import QUANTIZERS as LOW_BIT_QUANTIZERS
-from support.tiny_models import smollm_tokenizer_fields
+from support.tiny_models import smollm_tokenizer_fields_cut, write_tiny_gguf
 
 from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
 from webapp.engine.serving.loader import load_gguf_model
 
 CASES = 2000
+MORE_CASES = 250
 VOCAB = 512
 # (architecture, the layers' block type, cases): the first is the original seed; the others fewer cases
 # each, their matrices 256 wide (a K-quant block's values)
@@ -42,14 +44,11 @@ EXTREMES = [0, 1, 2, 3, 7, 31, 32, 255, 256, 1000, 2**31 - 1, 2**31, 2**32 - 1, 
 
 def _small_vocabulary() -> dict:
     """The default model's first 512 tokens, with the merges among them: a real byte-level BPE."""
-    tok = smollm_tokenizer_fields()
-    tokens = list(tok["tokenizer.ggml.tokens"][:VOCAB])
-    known = set(tokens)
-    merges = [m for m in tok["tokenizer.ggml.merges"] if "".join(m.split(" ")) in known and all(p in known for p in m.split(" "))]
+    tok = smollm_tokenizer_fields_cut(VOCAB)
     return {
-        "tokens": tokens,
-        "types": list(tok["tokenizer.ggml.token_type"][:VOCAB]),
-        "merges": merges,
+        "tokens": tok["tokenizer.ggml.tokens"],
+        "types": tok["tokenizer.ggml.token_type"],
+        "merges": tok["tokenizer.ggml.merges"],
         "template": tok["tokenizer.chat_template"],
     }
 
@@ -221,6 +220,43 @@ def test_mutated_gguf_files_load_and_run_or_fail_with_a_model_load_error(tmp_pat
         assert loaded.runner.steps.decode([4], [0], [3]).shape == (1, vocab)
     assert outcomes["refused"] > cases // 2, outcomes
     assert len(messages) > 20 * cases // CASES  # the refusals name many different faults
+
+
+# more seeds, written by tests/support/tiny_models.py on a 512-token vocabulary: the architectures whose
+# loaders read keys and tensors the seeds above lack (experts in MXFP4 with biases and sinks, sliding
+# windows and post-norms, fused q/k/v, a dense lead layer and NextN blocks, a reranker's head)
+MORE_SEEDS = {
+    "gpt-oss MXFP4": dict(arch="gpt-oss", experts=(4, 2, 64), matrix_type="MXFP4_MOE", hidden=64),
+    "gemma3": dict(arch="gemma3", matrix_type="Q8_0"),
+    "phi3": dict(arch="phi3", matrix_type="Q8_0"),
+    "glm4moe": dict(arch="glm4moe", experts=(4, 2, 64), matrix_type="Q8_0", n_layers=2, nextn_layers=1),
+    "qwen3 reranker": dict(arch="qwen3", rank_labels=("on", "at"), quantize_embedding=False),  # two of the first 512 tokens
+}
+
+
+@pytest.mark.parametrize("seed", sorted(MORE_SEEDS))
+def test_mutated_files_of_more_architectures_load_or_fail_with_a_model_load_error(tmp_path, seed):
+    use_tinygrad_from_this_thread()
+    source = write_tiny_gguf(str(tmp_path / "valid.gguf"), context=64, vocab_size=VOCAB, **MORE_SEEDS[seed])
+    data = open(source, "rb").read()
+    fields = field_positions(data)
+    assert load_gguf_model(source, slots=1, max_context=32, prefill_chunk=8).context == 32
+    rng = np.random.default_rng(2028)
+    target, outcomes, messages = tmp_path / "mutated.gguf", {"loaded": 0, "refused": 0}, set()
+    for _ in range(MORE_CASES):
+        target.write_bytes(mutate(data, fields, rng))
+        try:
+            loaded = load_gguf_model(str(target), slots=1, max_context=32, prefill_chunk=8)
+        except ModelLoadError as e:
+            outcomes["refused"] += 1
+            messages.add(str(e).split(":")[0][:60])
+            assert str(e) and "\n" not in str(e)
+            continue
+        outcomes["loaded"] += 1
+        vocab = loaded.runner.steps.model.config.vocab_size
+        assert loaded.runner.steps.prefill([1, 2, 3], 0, 0).shape == (vocab,)
+        assert loaded.runner.steps.decode([4], [0], [3]).shape == (1, vocab)
+    assert outcomes["refused"] > MORE_CASES // 2 and len(messages) > 10, (outcomes, messages)
 
 
 def test_mutated_projector_files_load_or_fail_with_a_model_load_error(tmp_path):

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 from support import ROOT
-from support.tiny_models import Reference, load_steps, write_tiny_gguf
+from support.tiny_models import Reference, load_steps, off_by, write_tiny_gguf
 from tinygrad import Device, dtypes
 
 from webapp.engine.model.load_error import ModelLoadError
@@ -106,6 +106,19 @@ def test_quantized_file_gets_an_int8_head_close_to_the_reference(tmp_path):
     np.testing.assert_allclose(got, expected, atol=0.05)
     assert set(np.argsort(got)[-5:]) == set(np.argsort(expected)[-5:])
     assert np.argmax(got) == np.argmax(expected)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_a_layer_with_a_matrix_no_kernel_reads_runs_beside_whole_layer_kernels(tmp_path, arch):
+    """Layer 1's k in F64: it runs as five kernels with tinygrad's product among them, layer 0 as one
+    whole-layer kernel (tq_layer), in the same step; both agree with the float64 reference."""
+    use_tinygrad_from_this_thread()
+    path = write_tiny_gguf(str(tmp_path / "mixed.gguf"), arch, matrix_type="Q8_0", float_matrices=("blk.1.attn_k.weight",))
+    steps = load_steps(path, slots=1, context=64)
+    assert [block.layer_tensors is not None for block in steps.model.blocks] == [True, False]
+    expected = Reference(path).logits(PROMPT)[-1]
+    got = steps.prefill(PROMPT, slot=0, start=0)
+    assert np.argmax(got) == np.argmax(expected) and off_by(got, expected) < 0.05, off_by(got, expected)
 
 
 def test_float_file_keeps_an_exact_float16_head(tmp_path):

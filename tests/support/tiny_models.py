@@ -58,10 +58,29 @@ def smollm_tokenizer_fields() -> dict:
     return {key: smollm_metadata()[key] for key in keys}
 
 
-def add_smollm_tokenizer(w: gguf.GGUFWriter, pre: str | None = None, renamed: dict[int, str] | None = None) -> None:
-    """The default model's byte-level BPE vocabulary and merges, under its own pre-tokenizer or `pre`,
-    with the tokens of `renamed`'s ids spelled as it says."""
-    tok = smollm_tokenizer_fields()
+@lru_cache(maxsize=4)
+def smollm_tokenizer_fields_cut(limit: int | None) -> dict:
+    """`smollm_tokenizer_fields()`, its vocabulary cut to the first `limit` tokens (None: all) with the
+    merges among them: still a real byte-level BPE, and one a file's loader reads in a blink."""
+    tok = dict(smollm_tokenizer_fields())
+    if limit is None:
+        return tok
+    tokens = list(tok["tokenizer.ggml.tokens"][:limit])
+    known = set(tokens)
+    merges = [m for m in tok["tokenizer.ggml.merges"] if "".join(m.split(" ")) in known and all(p in known for p in m.split(" "))]
+    return tok | {
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.token_type": list(tok["tokenizer.ggml.token_type"][:limit]),
+    }
+
+
+def add_smollm_tokenizer(
+    w: gguf.GGUFWriter, pre: str | None = None, renamed: dict[int, str] | None = None, vocab_size: int | None = None
+) -> None:
+    """The default model's byte-level BPE vocabulary and merges (the first `vocab_size` tokens of
+    it), under its own pre-tokenizer or `pre`, with the tokens of `renamed`'s ids spelled as it says."""
+    tok = smollm_tokenizer_fields_cut(vocab_size)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre or tok["tokenizer.ggml.pre"])
     w.add_token_list([(renamed or {}).get(i, t) for i, t in enumerate(tok["tokenizer.ggml.tokens"])])
@@ -111,6 +130,7 @@ def write_tiny_gguf(
     nextn_layers: int = 0,
     qk_norm: bool = False,
     rank_labels: tuple[str, ...] = (),
+    vocab_size: int | None = None,
 ) -> str:
     """A random-weight GGUF; `matrix_type` ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS") quantizes every layer
     matrix and the output head into that block format, as real files do (the default model is Q4_1),
@@ -145,9 +165,10 @@ def write_tiny_gguf(
     block_count as llama.cpp's converter writes them. `rank_labels` (("yes", "no")) makes a reranker
     file as llama.cpp's converter writes Qwen3-Reranker: pooling type rank, those classifier labels,
     cls.output.weight the output head's rows of those tokens (F32; untied files only, so that the
-    rows are the head's exactly), and the rerank prompt as tokenizer.chat_template.rerank."""
+    rows are the head's exactly), and the rerank prompt as tokenizer.chat_template.rerank. `vocab_size`
+    keeps that many of the vocabulary's first tokens (a file that loads fast, for the fuzz tests)."""
     rng = np.random.default_rng(seed)
-    tok = smollm_tokenizer_fields()
+    tok = smollm_tokenizer_fields_cut(vocab_size)
     vocab = len(tok["tokenizer.ggml.tokens"])
     explicit_head_dim = head_dim is not None
     head_dim = head_dim or dim // n_heads
@@ -188,7 +209,7 @@ def write_tiny_gguf(
             w.add_float32(f"{arch}.{key}", value)
         else:
             w.add_uint32(f"{arch}.{key}", value)
-    add_smollm_tokenizer(w, tokenizer_pre, renamed_tokens)
+    add_smollm_tokenizer(w, tokenizer_pre, renamed_tokens, vocab_size)
     if rank_labels:
         w.add_uint32(f"{arch}.pooling_type", 4)
         w.add_array(f"{arch}.classifier.output_labels", list(rank_labels))

@@ -46,6 +46,7 @@ MIN_BLOCK_POSITIONS = 16
 SPIN_US = 100  # how long idle pool threads spin before sleeping (tq.h says why)
 CONSTANTS = {"ROWS_X8": ROWS_X8, "STACKED": STACKED, "MAX_PARTS": MAX_PARTS, "STACK_HEADER_BYTES": STACK_HEADER_BYTES}
 MAX_EXPERTS, MAX_EXPERTS_USED = 512, 32  # the most experts a layer has, and a token uses
+LAYER_KERNEL_MATRICES = 8  # the matrices tq_layer takes: qkv .. shared_down
 LAYER_MATRICES = 11  # a layer's first table entries are its matrices (LayerEntry.QKV .. V_B)
 # tq_forward's layer_info: each layer's LAYER_MATRICES matrix types, then its attention's flags, its
 # form, its attention's window and its cache's positions

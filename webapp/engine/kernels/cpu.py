@@ -73,8 +73,9 @@ class QuantizedCPU:
             self._programs[name] = _trampoline(address)
         # what a layer passes tq_layer for what it lacks (a mixture's router, up matrices and counts, a shared
         # expert's matrices and gate, the selection bias, Gemma's post-norms, gpt-oss's biases), which
-        # tq_layer never reads: one buffer each, as a kernel's arguments are distinct buffers
-        self._unread = [device_array(np.zeros(1, np.int64)) for _ in range(9)]
+        # tq_layer never reads: one buffer each, as a kernel's arguments are distinct buffers; enough for
+        # a layer that lacks every one (its matrices, both norms and the five extras of `layer`)
+        self._unread = [device_array(np.zeros(1, np.int64)) for _ in range(abi.LAYER_MATRICES + 2 + 5)]
         self._repack = library.tq_repack
         self._repack.argtypes, self._repack.restype = [ctypes.c_void_p] * 2 + [ctypes.POINTER(abi.Product)], ctypes.c_int
         self._forward = library.tq_forward
@@ -270,7 +271,8 @@ class QuantizedCPU:
         m = layer.matrices
         shape = self._shape(abi.LayerShape(layer_attention(layer, B, eps), D, m.down.cols, m.types, layer.experts, layer.form))
         unread = iter(self._unread)
-        weights = tuple(next(unread) if w is None else w.raw for w in m.in_order)
+        # tq_layer takes a layer's first LAYER_KERNEL_MATRICES (a latent layer's own run in whole steps only)
+        weights = tuple(next(unread) if w is None else w.raw for w in m.in_order[: abi.LAYER_KERNEL_MATRICES])
         attn_norm, ffn_norm = (
             next(unread) if n is None else n.cast(dtypes.float32).contiguous() for n in (layer.attn_norm, layer.ffn_norm)
         )
