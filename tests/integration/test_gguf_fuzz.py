@@ -192,18 +192,12 @@ def mutate(data: bytes, fields: dict, rng: np.random.Generator) -> bytes:
     return bytes(out)
 
 
-@pytest.mark.parametrize("arch, matrix_type, cases", SEEDS)
-def test_mutated_gguf_files_load_and_run_or_fail_with_a_model_load_error(tmp_path, arch, matrix_type, cases):
-    use_tinygrad_from_this_thread()
-    source = tmp_path / "valid.gguf"
-    write_fixture(str(source), arch, matrix_type)
-    data = source.read_bytes()
-    fields = field_positions(data)
-    valid = load_gguf_model(str(source), slots=1, max_context=32, prefill_chunk=8)
-    assert valid.context == 32 and np.isfinite(valid.runner.steps.prefill([1, 2, 3, 4], 0, 0)).all()
-    rng = np.random.default_rng(2026)
-    target, outcomes = tmp_path / "mutated.gguf", {"loaded": 0, "refused": 0}
-    messages = set()
+def run_mutations(data: bytes, cases: int, target, seed: int) -> tuple[dict, set]:
+    """`cases` mutations of a model file's bytes, each loaded through the server's loader: refused in one
+    ModelLoadError line, or loaded and run (a prompt and a decode step over whatever the mutation left
+    in its tensors). The outcomes' counts, and the refusals' first words."""
+    fields, rng = field_positions(data), np.random.default_rng(seed)
+    outcomes, messages = {"loaded": 0, "refused": 0}, set()
     for _ in range(cases):
         target.write_bytes(mutate(data, fields, rng))
         try:
@@ -214,10 +208,21 @@ def test_mutated_gguf_files_load_and_run_or_fail_with_a_model_load_error(tmp_pat
             assert str(e) and "\n" not in str(e)
             continue
         outcomes["loaded"] += 1
-        # what loaded runs: a prompt and a decode step over whatever the mutation left in its tensors
         vocab = loaded.runner.steps.model.config.vocab_size
         assert loaded.runner.steps.prefill([1, 2, 3], 0, 0).shape == (vocab,)
         assert loaded.runner.steps.decode([4], [0], [3]).shape == (1, vocab)
+    return outcomes, messages
+
+
+@pytest.mark.parametrize("arch, matrix_type, cases", SEEDS)
+def test_mutated_gguf_files_load_and_run_or_fail_with_a_model_load_error(tmp_path, arch, matrix_type, cases):
+    use_tinygrad_from_this_thread()
+    source = tmp_path / "valid.gguf"
+    write_fixture(str(source), arch, matrix_type)
+    data = source.read_bytes()
+    valid = load_gguf_model(str(source), slots=1, max_context=32, prefill_chunk=8)
+    assert valid.context == 32 and np.isfinite(valid.runner.steps.prefill([1, 2, 3, 4], 0, 0)).all()
+    outcomes, messages = run_mutations(data, cases, tmp_path / "mutated.gguf", seed=2026)
     assert outcomes["refused"] > cases // 2, outcomes
     assert len(messages) > 20 * cases // CASES  # the refusals name many different faults
 
@@ -239,23 +244,8 @@ def test_mutated_files_of_more_architectures_load_or_fail_with_a_model_load_erro
     use_tinygrad_from_this_thread()
     source = write_tiny_gguf(str(tmp_path / "valid.gguf"), context=64, vocab_size=VOCAB, **MORE_SEEDS[seed])
     data = open(source, "rb").read()
-    fields = field_positions(data)
     assert load_gguf_model(source, slots=1, max_context=32, prefill_chunk=8).context == 32
-    rng = np.random.default_rng(2028)
-    target, outcomes, messages = tmp_path / "mutated.gguf", {"loaded": 0, "refused": 0}, set()
-    for _ in range(MORE_CASES):
-        target.write_bytes(mutate(data, fields, rng))
-        try:
-            loaded = load_gguf_model(str(target), slots=1, max_context=32, prefill_chunk=8)
-        except ModelLoadError as e:
-            outcomes["refused"] += 1
-            messages.add(str(e).split(":")[0][:60])
-            assert str(e) and "\n" not in str(e)
-            continue
-        outcomes["loaded"] += 1
-        vocab = loaded.runner.steps.model.config.vocab_size
-        assert loaded.runner.steps.prefill([1, 2, 3], 0, 0).shape == (vocab,)
-        assert loaded.runner.steps.decode([4], [0], [3]).shape == (1, vocab)
+    outcomes, messages = run_mutations(data, MORE_CASES, tmp_path / "mutated.gguf", seed=2028)
     assert outcomes["refused"] > MORE_CASES // 2 and len(messages) > 10, (outcomes, messages)
 
 

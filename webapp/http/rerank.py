@@ -33,21 +33,26 @@ PLACEHOLDER = re.compile(r"\{query\}|\{document\}")
 @bp.post("/reranking")
 @bp.post("/v2/rerank")
 def rerank():
-    body = gen.json_body()
-    engine = gen.engine(body)
-    params = parse_rerank_request(body)
-    model = params.model or engine.model_name
-    return _scored(engine, params, lambda scores, tokens: rerank_answer(params, scores, model, tokens, new_id("rerank")))
+    return _answered(
+        parse_rerank_request, lambda params, scores, model, tokens: rerank_answer(params, scores, model, tokens, new_id("rerank"))
+    )
 
 
 @bp.post("/v1/score")
 @bp.post("/score")
 def score():
+    return _answered(
+        parse_score_request, lambda _, scores, model, tokens: score_answer(scores, model, tokens, new_id("score"), int(time.time()))
+    )
+
+
+def _answered(parse, answer):
+    """The body parsed by `parse` into RankParams, its pairs scored, the answer shaped by `answer`."""
     body = gen.json_body()
     engine = gen.engine(body)
-    params = parse_score_request(body)
+    params = parse(body)
     model = params.model or engine.model_name
-    return _scored(engine, params, lambda scores, tokens: score_answer(scores, model, tokens, new_id("score"), int(time.time())))
+    return _scored(engine, params, lambda scores, tokens: answer(params, scores, model, tokens))
 
 
 def _scored(engine, params: RankParams, answer):
