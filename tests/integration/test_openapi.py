@@ -1,0 +1,78 @@
+"""`/openapi.json` (webapp/http/openapi.py) is a valid OpenAPI 3.1 document, and every route it
+describes, fuzzed from it with Schemathesis against a real Waitress server and engine on a tiny
+model: never a 5xx, every 4xx in OpenAI's error shape, every 200 valid against the document, and
+the engine idle and serving afterwards (no request kept a slot)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import response_schema_conformance
+from support import assert_error_shape, get, post, tiny_engine_server, wait_until
+from support.tiny_models import write_tiny_gguf
+
+EXAMPLES = 200  # a route
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    # a reranker's file (a chat model too): every route can answer 200
+    path = write_tiny_gguf(str(tmp_path_factory.mktemp("openapi") / "tiny.gguf"), "qwen3", rank_labels=("yes", "no"), context=256)
+    with tiny_engine_server(path, slots=2, queue_limit=16, context=128) as (engine, server):
+        yield engine, server
+
+
+@pytest.fixture(scope="module")
+def schema(served):
+    _, server = served
+    return schemathesis.openapi.from_url(f"{server.url}/openapi.json")
+
+
+def test_the_document_is_served_publicly_and_names_every_route_it_fuzzes(served):
+    _, server = served
+    status, _, document = get(server, "/openapi.json")
+    assert status == 200 and document["openapi"] == "3.1.0"
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/tokenize"} <= set(document["paths"])
+
+
+OPERATIONS = [
+    ("/v1/models", "GET"),
+    ("/v1/chat/completions", "POST"),
+    ("/v1/completions", "POST"),
+    ("/v1/embeddings", "POST"),
+    ("/v1/rerank", "POST"),
+    ("/v1/score", "POST"),
+    ("/tokenize", "POST"),
+    ("/detokenize", "POST"),
+    ("/health", "GET"),
+]
+
+
+@pytest.mark.parametrize("path, method", OPERATIONS)
+def test_every_route_fuzzed_from_the_document_answers_without_a_server_error(served, schema, path, method):
+    engine, server = served
+    operation = schema[path][method]
+
+    statuses: Counter = Counter()
+
+    @given(case=operation.as_strategy())
+    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True)
+    def fuzz(case):
+        if isinstance(case.body, dict) and case.body.get("stream"):
+            case.body["stream"] = False  # a stream's events are checked in the streaming tests, not against a JSON schema
+        response = case.call(base_url=server.url, timeout=60)
+        statuses[response.status_code] += 1
+        case.validate_response(response, checks=[not_a_server_error, response_schema_conformance])
+        if 400 <= response.status_code < 500:
+            assert_error_shape(response.json(), type=response.json()["error"]["type"])
+
+    fuzz()
+    assert statuses[200] > 0 and sum(statuses.values()) >= (EXAMPLES // 2 if method == "POST" else 1), statuses  # valid bodies too
+    print(path, method, dict(statuses))
+    assert wait_until(lambda: engine.stats()["running"] == 0 and engine.stats()["queue_depth"] == 0, timeout=30)
+    status, _, _ = post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+    assert status == 200

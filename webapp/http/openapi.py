@@ -1,0 +1,231 @@
+"""`GET /openapi.json`: an OpenAPI 3.1 document of the API, for clients, gateways and schema fuzzers.
+
+It covers, so far, the OpenAI family's routes (`/v1/models`, `/v1/chat/completions`,
+`/v1/completions`, `/v1/embeddings`), reranking (`/v1/rerank`, `/v1/score`), `/tokenize`,
+`/detokenize` and `/health`. A request body's schema says what the server takes (the parsers in
+webapp/openai are the authority: a body they refuse gets a 400 in OpenAI's error shape, `Error`
+here); a response's says the fields every answer has. tests/integration/test_openapi.py fuzzes each
+route from this document with Schemathesis and validates the real responses against it. Public, as
+vLLM's is: it says nothing the routes do not.
+"""
+
+from __future__ import annotations
+
+from flask import jsonify
+
+from webapp.http.families import PUBLIC, Family
+
+bp = Family("openapi", __name__, guard=PUBLIC, drained=False)
+
+STRING, INTEGER, NUMBER, BOOLEAN = {"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"}
+NULLABLE_STRING = {"type": ["string", "null"]}
+
+
+def ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def obj(required: tuple[str, ...] = (), **properties) -> dict:
+    """An object with these properties (others allowed: clients send fields this server ignores)."""
+    return {"type": "object", "required": list(required), "properties": properties}
+
+
+def array(items: dict, **limits) -> dict:
+    return {"type": "array", "items": items, **limits}
+
+
+USAGE = obj(("prompt_tokens", "total_tokens"), prompt_tokens=INTEGER, completion_tokens=INTEGER, total_tokens=INTEGER)
+STOP = {"oneOf": [{"type": "string", "minLength": 1}, array({"type": "string", "minLength": 1}, maxItems=4)]}
+SAMPLING = {
+    "model": STRING,
+    "max_tokens": {"type": ["integer", "null"], "minimum": 1},
+    "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
+    "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
+    "n": {"type": ["integer", "null"], "minimum": 1, "maximum": 8},
+    "stop": {"oneOf": [STOP, {"type": "null"}]},
+    "seed": {"type": ["integer", "null"]},
+    "stream": {"type": ["boolean", "null"]},
+    "presence_penalty": {"type": ["number", "null"], "minimum": -2, "maximum": 2},
+    "frequency_penalty": {"type": ["number", "null"], "minimum": -2, "maximum": 2},
+    "logprobs": {"type": ["boolean", "null"]},
+}
+CONTENT_PART = {
+    "oneOf": [
+        obj(("type", "text"), type={"const": "text"}, text=STRING),
+        # a data: URL only: this server fetches no URL
+        obj(("type", "image_url"), type={"const": "image_url"}, image_url=obj(("url",), url={"type": "string", "pattern": "^data:image/"})),
+    ]
+}
+MESSAGE = obj(
+    ("role", "content"),
+    role={"enum": ["system", "developer", "user", "assistant"]},
+    content={"oneOf": [STRING, array(CONTENT_PART, minItems=1)]},
+    name=STRING,
+)
+
+
+def closed(schema: dict) -> dict:
+    """`schema`, no property besides its own: the body's parser refuses the others by name."""
+    return schema | {"additionalProperties": False}
+
+
+SCHEMAS = {
+    "Error": obj(("error",), error=obj(("message", "type"), message=STRING, type=STRING, param=NULLABLE_STRING, code=NULLABLE_STRING)),
+    "Usage": USAGE,
+    "Model": obj(("id", "object"), id=STRING, object={"const": "model"}, created=INTEGER, owned_by=STRING),
+    "ModelList": obj(("object", "data"), object={"const": "list"}, data=array(ref("Model"))),
+    "ChatCompletionRequest": closed(
+        obj(("messages",), messages=array(MESSAGE, minItems=1), max_completion_tokens=SAMPLING["max_tokens"], **SAMPLING)
+    ),
+    "ChatCompletion": obj(
+        ("id", "object", "created", "model", "choices"),
+        id=STRING,
+        object={"const": "chat.completion"},
+        created=INTEGER,
+        model=STRING,
+        choices=array(
+            obj(
+                ("index", "message", "finish_reason"),
+                index=INTEGER,
+                message=obj(("role",), role={"const": "assistant"}, content=NULLABLE_STRING),
+                finish_reason=STRING,
+            )
+        ),
+        usage=ref("Usage"),
+    ),
+    "CompletionRequest": closed(
+        obj(("prompt",), prompt={"oneOf": [STRING, array(STRING, minItems=1), array(INTEGER, minItems=1)]}, echo=BOOLEAN, **SAMPLING)
+    ),
+    "Completion": obj(
+        ("id", "object", "created", "model", "choices"),
+        id=STRING,
+        object={"const": "text_completion"},
+        created=INTEGER,
+        model=STRING,
+        choices=array(obj(("index", "text", "finish_reason"), index=INTEGER, text=STRING, finish_reason=STRING)),
+        usage=ref("Usage"),
+    ),
+    "EmbeddingRequest": obj(
+        ("input",),
+        input={"oneOf": [STRING, array(STRING, minItems=1), array(INTEGER, minItems=1), array(array(INTEGER, minItems=1), minItems=1)]},
+        model=STRING,
+        encoding_format={"enum": ["float", "base64"]},
+        dimensions={"type": "integer", "minimum": 1},
+    ),
+    "EmbeddingList": obj(
+        ("object", "data", "model", "usage"),
+        object={"const": "list"},
+        data=array(
+            obj(
+                ("object", "index", "embedding"),
+                object={"const": "embedding"},
+                index=INTEGER,
+                embedding={"oneOf": [array(NUMBER), STRING]},
+            )
+        ),
+        model=STRING,
+        usage=ref("Usage"),
+    ),
+    "RerankRequest": obj(
+        ("query", "documents"),
+        model=STRING,
+        query=STRING,
+        documents=array({"oneOf": [STRING, obj(("text",), text=STRING)]}, minItems=1, maxItems=1000),
+        top_n={"type": "integer", "minimum": 1},
+        return_documents=BOOLEAN,
+    ),
+    "RerankResult": obj(
+        ("id", "model", "results", "usage"),
+        id=STRING,
+        model=STRING,
+        results=array(obj(("index", "relevance_score"), index=INTEGER, relevance_score=NUMBER, document=obj(("text",), text=STRING))),
+        usage=ref("Usage"),
+    ),
+    "ScoreRequest": obj(
+        ("text_1", "text_2"),
+        model=STRING,
+        text_1={"oneOf": [STRING, array(STRING, minItems=1, maxItems=1000)]},
+        text_2={"oneOf": [STRING, array(STRING, minItems=1, maxItems=1000)]},
+    ),
+    "ScoreResult": obj(
+        ("id", "object", "model", "data", "usage"),
+        id=STRING,
+        object={"const": "list"},
+        model=STRING,
+        data=array(obj(("index", "object", "score"), index=INTEGER, object={"const": "score"}, score=NUMBER)),
+        usage=ref("Usage"),
+    ),
+    "TokenizeRequest": obj(
+        (),
+        model=STRING,
+        content=STRING,
+        prompt=STRING,
+        messages=array(MESSAGE, minItems=1),
+        add_special=BOOLEAN,
+        add_generation_prompt=BOOLEAN,
+        with_pieces=BOOLEAN,
+    ),
+    "TokenizeResult": obj(("tokens",), tokens=array({"oneOf": [INTEGER, obj(("id",), id=INTEGER)]}), count=INTEGER),
+    "DetokenizeRequest": obj(("tokens",), model=STRING, tokens=array(INTEGER)),
+    "DetokenizeResult": obj(("content",), content=STRING),
+    "Health": obj(("status",), status=STRING, model=STRING, error=STRING),
+}
+
+
+def _json(schema: dict) -> dict:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+ERRORS = {str(status): {"description": why, **_json(ref("Error"))} for status, why in ((400, "the body is refused"), (401, "the API key is wrong"), (404, "no such model"), (413, "the body is too large"), (429, "the queue is full"), (503, "loading, draining or failed"))}  # fmt: skip
+
+
+def post(summary: str, request: str, answer: str, streams: bool = False) -> dict:
+    ok = _json(ref(answer))
+    if streams:  # `stream: true` answers with server-sent events
+        ok["content"]["text/event-stream"] = {"schema": STRING}
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {"required": True, **_json(ref(request))},
+            "responses": {"200": {"description": "the answer", **ok}, **ERRORS},
+        }
+    }
+
+
+PATHS = {
+    "/v1/models": {
+        "get": {"summary": "The models served", "responses": {"200": {"description": "the models", **_json(ref("ModelList"))}, **ERRORS}}
+    },
+    "/v1/chat/completions": post("A chat completion", "ChatCompletionRequest", "ChatCompletion", streams=True),
+    "/v1/completions": post("A text completion", "CompletionRequest", "Completion", streams=True),
+    "/v1/embeddings": post("Embeddings of texts or token ids", "EmbeddingRequest", "EmbeddingList"),
+    "/v1/rerank": post("Documents ranked against a query (a reranker model)", "RerankRequest", "RerankResult"),
+    "/v1/score": post("Scores of text pairs (a reranker model)", "ScoreRequest", "ScoreResult"),
+    "/tokenize": post("Token ids of a text or chat messages", "TokenizeRequest", "TokenizeResult"),
+    "/detokenize": post("The text of token ids", "DetokenizeRequest", "DetokenizeResult"),
+    "/health": {
+        "get": {
+            "summary": "Whether the server serves requests",
+            "responses": {
+                "200": {"description": "serving", **_json(ref("Health"))},
+                "503": {"description": "loading, stalled, failed or draining", **_json(ref("Health"))},
+            },
+        }
+    },
+}
+
+DOCUMENT = {
+    "openapi": "3.1.0",
+    "info": {"title": "tinyserve", "version": "1", "description": "An OpenAI-compatible LLM server on tinygrad."},
+    "paths": PATHS,
+    "components": {
+        "schemas": SCHEMAS,
+        "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer", "description": "LLM_API_KEY, where it is set"}},
+    },
+    "security": [{"apiKey": []}, {}],
+}
+
+
+@bp.get("/openapi.json")
+def openapi():
+    return jsonify(DOCUMENT)
