@@ -1,6 +1,6 @@
 """The server as `make serve` starts it keeps answering while a crowd of hostile connections holds
 on: a thousand that send nothing, fifty whose body comes one byte a second, and two streaming chats
-whose client never reads (bench/hostile_clients.py, smaller and shorter). With Waitress's default
+whose client never reads (bench/hostile_clients.py, smaller and shorter: 4 s). With Waitress's default
 connection limit of 100 the first /health after such a crowd times out."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def test_a_crowd_of_idle_slow_and_unread_connections_does_not_stop_the_good_clie
     try:
         model = write_tiny_gguf(str(tmp_path / "tiny.gguf"), "llama", context=256)
         with start_ours(model=model, env={"LLM_LOG_LEVEL": "warning"}, timeout=300) as ours:
-            report = hostile_clients.run(ours.port, CROWD["idle"], CROWD["slow bodies"], CROWD["unread"], seconds=6)
+            report = hostile_clients.run(ours.port, CROWD["idle"], CROWD["slow bodies"], CROWD["unread"], seconds=4)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert report["opened"] == report["held"] == CROWD, report

@@ -1,10 +1,11 @@
 """`/openapi.json` (webapp/http/openapi.py) is a valid OpenAPI 3.1 document, and every route it
 describes, fuzzed from it with Schemathesis against a real Waitress server and engine on a tiny
-model: never a 5xx, every 4xx in OpenAI's error shape, every 200 valid against the document, and
+model: never a 5xx, every 4xx in its family's error shape, every 200 valid against the document, and
 the engine idle and serving afterwards (no request kept a slot)."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import pytest
@@ -12,10 +13,10 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
-from support import assert_error_shape, get, post, tiny_engine_server, wait_until
+from support import get, post, tiny_engine_server, wait_until
 from support.tiny_models import write_tiny_gguf
 
-EXAMPLES = 200  # a route
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "100"))  # a route; FUZZ_EXAMPLES=1000 for a longer run
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,19 @@ OPERATIONS = [
     ("/tokenize", "POST"),
     ("/detokenize", "POST"),
     ("/health", "GET"),
+    ("/v1/messages", "POST"),
+    ("/v1/messages/count_tokens", "POST"),
+    ("/api/chat", "POST"),
+    ("/api/generate", "POST"),
+    ("/api/embed", "POST"),
+    ("/api/show", "POST"),
+    ("/api/tags", "GET"),
+    ("/api/ps", "GET"),
+    ("/api/version", "GET"),
 ]
+
+
+STREAMING = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/api/chat", "/api/generate"}
 
 
 @pytest.mark.parametrize("path, method", OPERATIONS)
@@ -62,13 +75,12 @@ def test_every_route_fuzzed_from_the_document_answers_without_a_server_error(ser
     @given(case=operation.as_strategy())
     @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True)
     def fuzz(case):
-        if isinstance(case.body, dict) and case.body.get("stream"):
-            case.body["stream"] = False  # a stream's events are checked in the streaming tests, not against a JSON schema
+        if path in STREAMING and isinstance(case.body, dict):
+            case.body["stream"] = False  # a stream's events are checked in the streaming tests (Ollama streams unless told not to)
         response = case.call(base_url=server.url, timeout=60)
         statuses[response.status_code] += 1
+        # a 4xx is checked against its family's error schema in the document (OpenAI's, Anthropic's, Ollama's)
         case.validate_response(response, checks=[not_a_server_error, response_schema_conformance])
-        if 400 <= response.status_code < 500:
-            assert_error_shape(response.json(), type=response.json()["error"]["type"])
 
     fuzz()
     assert statuses[200] > 0 and sum(statuses.values()) >= (EXAMPLES // 2 if method == "POST" else 1), statuses  # valid bodies too

@@ -1,10 +1,11 @@
 """`GET /openapi.json`: an OpenAPI 3.1 document of the API, for clients, gateways and schema fuzzers.
 
 It covers, so far, the OpenAI family's routes (`/v1/models`, `/v1/chat/completions`,
-`/v1/completions`, `/v1/embeddings`), reranking (`/v1/rerank`, `/v1/score`), `/tokenize`,
-`/detokenize` and `/health`. A request body's schema says what the server takes (the parsers in
-webapp/openai are the authority: a body they refuse gets a 400 in OpenAI's error shape, `Error`
-here); a response's says the fields every answer has. tests/integration/test_openapi.py fuzzes each
+`/v1/completions`, `/v1/embeddings`), reranking (`/v1/rerank`, `/v1/score`), Anthropic's
+`/v1/messages` and its token count, Ollama's `/api/*`, `/tokenize`, `/detokenize` and `/health`. A
+request body's schema says what the server takes (the parsers are the authority: a body they refuse
+gets a 400 in its family's error shape: `Error`, `AnthropicError` or `OllamaError` here); a
+response's says the fields every answer has. tests/integration/test_openapi.py fuzzes each
 route from this document with Schemathesis and validates the real responses against it. Public, as
 vLLM's is: it says nothing the routes do not.
 """
@@ -172,6 +173,64 @@ SCHEMAS = {
 }
 
 
+# Anthropic's Messages API and Ollama's, each with its own error shape
+ANTHROPIC_MESSAGE = obj(("role", "content"), role={"enum": ["user", "assistant"]}, content={"oneOf": [STRING, array(obj(("type", "text"), type={"const": "text"}, text=STRING), minItems=1)]})  # fmt: skip
+OLLAMA_OPTIONS = obj(
+    (),
+    temperature={"type": "number", "minimum": 0, "maximum": 2},
+    top_p={"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    num_predict={"type": "integer", "minimum": 1},
+    num_ctx={"type": "integer", "minimum": 1},
+    seed=INTEGER,
+    stop=array({"type": "string", "minLength": 1}, maxItems=4),
+)
+OLLAMA_DONE = obj(("model", "created_at", "done"), model=STRING, created_at=STRING, done={"const": True}, done_reason=STRING)
+SCHEMAS |= {
+    "AnthropicError": obj(("type", "error"), type={"const": "error"}, error=obj(("type", "message"), type=STRING, message=STRING)),
+    "MessagesRequest": obj(
+        ("model", "max_tokens", "messages"),
+        model=STRING,
+        max_tokens={"type": "integer", "minimum": 1},
+        messages=array(ANTHROPIC_MESSAGE, minItems=1),
+        system={"oneOf": [STRING, array(obj(("type", "text"), type={"const": "text"}, text=STRING))]},
+        temperature={"type": "number", "minimum": 0, "maximum": 1},
+        top_p={"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        stop_sequences=array({"type": "string", "minLength": 1}, maxItems=4),
+        stream=BOOLEAN,
+    ),
+    "Message": obj(
+        ("id", "type", "role", "model", "content", "stop_reason", "usage"),
+        id=STRING,
+        type={"const": "message"},
+        role={"const": "assistant"},
+        model=STRING,
+        content=array(obj(("type",), type=STRING)),
+        stop_reason=NULLABLE_STRING,
+        usage=obj(("input_tokens", "output_tokens"), input_tokens=INTEGER, output_tokens=INTEGER),
+    ),
+    "CountTokensRequest": obj(("model", "messages"), model=STRING, messages=array(ANTHROPIC_MESSAGE, minItems=1), system=STRING),
+    "TokenCount": obj(("input_tokens",), input_tokens=INTEGER),
+    "OllamaError": obj(("error",), error=STRING),
+    "OllamaChatRequest": obj(
+        ("model", "messages"),
+        model=STRING,
+        messages=array(obj(("role", "content"), role={"enum": ["system", "user", "assistant"]}, content=STRING), minItems=1),
+        stream=BOOLEAN,
+        options=OLLAMA_OPTIONS,
+    ),
+    "OllamaChat": OLLAMA_DONE
+    | {"properties": OLLAMA_DONE["properties"] | {"message": obj(("role", "content"), role=STRING, content=STRING)}},
+    "OllamaGenerateRequest": obj(("model", "prompt"), model=STRING, prompt=STRING, system=STRING, stream=BOOLEAN, options=OLLAMA_OPTIONS),
+    "OllamaGenerate": OLLAMA_DONE | {"properties": OLLAMA_DONE["properties"] | {"response": STRING}},
+    "OllamaEmbedRequest": obj(("model", "input"), model=STRING, input={"oneOf": [STRING, array(STRING, minItems=1)]}),
+    "OllamaEmbed": obj(("model", "embeddings"), model=STRING, embeddings=array(array(NUMBER))),
+    "OllamaModels": obj(("models",), models=array(obj(("name", "model"), name=STRING, model=STRING, size=INTEGER))),
+    "OllamaShowRequest": obj(("model",), model=STRING),
+    "OllamaShow": obj((), template=STRING, details=obj(()), model_info=obj(())),
+    "OllamaVersion": obj(("version",), version=STRING),
+}
+
+
 def _json(schema: dict) -> dict:
     return {"content": {"application/json": {"schema": schema}}}
 
@@ -179,25 +238,42 @@ def _json(schema: dict) -> dict:
 ERRORS = {str(status): {"description": why, **_json(ref("Error"))} for status, why in ((400, "the body is refused"), (401, "the API key is wrong"), (404, "no such model"), (413, "the body is too large"), (429, "the queue is full"), (503, "loading, draining or failed"))}  # fmt: skip
 
 
-def post(summary: str, request: str, answer: str, streams: bool = False) -> dict:
+def errors_of(schema: str) -> dict:
+    return {status: answer | _json(ref(schema)) for status, answer in ERRORS.items()}
+
+
+def post(summary: str, request: str, answer: str, streams: str | None = None, errors: str = "Error") -> dict:
     ok = _json(ref(answer))
-    if streams:  # `stream: true` answers with server-sent events
-        ok["content"]["text/event-stream"] = {"schema": STRING}
+    if streams:  # `stream: true` answers so: server-sent events, or Ollama's lines of JSON
+        ok["content"][streams] = {"schema": STRING}
     return {
         "post": {
             "summary": summary,
             "requestBody": {"required": True, **_json(ref(request))},
-            "responses": {"200": {"description": "the answer", **ok}, **ERRORS},
+            "responses": {"200": {"description": "the answer", **ok}, **errors_of(errors)},
         }
     }
 
 
+def get_(summary: str, answer: str, errors: str = "Error") -> dict:
+    return {"get": {"summary": summary, "responses": {"200": {"description": "the answer", **_json(ref(answer))}, **errors_of(errors)}}}
+
+
 PATHS = {
-    "/v1/models": {
-        "get": {"summary": "The models served", "responses": {"200": {"description": "the models", **_json(ref("ModelList"))}, **ERRORS}}
-    },
-    "/v1/chat/completions": post("A chat completion", "ChatCompletionRequest", "ChatCompletion", streams=True),
-    "/v1/completions": post("A text completion", "CompletionRequest", "Completion", streams=True),
+    "/v1/models": get_("The models served", "ModelList"),
+    "/v1/chat/completions": post("A chat completion", "ChatCompletionRequest", "ChatCompletion", streams="text/event-stream"),
+    "/v1/completions": post("A text completion", "CompletionRequest", "Completion", streams="text/event-stream"),
+    "/v1/messages": post("Anthropic's Messages API", "MessagesRequest", "Message", streams="text/event-stream", errors="AnthropicError"),
+    "/v1/messages/count_tokens": post("A prompt's tokens, Anthropic's way", "CountTokensRequest", "TokenCount", errors="AnthropicError"),
+    "/api/chat": post("Ollama's chat", "OllamaChatRequest", "OllamaChat", streams="application/x-ndjson", errors="OllamaError"),
+    "/api/generate": post(
+        "Ollama's completion", "OllamaGenerateRequest", "OllamaGenerate", streams="application/x-ndjson", errors="OllamaError"
+    ),
+    "/api/embed": post("Ollama's embeddings", "OllamaEmbedRequest", "OllamaEmbed", errors="OllamaError"),
+    "/api/show": post("A model's template and details, Ollama's way", "OllamaShowRequest", "OllamaShow", errors="OllamaError"),
+    "/api/tags": get_("The models, Ollama's way", "OllamaModels", errors="OllamaError"),
+    "/api/ps": get_("The loaded models, Ollama's way", "OllamaModels", errors="OllamaError"),
+    "/api/version": get_("Ollama's API version", "OllamaVersion", errors="OllamaError"),
     "/v1/embeddings": post("Embeddings of texts or token ids", "EmbeddingRequest", "EmbeddingList"),
     "/v1/rerank": post("Documents ranked against a query (a reranker model)", "RerankRequest", "RerankResult"),
     "/v1/score": post("Scores of text pairs (a reranker model)", "ScoreRequest", "ScoreResult"),
