@@ -27,7 +27,9 @@ def test_the_three_forms_of_a_name():
     assert parse_hub_name("hf:org/repo/sub/m.gguf") == ("org/repo", None, "sub/m.gguf")
 
 
-@pytest.mark.parametrize("name", ["hf:", "hf:repo", "hf:org/re po", "hf:org/repo/m.bin", "hf:org/repo/m.gguf:Q8_0", "hf:org/../x"])
+@pytest.mark.parametrize(
+    "name", ["hf:", "hf:repo", "hf:org/re po", "hf:org/repo/m.bin", "hf:org/repo/m.gguf:Q8_0", "hf:org/../x", "hf:org/repo/../../x.gguf"]
+)
 def test_a_malformed_name_is_refused_at_start_in_one_line(name):
     with pytest.raises(ModelLoadError):
         parse_hub_name(name)

@@ -11,14 +11,14 @@ Names:
 
 Files come through the `huggingface_hub` library, into the Hub's own cache (`HF_HOME`, shared with
 every other tool that uses it) and from `HF_ENDPOINT` with `HF_TOKEN`, as that library reads them; a
-file already there is not fetched again, a broken-off download resumes, and where the Hub cannot
-be asked (no network, `HF_HUB_OFFLINE=1`) the files of a former pull are served from the cache. A file the repository stores
-in LFS is checked against its sha256 once, when it arrives; a mismatch deletes it. The download's
-progress goes to the log every few seconds, and `progress()` says it in words meanwhile (the
-dashboard and /health show it while the model loads). A split GGUF (`-00001-of-0000N`) has every part fetched
-and is joined once into one file under the repository's cache folder (`joined/`). Anything that
-fails (no such repository or file, no network, a checksum) raises `ModelLoadError` in one line that
-says why.
+file already there is not fetched again, a broken-off download resumes, and where the Hub cannot be
+asked (no network, `HF_HUB_OFFLINE=1`) the files of a former pull are served from the cache. A file
+the repository stores in LFS is checked against its sha256 once, when it arrives; a mismatch
+deletes it. The download's progress goes to the log every few seconds, and `progress()` says it in
+words meanwhile (the dashboard shows it while the model loads). A split GGUF (`-00001-of-0000N`)
+has every part fetched and is joined once into one file under the repository's cache folder
+(`joined/`). Anything that fails (no such repository or file, no network, a checksum) raises
+`ModelLoadError` in one line that says why.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def parse_hub_name(name: str) -> tuple[str, str | None, str | None]:
     rest = name[len(PREFIX) :]
     rest, _, quant = rest.partition(":")
     parts = rest.split("/")
-    if len(parts) < 2 or not all(re.fullmatch(r"[\w.-]+", p) for p in parts) or (quant and not re.fullmatch(r"[\w.-]+", quant)):
+    names_ok = all(re.fullmatch(r"[\w.-]+", p) and p not in (".", "..") for p in parts)
+    if len(parts) < 2 or not names_ok or (quant and not re.fullmatch(r"[\w.-]+", quant)):
         raise ModelLoadError(f"{name!r}: a Hub model is named hf:org/repo, hf:org/repo:QUANT or hf:org/repo/path/file.gguf")
     repo, file = "/".join(parts[:2]), "/".join(parts[2:]) or None
     if file and quant:
@@ -225,7 +226,7 @@ _downloading: dict[str, str] = {}  # what each model thread is fetching now, in 
 
 
 def progress() -> str | None:
-    """The download in progress, in words (the dashboard and /health show it while a model loads)."""
+    """The download in progress, in words (the dashboard shows it while a model loads)."""
     return next(iter(_downloading.values()), None)
 
 
