@@ -21,8 +21,6 @@ stopped (SIGTERM: it drains and saves) and started again, then another user's qu
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
 import os
 import shutil
 import statistics
@@ -31,7 +29,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from bench.servers import HOST, Launched, exit_on_sigterm, start_llama_server, start_ours  # noqa: E402
+from bench.servers import Launched, exit_on_sigterm, post_json, start_llama_server, start_ours  # noqa: E402
 from bench.workload import QUESTIONS  # noqa: E402
 
 SCENARIOS = ("first turn", "next turn", "same again", "another user", "another user, after a restart")
@@ -43,17 +41,9 @@ SYSTEM = "You are the help desk of a science museum. Answer visitors in one para
 def chat(port: int, messages: list[dict], max_tokens: int) -> tuple[float, str, int, int]:
     """One chat completion at temperature 0: seconds, its text, prompt tokens, cached prompt tokens."""
     body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
-    conn = http.client.HTTPConnection(HOST, port, timeout=900)
     started = time.monotonic()
-    try:
-        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-        response = conn.getresponse()
-        answer = json.loads(response.read())
-    finally:
-        conn.close()
+    answer = post_json(port, "/v1/chat/completions", body, timeout=900)
     seconds = time.monotonic() - started
-    if response.status != 200:
-        raise RuntimeError(f"answered {response.status}: {answer}")
     usage = answer.get("usage", {})
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
     if cached is None:

@@ -17,8 +17,6 @@ put the same document first.
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
 import os
 import statistics
 import sys
@@ -27,7 +25,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from servers import HOST, exit_on_sigterm, start_llama_server, start_ours  # noqa: E402
+from servers import exit_on_sigterm, post_json, start_llama_server, start_ours  # noqa: E402
 
 WORDS = (
     "the capital of france is paris a city on the seine river known for art food and its tower "
@@ -46,24 +44,11 @@ def bodies(queries: int, documents: int, seed: int = 0) -> list[dict]:
     return [{"query": text(5, 12) + "?", "documents": [text(20, 200) for _ in range(documents)]} for _ in range(queries)]
 
 
-def rerank(port: int, body: dict) -> dict:
-    conn = http.client.HTTPConnection(HOST, port, timeout=600)
-    try:
-        conn.request("POST", "/v1/rerank", json.dumps(body), {"Content-Type": "application/json"})
-        response = conn.getresponse()
-        answer = json.loads(response.read())
-    finally:
-        conn.close()
-    if response.status != 200:
-        raise RuntimeError(f"/v1/rerank answered {response.status}: {answer}")
-    return answer
-
-
 def measure(port: int, requests: list[dict], repeat: int) -> tuple[list[list[float]], int, float]:
     """Each request's scores in document order, the prompt tokens counted, documents a second (median round)."""
     rates = []
     for _ in range(repeat):
-        started, answers = time.monotonic(), [rerank(port, body) for body in requests]
+        started, answers = time.monotonic(), [post_json(port, "/v1/rerank", body) for body in requests]
         rates.append(sum(len(body["documents"]) for body in requests) / (time.monotonic() - started))
     scores = [[r["relevance_score"] for r in sorted(a["results"], key=lambda r: r["index"])] for a in answers]
     return scores, sum(a["usage"]["prompt_tokens"] for a in answers), statistics.median(rates[1:] or rates)

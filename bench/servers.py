@@ -149,18 +149,23 @@ def start_llama_server(
     return _ready(Launched("llama-server", argv, port), timeout)
 
 
-def llama_completion(port: int, body: dict, timeout: float = 600) -> dict:
-    """llama-server's /completion answer to `body` (its JSON), or RuntimeError with what it said."""
+def post_json(port: int, path: str, body: dict, timeout: float = 600) -> dict:
+    """The server's JSON answer to `body` posted to `path`, or RuntimeError with what it said."""
     conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
     try:
-        conn.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
         response = conn.getresponse()
         answer = json.loads(response.read())
         if response.status != 200:
-            raise RuntimeError(f"llama-server answered {response.status}: {answer}")
+            raise RuntimeError(f"{path} answered {response.status}: {answer}")
         return answer
     finally:
         conn.close()
+
+
+def llama_completion(port: int, body: dict, timeout: float = 600) -> dict:
+    """llama-server's /completion answer to `body` (its JSON), or RuntimeError with what it said."""
+    return post_json(port, "/completion", body, timeout)
 
 
 def _ready(server: Launched, timeout: float) -> Launched:

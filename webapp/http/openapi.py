@@ -65,6 +65,19 @@ MESSAGE = obj(
 )
 
 
+def completion(kind: str, choice: dict) -> dict:
+    """A chat or text completion: the envelope both share around their choices."""
+    return obj(
+        ("id", "object", "created", "model", "choices"),
+        id=STRING,
+        object={"const": kind},
+        created=INTEGER,
+        model=STRING,
+        choices=array(choice),
+        usage=ref("Usage"),
+    )
+
+
 def closed(schema: dict) -> dict:
     """`schema`, no property besides its own: the body's parser refuses the others by name."""
     return schema | {"additionalProperties": False}
@@ -78,34 +91,19 @@ SCHEMAS = {
     "ChatCompletionRequest": closed(
         obj(("messages",), messages=array(MESSAGE, minItems=1), max_completion_tokens=SAMPLING["max_tokens"], **SAMPLING)
     ),
-    "ChatCompletion": obj(
-        ("id", "object", "created", "model", "choices"),
-        id=STRING,
-        object={"const": "chat.completion"},
-        created=INTEGER,
-        model=STRING,
-        choices=array(
-            obj(
-                ("index", "message", "finish_reason"),
-                index=INTEGER,
-                message=obj(("role",), role={"const": "assistant"}, content=NULLABLE_STRING),
-                finish_reason=STRING,
-            )
+    "ChatCompletion": completion(
+        "chat.completion",
+        obj(
+            ("index", "message", "finish_reason"),
+            index=INTEGER,
+            message=obj(("role",), role={"const": "assistant"}, content=NULLABLE_STRING),
+            finish_reason=STRING,
         ),
-        usage=ref("Usage"),
     ),
     "CompletionRequest": closed(
         obj(("prompt",), prompt={"oneOf": [STRING, array(STRING, minItems=1), array(INTEGER, minItems=1)]}, echo=BOOLEAN, **SAMPLING)
     ),
-    "Completion": obj(
-        ("id", "object", "created", "model", "choices"),
-        id=STRING,
-        object={"const": "text_completion"},
-        created=INTEGER,
-        model=STRING,
-        choices=array(obj(("index", "text", "finish_reason"), index=INTEGER, text=STRING, finish_reason=STRING)),
-        usage=ref("Usage"),
-    ),
+    "Completion": completion("text_completion", obj(("index", "text", "finish_reason"), index=INTEGER, text=STRING, finish_reason=STRING)),
     "EmbeddingRequest": obj(
         ("input",),
         input={"oneOf": [STRING, array(STRING, minItems=1), array(INTEGER, minItems=1), array(array(INTEGER, minItems=1), minItems=1)]},

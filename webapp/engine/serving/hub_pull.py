@@ -32,14 +32,12 @@ import time
 from dataclasses import dataclass
 
 from webapp.engine.model.load_error import ModelLoadError
-from webapp.engine.serving.split_gguf import join_split
+from webapp.engine.serving.split_gguf import PART, join_split, part_names
 
 log = logging.getLogger(__name__)
 
 PREFIX = "hf:"
 DEFAULT_QUANT = "Q4_K_M"
-SPLIT = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
-FIRST_PART = re.compile(r"-00001-of-\d{5}\.gguf$")
 PROGRESS_EVERY_S = 5.0
 
 
@@ -80,14 +78,14 @@ def choose_files(repo: str, names: list[str], quant: str | None, file: str | Non
         chosen = file
     else:
         wanted = (quant or DEFAULT_QUANT).lower()
-        matching = [n for n in models if SPLIT.sub(".gguf", n).lower().removesuffix(".gguf").endswith(wanted)]
-        if not matching and quant is None and len({SPLIT.sub(".gguf", n) for n in models}) == 1:
+        matching = [n for n in models if PART.sub(".gguf", n).lower().removesuffix(".gguf").endswith(wanted)]
+        if not matching and quant is None and len({PART.sub(".gguf", n) for n in models}) == 1:
             matching = models
         if not matching:
             have = sorted({_quant_of(n) for n in models})
             raise ModelLoadError(f"hf:{repo} has no {wanted.upper()} file; it has {', '.join(have) or 'no GGUF model'}")
         chosen = matching[0]
-    if SPLIT.search(chosen) and not FIRST_PART.search(chosen):
+    if (match := PART.search(chosen)) and int(match.group(1)) != 1:
         raise ModelLoadError(f"hf:{repo}: {chosen} is not the first part of its split GGUF: name the -00001-of- one")
     quant_name = _quant_of(chosen).lower()
     projector = next((p for p in projectors if quant_name in p.lower()), None)
@@ -135,11 +133,9 @@ def pull(name: str) -> Pulled:
 
 def _parts_of(model: str, siblings: dict) -> list[str]:
     """A split GGUF's part names (its first part's name given), in order; else [model]."""
-    match = SPLIT.search(model)
-    if match is None:
+    if PART.search(model) is None:
         return [model]
-    count = int(model[match.start() :].split("-of-")[1].removesuffix(".gguf"))
-    parts = [model[: match.start()] + f"-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+    parts = part_names(model)
     missing = [p for p in parts if p not in siblings]
     if missing:
         raise ModelLoadError(f"{model}: the repository lacks its parts {', '.join(missing)}")
@@ -149,7 +145,7 @@ def _parts_of(model: str, siblings: dict) -> list[str]:
 def _joined(first: str) -> str:
     """A split GGUF joined once into one file beside the cache's snapshots (`joined/<commit>/`)."""
     root, _, inside = first.partition(f"{os.sep}snapshots{os.sep}")
-    out = os.path.join(root, "joined", SPLIT.sub(".gguf", inside))
+    out = os.path.join(root, "joined", PART.sub(".gguf", inside))
     if not os.path.isfile(out):
         os.makedirs(os.path.dirname(out), exist_ok=True)
         log.info("joining the parts of %s into %s", os.path.basename(first), out)
@@ -163,9 +159,7 @@ def _joined(first: str) -> str:
 def _from_cache(repo: str, quant: str | None, file: str | None) -> Pulled | None:
     """The files a former pull left in the cache (its newest snapshot), for when the Hub cannot be
     asked (no network, HF_HUB_OFFLINE); None where they are not there."""
-    from huggingface_hub.constants import HF_HUB_CACHE
-
-    snapshots = os.path.join(HF_HUB_CACHE, "models--" + repo.replace("/", "--"), "snapshots")
+    snapshots = os.path.join(_repo_cache(repo), "snapshots")
     newest = max((os.path.join(snapshots, s) for s in os.listdir(snapshots)), key=os.path.getmtime) if os.path.isdir(snapshots) else None
     if newest is None:
         return None
@@ -173,7 +167,7 @@ def _from_cache(repo: str, quant: str | None, file: str | None) -> Pulled | None
     try:
         model, projector = choose_files(repo, names, quant, file)
         model = os.path.join(newest, model)
-        return Pulled(_joined(model) if SPLIT.search(model) else model, os.path.join(newest, projector) if projector else None)
+        return Pulled(_joined(model) if PART.search(model) else model, os.path.join(newest, projector) if projector else None)
     except (ModelLoadError, OSError):
         return None
 
@@ -201,7 +195,7 @@ def _reason(error: Exception) -> str:
 
 
 def _quant_of(name: str) -> str:
-    stem = SPLIT.sub(".gguf", os.path.basename(name)).removesuffix(".gguf")
+    stem = PART.sub(".gguf", os.path.basename(name)).removesuffix(".gguf")
     return re.split(r"[-.]", stem)[-1] if re.search(r"[-.]", stem) else stem
 
 
@@ -253,9 +247,7 @@ class _progress:
             log.info("hf:%s: %s arrived in %.1f s", self.repo, self.name, time.monotonic() - self.started)
 
     def _watch(self) -> None:
-        from huggingface_hub.constants import HF_HUB_CACHE
-
-        folder = os.path.join(HF_HUB_CACHE, "models--" + self.repo.replace("/", "--"), "blobs")
+        folder = os.path.join(_repo_cache(self.repo), "blobs")
         logged = time.monotonic()
         while not self.done.wait(1.0):
             partial = [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".incomplete")] if os.path.isdir(folder) else []
@@ -266,6 +258,13 @@ class _progress:
             if time.monotonic() - logged >= PROGRESS_EVERY_S:
                 log.info("hf:%s: %s: %s of %s", self.repo, self.name, _mib(got), _mib(self.size))
                 logged = time.monotonic()
+
+
+def _repo_cache(repo: str) -> str:
+    """The repository's folder in the Hub's cache (huggingface_hub's layout)."""
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    return os.path.join(HF_HUB_CACHE, "models--" + repo.replace("/", "--"))
 
 
 def _mib(size: int | None) -> str:

@@ -1,7 +1,8 @@
 """A split GGUF (llama.cpp's `gguf-split` output, `NAME-00001-of-0000N.gguf`) joined into one file,
 which the loader maps whole.
 
-Contract: `split_parts(path)` lists a first part's parts in order (every one must be there);
+Contract: `part_names(first)` names a first part's parts in order; `split_parts(path)` lists them
+where every one must be there;
 `join_split(first, out)` writes `out` once: the first part's metadata without the `split.*` keys,
 every part's tensors in order (their data re-aligned to the file's alignment), byte for byte as
 stored, through `out` + ".partial" renamed at the end (a join cut off is started again, never
@@ -22,12 +23,17 @@ CHUNK = 1 << 26  # tensor bytes copied at a time
 GGUF_VERSION = 3
 
 
-def split_parts(path: str) -> list[str]:
-    match = PART.search(path)
+def part_names(first: str) -> list[str]:
+    """A split GGUF's part names (paths), its first part's given, in order."""
+    match = PART.search(first)
     if match is None or int(match.group(1)) != 1:
-        raise ValueError(f"{os.path.basename(path)} is not the first part of a split GGUF")
+        raise ValueError(f"{os.path.basename(first)} is not the first part of a split GGUF")
     count = int(match.group(2))
-    parts = [path[: match.start()] + f"-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+    return [first[: match.start()] + f"-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+
+
+def split_parts(path: str) -> list[str]:
+    parts = part_names(path)
     missing = [os.path.basename(p) for p in parts if not os.path.isfile(p)]
     if missing:
         raise ValueError(f"the split GGUF lacks {', '.join(missing)}")
