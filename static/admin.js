@@ -155,7 +155,9 @@ function kvSegments(slot, context) {
 
 function slotRow(slot, context) {
   const tr = el("tr");
-  tr.append(el("td", "", String(slot.index)), badge("st", slot.state), el("td", "id", slot.request_id || DASH));
+  const id = el("td", "id", slot.request_id || DASH);
+  if (slot.adapter) id.append(" ", el("span", "muted", "· " + slot.adapter)); // its LoRA adapter
+  tr.append(el("td", "", String(slot.index)), badge("st", slot.state), id);
   const kv = el("td", "kv");
   const svg = document.createElementNS(SVG_NS, "svg");
   svg.setAttribute("class", "kv-bar");
@@ -261,6 +263,20 @@ function modelRow(m) {
   return tr;
 }
 
+function adapterRow(a) {
+  const tr = el("tr");
+  const status = el("td");
+  status.append(el("span", "badge", a.retired ? "unloading" : "loaded"));
+  tr.append(
+    el("td", "id", a.name),
+    el("td", "num", format(a.rank, "int")),
+    el("td", "num", String(a.alpha)),
+    el("td", "num", format(a.bytes, "bytes")),
+    status,
+  );
+  return tr;
+}
+
 function render(stats) {
   for (const node of document.querySelectorAll("[data-stat]")) {
     node.textContent = format(lookup(stats, node.dataset.stat), node.dataset.format);
@@ -273,6 +289,7 @@ function render(stats) {
   drawTables(stats);
   drawExperts(stats);
   if (stats.models && $("model-rows")) $("model-rows").replaceChildren(...stats.models.map(modelRow));
+  if (stats.adapters && $("adapter-rows")) $("adapter-rows").replaceChildren(...stats.adapters.map(adapterRow));
 }
 
 function setLive(ok, text) {

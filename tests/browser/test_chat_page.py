@@ -51,7 +51,8 @@ def chat_page(pages, fake_server):
     pages.context.grant_permissions(["clipboard-read", "clipboard-write"])
     page = pages(fake_server.url + "/")
     page.wait_for_function("() => document.getElementById('model-name').textContent === 'fake-model'")
-    return page
+    yield page
+    page.close()  # before the server stops under it: a poll then would be refused, a console error
 
 
 def send_and_wait(page, text):

@@ -47,6 +47,7 @@ OPERATIONS = [
     ("/v1/embeddings", "POST"),
     ("/v1/rerank", "POST"),
     ("/v1/score", "POST"),
+    ("/lora-adapters", "GET"),
     ("/tokenize", "POST"),
     ("/detokenize", "POST"),
     ("/health", "GET"),

@@ -147,17 +147,21 @@ def tiny_engine_server(
     draft: str | None = None,
     kv_type: str = "f16",
     mmproj: str | None = None,
+    lora_dir: str | None = None,
+    paging: tuple | None = None,
 ):
     """The real engine on the GGUF at `path` (prefill chunks of 8; `draft`, a draft model's GGUF;
-    `kv_type`, the KV cache's rows; `mmproj`, a projector's) behind a real Waitress server, ready to
-    serve; yields (engine, server)."""
+    `kv_type`, the KV cache's rows; `mmproj`, a projector's; `lora_dir`, LoRA adapters'; `paging`,
+    load_gguf_model's) behind a real Waitress server, ready to serve; yields (engine, server)."""
     from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
     from webapp.engine.serving.engine import Engine
     from webapp.engine.serving.loader import load_gguf_model
 
     use_tinygrad_from_this_thread()
     engine = Engine(
-        lambda: load_gguf_model(path, slots, context, 8, pooling=pooling, draft=draft, kv_type=kv_type, mmproj=mmproj),
+        lambda: load_gguf_model(
+            path, slots, context, 8, pooling=pooling, draft=draft, kv_type=kv_type, mmproj=mmproj, lora_dir=lora_dir, paging=paging
+        ),
         slots=slots,
         queue_limit=queue_limit,
         prefill_chunk=8,

@@ -86,7 +86,7 @@ def test_stats_json(stats_engine, stats_client):
         assert key in s, key
     assert set(s["requests_total"]) == {"stop", "length", "cancelled", "shutdown", "error", "rejected"}
     assert s["slots"][0] == {
-        "index": 0, "state": "decode", "request_id": "chatcmpl-live", "tokens_cached": 52, "prompt_tokens": 50,
+        "index": 0, "state": "decode", "request_id": "chatcmpl-live", "adapter": None, "tokens_cached": 52, "prompt_tokens": 50,
         "reused_tokens": 30, "tokens_generated": 3, "age_s": pytest.approx(3 * step(stats_engine) + 1.5),
     }  # fmt: skip
     assert s["slots"][1]["state"] == "cached" and s["slots"][1]["tokens_cached"] == 69

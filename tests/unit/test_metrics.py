@@ -188,6 +188,7 @@ def test_slot_rows(metrics, clock):
         "index": 0,
         "state": "decode",
         "request_id": "abc",
+        "adapter": None,
         "tokens_cached": 32,
         "prompt_tokens": 30,
         "reused_tokens": 12,

@@ -69,6 +69,9 @@ def _engine_stats() -> dict:
     stats = served.stats()
     if stats.get("state") == "loading" and (download := hub_pull.progress()):
         stats["download"] = download  # LLM_MODEL=hf:...: its files are still coming
+    adapters = served.loaded.adapters if served.loaded is not None else None
+    if adapters is not None and adapters.names:
+        stats["adapters"] = adapters.listing()
     return stats
 
 

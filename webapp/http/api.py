@@ -45,11 +45,12 @@ log = logging.getLogger(__name__)
 
 @bp.get("/v1/models")
 def models():
-    """The model this server runs, or with LLM_MODELS_DIR every model it offers, as an OpenAI model list."""
+    """The model this server runs and its LoRA adapters, or with LLM_MODELS_DIR every model it offers, as an OpenAI model list."""
     served = gen.served()
     if isinstance(served, ModelSet):
         return jsonify(response_bodies.model_set_list(served.listing()))
-    return jsonify(response_bodies.models_list(served.model_name, int(time.time())))
+    adapters = served.loaded.adapters if served.loaded is not None else None  # none while loading
+    return jsonify(response_bodies.models_list(served.model_name, int(time.time()), adapters.listing() if adapters else []))
 
 
 @bp.post("/v1/chat/completions")

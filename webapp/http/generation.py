@@ -21,7 +21,7 @@ from webapp.engine.serving.model_set import ModelNotFound, ModelsBusy, ModelSet
 from webapp.engine.serving.request import Request
 from webapp.engine.vision.images import ImageError
 from webapp.engine.vision.vision import ImageSpan
-from webapp.openai import chat_request, request_bodies, response_bodies, structured
+from webapp.openai import chat_request, lora_choice, request_bodies, response_bodies, structured
 from webapp.openai.chat_request import ChatRequest
 from webapp.openai.choices import Answer, ChoiceOutputs, ChoiceReader, ClientGone
 from webapp.openai.errors import ApiError, error_body
@@ -237,6 +237,7 @@ def submit(
         raise ApiError(400, str(e), param, "context_length_exceeded") from e
     max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
     check_token_ids(options, engine.tokenizer.vocab_size)
+    lora = lora_choice.chosen(engine.adapters, params.model, options.lora)
     sampling = SamplingParams(
         max_tokens=max_tokens,
         temperature=params.temperature,
@@ -259,12 +260,14 @@ def submit(
             except GrammarError as e:
                 raise ApiError(400, f"The output constraint does not compile: {e}") from e
         if outputs is None:
-            requests.append(Request(prompt_ids, sampling, id=answer_id, message_ends=message_ends, images=images, constraint=constraint))
+            requests.append(
+                Request(prompt_ids, sampling, answer_id, message_ends=message_ends, images=images, lora=lora, constraint=constraint)
+            )
         else:
             # the same seed in every choice would give n copies of one answer
             seeded = replace(sampling, seed=None if sampling.seed is None else sampling.seed + index)
             outbox = outputs.outbox(index)
-            requests.append(Request(prompt_ids, seeded, f"{answer_id}-{index}", outbox, message_ends, images, constraint=constraint))
+            requests.append(Request(prompt_ids, seeded, f"{answer_id}-{index}", outbox, message_ends, images, lora, constraint=constraint))
     answer = Answer(answer_id, engine, outputs, params.stop, disconnected(), lifecycle())
     try:
         for req in requests:

@@ -49,6 +49,19 @@ SAMPLING = {
     "presence_penalty": {"type": ["number", "null"], "minimum": -2, "maximum": 2},
     "frequency_penalty": {"type": ["number", "null"], "minimum": -2, "maximum": 2},
     "logprobs": {"type": ["boolean", "null"]},
+    # llama-server's: the LoRA adapter by its /lora-adapters id or name, and its scale (0: not used)
+    "lora": {
+        "type": "array",
+        "maxItems": 64,
+        "items": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "integer", "minimum": 0},
+                "name": STRING,
+                "scale": {"type": "number", "minimum": -100, "maximum": 100},
+            },
+        },
+    },
 }
 CONTENT_PART = {
     "oneOf": [
@@ -86,7 +99,8 @@ def closed(schema: dict) -> dict:
 SCHEMAS = {
     "Error": obj(("error",), error=obj(("message", "type"), message=STRING, type=STRING, param=NULLABLE_STRING, code=NULLABLE_STRING)),
     "Usage": USAGE,
-    "Model": obj(("id", "object"), id=STRING, object={"const": "model"}, created=INTEGER, owned_by=STRING),
+    # a LoRA adapter is listed as a model with its base model as `parent` (vLLM's listing)
+    "Model": obj(("id", "object"), id=STRING, object={"const": "model"}, created=INTEGER, owned_by=STRING, root=STRING, parent=STRING),
     "ModelList": obj(("object", "data"), object={"const": "list"}, data=array(ref("Model"))),
     "ChatCompletionRequest": closed(
         obj(("messages",), messages=array(MESSAGE, minItems=1), max_completion_tokens=SAMPLING["max_tokens"], **SAMPLING)
@@ -124,6 +138,9 @@ SCHEMAS = {
         ),
         model=STRING,
         usage=ref("Usage"),
+    ),
+    "LoraAdapters": array(
+        obj(("id", "name", "path", "scale"), id=INTEGER, name=STRING, path=STRING, scale=NUMBER, rank=INTEGER, alpha=NUMBER, bytes=INTEGER)
     ),
     "RerankRequest": obj(
         ("query", "documents"),
@@ -274,6 +291,7 @@ PATHS = {
     "/api/version": get_("Ollama's API version", "OllamaVersion", errors="OllamaError"),
     "/v1/embeddings": post("Embeddings of texts or token ids", "EmbeddingRequest", "EmbeddingList"),
     "/v1/rerank": post("Documents ranked against a query (a reranker model)", "RerankRequest", "RerankResult"),
+    "/lora-adapters": get_("The LoRA adapters loaded, with the ids a request's lora names them by", "LoraAdapters"),
     "/v1/score": post("Scores of text pairs (a reranker model)", "ScoreRequest", "ScoreResult"),
     "/tokenize": post("Token ids of a text or chat messages", "TokenizeRequest", "TokenizeResult"),
     "/detokenize": post("The text of token ids", "DetokenizeRequest", "DetokenizeResult"),

@@ -84,7 +84,7 @@ MAX_STOP_LENGTH = 256  # characters; the matcher holds back up to this much text
 _INERT_FIELDS = frozenset({"user", "metadata", "store"})
 _COMMON_FIELDS = _INERT_FIELDS | frozenset(
     "model max_tokens temperature top_p top_k seed stop stream stream_options n "
-    "frequency_penalty presence_penalty logprobs ignore_eos min_p repetition_penalty logit_bias".split()
+    "frequency_penalty presence_penalty logprobs ignore_eos min_p repetition_penalty logit_bias lora".split()
 )
 # validated by webapp/openai/sampling_options.py (sampling, logprobs) and webapp/openai/structured.py (grammars)
 _CHAT_FIELDS = _COMMON_FIELDS | frozenset(

@@ -42,9 +42,14 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, dr
     return out
 
 
-def models_list(model_name: str, created: int) -> dict:
+def models_list(model_name: str, created: int, adapters: list[dict] = ()) -> dict:
+    """The model, and each LoRA adapter a request may name as its `model`, as vLLM lists them (`parent`)."""
     model = {"id": model_name, "object": "model", "created": created, "owned_by": "local"}
-    return {"object": "list", "data": [model]}
+    loras = [
+        {"id": a["name"], "object": "model", "created": created, "owned_by": "local", "root": a["path"], "parent": model_name}
+        for a in adapters
+    ]
+    return {"object": "list", "data": [model, *loras]}
 
 
 def model_set_list(entries: list[dict]) -> dict:

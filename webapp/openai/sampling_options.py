@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from webapp.openai.errors import ApiError
+from webapp.openai.lora_choice import parse_lora
 from webapp.openai.request_bodies import opt_bool, opt_int, opt_number
 
 MAX_TOP_LOGPROBS_CHAT = 20  # OpenAI's limits
@@ -37,6 +38,7 @@ class SamplingOptions:
     logprobs: bool = False
     top_logprobs: int = 0
     echo: bool = False  # completions: the prompt comes back before the completion (with its logprobs)
+    lora: tuple = ()  # llama-server's `lora`: ((adapter id or name, scale), ...) (lora_choice.py)
 
     def engine_fields(self) -> dict:
         """The matching SamplingParams fields."""
@@ -79,6 +81,7 @@ def parse_sampling_options(body: dict, chat: bool) -> SamplingOptions:
         logprobs=logprobs,
         top_logprobs=top or 0,
         echo=echo,
+        lora=parse_lora(body.get("lora")),
     )
 
 

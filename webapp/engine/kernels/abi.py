@@ -62,6 +62,21 @@ CONSTANTS |= {
 }
 CONSTANTS |= {"LAYER_MATRICES": LAYER_MATRICES, "LAYER_INFO_FLAGS": LAYER_INFO_FLAGS, "LAYER_INFO_FORM": LAYER_INFO_FORM}
 CONSTANTS |= {"LAYER_INFO_WINDOW": LAYER_INFO_WINDOW, "LAYER_INFO_POSITIONS": LAYER_INFO_POSITIONS, "LAYER_INFO": LAYER_INFO}
+# a LoRA table (tq.h's MODEL_LORA), uint64: the addresses of a step's lane adapters (int32, -1: none)
+# and lane scales (float32), then from LORA_WEIGHTS for each adapter, layer and product (its first
+# LORA_MATRICES) LORA_ENTRY numbers: A's address, its type, its rank (0: none), then LORA_PARTS parts
+# of LORA_PART_SIZE numbers: B's address (0: none), its rows, its rank, its scale's float32 bits
+LORA_LANE_ADAPTERS, LORA_LANE_SCALES, LORA_WEIGHTS = range(3)
+LORA_A, LORA_TYPE, LORA_RANK, LORA_PART = range(4)
+LORA_PART_B, LORA_PART_ROWS, LORA_PART_RANK, LORA_PART_SCALE, LORA_PART_SIZE = range(5)
+LORA_PARTS = 3
+LORA_ENTRY = LORA_PART + LORA_PARTS * LORA_PART_SIZE
+LORA_MATRICES, LORA_MAX_ADAPTERS = 4, 64
+CONSTANTS |= {"LORA_LANE_ADAPTERS": LORA_LANE_ADAPTERS, "LORA_LANE_SCALES": LORA_LANE_SCALES, "LORA_WEIGHTS": LORA_WEIGHTS}
+CONSTANTS |= {"LORA_A": LORA_A, "LORA_TYPE": LORA_TYPE, "LORA_RANK": LORA_RANK, "LORA_PART": LORA_PART, "LORA_ENTRY": LORA_ENTRY}
+CONSTANTS |= {"LORA_PART_B": LORA_PART_B, "LORA_PART_ROWS": LORA_PART_ROWS, "LORA_PART_RANK": LORA_PART_RANK}
+CONSTANTS |= {"LORA_PART_SCALE": LORA_PART_SCALE, "LORA_PART_SIZE": LORA_PART_SIZE, "LORA_PARTS": LORA_PARTS}
+CONSTANTS |= {"LORA_MATRICES": LORA_MATRICES, "LORA_MAX_ADAPTERS": LORA_MAX_ADAPTERS}
 
 
 class Isa(enum.IntEnum):
@@ -149,7 +164,8 @@ class ModelEntry(enum.IntEnum):
     INV_FREQ = 3
     INV_FREQ_LOCAL = 4  # LOCAL_ROPE layers' frequencies, or 0
     BLOCK_TABLES = 5  # a paged cache's block tables (int32, rows x table_width), or 0
-    LAYERS = 6
+    LORA = 6  # a LoRA table (LORA_* below), or 0
+    LAYERS = 7
 
 
 class LayerEntry(enum.IntEnum):

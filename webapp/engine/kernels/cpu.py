@@ -310,7 +310,7 @@ class QuantizedCPU:
         first = next(layer for layer in layers if not layer.form & abi.LayerForm.RECURRENT)
         E = abi.ModelEntry
         model = {E.EMBED: embed.raw, E.NORM: norm, E.HEAD: head.raw, E.INV_FREQ: inv_freq, E.INV_FREQ_LOCAL: inv_freq_local}
-        model[E.BLOCK_TABLES] = None  # an array's address, written below: not a tensor
+        model[E.BLOCK_TABLES] = model[E.LORA] = None  # arrays' addresses, written below and by LoraTable: not tensors
         tensors = abi.in_table_order(model, [layer.table_entries for layer in layers])
         attention = layer_attention(first, 0, eps)  # its lanes are each step's
         if block_tables is not None:
@@ -344,6 +344,7 @@ class QuantizedCPU:
         state_rows: list[int] | None = None,
         resume_rows: bool = False,
         inputs: np.ndarray | None = None,
+        lora: int = 0,
     ) -> np.ndarray:
         """A whole step (tq_forward) as one call on this thread, which works through the pool's jobs
         with it: tokens (B,), lanes (2B,) as `attend` takes them, picks = the lanes whose logits are
@@ -351,7 +352,8 @@ class QuantizedCPU:
         (len(picks), dim), for embeddings; `state_rows` (B,): each lane's row of a recurrent layer's
         state, where it is not its slot's (gated_delta.c), its sequence's first lane taking the slot's
         state, or with `resume_rows` going on from the state its row holds; `inputs` (k, dim) float32:
-        the embeddings of the tokens given as -1 - row (an image's rows). The model's tensors must not be in use by
+        the embeddings of the tokens given as -1 - row (an image's rows); `lora`: its LoRA table's address
+        for this step (LoraTable.address), or 0. The model's tensors must not be in use by
         tinygrad's queue (callers synchronize after tinygrad work on the same tensors).
 
         Not a kernel inside a TinyJit like the others: a replayed capture adds Python before the kernel,
@@ -364,6 +366,7 @@ class QuantizedCPU:
         out = np.empty((len(rows), model.dims.dim if hidden else model.dims.vocab), dtype=np.float32)
         lane_rows = abi.LaneRows.SLOTS if state_rows is None else abi.LaneRows.RESUME if resume_rows else abi.LaneRows.GIVEN
         step = model.step(len(ids), len(rows), abi.StepOutput.HIDDEN if hidden else abi.StepOutput.LOGITS, lane_rows)
+        model.table[abi.ModelEntry.LORA] = lora
         addresses = (out.ctypes.data, ids.ctypes.data, lane_values.ctypes.data, rows.ctypes.data, model.table.ctypes.data)
         self._forward(*addresses, step, model.layer_info.ctypes.data, None if given is None else given.ctypes.data)
         return out

@@ -7,7 +7,8 @@ verification); HIDDEN, every token's final norm output (len(tokens), dim) (embed
 lane feeds a sequence's last output token, then any drafted tokens after it (`drafted`: a
 verification, each drafted token in a recurrent state row of its own where the model has such
 layers); any other lane is a prompt chunk, whose `inputs` are (offset, rows) pairs: rows (n, dim)
-float32 fed at tokens offset .. offset + n - 1 in place of their embeddings (an image's). The lanes of
+float32 fed at tokens offset .. offset + n - 1 in place of their embeddings (an image's). `lora`: a
+LoRA adapter's index in the steps' `lora_table` and the scale on its products, or None. The lanes of
 one step hold distinct slots, and a lane's numbers never depend on the others beside it.
 """
 
@@ -32,6 +33,7 @@ class Lane:
     want: Want = Want.LAST
     decoding: bool = False
     inputs: tuple = ()
+    lora: tuple[int, float] | None = None
 
     @property
     def drafted(self) -> bool:

@@ -110,14 +110,15 @@ class BlockPool:
 
     # --- the index ------------------------------------------------------------------------------
 
-    def seal(self, block_id: int, parent: int | None, tokens: tuple[int, ...]) -> None:
+    def seal(self, block_id: int, parent: int | None, tokens: tuple[int, ...], root: str | None = None) -> None:
         """File a full block under its contents. Where another block already holds the same prefix,
-        this one stays unfiled (and is freed, not cached, when its sequence ends)."""
+        this one stays unfiled (and is freed, not cached, when its sequence ends). `root`: what a
+        sequence's first block is filed under besides its tokens (a LoRA adapter's load; None: 0)."""
         assert len(tokens) == self.block_positions
         block = self.blocks[block_id]
         if block.seal:
             return
-        key = (0 if parent is None else self.blocks[parent].seal, tokens)
+        key = ((root or 0) if parent is None else self.blocks[parent].seal, tokens)
         if key[0] == 0 and parent is not None:
             return  # its parent is unfiled: a key after it could never be matched from the start
         if key in self._index:
@@ -125,9 +126,10 @@ class BlockPool:
         block.seal, block.key = next(self._seals), key
         self._index[key] = block_id
 
-    def match(self, tokens: list[int]) -> list[int]:
-        """The blocks holding `tokens`' first positions, whole blocks in order, as far as the index knows them."""
-        found, parent_seal, size = [], 0, self.block_positions
+    def match(self, tokens: list[int], root: str | None = None) -> list[int]:
+        """The blocks holding `tokens`' first positions, whole blocks in order, as far as the index
+        knows them, the first filed under `root` (seal's)."""
+        found, parent_seal, size = [], root or 0, self.block_positions
         for start in range(0, len(tokens) - size + 1, size):
             block_id = self._index.get((parent_seal, tuple(tokens[start : start + size])))
             if block_id is None:

@@ -4,7 +4,8 @@ Contract: `Engine.start()` loads the model and warms it up on a new thread, whic
 the only thread that touches tinygrad; `settled` is set once that has ended, loaded or failed.
 Handler threads call `submit(request)` (non-blocking; raises `QueueFull` past the queue limit,
 `EngineNotReady` while loading, `PromptTooLong` for a prompt that leaves no room in the context) and
-read `request.outputs`; `abort(request)` retires a request within one engine step. An exception
+read `request.outputs`; `abort(request)` retires a request within one engine step;
+`on_model_thread(task)` runs `task(engine)` between steps and returns its result. An exception
 while running a step fails only the requests in that step; the thread keeps serving. `health()` is
 the watchdog: "error" when the model thread has died, "stalled" when one pass of its loop, with
 work to do, has run for longer than `stall_seconds`. What `loader` returns, the real GGUF loader
@@ -18,6 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 
 import numpy as np
 
@@ -38,6 +40,10 @@ from webapp.engine.serving.speculation import Speculation
 log = logging.getLogger(__name__)
 
 PUBLISH_EVERY_S = 0.2
+
+
+def _loaded(name: str, doc: str | None = None) -> property:
+    return property(lambda engine: getattr(engine._require(), name), doc=doc)
 
 
 class Engine:
@@ -90,21 +96,15 @@ class Engine:
             raise EngineNotReady(f"the model is {self.state}" + (f": {self.error}" if self.error else ""))
         return self.loaded
 
-    @property
-    def tokenizer(self):
-        return self._require().tokenizer
-
-    @property
-    def chat_template(self):
-        return self._require().chat_template
-
-    @property
-    def vision(self):  # the projector's side of images in prompts (vision/vision.py); None: no projector
-        return self._require().vision
-
-    @property
-    def ranker(self):  # a reranker file's head and prompt (serving/ranker.py); None: not a reranker
-        return self._require().ranker
+    # the loaded model's parts, for handler threads (EngineNotReady while loading)
+    tokenizer = _loaded("tokenizer")
+    chat_template = _loaded("chat_template")
+    vision = _loaded("vision", "the projector's side of images in prompts (vision/vision.py); None: no projector")
+    ranker = _loaded("ranker", "a reranker file's head and prompt (serving/ranker.py); None: not a reranker")
+    adapters = _loaded("adapters", "the LoRA adapters requests may choose (serving/adapters.py); None: none")
+    pooling = _loaded("pooling", 'how embeddings pool the prompt ("mean", "last", "first"); Request.pooling takes it')
+    embedding_suffix = _loaded("embedding_suffix", "token ids appended to every embedding input (the file's end-of-text, where it asks)")
+    max_context = _loaded("context")
 
     @property
     def grammars(self) -> GrammarCompiler:
@@ -120,23 +120,9 @@ class Engine:
         return self.loaded.name if self.loaded else "loading"
 
     @property
-    def max_context(self) -> int:
-        return self._require().context
-
-    @property
     def keeps_states(self) -> bool:
         """Whether the model keeps recurrent states, snapshotted where a request's messages end (Request.message_ends)."""
         return self._require().state_bytes > 0
-
-    @property
-    def pooling(self) -> str:
-        """How embeddings pool the prompt ("mean", "last", "first"); Request.pooling takes it."""
-        return self._require().pooling
-
-    @property
-    def embedding_suffix(self) -> tuple[int, ...]:
-        """Token ids appended to every embedding input (the file's end-of-text, where it asks)."""
-        return self._require().embedding_suffix
 
     def submit(self, request: Request) -> None:
         loaded = self._require()
@@ -150,6 +136,11 @@ class Engine:
                 raise QueueFull(retry_after=max(1, int(ttft * self.queue_limit / max(self.n_slots, 1))))
             self._waiting += 1
         self._inbox.put(request)
+
+    def on_model_thread(self, task: Callable[[Engine], object], timeout: float = 60.0):
+        done: Future = Future()
+        self._inbox.put((task, done))
+        return done.result(timeout)
 
     def abort(self, request: Request) -> None:
         if request.status is not Status.FINISHED:
@@ -242,7 +233,9 @@ class Engine:
         try:
             item = self._inbox.get(block=block)
             while True:
-                if item is not None:
+                if isinstance(item, tuple):  # on_model_thread's
+                    _run_task(self, *item)
+                elif item is not None:
                     self.scheduler.add(item)
                 item = self._inbox.get_nowait()
         except queue.Empty:
@@ -398,3 +391,10 @@ class Engine:
     def _publish(self) -> None:
         scheduler = self.scheduler
         self.metrics.publish(self._waiting, scheduler.running, scheduler.slots.slots, scheduler.kv_pool(), scheduler.state_snapshots())
+
+
+def _run_task(engine: Engine, task: Callable[[Engine], object], done: Future) -> None:
+    try:
+        done.set_result(task(engine))
+    except Exception as e:  # the caller's to raise, not the model thread's
+        done.set_exception(e)

@@ -8,7 +8,9 @@ written for that slot, in order.
 A sliding-window model's local layers keep a ring of positions, not the whole sequence
 (`RingRows`): a prefix of a slot's tokens is reusable only while the window of keys before its end
 is still in the ring, that is within `RingRows.keep` positions of the furthest the slot's sequence
-reached (`Slot.reach`). Other prompts are prefilled again from the start. A recurrent model's table
+reached (`Slot.reach`). Other prompts are prefilled again from the start. A slot's `lineage` says
+what besides the model computed its K/V (a LoRA adapter's load, serving/adapters.py; None: nothing):
+a prompt of another lineage reuses none of it. A recurrent model's table
 (state_snapshots.RecurrentSlots) serves prefixes from its slots' states and their snapshots.
 """
 
@@ -53,6 +55,7 @@ class Slot:
     owner: object | None = None  # the Request running here, None when free
     last_used: int = 0
     high: int = 0  # the longest its sequence was since it last started from position 0 (RingRows)
+    lineage: str | None = None  # what besides the model its K/V were computed with (a LoRA adapter's load)
 
     @property
     def reach(self) -> int:
@@ -69,20 +72,24 @@ class SlotTable:
     def free(self) -> list[Slot]:
         return [s for s in self.slots if s.owner is None]
 
-    def reusable(self, slot: Slot, prompt: list[int]) -> int:
-        """How many of `prompt`'s tokens `slot`'s cache can serve: reusable_prefix, if the ring kept it."""
+    def reusable(self, slot: Slot, prompt: list[int], lineage: str | None = None) -> int:
+        """How many of `prompt`'s tokens `slot`'s cache can serve: reusable_prefix, if the ring kept it
+        and the slot's lineage is the prompt's."""
+        if slot.lineage != lineage:
+            return 0
         length = reusable_prefix(slot.tokens, prompt)
         return length if self.ring is None or self.ring.serves(slot.reach, length) else 0
 
-    def acquire(self, owner, prompt: list[int]) -> tuple[Slot, int]:
-        """Give `owner` the free slot sharing the longest prefix with `prompt` (else the least recently
-        used one); returns the slot and how many prompt tokens are already cached there."""
+    def acquire(self, owner, prompt: list[int], lineage: str | None = None) -> tuple[Slot, int]:
+        """Give `owner` the free slot sharing the longest prefix with `prompt` of `lineage` (else the
+        least recently used one); returns the slot and how many prompt tokens are already cached there."""
         free = self.free
         if not free:
             raise RuntimeError("no free slot")
-        reused, best = max(((self.reusable(s, prompt), s) for s in free), key=lambda pair: (pair[0], -pair[1].last_used))
+        reused, best = max(((self.reusable(s, prompt, lineage), s) for s in free), key=lambda pair: (pair[0], -pair[1].last_used))
         best.high = best.reach if reused else 0
         del best.tokens[reused:]
+        best.lineage = lineage
         best.owner = owner
         best.last_used = next(self._clock)
         return best, reused
@@ -93,7 +100,7 @@ class SlotTable:
 
     # --- what the scheduler asks of any table (paged_slots.PagedSlots answers the same) ----------
 
-    def admits(self, prompt: list[int], running: int = 0) -> bool:
+    def admits(self, prompt: list[int], running: int = 0, lineage: str | None = None) -> bool:
         """A free slot holds any prompt that fits the context."""
         return bool(self.free)
 
@@ -115,7 +122,7 @@ class SlotTable:
 
     def elsewhere(self, slot: Slot, prompt: list[int]) -> tuple[Slot | None, int]:
         """The other slot, busy or free, caching the most of `prompt`, and how much: a copy's source."""
-        others = ((self.reusable(s, prompt), s) for s in self.slots if s is not slot)
+        others = ((self.reusable(s, prompt, slot.lineage), s) for s in self.slots if s is not slot)
         length, source = max(others, key=lambda pair: pair[0], default=(0, None))
         return source, length
 

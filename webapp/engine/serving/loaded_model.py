@@ -55,6 +55,8 @@ class LoadedModel:
     tuning_key: dict | None = None
     # a projector's side of image input (webapp/engine/vision/vision.py's Vision), else None
     vision: object = None
+    # the LoRA adapters requests may choose (serving/adapters.py's Adapters), else None
+    adapters: object = None
 
     def kv_bytes(self, slots: int) -> int:
         """The KV cache when full: the pool's blocks, or `slots` slots and the scratch one at the whole context."""

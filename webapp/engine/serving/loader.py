@@ -19,6 +19,7 @@ import os
 from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.tinygrad_setup import free_cached_buffers, prepare_tinygrad, use_tinygrad_from_this_thread
 from webapp.engine.model.tuning_stamp import beam_for, tuning_key
+from webapp.engine.serving.adapters import Adapters
 from webapp.engine.serving.engine import Engine
 from webapp.engine.serving.hub_pull import is_hub_name, pull
 from webapp.engine.serving.kv_cache import RingRows
@@ -62,10 +63,12 @@ def load_gguf_model(
     kv_type: str = "f16",
     paging: tuple[int, tuple[str, int] | None] | None = None,
     mmproj: str | None = None,
+    lora_dir: str | None = None,
 ) -> LoadedModel:
     """The real loader: tinygrad model, GGUF tokenizer and the file's chat template; `draft`, a draft
     model's GGUF for speculative decoding (serving/draft_loader.py); `mmproj`, a projector GGUF
-    whose images prompts may hold (webapp/engine/vision)."""
+    whose images prompts may hold (webapp/engine/vision); `lora_dir`, a folder of LoRA adapter GGUFs
+    requests may choose (serving/adapters.py)."""
     prepare_tinygrad()  # before tinygrad's first import: it reads HCQ2 then
     from tinygrad import Device
 
@@ -97,6 +100,9 @@ def load_gguf_model(
     log.info("embeddings: %s pooling (%s)%s", pooling, why, ", end-of-text appended" if suffix else "")
     ranker = ranker_of(path, kv, model.config.dim)
     steps = steps_for(model, prefill_chunk)
+    if lora_dir and steps.lora_table is None:
+        raise ModelLoadError(f"LLM_LORA_DIR: adapters run on the CPU kernels' one-call steps, and this model's steps are {steps.how}")
+    adapters = adapters_for(lora_dir, path, model, steps) if steps.lora_table is not None else None
     draft_model = load_draft(draft, path, kv, steps, slots, piece, cpu_kernels, cpu_isa) if draft else None
     vision = vision_for(projector, os.path.basename(mmproj), model.config, steps, tokenizer) if projector else None
     tuned = tuning_key(path, slots, model.context, piece, model.uses_cpu_kernels, model.kv_type.name) if steps.tunable else None
@@ -127,7 +133,32 @@ def load_gguf_model(
         block_table=model.block_table,
         tuning_key=tuned,
         vision=vision,
+        adapters=adapters,
     )
+
+
+def adapters_for(folder: str | None, path: str, model, steps) -> Adapters:
+    """The adapters of `folder` (None: none yet) fitted to the model loaded from `path`, or
+    ModelLoadError saying why not; more may be loaded at run time (serving/adapters.py)."""
+    from webapp.engine.model.gguf import read_gguf
+    from webapp.engine.model.lora import fit, model_targets, read_adapter
+    from webapp.engine.model.weights import unpermute_rope_rows
+
+    _, table = read_gguf(path)
+    targets = model_targets(model, {name: (t.rows, t.cols) for name, t in table.items()})
+    rope = model.config.rope_rows()
+
+    def regroup(name: str, rows):  # an adapter's B rows in the order the loader gives its matrix's
+        heads = next((h for suffix, h in rope.items() if name.endswith(suffix)), None)
+        return unpermute_rope_rows(rows, *heads) if heads else rows
+
+    adapters = Adapters(lambda adapter: fit(adapter, targets, regroup), steps.lora_table, read_adapter)
+    try:
+        if folder is not None:
+            adapters.from_folder(folder)
+    except ValueError as e:
+        raise ModelLoadError(f"LLM_LORA_DIR: {e}") from e
+    return adapters
 
 
 def vision_for(projector, name: str, config, steps, tokenizer):
@@ -184,6 +215,7 @@ def _engine(s: EngineSettings, path: str, draft: str | None, own_thread: bool = 
             kv_type=s.kv_type,
             paging=s.paging,
             mmproj=mmproj or projector_beside(model),
+            lora_dir=s.lora_dir if path == s.path else None,
         )
 
     return Engine(

@@ -224,6 +224,7 @@ def _slot(slot) -> MappingProxyType:
             "index": slot.index,
             "state": owner.status.value if owner is not None else ("cached" if slot.tokens else "empty"),
             "request_id": owner.id if owner is not None else None,
+            "adapter": owner.lora.name if owner is not None and owner.lora is not None else None,
             # positions the slot's KV cache holds now (prompt and output so far, or what an idle slot keeps)
             "tokens_cached": len(slot.tokens),
             "prompt_tokens": owner.prompt_len if owner is not None else None,

@@ -23,7 +23,7 @@ Contract:
   0 unloads it once the request ends, a negative one keeps it loaded). `folder` may be None: the set
   is then LLM_MODEL's model alone, which is how a single model sleeps, and answers any name.
 - A model's `footprint` is its file's size (the CPU kernels keep the weights in the file's bytes;
-  the float16 path takes more) plus its KV cache when every slot is full, known once it has loaded
+  the float16 path takes more) plus its KV cache when every slot is full and its LoRA adapters, known once it has loaded
   (until then the file's size alone: the budget is checked again after the load, and idle models
   unloaded to meet it).
 - The engine's doors the app uses beside requests: `start()` (loads `first`), `health()`,
@@ -319,6 +319,7 @@ class ModelSet:
             self._failed[member.file.name] = (member.file, engine.error or engine.state)
         else:
             kv = engine.loaded.kv_bytes(engine.n_slots)
+            kv += engine.loaded.adapters.nbytes if engine.loaded.adapters else 0  # LLM_LORA_DIR's adapters
             member.footprint = self._measured[member.file] = member.file.size + kv
             victims = self._room_for(member.footprint, member.file.name, keep=member)
             if victims is None:
@@ -330,7 +331,8 @@ class ModelSet:
                 del self._members[victim.file.name]
             if victims:  # stopping joins a model thread: not under the lock, on a thread of its own
                 threading.Thread(target=self._unload, args=(victims,), name="unload", daemon=True).start()
-            log.info("model %s loaded: %d bytes counted (file %d, KV cache %d)", member.file.name, member.footprint, member.file.size, kv)
+            name, size = member.file.name, member.file.size
+            log.info("model %s loaded: %d bytes counted (file %d, KV cache and adapters %d)", name, member.footprint, size, kv)
         self._cond.notify_all()
 
     def _unload(self, victims: list[Member], why: str = "least recently used") -> None:

@@ -8,7 +8,8 @@ is the warm-up's scratch). `admits(prompt)` says whether a new request fits besi
 (however many sequences hold them too); `reserve(row, positions)` gives a row blocks for positions
 0..positions-1 (False when the pool has too few); `extend(row, tokens)` records positions the model
 wrote, filing each block it fills under its contents for later requests; `release(row)` gives a
-row's blocks back (filed ones stay findable until the pool needs them). Invariant, as for slots:
+row's blocks back (filed ones stay findable until the pool needs them). A row's `lineage` (a LoRA
+adapter's load) roots its blocks' keys: they serve only prompts of the same lineage. Invariant, as for slots:
 `row.tokens` are exactly the positions whose K/V the model has written for the row, in order, and a
 block more than one row holds is full and never written again: a row writes only positions at or
 past its tokens, and `acquire` leaves the prompt's last token to be computed in a block of its own.
@@ -55,34 +56,34 @@ class PagedSlots:
     def free(self) -> list[SequenceRow]:
         return [s for s in self.slots if s.owner is None]
 
-    def _shareable(self, prompt: list[int]) -> list[int]:
-        """The cached blocks `prompt` can start from: whole blocks, its last token left to compute."""
-        return self.pool.match(prompt)[: (len(prompt) - 1) // self.block_positions]
+    def _shareable(self, prompt: list[int], lineage: str | None) -> list[int]:
+        """The cached blocks `prompt` of `lineage` can start from: whole blocks, its last token left to compute."""
+        return self.pool.match(prompt, lineage)[: (len(prompt) - 1) // self.block_positions]
 
     def blocks_for(self, positions: int) -> int:
         return -(-positions // self.block_positions)
 
-    def admits(self, prompt: list[int], running: int = 0) -> bool:
+    def admits(self, prompt: list[int], running: int = 0, lineage: str | None = None) -> bool:
         """Whether `prompt` and its first output fit in what the pool can still give, beside its shared
         blocks (a cached one it holds is one fewer for everyone else), leaving a block for each of the
         `running` requests' next positions: else a new request would only be preempted again soon."""
-        shared = self._shareable(prompt)
+        shared = self._shareable(prompt, lineage)
         taken_from_cache = sum(1 for b in shared if self.pool.blocks[b].refs == 0)
         needed = self.blocks_for(len(prompt) + 1) - len(shared)
         return needed + running <= self.pool.available - taken_from_cache
 
-    def acquire(self, owner, prompt: list[int]) -> tuple[SequenceRow, int]:
+    def acquire(self, owner, prompt: list[int], lineage: str | None = None) -> tuple[SequenceRow, int]:
         free = self.free
         if not free:
             raise RuntimeError("no free sequence row")
         row = free[0]
-        row.owner, row.last_used = owner, next(self._clock)
+        row.owner, row.last_used, row.lineage = owner, next(self._clock), lineage
         return row, self._adopt(row, prompt)
 
     def elsewhere(self, row: SequenceRow, prompt: list[int]) -> tuple[None, int]:
         """How many of `prompt`'s positions filed blocks hold (any sequence's, running or ended): no
         copy's source, as sharing them copies nothing."""
-        return None, len(self._shareable(prompt)) * self.block_positions
+        return None, len(self._shareable(prompt, row.lineage)) * self.block_positions
 
     def take_prefix(self, row: SequenceRow, prompt: list[int], length: int, source: None) -> None:
         """Hold the filed blocks of `prompt`'s first `length` positions past those `row` holds (before
@@ -91,7 +92,7 @@ class PagedSlots:
         assert held >= length, "filed blocks went away between finding and holding them"
 
     def _adopt(self, row: SequenceRow, prompt: list[int]) -> int:
-        shared = self._shareable(prompt)
+        shared = self._shareable(prompt, row.lineage)
         have = len(row.tokens) // self.block_positions
         if len(shared) <= have:
             return len(row.tokens)
@@ -128,7 +129,7 @@ class PagedSlots:
         assert len(row.tokens) <= self.room(row), "positions written past a row's blocks"
         size = self.block_positions
         for i in range(before // size, len(row.tokens) // size):
-            self.pool.seal(row.blocks[i], row.blocks[i - 1] if i else None, tuple(row.tokens[i * size : (i + 1) * size]))
+            self.pool.seal(row.blocks[i], row.blocks[i - 1] if i else None, tuple(row.tokens[i * size : (i + 1) * size]), row.lineage)
 
     def reset(self, row: SequenceRow) -> None:
         """Start `row` over from position 0 (a prompt that must compute every position)."""

@@ -68,6 +68,8 @@ class Request:
     # the prompt's images (webapp/engine/vision/vision.py's ImageSpan): their positions hold
     # placeholder ids past the vocabulary, and the steps feed the images' rows there
     images: tuple = ()
+    # its LoRA adapter (serving/adapters.py's LoraUse), None: the model as it is
+    lora: object = None
 
     # Owned by the model thread once submitted; handlers only read them after Finished.
     status: Status = Status.WAITING
@@ -99,6 +101,11 @@ class Request:
     first_token_at: float | None = None
     last_token_at: float | None = None
     finished_at: float | None = None
+
+    @property
+    def lineage(self) -> str | None:
+        """What its cached K/V were computed with besides the model: its adapter's load, else None."""
+        return None if self.lora is None else self.lora.lineage
 
     @property
     def prompt_len(self) -> int:

@@ -150,7 +150,10 @@ class ModelRunner:
         return self.steps.verify_seconds
 
     def run(self, parts: list[Part]) -> list[np.ndarray]:
-        return self.steps.run([Lane(p.request.slot, p.start, p.tokens, p.want, p.decoding, self._inputs(p)) for p in parts])
+        lora = [None if p.request.lora is None else p.request.lora.lane for p in parts]
+        return self.steps.run(
+            [Lane(p.request.slot, p.start, p.tokens, p.want, p.decoding, self._inputs(p), a) for p, a in zip(parts, lora)]
+        )
 
     def ready(self, request: Request) -> bool:
         return not request.images or self.vision.encoded(request.images)

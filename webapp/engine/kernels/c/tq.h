@@ -101,7 +101,24 @@ enum { SPIN_US = 100 };
  * floats) added to its probability to choose the experts, not to weigh them; else 0. INV_FREQ_LOCAL: ATTEND_LOCAL_ROPE
  * layers' RoPE frequencies, or 0 for none. BLOCK_TABLES: a paged cache's block tables (int32, rows x
  * tq_step.attention.table_width, which every layer's cache shares), or 0 for an unpaged one. */
-enum { MODEL_EMBED, MODEL_NORM, MODEL_HEAD, MODEL_INV_FREQ, MODEL_INV_FREQ_LOCAL, MODEL_BLOCK_TABLES, MODEL_LAYERS };
+enum { MODEL_EMBED, MODEL_NORM, MODEL_HEAD, MODEL_INV_FREQ, MODEL_INV_FREQ_LOCAL, MODEL_BLOCK_TABLES, MODEL_LORA, MODEL_LAYERS };
+/* MODEL_LORA: 0, or the address of a LoRA table (uint64, lora.c): LORA_LANE_ADAPTERS, the address of
+ * a step's B int32 (each lane's adapter, -1: none, else below LORA_MAX_ADAPTERS), LORA_LANE_SCALES, of
+ * its B floats (each lane's scale on its adapter), then from LORA_WEIGHTS, for each adapter, each layer
+ * and each of its first LORA_MATRICES products (qkv, o, gate_up, down), LORA_ENTRY numbers: A's address
+ * (rank x cols values: the parts' A's one under another), its type (F32 or F16), the rank (0: the
+ * adapter leaves that product as it is), then LORA_PARTS parts, the matrices stacked in the product
+ * (q, k, v; gate, up; or one), LORA_PART_SIZE numbers each: the address of B transposed (rank x rows
+ * F32 values; 0: the part is unchanged), its rows, its rank, and its scale (alpha / rank) as a float's
+ * bits. The lane's product then gains, in each part's rows, lane scale * part scale * B (A x), x the
+ * product's input as it multiplied it.
+ * Read in dense attention layers only (not FORM_LATENT, FORM_RECURRENT, FORM_GATED_ATTENTION, nor a
+ * mixture's feed-forward). */
+enum { LORA_LANE_ADAPTERS, LORA_LANE_SCALES, LORA_WEIGHTS };
+enum { LORA_A, LORA_TYPE, LORA_RANK, LORA_PART };
+enum { LORA_PART_B, LORA_PART_ROWS, LORA_PART_RANK, LORA_PART_SCALE, LORA_PART_SIZE };
+enum { LORA_PARTS = 3, LORA_ENTRY = LORA_PART + LORA_PARTS * LORA_PART_SIZE };
+enum { LORA_MATRICES = 4, LORA_MAX_ADAPTERS = 64 };
 enum { LAYER_QKV, LAYER_O, LAYER_GATE_UP, LAYER_DOWN, LAYER_ROUTER, LAYER_UP, LAYER_SHARED_GATE_UP, LAYER_SHARED_DOWN };
 enum { LAYER_Q_B = LAYER_SHARED_DOWN + 1, LAYER_K_B, LAYER_V_B, LAYER_MATRICES }; /* FORM_LATENT's (else 0) */
 enum {

@@ -17,6 +17,7 @@ import numpy as np
 
 from webapp.engine.device.buffers import host_view
 from webapp.engine.kernels.block_weight import BlockWeight
+from webapp.engine.kernels.lora_table import LoraTable
 from webapp.engine.model.lanes import Lane, Want
 from webapp.engine.model.recurrent_config import draft_state_rows
 from webapp.engine.model.steps.base import Steps
@@ -66,6 +67,7 @@ class OneCallSteps(Steps):
         self.spare_rows = draft_state_rows(model.slots) if self._states else None
         self.drafted_limit = None if self.spare_rows is None else len(self.spare_rows)
         self._lane_rows: dict[int, list[int]] = {}  # slot -> its lanes' rows in the last verification
+        self.lora_table = LoraTable(len(model.blocks))
 
     @property
     def pages(self) -> bool:
@@ -120,8 +122,11 @@ class OneCallSteps(Steps):
         state_rows: list[int] | None = None,
         resume: bool = False,
         inputs: np.ndarray | None = None,
+        lora: int = 0,
     ) -> np.ndarray:
-        return self.kernels.step(self.whole_model, tokens, lanes, picks, state_rows=state_rows, resume_rows=resume, inputs=inputs)
+        return self.kernels.step(
+            self.whole_model, tokens, lanes, picks, state_rows=state_rows, resume_rows=resume, inputs=inputs, lora=lora
+        )
 
     def run(self, lanes: list[Lane]) -> list[np.ndarray]:
         """One call for every lane: their tokens one after another, each token's slot and position,
@@ -129,7 +134,7 @@ class OneCallSteps(Steps):
         lane attends, and lanes never mix."""
         assert lanes and all(lane.tokens for lane in lanes) and len({lane.slot for lane in lanes}) == len(lanes)
         assert all(lane.start + len(lane.tokens) <= self.model.context for lane in lanes)
-        tokens, slots, positions, picks, inputs, given = [], [], [], [], [], 0
+        tokens, slots, positions, picks, inputs, given, adapters, scales = [], [], [], [], [], 0, [], []
         for lane in lanes:
             first, n = len(tokens), len(lane.tokens)
             tokens += lane.tokens
@@ -140,11 +145,15 @@ class OneCallSteps(Steps):
             slots += [lane.slot] * n
             positions += range(lane.start, lane.start + n)
             picks += [first + n - 1] if lane.want is Want.LAST else range(first, first + n)
+            adapter, scale = lane.lora or (-1, 0.0)
+            adapters += [adapter] * n
+            scales += [scale] * n
+        lora = self.lora_table.address(np.array(adapters, np.int32), np.array(scales, np.float32))
         if any(lane.want is Want.HIDDEN for lane in lanes):  # the final norm's outputs, for a whole call only
             assert len(lanes) == 1 and lanes[0].want is Want.HIDDEN, "a hidden lane runs alone"
-            return [self.kernels.step(self.whole_model, tokens, slots + positions, picks, hidden=True, inputs=_rows(inputs))]
+            return [self.kernels.step(self.whole_model, tokens, slots + positions, picks, hidden=True, inputs=_rows(inputs), lora=lora)]
         state_rows = self._state_rows(lanes) if any(lane.drafted for lane in lanes) else None
-        out = self._step(tokens, slots + positions, picks, state_rows, inputs=_rows(inputs))
+        out = self._step(tokens, slots + positions, picks, state_rows, inputs=_rows(inputs), lora=lora)
         ends = list(itertools.accumulate(lane.picked for lane in lanes))
         return [out[end - 1] if lane.want is Want.LAST else out[end - lane.picked : end] for lane, end in zip(lanes, ends)]
 
