@@ -1,13 +1,14 @@
 """`GET /openapi.json`: an OpenAPI 3.1 document of the API, for clients, gateways and schema fuzzers.
 
 It covers, so far, the OpenAI family's routes (`/v1/models`, `/v1/chat/completions`,
-`/v1/completions`, `/v1/embeddings`), reranking (`/v1/rerank`, `/v1/score`), Anthropic's
-`/v1/messages` and its token count, Ollama's `/api/*`, `/tokenize`, `/detokenize` and `/health`. A
-request body's schema says what the server takes (the parsers are the authority: a body they refuse
-gets a 400 in its family's error shape: `Error`, `AnthropicError` or `OllamaError` here); a
-response's says the fields every answer has. tests/integration/test_openapi.py fuzzes each
-route from this document with Schemathesis and validates the real responses against it. Public, as
-vLLM's is: it says nothing the routes do not.
+`/v1/completions`, `/v1/embeddings`, the Responses API's `/v1/responses`), reranking (`/v1/rerank`,
+`/v1/score`), the LoRA adapters' list (`/lora-adapters`), Anthropic's `/v1/messages` and its token
+count, Ollama's `/api/*`, `/tokenize`, `/detokenize` and `/health`. A request body's schema says
+what the server takes (the parsers are the authority: a body they refuse gets a 400 in its family's
+error shape: `Error`, `AnthropicError` or `OllamaError` here); a response's says the fields every
+answer has. tests/integration/test_openapi.py fuzzes each route from this document with
+Schemathesis and validates the real responses against it. Public, as vLLM's is: it says nothing
+the routes do not.
 """
 
 from __future__ import annotations
@@ -246,11 +247,75 @@ SCHEMAS |= {
 }
 
 
+# OpenAI's Responses API: items in (messages, a model's function calls and their outputs), items out
+RESPONSE_TEXT = {"oneOf": [STRING, array(obj(("type", "text"), type={"enum": ["input_text", "output_text"]}, text=STRING), minItems=1)]}
+RESPONSE_ITEM = {
+    "oneOf": [
+        obj(
+            ("role", "content"),
+            type={"const": "message"},
+            role={"enum": ["user", "assistant", "system", "developer"]},
+            content=RESPONSE_TEXT,
+        ),
+        obj(("type", "call_id", "name", "arguments"), type={"const": "function_call"}, call_id=STRING, name=STRING, arguments=STRING),
+        obj(("type", "call_id", "output"), type={"const": "function_call_output"}, call_id=STRING, output=STRING),
+    ]
+}
+FUNCTION_TOOL = obj(("type", "name"), type={"const": "function"}, name=STRING, description=STRING, parameters=obj(()))
+SCHEMAS |= {
+    "ResponseRequest": closed(
+        obj(
+            ("input",),
+            model=STRING,
+            input={"oneOf": [STRING, array(RESPONSE_ITEM, minItems=1)]},
+            instructions=STRING,
+            max_output_tokens={"type": ["integer", "null"], "minimum": 1},
+            temperature=SAMPLING["temperature"],
+            top_p=SAMPLING["top_p"],
+            stream=SAMPLING["stream"],
+            store=BOOLEAN,
+            previous_response_id={"type": ["string", "null"]},
+            tools=array(FUNCTION_TOOL),
+            tool_choice={"oneOf": [{"enum": ["auto", "none", "required"]}, obj(("type", "name"), type={"const": "function"}, name=STRING)]},
+            parallel_tool_calls=BOOLEAN,
+            text=obj(
+                (),
+                format={
+                    "oneOf": [
+                        obj(("type",), type={"enum": ["text", "json_object"]}),
+                        obj(("type", "name", "schema"), type={"const": "json_schema"}, name=STRING, schema=obj(()), strict=BOOLEAN),
+                    ]
+                },
+            ),
+            reasoning=obj((), effort={"enum": ["minimal", "low", "medium", "high"]}),
+            metadata=obj(()),
+            user=STRING,
+        )
+    ),
+    "Response": obj(
+        ("id", "object", "status", "model", "output"),
+        id=STRING,
+        object={"const": "response"},
+        created_at=INTEGER,
+        status={"enum": ["completed", "incomplete", "failed", "in_progress"]},
+        model=STRING,
+        output=array(obj(("type",), type=STRING)),
+        usage={
+            "oneOf": [
+                obj(("input_tokens", "output_tokens", "total_tokens"), input_tokens=INTEGER, output_tokens=INTEGER, total_tokens=INTEGER),
+                {"type": "null"},
+            ]
+        },
+    ),
+    "ResponseDeleted": obj(("id", "object", "deleted"), id=STRING, object={"const": "response"}, deleted={"const": True}),
+}
+
+
 def _json(schema: dict) -> dict:
     return {"content": {"application/json": {"schema": schema}}}
 
 
-ERRORS = {str(status): {"description": why, **_json(ref("Error"))} for status, why in ((400, "the body is refused"), (401, "the API key is wrong"), (404, "no such model"), (413, "the body is too large"), (429, "the queue is full"), (503, "loading, draining or failed"))}  # fmt: skip
+ERRORS = {str(status): {"description": why, **_json(ref("Error"))} for status, why in ((400, "the body is refused"), (401, "the API key is wrong"), (404, "no such model, or no such stored response"), (413, "the body is too large"), (429, "the queue is full"), (503, "loading, draining or failed"))}  # fmt: skip
 
 
 def errors_of(schema: str) -> dict:
@@ -278,6 +343,15 @@ PATHS = {
     "/v1/models": get_("The models served", "ModelList"),
     "/v1/chat/completions": post("A chat completion", "ChatCompletionRequest", "ChatCompletion", streams="text/event-stream"),
     "/v1/completions": post("A text completion", "CompletionRequest", "Completion", streams="text/event-stream"),
+    "/v1/responses": post("A model response (OpenAI's Responses API)", "ResponseRequest", "Response", streams="text/event-stream"),
+    "/v1/responses/{response_id}": {
+        "parameters": [{"name": "response_id", "in": "path", "required": True, "schema": STRING}],
+        **get_("A stored response", "Response"),
+        "delete": {
+            "summary": "Forget a stored response",
+            "responses": {"200": {"description": "forgotten", **_json(ref("ResponseDeleted"))}, **errors_of("Error")},
+        },
+    },
     "/v1/messages": post("Anthropic's Messages API", "MessagesRequest", "Message", streams="text/event-stream", errors="AnthropicError"),
     "/v1/messages/count_tokens": post("A prompt's tokens, Anthropic's way", "CountTokensRequest", "TokenCount", errors="AnthropicError"),
     "/api/chat": post("Ollama's chat", "OllamaChatRequest", "OllamaChat", streams="application/x-ndjson", errors="OllamaError"),
