@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 from support.tiny_lora import merged_reference, write_lora_gguf
 from support.tiny_models import Reference, load_steps, off_by, write_tiny_gguf
+from support.tiny_qwen35 import write_tiny_qwen35
 
 from bench.lora_file import matrix_shapes
 from webapp.engine.model.lanes import Lane, Want
 from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.serving.adapters import UnknownAdapter
-from webapp.engine.serving.loader import adapters_for
+from webapp.engine.serving.loader import adapters_for, load_gguf_model
 
 PROMPT = [1, 5, 9, 200, 33, 71, 12, 8, 90, 3]
 
@@ -110,3 +111,11 @@ def test_files_that_do_not_fit_are_refused_in_one_line(files, tmp_path):
     os.symlink(model, not_adapter / "model.gguf")
     with pytest.raises(ModelLoadError, match="not a LoRA adapter"):
         adapters_for(str(not_adapter), model, steps.model, steps)
+
+
+def test_a_model_with_recurrent_layers_takes_no_adapters(tmp_path):
+    # its states would carry one adapter's work into another's request: no lineage files them
+    path = write_tiny_qwen35(str(tmp_path / "q35.gguf"), matrix_type="Q8_0")
+    assert load_gguf_model(path, 1, 64, 8).adapters is None
+    with pytest.raises(ModelLoadError, match="LLM_LORA_DIR: .*this model has recurrent layers$"):
+        load_gguf_model(path, 1, 64, 8, lora_dir=str(tmp_path))

@@ -153,7 +153,9 @@ def load(engine, name: str, path: str) -> Loaded:
     ValueError where it cannot be read or does not fit, UnknownAdapter where the model takes none."""
     adapters = engine.adapters
     if adapters is None:
-        raise UnknownAdapter(f"{engine.model_name} takes no LoRA adapters: its steps do not run them")
+        raise UnknownAdapter(
+            f"{engine.model_name} takes no LoRA adapters (they run on the CPU kernels, in models without recurrent layers)"
+        )
     return engine.on_model_thread(lambda e: adapters.add(adapters.read(path, name)))
 
 

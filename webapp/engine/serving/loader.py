@@ -100,9 +100,17 @@ def load_gguf_model(
     log.info("embeddings: %s pooling (%s)%s", pooling, why, ", end-of-text appended" if suffix else "")
     ranker = ranker_of(path, kv, model.config.dim)
     steps = steps_for(model, prefill_chunk)
-    if lora_dir and steps.lora_table is None:
-        raise ModelLoadError(f"LLM_LORA_DIR: adapters run on the CPU kernels' one-call steps, and this model's steps are {steps.how}")
-    adapters = adapters_for(lora_dir, path, model, steps) if steps.lora_table is not None else None
+    if steps.lora_table is None:
+        no_adapters = f"this model's steps are {steps.how}"
+    elif model.config.recurrent:  # a recurrent layer's states, unlike K/V, are not filed by the adapter that made them
+        no_adapters = "this model has recurrent layers"
+    else:
+        no_adapters = None
+    if lora_dir and no_adapters:
+        raise ModelLoadError(
+            f"LLM_LORA_DIR: adapters run on the CPU kernels' one-call steps of models without recurrent layers; {no_adapters}"
+        )
+    adapters = None if no_adapters else adapters_for(lora_dir, path, model, steps)
     draft_model = load_draft(draft, path, kv, steps, slots, piece, cpu_kernels, cpu_isa) if draft else None
     vision = vision_for(projector, os.path.basename(mmproj), model.config, steps, tokenizer) if projector else None
     tuned = tuning_key(path, slots, model.context, piece, model.uses_cpu_kernels, model.kv_type.name) if steps.tunable else None
