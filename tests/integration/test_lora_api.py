@@ -106,6 +106,8 @@ def test_adapters_are_listed(files, served):
     listed = httpx.get(f"{server.url}/lora-adapters").json()
     assert [(a["id"], a["name"], a["rank"], a["scale"]) for a in listed] == [(0, "bold", 16, 0.0)]
     assert listed[0]["path"] == f"{loras}/bold.gguf"
+    dashboard = httpx.get(f"{server.url}/admin/stats.json").json()
+    assert [(a["name"], a["rank"], a["retired"]) for a in dashboard["adapters"]] == [("bold", 16, False)]
 
 
 def test_an_adapter_loaded_and_unloaded_at_run_time(files, served, client):

@@ -27,7 +27,7 @@ from flask import (
     request,
 )
 
-from webapp.engine.serving import hub_pull
+from webapp.engine.serving import adapters, hub_pull
 from webapp.engine.serving.metrics import REQUEST_OUTCOMES
 from webapp.engine.serving.model_set import ModelSet
 from webapp.http.families import ADMIN_TOKEN, Family
@@ -69,9 +69,8 @@ def _engine_stats() -> dict:
     stats = served.stats()
     if stats.get("state") == "loading" and (download := hub_pull.progress()):
         stats["download"] = download  # LLM_MODEL=hf:...: its files are still coming
-    adapters = served.loaded.adapters if served.loaded is not None else None
-    if adapters is not None and adapters.names:
-        stats["adapters"] = adapters.listing()
+    if listing := adapters.listing_of(served):
+        stats["adapters"] = listing
     return stats
 
 

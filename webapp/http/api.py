@@ -28,6 +28,7 @@ from functools import partial
 
 from flask import jsonify
 
+from webapp.engine.serving import adapters
 from webapp.engine.serving.model_set import ModelSet
 from webapp.engine.serving.request import FinishReason
 from webapp.http import generation as gen
@@ -49,8 +50,7 @@ def models():
     served = gen.served()
     if isinstance(served, ModelSet):
         return jsonify(response_bodies.model_set_list(served.listing()))
-    adapters = served.loaded.adapters if served.loaded is not None else None  # none while loading
-    return jsonify(response_bodies.models_list(served.model_name, int(time.time()), adapters.listing() if adapters else []))
+    return jsonify(response_bodies.models_list(served.model_name, int(time.time()), adapters.listing_of(served)))
 
 
 @bp.post("/v1/chat/completions")

@@ -4,9 +4,10 @@ Contract: `Adapters(fit, table, read)` holds the adapters fitted to one model (`
 gives model/lora.py's layout, `table` is the steps' kernels/lora_table.LoraTable, `read(path, name)`
 model/lora.read_adapter); `add(file)` loads one under its name, `from_folder(folder)` every `*.gguf`
 of a folder, `names` and `listing()` say what is loaded, `choose(name, scale)` gives a request's
-`LoraUse` or raises `UnknownAdapter`. Whatever changes the table runs on the model thread, between
-steps: at load, and at run time through `load(engine, name, path)` and `unload(engine, name)`
-(vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter), which handler threads call.
+`LoraUse` or raises `UnknownAdapter`; `listing_of(engine)` lists an engine's, empty while it loads.
+Whatever changes the table runs on the model thread, between steps: at load, and at run time
+through `load(engine, name, path)` and `unload(engine, name)` (vLLM's /v1/load_lora_adapter and
+/v1/unload_lora_adapter), which handler threads call.
 
 Unloading first retires the adapter (no request chooses it any more), then frees it on the model
 thread once no request in the engine runs with it and none chose it for QUIET_S (a handler puts
@@ -146,6 +147,12 @@ class Adapters:
             {"name": a.name, "path": a.path, "rank": a.rank, "alpha": a.alpha, "bytes": a.nbytes, "retired": a.name in self._retired}
             for a in sorted(self._loaded.values(), key=lambda a: a.name)
         ]
+
+
+def listing_of(engine) -> list[dict]:
+    """`engine`'s adapters' listing: empty while it loads, or where its model takes none."""
+    loaded = engine.loaded
+    return loaded.adapters.listing() if loaded is not None and loaded.adapters is not None else []
 
 
 def load(engine, name: str, path: str) -> Loaded:
