@@ -39,6 +39,7 @@ from webapp.engine.model.tinygrad_setup import prepare_tinygrad  # noqa: E402
 
 prepare_tinygrad()  # before anything imports tinygrad, which reads HCQ2 then
 
+from webapp.engine.model.lanes import Lane  # noqa: E402
 from webapp.engine.serving.loader import load_gguf_model  # noqa: E402
 from webapp.engine.serving.settings import default_model_path  # noqa: E402
 
@@ -63,16 +64,21 @@ def llama_continuation(port: int, prompt: list[int], n: int) -> tuple[list[int],
     return [int(t) for t in answer["tokens"]], answer.get("stop_type", "")
 
 
-def teacher_forced_matches(steps, chunk: int, prompt: list[int], theirs: list[int]) -> list[bool]:
-    """Prefill `prompt`, then feed `theirs` one token at a time; whether our argmax equals theirs at each position."""
+def teacher_forced_logits(steps, chunk: int, prompt: list[int], theirs: list[int], lora=None) -> np.ndarray:
+    """Prefill `prompt`, then feed `theirs` one token at a time (each lane with `lora`, a LoRA
+    adapter's lane value, where given): our logits before each of theirs, (len(theirs), vocab)."""
     for start in range(0, len(prompt), chunk):
-        logits = steps.prefill(prompt[start : start + chunk], SLOT, start)  # (vocab,)
-    matches = []
-    for i, expected in enumerate(theirs):
-        matches.append(int(np.argmax(logits)) == expected)
-        if i + 1 < len(theirs):
-            logits = steps.decode([expected], [SLOT], [len(prompt) + i])[0]  # (vocab,)
-    return matches
+        logits = steps.run([Lane(SLOT, start, prompt[start : start + chunk], lora=lora)])[0]  # (vocab,)
+    rows = [logits]
+    for i, token in enumerate(theirs[:-1]):
+        rows.append(steps.run([Lane(SLOT, len(prompt) + i, [token], decoding=True, lora=lora)])[0])
+    return np.stack(rows[: len(theirs)]) if theirs else np.empty((0, len(logits)), np.float32)
+
+
+def teacher_forced_matches(steps, chunk: int, prompt: list[int], theirs: list[int]) -> list[bool]:
+    """Whether our argmax equals theirs at each position of `teacher_forced_logits`."""
+    picks = teacher_forced_logits(steps, chunk, prompt, theirs).argmax(axis=1)
+    return [int(ours) == token for ours, token in zip(picks, theirs, strict=True)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,7 @@ Usage: DEV=CPU .venv/bin/python bench/float64_triangle.py --llama-server $BIN/ll
 
 At every position of llama.cpp's greedy continuation of each chat prompt (teacher-forced, as in
 bench/fidelity.py) there are three top-1 tokens: llama.cpp's (its greedy token), ours (the logits of
-fidelity.py's `teacher_forced_matches`, recorded on the way) and float64's (`tests/support/tiny_models.Reference`:
+fidelity.py's `teacher_forced_logits`) and float64's (`tests/support/tiny_models.Reference`:
 the file's blocks dequantized by the `gguf` package, every product in float64, the K/V rounded to
 float16 as both servers cache them). Printed per file:
 
@@ -37,7 +37,7 @@ from support.tiny_models import Reference  # noqa: E402
 from support.tiny_qwen35 import Qwen35Reference  # noqa: E402
 
 from bench.conformance import BASELINE, ModelFiles, chat_prompts, parse_shape, type_mix  # noqa: E402
-from bench.fidelity import CHUNK, CONTEXT, SLOTS, teacher_forced_matches  # noqa: E402
+from bench.fidelity import CHUNK, CONTEXT, SLOTS, teacher_forced_logits  # noqa: E402
 from bench.servers import exit_on_sigterm, llama_completion, start_llama_server  # noqa: E402
 from webapp.engine.model.gguf import read_gguf  # noqa: E402
 from webapp.engine.serving.settings import default_model_path  # noqa: E402
@@ -59,38 +59,11 @@ def llama_with_probs(port: int, prompt: list[int], n: int, top: int) -> tuple[li
     return tokens[: len(probs)], probs
 
 
-class RecordedSteps:
-    """A `Steps` that keeps every logits row it returns: what teacher forcing saw at each position."""
-
-    def __init__(self, steps):
-        self.steps, self.rows = steps, []
-
-    def prefill(self, tokens, slot, start):
-        logits = self.steps.prefill(tokens, slot, start)  # (vocab,)
-        self.last_prefill = logits
-        return logits
-
-    def decode(self, tokens, slots, positions):
-        logits = self.steps.decode(tokens, slots, positions)  # (lanes, vocab)
-        self.rows.append(logits[0])
-        return logits
-
-    def take(self) -> np.ndarray:
-        """(positions, vocab): the last prefill row, then each decode's; resets for the next prompt."""
-        rows, self.rows = [self.last_prefill, *self.rows], []
-        return np.stack(rows)
-
-
 def our_logits(path: str, prompts, continuations) -> list[np.ndarray]:
     from webapp.engine.serving.loader import load_gguf_model
 
-    loaded = load_gguf_model(path, SLOTS, CONTEXT, CHUNK)
-    recorder = RecordedSteps(loaded.runner.steps)
-    out = []
-    for prompt, theirs in zip(prompts, continuations):
-        teacher_forced_matches(recorder, CHUNK, prompt, theirs)
-        out.append(recorder.take()[: len(theirs)])
-    return out
+    steps = load_gguf_model(path, SLOTS, CONTEXT, CHUNK).runner.steps
+    return [teacher_forced_logits(steps, CHUNK, prompt, theirs) for prompt, theirs in zip(prompts, continuations)]
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:

@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from bench.fidelity import llama_continuation  # noqa: E402
+from bench.fidelity import CHUNK, CONTEXT, SLOTS, llama_continuation, teacher_forced_logits  # noqa: E402
 from bench.lora_file import write_lora  # noqa: E402
 from bench.servers import exit_on_sigterm, start_llama_server, usable_cores  # noqa: E402
 from bench.workload import QUESTIONS  # noqa: E402
@@ -35,27 +35,19 @@ from webapp.engine.model.tinygrad_setup import prepare_tinygrad  # noqa: E402
 
 prepare_tinygrad()
 
-from webapp.engine.model.lanes import Lane  # noqa: E402
 from webapp.engine.serving.loader import load_gguf_model  # noqa: E402
 from webapp.engine.serving.settings import default_model_path  # noqa: E402
 
-SLOTS, CONTEXT, CHUNK, SLOT = 8, 4096, 32, 0
 DECIDED = 0.5  # a top-two gap (logits) past any rounding between two float16 adapters' products
 SCALE_NUDGE = 1e-3  # how sensitive the adapted model is: its own top-1s with the scale nudged this much
 
 
-def teacher_forced(steps, prompt: list[int], theirs: list[int], lora) -> list[tuple[int, float]]:
-    """Prefill `prompt` and feed `theirs` a token at a time with the adapter `lora` (a lane's, or None):
-    at each position, our top-1 and the gap between our top two logits."""
-    for start in range(0, len(prompt), CHUNK):
-        logits = steps.run([Lane(SLOT, start, prompt[start : start + CHUNK], lora=lora)])[0]
-    picks = []
-    for i, token in enumerate(theirs):
-        second, first = np.partition(np.asarray(logits, np.float64), -2)[-2:]
-        picks.append((int(np.argmax(logits)), float(first - second)))
-        if i + 1 < len(theirs):
-            logits = steps.run([Lane(SLOT, len(prompt) + i, [token], decoding=True, lora=lora)])[0]
-    return picks
+def picks_and_gaps(steps, prompt: list[int], theirs: list[int], lora) -> list[tuple[int, float]]:
+    """At each position of `theirs`, teacher-forced with the adapter `lora` (a lane's, or None): our
+    top-1 and the gap between our top two logits."""
+    logits = teacher_forced_logits(steps, CHUNK, prompt, theirs, lora).astype(np.float64)
+    top_two = np.sort(np.partition(logits, -2, axis=1)[:, -2:], axis=1)
+    return [(int(p), float(gap)) for p, gap in zip(logits.argmax(axis=1), top_two[:, 1] - top_two[:, 0])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,9 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for i, (prompt, theirs) in enumerate(zip(prompts, continuations)):
-        adapted = teacher_forced(steps, prompt, theirs, (index, scale))
-        base = teacher_forced(steps, prompt, theirs, None)
-        nudged = teacher_forced(steps, prompt, theirs, (index, scale * (1 + SCALE_NUDGE)))
+        adapted = picks_and_gaps(steps, prompt, theirs, (index, scale))
+        base = picks_and_gaps(steps, prompt, theirs, None)
+        nudged = picks_and_gaps(steps, prompt, theirs, (index, scale * (1 + SCALE_NUDGE)))
         counts = np.array(
             [
                 len(theirs),
