@@ -25,10 +25,6 @@ class LoraTable:
         self._held: dict[int, list[np.ndarray]] = {}  # index -> the arrays its entries name
         self._lanes: tuple[np.ndarray, np.ndarray] | None = None
 
-    @property
-    def indices(self) -> list[int]:
-        return sorted(self._held)
-
     def add(self, fitted: list[list]) -> int:
         if len(fitted) != self.layers:
             raise ValueError(f"an adapter for {len(fitted)} layers, not this model's {self.layers}")

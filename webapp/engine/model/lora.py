@@ -23,7 +23,7 @@ import numpy as np
 from webapp.engine.model.gguf import float_values, read_gguf
 
 MAX_RANK = 1024  # larger is no longer low-rank: refused rather than multiplied
-RANK_BLOCK = 32  # the float products' block: A's products take whole blocks of it a row
+INPUT_BLOCK = 32  # the float products' block: A's product takes its input in whole blocks of it
 ALL_TARGETS = ("qkv", "o", "gate_up", "down")  # kernels/abi.py's LORA_MATRICES, in the table's order
 
 
@@ -39,10 +39,6 @@ class AdapterFile:
     @property
     def rank(self) -> int:
         return max(a.shape[0] for a, _ in self.pairs.values())
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes + b.nbytes for a, b in self.pairs.values())
 
 
 @dataclass(frozen=True)
@@ -148,8 +144,8 @@ def fit(adapter: AdapterFile, targets: list[list[ProductTarget | None]], regroup
 
 
 def _stacked(adapter: AdapterFile, target: ProductTarget, regroup) -> FittedProduct:
-    if target.cols % RANK_BLOCK:
-        raise ValueError(f"{adapter.name}: {target.names[0]}'s input of {target.cols} values is not whole blocks of {RANK_BLOCK}")
+    if target.cols % INPUT_BLOCK:
+        raise ValueError(f"{adapter.name}: {target.names[0]}'s input of {target.cols} values is not whole blocks of {INPUT_BLOCK}")
     a_parts, parts = [], []
     for name, rows in zip(target.names, target.rows, strict=True):
         if name not in adapter.pairs:
