@@ -52,6 +52,7 @@ SHAPES = {
     "smollm3-3b": ("smollm3", 36, 2048, 11008, 16, 4, 128, True, 5e6),
     "phi4-mini": ("phi3", 32, 3072, 8192, 24, 8, 128, True, 1e4),
     "gemma3-1b": ("gemma3", 26, 1152, 6912, 4, 1, 256, True, 1e6),
+    "gemma3-4b": ("gemma3", 34, 2560, 10240, 8, 4, 256, True, 1e6),
     "gpt-oss-20b": ("gpt-oss", 24, 2880, 2880, 64, 8, 64, False, 150000.0),
     "olmoe-1b-7b": ("olmoe", 16, 2048, 1024, 16, 16, 128, False, 10000.0),
     "qwen1.5-moe-a2.7b": ("qwen2moe", 24, 2048, 5632, 16, 16, 128, False, 1e6),
@@ -89,7 +90,7 @@ SHARED_EXPERT = {"qwen1.5-moe-a2.7b": 5632, "qwen3.5-35b-a3b": 512}
 ROUTING = {"glm4.5-air": (1, 1, 1.0, True, True), "deepseek-v2-lite": (1, 2, 1.0, False, False)}
 ROUTING |= {"moonlight-16b-a3b": (1, 2, 2.446, True, True)}
 # sliding-window shapes: a local layer's window (Gemma 3: all but every sixth layer)
-SLIDING_WINDOW = {"gemma3-1b": 512, "gpt-oss-20b": 128}
+SLIDING_WINDOW = {"gemma3-1b": 512, "gemma3-4b": 1024, "gpt-oss-20b": 128}
 # YaRN: (factor, original context), as gpt-oss's files carry it
 YARN = {"gpt-oss-20b": (32.0, 4096), "deepseek-v2-lite": (40.0, 4096), "deepseek-v2-lite-dense": (40.0, 4096)}
 # DeepSeek-V2's YaRN: its rope.scaling.yarn_log_multiplier (0.1 x mscale_all_dim 0.707)

@@ -493,13 +493,14 @@ class Reference:
         a, b = x[..., : hd // 2], x[..., hd // 2 :]
         return np.concatenate([a * cos - b * sin, a * sin + b * cos], -1)
 
-    def logits(self, tokens: list[int], inputs: dict[int, np.ndarray] | None = None) -> np.ndarray:
+    def logits(self, tokens: list[int], inputs: dict[int, np.ndarray] | None = None, both_ways: tuple = ()) -> np.ndarray:
         """(T, vocab) logits for every position; `inputs`: rows fed in place of the embeddings of
-        the tokens at their positions (an image's), unscaled."""
-        hidden = self.hidden(tokens, inputs) if inputs else self.hidden(tokens)  # subclasses take no inputs
+        the tokens at their positions (an image's), unscaled; `both_ways`: (first, end) position
+        ranges whose queries also see the later keys of their range (Gemma 3's image)."""
+        hidden = self.hidden(tokens, inputs, both_ways) if inputs else self.hidden(tokens)  # subclasses take no inputs
         return hidden @ self.w.get("output.weight", self.w["token_embd.weight"]).T
 
-    def hidden(self, tokens: list[int], inputs: dict[int, np.ndarray] | None = None) -> np.ndarray:
+    def hidden(self, tokens: list[int], inputs: dict[int, np.ndarray] | None = None, both_ways: tuple = ()) -> np.ndarray:
         """(T, dim): the final norm's output at every position (what the head reads, embeddings pool)."""
         w, T = self.w, len(tokens)
         self.ffn_inputs = []  # each layer's normed feed-forward input, for tests of a router on its own
@@ -528,7 +529,10 @@ class Reference:
             k, v = cached(k, self.kv_type), cached(v, self.kv_type)  # as the KV cache holds them
             rep = self.n_heads // self.n_kv
             k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
-            scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd) + np.triu(np.full((T, T), -np.inf), 1)
+            causal = np.triu(np.full((T, T), -np.inf), 1)
+            for first, end in both_ways:
+                causal[first:end, first:end] = 0.0
+            scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd) + causal
             if window:  # keys window or more positions back are out of sight
                 scores = scores + np.tril(np.full((T, T), -np.inf), -window)
             sinks = w.get(p + "attn_sinks.weight")  # one more score a head, weighing no value

@@ -1,5 +1,6 @@
 """Scheduling policy with a fake model: admission, chunked prefill interleaving, slot choice, retire, abort."""
 
+import numpy as np
 import pytest
 from support import drain_outputs, engine_over, wait_until
 from support.fakes import FakeRunner
@@ -9,7 +10,8 @@ from webapp.engine.serving.engine import QueueFull
 from webapp.engine.serving.errors import PromptTooLong
 from webapp.engine.serving.kv_cache import RingRows, SlotTable
 from webapp.engine.serving.request import Request, Status
-from webapp.engine.serving.scheduler import Scheduler
+from webapp.engine.serving.scheduler import Scheduler, whole_images
+from webapp.engine.vision.vision import ImageSpan, PreparedImage
 
 VOCAB = 50
 
@@ -138,6 +140,26 @@ def test_a_mixing_runner_gets_each_chunk_with_the_decode_step():
         assert drain_outputs(short)[0][-1] == (2 + 40) % VOCAB
         chunks = [c for c in engine.loaded.runner.calls if c[0] in ("prefill", "mixed") and long.id in str(c[1])]
         assert chunks == [("mixed", ((long.id, start, n),), (short.id,)) for start, n in [(0, 4), (4, 4), (8, 4), (12, 1)]]
+
+
+def test_an_image_attended_both_ways_is_never_cut_across_chunks():
+    """Gemma 3's image (PreparedImage.both_ways) runs in one chunk: the chunk before it stops at its
+    first position, its own chunk takes all of it over the budget; a causal family's image is cut
+    like text. And a chunk starting inside such an image (a cached prefix ending there) takes the rest."""
+    pixels = np.zeros((3, 2, 2), np.float32)
+    for both_ways, want in ((True, [(0, 3), (3, 6), (9, 4), (13, 1)]), (False, [(0, 4), (4, 4), (8, 4), (12, 2)])):
+        with engine_over(FakeRunner(vocab=VOCAB), context=64, slots=2, queue_limit=3, prefill_chunk=4) as engine:
+            prompt = request([1, 2, 3] + [VOCAB + 1] * 6 + list(range(4, 9)), max_tokens=1)
+            prompt.images = (ImageSpan(3, PreparedImage(pixels, b"d", 6, both_ways=both_ways)),)
+            engine.submit(prompt)
+            drain_outputs(prompt)
+            assert [c[2:] for c in engine.loaded.runner.calls if c[0] == "prefill"] == want
+    image = (ImageSpan(3, PreparedImage(pixels, b"d", 6, both_ways=True)),)
+    inside = request([0] * 14)
+    inside.images = image
+    assert [whole_images(inside, 5, end) for end in (6, 9, 12)] == [9, 9, 12]
+    assert [whole_images(inside, 2, end, grow=False) for end in (5, 3)] == [3, 3]
+    assert whole_images(inside, 5, 7, grow=False) == 5  # no room for the image's rest: nothing this step
 
 
 def test_a_mixing_runner_gets_several_prompts_in_one_step_within_the_budget():

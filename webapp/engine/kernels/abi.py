@@ -108,6 +108,7 @@ class AttendFlag(enum.IntFlag):
     SINKS = 16  # extras end with a logit a query head (gpt-oss's attention sinks)
     QK_NORM_WHOLE = 32  # the q/k norms over all of q and all of k, not a head at a time (OLMoE)
     LATENT = 64  # no value heads, a key row its own value (multi-head latent attention, mla.c)
+    KEYS_AHEAD = 128  # a step's lanes say the last key each attends (Gemma 3's image positions see the whole image)
 
 
 class LayerForm(enum.IntFlag):

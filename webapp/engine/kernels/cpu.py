@@ -41,6 +41,7 @@ from webapp.engine.kernels.abi import MAX_PARTS, STACK_HEADER_BYTES, STACKED
 from webapp.engine.kernels.block_weight import BLOCK_FORMATS, BlockWeight
 from webapp.engine.kernels.build import SOURCE, load_library, rung_for
 from webapp.engine.kernels.layer_tables import LayerTensors, WholeModel, cache_layout, layer_attention, page_attention
+from webapp.engine.kernels.step_lanes import checked_inputs, lane_values
 
 log = logging.getLogger(__name__)
 
@@ -345,6 +346,7 @@ class QuantizedCPU:
         resume_rows: bool = False,
         inputs: np.ndarray | None = None,
         lora: int = 0,
+        last_keys: list[int] | None = None,
     ) -> np.ndarray:
         """A whole step (tq_forward) as one call on this thread, which works through the pool's jobs
         with it: tokens (B,), lanes (2B,) as `attend` takes them, picks = the lanes whose logits are
@@ -353,36 +355,24 @@ class QuantizedCPU:
         state, where it is not its slot's (gated_delta.c), its sequence's first lane taking the slot's
         state, or with `resume_rows` going on from the state its row holds; `inputs` (k, dim) float32:
         the embeddings of the tokens given as -1 - row (an image's rows); `lora`: its LoRA table's address
-        for this step (LoraTable.address), or 0. The model's tensors must not be in use by
-        tinygrad's queue (callers synchronize after tinygrad work on the same tensors).
+        for this step (LoraTable.address), or 0; `last_keys` (B,): the last key each lane attends,
+        where some attend past their own position (ATTEND_KEYS_AHEAD). The model's tensors must not be
+        in use by tinygrad's queue (callers synchronize after tinygrad work on the same tensors).
 
         Not a kernel inside a TinyJit like the others: a replayed capture adds Python before the kernel,
         a hop to tinygrad's worker thread and a wait for its end (bench/RESULTS.md, 56cc4f0)."""
-        if state_rows is not None:
-            assert len(state_rows) == len(tokens) and model.dims.recurrent.state, "a recurrent model's rows of state, one a lane"
-            lanes = [*lanes, *state_rows]
-        ids, lane_values, rows = (np.ascontiguousarray(v, dtype=np.int32) for v in (tokens, lanes, picks))
-        given = _checked_inputs(ids, inputs, model.dims.dim)
+        B = len(tokens)
+        assert len(lanes) == 2 * B and (state_rows is None or (len(state_rows) == B and model.dims.recurrent.state))
+        lane_array = lane_values(lanes[:B], lanes[B:], state_rows, last_keys)
+        ids, rows = (np.ascontiguousarray(v, dtype=np.int32) for v in (tokens, picks))
+        given = checked_inputs(ids, inputs, model.dims.dim)
         out = np.empty((len(rows), model.dims.dim if hidden else model.dims.vocab), dtype=np.float32)
         lane_rows = abi.LaneRows.SLOTS if state_rows is None else abi.LaneRows.RESUME if resume_rows else abi.LaneRows.GIVEN
-        step = model.step(len(ids), len(rows), abi.StepOutput.HIDDEN if hidden else abi.StepOutput.LOGITS, lane_rows)
+        step = model.step(B, len(rows), abi.StepOutput.HIDDEN if hidden else abi.StepOutput.LOGITS, lane_rows, last_keys is not None)
         model.table[abi.ModelEntry.LORA] = lora
-        addresses = (out.ctypes.data, ids.ctypes.data, lane_values.ctypes.data, rows.ctypes.data, model.table.ctypes.data)
+        addresses = (out.ctypes.data, ids.ctypes.data, lane_array.ctypes.data, rows.ctypes.data, model.table.ctypes.data)
         self._forward(*addresses, step, model.layer_info.ctypes.data, None if given is None else given.ctypes.data)
         return out
-
-
-def _checked_inputs(ids: np.ndarray, inputs: np.ndarray | None, dim: int) -> np.ndarray | None:
-    """`inputs` as C-contiguous float32 rows that every negative id names, or ValueError: the C side
-    copies row -1 - id without a bound."""
-    if inputs is None:
-        if (ids < 0).any():
-            raise ValueError("a negative token id names a row of inputs, and none were given")
-        return None
-    given = np.ascontiguousarray(inputs, dtype=np.float32)
-    if given.ndim != 2 or given.shape[1] != dim or (ids < -len(given)).any():
-        raise ValueError(f"inputs of shape {given.shape} for negative ids down to {ids.min()} (rows of {dim})")
-    return given
 
 
 def _checked_blocks(rows: np.ndarray, ggml_type: int, cols: int) -> np.ndarray:

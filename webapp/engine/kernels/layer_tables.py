@@ -117,13 +117,18 @@ class WholeModel:
     block_tables: np.ndarray | None = None  # a paged cache's (rows, table_width) int32, read by address each step
     _steps: dict = field(default_factory=dict, compare=False)
 
-    def step(self, lanes: int, picks: int, outputs: int = 0, lane_rows: abi.LaneRows = abi.LaneRows.SLOTS) -> abi.Step:
+    def step(
+        self, lanes: int, picks: int, outputs: int = 0, lane_rows: abi.LaneRows = abi.LaneRows.SLOTS, keys_ahead: bool = False
+    ) -> abi.Step:
         """tq_forward's step for `lanes` lanes and `picks` rows of `outputs` (abi.StepOutput); `lane_rows`:
-        where the lanes keep their recurrent state (abi.LaneRows)."""
-        step = self._steps.get((lanes, picks, outputs, lane_rows))
+        where the lanes keep their recurrent state (abi.LaneRows); `keys_ahead`: the lanes say the
+        last key each attends (abi.AttendFlag.KEYS_AHEAD)."""
+        key = (lanes, picks, outputs, lane_rows, keys_ahead)
+        step = self._steps.get(key)
         if step is None:
-            step = self._steps[lanes, picks, outputs, lane_rows] = abi.Step.from_buffer_copy(self.dims)
+            step = self._steps[key] = abi.Step.from_buffer_copy(self.dims)
             step.attention.lanes, step.picks, step.outputs = lanes, picks, outputs
+            step.attention.flags = abi.AttendFlag.KEYS_AHEAD if keys_ahead else 0
             step.recurrent.lane_rows = int(lane_rows)
         return step
 

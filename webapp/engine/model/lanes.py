@@ -7,7 +7,9 @@ verification); HIDDEN, every token's final norm output (len(tokens), dim) (embed
 lane feeds a sequence's last output token, then any drafted tokens after it (`drafted`: a
 verification, each drafted token in a recurrent state row of its own where the model has such
 layers); any other lane is a prompt chunk, whose `inputs` are (offset, rows) pairs: rows (n, dim)
-float32 fed at tokens offset .. offset + n - 1 in place of their embeddings (an image's). `lora`: a
+float32 fed at tokens offset .. offset + n - 1 in place of their embeddings (an image's); with
+`inputs_both_ways` each such run of positions attends all of itself, later ones too (Gemma 3's
+image, which the scheduler never cuts across chunks). `lora`: a
 LoRA adapter's index in the steps' `lora_table` and the scale on its products, or None. The lanes of
 one step hold distinct slots, and a lane's numbers never depend on the others beside it.
 """
@@ -34,6 +36,7 @@ class Lane:
     decoding: bool = False
     inputs: tuple = ()
     lora: tuple[int, float] | None = None
+    inputs_both_ways: bool = False
 
     @property
     def drafted(self) -> bool:

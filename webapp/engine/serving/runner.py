@@ -128,6 +128,7 @@ class ModelRunner:
         self.beam = beam  # tinygrad BEAM search width for compiling kernels at warm-up (0: default kernels)
         self.draft = draft  # a DraftModel, run on this thread beside the served model
         self.vision = vision  # the projector's Vision (webapp/engine/vision/vision.py) where images are taken
+        self._both_ways = vision is not None and vision.projector.both_ways  # a lane's image rows see each other
 
     @property
     def mixes(self) -> bool:
@@ -152,7 +153,7 @@ class ModelRunner:
     def run(self, parts: list[Part]) -> list[np.ndarray]:
         lora = [None if p.request.lora is None else p.request.lora.lane for p in parts]
         return self.steps.run(
-            [Lane(p.request.slot, p.start, p.tokens, p.want, p.decoding, self._inputs(p), a) for p, a in zip(parts, lora)]
+            [Lane(p.request.slot, p.start, p.tokens, p.want, p.decoding, self._inputs(p), a, self._both_ways) for p, a in zip(parts, lora)]
         )
 
     def ready(self, request: Request) -> bool:

@@ -66,6 +66,18 @@ class StepPlan:
         return [r for r in (*self.decode, *joined) if r.status is Status.DECODE]
 
 
+def whole_images(request: Request, start: int, end: int, grow: bool = True) -> int:
+    """Where a chunk of `request`'s prompt from `start` ends so that it cuts no image whose positions
+    attend each other both ways (vision.py's PreparedImage.both_ways): `end`, or before the image it
+    would cut, or where the chunk begins inside that image and `grow`, past its end (over the step's
+    prompt budget, as llama.cpp decodes such an image in one batch)."""
+    for span in request.images:
+        first, last = span.start, span.start + span.image.tokens
+        if span.image.both_ways and first < end < last:
+            return last if grow and first <= start else max(first, start)
+    return end
+
+
 class Scheduler:
     def __init__(self, slots: SlotTable | PagedSlots, prefill_chunk: int, clock: Callable[[], float] = time.monotonic):
         self.slots = slots
@@ -156,15 +168,16 @@ class Scheduler:
             if state is not None:
                 copy = PrefixCopy(copy.source if copy else None, self.position(request), copy.saved if copy else 0, state)
             start = self.position(request)
-            tokens = request.resume_ids[start : start + budget]
+            end = whole_images(request, start, min(start + budget, len(request.resume_ids)))
             mark = self._next_mark(request, start)
             if mark is not None:
-                tokens = tokens[: mark - start]  # a snapshot of the state is taken where this chunk ends
+                end = min(end, mark)  # a snapshot of the state is taken where this chunk ends
             # the chunk that ends the prompt also needs the first decode step's position
-            finishes = start + len(tokens) == len(request.resume_ids)
-            room = self._room_for(request, start + len(tokens) + finishes)
-            if room < start + len(tokens) + finishes:
-                tokens = tokens[: max(0, room - start - finishes)]
+            finishes = end == len(request.resume_ids)
+            room = self._room_for(request, end + finishes)
+            if room < end + finishes:
+                end = whole_images(request, start, max(start, room - finishes), grow=False)
+            tokens = request.resume_ids[start:end]
             if not tokens:
                 break  # the pool holds no more for the oldest prompt: it waits for blocks, first in line
             chunks.append(PromptChunk(request, tokens, start, copy))

@@ -9,7 +9,8 @@ as 1 + w) and multiplied by `mm.input_projection.weight`, stored (width, text_di
 
 Images are resized to the encoder's square with a bilinear filter, aspect ratio not kept: Gemma 3's
 own preprocessing (without pan-and-scan crops). The rows sit between "<start_of_image>" and
-"<end_of_image>" in the prompt.
+"<end_of_image>" in the prompt, and the language model attends them both ways: each of an image's
+positions sees all of them, as Gemma 3 was trained.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Gemma3Projection:
     resample = Image.Resampling.BILINEAR
     before = "<start_of_image>"
     after = "<end_of_image>"
+    both_ways = True  # the model attends an image's rows both ways (llama.cpp's mtmd: one non-causal batch)
 
     def __init__(self, grid_side: int, pooled_side: int, eps: float, norm_weight: np.ndarray, projection: np.ndarray):
         self.grid_side = grid_side

@@ -39,6 +39,7 @@ class Idefics3Projection:
     resample = Image.Resampling.LANCZOS
     before = "<fake_token_around_image><global-img>"
     after = "<fake_token_around_image>"
+    both_ways = False  # causal over its rows, as over text
 
     def __init__(self, grid_side: int, scale_factor: int, fc_weight: np.ndarray, longest_edge: int = 0):
         self.grid_side = grid_side

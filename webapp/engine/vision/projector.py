@@ -38,6 +38,7 @@ class Projection(Protocol):
     resample: Image.Resampling
     before: str
     after: str
+    both_ways: bool  # each of an image's positions attends all of its rows, not only those before it
 
     @property
     def tokens_per_image(self) -> int: ...
@@ -74,6 +75,11 @@ class Projector:
     def text_dim(self) -> int:
         """The width of the rows `encode` returns: the language model's embedding width."""
         return self.projection.text_dim
+
+    @property
+    def both_ways(self) -> bool:
+        """The language model attends an image's rows both ways, so its rows run in one chunk."""
+        return self.projection.both_ways
 
     @property
     def tokens_per_image(self) -> int:

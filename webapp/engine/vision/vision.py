@@ -42,6 +42,7 @@ class PreparedImage:
     tokens: int  # prompt positions its rows take
     before: str = ""  # the family's text before its rows, and after them
     after: str = ""
+    both_ways: bool = False  # its positions attend each other both ways: one prompt chunk holds them all
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,8 @@ class Vision:
         pieces = []
         for before, pixels, after in self.projector.pieces(decode_image(data)):
             pixels = np.ascontiguousarray(pixels, dtype=np.float32)
-            pieces.append(PreparedImage(pixels, hashlib.sha256(pixels.tobytes()).digest(), self.projector.tokens_per_image, before, after))
+            digest = hashlib.sha256(pixels.tobytes()).digest()
+            pieces.append(PreparedImage(pixels, digest, self.projector.tokens_per_image, before, after, self.projector.both_ways))
         return tuple(pieces)
 
     def placeholder(self, image: PreparedImage) -> int:

@@ -7,8 +7,9 @@
  *      ATTEND_NO_ROPE), and write k and v at that position of the lane's slot in the KV cache (2,
  *      slots, KvH, positions, a row; paged: the row of the slot's block, below), a row being Hd
  *      float16 values or, with shape->kv_type KV_Q8_0, Hd / 32 Q8_0 blocks (attention_q8.c);
- *   2. over the pool: softmax(q . K[first..pos] * scale) . V[first..pos] for every (lane, query head),
- *      first being 0, or pos - window + 1 for a sliding-window layer (shape->window),
+ *   2. over the pool: softmax(q . K[first..last] * scale) . V[first..last] for every (lane, query head),
+ *      first being 0, or pos - window + 1 for a sliding-window layer (shape->window), last being pos
+ *      (with ATTEND_KEYS_AHEAD, the lane's last key: tq.h),
  *      reading the cache in place, in chunks of KEY_CHUNK keys; an item is a chunk of keys for a
  *      lane's query heads that share a kv head (up to MAX_SHARED_HEADS of them), or for a single head
  *      when that leaves a thread fewer than two items. Each chunk keeps its own max, sum and
@@ -46,9 +47,13 @@ static uint8_t *kv_row(const void *cache, const int32_t *tables, const tq_attent
   return (uint8_t *)cache + row * kv_row_bytes(shape);
 }
 
-/* The first key a query at pos attends, and the chunks of keys it spans (from its first key's). */
+/* The first key a query at pos attends, the last (pos, or with ATTEND_KEYS_AHEAD the lanes' fourth
+ * row's: tq.h), and the chunks of keys it spans (from its first key's). */
 static int first_key(int pos, int window) { return window > 0 && pos >= window ? pos - window + 1 : 0; }
-static int key_chunks(int pos, int window) { return pos / KEY_CHUNK - first_key(pos, window) / KEY_CHUNK + 1; }
+static int last_key(const int32_t *lanes, int B, int b, int flags) { return flags & ATTEND_KEYS_AHEAD ? lanes[3 * B + b] : lanes[B + b]; }
+static int key_chunks(const int32_t *lanes, int B, int b, const tq_attention *shape) {
+  return last_key(lanes, B, b, shape->flags) / KEY_CHUNK - first_key(lanes[B + b], shape->window) / KEY_CHUNK + 1;
+}
 
 typedef struct {
   const float *q;
@@ -78,10 +83,10 @@ static void run_attend(const void *ctx, int first, int last) {
        later lanes see more keys); lanes before the first with any sit this chunk out */
     int n[MAX_ITEM_LANES], lo = 0, active = lanes;
     for (int l = lanes - 1; l >= 0; l--) {
-      const int pos = a->lanes[B + b0 + l], first = first_key(pos, a->shape->window);
+      const int first = first_key(a->lanes[B + b0 + l], a->shape->window), last = last_key(a->lanes, B, b0 + l, a->shape->flags);
       const int j0 = (first / KEY_CHUNK + chunk) * KEY_CHUNK;
       lo = j0 > first ? j0 : first;
-      n[l] = pos + 1 - lo < j0 + KEY_CHUNK - lo ? pos + 1 - lo : j0 + KEY_CHUNK - lo;
+      n[l] = last + 1 - lo < j0 + KEY_CHUNK - lo ? last + 1 - lo : j0 + KEY_CHUNK - lo;
       if (n[l] > 0) active = l;
     }
     if (active == lanes) continue; /* past every lane's position */
@@ -219,7 +224,7 @@ static void attend(float *out, const float *qkv, void *cache, const int32_t *lan
   const int parts = (group + shared - 1) / shared;
   shared = (group + parts - 1) / parts; /* parts of equal width: 4 = 2 + 2, not 3 + 1 */
   int chunks = 1;
-  for (int b = 0; b < B; b++) chunks = key_chunks(lanes[B + b], shape->window) > chunks ? key_chunks(lanes[B + b], shape->window) : chunks;
+  for (int b = 0; b < B; b++) chunks = key_chunks(lanes, B, b, shape) > chunks ? key_chunks(lanes, B, b, shape) : chunks;
   int *groups = at_least(&attend_groups, (size_t)(B + 1) * sizeof(int));
   int item_lanes = shape->kv_type == KV_F16 && shape->window == 0 ? MAX_ITEM_LANES : 1;
   int count = lane_groups(lanes, B, item_lanes, groups);
@@ -233,7 +238,7 @@ static void attend(float *out, const float *qkv, void *cache, const int32_t *lan
   run_job(&j);
   for (int b = 0; b < B; b++)
     for (int h = 0; h < H; h++)
-      combine_chunks(partials + ((size_t)b * H + h) * chunks * (Hd + 2), key_chunks(lanes[B + b], shape->window), Hd,
+      combine_chunks(partials + ((size_t)b * H + h) * chunks * (Hd + 2), key_chunks(lanes, B, b, shape), Hd,
                      sinks ? sinks[h] : -INFINITY, out + ((size_t)b * H + h) * Hd);
 }
 

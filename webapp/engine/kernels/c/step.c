@@ -137,7 +137,7 @@ void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, cons
     const lora_view lora = {(const uint64_t *)(uintptr_t)model[MODEL_LORA], l, step->layers};
     const int32_t *info = layer_info + LAYER_INFO * (size_t)l;
     memcpy(layer_shape.types, info, sizeof layer_shape.types);
-    layer_shape.attention.flags = info[LAYER_INFO_FLAGS];
+    layer_shape.attention.flags = info[LAYER_INFO_FLAGS] | (a->flags & ATTEND_KEYS_AHEAD);
     layer_shape.attention.window = info[LAYER_INFO_WINDOW];
     /* a paged model's layers share one block table and so one positions a sequence, the step's */
     if (!a->block_positions) layer_shape.attention.positions = info[LAYER_INFO_POSITIONS];

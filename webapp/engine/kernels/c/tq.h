@@ -46,6 +46,12 @@ enum { ATTEND_BIAS = 1, ATTEND_QK_NORM = 2, ATTEND_NO_ROPE = 4, ATTEND_LOCAL_ROP
  * query heads and one key head (no value head), and a key's row is also its value (the value a query
  * reads is the whole row); the cache is (1, slots, 1, positions, a row): no value rows. */
 enum { ATTEND_LATENT = 64 };
+/* ATTEND_KEYS_AHEAD: the lanes carry a fourth row of B values (lanes[3B + b]; the third, lane_rows',
+ * is then present, read or not): the last key lane b attends, its position or a later one of its
+ * slot that this step writes (Gemma 3's image positions attend the whole image, as llama.cpp decodes
+ * an image in one non-causal batch). A step's flag (tq_forward's step->attention.flags), which every
+ * layer takes. */
+enum { ATTEND_KEYS_AHEAD = 128 };
 /* How a layer's sublayers join the residual stream (tq_layer_shape.form). FORM_POST_NORMS: the
  * attention's and the feed-forward's outputs are rms-normalized (by the layer's LAYER_POST_NORMS, D
  * floats each) before they are added (Gemma 3); FORM_GEGLU: the feed-forward is gelu(gate) * up

@@ -123,9 +123,10 @@ class OneCallSteps(Steps):
         resume: bool = False,
         inputs: np.ndarray | None = None,
         lora: int = 0,
+        last_keys: list[int] | None = None,
     ) -> np.ndarray:
         return self.kernels.step(
-            self.whole_model, tokens, lanes, picks, state_rows=state_rows, resume_rows=resume, inputs=inputs, lora=lora
+            self.whole_model, tokens, lanes, picks, state_rows=state_rows, resume_rows=resume, inputs=inputs, lora=lora, last_keys=last_keys
         )
 
     def run(self, lanes: list[Lane]) -> list[np.ndarray]:
@@ -135,15 +136,20 @@ class OneCallSteps(Steps):
         assert lanes and all(lane.tokens for lane in lanes) and len({lane.slot for lane in lanes}) == len(lanes)
         assert all(lane.start + len(lane.tokens) <= self.model.context for lane in lanes)
         tokens, slots, positions, picks, inputs, given, adapters, scales = [], [], [], [], [], 0, [], []
+        last_keys = [] if any(lane.inputs_both_ways and lane.inputs for lane in lanes) else None
         for lane in lanes:
             first, n = len(tokens), len(lane.tokens)
             tokens += lane.tokens
+            slots += [lane.slot] * n
+            positions += range(lane.start, lane.start + n)
+            if last_keys is not None:
+                last_keys += positions[first:]
             for offset, rows in lane.inputs:  # fed as -1 - their row in `inputs` (tq_forward)
                 tokens[first + offset : first + offset + len(rows)] = range(-1 - given, -1 - given - len(rows), -1)
                 inputs.append(rows)
                 given += len(rows)
-            slots += [lane.slot] * n
-            positions += range(lane.start, lane.start + n)
+                if lane.inputs_both_ways:  # every position of the run sees its last
+                    last_keys[first + offset : first + offset + len(rows)] = [lane.start + offset + len(rows) - 1] * len(rows)
             picks += [first + n - 1] if lane.want is Want.LAST else range(first, first + n)
             adapter, scale = lane.lora or (-1, 0.0)
             adapters += [adapter] * n
@@ -151,9 +157,13 @@ class OneCallSteps(Steps):
         lora = self.lora_table.address(np.array(adapters, np.int32), np.array(scales, np.float32))
         if any(lane.want is Want.HIDDEN for lane in lanes):  # the final norm's outputs, for a whole call only
             assert len(lanes) == 1 and lanes[0].want is Want.HIDDEN, "a hidden lane runs alone"
-            return [self.kernels.step(self.whole_model, tokens, slots + positions, picks, hidden=True, inputs=_rows(inputs), lora=lora)]
+            return [
+                self.kernels.step(
+                    self.whole_model, tokens, slots + positions, picks, hidden=True, inputs=_rows(inputs), lora=lora, last_keys=last_keys
+                )
+            ]
         state_rows = self._state_rows(lanes) if any(lane.drafted for lane in lanes) else None
-        out = self._step(tokens, slots + positions, picks, state_rows, inputs=_rows(inputs), lora=lora)
+        out = self._step(tokens, slots + positions, picks, state_rows, inputs=_rows(inputs), lora=lora, last_keys=last_keys)
         ends = list(itertools.accumulate(lane.picked for lane in lanes))
         return [out[end - 1] if lane.want is Want.LAST else out[end - lane.picked : end] for lane, end in zip(lanes, ends)]
 
