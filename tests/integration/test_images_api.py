@@ -13,7 +13,7 @@ import numpy as np
 import openai
 import pytest
 from PIL import Image
-from support import assert_error_shape, post, tiny_engine_server
+from support import assert_error_shape, get, post, tiny_engine_server
 from support.tiny_models import write_tiny_gguf
 from support.tiny_projectors import write_tiny_projector
 
@@ -180,6 +180,13 @@ def test_ollamas_images(served):
     with pytest.raises(ollama.ResponseError) as refused:
         client.generate(model="tiny", prompt="x", raw=True, images=[png(10)])
     assert refused.value.status_code == 400 and "raw" in refused.value.error
+
+
+def test_the_api_document_offers_images_in_every_shape(served):
+    _, _, document = get(served[1], "/openapi.json")
+    schemas = document["components"]["schemas"]
+    for name, image_type in (("ContentPart", "image_url"), ("ResponseContentPart", "input_image"), ("AnthropicContentBlock", "image")):
+        assert image_type in [part["properties"]["type"].get("const") for part in schemas[name]["oneOf"]], name
 
 
 def test_tokenize_counts_an_images_positions(served):

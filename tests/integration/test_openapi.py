@@ -1,16 +1,19 @@
 """`/openapi.json` (webapp/http/openapi.py) is a valid OpenAPI 3.1 document, and every route it
 describes, fuzzed from it with Schemathesis against a real Waitress server and engine on a tiny
-model: never a 5xx, every 4xx in its family's error shape, every 200 valid against the document, and
-the engine idle and serving afterwards (no request kept a slot)."""
+model: never a 5xx, every body the document allows served (a 4xx only where no schema can say it:
+`INHERENT`), every 4xx in its family's error shape, every 200 valid against the document, and the
+engine idle and serving afterwards (no request kept a slot)."""
 
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 from support import get, post, tiny_engine_server, wait_until
@@ -40,6 +43,21 @@ def test_the_document_is_served_publicly_and_names_every_route_it_fuzzes(served)
     assert {path for path, _ in OPERATIONS} == set(document["paths"])
 
 
+def test_the_document_narrows_to_the_model_served(served):
+    """What depends on the model: token ids within its vocabulary, `n` within the slots, no image
+    parts without a projector, no `lora` entries without adapters (a server with a projector offers
+    image parts in every shape: tests/integration/test_images_api.py)."""
+    engine, server = served
+    _, _, document = get(server, "/openapi.json")
+    schemas = document["components"]["schemas"]
+    assert schemas["TokenId"]["maximum"] == engine.tokenizer.vocab_size - 1
+    assert schemas["ChatCompletionRequest"]["properties"]["n"]["maximum"] == engine.n_slots == 2
+    assert schemas["ContentPart"]["properties"]["type"] == {"const": "text"}
+    assert schemas["ResponseContentPart"]["properties"]["type"]["enum"] == ["input_text", "output_text"]
+    assert schemas["AnthropicContentBlock"]["properties"]["type"] == {"const": "text"}
+    assert schemas["Lora"]["maxItems"] == 0
+
+
 OPERATIONS = [
     ("/v1/models", "GET"),
     ("/v1/chat/completions", "POST"),
@@ -66,6 +84,12 @@ OPERATIONS = [
 ]
 
 
+# refusals of bodies the document allows that no JSON schema could rule out: a prompt longer than
+# the context or of characters the vocabulary lacks, a stored response that does not exist, score
+# pairs that do not pair up, a forced tool the request's tools do not hold
+INHERENT = re.compile(
+    r"maximum context length|prompt is empty|holds no token of|Previous response with id|holds \d+ texts? and|which is not in 'tools'"
+)
 STREAMING = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/api/chat", "/api/generate"}
 BY_ID = {"/v1/responses/{response_id}"}  # random ids name no stored response: 404s, each in the document's shape
 
@@ -77,7 +101,7 @@ def test_every_route_fuzzed_from_the_document_answers_without_a_server_error(ser
 
     statuses: Counter = Counter()
 
-    @given(case=operation.as_strategy())
+    @given(case=operation.as_strategy(generation_mode=GenerationMode.POSITIVE))
     @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True)
     def fuzz(case):
         if path in STREAMING and isinstance(case.body, dict):
@@ -86,6 +110,8 @@ def test_every_route_fuzzed_from_the_document_answers_without_a_server_error(ser
         statuses[response.status_code] += 1
         # a 4xx is checked against its family's error schema in the document (OpenAI's, Anthropic's, Ollama's)
         case.validate_response(response, checks=[not_a_server_error, response_schema_conformance])
+        if response.status_code >= 400 and path not in BY_ID:
+            assert INHERENT.search(response.text), f"a body the document allows was refused: {case.body!r} -> {response.text}"
 
     fuzz()
     assert (statuses[200] > 0 or path in BY_ID) and sum(statuses.values()) >= (EXAMPLES // 2 if method == "POST" else 1), statuses

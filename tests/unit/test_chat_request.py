@@ -32,3 +32,15 @@ def test_each_part_refuses_naming_its_field(extra, param):
     with pytest.raises(ApiError) as e:
         parse_chat({"messages": HELLO, **extra}, 10)
     assert e.value.status == 400 and e.value.param == param
+
+
+def test_a_whole_number_is_an_integer_however_it_is_written():
+    """As JSON Schema counts integers (and /openapi.json says `integer`): 5.0 and 1e1 are whole."""
+    from webapp.openai.request_bodies import parse_chat_request, parse_json_body
+
+    body = parse_json_body(b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5.0, "n": 1e0, "temperature": 0.5}')
+    assert body["max_tokens"] == 5 and isinstance(body["max_tokens"], int) and body["temperature"] == 0.5
+    params = parse_chat_request(body, 16)
+    assert params.max_tokens == 5 and params.n == 1
+    with pytest.raises(ApiError, match="must be an integer"):
+        parse_chat_request(parse_json_body(b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5.5}'), 16)

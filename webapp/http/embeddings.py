@@ -78,6 +78,8 @@ def _prompt(engine, item, index: int) -> list[int]:
             raise ApiError(400, f"'input[{index}]': token ids are from 0 to {tokenizer.vocab_size - 1}.", "input")
         ids = list(item)
     ids += engine.embedding_suffix
+    if not ids:  # a text of characters the vocabulary lacks (SmolLM2's has no byte 0x13, say), no BOS
+        raise ApiError(400, f"'input[{index}]' holds no token of this model's vocabulary.", "input")
     try:
         completion_room(len(ids), engine.max_context)
     except PromptTooLong as e:

@@ -16,10 +16,14 @@ from __future__ import annotations
 from flask import jsonify
 
 from webapp.anthropic import openapi_schemas as anthropic_schemas
+from webapp.anthropic.openapi_schemas import IMAGE_BLOCK, TEXT_BLOCK
+from webapp.engine.serving.model_set import ModelSet
+from webapp.http import generation as gen
 from webapp.http.families import PUBLIC, Family
 from webapp.ollama import openapi_schemas as ollama_schemas
 from webapp.openai import openapi_schemas as openai_schemas
-from webapp.openai.json_schema import STRING, ref
+from webapp.openai.json_schema import NONEMPTY, STRING, array, ref
+from webapp.openai.openapi_schemas import IMAGE_PART, RESPONSE_IMAGE_PART, RESPONSE_TEXT_PART, TEXT_PART, lora_entries
 
 bp = Family("openapi", __name__, guard=PUBLIC, drained=False)
 
@@ -105,6 +109,38 @@ DOCUMENT = {
 }
 
 
+def served_schemas(served) -> dict:
+    """The components that depend on what is served, narrowed to the one model loaded (a model set's
+    or a loading engine's stay as wide as any model's): token ids within its vocabulary, image parts
+    only where it has a projector, `lora` entries naming only its adapters, one at most."""
+    loaded = None if isinstance(served, ModelSet) else served.loaded
+    if loaded is None:
+        return {}
+    adapters = loaded.adapters.names if loaded.adapters is not None else []
+    requests = openai_schemas.SCHEMAS
+    return {
+        # n within the engine's slots, dimensions within the model's width
+        "ChatCompletionRequest": _narrowed(requests["ChatCompletionRequest"], n=served.n_slots),
+        "CompletionRequest": _narrowed(requests["CompletionRequest"], n=served.n_slots),
+        "EmbeddingRequest": _narrowed(requests["EmbeddingRequest"], dimensions=loaded.width),
+        "TokenId": {"type": "integer", "minimum": 0, "maximum": loaded.tokenizer.vocab_size - 1},
+        "ContentPart": {"oneOf": [TEXT_PART, IMAGE_PART]} if loaded.vision is not None else TEXT_PART,
+        "ResponseContentPart": {"oneOf": [RESPONSE_TEXT_PART, RESPONSE_IMAGE_PART]} if loaded.vision is not None else RESPONSE_TEXT_PART,
+        "AnthropicContentBlock": {"oneOf": [TEXT_BLOCK, IMAGE_BLOCK]} if loaded.vision is not None else TEXT_BLOCK,
+        "Lora": lora_entries({"enum": list(range(len(adapters)))}, {"enum": adapters}, most=1) if adapters else array(NONEMPTY, maxItems=0),
+    }
+
+
+def _narrowed(schema: dict, **maxima: int) -> dict:
+    """`schema` with each named property's maximum lowered to at most the one given."""
+    properties = schema["properties"] | {
+        name: schema["properties"][name] | {"maximum": min(most, schema["properties"][name].get("maximum", most))}
+        for name, most in maxima.items()
+    }
+    return schema | {"properties": properties}
+
+
 @bp.get("/openapi.json")
 def openapi():
-    return jsonify(DOCUMENT)
+    components = DOCUMENT["components"]
+    return jsonify(DOCUMENT | {"components": components | {"schemas": components["schemas"] | served_schemas(gen.served())}})

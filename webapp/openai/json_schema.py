@@ -4,6 +4,7 @@ from __future__ import annotations
 
 STRING, INTEGER, NUMBER, BOOLEAN = {"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"}
 NULLABLE_STRING = {"type": ["string", "null"]}
+NONEMPTY = {"type": "string", "minLength": 1}
 
 
 def ref(name: str) -> dict:

@@ -4,7 +4,12 @@ adapters' lists and /health; each request body's schema says what its parser tak
 
 from __future__ import annotations
 
-from webapp.openai.json_schema import BOOLEAN, INTEGER, NULLABLE_STRING, NUMBER, STRING, array, closed, obj, ref
+from webapp.openai.embeddings import MAX_INPUTS
+from webapp.openai.json_schema import BOOLEAN, INTEGER, NONEMPTY, NULLABLE_STRING, NUMBER, STRING, array, closed, obj, ref
+from webapp.openai.lora_choice import MAX_ENTRIES
+from webapp.openai.rerank import MAX_DOCUMENTS
+
+TOKEN_IDS = array(ref("TokenId"), minItems=1)
 
 USAGE = obj(("prompt_tokens", "total_tokens"), prompt_tokens=INTEGER, completion_tokens=INTEGER, total_tokens=INTEGER)
 STOP = {"oneOf": [{"type": "string", "minLength": 1}, array({"type": "string", "minLength": 1}, maxItems=4)]}
@@ -15,38 +20,32 @@ SAMPLING = {
     "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
     "n": {"type": ["integer", "null"], "minimum": 1, "maximum": 8},
     "stop": {"oneOf": [STOP, {"type": "null"}]},
-    "seed": {"type": ["integer", "null"]},
+    "seed": {"type": ["integer", "null"], "minimum": -(2**63), "maximum": 2**64 - 1},
     "stream": {"type": ["boolean", "null"]},
     "presence_penalty": {"type": ["number", "null"], "minimum": -2, "maximum": 2},
     "frequency_penalty": {"type": ["number", "null"], "minimum": -2, "maximum": 2},
     "logprobs": {"type": ["boolean", "null"]},
     # llama-server's: the LoRA adapter by its /lora-adapters id or name, and its scale (0: not used)
-    "lora": {
-        "type": "array",
-        "maxItems": 64,
-        "items": {
-            "type": "object",
-            "properties": {
-                "id": {"type": "integer", "minimum": 0},
-                "name": STRING,
-                "scale": {"type": "number", "minimum": -100, "maximum": 100},
-            },
-        },
-    },
+    "lora": ref("Lora"),
 }
-CONTENT_PART = {
-    "oneOf": [
-        obj(("type", "text"), type={"const": "text"}, text=STRING),
-        # a data: URL only: this server fetches no URL
-        obj(("type", "image_url"), type={"const": "image_url"}, image_url=obj(("url",), url={"type": "string", "pattern": "^data:image/"})),
-    ]
-}
+TEXT_PART = obj(("type", "text"), type={"const": "text"}, text=STRING)
+# a data: URL only: this server fetches no URL
+IMAGE_PART = obj(
+    ("type", "image_url"), type={"const": "image_url"}, image_url=obj(("url",), url={"type": "string", "pattern": "^data:image/"})
+)
 MESSAGE = obj(
     ("role", "content"),
     role={"enum": ["system", "developer", "user", "assistant"]},
-    content={"oneOf": [STRING, array(CONTENT_PART, minItems=1)]},
+    content={"oneOf": [STRING, array(ref("ContentPart"), minItems=1)]},
     name=STRING,
 )
+LORA_SCALE = {"type": "number", "minimum": -100, "maximum": 100}
+
+
+def lora_entries(ids: dict, names: dict, most: int = MAX_ENTRIES) -> dict:
+    """The `lora` field: entries naming an adapter by its id or by its name, each with a scale."""
+    by_id, by_name = closed(obj(("id",), id=ids, scale=LORA_SCALE)), closed(obj(("name",), name=names, scale=LORA_SCALE))
+    return array({"oneOf": [by_id, by_name]}, maxItems=most)
 
 
 def completion(kind: str, choice: dict) -> dict:
@@ -68,6 +67,11 @@ SCHEMAS = {
     # a LoRA adapter is listed as a model with its base model as `parent` (vLLM's listing)
     "Model": obj(("id", "object"), id=STRING, object={"const": "model"}, created=INTEGER, owned_by=STRING, root=STRING, parent=STRING),
     "ModelList": obj(("object", "data"), object={"const": "list"}, data=array(ref("Model"))),
+    # what openapi.py's `served_schemas` narrows to the model being served: its vocabulary, whether it
+    # takes images, its adapters
+    "TokenId": {"type": "integer", "minimum": 0},
+    "ContentPart": {"oneOf": [TEXT_PART, IMAGE_PART]},
+    "Lora": lora_entries({"type": "integer", "minimum": 0}, NONEMPTY),
     "ChatCompletionRequest": closed(
         obj(("messages",), messages=array(MESSAGE, minItems=1), max_completion_tokens=SAMPLING["max_tokens"], **SAMPLING)
     ),
@@ -81,12 +85,19 @@ SCHEMAS = {
         ),
     ),
     "CompletionRequest": closed(
-        obj(("prompt",), prompt={"oneOf": [STRING, array(STRING, minItems=1), array(INTEGER, minItems=1)]}, echo=BOOLEAN, **SAMPLING)
+        obj(("prompt",), prompt={"oneOf": [NONEMPTY, array(NONEMPTY, minItems=1, maxItems=1), TOKEN_IDS]}, echo=BOOLEAN, **SAMPLING)
     ),
     "Completion": completion("text_completion", obj(("index", "text", "finish_reason"), index=INTEGER, text=STRING, finish_reason=STRING)),
     "EmbeddingRequest": obj(
         ("input",),
-        input={"oneOf": [STRING, array(STRING, minItems=1), array(INTEGER, minItems=1), array(array(INTEGER, minItems=1), minItems=1)]},
+        input={
+            "oneOf": [
+                NONEMPTY,
+                array(NONEMPTY, minItems=1, maxItems=MAX_INPUTS),
+                TOKEN_IDS,
+                array(TOKEN_IDS, minItems=1, maxItems=MAX_INPUTS),
+            ]
+        },
         model=STRING,
         encoding_format={"enum": ["float", "base64"]},
         dimensions={"type": "integer", "minimum": 1},
@@ -111,8 +122,8 @@ SCHEMAS = {
     "RerankRequest": obj(
         ("query", "documents"),
         model=STRING,
-        query=STRING,
-        documents=array({"oneOf": [STRING, obj(("text",), text=STRING)]}, minItems=1, maxItems=1000),
+        query=NONEMPTY,
+        documents=array({"oneOf": [NONEMPTY, obj(("text",), text=NONEMPTY)]}, minItems=1, maxItems=MAX_DOCUMENTS),
         top_n={"type": "integer", "minimum": 1},
         return_documents=BOOLEAN,
     ),
@@ -126,8 +137,8 @@ SCHEMAS = {
     "ScoreRequest": obj(
         ("text_1", "text_2"),
         model=STRING,
-        text_1={"oneOf": [STRING, array(STRING, minItems=1, maxItems=1000)]},
-        text_2={"oneOf": [STRING, array(STRING, minItems=1, maxItems=1000)]},
+        text_1={"oneOf": [NONEMPTY, array(NONEMPTY, minItems=1, maxItems=MAX_DOCUMENTS)]},
+        text_2={"oneOf": [NONEMPTY, array(NONEMPTY, minItems=1, maxItems=MAX_DOCUMENTS)]},
     ),
     "ScoreResult": obj(
         ("id", "object", "model", "data", "usage"),
@@ -137,7 +148,8 @@ SCHEMAS = {
         data=array(obj(("index", "object", "score"), index=INTEGER, object={"const": "score"}, score=NUMBER)),
         usage=ref("Usage"),
     ),
-    "TokenizeRequest": obj(
+    "TokenizeRequest": {"anyOf": [{"required": [field]} for field in ("content", "prompt", "messages")]}
+    | obj(
         (),
         model=STRING,
         content=STRING,
@@ -148,13 +160,15 @@ SCHEMAS = {
         with_pieces=BOOLEAN,
     ),
     "TokenizeResult": obj(("tokens",), tokens=array({"oneOf": [INTEGER, obj(("id",), id=INTEGER)]}), count=INTEGER),
-    "DetokenizeRequest": obj(("tokens",), model=STRING, tokens=array(INTEGER)),
+    "DetokenizeRequest": obj(("tokens",), model=STRING, tokens=array(ref("TokenId"))),
     "DetokenizeResult": obj(("content",), content=STRING),
     "Health": obj(("status",), status=STRING, model=STRING, error=STRING),
 }
 
 # OpenAI's Responses API: items in (messages, a model's function calls and their outputs), items out
-RESPONSE_TEXT = {"oneOf": [STRING, array(obj(("type", "text"), type={"enum": ["input_text", "output_text"]}, text=STRING), minItems=1)]}
+RESPONSE_TEXT_PART = obj(("type", "text"), type={"enum": ["input_text", "output_text"]}, text=STRING)
+RESPONSE_IMAGE_PART = obj(("type", "image_url"), type={"const": "input_image"}, image_url={"type": "string", "pattern": "^data:image/"})
+RESPONSE_TEXT = {"oneOf": [STRING, array(ref("ResponseContentPart"), minItems=1)]}
 RESPONSE_ITEM = {
     "oneOf": [
         obj(
@@ -167,8 +181,9 @@ RESPONSE_ITEM = {
         obj(("type", "call_id", "output"), type={"const": "function_call_output"}, call_id=STRING, output=STRING),
     ]
 }
-FUNCTION_TOOL = obj(("type", "name"), type={"const": "function"}, name=STRING, description=STRING, parameters=obj(()))
+FUNCTION_TOOL = obj(("type", "name"), type={"const": "function"}, name=NONEMPTY, description=STRING, parameters=obj(()))
 SCHEMAS |= {
+    "ResponseContentPart": {"oneOf": [RESPONSE_TEXT_PART, RESPONSE_IMAGE_PART]},
     "ResponseRequest": closed(
         obj(
             ("input",),

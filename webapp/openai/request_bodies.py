@@ -30,7 +30,7 @@ _TOO_DEEP = f"The request body is nested more than {MAX_JSON_DEPTH} levels deep.
 def parse_json_body(raw: bytes) -> dict:
     """Decode a request body that must be a JSON object (whatever the Content-Type says)."""
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_float=_json_number)
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"The request body is not valid JSON: {e}", code="invalid_json") from e
     except RecursionError as e:  # the C decoder gives up at the interpreter's recursion limit
@@ -39,6 +39,13 @@ def parse_json_body(raw: bytes) -> dict:
         raise ApiError(400, f"The request body must be a JSON object, not {_json_type(body)}.")
     _check_json_value(body)
     return body
+
+
+def _json_number(text: str) -> int | float:
+    """A JSON number with a decimal point or an exponent: an int where it is whole (5.0, 1e3), as
+    JSON Schema counts integers, so that every field taking a whole number takes it in either form."""
+    value = float(text)
+    return int(value) if value.is_integer() else value
 
 
 def _check_json_value(body: dict) -> None:

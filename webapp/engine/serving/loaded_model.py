@@ -33,6 +33,7 @@ class LoadedModel:
     # how /v1/embeddings pools a prompt's final norm outputs ("mean", "last" or "first"), and the
     # tokens it appends to each input first (an embedding model's end-of-text, where the file asks)
     pooling: str = "mean"
+    width: int = 0  # the model's hidden width: an embedding's values
     # the KV cache's rows (LLM_KV_TYPE) and what one token takes in it, every layer's key and value
     kv_type: str = "f16"
     kv_bytes_per_token: int = 0

@@ -128,6 +128,7 @@ def load_gguf_model(
         context=model.context,
         device=Device.DEFAULT,
         pooling=pooling,
+        width=model.config.dim,
         embedding_suffix=suffix,
         ranker=ranker,
         routed_tokens=model.routed_tokens if model.config.experts else None,
