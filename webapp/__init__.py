@@ -51,6 +51,7 @@ from webapp.http import (
     tokens,
 )
 from webapp.openai.errors import ApiError
+from webapp.openai.image_fetch import ImageFetcher
 from webapp.ops.lifecycle import Lifecycle
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,6 +67,9 @@ DEFAULTS = {
     "REASONING_BUDGET": None,  # thinking tokens before the end-of-thinking marker is forced; None: no limit
     "DRAIN_SECONDS": 30,  # on SIGTERM/SIGINT, how long running requests may take to finish
     "METRICS_COMPAT": None,  # "vllm": /metrics also exports vLLM's metric names (webapp.ops.vllm_metrics)
+    "IMAGE_FETCH": None,  # hosts http(s) image URLs are fetched from ("*": any public one); None: none (openai/image_fetch.py)
+    "IMAGE_FETCH_BYTES": 20 * 1024 * 1024,  # the most one fetched image may take (the image decoder's own limit)
+    "IMAGE_FETCH_SECONDS": 10,  # the longest one fetch may take, all of it
 }
 SECRETS = ("API_KEY", "ADMIN_TOKEN")
 
@@ -88,6 +92,9 @@ def create_app(config: dict | None = None, engine=None) -> Flask:
 
         engine = build_engine(app.config).start()  # loads and warms up on the model thread
     app.extensions["engine"] = engine
+    app.extensions["image_fetcher"] = ImageFetcher.from_setting(
+        app.config["IMAGE_FETCH"], app.config["IMAGE_FETCH_BYTES"], app.config["IMAGE_FETCH_SECONDS"]
+    )
     lifecycle = Lifecycle(engine, drain_seconds=app.config["DRAIN_SECONDS"])
     app.extensions["lifecycle"] = lifecycle
     app.wsgi_app = lifecycle.wrap(app.wsgi_app, lambda environ: families.drains(app, environ))

@@ -149,10 +149,12 @@ def tiny_engine_server(
     mmproj: str | None = None,
     lora_dir: str | None = None,
     paging: tuple | None = None,
+    config: dict | None = None,
 ):
     """The real engine on the GGUF at `path` (prefill chunks of 8; `draft`, a draft model's GGUF;
     `kv_type`, the KV cache's rows; `mmproj`, a projector's; `lora_dir`, LoRA adapters'; `paging`,
-    load_gguf_model's) behind a real Waitress server, ready to serve; yields (engine, server)."""
+    load_gguf_model's) behind a real Waitress server with the app's `config` added, ready to serve;
+    yields (engine, server)."""
     from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
     from webapp.engine.serving.engine import Engine
     from webapp.engine.serving.loader import load_gguf_model
@@ -166,7 +168,7 @@ def tiny_engine_server(
         queue_limit=queue_limit,
         prefill_chunk=8,
     )
-    app = create_app({"TESTING": True}, engine=engine)
+    app = create_app({"TESTING": True, **(config or {})}, engine=engine)
     engine.start()
     try:
         with running_server(app, threads=16) as srv:

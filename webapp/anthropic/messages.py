@@ -186,10 +186,13 @@ def _message(message: Any, where: str) -> list[dict]:
 
 
 def _image_part(block: dict, where: str) -> dict:
-    """A base64 image block as an OpenAI image part (images.data_url)."""
+    """A base64 image block as an OpenAI image part (images.data_url); a URL source as one with that
+    URL, which the server fetches only where its operator allows (images.chat_images)."""
     source = block.get("source")
+    if isinstance(source, dict) and source.get("type") == "url" and isinstance(source.get("url"), str):
+        return {"type": "image_url", "image_url": {"url": source["url"]}}
     if not isinstance(source, dict) or source.get("type") != "base64":
-        raise ApiError(400, f"{where}: an image block needs a base64 source; this server fetches no URL.", f"{where}.source")
+        raise ApiError(400, f"{where}: an image block needs a base64 or a url source.", f"{where}.source")
     if not isinstance(source.get("media_type"), str) or not isinstance(source.get("data"), str):
         raise ApiError(400, f"{where}: an image block's source needs media_type and data strings.", f"{where}.source")
     return images.data_url(source["media_type"], source["data"])

@@ -48,7 +48,7 @@ class ChatRun:
 
 def parse_chat(body: dict) -> ChatRequest:
     """A chat body (whichever API it came in, translated), validated once under this app's limits."""
-    return chat_request.parse_chat(body, current_app.config["MAX_MESSAGES"])
+    return chat_request.parse_chat(body, current_app.config["MAX_MESSAGES"], current_app.extensions.get("image_fetcher"))
 
 
 def start_chat(engine, chat: ChatRequest, answer_id: str, param: str) -> ChatRun:

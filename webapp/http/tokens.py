@@ -39,7 +39,7 @@ def tokenize():
         if not isinstance(text, str):
             raise ApiError(400, "Send the text as 'content' (or 'prompt'), or chat 'messages'.", "content")
     tokenizer = engine.tokenizer
-    pictures = images.chat_images(body["messages"]) if "messages" in body else ()
+    pictures = images.chat_images(body["messages"], current_app.extensions.get("image_fetcher")) if "messages" in body else ()
     if pictures:
         ids = gen.image_prompt(engine, text, pictures)[0]
     else:

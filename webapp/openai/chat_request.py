@@ -1,6 +1,6 @@
 """A chat body, parsed once into the typed request the generation path takes.
 
-Contract: `parse_chat(body, max_messages)` validates an OpenAI chat body (the one
+Contract: `parse_chat(body, max_messages, fetch)` validates an OpenAI chat body (the one
 `/v1/chat/completions` receives, or the one Anthropic's Messages and OpenAI's Responses bodies are
 translated into) and returns a frozen `ChatRequest`: its parameters (`request_bodies`), its
 sampling options (`sampling_options`), the grammar its output must follow (`structured`),
@@ -30,10 +30,11 @@ class ChatRequest:
     images: tuple[bytes, ...] = ()  # in the order of their markers in the messages (images.IMAGE_MARKER)
 
 
-def parse_chat(body: dict, max_messages: int) -> ChatRequest:
+def parse_chat(body: dict, max_messages: int, fetch=None) -> ChatRequest:
+    """`fetch`: what fetches an http(s) image URL (image_fetch.ImageFetcher), where the operator allows it."""
     params = parse_chat_request(body, max_messages)
     options = parse_sampling_options(body, chat=True)
     parallel = structured.parallel_tool_calls(body)
     grammar = structured.output_grammar(body, params.active_tools, params.tool_choice, params.forced_tool, parallel)
-    pictures = images.chat_images(body["messages"])
+    pictures = images.chat_images(body["messages"], fetch)
     return ChatRequest(params, options, grammar, parallel, template_kwargs(body), reasoning_budget(body), pictures)

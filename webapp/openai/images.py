@@ -4,8 +4,9 @@ Contract: every API's translator turns an image into an OpenAI `image_url` part 
 (Anthropic's base64 `image` block and the Responses API's `input_image` become one); `part_text(part,
 where)` is such a part's place in its message's text, `IMAGE_MARKER`, which the rendered prompt
 keeps where the image's rows will go; `chat_images(messages)` is the images' bytes in the order their
-markers appear, at most MAX_IMAGES of them. An `http(s)` URL is refused: this server fetches nothing
-a request names. What is wrong is an `ApiError` 400 naming the part. Pure Python: no Flask, no engine.
+markers appear, at most MAX_IMAGES of them. An `http(s)` URL is fetched by `fetch` (image_fetch.py's
+`ImageFetcher`, where the operator allows fetching) and refused without one. What is wrong is an
+`ApiError` 400 naming the part. No Flask, no engine.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Callable
 from typing import Any
 
 from webapp.openai.errors import ApiError
@@ -32,18 +34,20 @@ def part_text(part: dict, where: str, param: str) -> str:
     return IMAGE_MARKER
 
 
-def chat_images(messages: list) -> tuple[bytes, ...]:
-    """The images of a parsed chat body's raw messages, in order, decoded."""
+def chat_images(messages: list, fetch: Callable[[str, str, str], bytes] | None = None) -> tuple[bytes, ...]:
+    """The images of a parsed chat body's raw messages, in order: decoded, or fetched by `fetch`."""
     found = []
     for i, message in enumerate(messages):
         content = message.get("content") if isinstance(message, dict) else None
         for j, part in enumerate(content if isinstance(content, list) else []):
             if is_image(part):
                 where, param = f"messages[{i}].content[{j}]", f"messages[{i}].content"
-                found.append(_bytes(_url(part, where, param), where, param))
+                found.append((_url(part, where, param), where, param))
     if len(found) > MAX_IMAGES:
         raise ApiError(400, f"A request may hold at most {MAX_IMAGES} images; this one holds {len(found)}.", "messages")
-    return tuple(found)
+    return tuple(
+        _bytes(url, where, param) if url.startswith("data:") else _fetched(url, where, param, fetch) for url, where, param in found
+    )
 
 
 def data_url(media_type: str, data: str) -> dict:
@@ -56,9 +60,15 @@ def _url(part: dict, where: str, param: str) -> str:
     url = image_url.get("url") if isinstance(image_url, dict) else image_url
     if not isinstance(url, str) or not url:
         raise ApiError(400, f"'{where}.image_url' must hold a url.", param)
-    if not url.startswith("data:"):
-        raise ApiError(400, f"'{where}': only data: URLs are taken (base64 image bytes); this server fetches no URL.", param)
+    if not url.startswith(("data:", "http://", "https://")):
+        raise ApiError(400, f"'{where}': a data: URL (base64 image bytes) or an http(s) URL is expected.", param)
     return url
+
+
+def _fetched(url: str, where: str, param: str, fetch) -> bytes:
+    if fetch is None:
+        raise ApiError(400, f"'{where}': only data: URLs are taken (base64 image bytes); this server fetches no URL.", param)
+    return fetch(url, where, param)
 
 
 def _bytes(url: str, where: str, param: str) -> bytes:

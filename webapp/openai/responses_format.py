@@ -126,8 +126,8 @@ def _text(content: Any, where: str) -> str | list[dict]:
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "input_image":
-            if not isinstance(part.get("image_url"), str) or not part["image_url"].startswith("data:"):
-                why = "an input_image needs a data: URL as image_url (this server fetches no URL, and keeps no files)"
+            if not isinstance(part.get("image_url"), str) or not part["image_url"].startswith(("data:", "http://", "https://")):
+                why = "an input_image needs its image_url: a data: URL, or an http(s) URL the server may fetch (it keeps no files)"
                 raise ApiError(400, f"'{where}.content[{j}]': {why}.", f"{where}.content")
             parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
         elif kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
