@@ -18,8 +18,9 @@ import gguf
 import numpy as np
 from support.k_quants import Q4_K, Q5_K, Q6_K, QUANTIZERS, k_m_type
 
-# llama_ftype of each mix, as its files' general.file_type says
-MIXES = {"Q4_K_M": 15, "Q5_K_M": 17, "MXFP4_MOE": 38}
+# llama_ftype of each mix, as its files' general.file_type says (F16: every matrix float16, its rows
+# from a pool as the others', for shapes whose random float16 values take minutes to draw)
+MIXES = {"Q4_K_M": 15, "Q5_K_M": 17, "MXFP4_MOE": 38, "F16": 1}
 POOL_ROWS = 256
 
 
@@ -39,6 +40,8 @@ def mix_type(mix: str, name: str, layers: int, tied: bool) -> int:
     """The type llama-quantize gives matrix `name` in a `mix` file."""
     if mix == "MXFP4_MOE":
         return gguf.GGMLQuantizationType.MXFP4 if "_exps." in name else gguf.GGMLQuantizationType.Q8_0
+    if mix == "F16":
+        return gguf.GGMLQuantizationType.F16
     return k_m_type(name, _layer(name), layers, tied, Q4_K if mix == "Q4_K_M" else Q5_K)
 
 
@@ -53,6 +56,8 @@ def _fitting(ggml_type: int, cols: int) -> int:
 def _quantized(rows: np.ndarray, ggml_type: int) -> np.ndarray:
     if ggml_type in QUANTIZERS:
         return QUANTIZERS[ggml_type](rows)
+    if ggml_type == gguf.GGMLQuantizationType.F16:
+        return rows.astype(np.float16).view(np.uint8)
     return gguf.quants.quantize(rows, gguf.GGMLQuantizationType(ggml_type))
 
 

@@ -1,7 +1,7 @@
 """Random-weight GGUFs with real models' shapes, for the benches: speed depends on shapes, not numbers.
 
 Usage: .venv/bin/python bench/shaped_model.py SHAPE OUT.gguf [--type Q4_K_M] [--llama-quantize PATH] [--layers N]
-       .venv/bin/python bench/shaped_model.py SHAPE OUT.gguf --direct Q4_K_M|Q5_K_M|MXFP4_MOE [--layers N]
+       .venv/bin/python bench/shaped_model.py SHAPE OUT.gguf --direct Q4_K_M|Q5_K_M|MXFP4_MOE|F16 [--layers N]
        .venv/bin/python bench/shaped_model.py --list
 
 Writes OUT as float16 matrices (float32 norms) with SHAPE's widths, depth, heads, QK-norm and tied
