@@ -150,11 +150,12 @@ def tiny_engine_server(
     lora_dir: str | None = None,
     paging: tuple | None = None,
     config: dict | None = None,
+    cpu_kernels: bool = True,
 ):
     """The real engine on the GGUF at `path` (prefill chunks of 8; `draft`, a draft model's GGUF;
     `kv_type`, the KV cache's rows; `mmproj`, a projector's; `lora_dir`, LoRA adapters'; `paging`,
-    load_gguf_model's) behind a real Waitress server with the app's `config` added, ready to serve;
-    yields (engine, server)."""
+    load_gguf_model's; `cpu_kernels` False: tinygrad's path) behind a real Waitress server with the
+    app's `config` added, ready to serve; yields (engine, server)."""
     from webapp.engine.model.tinygrad_setup import use_tinygrad_from_this_thread
     from webapp.engine.serving.engine import Engine
     from webapp.engine.serving.loader import load_gguf_model
@@ -162,7 +163,17 @@ def tiny_engine_server(
     use_tinygrad_from_this_thread()
     engine = Engine(
         lambda: load_gguf_model(
-            path, slots, context, 8, pooling=pooling, draft=draft, kv_type=kv_type, mmproj=mmproj, lora_dir=lora_dir, paging=paging
+            path,
+            slots,
+            context,
+            8,
+            pooling=pooling,
+            draft=draft,
+            kv_type=kv_type,
+            mmproj=mmproj,
+            lora_dir=lora_dir,
+            paging=paging,
+            cpu_kernels=cpu_kernels,
         ),
         slots=slots,
         queue_limit=queue_limit,

@@ -103,3 +103,22 @@ def test_last_keys_nothing_wrote_are_refused(gemma):
         steps.kernels.step(steps.whole_model, [5, 6], [0, 0, 0, 1], [1], last_keys=[2, 1])  # past the slot's last written position
     with pytest.raises(ValueError, match="last key"):
         steps.kernels.step(steps.whole_model, [5, 6], [0, 0, 0, 1], [1], last_keys=[0, 0])  # before its own position
+
+
+@pytest.mark.parametrize("arch, both_ways", [("llama", False), ("gemma3", True)])
+def test_tinygrads_path_takes_rows_too(tmp_path, arch, both_ways):
+    """On tinygrad's own kernels (every device but the CPU's kernels) a chunk with rows runs whole as
+    one piece: the same logits as the float64 reference, an image attended both ways for Gemma 3."""
+    path = write_tiny_gguf(str(tmp_path / f"{arch}.gguf"), arch, **({"sliding_window": 6} if arch == "gemma3" else {}))
+    steps = load_steps(path, slots=2, context=64, cpu_kernels=False)
+    assert steps.takes_inputs
+    rows = np.random.default_rng(9).normal(0, 0.5, (IMAGE_ROWS, steps.model.config.dim)).astype(np.float32)
+    tokens = [1, 17, 23] + [PLACEHOLDER] * IMAGE_ROWS + [40, 41, 42]
+    inputs = {IMAGE_AT + i: rows[i].astype(np.float64) for i in range(IMAGE_ROWS)}
+    span = ((IMAGE_AT, IMAGE_AT + IMAGE_ROWS),) if both_ways else ()
+    want = Reference(path).logits(tokens, inputs, both_ways=span)
+    first = steps.run([Lane(0, 0, tokens[:IMAGE_AT], Want.LAST)])[0]
+    got = steps.run([Lane(0, IMAGE_AT, tokens[IMAGE_AT:], Want.LAST, inputs=((0, rows),), inputs_both_ways=both_ways)])[0]
+    assert off_by(first, want[IMAGE_AT - 1]) < 1e-3 and off_by(got, want[-1]) < 1e-3
+    after = steps.run([Lane(0, len(tokens), [7], Want.LAST, decoding=True)])[0]
+    assert off_by(after, Reference(path).logits(tokens + [7], inputs, both_ways=span)[-1]) < 1e-3

@@ -162,23 +162,29 @@ class Transformer:
         """forward_on_kernels' lanes, every one's final norm output -> (B, D) float32 (embeddings)."""
         return self._hidden(self._layers_on_kernels(tokens, lanes))
 
-    def _layers_prefill(self, tokens: Tensor, slot: UOp, start: UOp) -> Tensor:
+    def _layers_prefill(self, tokens: Tensor, slot: UOp, start: UOp, rows: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
+        """`rows`: (inputs (1, T, D), given (1, T, 1), last keys (T,)): where `given` is 1, a row of
+        inputs in place of the token's embedding (an image's), and each position attends keys up to
+        its last key (past its own for an image attended both ways)."""
         positions = Tensor.arange(tokens.shape[1]) + start  # (T,)
         keys = self.key_positions[0 : start + tokens.shape[1]]
-        masks = self._masks(positions.reshape(-1, 1), keys.reshape(1, -1), 0)  # (1, T, S) each
+        last = None if rows is None else rows[2].reshape(-1, 1)
+        masks = self._masks(positions.reshape(-1, 1), keys.reshape(1, -1), 0, last)  # (1, T, S) each
         rotary = self._rotations(positions)
         x = self._embedded(tokens)  # (1, T, D)
+        if rows is not None:
+            x = (rows[1] > 0).where(rows[0].cast(x.dtype), x)
         for block in self.blocks:
             x = block.prefill(x, slot, start, rotary[block.local_rope], masks[block.window]).realize()  # as in forward_on_kernels
         return x
 
-    def _masks(self, queries: Tensor, keys: Tensor, lead: int) -> dict[int, Tensor]:
-        """The additive causal mask of query positions over key positions, by the layers' windows
-        (0: none; a window's masks its keys before it too), as prefill's (1, T, S) takes them (lead 0:
-        a leading axis added) and decode's (B, 1, S) (lead 1)."""
+    def _masks(self, queries: Tensor, keys: Tensor, lead: int, last: Tensor | None = None) -> dict[int, Tensor]:
+        """The additive causal mask of query positions over key positions (or over keys up to each
+        query's `last` one), by the layers' windows (0: none; a window's masks its keys before it too),
+        as prefill's (1, T, S) takes them (lead 0: a leading axis added) and decode's (B, 1, S) (lead 1)."""
         masks = {}
         for window in {block.window for block in self.blocks}:
-            masked = keys > queries
+            masked = keys > (queries if last is None else last)
             if window:
                 masked = masked | (keys <= queries - window)
             mask = masked.where(float("-inf"), 0.0)
@@ -198,6 +204,13 @@ class Transformer:
         whose logits are returned -> (1, vocab)."""
         x = self._layers_prefill(tokens, slot, start)
         return self._logits(last @ x[0]).realize()  # (1, T) one-hot @ (T, D) -> (1, vocab)
+
+    def forward_prefill_rows(
+        self, tokens: Tensor, last: Tensor, inputs: Tensor, given: Tensor, last_keys: Tensor, slot: UOp, start: UOp
+    ) -> Tensor:
+        """forward_prefill with rows in place of some tokens' embeddings (_layers_prefill's `rows`)."""
+        x = self._layers_prefill(tokens, slot, start, (inputs, given, last_keys))
+        return self._logits(last @ x[0]).realize()
 
     def hidden_prefill(self, tokens: Tensor, slot: UOp, start: UOp) -> Tensor:
         """forward_prefill's tokens, every one's final norm output -> (T, D) float32 (embeddings)."""

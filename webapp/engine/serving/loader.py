@@ -177,10 +177,11 @@ def vision_for(projector, name: str, config, steps, tokenizer):
     from webapp.engine.vision.vision import Vision
 
     if not steps.takes_inputs:
-        raise ModelLoadError(f"{name}: an image's rows go where token embeddings do, which only the CPU kernels' steps take ({steps.how})")
+        raise ModelLoadError(f"{name}: an image's rows go where token embeddings do, which these steps do not take ({steps.how})")
     if projector.text_dim != config.dim:
         raise ModelLoadError(f"{name}: its rows have {projector.text_dim} values; the model's embeddings have {config.dim}")
-    projector.encoder.kernels = VisionEncoderKernels(steps.kernels.library)  # the encoder's attention and gelu on the model's cores
+    kernels = getattr(steps, "kernels", None)  # the encoder's attention and gelu on the model's cores, else NumPy's
+    projector.encoder.kernels = VisionEncoderKernels(kernels.library) if kernels is not None else None
     log.info("images: %s's %s projector, %d positions an image", name, projector.family, projector.tokens_per_image)
     return Vision(projector, max(config.vocab_size, tokenizer.vocab_size))
 

@@ -67,7 +67,7 @@ class JittedSteps(Steps):
     def run(self, lanes: list[Lane]) -> list[np.ndarray]:
         """A decode step (one token a lane, padded to a width), or one prompt chunk (in pieces); a
         prompt's every logits row runs as one decode lane a token, each as generating it gives it."""
-        assert not any(lane.inputs for lane in lanes), "rows in place of embeddings: takes_inputs is not set"
+        assert self.takes_inputs or not any(lane.inputs for lane in lanes), "rows in place of embeddings: takes_inputs is not set"
         assert not any(lane.lora for lane in lanes), "an adapter's products: no lora_table here"
         if all(lane.decoding and len(lane.tokens) == 1 for lane in lanes):
             width = next(w for w in self.widths if w >= len(lanes))

@@ -13,18 +13,55 @@ from __future__ import annotations
 import numpy as np
 from tinygrad import Tensor, UOp, dtypes
 
+from webapp.engine.model.lanes import Lane, Want
 from webapp.engine.model.steps.base import capturing_jit
-from webapp.engine.model.steps.jitted import JittedSteps
+from webapp.engine.model.steps.jitted import JittedSteps, buckets
+
+ROWS_PIECE = 32  # a chunk with an image's rows runs as one piece, padded to a power of two from this
 
 
 class TinygradJitSteps(JittedSteps):
     how = "jitted, on tinygrad"
+    takes_inputs = True  # a prompt chunk with rows runs whole (`_prefill_rows`)
 
     def __init__(self, model, prefill_chunk: int):
         super().__init__(model, prefill_chunk)
         self.v_slot = UOp.variable("slot", 0, model.slots)
         self.v_start = UOp.variable("start", 0, model.context - 1)
         self.v_length = UOp.variable("length", 1, model.context)
+
+    def run(self, lanes: list[Lane]) -> list[np.ndarray]:
+        if len(lanes) == 1 and lanes[0].inputs:
+            return [self._prefill_rows(lanes[0])]
+        return super().run(lanes)
+
+    def _prefill_rows(self, lane: Lane) -> np.ndarray:
+        """A prompt chunk holding rows in place of embeddings (an image's) as one jitted piece, so an
+        image attended both ways sees all of itself: padded to a power of two (a multiple of
+        ROWS_PIECE near the context's end, where the cache's spare positions end), a jit a size."""
+        if lane.want is not Want.LAST or lane.decoding:
+            raise NotImplementedError("rows in place of embeddings run in a prompt chunk wanting its last logits")
+        n, start, b = len(lane.tokens), lane.start, self.buffers
+        spare = self.model.key_positions.shape[0] - start  # positions the cache holds from `start`
+        piece = next(p for p in buckets(ROWS_PIECE, max(ROWS_PIECE, n)) if p >= n)
+        piece = piece if piece <= spare else -(-n // ROWS_PIECE) * ROWS_PIECE
+        tokens, last_keys = list(lane.tokens) + [0] * (piece - n), list(range(start, start + piece))
+        inputs, given = np.zeros((1, piece, self.model.config.dim), np.float32), np.zeros((1, piece, 1), np.float32)
+        for offset, rows in lane.inputs:
+            end = offset + len(rows)
+            inputs[0, offset:end], given[0, offset:end], tokens[offset:end] = rows, 1.0, [0] * len(rows)
+            if lane.inputs_both_ways:
+                last_keys[offset:end] = [start + end - 1] * len(rows)
+        jit = self._prefill_jits.get(("rows", piece))
+        if jit is None:
+            jit = self._prefill_jits["rows", piece] = capturing_jit(self.model.forward_prefill_rows)
+        args = [
+            b.fill("rows tokens", [tokens], dtypes.int32),
+            b.fill("rows last", [[float(i == n - 1) for i in range(piece)]], dtypes.float32),
+        ]
+        args += [b.fill("rows inputs", inputs, dtypes.float32), b.fill("rows given", given, dtypes.float32)]
+        args += [b.fill("rows last keys", last_keys, dtypes.int32)]
+        return b.read(jit(*args, self.v_slot.bind(lane.slot), self.v_start.bind(start)), 1)[0]
 
     def _prefill_piece(self, tokens: list[int], slot: int, start: int, piece: int) -> np.ndarray:
         n, b = len(tokens), self.buffers
