@@ -116,3 +116,35 @@ def test_a_sliding_window_models_plan_counts_its_rings_as_the_loaded_caches_are(
     assert sum(b.cache.nbytes() for b in model.blocks) == planned.kv_cache
     tinygrad_path = memory.plan(config, table, slots=2, positions=2048 + 64, kept_types=set())
     assert tinygrad_path.kv_cache == 3 * 7 * 2112 * row  # masks a whole context in every layer
+
+
+def test_a_gpus_auto_context_comes_from_its_own_free_memory(tmp_path, monkeypatch):
+    """nvidia-smi's memory.free for an NVIDIA device (the index through CUDA_VISIBLE_DEVICES), the
+    amdgpu driver's VRAM counters for an AMD one; the host's RAM is not asked."""
+    from webapp.engine.device.free_memory import device_free_bytes
+
+    tool = tmp_path / "bin" / "nvidia-smi"
+    tool.parent.mkdir()
+    tool.write_text('#!/bin/sh\ncase "$1" in --id=3) echo 2048 ;; --id=0) echo " 81920" ;; *) exit 6 ;; esac\n')
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tool.parent}:{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert device_free_bytes("CUDA") == 81920 * 2**20 and device_free_bytes("NV:1") is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,0")
+    assert device_free_bytes("CUDA:0") == 2048 * 2**20 and device_free_bytes("CUDA:1") == 81920 * 2**20
+    for card, total, used in (("card1", 64 * 2**30, 2**30), ("card0", 32 * 2**30, 0)):
+        (tmp_path / "drm" / card / "device").mkdir(parents=True)
+        (tmp_path / "drm" / card / "device" / "mem_info_vram_total").write_text(f"{total}\n")
+        (tmp_path / "drm" / card / "device" / "mem_info_vram_used").write_text(f"{used}\n")
+    (tmp_path / "drm" / "card0-DP-1").mkdir()  # a connector, not a card
+    drm = str(tmp_path / "drm")
+    assert [device_free_bytes(f"AMD:{i}", drm) for i in range(3)] == [32 * 2**30, 63 * 2**30, None]
+    assert device_free_bytes("METAL") is None and device_free_bytes("CPU") is None
+
+    path = write_tiny_gguf(str(tmp_path / "q.gguf"), "qwen3", matrix_type="Q8_0", context=8192)
+    kv, table = read_gguf(path)
+    config = ModelConfig.from_gguf(kv, table)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 0)  # the host's RAM: never asked for a GPU
+    monkeypatch.setattr(memory, "device_free_bytes", lambda device: 80 * 2**30)
+    positions, why = memory.auto_context(config, table, 4, {8}, "CUDA")
+    assert positions == 8192 and "capped at 8192" in why

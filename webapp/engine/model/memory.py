@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from webapp.engine.device.capabilities import device_capabilities
+from webapp.engine.device.free_memory import device_free_bytes
 from webapp.engine.model.config import ModelConfig, used_tensors
 from webapp.engine.model.kv_types import KV_TYPES, KvPool, KvRows, cache_positions, ring_positions
 from webapp.engine.model.load_error import ModelLoadError
@@ -32,7 +33,7 @@ KV_SHARE = 0.5
 # ~10k tokens before the task), not a 128k trained context in every slot
 AUTO_CONTEXT_CAP = 32768
 AUTO_CONTEXT_FLOOR = 2048  # below this a chat is cut short: take it, and the memory plan warns
-FIXED_CONTEXT = 4096  # where the memory the cache would live in is not known (other devices)
+FIXED_CONTEXT = 4096  # where the memory the cache would live in is not known (a device that does not say: device/free_memory.py)
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,7 @@ def auto_context(
     trained = config.trained_context
     cap = min(trained, AUTO_CONTEXT_CAP)
     host = device_capabilities(device).host_ram
-    available = available_bytes() if host else None
+    available = available_bytes() if host else device_free_bytes(device)
     if available is None:
         where = "this machine's" if host else f"{device}'s"
         return min(cap, FIXED_CONTEXT), f"{where} free memory is not known"
