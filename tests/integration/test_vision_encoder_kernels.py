@@ -2,8 +2,9 @@
 against float64 softmax attention, on the best rung this CPU runs and the generic build: shapes that
 leave partial tiles (patches not a multiple of 16 or of the key tile, queries not a multiple of the
 item), scores large enough that a later tile's maximum rescales what came before, outputs written into
-one head's columns of a wider array; gelu against float64's over float32's whole range; then the
-whole SigLIP encoder with and without them."""
+one head's columns of a wider array; gelu against float64's over float32's whole range; float16
+widened as NumPy widens it; then the whole SigLIP encoder with and without them (an F16 file's
+matrices kept float16 in memory)."""
 
 from __future__ import annotations
 
@@ -78,9 +79,23 @@ def test_gelu_matches_float64_everywhere(library):
     np.testing.assert_allclose(got, expected, rtol=2e-6, atol=1e-6)
 
 
+def test_halves_widen_to_what_numpy_makes_of_them_bit_for_bit(library):
+    """Every float16 there is (subnormals, infinities, NaNs), past a whole chunk and not in eights."""
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    halves = np.concatenate([every, every[:19]]).reshape(-1, 5)  # 65,555 values: one chunk and a tail of 19
+    got = VisionEncoderKernels(library).widened(halves)
+    assert got.dtype == np.float32 and got.shape == halves.shape
+    want = halves.astype(np.float32)
+    nan = np.isnan(want)  # F16C quiets a signalling NaN, NumPy keeps it (a file's NaNs are refused at load anyway)
+    assert (np.isnan(got) == nan).all() and np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
 def test_the_encoder_gives_the_same_rows_with_the_kernels_as_in_numpy(library, tmp_path):
-    path = write_tiny_projector(str(tmp_path / "p.mmproj.gguf"), "gemma3", width=64, heads=8, image_size=112, patch_size=14)
+    path = write_tiny_projector(
+        str(tmp_path / "p.mmproj.gguf"), "gemma3", width=64, heads=8, image_size=112, patch_size=14, tensor_type="F16"
+    )
     projector = load_projector(path)
+    assert projector.encoder.layers[0].up_weight.dtype == np.float16  # half the memory; widened a layer at a time
     pixels = projector.preprocess(np.random.default_rng(1).integers(0, 256, (90, 120, 3), dtype=np.uint8))
     in_numpy = projector.encode(pixels)
     projector.encoder.kernels = VisionEncoderKernels(library)

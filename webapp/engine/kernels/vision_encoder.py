@@ -5,7 +5,7 @@ Contract: `VisionEncoderKernels(library)` is what the SigLIP encoder takes as it
 and already scaled, kt (hd, n) the keys transposed, v (n, hd), and out a (rows, hd) view whose rows
 may be apart (one head's columns of a (patches, heads, hd) array); `runs_attention(hd)` says which
 heads it takes. `gelu_tanh(x)` overwrites a contiguous float32 array with its gelu (tanh form) and
-returns it. Everything C will read or write is checked here first (float32, shapes that agree,
+returns it; `widened(x)` is a float16 array as float32. Everything C will read or write is checked here first (float32, shapes that agree,
 contiguous rows): a ValueError, never an access past a buffer.
 """
 
@@ -26,6 +26,8 @@ class VisionEncoderKernels:
         self._attend.argtypes, self._attend.restype = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4, ctypes.c_int
         self._gelu = library.tq_gelu_tanh
         self._gelu.argtypes, self._gelu.restype = [ctypes.c_void_p, ctypes.c_long], None
+        self._widen = library.tq_widen_halves
+        self._widen.argtypes, self._widen.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long], None
 
     @staticmethod
     def runs_attention(head_dim: int) -> bool:
@@ -55,3 +57,10 @@ class VisionEncoderKernels:
             raise ValueError(f"gelu runs in place on a contiguous, writable float32 array, not {x.dtype} {x.shape}")
         self._gelu(x.ctypes.data, x.size)
         return x
+
+    def widened(self, x: np.ndarray) -> np.ndarray:
+        """A float16 array as a new float32 one of its shape, converted on every core."""
+        source = np.ascontiguousarray(x, dtype=np.float16)
+        out = np.empty(source.shape, dtype=np.float32)
+        self._widen(out.ctypes.data, source.ctypes.data, source.size)
+        return out

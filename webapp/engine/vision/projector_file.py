@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from webapp.engine.kernels.ggml_types import GGML_TYPES
 from webapp.engine.model.gguf import RawTensor, float_values, read_gguf
 from webapp.engine.model.load_error import ModelLoadError
 
@@ -155,9 +156,10 @@ class ProjectorFile:
             image_std=std,
         )
 
-    def tensor(self, name: str, shape: tuple[int | None, ...]) -> np.ndarray:
+    def tensor(self, name: str, shape: tuple[int | None, ...], keep_half: bool = False) -> np.ndarray:
         """The tensor as a float32 array of NumPy shape `shape` (the file's dimensions, last first);
-        a None there takes the file's size, which must lie in [1, 1 << 20]."""
+        a None there takes the file's size, which must lie in [1, 1 << 20]. `keep_half`: an F16
+        tensor stays float16 (the same values in half the memory)."""
         stored = self._tensors.get(name)
         if stored is None:
             raise ModelLoadError(f"tensor {name} is missing")
@@ -167,6 +169,7 @@ class ProjectorFile:
         if any(not 1 <= got <= 1 << 20 for want, got in zip(shape, actual) if want is None):
             raise ModelLoadError(f"tensor {name} has shape {actual}, a size outside [1, {1 << 20}]")
         try:
-            return float_values(self.path, name, stored)
+            values = float_values(self.path, name, stored)
         except ValueError as err:
             raise ModelLoadError(str(err)) from err
+        return values.astype(np.float16) if keep_half and GGML_TYPES[stored.ggml_type][0] == "F16" else values

@@ -18,6 +18,7 @@ with other requests' steps.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -81,7 +82,8 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class EncoderLayer:
-    """One pre-norm transformer block's tensors; matrices (out, in), biases and norms (out,)."""
+    """One pre-norm transformer block's tensors; matrices (out, in), float16 where the file's are,
+    biases and norms (out,) float32."""
 
     ln1_weight: np.ndarray
     ln1_bias: np.ndarray
@@ -110,13 +112,21 @@ class EncoderLayer:
         parts |= {"ffn_up": ("up", (ffn, width)), "ffn_down": ("down", (width, ffn))}
         arrays = {}
         for name, (field, shape) in parts.items():
-            arrays[f"{field}_weight"] = file.tensor(f"{prefix}{name}.weight", shape)
+            arrays[f"{field}_weight"] = file.tensor(f"{prefix}{name}.weight", shape, keep_half=len(shape) == 2)
             arrays[f"{field}_bias"] = file.tensor(f"{prefix}{name}.bias", shape[:1])
         return cls(**arrays)
 
     @property
     def nbytes(self) -> int:
         return sum(array.nbytes for array in vars(self).values())
+
+    def widened(self, kernels=None) -> EncoderLayer:
+        """The layer with its float16 matrices (an F16 file's, kept so) as float32, what BLAS multiplies:
+        made as an encode reaches the layer, so one layer's float32 copy lives at a time; on the CPU
+        kernels' cores where `kernels` is given (NumPy's conversion runs on one)."""
+        widen = kernels.widened if kernels is not None else lambda array: array.astype(np.float32)
+        half = {name: widen(array) for name, array in vars(self).items() if array.dtype == np.float16}
+        return dataclasses.replace(self, **half) if half else self
 
 
 class SiglipEncoder:
@@ -184,7 +194,8 @@ class SiglipEncoder:
         x += self.position
         yield
         n, width, heads, head_dim = x.shape[0], h.width, h.heads, h.head_dim
-        for layer in self.layers:
+        for stored in self.layers:
+            layer = stored.widened(self.kernels)
             normed = layer_norm(x, layer.ln1_weight, layer.ln1_bias, h.eps)
             q, k, v = (np.empty((n, width), dtype=np.float32) for _ in range(3))
             for rows in _row_blocks(n, 6 * width * width, slice_flops):

@@ -284,6 +284,8 @@ void tq_attend(float *out, const float *qkv, void *cache, const int32_t *lanes, 
 int tq_encoder_attention(float *out, const float *q, const float *kt, const float *v, int n, int rows, int hd, int out_stride);
 /* x[i] = gelu(x[i]) in its tanh form (ggml's gelu), for n values; n / 4096 must fit an int. */
 void tq_gelu_tanh(float *x, long n);
+/* out[i] = in[i], float16 to float32, for n values; n / 65536 must fit an int. */
+void tq_widen_halves(float *out, const uint16_t *in, long n);
 /* A whole layer: those five in a row (see step.c), or a mixture of experts' feed-forward after the
  * attention, over an unpaged cache (shape->attention.block_positions must be 0: no block tables here) (shape->experts.count > 0; a dense layer's w_router, w_up and expert_tokens are unread, and
  * the shared expert's w_shared_gate_up, w_shared_down and shared_gate where it has none, selection_bias
