@@ -272,3 +272,19 @@ def test_idle_unload_seconds_setting(tmp_path):
     for bad in ("0", "-5", "soon"):
         with pytest.raises(ValueError, match="LLM_IDLE_UNLOAD_SECONDS"):
             engine_settings({"MODEL": path, "IDLE_UNLOAD_SECONDS": bad})
+
+
+def test_adapters_loaded_at_run_time_count_against_the_budget(tmp_path, models_of):
+    """A model's LoRA adapters count in its footprint as they are now: one loaded after the model
+    (vLLM's /v1/load_lora_adapter) makes the next load unload what it must to fit."""
+    from types import SimpleNamespace
+
+    models = models_of(_files(tmp_path, "a", "b"), budget=2 * 228 + 148)  # a, b and c (138) fit, with 10 to spare
+    a = _use(models, "a")
+    _use(models, "b")
+    assert _loaded(models) == ["a", "b"] and [m["memory_bytes"] for m in models.listing()] == [228, 228]
+    a.loaded.adapters = SimpleNamespace(nbytes=50)  # an adapter loaded into a at run time
+    assert [m["memory_bytes"] for m in models.listing()] == [278, 228]
+    (tmp_path / "c.gguf").write_bytes(b"x" * 10)  # a small model: 138 bytes with its cache
+    _use(models, "c")  # but 278 + 228 + 138 is over it: a, the least recently used, goes
+    assert _loaded(models) == ["b", "c"]

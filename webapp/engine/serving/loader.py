@@ -24,7 +24,8 @@ from webapp.engine.serving.engine import Engine
 from webapp.engine.serving.hub_pull import is_hub_name, pull
 from webapp.engine.serving.kv_cache import RingRows
 from webapp.engine.serving.loaded_model import LoadedModel
-from webapp.engine.serving.model_set import ModelSet, projector_beside
+from webapp.engine.serving.model_files import projector_beside
+from webapp.engine.serving.model_set import ModelSet
 from webapp.engine.serving.prefix_store import PrefixStore
 from webapp.engine.serving.ranker import ranker_of
 from webapp.engine.serving.settings import EngineSettings, engine_settings

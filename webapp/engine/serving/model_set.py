@@ -23,9 +23,9 @@ Contract:
   0 unloads it once the request ends, a negative one keeps it loaded). `folder` may be None: the set
   is then LLM_MODEL's model alone, which is how a single model sleeps, and answers any name.
 - A model's `footprint` is its file's size (the CPU kernels keep the weights in the file's bytes;
-  the float16 path takes more) plus its KV cache when every slot is full and its LoRA adapters, known once it has loaded
-  (until then the file's size alone: the budget is checked again after the load, and idle models
-  unloaded to meet it).
+  the float16 path takes more), plus its KV cache when every slot is full once it has loaded (the
+  budget is checked again then, idle models unloaded to meet it), plus its LoRA adapters as loaded
+  now, at run time too (counted at the next load's check).
 - The engine's doors the app uses beside requests: `start()` (loads `first`), `health()`,
   `stats(model)` (one model's stats for the dashboard, with `models`, the listing),
   `model_stats()` (every loaded model's, for /metrics), `abort(request)`, `stop(timeout)`.
@@ -45,13 +45,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from webapp.engine.serving.errors import EngineNotReady, ModelLoadFailed
+from webapp.engine.serving.model_files import SUFFIX, ModelFile, is_projector, model_file
 
 if TYPE_CHECKING:
     from webapp.engine.serving.engine import Engine
 
 log = logging.getLogger(__name__)
 
-SUFFIX = ".gguf"
 STATUS = {"loading": "loading", "ok": "loaded", "error": "failed"}  # an engine's state, as the listing says it
 WAIT_S = 30.0  # how long a load waits for busy models to finish before its request gets a 503
 STOP_S = 10.0  # how long an unloaded model's thread may take to end its last pass
@@ -65,25 +65,23 @@ class ModelsBusy(Exception):
     """Making room for a model needs a busy model unloaded, and none finished in time."""
 
 
-@dataclass(frozen=True)
-class ModelFile:
-    name: str
-    path: str
-    size: int
-    mtime: float
-
-
 @dataclass(eq=False)
 class Member:
     """A model with an engine: loading or loaded."""
 
     file: ModelFile
     engine: Engine
-    footprint: int  # bytes it is counted for against the budget
+    base: int  # bytes counted against the budget: its file's (an estimate while it loads), then its KV cache's too
     last_used: float
     leases: int = 0
     settled: bool = False  # its load's outcome is accounted for
     keep_alive: float | None = None  # its last request's idle time before it sleeps (None: the set's)
+
+    @property
+    def footprint(self) -> int:
+        """`base` and, once loaded, its LoRA adapters as they are now (loaded at run time too)."""
+        adapters = self.engine.loaded.adapters if self.settled and self.engine.loaded is not None else None
+        return self.base + (adapters.nbytes if adapters is not None else 0)
 
 
 class Lease:
@@ -100,25 +98,6 @@ class Lease:
             self._models._release(self._member)
 
 
-def _file(path: str) -> ModelFile:
-    stat = os.stat(path)
-    projector = projector_beside(path)  # loaded with it: its memory counts too
-    size = stat.st_size + (os.path.getsize(projector) if projector else 0)
-    return ModelFile(os.path.basename(path).removesuffix(SUFFIX), path, size, stat.st_mtime)
-
-
-def projector_beside(path: str) -> str | None:
-    """A model's projector file, found beside it by name: NAME.mmproj.gguf or mmproj-NAME.gguf."""
-    folder, name = os.path.split(path)
-    stem = name.removesuffix(SUFFIX)
-    found = (os.path.join(folder, c) for c in (f"{stem}.mmproj{SUFFIX}", f"mmproj-{stem}{SUFFIX}"))
-    return next((c for c in found if os.path.isfile(c)), None)
-
-
-def is_projector(name: str) -> bool:
-    return name.endswith(f".mmproj{SUFFIX}") or name.startswith("mmproj-")
-
-
 class ModelSet:
     def __init__(
         self,
@@ -132,7 +111,7 @@ class ModelSet:
     ):
         self.folder, self.budget, self.wait_s, self.idle_s = folder, budget, wait_s, idle_s
         self._make_engine, self._clock = make_engine, clock
-        self.first = _file(first) if first else None
+        self.first = model_file(first) if first else None
         self._members: dict[str, Member] = {}
         self._loading: Member | None = None  # the one model loading now
         self._failed: dict[str, tuple[ModelFile, str]] = {}  # name -> (the file as it failed, why)
@@ -155,7 +134,7 @@ class ModelSet:
         for entry in entries:
             if entry.name.endswith(SUFFIX) and not entry.name.startswith(".") and not is_projector(entry.name) and entry.is_file():
                 try:
-                    found.setdefault(entry.name.removesuffix(SUFFIX), _file(entry.path))
+                    found.setdefault(entry.name.removesuffix(SUFFIX), model_file(entry.path))
                 except OSError:  # removed since the folder was read
                     continue
         return list(found.values())
@@ -319,8 +298,8 @@ class ModelSet:
             self._failed[member.file.name] = (member.file, engine.error or engine.state)
         else:
             kv = engine.loaded.kv_bytes(engine.n_slots)
-            kv += engine.loaded.adapters.nbytes if engine.loaded.adapters else 0  # LLM_LORA_DIR's adapters
-            member.footprint = self._measured[member.file] = member.file.size + kv
+            member.base = member.file.size + kv
+            self._measured[member.file] = member.footprint  # LLM_LORA_DIR's adapters too
             victims = self._room_for(member.footprint, member.file.name, keep=member)
             if victims is None:
                 log.warning(
@@ -332,7 +311,7 @@ class ModelSet:
             if victims:  # stopping joins a model thread: not under the lock, on a thread of its own
                 threading.Thread(target=self._unload, args=(victims,), name="unload", daemon=True).start()
             name, size = member.file.name, member.file.size
-            log.info("model %s loaded: %d bytes counted (file %d, KV cache and adapters %d)", name, member.footprint, size, kv)
+            log.info("model %s loaded: %d bytes counted (file %d, KV cache %d, adapters the rest)", name, member.footprint, size, kv)
         self._cond.notify_all()
 
     def _unload(self, victims: list[Member], why: str = "least recently used") -> None:
