@@ -5,8 +5,9 @@ Contract: `VisionEncoderKernels(library)` is what the SigLIP encoder takes as it
 and already scaled, kt (hd, n) the keys transposed, v (n, hd), and out a (rows, hd) view whose rows
 may be apart (one head's columns of a (patches, heads, hd) array); `runs_attention(hd)` says which
 heads it takes. `gelu_tanh(x)` overwrites a contiguous float32 array with its gelu (tanh form) and
-returns it; `widened(x)` is a float16 array as float32. Everything C will read or write is checked here first (float32, shapes that agree,
-contiguous rows): a ValueError, never an access past a buffer.
+returns it; `widened(x)` is a float16 array as a new float32 one. Everything C will read or write
+is checked here first (float32, shapes that agree, contiguous rows): a ValueError, never an access
+past a buffer.
 """
 
 from __future__ import annotations
