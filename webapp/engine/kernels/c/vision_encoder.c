@@ -181,56 +181,51 @@ int tq_encoder_attention(float *out, const float *q, const float *kt, const floa
 
 /* gelu's tanh form, 0.5 x (1 + tanh(u)) with u = sqrt(2 / pi) (x + 0.044715 x^3), is x / (1 + e^-2u):
  * one exponential and a division a value. */
-enum { GELU_CHUNK = 4096 };
+enum { GELU_CHUNK = 4096, WIDEN_CHUNK = 1 << 16 };
 
+/* A pool job over n values a chunk an item: `run` takes each item's values from .. to - 1. */
 typedef struct {
-  float *x;
-  long n;
-} gelu_t;
+  float *out;
+  const void *in;
+  long n, chunk;
+  void (*run)(float *out, const void *in, long from, long to);
+} values_t;
 
-static void run_gelu(const void *ctx, int first, int last) {
-  const gelu_t *g = ctx;
-  const long from = (long)first * GELU_CHUNK, to = (long)last * GELU_CHUNK < g->n ? (long)last * GELU_CHUNK : g->n;
-  long i = from;
-  for (; i + 8 <= to; i += 8) {
-    const v8f x = v8_load(g->x + i);
-    const v8f u = x * (v8_splat(0.7978845608028654f) + v8_splat(0.7978845608028654f * 0.044715f) * x * x);
-    v8_store(g->x + i, x / (v8_splat(1.0f) + v8_exp(v8_splat(-2.0f) * u)));
-  }
-  for (; i < to; i++) g->x[i] = gelu_tanh_one(g->x[i]);
+static void run_values(const void *ctx, int first, int last) {
+  const values_t *v = ctx;
+  v->run(v->out, v->in, (long)first * v->chunk, (long)last * v->chunk < v->n ? (long)last * v->chunk : v->n);
 }
 
-void tq_gelu_tanh(float *x, long n) {
+static void over_values(void (*run)(float *, const void *, long, long), float *out, const void *in, long n, long chunk) {
   if (n <= 0) return;
-  const gelu_t g = {x, n};
-  const job_t j = {run_gelu, &g, (int)((n + GELU_CHUNK - 1) / GELU_CHUNK), 1};
+  const values_t v = {out, in, n, chunk, run};
+  const job_t j = {run_values, &v, (int)((n + chunk - 1) / chunk), 1};
   run_job(&j);
 }
+
+static void gelu_values(float *x, const void *unused, long from, long to) {
+  (void)unused;
+  long i = from;
+  for (; i + 8 <= to; i += 8) {
+    const v8f v = v8_load(x + i);
+    const v8f u = v * (v8_splat(0.7978845608028654f) + v8_splat(0.7978845608028654f * 0.044715f) * v * v);
+    v8_store(x + i, v / (v8_splat(1.0f) + v8_exp(v8_splat(-2.0f) * u)));
+  }
+  for (; i < to; i++) x[i] = gelu_tanh_one(x[i]);
+}
+
+void tq_gelu_tanh(float *x, long n) { over_values(gelu_values, x, x, n, GELU_CHUNK); }
 
 /* out[i] = in[i] (float16 to float32) for n values, on every core: an encoder layer's float16
  * matrices (an F16 file's, kept so in memory) widened for its products as an encode reaches it.
  * NumPy's conversion ran one core at a fraction of the memory's speed. */
-enum { WIDEN_CHUNK = 1 << 16 };
-
-typedef struct {
-  float *out;
-  const uint16_t *in;
-  long n;
-} widen_t;
-
-static void run_widen(const void *ctx, int first, int last) {
-  const widen_t *w = ctx;
-  const long from = (long)first * WIDEN_CHUNK, to = (long)last * WIDEN_CHUNK < w->n ? (long)last * WIDEN_CHUNK : w->n;
+static void widen_values(float *out, const void *in, long from, long to) {
+  const uint16_t *halves = in;
   long i = from;
 #if TQ_AVX2
-  for (; i + 8 <= to; i += 8) _mm256_storeu_ps(w->out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w->in + i))));
+  for (; i + 8 <= to; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(halves + i))));
 #endif
-  for (; i < to; i++) w->out[i] = fp16((const uint8_t *)(w->in + i));
+  for (; i < to; i++) out[i] = fp16((const uint8_t *)(halves + i));
 }
 
-void tq_widen_halves(float *out, const uint16_t *in, long n) {
-  if (n <= 0) return;
-  const widen_t w = {out, in, n};
-  const job_t j = {run_widen, &w, (int)((n + WIDEN_CHUNK - 1) / WIDEN_CHUNK), 1};
-  run_job(&j);
-}
+void tq_widen_halves(float *out, const uint16_t *in, long n) { over_values(widen_values, out, in, n, WIDEN_CHUNK); }
