@@ -15,7 +15,7 @@ from tinygrad import Tensor, UOp, dtypes
 
 from webapp.engine.model.lanes import Lane, Want
 from webapp.engine.model.steps.base import capturing_jit
-from webapp.engine.model.steps.jitted import JittedSteps, buckets
+from webapp.engine.model.steps.jitted import JittedSteps
 
 ROWS_PIECE = 32  # a chunk with an image's rows runs as one piece, padded to a power of two from this
 
@@ -43,7 +43,7 @@ class TinygradJitSteps(JittedSteps):
             raise NotImplementedError("rows in place of embeddings run in a prompt chunk wanting its last logits")
         n, start, b = len(lane.tokens), lane.start, self.buffers
         spare = self.model.key_positions.shape[0] - start  # positions the cache holds from `start`
-        piece = next(p for p in buckets(ROWS_PIECE, max(ROWS_PIECE, n)) if p >= n)
+        piece = max(ROWS_PIECE, 1 << (n - 1).bit_length())
         piece = piece if piece <= spare else -(-n // ROWS_PIECE) * ROWS_PIECE
         tokens, last_keys = list(lane.tokens) + [0] * (piece - n), list(range(start, start + piece))
         inputs, given = np.zeros((1, piece, self.model.config.dim), np.float32), np.zeros((1, piece, 1), np.float32)
