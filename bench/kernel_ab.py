@@ -1,14 +1,15 @@
-"""Two builds of the C kernels in one process, on one loaded model, alternating: step times and logits.
+"""Two builds of the C kernels in one process, on a loaded model, alternating: step times and logits.
 
 Usage: DEV=CPU .venv/bin/python bench/kernel_ab.py --before DIR [--model FILE] [--positions 32,700]
            [--lanes 1,2,4,8,9,32] [--batches 1,4,8,16] [--rounds 7] [--isa RUNG] [--before-isa RUNG]
 
 DIR is another checkout (`git worktree add DIR COMMIT`); its `webapp/engine/kernels/c/` is built
 beside this checkout's, and each timed step calls `tq_forward` from one library or the other, in
-turns (the weights' layout, `tq_repack`, must be the same in both). Both builds take one rung of the
-ISA ladder (--isa, else LLM_CPU_ISA's, else the highest this CPU runs: the server's), unless
---before-isa gives the before build its own: `--before . --before-isa avx2` compares two rungs of
-this checkout (rungs whose weights are laid out alike). On a shared VM whose speed drifts
+turns. Both builds take one rung of the ISA ladder (--isa, else LLM_CPU_ISA's, else the highest this
+CPU runs: the server's), unless --before-isa gives the before build its own: `--before . --before-isa
+avx2` compares two rungs of this checkout. The model is loaded once a rung, by this checkout's build of
+it (whose `tq_repack` lays out the weights as that rung's products read them), so the before
+checkout's kernels must read its rung's layout as this checkout's do. On a shared VM whose speed drifts
 by 10-20% between runs, only ratios taken this way, a few milliseconds apart, are worth reading.
 Prints, per position: a verification of n lanes of one sequence (a speculative step; 32 lanes: a
 prefill piece) and a decode step of B sequences each in its own slot, the median of each build's
@@ -69,40 +70,49 @@ def main() -> int:
     args = ap.parse_args()
     prepare_tinygrad()
     positions, lanes, batches = ([int(x) for x in v.split(",")] for v in (args.positions, args.lanes, args.batches))
-    loaded = load_gguf_model(args.model or default_model_path(), max(batches), 4096, 32)
-    loaded.runner.warm_up(lambda _: None)
-    steps = loaded.runner.steps
-    if not hasattr(steps, "kernels"):
-        print("this model's steps do not run on the CPU kernels")
-        return 1
-    kernels, scratch = steps.kernels, steps.model.slots
     here = Path(__file__).resolve().parent.parent
     rung, flags = rung_for(args.isa)
     before_rung, before_flags = rung_for(args.before_isa) if args.before_isa else (rung, flags)
     for name, (r, f) in {"before": (before_rung, before_flags), "after": (rung, flags)}.items():
         print(f"{name}: the {r.name} rung, {' '.join(f) or 'portable C'}")
+    loads = {
+        r.name: load_gguf_model(args.model or default_model_path(), max(batches), 4096, 32, cpu_isa=r.name) for r in (before_rung, rung)
+    }
+    steps_of = {"before": loads[before_rung.name].runner.steps, "after": loads[rung.name].runner.steps}
+    for loaded in loads.values():
+        loaded.runner.warm_up(lambda _: None)
+    if not all(hasattr(steps, "kernels") for steps in steps_of.values()):
+        print("this model's steps do not run on the CPU kernels")
+        return 1
+    threads = steps_of["after"].kernels.threads
     builds = {
-        "before": forward_of(Path(args.before) / SOURCES.resolve().relative_to(here), kernels.threads, before_flags),
-        "after": forward_of(SOURCES, kernels.threads, flags),
+        "before": forward_of(Path(args.before) / SOURCES.resolve().relative_to(here), threads, before_flags),
+        "after": forward_of(SOURCES, threads, flags),
     }
-    runs = {
-        **{("lanes", n): (lambda n=n, pos=0: steps.verify([[0] * n], [scratch], [pos])) for n in lanes},
-        **{("batch", b): (lambda b=b, pos=0: steps.decode([0] * b, list(range(b)), [pos] * b)) for b in batches},
-    }
-    seconds = {(kind, n, pos, build): [] for (kind, n) in runs for pos in positions for build in builds}
+
+    def runs_of(steps):
+        scratch = steps.model.slots
+        return {
+            **{("lanes", n): (lambda n=n, pos=0: steps.verify([[0] * n], [scratch], [pos])) for n in lanes},
+            **{("batch", b): (lambda b=b, pos=0: steps.decode([0] * b, list(range(b)), [pos] * b)) for b in batches},
+        }
+
+    runs = {build: runs_of(steps) for build, steps in steps_of.items()}
+    seconds = {(kind, n, pos, build): [] for (kind, n) in runs["after"] for pos in positions for build in builds}
     for round_ in range(args.rounds):
         for pos in positions:
-            for (kind, n), run in runs.items():
+            for kind, n in runs["after"]:
                 order = list(builds) if round_ % 2 == 0 else list(builds)[::-1]
                 for build in order:
-                    kernels._forward = builds[build]
+                    run = runs[build][(kind, n)]
+                    steps_of[build].kernels._forward = builds[build]  # one kernels object where both take one rung
                     seconds[(kind, n, pos, build)].append(timed(lambda run=run, pos=pos: run(pos=pos)))
     # a prompt prefilled from position 0, which starts a recurrent layer's state afresh too (repeating
     # a verification would not compare like with like: each one moves that state on)
     prompt, logits = [5 + 7 * i % 1000 for i in range(300)], {}
-    for build, forward in builds.items():
-        kernels._forward = forward
-        logits[build] = np.array(steps.prefill(prompt, scratch, 0))
+    for build, steps in steps_of.items():
+        steps.kernels._forward = builds[build]
+        logits[build] = np.array(steps.prefill(prompt, steps.model.slots, 0))
     same = np.array_equal(logits["before"].view(np.uint32), logits["after"].view(np.uint32))
     print(
         f"# {os.path.basename(args.model or default_model_path())}: kernels of {args.before} (before) and this checkout (after), {args.rounds} rounds"
@@ -111,7 +121,7 @@ def main() -> int:
     print("| step | position | before ms | after ms | after / before | each round's after / before: median (range) |")
     print("|---|---:|---:|---:|---:|---:|")
     for pos in positions:
-        for kind, n in runs:
+        for kind, n in runs["after"]:
             before, after = (statistics.median(seconds[(kind, n, pos, build)]) for build in ("before", "after"))
             # a round's two builds ran a few milliseconds apart: their ratio is free of the VM's drift
             ratios = [a / b for b, a in zip(seconds[(kind, n, pos, "before")], seconds[(kind, n, pos, "after")])]

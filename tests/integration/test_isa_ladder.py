@@ -4,7 +4,9 @@ SwiGLU linear, and attention over float16 and Q8_0 caches (lanes alone and lanes
 
 Each rung matches the generic build within the float32 rounding the AVX2 tests allow against float64
 (test_kernels.py). The x86 rungs above AVX2 run AVX2's kernels, the VNNI ones with dpbusd only where
-maddubs' int16 sums cannot saturate (x86_avx2.c), so they must give AVX2's bits exactly. A rung this
+maddubs' int16 sums cannot saturate (x86_avx2.c), and the AVX-512 ones 512-bit tiles each of whose
+lanes does what AVX2's tile does for its row, so they must give AVX2's bits exactly. The products'
+matrices have rows in pairs of groups (the 512-bit tiles), a lone group after them, and rows outside groups. A rung this
 CPU lacks is skipped; LLM_CPU_ISA's refusal of one is checked on described CPUs.
 """
 
@@ -149,9 +151,11 @@ ALDER_LAKE = HASWELL | {"avx_vnni"}
 
 
 def test_the_highest_automatic_rung_a_cpu_runs_is_chosen_and_a_higher_one_when_named():
-    # the rungs above AVX2 reuse its kernels and are built only when named, until they win at every step kind
-    assert [rung.name for rung in RUNGS if rung.automatic] == ["generic", "avx2"]
-    assert rung_for(None, "x86_64", ZEN4)[0].name == "avx2" and rung_for("avx512_vnni", "x86_64", ZEN4)[0].name == "avx512_vnni"
+    # a rung is chosen by default once it wins at every step kind: AVX-512 VNNI's tiles do; the others
+    # are built only when named
+    assert [rung.name for rung in RUNGS if rung.automatic] == ["generic", "avx2", "avx512_vnni"]
+    assert rung_for(None, "x86_64", ZEN4)[0].name == "avx512_vnni" and rung_for("avx2", "x86_64", ZEN4)[0].name == "avx2"
+    assert rung_for("auto", "x86_64", ZEN4 - {"avx512_vnni"})[0].name == "avx2"
     assert rung_for("auto", "x86_64", HASWELL)[0].name == "avx2"
     assert rung_for("avx2_vnni", "x86_64", ALDER_LAKE) == (RUNG_NAMES["avx2_vnni"], ("-mavx2", "-mfma", "-mf16c", "-mavxvnni"))
     assert rung_for(None, "x86_64", frozenset({"sse4_2"}))[0].name == "generic"

@@ -35,8 +35,9 @@ class BlockType(enum.IntEnum):
     BF16 = 30
 
 
-# tq_repack's types: a GGUF type plus this, for matrices stored with eight rows' blocks side by side
-ROWS_X8 = 100
+# tq_repack's types: a GGUF type plus one of these, for matrices stored with eight rows' blocks side by
+# side, or those groups of eight in pairs block by block (the AVX-512 tiles' layout)
+ROWS_X8, ROWS_X16 = 100, 200
 # a matrix stacked from parts of different types, its bytes opening with a StackHeader (STACK_HEADER_BYTES)
 STACKED, MAX_PARTS, STACK_HEADER_BYTES = 1000, 7, 64
 MAX_HEAD_DIM = 576  # the largest head tq_attend rotates (DeepSeek-V2's latent row)
@@ -44,7 +45,7 @@ KEY_CHUNK = 256  # attention's keys an item (isa.h): a sliding-window layer's ri
 # a paged cache's block_positions: a power of two from this to KEY_CHUNK (an item's keys are whole blocks)
 MIN_BLOCK_POSITIONS = 16
 SPIN_US = 100  # how long idle pool threads spin before sleeping (tq.h says why)
-CONSTANTS = {"ROWS_X8": ROWS_X8, "STACKED": STACKED, "MAX_PARTS": MAX_PARTS, "STACK_HEADER_BYTES": STACK_HEADER_BYTES}
+CONSTANTS = {"ROWS_X8": ROWS_X8, "ROWS_X16": ROWS_X16, "STACKED": STACKED, "MAX_PARTS": MAX_PARTS, "STACK_HEADER_BYTES": STACK_HEADER_BYTES}
 MAX_EXPERTS, MAX_EXPERTS_USED = 512, 32  # the most experts a layer has, and a token uses
 LAYER_KERNEL_MATRICES = 8  # the matrices tq_layer takes: qkv .. shared_down
 LAYER_MATRICES = 11  # a layer's first table entries are its matrices (LayerEntry.QKV .. V_B)

@@ -2,7 +2,7 @@
 
 Contract: `BLOCK_FORMATS[ggml_type] = (name, values, bytes)` per block as the kernels count them, for
 every type with a kernel; `BlockWeight` is one such matrix on the device (its bytes maybe repacked
-into an interleaved or stacked layout, `ggml_type` then the stored type, abi.py's ROWS_X8 and
+into an interleaved or stacked layout, `ggml_type` then the stored type, abi.py's ROWS_X8 (ROWS_X16) and
 STACKED); `stored_form(type)` says in words how a matrix of a type is kept.
 """
 
@@ -53,7 +53,7 @@ class BlockWeight:
 
 def _file_type(stored_type: int) -> int:
     """The GGML type of a stored (maybe interleaved) type."""
-    return stored_type - ROWS_X8 if ROWS_X8 <= stored_type < STACKED else stored_type
+    return stored_type % ROWS_X8 if ROWS_X8 <= stored_type < STACKED else stored_type
 
 
 def stored_form(ggml_type: int) -> str:

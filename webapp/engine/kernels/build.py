@@ -83,15 +83,17 @@ _VNNI_512 = (frozenset({"avx512_vnni", "avx512vl"}), ("-mavx512vnni", "-mavx512v
 # The ladder, lowest first: every rung runs the kernels of the rungs below where it has none of its
 # own (c/fallback.h). The x86 rungs above AVX2 build x86_avx2*.c too: the VNNI ones with dpbusd in
 # their integer dots (x86_avx2.c says when that is bit for bit AVX2's), the AVX-512 ones with
-# AVX-512's flags (kernels of their own are issue 47's). Those are built only when LLM_CPU_ISA names
-# them: their dpbusd dots make batched steps faster than AVX2's but a one-lane step slower
-# (bench/RESULTS.md), and one stream must not lose what the ladder gains elsewhere.
+# AVX-512's flags and the 512-bit product tiles of x86_avx512_products.c. avx512_vnni is chosen by
+# default: its tiles are faster than AVX2's at every step kind, one lane included (bench/RESULTS.md).
+# The others are built only when LLM_CPU_ISA names them: avx2_vnni's dots alone made a one-lane step
+# slower, and avx512 without VNNI would be chosen only by CPUs (Skylake's server cores) whose clocks
+# drop under 512-bit work, where it has not been measured.
 RUNGS = (
     Rung("generic", Isa.GENERIC, frozenset(), ((frozenset(), ()),)),
     Rung("avx2", Isa.AVX2, X86, (_AVX2,)),
     Rung("avx2_vnni", Isa.AVX2_VNNI, X86, (_with(_AVX2, _VNNI_256), _with(_AVX2, _VNNI_512)), automatic=False),
     Rung("avx512", Isa.AVX512, X86, (_with(_AVX2, _AVX512),), automatic=False),
-    Rung("avx512_vnni", Isa.AVX512_VNNI, X86, (_with(_AVX2, _AVX512, (frozenset({"avx512_vnni"}), ("-mavx512vnni",))),), automatic=False),
+    Rung("avx512_vnni", Isa.AVX512_VNNI, X86, (_with(_AVX2, _AVX512, (frozenset({"avx512_vnni"}), ("-mavx512vnni",))),)),
 )
 RUNG_NAMES = {rung.name: rung for rung in RUNGS}
 

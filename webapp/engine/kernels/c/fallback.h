@@ -5,8 +5,8 @@
  * the builds that include them; below, each name is renamed from the first rung down that has it
  * (`#define NAME_<rung> NAME`), so a rung with a partial set of kernels takes the rest from the rung
  * below, down to the portable version. A lower rung's version that a higher one replaces stays
- * beside it under its own name, for the higher one's tails. A new rung (issue 47's x86_avx512*.c, an
- * ARM NEON set) adds its list and one arm a name. */
+ * beside it under its own name, for the higher one's tails. A new rung (as x86_avx512*.c did; an ARM
+ * NEON set) adds its list and one arm a name. */
 #pragma once
 
 #define HAS(rung, name) HAS_##rung##_##name
@@ -26,6 +26,11 @@
 #define HAS_AVX2_delta_step 1
 #endif
 
+#if TQ_AVX512 /* x86_avx512*.c: the products' tiles, and the layout they read */
+#define HAS_AVX512_interleaves 1
+#define HAS_AVX512_tile_rows 1
+#endif
+
 #if HAS(AVX2, fp16)
 #define fp16_avx2 fp16
 #else
@@ -36,12 +41,16 @@
 #else
 #define quantize_row_generic quantize_row
 #endif
-#if HAS(AVX2, interleaves)
+#if HAS(AVX512, interleaves)
+#define interleaves_avx512 interleaves
+#elif HAS(AVX2, interleaves)
 #define interleaves_avx2 interleaves
 #else
 #define interleaves_generic interleaves
 #endif
-#if HAS(AVX2, tile_rows)
+#if HAS(AVX512, tile_rows)
+#define tile_rows_avx512 tile_rows
+#elif HAS(AVX2, tile_rows)
 #define tile_rows_avx2 tile_rows
 #else
 #define tile_rows_generic tile_rows

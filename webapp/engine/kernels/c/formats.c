@@ -23,7 +23,7 @@ static const block_format FORMATS[TYPE_IDS] = {
 
 /* A type's format, interleaved or not (0 for none). */
 static const block_format *format_of(int type) {
-  const int base = type >= ROWS_X8 && type < STACKED ? type - ROWS_X8 : type; /* STACKED % ROWS_X8 is F32 */
+  const int base = type >= ROWS_X8 && type < STACKED ? type % ROWS_X8 : type; /* STACKED % ROWS_X8 is F32 */
   return base >= 0 && base < TYPE_IDS && FORMATS[base].dequantize ? &FORMATS[base] : 0;
 }
 static int block_values(int type) { return format_of(type)->values; }
@@ -106,25 +106,42 @@ static void move_block(const interleaving *layout, const uint8_t *from, uint8_t 
   }
 }
 
+/* Where group g (rows 8g .. 8g + 7) of a matrix of `rows` rows, nb blocks of bb bytes a row, stored in
+ * groups of eight (geometry 8) or in pairs of them (16) at w, has its first block, and the bytes from
+ * one of its blocks to the next. In pairs, pair p's block b is group 2p's block b then group 2p + 1's,
+ * so a tile reading both reads one stream; a last group without a partner (rows % 16 == 8) is stored
+ * as in groups of eight. */
+static void group_place(int geometry, uint8_t *w, int g, int rows, int nb, int bb, uint8_t **group, size_t *block_stride) {
+  const size_t group_bytes = (size_t)nb * 8 * bb;
+  const int paired = geometry == 16 && 8 * (g | 1) + 8 <= rows;
+  *group = w + (size_t)g * group_bytes - (paired && g % 2 ? group_bytes - (size_t)8 * bb : 0);
+  *block_stride = (size_t)(paired ? 16 : 8) * bb;
+}
+
 int tq_repack(uint8_t *dst, const uint8_t *src, const tq_product *shape) {
   const int type = shape->type, rows = shape->rows, cols = shape->cols, bb = block_bytes(type), nb = cols / block_values(type);
   /* a row is cols / block_values blocks: Q4_K and Q6_K hold 256 values a block, and counting 32 here
    * copied eight times each matrix's size, past both buffers' ends */
   const size_t row_bytes = (size_t)nb * bb;
   const interleaving *layout = interleaving_of(type);
-  if (!layout || !interleaves(type) || rows % 8 != 0) {
+  const int geometry = layout ? interleaves(type) : 0;
+  if (!geometry || rows % 8 != 0) {
     memcpy(dst, src, (size_t)rows * row_bytes);
     return type;
   }
-  for (int g = 0; g < rows / 8; g++)
+  for (int g = 0; g < rows / 8; g++) {
+    uint8_t *group;
+    size_t block_stride;
+    group_place(geometry, dst, g, rows, nb, bb, &group, &block_stride);
     for (int b = 0; b < nb; b++)
       for (int i = 0; i < 8; i++)
-        move_block(layout, src + (size_t)(8 * g + i) * row_bytes + (size_t)b * bb, dst + ((size_t)g * nb + b) * 8 * bb, i, 1);
-  return ROWS_X8 + type;
+        move_block(layout, src + (size_t)(8 * g + i) * row_bytes + (size_t)b * bb, group + (size_t)b * block_stride, i, 1);
+  }
+  return (geometry == 16 ? ROWS_X16 : ROWS_X8) + type;
 }
 
-/* Row r of a matrix of `type` dequantized, whatever its layout. */
-static void row_values(int type, const uint8_t *w, int r, int cols, float *y) {
+/* Row r of a matrix of `type` (`rows` rows) dequantized, whatever its layout. */
+static void row_values(int type, const uint8_t *w, int r, int rows, int cols, float *y) {
   const size_t row_bytes = (size_t)cols / block_values(type) * block_bytes(type);
   if (type < ROWS_X8) {
     dequantize_row(type, w + (size_t)r * row_bytes, cols, y);
@@ -132,11 +149,13 @@ static void row_values(int type, const uint8_t *w, int r, int cols, float *y) {
   }
   const int bb = block_bytes(type), bv = block_values(type);
   const interleaving *layout = interleaving_of(type);
-  const uint8_t *group = w + (size_t)(r / 8) * 8 * row_bytes;
+  uint8_t *group;
+  size_t block_stride;
+  group_place(type >= ROWS_X16 ? 16 : 8, (uint8_t *)w, r / 8, rows, cols / bv, bb, &group, &block_stride);
   uint8_t own[256];
-  for (int b = 0; b < cols / bv; b++, group += 8 * bb, y += bv) {
+  for (int b = 0; b < cols / bv; b++, group += block_stride, y += bv) {
     move_block(layout, group, own, r % 8, 0);
-    dequantize_row(type - ROWS_X8, own, bv, y);
+    dequantize_row(type % ROWS_X8, own, bv, y);
   }
 }
 
@@ -145,11 +164,11 @@ void tq_embed(float *out, const uint8_t *w, const int32_t *ids, const tq_product
   const int type = shape->type, rows = shape->rows, cols = shape->cols, tokens = shape->tokens;
   for (int t = 0; t < tokens; t++) {
     const int id = ids[t] < 0 || ids[t] >= rows ? 0 : ids[t];
-    row_values(type, w, id, cols, out + (size_t)t * cols);
+    row_values(type, w, id, rows, cols, out + (size_t)t * cols);
   }
 }
 
 void tq_dequantize(float *out, const uint8_t *w, const tq_product *shape) {
   const int type = shape->type, rows = shape->rows, cols = shape->cols;
-  for (int r = 0; r < rows; r++) row_values(type, w, r, cols, out + (size_t)r * cols);
+  for (int r = 0; r < rows; r++) row_values(type, w, r, rows, cols, out + (size_t)r * cols);
 }

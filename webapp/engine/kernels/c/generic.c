@@ -16,7 +16,7 @@ GENERIC float fp16_generic(const uint8_t *p) {
   return f;
 }
 
-/* Without tiles there is nothing to interleave for: matrices keep the file's layout. */
+/* Without tiles there is nothing to interleave for: matrices keep the file's layout (isa.h's 0). */
 GENERIC int interleaves_generic(int type) {
   (void)type;
   return 0;

@@ -63,8 +63,8 @@ static float fp16(const uint8_t *p);
 /* x's cols values (a multiple of 32; of 256 for ACT_Q8_K) as int8 blocks rounded as `format` says: the
  * same numbers in every build. */
 static void quantize_row(const float *x, int cols, int format, xblock *out);
-/* Whether this ISA's products read a matrix of GGUF type `type` with its rows interleaved in eights
- * (tq_repack stores it so). */
+/* How this ISA's products read a matrix of GGUF type `type` (tq_repack stores it so): 0, as the file
+ * has it; 8, its rows interleaved in eights (ROWS_X8); 16, those groups of eight in pairs (ROWS_X16). */
 static int interleaves(int type);
 /* The rows first..last - 1 of W (of `type`, row_bytes and nb 32-value blocks a row) that this ISA's
  * tiles multiply: out[t * stride + r] = W[r] . xs[t] for t < n; returns the first row left to row_dot. */

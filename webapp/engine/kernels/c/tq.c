@@ -10,7 +10,7 @@
  * The files: format_*.c (a block format each: its dequantization), formats.c (their table,
  * interleaved rows), isa.h (what depends on the instruction set), generic.c and x86_avx2*.c (its
  * portable and x86 versions, which every x86 rung of the ladder builds; fallback.h choosing, name by
- * name; x86_avx2_<format>.c a format's own products),
+ * name; x86_avx2_<format>.c a format's own products; x86_avx512*.c the AVX-512 rungs' own),
  * pool.c (the thread pool), linear.c (the products and the fused linears), attention.c (attention_q8.c: its
  * 8-bit KV cache rows), vision_encoder.c (a vision encoder's attention and gelu), moe.c (a mixture of experts' feed-forward), mla.c (multi-head latent attention), gated_delta.c (Qwen3.5's recurrent
  * and gated attention layers), lora.c (LoRA adapters' low-rank products), step.c (a layer, a step) and abi.c (tq_abi).
@@ -52,6 +52,12 @@
 #define TQ_VNNI 0
 #define TQ_ISA ISA_GENERIC
 #endif
+/* TQ_AVX512: x86_avx512*.c are built too (the AVX-512 rungs' own kernels, over AVX2's) */
+#if TQ_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define TQ_AVX512 1
+#else
+#define TQ_AVX512 0
+#endif
 
 #include "isa.h"
 #include "fallback.h"
@@ -80,6 +86,9 @@
 #include "x86_avx2_attention_lanes.c"
 #include "x86_avx2_attention_q8.c"
 #include "x86_avx2_delta.c"
+#endif
+#if TQ_AVX512
+#include "x86_avx512_products.c"
 #endif
 #include "pool.c"
 #include "linear.c"

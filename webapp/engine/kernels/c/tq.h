@@ -15,8 +15,8 @@ enum { Q2_K = 10, Q3_K = 11, IQ4_XS = 23 };
 enum { F32 = 0, F16 = 1, BF16 = 30 }; /* plain floats, read in blocks of 32 values (format_float.c) */
 /* Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K with eight rows' blocks side by side (see "interleaved rows" in
  * formats.c): not GGUF types, made from them at load by tq_repack. A layout is named by its geometry:
- * ROWS_X8 + a GGUF type is that type's eight-row interleave; another geometry (sixteen rows, say) would
- * be another offset below STACKED. */
+ * ROWS_X8 + a GGUF type is that type's eight-row interleave; ROWS_X16 + a GGUF type the same groups in
+ * pairs, block by block (the AVX-512 tiles'); another geometry would be another offset below STACKED. */
 enum { ROWS_X8 = 100, Q4_0x8 = ROWS_X8 + Q4_0, Q4_1x8 = ROWS_X8 + Q4_1, Q8_0x8 = ROWS_X8 + Q8_0, Q4_Kx8 = ROWS_X8 + Q4_K,
        Q5_Kx8 = ROWS_X8 + Q5_K,
        Q6_Kx8 = ROWS_X8 + Q6_K };
@@ -26,6 +26,7 @@ enum { Q5_0 = 6, Q5_0x8 = ROWS_X8 + Q5_0 };
 enum { Q5_1 = 7, Q5_1x8 = ROWS_X8 + Q5_1 };
 enum { IQ4_NL = 20, IQ4_NLx8 = ROWS_X8 + IQ4_NL };
 enum { MXFP4 = 39, MXFP4x8 = ROWS_X8 + MXFP4 };
+enum { ROWS_X16 = 200 };
 /* A matrix stacked by rows from parts of different types (a Q4_K_M layer's q and k in Q4_K over its v in
  * Q6_K), made at load by cpu.py: its bytes open with a stack_header (STACK_HEADER_BYTES), then each
  * part's blocks in turn, each in its own layout (interleaved or not). Products run a part at a time. */

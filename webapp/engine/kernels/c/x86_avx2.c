@@ -150,7 +150,7 @@ static void quantize_row_avx2(const float *x, int cols, int format, xblock *out)
 }
 
 /* Every interleaved layout (formats.c) has its group tile (x86_avx2_products.c). */
-static int interleaves_avx2(int type) { return interleaving_of(type) != 0; }
+static int interleaves_avx2(int type) { return interleaving_of(type) ? 8 : 0; }
 
 /* silu(gate) * up, on the calling thread, so vectorized: the sigmoid from e = exp(-|gate|) as
  * 1 / (1 + e) or e / (1 + e), by the sign (no overflow either way). */
