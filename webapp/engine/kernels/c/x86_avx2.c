@@ -7,6 +7,14 @@
  * than the next tile's rows, so a small matrix's next rows are on their way from DRAM before the
  * hardware prefetcher would see the stream (bench/RESULTS.md, c9eaf6b, has the measurements). */
 enum { PREFETCH_BYTES = 4096 };
+/* The K-quant tiles' blocks (over a KiB a group, twice that a pair) are prefetched a share a sub-block:
+ * prefetch_share fetches share `part` of `parts` of a block's `bytes`, SHARED_PREFETCH_BYTES ahead. A
+ * whole block at once, a burst of 18 to 52 lines, made one-token steps slower (bench/RESULTS.md, 2026-12-07). */
+enum { SHARED_PREFETCH_BYTES = 8192 };
+static inline void prefetch_share(const uint8_t *g, int bytes, int part, int parts) {
+  for (int at = part * bytes / parts / 64 * 64; at < (part + 1) * bytes / parts; at += 64)
+    _mm_prefetch((const char *)(g + SHARED_PREFETCH_BYTES + at), _MM_HINT_T0);
+}
 
 static float fp16_avx2(const uint8_t *p) {
   uint16_t h;

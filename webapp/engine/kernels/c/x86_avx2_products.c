@@ -116,7 +116,6 @@ static inline __attribute__((always_inline)) void tile_q4_k_x8(const uint8_t *g,
   __m256 acc[MAX_TOKEN_GROUP];
   for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();
   for (int sb = 0; sb < nb / 8; sb++, g += block_bytes) {
-    for (int ahead = 0; ahead < block_bytes; ahead += 64) _mm_prefetch((const char *)(g + PREFETCH_BYTES + ahead), _MM_HINT_T0);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + Q4K_D)));
     const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + Q4K_DMIN)));
     uint64_t packed[12], scale[8], min[8];
@@ -129,6 +128,7 @@ static inline __attribute__((always_inline)) void tile_q4_k_x8(const uint8_t *g,
       min[j + 4] = ((packed[j + 8] >> 4) & four) | (((packed[j + 4] >> 6) & two) << 4);
     }
     for (int j = 0; j < 8; j++) {
+      prefetch_share(g, block_bytes, j, 8);
       const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)scale[j])));
       const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)min[j])));
       const __m256 row_scale = _mm256_mul_ps(d, sc), row_min = _mm256_mul_ps(dmin, mn);
@@ -168,10 +168,10 @@ static inline __attribute__((always_inline)) void tile_q6_k_x8(const uint8_t *g,
   __m256 acc[MAX_TOKEN_GROUP];
   for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();
   for (int sb = 0; sb < nb / 8; sb++, g += 8 * 210) {
-    for (int ahead = 0; ahead < 8 * 210; ahead += 64) _mm_prefetch((const char *)(g + PREFETCH_BYTES + ahead), _MM_HINT_T0);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + Q6K_D)));
     for (int c = 0; c < 8; c++) {
       const int h = c / 4, k = c % 4;
+      prefetch_share(g, 8 * 210, c, 8);
       const __m256i scale_a = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(g + Q6K_SCALES + 8 * (8 * h + 2 * k))));
       const __m256i scale_b = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(g + Q6K_SCALES + 8 * (8 * h + 2 * k + 1))));
       const uint8_t *ql = g + Q6K_LOW + 32 * (16 * h + 8 * (k & 1)), *qh = g + Q6K_HIGH + 32 * (8 * h);

@@ -3,7 +3,7 @@
  * high half, so one instruction does what AVX2's tiles (x86_avx2_products.c) do in two. The pair is
  * stored block by block (ROWS_X16, formats.c's group_place), so its tile reads one stream of memory:
  * read from two places a group apart, a one-token product ran slower than AVX2's (bench/RESULTS.md,
- * 2026-12-07). Every lane
+ * 2026-12-07), as it did with its blocks prefetched whole (prefetch_share). Every lane
  * runs the same integer dots and the same float operations in the same order as AVX2's tile for its
  * row, so the results are AVX2's bits (tests/integration/test_isa_ladder.py). The formats most files
  * are made of have a tile here (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K); the rest, a group of eight left
@@ -44,14 +44,6 @@ static inline __m512i pair_bytes(const uint8_t *p, size_t next, int is_signed) {
   memcpy(&b, p + next, 8);
   const __m128i both = _mm_set_epi64x((long long)b, (long long)a);
   return is_signed ? _mm512_cvtepi8_epi32(both) : _mm512_cvtepu8_epi32(both);
-}
-/* The pair's bytes `ahead` further on, share `part` of `parts`: a K-quant's block is prefetched an
- * eighth per sub-block, not at once (36 lines in a burst made a one-token product slower than
- * AVX2's: bench/RESULTS.md, 2026-12-07) */
-enum { PAIR_PREFETCH_BYTES = 8192 };
-static inline void prefetch_share(const uint8_t *g, int bytes, int part, int parts) {
-  for (int at = part * bytes / parts / 64 * 64; at < (part + 1) * bytes / parts; at += 64)
-    _mm_prefetch((const char *)(g + PAIR_PREFETCH_BYTES + at), _MM_HINT_T0);
 }
 static inline void fours_of(const xblock *x, int32_t four[8]) { memcpy(four, x->q, 32); }
 
