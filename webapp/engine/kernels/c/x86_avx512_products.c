@@ -45,6 +45,10 @@ static inline __m512i pair_bytes(const uint8_t *p, size_t next, int is_signed) {
   const __m128i both = _mm_set_epi64x((long long)b, (long long)a);
   return is_signed ? _mm512_cvtepi8_epi32(both) : _mm512_cvtepu8_epi32(both);
 }
+/* Before a tile's loop over its N tokens: unrolled whole, each token's sums stay in a register of their
+ * own; left a loop, clang kept them on the stack, and each sub-block's sum waited on a store and a load
+ * (bench/RESULTS.md, 2026-12-07) */
+#define TOKENS_UNROLLED _Pragma("clang loop unroll(full)")
 static inline void fours_of(const xblock *x, int32_t four[8]) { memcpy(four, x->q, 32); }
 
 /* tile_x8's Q4_0x8 and Q4_1x8 for a pair at g (its second group's block `next` bytes after the first's) */
@@ -64,6 +68,7 @@ static inline __attribute__((always_inline)) void pair_x8(int type, const uint8_
       q[k] = _mm512_and_si512(raw, low);
       q[4 + k] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
     }
+    TOKENS_UNROLLED
     for (int t = 0; t < N; t++) {
       const xblock *x = &xs[t][b];
       int32_t four[8];
@@ -94,6 +99,7 @@ static inline __attribute__((always_inline)) void pair_x8_q8(const uint8_t *g, s
       magnitude[k] = _mm512_abs_epi8(q);
       negative[k] = _mm512_movepi8_mask(q);
     }
+    TOKENS_UNROLLED
     for (int t = 0; t < N; t++) {
       const xblock *x = &xs[t][b];
       int32_t four[8];
@@ -150,6 +156,7 @@ static inline __attribute__((always_inline)) void pair_q4_k(const uint8_t *g, si
           q[k] = _mm512_or_si512(q[k], _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(high, j), bit), 4));
         }
       }
+      TOKENS_UNROLLED
       for (int t = 0; t < N; t++) {
         const xblock *x = &xs[t][8 * sb + j];
         int32_t fours[8];
@@ -185,6 +192,7 @@ static inline __attribute__((always_inline)) void pair_q6_k(const uint8_t *g, si
         const __m512i top = _mm512_and_si512(_mm512_srli_epi16(hi, 2 * k), two_bits);
         q[m] = _mm512_or_si512(nibble, _mm512_slli_epi16(top, 4));
       }
+      TOKENS_UNROLLED
       for (int t = 0; t < N; t++) {
         const xblock *x = &xs[t][8 * sb + c];
         int32_t fours[8];
