@@ -253,10 +253,9 @@ def test_one_block_rows_match_their_blocks_product(library, ggml_type, rows):
 
 
 def interleaved_type(isa: int, ggml_type: int) -> int:
-    """The type a build for `isa` stores a matrix of `ggml_type` with rows in eights as: the AVX-512
-    tiles' formats in pairs of groups (ROWS_X16), the rest in groups (ROWS_X8)."""
-    paired = isa in (Isa.AVX512, Isa.AVX512_VNNI) and ggml_type in (2, 3, 8, 12, 13, 14)
-    return (ROWS_X16 if paired else ROWS_X8) + ggml_type
+    """The type a build for `isa` stores a matrix of `ggml_type` with rows in eights as: in pairs of
+    groups (ROWS_X16) for the AVX-512 tiles, in groups (ROWS_X8) for AVX2's."""
+    return (ROWS_X16 if isa in (Isa.AVX512, Isa.AVX512_VNNI) else ROWS_X8) + ggml_type
 
 
 def _repack(library, raw: np.ndarray, ggml_type: int, cols: int) -> tuple[np.ndarray, int]:

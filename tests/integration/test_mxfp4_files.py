@@ -16,11 +16,11 @@ from support.tiny_models import (
     load_steps,
     write_tiny_gguf,
 )
-from test_kernels import assert_rows_are_their_blocks_product, dequantize, random_blocks
+from test_kernels import assert_rows_are_their_blocks_product, dequantize, interleaved_type, random_blocks
 from tinygrad import Tensor
 from tinygrad.llm.gguf import ggml_data_to_tensor
 
-from webapp.engine.kernels.abi import ROWS_X8, BlockType, Isa
+from webapp.engine.kernels.abi import BlockType, Isa
 from webapp.engine.kernels.cpu import QuantizedCPU
 from webapp.engine.model.routed import RoutedFeedForward
 from webapp.engine.model.steps import OneCallSteps
@@ -49,7 +49,7 @@ def test_a_matrix_at_gpt_oss_widths_multiplies_every_row_right(rows, cols):
     kernels, rng = _kernels(), np.random.default_rng(rows)
     raw = random_blocks(MXFP4, rows, cols, rng)
     weight = kernels.block_weight(raw, MXFP4, cols)
-    assert weight.ggml_type == MXFP4 + (ROWS_X8 if rows % 8 == 0 and kernels.isa != Isa.GENERIC else 0)
+    assert weight.ggml_type == (interleaved_type(kernels.isa, MXFP4) if rows % 8 == 0 and kernels.isa != Isa.GENERIC else MXFP4)
     picked = np.unique(np.concatenate([rng.choice(rows, 60, replace=False), [rows - 1]]))
     for tokens in (1, 5):
         x = rng.standard_normal((tokens, cols)).astype(np.float32)

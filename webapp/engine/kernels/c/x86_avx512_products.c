@@ -5,9 +5,9 @@
  * read from two places a group apart, a one-token product ran slower than AVX2's (bench/RESULTS.md,
  * 2026-12-07), as it did with its blocks prefetched whole (prefetch_share). Every lane
  * runs the same integer dots and the same float operations in the same order as AVX2's tile for its
- * row, so the results are AVX2's bits (tests/integration/test_isa_ladder.py). The formats most files
- * are made of have a tile here (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K); the rest, a group of eight left
- * over, and the rows outside groups take AVX2's. */
+ * row, so the results are AVX2's bits (tests/integration/test_isa_ladder.py). Every format with an
+ * AVX2 group tile has a pair tile here; a group of eight left over, and the rows outside groups, take
+ * AVX2's tiles and row kernels. */
 
 /* The integer dots of x86_avx2.c, sixteen int32 lanes wide: VNNI's dpbusd where the build has it,
  * else maddubs and madd (AVX512-BW), the same integers as their 256-bit forms lane for lane. */
@@ -28,6 +28,17 @@ static inline __attribute__((always_inline)) __m512i dot512_u8_quads(const __m51
   return _mm512_madd_epi16(sum, _mm512_set1_epi16(1));
 }
 #endif
+
+/* dot512_u8_quads times each lane's scale (int32 lanes, each within int16): x86_avx2.c's dot_u8_quads_scaled */
+static inline __attribute__((always_inline)) __m512i dot512_u8_quads_scaled(const __m512i *q, const int32_t *fours, const int K, __m512i scale) {
+#if defined(__AVX512VNNI__)
+  return _mm512_mullo_epi32(dot512_u8_quads(q, fours, K), scale);
+#else
+  __m512i sum = _mm512_maddubs_epi16(q[0], _mm512_set1_epi32(fours[0]));
+  for (int k = 1; k < K; k++) sum = _mm512_add_epi16(sum, _mm512_maddubs_epi16(q[k], _mm512_set1_epi32(fours[k])));
+  return _mm512_madd_epi16(sum, _mm512_or_si512(_mm512_and_si512(scale, _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(scale, 16)));
+#endif
+}
 
 /* 32 bytes at p (low half) and at p + next (high half): the same place in a pair's two groups */
 static inline __m512i pair_load(const uint8_t *p, size_t next) {
@@ -211,9 +222,232 @@ static inline __attribute__((always_inline)) void pair_q6_k(const uint8_t *g, si
   for (int t = 0; t < N; t++) _mm512_storeu_ps(out + t * out_stride, acc[t]);
 }
 
-/* The types a pair tile below takes are stored in pairs of groups; the rest as AVX2's tiles read them. */
+/* tile_iq4_xs_x8 for a pair at g: the table's levels are signed, so the activations take the weights'
+ * signs as in pair_x8_q8 */
+static inline __attribute__((always_inline)) void pair_iq4_xs(const uint8_t *g, size_t next, const xblock *const *xs, int N, int nb, float *out,
+                                                              size_t out_stride) {
+  const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_TABLE)), low = _mm512_set1_epi8(15);
+  const __m512i zero = _mm512_setzero_si512();
+  __m512 acc[MAX_TOKEN_GROUP];
+  for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();
+  for (int sb = 0; sb < nb / 8; sb++, g += 2 * 8 * 136) {
+    const __m512 d = pair_halves(g + IQ4XS_GROUP_D, next);
+    const __m512i high = _mm512_cvtepu16_epi32(
+        _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(g + next + IQ4XS_GROUP_SCALES_HIGH)), _mm_loadu_si128((const __m128i *)(g + IQ4XS_GROUP_SCALES_HIGH))));
+    const __m512i lows = pair_load(g + IQ4XS_GROUP_SCALES_LOW, next);
+    for (int j = 0; j < 8; j++) {
+      prefetch_share(g, 2 * 8 * 136, j, 8);
+      const __m512i scale = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(lows, 4 * j), _mm512_set1_epi32(15)),
+                                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(high, 2 * j), _mm512_set1_epi32(3)), 4));
+      const __m512 row_scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(scale, _mm512_set1_epi32(32))));
+      const uint8_t *slices = g + IQ4XS_GROUP_QUANTS + 128 * j;
+      __m512i magnitude[8];
+      __mmask64 negative[8];
+      for (int k = 0; k < 4; k++) {
+        const __m512i raw = pair_load(slices + 32 * k, next);
+        const __m512i lo = _mm512_shuffle_epi8(table, _mm512_and_si512(raw, low));
+        const __m512i hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(raw, 4), low));
+        magnitude[k] = _mm512_abs_epi8(lo), negative[k] = _mm512_movepi8_mask(lo);
+        magnitude[4 + k] = _mm512_abs_epi8(hi), negative[4 + k] = _mm512_movepi8_mask(hi);
+      }
+      TOKENS_UNROLLED
+      for (int t = 0; t < N; t++) {
+        const xblock *x = &xs[t][8 * sb + j];
+        int32_t fours[8];
+        fours_of(x, fours);
+        __m512i sum = _mm512_setzero_si512();
+        for (int k = 0; k < 8; k++) {
+          const __m512i xk = _mm512_set1_epi32(fours[k]);
+          sum = dot512_u8_add(sum, magnitude[k], _mm512_mask_sub_epi8(xk, negative[k], zero, xk));
+        }
+        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(row_scale, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(sum), acc[t]);
+      }
+    }
+  }
+  for (int t = 0; t < N; t++) _mm512_storeu_ps(out + t * out_stride, acc[t]);
+}
+
+/* tile_q5_x8 (Q5_0, and Q5_1 where `with_min`) for a pair at g: its comment says how pshufb spreads
+ * each row's fifth-bit word over the row's lane, which a 512-bit pshufb does in each 128-bit lane */
+static inline __attribute__((always_inline)) void pair_q5(const uint8_t *g, size_t next, const xblock *const *xs, int N, int nb, float *out,
+                                                          size_t out_stride, const int with_min) {
+  const int group_bytes = with_min ? 8 * 24 : 8 * 22, bits_at = with_min ? 32 : 16, quants_at = bits_at + 32;
+  const __m512i low = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
+  const __m512i lane_bytes = _mm512_broadcast_i32x4(_mm_setr_epi32(0, 0x04040404, 0x08080808, 0x0c0c0c0c));
+  __m512 acc[MAX_TOKEN_GROUP];
+  for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; b++, g += 2 * group_bytes) {
+    prefetch_share(g, 2 * group_bytes, 0, 1);
+    const __m512 d = pair_halves(g, next);
+    const __m512 m = with_min ? pair_halves(g + 16, next) : _mm512_mul_ps(d, _mm512_set1_ps(-16.0f));
+    const __m512i words = pair_load(g + bits_at, next);
+    __m512i q[8];
+    for (int k = 0; k < 4; k++) {
+      const __m512i raw = pair_load(g + quants_at + 32 * k, next);
+      const __m512i bit = _mm512_set1_epi32(k % 2 ? (int)0x80402010 : 0x08040201);
+      const __m512i lo_bits = _mm512_shuffle_epi8(words, _mm512_add_epi8(lane_bytes, _mm512_set1_epi8((char)(k / 2))));
+      const __m512i hi_bits = _mm512_shuffle_epi8(words, _mm512_add_epi8(lane_bytes, _mm512_set1_epi8((char)(2 + k / 2))));
+      const __m512i lo_fifth = _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(lo_bits, bit), sixteen);
+      const __m512i hi_fifth = _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(hi_bits, bit), sixteen);
+      q[k] = _mm512_or_si512(_mm512_and_si512(raw, low), lo_fifth);
+      q[4 + k] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(raw, 4), low), hi_fifth);
+    }
+    TOKENS_UNROLLED
+    for (int t = 0; t < N; t++) {
+      const xblock *x = &xs[t][b];
+      int32_t four[8];
+      fours_of(x, four);
+      /* as in tile_q5_x8: values reach 31, so four maddubs at most share an int16 lane */
+      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(dot512_u8_quads(q, four, 4), dot512_u8_quads(q + 4, four + 4, 4)));
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x->d)), dot, acc[t]);
+      acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(x->s), acc[t]);
+    }
+  }
+  for (int t = 0; t < N; t++) _mm512_storeu_ps(out + t * out_stride, acc[t]);
+}
+
+/* tile_iq4_nl_x8 for a pair at g: Q4_0's slices looked up, then pair_x8_q8's signed dot */
+static inline __attribute__((always_inline)) void pair_iq4_nl(const uint8_t *g, size_t next, const xblock *const *xs, int N, int nb, float *out,
+                                                              size_t out_stride) {
+  const int group_bytes = 8 * 18;
+  const __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_TABLE)), low = _mm512_set1_epi8(15);
+  const __m512i zero = _mm512_setzero_si512();
+  __m512 acc[MAX_TOKEN_GROUP];
+  for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; b++, g += 2 * group_bytes) {
+    prefetch_share(g, 2 * group_bytes, 0, 1);
+    const __m512 d = pair_halves(g, next);
+    __m512i magnitude[8];
+    __mmask64 negative[8];
+    for (int k = 0; k < 4; k++) {
+      const __m512i raw = pair_load(g + 16 + 32 * k, next);
+      const __m512i lo = _mm512_shuffle_epi8(levels, _mm512_and_si512(raw, low));
+      const __m512i hi = _mm512_shuffle_epi8(levels, _mm512_and_si512(_mm512_srli_epi16(raw, 4), low));
+      magnitude[k] = _mm512_abs_epi8(lo), negative[k] = _mm512_movepi8_mask(lo);
+      magnitude[4 + k] = _mm512_abs_epi8(hi), negative[4 + k] = _mm512_movepi8_mask(hi);
+    }
+    TOKENS_UNROLLED
+    for (int t = 0; t < N; t++) {
+      const xblock *x = &xs[t][b];
+      int32_t four[8];
+      fours_of(x, four);
+      __m512i sum = _mm512_setzero_si512();
+      for (int k = 0; k < 8; k++) {
+        const __m512i xk = _mm512_set1_epi32(four[k]);
+        sum = dot512_u8_add(sum, magnitude[k], _mm512_mask_sub_epi8(xk, negative[k], zero, xk));
+      }
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(sum), acc[t]);
+    }
+  }
+  for (int t = 0; t < N; t++) _mm512_storeu_ps(out + t * out_stride, acc[t]);
+}
+
+/* tile_mxfp4_x8 for a pair at g: levels plus OFFSET, unsigned, as Q4_0's; the offset's share of the
+ * dot taken back from the activations' sums */
+static inline __attribute__((always_inline)) void pair_mxfp4(const uint8_t *g, size_t next, const xblock *const *xs, int N, int nb, float *out,
+                                                             size_t out_stride) {
+  const int group_bytes = 8 * 17;
+  const __m512i levels = _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)MXFP4_TABLE)), _mm512_set1_epi8(OFFSET));
+  const __m512i low = _mm512_set1_epi8(15);
+  __m512 acc[MAX_TOKEN_GROUP];
+  for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; b++, g += 2 * group_bytes) {
+    prefetch_share(g, 2 * group_bytes, 0, 1);
+    /* mxfp4_half_scales' bits for sixteen E8M0 bytes */
+    const __m512i e = pair_bytes(g, next, 0);
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    const __m512 d = _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(2)), normal, subnormal));
+    __m512i q[8];
+    for (int k = 0; k < 4; k++) {
+      const __m512i raw = pair_load(g + 8 + 32 * k, next);
+      q[k] = _mm512_shuffle_epi8(levels, _mm512_and_si512(raw, low));
+      q[4 + k] = _mm512_shuffle_epi8(levels, _mm512_and_si512(_mm512_srli_epi16(raw, 4), low));
+    }
+    TOKENS_UNROLLED
+    for (int t = 0; t < N; t++) {
+      const xblock *x = &xs[t][b];
+      int32_t four[8];
+      fours_of(x, four);
+      const __m512i dot = _mm512_add_epi32(dot512_u8_quads(q, four, 4), dot512_u8_quads(q + 4, four + 4, 4));
+      const __m512i exact = _mm512_sub_epi32(dot, _mm512_set1_epi32(OFFSET * (x->sum16[0] + x->sum16[1])));
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(exact), acc[t]);
+    }
+  }
+  for (int t = 0; t < N; t++) _mm512_storeu_ps(out + t * out_stride, acc[t]);
+}
+
+/* a group's sixteen sub-blocks' scale bytes for its eight rows, a 64-bit word (a byte a row) each:
+ * tile_k_low_x8's unpacking */
+static inline void k_low_group_scales(const uint8_t *g, int three, uint64_t scale[16]) {
+  if (three) {
+    uint64_t packed[12];
+    memcpy(packed, g + Q3K_GROUP_SCALES, sizeof packed);
+    for (int k = 0; k < 16; k++)
+      scale[k] = ((packed[k % 8] >> 4 * (k / 8)) & 0x0f0f0f0f0f0f0f0fULL) | ((packed[8 + k % 4] >> 2 * (k / 4)) & 0x0303030303030303ULL) << 4;
+  } else {
+    memcpy(scale, g + Q2K_GROUP_SCALES, 16 * sizeof *scale);
+  }
+}
+
+/* tile_k_low_x8 (Q3_K where `three`, else Q2_K) for a pair at g (its comment says how a block's values
+ * and sub-scales are laid out) */
+static inline __attribute__((always_inline)) void pair_k_low(const uint8_t *g, size_t next, const xblock *const *xs, int N, int nb, float *out,
+                                                             size_t out_stride, const int three) {
+  const int group_bytes = three ? 8 * 110 : 8 * 84, pairs = three ? Q3K_GROUP_LOW : Q2K_GROUP_QUANTS;
+  const __m512i two_bits = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+  __m512 acc[MAX_TOKEN_GROUP];
+  for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();
+  for (int sb = 0; sb < nb / 8; sb++, g += 2 * group_bytes) {
+    const __m512 d = pair_halves(g + (three ? Q3K_GROUP_D : Q2K_GROUP_D), next);
+    const __m512 dmin = three ? _mm512_setzero_ps() : pair_halves(g + Q2K_GROUP_DMIN, next);
+    uint64_t scale[2][16];
+    k_low_group_scales(g, three, scale[0]);
+    k_low_group_scales(g + next, three, scale[1]);
+    for (int c = 0; c < 8; c++) {
+      prefetch_share(g, 2 * group_bytes, c, 8);
+      __m512i sc[2], mn[2];
+      for (int half = 0; half < 2; half++) {
+        const __m512i bytes = _mm512_cvtepu8_epi32(_mm_set_epi64x((long long)scale[1][2 * c + half], (long long)scale[0][2 * c + half]));
+        sc[half] = three ? _mm512_sub_epi32(bytes, _mm512_set1_epi32(32)) : _mm512_and_si512(bytes, _mm512_set1_epi32(15));
+        mn[half] = _mm512_srli_epi32(bytes, 4);
+      }
+      const __m512i low16 = _mm512_set1_epi32(0xffff);
+      const __m512i sc_pairs = _mm512_or_si512(_mm512_and_si512(sc[0], low16), _mm512_slli_epi32(sc[1], 16));
+      const __m512i mn_pairs = _mm512_or_si512(mn[0], _mm512_slli_epi32(mn[1], 16));
+      const uint8_t *slices = g + pairs + 32 * 8 * (c / 4);
+      __m512i q[8];
+      for (int m = 0; m < 8; m++) {
+        q[m] = _mm512_and_si512(_mm512_srli_epi16(pair_load(slices + 32 * m, next), 2 * (c % 4)), two_bits);
+        if (three) {
+          const __m512i high = pair_load(g + Q3K_GROUP_HIGH + 32 * m, next);
+          const __m512i moved = c >= 2 ? _mm512_srli_epi16(high, c - 2) : _mm512_slli_epi16(high, 2 - c);
+          q[m] = _mm512_or_si512(q[m], _mm512_and_si512(moved, four));
+        }
+      }
+      TOKENS_UNROLLED
+      for (int t = 0; t < N; t++) {
+        const xblock *x = &xs[t][8 * sb + c];
+        int32_t fours[8], half_sums;
+        fours_of(x, fours);
+        memcpy(&half_sums, x->sum16, 4);
+        __m512i dot = _mm512_add_epi32(dot512_u8_quads_scaled(q, fours, 4, sc[0]), dot512_u8_quads_scaled(q + 4, fours + 4, 4, sc[1]));
+        if (three) dot = _mm512_sub_epi32(dot, _mm512_slli_epi32(_mm512_madd_epi16(sc_pairs, _mm512_set1_epi32(half_sums)), 2));
+        const __m512 dx = _mm512_set1_ps(x->d);
+        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(dot), acc[t]);
+        if (!three) {
+          const __m512i mins = _mm512_madd_epi16(mn_pairs, _mm512_set1_epi32(half_sums));
+          acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(mins), acc[t]);
+        }
+      }
+    }
+  }
+  for (int t = 0; t < N; t++) _mm512_storeu_ps(out + t * out_stride, acc[t]);
+}
+
+/* Every format AVX2 has a group tile for has a pair tile here, so is stored in pairs of groups. */
 static int interleaves_avx512(int type) {
-  return type == Q4_0 || type == Q4_1 || type == Q8_0 || type == Q4_K || type == Q5_K || type == Q6_K ? 16 : interleaves_avx2(type);
+  return interleaves_avx2(type) ? 16 : 0;
 }
 
 #define PAIR(N)                                                                                                       \
@@ -222,6 +456,13 @@ static int interleaves_avx512(int type) {
     else if (type == Q4_Kx8) pair_q4_k(g, next, xs, N, nb, out, stride, 0);                                          \
     else if (type == Q5_Kx8) pair_q4_k(g, next, xs, N, nb, out, stride, 1);                                          \
     else if (type == Q6_Kx8) pair_q6_k(g, next, xs, N, nb, out, stride);                                             \
+    else if (type == IQ4_XSx8) pair_iq4_xs(g, next, xs, N, nb, out, stride);                                         \
+    else if (type == Q5_0x8) pair_q5(g, next, xs, N, nb, out, stride, 0);                                            \
+    else if (type == Q5_1x8) pair_q5(g, next, xs, N, nb, out, stride, 1);                                            \
+    else if (type == IQ4_NLx8) pair_iq4_nl(g, next, xs, N, nb, out, stride);                                         \
+    else if (type == MXFP4x8) pair_mxfp4(g, next, xs, N, nb, out, stride);                                           \
+    else if (type == Q3_Kx8) pair_k_low(g, next, xs, N, nb, out, stride, 1);                                         \
+    else if (type == Q2_Kx8) pair_k_low(g, next, xs, N, nb, out, stride, 0);                                         \
     else if (type == Q4_1x8) pair_x8(Q4_1x8, g, next, xs, N, nb, out, stride);                                       \
     else pair_x8(Q4_0x8, g, next, xs, N, nb, out, stride);                                                           \
   }
