@@ -62,6 +62,38 @@ static inline __m512i pair_bytes(const uint8_t *p, size_t next, int is_signed) {
 #define TOKENS_UNROLLED _Pragma("clang loop unroll(full)")
 static inline void fours_of(const xblock *x, int32_t four[8]) { memcpy(four, x->q, 32); }
 
+/* Signed weights times a token's 32 activations (fours, four a lane broadcast), as dot_s8_slices: the
+ * weights' magnitudes against the activations given the weights' signs. No 512-bit psignb: a masked
+ * negation where the weight is negative; where it is zero so is its magnitude, so either sign gives
+ * psignb's product. */
+static inline __attribute__((always_inline)) __m512i dot512_signed(const __m512i *magnitude, const __mmask64 *negative, const int32_t *fours) {
+  __m512i sum = _mm512_setzero_si512();
+  for (int k = 0; k < 8; k++) {
+    const __m512i xk = _mm512_set1_epi32(fours[k]);
+    sum = dot512_u8_add(sum, magnitude[k], _mm512_mask_sub_epi8(xk, negative[k], _mm512_setzero_si512(), xk));
+  }
+  return sum;
+}
+/* A pair's four nibble slices at p looked up in `levels` (IQ4's signed table): each value's magnitude
+ * and sign, low nibbles as slices 0..3, high ones as 4..7 */
+static inline __attribute__((always_inline)) void signed_levels(const uint8_t *p, size_t next, __m512i levels, __m512i *magnitude, __mmask64 *negative) {
+  const __m512i low = _mm512_set1_epi8(15);
+  for (int k = 0; k < 4; k++) {
+    const __m512i raw = pair_load(p + 32 * k, next);
+    const __m512i lo = _mm512_shuffle_epi8(levels, _mm512_and_si512(raw, low));
+    const __m512i hi = _mm512_shuffle_epi8(levels, _mm512_and_si512(_mm512_srli_epi16(raw, 4), low));
+    magnitude[k] = _mm512_abs_epi8(lo), negative[k] = _mm512_movepi8_mask(lo);
+    magnitude[4 + k] = _mm512_abs_epi8(hi), negative[4 + k] = _mm512_movepi8_mask(hi);
+  }
+}
+
+/* acc + a block's dot scaled by the rows' d and the token's, and the rows' m (their minimum, or Q4_0's and
+ * Q5_0's offset times d) by the token's d * sum(q): a 32-value format with a minimum, as tile_x8 adds it */
+static inline __m512 add_block(__m512 acc, __m512 d, __m512 m, const xblock *x, __m512i dot) {
+  acc = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(dot), acc);
+  return _mm512_fmadd_ps(m, _mm512_set1_ps(x->s), acc);
+}
+
 /* tile_x8's Q4_0x8 and Q4_1x8 for a pair at g (its second group's block `next` bytes after the first's) */
 static inline __attribute__((always_inline)) void pair_x8(int type, const uint8_t *g, size_t next, const xblock *const *xs, int N, int nb, float *out,
                                                           size_t out_stride) {
@@ -84,20 +116,16 @@ static inline __attribute__((always_inline)) void pair_x8(int type, const uint8_
       const xblock *x = &xs[t][b];
       int32_t four[8];
       fours_of(x, four);
-      const __m512 dot = _mm512_cvtepi32_ps(dot512_u8_quads(q, four, 8));
-      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x->d)), dot, acc[t]);
-      acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(x->s), acc[t]);
+      acc[t] = add_block(acc[t], d, m, x, dot512_u8_quads(q, four, 8));
     }
   }
   for (int t = 0; t < N; t++) _mm512_storeu_ps(out + t * out_stride, acc[t]);
 }
 
-/* tile_x8_q8: the activations take the weights' signs (no 512-bit psignb: a masked negation where the
- * weight is negative; where it is zero its magnitude is, so either sign gives psignb's product) */
+/* tile_x8_q8: the activations take the weights' signs (dot512_signed) */
 static inline __attribute__((always_inline)) void pair_x8_q8(const uint8_t *g, size_t next, const xblock *const *xs, int N, int nb, float *out,
                                                              size_t out_stride) {
   const int group_bytes = 8 * 34;
-  const __m512i zero = _mm512_setzero_si512();
   __m512 acc[MAX_TOKEN_GROUP];
   for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();
   for (int b = 0; b < nb; b++, g += 2 * group_bytes) {
@@ -115,12 +143,7 @@ static inline __attribute__((always_inline)) void pair_x8_q8(const uint8_t *g, s
       const xblock *x = &xs[t][b];
       int32_t four[8];
       fours_of(x, four);
-      __m512i sum = _mm512_setzero_si512();
-      for (int k = 0; k < 8; k++) {
-        const __m512i xk = _mm512_set1_epi32(four[k]);
-        sum = dot512_u8_add(sum, magnitude[k], _mm512_mask_sub_epi8(xk, negative[k], zero, xk));
-      }
-      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(sum), acc[t]);
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(dot512_signed(magnitude, negative, four)), acc[t]);
     }
     prefetch_share(g, 2 * group_bytes, 1, 2);
   }
@@ -226,8 +249,7 @@ static inline __attribute__((always_inline)) void pair_q6_k(const uint8_t *g, si
  * signs as in pair_x8_q8 */
 static inline __attribute__((always_inline)) void pair_iq4_xs(const uint8_t *g, size_t next, const xblock *const *xs, int N, int nb, float *out,
                                                               size_t out_stride) {
-  const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_TABLE)), low = _mm512_set1_epi8(15);
-  const __m512i zero = _mm512_setzero_si512();
+  const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_TABLE));
   __m512 acc[MAX_TOKEN_GROUP];
   for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();
   for (int sb = 0; sb < nb / 8; sb++, g += 2 * 8 * 136) {
@@ -240,26 +262,15 @@ static inline __attribute__((always_inline)) void pair_iq4_xs(const uint8_t *g, 
       const __m512i scale = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(lows, 4 * j), _mm512_set1_epi32(15)),
                                             _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(high, 2 * j), _mm512_set1_epi32(3)), 4));
       const __m512 row_scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(scale, _mm512_set1_epi32(32))));
-      const uint8_t *slices = g + IQ4XS_GROUP_QUANTS + 128 * j;
       __m512i magnitude[8];
       __mmask64 negative[8];
-      for (int k = 0; k < 4; k++) {
-        const __m512i raw = pair_load(slices + 32 * k, next);
-        const __m512i lo = _mm512_shuffle_epi8(table, _mm512_and_si512(raw, low));
-        const __m512i hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(raw, 4), low));
-        magnitude[k] = _mm512_abs_epi8(lo), negative[k] = _mm512_movepi8_mask(lo);
-        magnitude[4 + k] = _mm512_abs_epi8(hi), negative[4 + k] = _mm512_movepi8_mask(hi);
-      }
+      signed_levels(g + IQ4XS_GROUP_QUANTS + 128 * j, next, table, magnitude, negative);
       TOKENS_UNROLLED
       for (int t = 0; t < N; t++) {
         const xblock *x = &xs[t][8 * sb + j];
         int32_t fours[8];
         fours_of(x, fours);
-        __m512i sum = _mm512_setzero_si512();
-        for (int k = 0; k < 8; k++) {
-          const __m512i xk = _mm512_set1_epi32(fours[k]);
-          sum = dot512_u8_add(sum, magnitude[k], _mm512_mask_sub_epi8(xk, negative[k], zero, xk));
-        }
+        const __m512i sum = dot512_signed(magnitude, negative, fours);
         acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(row_scale, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(sum), acc[t]);
       }
     }
@@ -298,9 +309,7 @@ static inline __attribute__((always_inline)) void pair_q5(const uint8_t *g, size
       int32_t four[8];
       fours_of(x, four);
       /* as in tile_q5_x8: values reach 31, so four maddubs at most share an int16 lane */
-      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(dot512_u8_quads(q, four, 4), dot512_u8_quads(q + 4, four + 4, 4)));
-      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x->d)), dot, acc[t]);
-      acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(x->s), acc[t]);
+      acc[t] = add_block(acc[t], d, m, x, _mm512_add_epi32(dot512_u8_quads(q, four, 4), dot512_u8_quads(q + 4, four + 4, 4)));
     }
   }
   for (int t = 0; t < N; t++) _mm512_storeu_ps(out + t * out_stride, acc[t]);
@@ -310,8 +319,7 @@ static inline __attribute__((always_inline)) void pair_q5(const uint8_t *g, size
 static inline __attribute__((always_inline)) void pair_iq4_nl(const uint8_t *g, size_t next, const xblock *const *xs, int N, int nb, float *out,
                                                               size_t out_stride) {
   const int group_bytes = 8 * 18;
-  const __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_TABLE)), low = _mm512_set1_epi8(15);
-  const __m512i zero = _mm512_setzero_si512();
+  const __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_TABLE));
   __m512 acc[MAX_TOKEN_GROUP];
   for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();
   for (int b = 0; b < nb; b++, g += 2 * group_bytes) {
@@ -319,24 +327,13 @@ static inline __attribute__((always_inline)) void pair_iq4_nl(const uint8_t *g, 
     const __m512 d = pair_halves(g, next);
     __m512i magnitude[8];
     __mmask64 negative[8];
-    for (int k = 0; k < 4; k++) {
-      const __m512i raw = pair_load(g + 16 + 32 * k, next);
-      const __m512i lo = _mm512_shuffle_epi8(levels, _mm512_and_si512(raw, low));
-      const __m512i hi = _mm512_shuffle_epi8(levels, _mm512_and_si512(_mm512_srli_epi16(raw, 4), low));
-      magnitude[k] = _mm512_abs_epi8(lo), negative[k] = _mm512_movepi8_mask(lo);
-      magnitude[4 + k] = _mm512_abs_epi8(hi), negative[4 + k] = _mm512_movepi8_mask(hi);
-    }
+    signed_levels(g + 16, next, levels, magnitude, negative);
     TOKENS_UNROLLED
     for (int t = 0; t < N; t++) {
       const xblock *x = &xs[t][b];
       int32_t four[8];
       fours_of(x, four);
-      __m512i sum = _mm512_setzero_si512();
-      for (int k = 0; k < 8; k++) {
-        const __m512i xk = _mm512_set1_epi32(four[k]);
-        sum = dot512_u8_add(sum, magnitude[k], _mm512_mask_sub_epi8(xk, negative[k], zero, xk));
-      }
-      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(sum), acc[t]);
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(dot512_signed(magnitude, negative, four)), acc[t]);
     }
   }
   for (int t = 0; t < N; t++) _mm512_storeu_ps(out + t * out_stride, acc[t]);
