@@ -83,7 +83,7 @@ _VNNI_512 = (frozenset({"avx512_vnni", "avx512vl"}), ("-mavx512vnni", "-mavx512v
 # The ladder, lowest first: every rung runs the kernels of the rungs below where it has none of its
 # own (c/fallback.h). The x86 rungs above AVX2 build x86_avx2*.c too: the VNNI ones with dpbusd in
 # their integer dots (x86_avx2.c says when that is bit for bit AVX2's), the AVX-512 ones with
-# AVX-512's flags and the 512-bit product tiles of x86_avx512_products.c. avx512_vnni is chosen by
+# AVX-512's flags and the 512-bit product tiles of x86_avx512*.c. avx512_vnni is chosen by
 # default: its tiles are faster than AVX2's at every step kind, one lane included (bench/RESULTS.md).
 # The others are built only when LLM_CPU_ISA names them: avx2_vnni's dots alone made a one-lane step
 # slower, and avx512 without VNNI would be chosen only by CPUs (Skylake's server cores) whose clocks

@@ -10,7 +10,7 @@
  * The files: format_*.c (a block format each: its dequantization), formats.c (their table,
  * interleaved rows), isa.h (what depends on the instruction set), generic.c and x86_avx2*.c (its
  * portable and x86 versions, which every x86 rung of the ladder builds; fallback.h choosing, name by
- * name; x86_avx2_<format>.c a format's own products; x86_avx512*.c the AVX-512 rungs' own),
+ * name; x86_avx2_<format>.c a format's own products; x86_avx512*.c the AVX-512 rungs' own, x86_avx512_<format>.c a format's pair tile),
  * pool.c (the thread pool), linear.c (the products and the fused linears), attention.c (attention_q8.c: its
  * 8-bit KV cache rows), vision_encoder.c (a vision encoder's attention and gelu), moe.c (a mixture of experts' feed-forward), mla.c (multi-head latent attention), gated_delta.c (Qwen3.5's recurrent
  * and gated attention layers), lora.c (LoRA adapters' low-rank products), step.c (a layer, a step) and abi.c (tq_abi).
@@ -88,6 +88,11 @@
 #include "x86_avx2_delta.c"
 #endif
 #if TQ_AVX512
+#include "x86_avx512.c"
+#include "x86_avx512_iq4.c"
+#include "x86_avx512_q5.c"
+#include "x86_avx512_mxfp4.c"
+#include "x86_avx512_k_low.c"
 #include "x86_avx512_products.c"
 #endif
 #include "pool.c"
