@@ -185,6 +185,13 @@ def test_a_temperature_below_float32s_range_samples_greedily(temperature):
     assert sample(logits, SamplingParams(temperature=temperature), np.random.default_rng(0)) == 1
 
 
+@pytest.mark.filterwarnings("error")
+def test_scaled_logits_further_apart_than_float32_holds_draw_the_best_without_a_warning():
+    # at this temperature the scaled logits are finite, but 6e38 apart: the lowest one's weight is 0
+    logits = np.array([-1.0, 1.0, 0.99], dtype=np.float32)
+    assert sample(logits, SamplingParams(temperature=1 / 3e38), np.random.default_rng(0)) == 1
+
+
 OPEN, CLOSE = (7,), (8, 9)  # a thinking template's markers as token ids
 
 

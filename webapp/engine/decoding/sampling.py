@@ -86,7 +86,10 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     if not allowed.all():  # masked tokens never enter the cuts below
         ids = np.flatnonzero(allowed)
         x = x[ids]
-    weights = x - x.max()
+    # logits scaled near float32's range (a tiny temperature) can lie further apart than float32 holds:
+    # such a token's distance overflows to -inf, and its weight is the 0 it tends to
+    with np.errstate(over="ignore"):
+        weights = x - x.max()
     np.exp(weights, out=weights)  # relative to the most likely token
     keep = None
     if 0 < params.top_k < x.shape[0]:
