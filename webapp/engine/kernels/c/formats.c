@@ -107,15 +107,15 @@ static void move_block(const interleaving *layout, const uint8_t *from, uint8_t 
 }
 
 /* Where group g (rows 8g .. 8g + 7) of a matrix of `rows` rows, nb blocks of bb bytes a row, stored in
- * groups of eight (geometry 8) or in pairs of them (16) at w, has its first block, and the bytes from
- * one of its blocks to the next. In pairs, pair p's block b is group 2p's block b then group 2p + 1's,
+ * groups of eight (geometry 8) or in pairs of them (16), has its first block (bytes from the matrix's
+ * start), and the bytes from one of its blocks to the next. In pairs, pair p's block b is group 2p's block b then group 2p + 1's,
  * so a tile reading both reads one stream; a last group without a partner (rows % 16 == 8) is stored
  * as in groups of eight. */
-static void group_place(int geometry, uint8_t *w, int g, int rows, int nb, int bb, uint8_t **group, size_t *block_stride) {
+static size_t group_place(int geometry, int g, int rows, int nb, int bb, size_t *block_stride) {
   const size_t group_bytes = (size_t)nb * 8 * bb;
   const int paired = geometry == 16 && 8 * (g | 1) + 8 <= rows;
-  *group = w + (size_t)g * group_bytes - (paired && g % 2 ? group_bytes - (size_t)8 * bb : 0);
   *block_stride = (size_t)(paired ? 16 : 8) * bb;
+  return (size_t)g * group_bytes - (paired && g % 2 ? group_bytes - (size_t)8 * bb : 0);
 }
 
 int tq_repack(uint8_t *dst, const uint8_t *src, const tq_product *shape) {
@@ -130,9 +130,8 @@ int tq_repack(uint8_t *dst, const uint8_t *src, const tq_product *shape) {
     return type;
   }
   for (int g = 0; g < rows / 8; g++) {
-    uint8_t *group;
     size_t block_stride;
-    group_place(geometry, dst, g, rows, nb, bb, &group, &block_stride);
+    uint8_t *group = dst + group_place(geometry, g, rows, nb, bb, &block_stride);
     for (int b = 0; b < nb; b++)
       for (int i = 0; i < 8; i++)
         move_block(layout, src + (size_t)(8 * g + i) * row_bytes + (size_t)b * bb, group + (size_t)b * block_stride, i, 1);
@@ -149,9 +148,8 @@ static void row_values(int type, const uint8_t *w, int r, int rows, int cols, fl
   }
   const int bb = block_bytes(type), bv = block_values(type);
   const interleaving *layout = interleaving_of(type);
-  uint8_t *group;
   size_t block_stride;
-  group_place(type >= ROWS_X16 ? 16 : 8, (uint8_t *)w, r / 8, rows, cols / bv, bb, &group, &block_stride);
+  const uint8_t *group = w + group_place(type >= ROWS_X16 ? 16 : 8, r / 8, rows, cols / bv, bb, &block_stride);
   uint8_t own[256];
   for (int b = 0; b < cols / bv; b++, group += block_stride, y += bv) {
     move_block(layout, group, own, r % 8, 0);

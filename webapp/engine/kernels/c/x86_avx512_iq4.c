@@ -1,7 +1,8 @@
-/* The AVX-512 pair tiles of IQ4_XS and IQ4_NL (x86_avx2_iq4_xs.c's and x86_avx2_iq4_nl.c's, two groups at once). */
+/* The AVX-512 pair tile of IQ4_XS (x86_avx2_iq4_xs.c's, two groups at once); IQ4_NL's is Q8_0's
+ * (x86_avx512_products.c's pair_signed). */
 
 /* tile_iq4_xs_x8 for a pair at g: the table's levels are signed, so the activations take the weights'
- * signs as in pair_x8_q8 */
+ * signs as in pair_signed */
 static inline __attribute__((always_inline)) void pair_iq4_xs(const uint8_t *g, size_t next, const xblock *const *xs, int N, int nb, float *out,
                                                               size_t out_stride) {
   const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_TABLE));
@@ -28,30 +29,6 @@ static inline __attribute__((always_inline)) void pair_iq4_xs(const uint8_t *g, 
         const __m512i sum = dot512_signed(magnitude, negative, fours);
         acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(row_scale, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(sum), acc[t]);
       }
-    }
-  }
-  for (int t = 0; t < N; t++) _mm512_storeu_ps(out + t * out_stride, acc[t]);
-}
-
-/* tile_iq4_nl_x8 for a pair at g: Q4_0's slices looked up, then pair_x8_q8's signed dot */
-static inline __attribute__((always_inline)) void pair_iq4_nl(const uint8_t *g, size_t next, const xblock *const *xs, int N, int nb, float *out,
-                                                              size_t out_stride) {
-  const int group_bytes = 8 * 18;
-  const __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_TABLE));
-  __m512 acc[MAX_TOKEN_GROUP];
-  for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();
-  for (int b = 0; b < nb; b++, g += 2 * group_bytes) {
-    prefetch_share(g, 2 * group_bytes, 0, 1);
-    const __m512 d = pair_halves(g, next);
-    __m512i magnitude[8];
-    __mmask64 negative[8];
-    signed_levels(g + 16, next, levels, magnitude, negative);
-    TOKENS_UNROLLED
-    for (int t = 0; t < N; t++) {
-      const xblock *x = &xs[t][b];
-      int32_t four[8];
-      fours_of(x, four);
-      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(dot512_signed(magnitude, negative, four)), acc[t]);
     }
   }
   for (int t = 0; t < N; t++) _mm512_storeu_ps(out + t * out_stride, acc[t]);

@@ -37,21 +37,28 @@ static inline __attribute__((always_inline)) void pair_x8(int type, const uint8_
   for (int t = 0; t < N; t++) _mm512_storeu_ps(out + t * out_stride, acc[t]);
 }
 
-/* tile_x8_q8: the activations take the weights' signs (dot512_signed) */
-static inline __attribute__((always_inline)) void pair_x8_q8(const uint8_t *g, size_t next, const xblock *const *xs, int N, int nb, float *out,
-                                                             size_t out_stride) {
-  const int group_bytes = 8 * 34;
+/* tile_x8_q8 (Q8_0), and tile_iq4_nl_x8 where `looked_up` (IQ4_NL: Q4_0's nibble slices looked up in
+ * its table), for a pair at g: signed weights, so the activations take their signs (dot512_signed) */
+static inline __attribute__((always_inline)) void pair_signed(const uint8_t *g, size_t next, const xblock *const *xs, int N, int nb, float *out,
+                                                              size_t out_stride, const int looked_up) {
+  /* Q8_0's pair block (nine lines) is prefetched in two halves, IQ4_NL's (five) whole */
+  const int group_bytes = looked_up ? 8 * 18 : 8 * 34, halves = looked_up ? 1 : 2;
+  const __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_TABLE));
   __m512 acc[MAX_TOKEN_GROUP];
   for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();
   for (int b = 0; b < nb; b++, g += 2 * group_bytes) {
-    prefetch_share(g, 2 * group_bytes, 0, 2);
+    prefetch_share(g, 2 * group_bytes, 0, halves);
     const __m512 d = pair_halves(g, next);
     __m512i magnitude[8];
     __mmask64 negative[8];
-    for (int k = 0; k < 8; k++) {
-      const __m512i q = pair_load(g + 16 + 32 * k, next);
-      magnitude[k] = _mm512_abs_epi8(q);
-      negative[k] = _mm512_movepi8_mask(q);
+    if (looked_up) {
+      signed_levels(g + 16, next, levels, magnitude, negative);
+    } else {
+      for (int k = 0; k < 8; k++) {
+        const __m512i q = pair_load(g + 16 + 32 * k, next);
+        magnitude[k] = _mm512_abs_epi8(q);
+        negative[k] = _mm512_movepi8_mask(q);
+      }
     }
     TOKENS_UNROLLED
     for (int t = 0; t < N; t++) {
@@ -60,7 +67,7 @@ static inline __attribute__((always_inline)) void pair_x8_q8(const uint8_t *g, s
       fours_of(x, four);
       acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(dot512_signed(magnitude, negative, four)), acc[t]);
     }
-    prefetch_share(g, 2 * group_bytes, 1, 2);
+    if (halves == 2) prefetch_share(g, 2 * group_bytes, 1, 2);
   }
   for (int t = 0; t < N; t++) _mm512_storeu_ps(out + t * out_stride, acc[t]);
 }
@@ -167,14 +174,14 @@ static int interleaves_avx512(int type) {
 
 #define PAIR(N)                                                                                                       \
   static void pair_##N(int type, const uint8_t *g, size_t next, const xblock *const *xs, int nb, float *out, size_t stride) { \
-    if (type == Q8_0x8) pair_x8_q8(g, next, xs, N, nb, out, stride);                                                 \
+    if (type == Q8_0x8) pair_signed(g, next, xs, N, nb, out, stride, 0);                                             \
     else if (type == Q4_Kx8) pair_q4_k(g, next, xs, N, nb, out, stride, 0);                                          \
     else if (type == Q5_Kx8) pair_q4_k(g, next, xs, N, nb, out, stride, 1);                                          \
     else if (type == Q6_Kx8) pair_q6_k(g, next, xs, N, nb, out, stride);                                             \
     else if (type == IQ4_XSx8) pair_iq4_xs(g, next, xs, N, nb, out, stride);                                         \
     else if (type == Q5_0x8) pair_q5(g, next, xs, N, nb, out, stride, 0);                                            \
     else if (type == Q5_1x8) pair_q5(g, next, xs, N, nb, out, stride, 1);                                            \
-    else if (type == IQ4_NLx8) pair_iq4_nl(g, next, xs, N, nb, out, stride);                                         \
+    else if (type == IQ4_NLx8) pair_signed(g, next, xs, N, nb, out, stride, 1);                                       \
     else if (type == MXFP4x8) pair_mxfp4(g, next, xs, N, nb, out, stride);                                           \
     else if (type == Q3_Kx8) pair_k_low(g, next, xs, N, nb, out, stride, 1);                                         \
     else if (type == Q2_Kx8) pair_k_low(g, next, xs, N, nb, out, stride, 0);                                         \
