@@ -39,13 +39,19 @@ serve: install
 	$(VENV)/bin/waitress-serve --threads=$(THREADS) --channel-request-lookahead=1 --channel-timeout=$(IDLE_TIMEOUT) \
 	  --connection-limit=$(CONNECTIONS) --asyncore-use-poll --max-request-body-size=$(MAX_BODY) --listen=$(HOST):$(PORT) wsgi:app
 
-# Browser tests drive Debian's chromium (no browser downloads); install it when missing and root.
+# Browser tests drive Debian's chromium (no browser downloads), the ARM kernels' tests run under
+# qemu-aarch64; each is installed when missing and root.
 test: install
 	@command -v chromium >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing chromium for the browser tests"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "the browser tests need Debian's chromium (apt-get install chromium); they will be skipped"; fi; }
+	@command -v qemu-aarch64 >/dev/null && command -v aarch64-linux-gnu-ld >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing qemu-user and an aarch64 toolchain for the ARM kernels' tests"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user libc6-dev-arm64-cross gcc-aarch64-linux-gnu >/dev/null; \
+	  else echo "the ARM kernels' tests need qemu-user, libc6-dev-arm64-cross and gcc-aarch64-linux-gnu; they will be skipped"; fi; }
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/python -m pytest -q tests

@@ -160,6 +160,10 @@ def test_the_highest_automatic_rung_a_cpu_runs_is_chosen_and_a_higher_one_when_n
     assert rung_for("avx2_vnni", "x86_64", ALDER_LAKE) == (RUNG_NAMES["avx2_vnni"], ("-mavx2", "-mfma", "-mf16c", "-mavxvnni"))
     assert rung_for(None, "x86_64", frozenset({"sse4_2"}))[0].name == "generic"
     assert rung_for(None, "aarch64", frozenset({"asimd", "asimddp"}))[0].name == "generic"
+    # the ARM rungs, tested under qemu (test_arm_kernels.py), are built when named until measured on ARM
+    assert rung_for("neon_dotprod", "aarch64", frozenset({"asimd", "asimddp"}))[1] == ("-march=armv8.2-a+dotprod", "-DTQ_NEON_RUNG")
+    with pytest.raises(ValueError, match="LLM_CPU_ISA=neon_dotprod: .*lacks asimddp.*highest it runs is neon"):
+        rung_for("neon_dotprod", "aarch64", frozenset({"asimd"}))
     # AVX-512 VNNI gives the 256-bit rung its dpbusd too, through AVX512-VL
     assert "-mavx512vnni" in rung_for("avx2_vnni", "x86_64", ZEN4)[1]
     assert [rung.name for rung, _ in executable_rungs("x86_64", ZEN4 - {"avx512_vnni"})] == ["generic", "avx2", "avx512"]
@@ -172,7 +176,9 @@ def test_the_override_refuses_a_rung_the_cpu_cannot_run():
         rung_for("avx512", "x86_64", ALDER_LAKE)
     with pytest.raises(ValueError, match="LLM_CPU_ISA=avx2: .*it is for amd64, x86_64, this machine is aarch64"):
         rung_for("avx2", "aarch64", frozenset({"asimd"}))
-    with pytest.raises(ValueError, match="LLM_CPU_ISA='sse9': one of auto, generic, avx2, avx2_vnni, avx512, avx512_vnni"):
+    with pytest.raises(
+        ValueError, match="LLM_CPU_ISA='sse9': one of auto, generic, avx2, avx2_vnni, avx512, avx512_vnni, neon, neon_dotprod, neon_i8mm"
+    ):
         rung_for("sse9", "x86_64", ZEN4)
     assert rung_for("generic", "x86_64", ZEN4)[0].isa == Isa.GENERIC  # a lower rung is always allowed
 

@@ -82,14 +82,17 @@ CONSTANTS |= {"LORA_MATRICES": LORA_MATRICES, "LORA_MAX_ADAPTERS": LORA_MAX_ADAP
 
 class Isa(enum.IntEnum):
     """The rung of the instruction-set ladder a build was compiled for (tq_isa; build.py's RUNGS give
-    each one's flags): a higher id of an architecture runs what a lower one does. Ids from 16 are
-    left for ARM's ladder."""
+    each one's flags): a higher id of an architecture runs what a lower one does. ARM's ladder
+    starts at 16."""
 
     GENERIC = 0
     AVX2 = 1
     AVX2_VNNI = 2  # AVX2 with the 256-bit VNNI dot product (AVX-VNNI, or AVX512-VNNI with VL)
     AVX512 = 3  # AVX-512 F, BW and VL
     AVX512_VNNI = 4
+    NEON = 16  # every aarch64 core
+    NEON_DOTPROD = 17  # NEON with ARMv8.2's dot product (sdot)
+    NEON_I8MM = 18  # those with ARMv8.6's int8 matrix multiply (smmla)
 
 
 class StepOutput(enum.IntEnum):

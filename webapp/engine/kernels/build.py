@@ -40,6 +40,7 @@ SANITIZE_VARIABLE = "LLM_CPU_SANITIZE"
 SANITIZER_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-shared-libasan", "-fno-omit-frame-pointer", "-g1")
 
 X86 = frozenset({"x86_64", "amd64"})
+ARM = frozenset({"aarch64", "arm64"})
 _AVX2 = (frozenset({"avx2", "fma", "f16c"}), ("-mavx2", "-mfma", "-mf16c"))
 _AVX512 = (frozenset({"avx512f", "avx512bw", "avx512vl"}), ("-mavx512f", "-mavx512bw", "-mavx512vl"))
 
@@ -77,6 +78,12 @@ def _with(*parts: tuple[frozenset[str], tuple[str, ...]]) -> tuple[frozenset[str
     return frozenset().union(*(needs for needs, _ in parts)), tuple(flag for _, flags in parts for flag in flags)
 
 
+def _arm(march: str, *features: str) -> tuple[frozenset[str], tuple[str, ...]]:
+    """An ARM rung's way: NEON and `features`, built for `march`. An aarch64 compiler always targets
+    NEON, so the rung names itself to tq.c (TQ_NEON_RUNG), where the portable rung does not."""
+    return frozenset({"asimd", *features}), (f"-march={march}", "-DTQ_NEON_RUNG")
+
+
 _VNNI_256 = (frozenset({"avx_vnni"}), ("-mavxvnni",))  # Intel's client cores: AVX-VNNI's VEX dpbusd
 _VNNI_512 = (frozenset({"avx512_vnni", "avx512vl"}), ("-mavx512vnni", "-mavx512vl"))  # its 256-bit form via AVX512-VL
 
@@ -87,13 +94,19 @@ _VNNI_512 = (frozenset({"avx512_vnni", "avx512vl"}), ("-mavx512vnni", "-mavx512v
 # default: its tiles are faster than AVX2's at every step kind, one lane included (bench/RESULTS.md).
 # The others are built only when LLM_CPU_ISA names them: avx2_vnni's dots alone made a one-lane step
 # slower, and avx512 without VNNI would be chosen only by CPUs (Skylake's server cores) whose clocks
-# drop under 512-bit work, where it has not been measured.
+# drop under 512-bit work, where it has not been measured. The ARM rungs (arm_neon*.c: the products'
+# rows in NEON, with sdot where the CPU has ARMv8.2's dot product) are tested under qemu-aarch64
+# against the generic build (tests/integration/test_arm_kernels.py) and built only when named until
+# they are measured on ARM hardware.
 RUNGS = (
     Rung("generic", Isa.GENERIC, frozenset(), ((frozenset(), ()),)),
     Rung("avx2", Isa.AVX2, X86, (_AVX2,)),
     Rung("avx2_vnni", Isa.AVX2_VNNI, X86, (_with(_AVX2, _VNNI_256), _with(_AVX2, _VNNI_512)), automatic=False),
     Rung("avx512", Isa.AVX512, X86, (_with(_AVX2, _AVX512),), automatic=False),
     Rung("avx512_vnni", Isa.AVX512_VNNI, X86, (_with(_AVX2, _AVX512, (frozenset({"avx512_vnni"}), ("-mavx512vnni",))),)),
+    Rung("neon", Isa.NEON, ARM, (_arm("armv8-a"),), automatic=False),
+    Rung("neon_dotprod", Isa.NEON_DOTPROD, ARM, (_arm("armv8.2-a+dotprod", "asimddp"),), automatic=False),
+    Rung("neon_i8mm", Isa.NEON_I8MM, ARM, (_arm("armv8.2-a+dotprod+i8mm", "asimddp", "i8mm"),), automatic=False),
 )
 RUNG_NAMES = {rung.name: rung for rung in RUNGS}
 

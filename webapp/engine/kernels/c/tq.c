@@ -10,7 +10,8 @@
  * The files: format_*.c (a block format each: its dequantization), formats.c (their table,
  * interleaved rows), isa.h (what depends on the instruction set), generic.c and x86_avx2*.c (its
  * portable and x86 versions, which every x86 rung of the ladder builds; fallback.h choosing, name by
- * name; x86_avx2_<format>.c a format's own products; x86_avx512*.c the AVX-512 rungs' own, x86_avx512_<format>.c a format's pair tile),
+ * name; x86_avx2_<format>.c a format's own products; x86_avx512*.c the AVX-512 rungs' own, x86_avx512_<format>.c a format's pair tile;
+ * arm_neon*.c the ARM rungs'),
  * pool.c (the thread pool), linear.c (the products and the fused linears), attention.c (attention_q8.c: its
  * 8-bit KV cache rows), vision_encoder.c (a vision encoder's attention and gelu), moe.c (a mixture of experts' feed-forward), mla.c (multi-head latent attention), gated_delta.c (Qwen3.5's recurrent
  * and gated attention layers), lora.c (LoRA adapters' low-rank products), step.c (a layer, a step) and abi.c (tq_abi).
@@ -47,10 +48,33 @@
 #else
 #define TQ_ISA (TQ_VNNI ? ISA_AVX2_VNNI : ISA_AVX2)
 #endif
+#elif defined(__aarch64__) && defined(TQ_NEON_RUNG)
+/* TQ_NEON: arm_neon*.c are built, which every ARM rung runs (an aarch64 compiler always targets NEON,
+ * so build.py's flags for those rungs name it, TQ_NEON_RUNG, and the portable rung leaves it out);
+ * their integer dots take sdot where the target has ARMv8.2's dot product (arm_neon.c's dot16).
+ * TQ_I8MM: arm_neon_i8mm.c too, where it has ARMv8.6's int8 matrix multiply (smmla) */
+#include <arm_neon.h>
+#define TQ_AVX2 0
+#define TQ_VNNI 0
+#define TQ_NEON 1
+#if defined(__ARM_FEATURE_MATMUL_INT8) && defined(__ARM_FEATURE_DOTPROD)
+#define TQ_ISA ISA_NEON_I8MM
+#define TQ_I8MM 1
+#elif defined(__ARM_FEATURE_DOTPROD)
+#define TQ_ISA ISA_NEON_DOTPROD
+#else
+#define TQ_ISA ISA_NEON
+#endif
 #else
 #define TQ_AVX2 0
 #define TQ_VNNI 0
 #define TQ_ISA ISA_GENERIC
+#endif
+#ifndef TQ_NEON
+#define TQ_NEON 0
+#endif
+#ifndef TQ_I8MM
+#define TQ_I8MM 0
 #endif
 /* TQ_AVX512: x86_avx512*.c are built too (the AVX-512 rungs' own kernels, over AVX2's) */
 #if TQ_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -86,6 +110,14 @@
 #include "x86_avx2_attention_lanes.c"
 #include "x86_avx2_attention_q8.c"
 #include "x86_avx2_delta.c"
+#endif
+#if TQ_NEON
+#include "arm_neon.c"
+#include "arm_neon_products.c"
+#include "arm_neon_attention.c"
+#endif
+#if TQ_I8MM
+#include "arm_neon_i8mm.c"
 #endif
 #if TQ_AVX512
 #include "x86_avx512.c"

@@ -87,9 +87,10 @@ enum { MAX_HEAD_DIM = 576 };
 /* The instruction-set ladder (build.py's RUNGS: each rung's compiler flags and the CPU flags it needs).
  * Within an architecture a higher id runs everything a lower one does not lack: x86's AVX2 (with FMA
  * and F16C), AVX2 with the 256-bit VNNI dot product (AVX-VNNI or AVX512-VNNI+VL), AVX-512 (F, BW, VL),
- * AVX-512 with VNNI. ISA_GENERIC is the portable C every CPU runs. Ids from 16 are left for ARM's
- * ladder (NEON, + dotprod, + i8mm). */
+ * AVX-512 with VNNI. ISA_GENERIC is the portable C every CPU runs. ARM's ladder from 16: NEON (every
+ * aarch64 core), NEON with ARMv8.2's dot product (sdot), those with ARMv8.6's int8 matrix multiply (smmla). */
 enum { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX2_VNNI = 2, ISA_AVX512 = 3, ISA_AVX512_VNNI = 4 };
+enum { ISA_NEON = 16, ISA_NEON_DOTPROD = 17, ISA_NEON_I8MM = 18 };
 /* Idle pool threads spin this long before sleeping: a decode step's ~150 jobs come microseconds
  * apart, and a sleeping thread takes tens of microseconds to wake. */
 enum { SPIN_US = 100 };
