@@ -1,6 +1,6 @@
 """Single-stream engine speed on the default model, beside llama.cpp on the same GGUF when available.
 
-Usage: DEV=CPU .venv/bin/python bench/engine_speed.py [--model PATH] [--llama-bench PATH] [--kv-layout slots|pool]
+Usage: DEV=CPU .venv/bin/python bench/engine_speed.py [--model PATH] [--llama-bench PATH] [--rounds R] [--kv-layout slots|pool]
 
 Prints one table: this process's resident memory (RSS) before loading and after warm-up, prefill
 tok/s for 50- and 500-token prompts, decode tok/s, time to first token of a 40-token chat prompt,
@@ -8,7 +8,12 @@ the per-token decode and sampling time of a request constrained by a JSON schema
 one, and batched decode steps at B = 1, 2, 4, 8. llama.cpp runs on the same GGUF in the same run when
 one of these is at hand, and a column with our speed as a share of its speed is printed:
   --llama-bench PATH  llama.cpp's `llama-bench` binary (`-p 50,500 -n 64 -t <usable cores> -o json`):
-                      the prefill and decode rows, run before our model loads
+                      the prefill and decode rows, run before our model loads; then, with our model
+                      loaded and idle, R more rounds (--rounds, default 3) of those three rows from
+                      each side, the order alternating round by round, printed as a second table:
+                      each side's median and the median of the rounds' ratios with their range
+                      (neighbours in time, so a machine that drifts moves both). A file of more than
+                      a third of the memory skips the rounds (both would be held at once).
   llama_cpp           llama-cpp-python (optional, never needed by the tests), in this process: the
                       prefill, decode, start and time-to-first-token rows
 Kernels are whatever the server would use: tuned ones when `make tune` has run for this
@@ -87,7 +92,36 @@ def run(engine, prompt, max_tokens, constraint=None, **sampling):
     return started, times, request
 
 
-def ours(path, cpu_kernels=True, pool=False):
+def speed_rows(engine, rng):
+    """Our prefill (50- and 500-token prompts, time to the first token) and one-stream decode speeds:
+    the rows llama-bench measures too."""
+    vocab, out = engine.tokenizer.vocab_size, {}
+    for n in (50, 500):
+        started, times, _ = run(engine, random_prompt(rng, n, vocab), 1)
+        out[f"prefill tok/s ({n}-token prompt)"] = n / (times[0] - started)
+    _, times, _ = run(engine, random_prompt(rng, 20, vocab), 65)
+    out["decode tok/s (1 stream)"] = (len(times) - 1) / (times[-1] - times[0])
+    return out
+
+
+def alternated_rounds(engine, theirs, rounds):
+    """`rounds` rounds of speed_rows and `theirs()` (llama-bench's same rows), ours first in even
+    rounds and second in odd ones: per row, each round's (ours, theirs)."""
+    rng, pairs = np.random.default_rng(1), {}
+    for r in range(rounds):
+        if r % 2:
+            other = theirs()
+            mine = speed_rows(engine, rng)
+        else:
+            mine = speed_rows(engine, rng)
+            other = theirs()
+        for name, value in mine.items():
+            if name in other:
+                pairs.setdefault(name, []).append((value, other[name]))
+    return pairs
+
+
+def ours(path, cpu_kernels=True, pool=False, theirs=None, rounds=0):
     rss_before = rss_mb()
     # no speculation: these rows compare one decode step with llama.cpp's (bench/speculative.py has its own);
     # `pool`: the paged KV cache the server takes by default (LLM_KV_LAYOUT=auto), SLOTS sequences
@@ -100,14 +134,8 @@ def ours(path, cpu_kernels=True, pool=False):
         time.sleep(0.2)
     assert engine.state == "ok", engine.error
     ready_s = time.monotonic() - t0
-    rng = np.random.default_rng(0)
-    vocab = engine.tokenizer.vocab_size
     out = {RSS_BEFORE: rss_before, RSS_AFTER: rss_mb(), "start to ready (s)": ready_s}
-    for n in (50, 500):
-        started, times, _ = run(engine, random_prompt(rng, n, vocab), 1)
-        out[f"prefill tok/s ({n}-token prompt)"] = n / (times[0] - started)
-    _, times, _ = run(engine, random_prompt(rng, 20, vocab), 65)
-    out["decode tok/s (1 stream)"] = (len(times) - 1) / (times[-1] - times[0])
+    out.update(speed_rows(engine, np.random.default_rng(0)))
     chat = engine.tokenizer.encode(
         engine.chat_template.render([{"role": "user", "content": "What is the capital of France? Answer in one short sentence."}])
     )
@@ -115,10 +143,11 @@ def ours(path, cpu_kernels=True, pool=False):
     out["TTFT, chat prompt (s)"] = times[0] - started
     out["chat prompt tokens"] = len(chat)
     out.update(constrained_rows(engine))
+    rounds_pairs = alternated_rounds(engine, theirs, rounds) if theirs and rounds else None
 
     engine.stop(5)
     if engine.loaded.kv_pool is not None:  # a pool's rows own no blocks between requests: no raw steps on them
-        return out, chat
+        return out, chat, rounds_pairs
     use_tinygrad_from_this_thread()  # the model is ours now, no longer the stopped model thread's
     model_steps = engine.loaded.runner.steps
     for lanes in (1, 2, 4, 8):
@@ -128,7 +157,7 @@ def ours(path, cpu_kernels=True, pool=False):
             model_steps.decode([5] * lanes, list(range(lanes)), [100 + i] * lanes)  # padded as the server pads
             steps.append(time.monotonic() - t)
         out[f"batched decode B={lanes}: tok/s (step ms)"] = (lanes / min(steps), min(steps) * 1000)
-    return out, chat
+    return out, chat, rounds_pairs
 
 
 class TimedSampler(RequestSampler):
@@ -203,9 +232,10 @@ def llama_cpp_rows(path, chat):
     return out
 
 
-def llama_bench_rows(binary, path):
-    """llama-bench's prefill (pp50, pp500) and decode (tg64) speeds on the same file, every usable core."""
-    argv = [binary, "-m", path, "-p", "50,500", "-n", "64", "-t", str(usable_cores()), "-o", "json"]
+def llama_bench_rows(binary, path, repetitions=5):
+    """llama-bench's prefill (pp50, pp500) and decode (tg64) speeds on the same file, every usable core
+    (each the mean of `repetitions` runs, llama-bench's -r)."""
+    argv = [binary, "-m", path, "-p", "50,500", "-n", "64", "-t", str(usable_cores()), "-r", str(repetitions), "-o", "json"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} exited with {done.returncode}:\n{done.stderr[-2000:]}")
@@ -225,6 +255,7 @@ def main():
         "--cpu-kernels", choices=("on", "off"), default="on", help="off: tinygrad's float16 path for every matrix (LLM_CPU_KERNELS=false)"
     )
     ap.add_argument("--llama-bench", metavar="PATH", help="llama.cpp's llama-bench binary, run on the same GGUF before our rows")
+    ap.add_argument("--rounds", type=int, default=3, help="with --llama-bench: alternated rounds of the speed rows, both loaded (0: none)")
     ap.add_argument(
         "--kv-layout",
         choices=("slots", "pool"),
@@ -236,7 +267,11 @@ def main():
     # llama-bench first: its process has ended before our model loads, so a file of more than half
     # the memory is never held twice (a 17 GiB Qwen3-30B-A3B on this 24 GiB machine was killed)
     theirs = llama_bench_rows(args.llama_bench, path) if args.llama_bench else None
-    mine, chat = ours(path, cpu_kernels=args.cpu_kernels == "on", pool=args.kv_layout == "pool")
+    held_twice_fits = os.path.getsize(path) * 3 < os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    in_rounds = (lambda: llama_bench_rows(args.llama_bench, path, repetitions=2)) if args.llama_bench and held_twice_fits else None  # noqa: E731
+    mine, chat, rounds_pairs = ours(
+        path, cpu_kernels=args.cpu_kernels == "on", pool=args.kv_layout == "pool", theirs=in_rounds, rounds=args.rounds
+    )
     if args.llama_bench:
         source = f"llama.cpp = `llama-bench -t {usable_cores()}`"
     else:
@@ -261,6 +296,25 @@ def main():
         print(f"| {name} | {shown} | {'' if other is None else f'{other:.2f}'} | {ratio} |")
     if theirs is None:
         print("\n(no llama.cpp: pass --llama-bench PATH, or `.venv/bin/pip install llama-cpp-python`, a ~10-minute build)")
+    if rounds_pairs:
+        print_rounds(rounds_pairs)
+    elif args.llama_bench and args.rounds and not held_twice_fits:
+        print("\n(no alternated rounds: the file is over a third of this machine's memory, and both would hold it)")
+
+
+def print_rounds(pairs):
+    """The alternated rounds' table: each side's median, and the median of each round's ratio with its range."""
+    rounds = len(next(iter(pairs.values())))
+    print(f"\n{rounds} alternated rounds, both loaded (llama-bench -r 2 a round; ours one request a row):")
+    print("| measure | tinyserve, median | llama.cpp, median | ratio, median of rounds (range) | each round's ours / theirs |")
+    print("|---|---:|---:|---:|---|")
+    for name, values in pairs.items():
+        ratios = [mine / theirs for mine, theirs in values]
+        mine_median, theirs_median = np.median([m for m, _ in values]), np.median([t for _, t in values])
+        each = ", ".join(f"{m:.1f}/{t:.1f}" for m, t in values)
+        print(
+            f"| {name} | {mine_median:.2f} | {theirs_median:.2f} | {np.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | {each} |"
+        )
 
 
 if __name__ == "__main__":
