@@ -132,21 +132,20 @@ def dequantize(ggml_type: int, raw: np.ndarray, cols: int) -> np.ndarray:
     return out.reshape(raw.shape[0], cols)
 
 
-# How the kernels round a format's activations to int8 (isa.h's ACT_*), as llama.cpp's CPU backend
-# does for the same weights: Q8_1 for these, Q8_K (256 values a scale) for the K-quants and IQ4_XS,
-# Q8_0 (32 values, the scale in float16) for the rest.
-Q8_1_FORMATS, Q8_K_FORMATS = {3, 7}, {10, 11, 12, 13, 14, 23}
+# How the kernels round a format's activations to int8 (isa.h's ACT_*), 32 values a scale: Q8_1 for
+# these and Q8_0 (the scale in float16) for the 32-value formats, as llama.cpp's CPU backend does for
+# the same weights; a float32 scale for the K-quants and IQ4_XS.
+Q8_1_FORMATS, F32_SCALE_FORMATS = {3, 7}, {10, 11, 12, 13, 14, 23}
 
 
 def quantize_activations(x: np.ndarray, ggml_type: int) -> tuple[np.ndarray, np.ndarray]:
     """x rounded as the kernels round it for `ggml_type`'s products: the values q * d (float64, x's
     shape) and each 32 values' s, d * sum(q), as the kernels keep it (tokens, cols / 32)."""
-    span = 256 if ggml_type in Q8_K_FORMATS else 32
-    spans = x.astype(np.float32).reshape(x.shape[0], -1, span)
+    spans = x.astype(np.float32).reshape(x.shape[0], -1, 32)
     amax = np.abs(spans).max(-1, keepdims=True)
     inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), np.float32(0)).astype(np.float32)
     q = np.rint(spans * inv)
-    if ggml_type in Q8_K_FORMATS:
+    if ggml_type in F32_SCALE_FORMATS:
         d = np.where(inv > 0, np.float32(1) / np.where(inv > 0, inv, 1), np.float32(0)).astype(np.float32)
     else:
         d = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
@@ -154,7 +153,7 @@ def quantize_activations(x: np.ndarray, ggml_type: int) -> tuple[np.ndarray, np.
     if ggml_type in Q8_1_FORMATS:  # in float16, from d before its rounding
         s = ((amax[..., 0] / np.float32(127)) * sums).astype(np.float16)
     else:
-        s = np.repeat(d, span // 32, axis=1)[..., 0] * sums
+        s = d[..., 0] * sums
     return (q * d).reshape(x.shape).astype(np.float64), s.astype(np.float64)
 
 

@@ -27,26 +27,23 @@ static float fp16_neon(const uint8_t *p) {
 /* The same numbers as quantize_row_generic sixteen values at a time: maxNum ignores NaN as fmaxf does,
  * and the conversion rounds to nearest even as lrintf does. */
 static void quantize_row_neon(const float *x, int cols, int format, xblock *out) {
-  const int span = format == ACT_Q8_K ? 256 : 32;
-  for (int s = 0; s < cols / span; s++, x += span) {
+  for (int b = 0; b < cols / 32; b++, out++) {
     float32x4_t top = vdupq_n_f32(0.0f);
-    for (int i = 0; i < span; i += 4) top = vmaxnmq_f32(top, vabsq_f32(vld1q_f32(x + i)));
+    for (int i = 0; i < 32; i += 4) top = vmaxnmq_f32(top, vabsq_f32(vld1q_f32(x + 32 * b + i)));
     float inv;
     const float d = step_of(vmaxnmvq_f32(top), format, &inv);
-    for (int b = 0; b < span / 32; b++, out++) {
-      int sum[2];
-      for (int half = 0; half < 2; half++) {
-        const float *v = x + 32 * b + 16 * half;
-        int32x4_t q[4];
-        for (int k = 0; k < 4; k++) q[k] = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(v + 4 * k), inv));
-        const int16x8_t q01 = vcombine_s16(vqmovn_s32(q[0]), vqmovn_s32(q[1])), q23 = vcombine_s16(vqmovn_s32(q[2]), vqmovn_s32(q[3]));
-        vst1q_s8(out->q + 16 * half, vcombine_s8(vqmovn_s16(q01), vqmovn_s16(q23)));
-        sum[half] = vaddvq_s32(vaddq_s32(vaddq_s32(q[0], q[1]), vaddq_s32(q[2], q[3])));
-      }
-      set_block_scale(out, format, d, (int)((unsigned)sum[0] + (unsigned)sum[1]));
-      out->sum16[0] = (int16_t)sum[0];
-      out->sum16[1] = (int16_t)sum[1];
+    int sum[2];
+    for (int half = 0; half < 2; half++) {
+      const float *v = x + 32 * b + 16 * half;
+      int32x4_t q[4];
+      for (int k = 0; k < 4; k++) q[k] = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(v + 4 * k), inv));
+      const int16x8_t q01 = vcombine_s16(vqmovn_s32(q[0]), vqmovn_s32(q[1])), q23 = vcombine_s16(vqmovn_s32(q[2]), vqmovn_s32(q[3]));
+      vst1q_s8(out->q + 16 * half, vcombine_s8(vqmovn_s16(q01), vqmovn_s16(q23)));
+      sum[half] = vaddvq_s32(vaddq_s32(vaddq_s32(q[0], q[1]), vaddq_s32(q[2], q[3])));
     }
+    set_block_scale(out, format, d, (int)((unsigned)sum[0] + (unsigned)sum[1]));
+    out->sum16[0] = (int16_t)sum[0];
+    out->sum16[1] = (int16_t)sum[1];
   }
 }
 

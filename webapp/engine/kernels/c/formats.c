@@ -13,9 +13,9 @@ typedef struct {
 enum { TYPE_IDS = 64 }; /* GGML type ids below this */
 static const block_format FORMATS[TYPE_IDS] = {
     [Q4_0] = {32, 18, dequantize_q4_0}, [Q4_1] = {32, 20, dequantize_q4_1, 0, ACT_Q8_1}, [Q8_0] = {32, 34, dequantize_q8_0},
-    [Q4_K] = {256, 144, dequantize_q4_k, 0, ACT_Q8_K}, [Q5_K] = {256, 176, dequantize_q5_k, 0, ACT_Q8_K},
-    [Q6_K] = {256, 210, dequantize_q6_k, 0, ACT_Q8_K}, [Q2_K] = {256, 84, dequantize_q2_k, 0, ACT_Q8_K},
-    [Q3_K] = {256, 110, dequantize_q3_k, 0, ACT_Q8_K}, [IQ4_XS] = {256, 136, dequantize_iq4_xs, 0, ACT_Q8_K},
+    [Q4_K] = {256, 144, dequantize_q4_k, 0, ACT_Q8_F32}, [Q5_K] = {256, 176, dequantize_q5_k, 0, ACT_Q8_F32},
+    [Q6_K] = {256, 210, dequantize_q6_k, 0, ACT_Q8_F32}, [Q2_K] = {256, 84, dequantize_q2_k, 0, ACT_Q8_F32},
+    [Q3_K] = {256, 110, dequantize_q3_k, 0, ACT_Q8_F32}, [IQ4_XS] = {256, 136, dequantize_iq4_xs, 0, ACT_Q8_F32},
     [Q5_0] = {32, 22, dequantize_q5_0}, [Q5_1] = {32, 24, dequantize_q5_1, 0, ACT_Q8_1},
     [IQ4_NL] = {32, 18, dequantize_iq4_nl}, [MXFP4] = {32, 17, dequantize_mxfp4},
     [F32] = {32, 128, dequantize_f32, 1}, [F16] = {32, 64, dequantize_f16, 1}, [BF16] = {32, 64, dequantize_bf16, 1},

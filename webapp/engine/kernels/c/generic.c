@@ -115,34 +115,31 @@ static float fp16_rounded(float f) {
 
 /* A block's d and s from its scale before rounding (`d`) and its quants' sum, as `format` rounds them. */
 static void set_block_scale(xblock *out, int format, float d, int sum) {
-  out->d = format == ACT_Q8_K ? d : fp16_rounded(d);
+  out->d = format == ACT_Q8_F32 ? d : fp16_rounded(d);
   out->s = format == ACT_Q8_1 ? fp16_rounded(d * (float)sum) : out->d * (float)sum;
 }
 
-/* The scale of `span` values of x (isa.h's ACT_*): the multiplier to int8 (127 / max |x|) and the
- * value of one step, which Q8_K takes as the multiplier's inverse and Q8_0 and Q8_1 as max |x| / 127. */
+/* The scale of a block of x (isa.h's ACT_*): the multiplier to int8 (127 / max |x|) and the value of
+ * one step, which ACT_Q8_F32 takes as the multiplier's inverse and Q8_0 and Q8_1 as max |x| / 127. */
 static float step_of(float amax, int format, float *inv) {
   *inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-  return format == ACT_Q8_K ? (*inv > 0.0f ? 1.0f / *inv : 0.0f) : amax / 127.0f;
+  return format == ACT_Q8_F32 ? (*inv > 0.0f ? 1.0f / *inv : 0.0f) : amax / 127.0f;
 }
 
 GENERIC void quantize_row_generic(const float *x, int cols, int format, xblock *out) {
-  const int span = format == ACT_Q8_K ? 256 : 32;
-  for (int s = 0; s < cols / span; s++, x += span) {
+  for (int b = 0; b < cols / 32; b++, x += 32, out++) {
     float amax = 0.0f, inv;
-    for (int i = 0; i < span; i++) amax = fmaxf(amax, fabsf(x[i]));
+    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
     const float d = step_of(amax, format, &inv);
-    for (int b = 0; b < span / 32; b++, out++) {
-      int sum[2] = {0, 0};
-      for (int i = 0; i < 32; i++) {
-        const int q = (int)lrintf(x[32 * b + i] * inv);
-        out->q[i] = (int8_t)q;
-        sum[i / 16] += q;
-      }
-      set_block_scale(out, format, d, sum[0] + sum[1]);
-      out->sum16[0] = (int16_t)sum[0];
-      out->sum16[1] = (int16_t)sum[1];
+    int sum[2] = {0, 0};
+    for (int i = 0; i < 32; i++) {
+      const int q = (int)lrintf(x[i] * inv);
+      out->q[i] = (int8_t)q;
+      sum[i / 16] += q;
     }
+    set_block_scale(out, format, d, sum[0] + sum[1]);
+    out->sum16[0] = (int16_t)sum[0];
+    out->sum16[1] = (int16_t)sum[1];
   }
 }
 

@@ -44,12 +44,13 @@ typedef struct {
 /* How many of an item's n keys the run starting at key `first` holds. */
 static inline int run_length(const key_runs *runs, int first, int n) { return n - first < runs->run_keys ? n - first : runs->run_keys; }
 
-/* How a format's products round their activations to int8: as llama.cpp's CPU backend does for the
- * same weights (its vec_dot_type), so that both servers multiply the same integers and part only by
- * the order of float sums. ACT_Q8_0: 32 values a scale, max |x| / 127 in float16 (Q4_0, Q5_0, Q8_0,
- * IQ4_NL, MXFP4); ACT_Q8_1: the same with d * sum(q) in float16 too (Q4_1, Q5_1); ACT_Q8_K: 256 values
- * a float32 scale (the K-quants, IQ4_XS). */
-enum { ACT_Q8_0, ACT_Q8_1, ACT_Q8_K, ACT_FORMATS };
+/* How a format's products round their activations to int8, 32 values a scale. ACT_Q8_0: max |x| / 127
+ * in float16 (Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4); ACT_Q8_1: the same with d * sum(q) in float16 too
+ * (Q4_1, Q5_1): both as llama.cpp's CPU backend rounds them for the same weights (its vec_dot_type).
+ * ACT_Q8_F32: a float32 scale, the multiplier's inverse (the K-quants, IQ4_XS), where llama.cpp's Q8_K
+ * takes one scale for 256 values: judged against a float64 forward pass, the finer scale is closer
+ * to the model on every file measured (bench/RESULTS.md, 2026-12-07), so it is kept. */
+enum { ACT_Q8_0, ACT_Q8_1, ACT_Q8_F32, ACT_FORMATS };
 
 /* One quantized block of 32 activations: x[i] ~ d * q[i]; s = d * sum(q); sum16 = the sums of q over each half. */
 typedef struct {
@@ -60,8 +61,8 @@ typedef struct {
 
 /* The float16 at p. */
 static float fp16(const uint8_t *p);
-/* x's cols values (a multiple of 32; of 256 for ACT_Q8_K) as int8 blocks rounded as `format` says: the
- * same numbers in every build. */
+/* x's cols values (a multiple of 32) as int8 blocks rounded as `format` says: the same numbers in
+ * every build. */
 static void quantize_row(const float *x, int cols, int format, xblock *out);
 /* How this ISA's products read a matrix of GGUF type `type` (tq_repack stores it so): 0, as the file
  * has it; 8, its rows interleaved in eights (ROWS_X8); 16, those groups of eight in pairs (ROWS_X16). */

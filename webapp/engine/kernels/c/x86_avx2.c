@@ -129,31 +129,28 @@ static float max_magnitude(const float *x, int n) {
 static void quantize_row_avx2(const float *x, int cols, int format, xblock *out) {
   /* the same numbers as quantize_row_generic 8 at a time: the conversion rounds to nearest even as
      lrintf does */
-  const int span = format == ACT_Q8_K ? 256 : 32;
-  for (int s = 0; s < cols / span; s++, x += span) {
+  for (int b = 0; b < cols / 32; b++, out++) {
+    const float *v = x + 32 * b;
     float inv;
-    const float d = step_of(max_magnitude(x, span), format, &inv);
+    const float d = step_of(max_magnitude(v, 32), format, &inv);
     const __m256 scale = _mm256_set1_ps(inv);
-    for (int b = 0; b < span / 32; b++, out++) {
-      const float *v = x + 32 * b;
-      const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v), scale));
-      const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 8), scale));
-      const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 16), scale));
-      const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 24), scale));
-      const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3)); /* lanes shuffled per 128 bits */
-      _mm256_storeu_si256((__m256i *)out->q, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-      int sum[2];
-      for (int half = 0; half < 2; half++) {
-        const __m256i s8 = half ? _mm256_add_epi32(i2, i3) : _mm256_add_epi32(i0, i1);
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-        sum[half] = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1)));
-      }
-      /* summed as unsigned: a row that is not finite (a broken file's) converts to INT_MIN, and wraps here as in the vectors */
-      set_block_scale(out, format, d, (int)((unsigned)sum[0] + (unsigned)sum[1]));
-      out->sum16[0] = (int16_t)sum[0];
-      out->sum16[1] = (int16_t)sum[1];
+    const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v), scale));
+    const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 8), scale));
+    const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 16), scale));
+    const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 24), scale));
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3)); /* lanes shuffled per 128 bits */
+    _mm256_storeu_si256((__m256i *)out->q, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    int sum[2];
+    for (int half = 0; half < 2; half++) {
+      const __m256i s8 = half ? _mm256_add_epi32(i2, i3) : _mm256_add_epi32(i0, i1);
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+      sum[half] = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1)));
     }
+    /* summed as unsigned: a row that is not finite (a broken file's) converts to INT_MIN, and wraps here as in the vectors */
+    set_block_scale(out, format, d, (int)((unsigned)sum[0] + (unsigned)sum[1]));
+    out->sum16[0] = (int16_t)sum[0];
+    out->sum16[1] = (int16_t)sum[1];
   }
 }
 
