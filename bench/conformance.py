@@ -75,6 +75,10 @@ def case_key(shape: str, layers: int, qtype: str) -> str:
     return BASELINE if shape == BASELINE else f"{shape}:{layers}:{qtype}"
 
 
+def _init_suffix(init: str) -> str:
+    return "" if init == "default" else f"-{init}"
+
+
 class ModelFiles:
     """The GGUF of each (shape, layers, type): one float16 file per shape, quantized per type.
     In `workdir` when given (kept, and reused by a later run), else in a temporary folder."""
@@ -85,17 +89,19 @@ class ModelFiles:
         self.dir = workdir or tempfile.mkdtemp(prefix="conformance-")
         os.makedirs(self.dir, exist_ok=True)
 
-    def f16(self, shape: str, layers: int) -> str:
-        path = os.path.join(self.dir, f"{shape}-{layers}L.f16.gguf")
+    def f16(self, shape: str, layers: int, init: str = "default") -> str:
+        path = os.path.join(self.dir, f"{shape}-{layers}L{_init_suffix(init)}.f16.gguf")
         if not os.path.exists(path):
-            write_shaped(shape, path + ".tmp", layers)
+            write_shaped(shape, path + ".tmp", layers, init=init)
             os.replace(path + ".tmp", path)
         return path
 
-    def get(self, shape: str, layers: int, qtype: str) -> str:
-        path = os.path.join(self.dir, f"{shape}-{layers}L.{qtype}.gguf")
+    def get(self, shape: str, layers: int, qtype: str, init: str = "default") -> str:
+        """The file of `shape` cut to `layers`, quantized to `qtype`, from shaped_model.py's random
+        initialisation `init` (one of its INITS)."""
+        path = os.path.join(self.dir, f"{shape}-{layers}L{_init_suffix(init)}.{qtype}.gguf")
         if not os.path.exists(path):
-            run = subprocess.run([self.quantize, self.f16(shape, layers), path + ".tmp", qtype], capture_output=True, text=True)
+            run = subprocess.run([self.quantize, self.f16(shape, layers, init), path + ".tmp", qtype], capture_output=True, text=True)
             if run.returncode:
                 raise RuntimeError(f"llama-quantize {qtype} failed: {run.stderr.strip().splitlines()[-1:]}")
             os.replace(path + ".tmp", path)

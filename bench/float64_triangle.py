@@ -16,8 +16,9 @@ float16 as both servers cache them). Printed per file:
   probabilities at llama.cpp's `--top` tokens (llama-server `/completion` with `n_probs`, a softmax
   over every logit), where the two can be compared like for like.
 
-Files are SHAPE:LAYERS:TYPE (bench/shaped_model.py's shapes, quantized by llama-quantize, kept in
-`--workdir` as bench/conformance.py keeps them) or `default` (the default model, real weights).
+Files are SHAPE:LAYERS:TYPE[:INIT] (bench/shaped_model.py's shapes, drawn from its random
+initialisation INIT, default "default", quantized by llama-quantize, kept in `--workdir` as
+bench/conformance.py keeps them) or `default` (the default model, real weights).
 """
 
 from __future__ import annotations
@@ -171,7 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--llama-server", metavar="PATH", required=True)
     ap.add_argument("--llama-quantize", metavar="PATH", default="llama-quantize")
-    ap.add_argument("--files", default="qwen3-1.7b:8:Q4_K_M,default", help="SHAPE:LAYERS:TYPE or default, comma-separated")
+    ap.add_argument(
+        "--files",
+        default="qwen3-1.7b:8:Q4_K_M,default",
+        help="SHAPE:LAYERS:TYPE[:INIT] (INIT one of shaped_model.py's INITS) or default, comma-separated",
+    )
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--top", type=int, default=10, help="llama.cpp's log probabilities per position (n_probs)")
@@ -186,9 +191,10 @@ def main(argv: list[str] | None = None) -> int:
             if spec == BASELINE:
                 name, path = "SmolLM2-135M Q4_1 (default model, real weights)", default_model_path()
             else:
-                shape, layers, qtype = spec.split(":")
+                shape, layers, qtype, *init = spec.split(":")
                 shape, layers = parse_shape(f"{shape}:{layers}")
-                name, path = f"{shape}, {layers} layers, {qtype}", files.get(shape, layers, qtype)
+                drawn = f", init {init[0]}" if init else ""
+                name, path = f"{shape}, {layers} layers, {qtype}{drawn}", files.get(shape, layers, qtype, *init)
             prompts = chat_prompts(path, args.prompts)
             with start_llama_server(args.llama_server, path, parallel=1, context=CONTEXT) as server:
                 llama = [llama_with_probs(server.port, p, args.tokens, args.top) for p in prompts]
