@@ -1,13 +1,16 @@
-"""The ARM rungs of the ISA ladder (build.py's neon and neon_dotprod: arm_neon*.c) on an x86 machine:
-the kernels cross-compiled for aarch64 with clang into a small program (tests/support/arm_kernels.c)
-and run under qemu-aarch64, each rung on the narrowest CPU qemu models that has its features (so an
-instruction beyond the rung would stop it), against the same program built for the portable rung.
+"""The ARM rungs of the ISA ladder (build.py's neon, neon_dotprod and neon_i8mm: arm_neon*.c) on an x86
+machine: the kernels cross-compiled for aarch64 with clang into a small program
+(tests/support/arm_kernels.c) and run under qemu-aarch64, each rung on the narrowest CPU qemu models
+that has its features (so an instruction beyond the rung would stop it), against the same program
+built for the portable rung.
 
 Every block format's products (1, 5 and 9 tokens, rows outside and inside groups of eight), the
 fused SwiGLU linear and attention over float16 and Q8_0 caches match the generic aarch64 build within
-the float32 rounding test_isa_ladder.py allows the x86 rungs, and each product matches the float64
-reference within the activations' int8 rounding. The two NEON rungs' integer dots are exact, so they give each other's bits. Skipped, with
-what to install, where the cross toolchain or qemu is missing (make test installs them as root).
+the float32 rounding test_isa_ladder.py allows the x86 rungs; each product matches the float64
+reference within the activations' int8 rounding, and a token's numbers are the same alone and beside
+others. The two rungs without smmla do exact integer dots into the same lanes, so they give each
+other's bits. Skipped, with what to install, where the cross toolchain or qemu is missing (make test
+installs them as root).
 """
 
 import functools
@@ -43,7 +46,7 @@ def _missing() -> str | None:
 
 @functools.cache
 def _program(name: str, tmp: Path) -> Path:
-    flags = [] if name == "generic" else list(RUNG_NAMES[name].ways[0][1])
+    flags = RUNG_NAMES[name].ways[0][1]  # the generic rung's: none
     binary = tmp / f"arm_kernels_{name}"
     command = [
         "clang",
