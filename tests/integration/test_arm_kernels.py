@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.kv_quants import q8_rows
+from test_isa_ladder import attention_inputs
 from test_kernels import TYPES, dequantize, random_blocks
 
-from webapp.engine.kernels.abi import Attention, Isa, KvType
+from webapp.engine.kernels.abi import Isa, KvType
 from webapp.engine.kernels.block_weight import BLOCK_FORMATS
 from webapp.engine.kernels.build import RUNG_NAMES, RUNGS, SOURCES
 
@@ -91,17 +91,17 @@ def _product(kind: int, ggml_type: int, raw: np.ndarray, x: np.ndarray) -> Reque
 
 
 def _attention(kv_type: int, head_dim: int, slot_of: list[int], pos_of: list[int]) -> Request:
-    """tq_attend of random qkv rows over a random cache, as test_isa_ladder.py's."""
-    rng = np.random.default_rng(head_dim + kv_type)
-    heads, kv_heads, slots, positions = 6, 2, 4, 300
-    values = rng.standard_normal((2, slots, kv_heads, positions, head_dim)).astype(np.float32)
-    cache = q8_rows(values) if kv_type == KvType.Q8_0 else values.astype(np.float16)
-    qkv = (rng.standard_normal((len(slot_of), (heads + 2 * kv_heads) * head_dim)) * 3).astype(np.float32)
-    inv_freq = (1.0 / 10000.0 ** (np.arange(head_dim // 2) * 2 / head_dim)).astype(np.float32)
-    shape = Attention(len(slot_of), heads, kv_heads, slots, positions, head_dim, 0, 0, head_dim**-0.5, head_dim, 1.0, kv_type=kv_type)
-    stdin = np.array([2, 0, 0, 0, 0], np.int32).tobytes() + bytes(shape) + qkv.tobytes() + cache.tobytes()
-    stdin += np.array(slot_of + pos_of, np.int32).tobytes() + inv_freq.tobytes()
-    return Request(stdin, ((np.float32, (len(slot_of), heads * head_dim)), (np.uint8, (cache.nbytes,))), kind=2, ggml_type=kv_type)
+    """tq_attend of random qkv rows over a random cache, test_isa_ladder.py's inputs."""
+    qkv, cache, lanes, inv_freq, shape = attention_inputs(kv_type, head_dim, slot_of, pos_of)
+    stdin = (
+        np.array([2, 0, 0, 0, 0], np.int32).tobytes()
+        + bytes(shape)
+        + qkv.tobytes()
+        + cache.tobytes()
+        + lanes.tobytes()
+        + inv_freq.tobytes()
+    )
+    return Request(stdin, ((np.float32, (shape.lanes, shape.heads * head_dim)), (np.uint8, (cache.nbytes,))), kind=2, ggml_type=kv_type)
 
 
 def _requests() -> list[Request]:

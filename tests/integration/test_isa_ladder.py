@@ -102,8 +102,9 @@ def test_the_swiglu_linear_matches_the_generic_build(name):
         _same_bits(got, _product(twin, raw, 8, 96, gate_up, swiglu=True))
 
 
-def _attend(library: ctypes.CDLL, kv_type: int, head_dim: int, slot_of: list[int], pos_of: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """tq_attend of random qkv rows over a random cache of `kv_type`: (the output, the cache after)."""
+def attention_inputs(kv_type: int, head_dim: int, slot_of: list[int], pos_of: list[int]):
+    """tq_attend's inputs for random qkv rows over a random cache of `kv_type`: (qkv, cache, the lanes'
+    slots then positions, inverse frequencies, Attention)."""
     rng = np.random.default_rng(head_dim + kv_type)
     heads, kv_heads, slots, positions = 6, 2, 4, 300
     values = rng.standard_normal((2, slots, kv_heads, positions, head_dim)).astype(np.float32)
@@ -112,7 +113,13 @@ def _attend(library: ctypes.CDLL, kv_type: int, head_dim: int, slot_of: list[int
     inv_freq = (1.0 / 10000.0 ** (np.arange(head_dim // 2) * 2 / head_dim)).astype(np.float32)
     lanes = np.array(slot_of + pos_of, np.int32)
     shape = Attention(len(slot_of), heads, kv_heads, slots, positions, head_dim, 0, 0, head_dim**-0.5, head_dim, 1.0, kv_type=kv_type)
-    out = np.empty((len(slot_of), heads * head_dim), np.float32)
+    return qkv, cache, lanes, inv_freq, shape
+
+
+def _attend(library: ctypes.CDLL, kv_type: int, head_dim: int, slot_of: list[int], pos_of: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """tq_attend of random qkv rows over a random cache of `kv_type`: (the output, the cache after)."""
+    qkv, cache, lanes, inv_freq, shape = attention_inputs(kv_type, head_dim, slot_of, pos_of)
+    out = np.empty((shape.lanes, shape.heads * head_dim), np.float32)
     library.tq_attend(
         _ptr(out), _ptr(qkv), _ptr(cache), _ptr(lanes), _ptr(inv_freq), _ptr(np.zeros(1, np.float32)), None, ctypes.byref(shape)
     )
