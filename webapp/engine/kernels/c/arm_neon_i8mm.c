@@ -47,11 +47,7 @@ static int row_pair_dot(int type, const uint8_t *row0, const uint8_t *row1, int 
         sum[t / 2] = vfmaq_f32(sum[t / 2], vcvtq_f32_s32(dots_2x2(w01, w11, q01, q11)), vmulq_f32(scale1, d));
       }
       for (int r = 0; r < 2; r++)
-        for (int t = 0; t < n; t++) {
-          const xblock *x = &xs[t][b * sub_blocks + s];
-          if (u[r].mins == MINS_PER_32) extra[r][t] += u[r].min[2 * s] * x->s;
-          else if (u[r].mins == MINS_PER_16) extra[r][t] += x->d * (u[r].min[2 * s] * x->sum16[0] + u[r].min[2 * s + 1] * x->sum16[1]);
-        }
+        for (int t = 0; t < n; t++) add_min_terms(&extra[r][t], &u[r], s, &xs[t][b * sub_blocks + s]);
     }
   }
   for (int t = 0; t < n; t++) {

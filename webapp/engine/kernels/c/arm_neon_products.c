@@ -13,6 +13,13 @@ typedef struct {
   int mins;
 } unpacked_block;
 
+/* *extra += what sub-block s's mins add to a token's sum with the activations x (`mins` says how they
+ * meet them), each term one multiply-add as written here (so clang fuses it alike wherever inlined) */
+static inline void add_min_terms(float *extra, const unpacked_block *u, int s, const xblock *x) {
+  if (u->mins == MINS_PER_32) *extra += u->min[2 * s] * x->s;
+  else if (u->mins == MINS_PER_16) *extra += x->d * (u->min[2 * s] * x->sum16[0] + u->min[2 * s + 1] * x->sum16[1]);
+}
+
 /* 16 bytes of nibbles -> the low ones (values 0..15 of a Q4_0 layout) and the high ones (16..31), each
  * minus `offset` */
 static inline void unpack_nibbles(const uint8_t *qs, int8_t offset, int8_t *to) {
@@ -104,7 +111,7 @@ static void unpack_k_low(const uint8_t *w, int three, unpacked_block *u) {
   const float d = fp16(w + (three ? Q3K_D : Q2K_D)), dmin = three ? 0.0f : fp16(w + Q2K_DMIN);
   for (int h = 0; h < 2; h++)
     for (int part = 0; part < 2; part++) {
-      const uint8x16_t raw = vld1q_u8(pairs + 32 * h + 16 * part), high = vld1q_u8(w + Q3K_HIGH + 16 * part);
+      const uint8x16_t raw = vld1q_u8(pairs + 32 * h + 16 * part), high = three ? vld1q_u8(w + Q3K_HIGH + 16 * part) : vdupq_n_u8(0);
       for (int j = 0; j < 4; j++) {
         uint8x16_t q = vandq_u8(vshlq_u8(raw, vdupq_n_s8((int8_t)(-2 * j))), vdupq_n_u8(3));
         if (three) q = vsubq_u8(vorrq_u8(q, vandq_u8(vtstq_u8(high, vdupq_n_u8((uint8_t)(1 << (4 * h + j)))), vdupq_n_u8(4))), vdupq_n_u8(4));
@@ -168,8 +175,7 @@ __attribute__((unused)) static void row_dot_neon(int type, const uint8_t *w, int
         const int32x4_t low = dot16(vdupq_n_s32(0), w0, vld1q_s8(x->q)), high = dot16(vdupq_n_s32(0), w1, vld1q_s8(x->q + 16));
         sum[t] = vfmaq_n_f32(sum[t], vcvtq_f32_s32(low), scale0 * x->d);
         sum[t] = vfmaq_n_f32(sum[t], vcvtq_f32_s32(high), scale1 * x->d);
-        if (u.mins == MINS_PER_32) extra[t] += u.min[2 * s] * x->s;
-        else if (u.mins == MINS_PER_16) extra[t] += x->d * (u.min[2 * s] * x->sum16[0] + u.min[2 * s + 1] * x->sum16[1]);
+        add_min_terms(&extra[t], &u, s, x);
       }
     }
   }
