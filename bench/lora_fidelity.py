@@ -2,7 +2,7 @@
 along its own greedy text.
 
 Usage: DEV=CPU .venv/bin/python bench/lora_fidelity.py --llama-server PATH [--model GGUF] [--rank 16] [--alpha 32]
-       [--size 0.05] [--tokens 64] [--prompts 8]
+       [--size 0.05] [--tokens 64] [--prompts 8] [--tinygrad]
 
 A random-weight adapter in real shapes (bench/lora_file.py: q, k, v, o, gate, up and down of every
 layer, float16 as `convert_lora_to_gguf.py` writes them) is written for the model (the default one
@@ -59,12 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=float, default=0.05, help="the adapter's values: normal times this")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--tinygrad", action="store_true", help="our model on tinygrad's path (LLM_CPU_KERNELS=false), not the CPU kernels")
     args = ap.parse_args(argv)
     exit_on_sigterm()
     path = args.model or default_model_path()
     with tempfile.TemporaryDirectory() as folder:
         adapter = write_lora(os.path.join(folder, "adapter.gguf"), path, rank=args.rank, alpha=args.alpha, size=args.size, dtype=np.float16)
-        loaded = load_gguf_model(path, SLOTS, CONTEXT, CHUNK, lora_dir=folder)
+        loaded = load_gguf_model(path, SLOTS, CONTEXT, CHUNK, lora_dir=folder, cpu_kernels=not args.tinygrad)
         prompts = [
             loaded.tokenizer.encode(loaded.chat_template.render([{"role": "user", "content": q}])) for q in QUESTIONS[: args.prompts]
         ]
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     steps, (index, scale) = loaded.runner.steps, loaded.adapters.choose("adapter").lane
     totals = np.zeros(6, np.int64)
     print(f"\nModel: {os.path.basename(path)}; adapter rank {args.rank}, alpha {args.alpha:g}, values N(0, {args.size:g}), float16;")
-    print(f"machine: {platform.machine()}, {usable_cores()} usable cores; decided: our top-two gap >= {DECIDED} logits\n")
+    print(f"steps: {steps.how}; machine: {platform.machine()}, {usable_cores()} usable cores; decided: our top-two gap >= {DECIDED} logits\n")
     print(
         "| prompt | llama.cpp tokens | same top-1 with the adapter | decided | same where decided "
         "| our top-1 without the adapter | ours at scale x1.001, same as ours |"

@@ -3,7 +3,8 @@ compiles every kernel and runs none: a Llama-3.1-8B-shaped Q4_K_M file cut to tw
 process of its own (the device is chosen before tinygrad is imported). Its weights take the file's
 bytes on the device, a prefill piece's and a wide decode's products run on tensor cores while a
 one-lane decode reads the blocks in its products, a decode step's kernels are as many at 64 lanes as
-at 32 and at 8 as at 1, and no step keeps float32 activations. What a GPU
+at 32 and at 8 as at 1, and no step keeps float32 activations; the same with a LoRA adapter on every
+lane (its low-rank products a few kernels a layer more, the base products still on tensor cores). What a GPU
 computes in float16 is run here too, on tinygrad's CPU backend told it has float16 arithmetic,
 against the float64 reference."""
 
@@ -44,7 +45,7 @@ def compiled(tmp_path_factory):
     (stub / "mockgpu.py").write_text("class MockFileIOInterface: pass\n")
     env = os.environ | {"DEV": "MOCK+NULL:PTX:sm_90", "NULL_ALLOW_COPYOUT": "1", "PYTHONPATH": str(tmp / "stub")}
     run = subprocess.run(
-        [sys.executable, "tests/support/device_compile.py", str(path), "--widths", ",".join(map(str, WIDTHS))],
+        [sys.executable, "tests/support/device_compile.py", str(path), "--widths", ",".join(map(str, WIDTHS)), "--lora", "16"],
         cwd=ROOT, capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
@@ -70,8 +71,17 @@ def test_a_decode_steps_kernels_do_not_grow_with_its_lanes(compiled):
     assert kernels[8] <= 15 * LAYERS + 10  # the issue's aim is 10 a layer + 10: softmax and norms are kernels of their own
 
 
+def test_steps_with_an_adapter_keep_the_tensor_cores_and_the_kernels_flat(compiled):
+    lora = compiled["lora"]
+    assert lora["prefill"]["tensor_core_kernels"] >= compiled["prefill"]["tensor_core_kernels"]
+    assert lora["decode"]["32"]["tensor_core_kernels"] >= compiled["decode"]["32"]["tensor_core_kernels"]
+    kernels = {int(width): step["kernels"] for width, step in lora["decode"].items()}
+    assert kernels[1] == kernels[8] and kernels[32] == kernels[64]
+    assert kernels[8] <= compiled["decode"]["8"]["kernels"] + 4 * LAYERS  # a kernel a product more: its A product; B fused in
+
+
 def test_no_step_keeps_float32_activations(compiled):
-    steps = [compiled["prefill"], *compiled["decode"].values()]
+    steps = [compiled["prefill"], *compiled["decode"].values(), compiled["lora"]["prefill"], *compiled["lora"]["decode"].values()]
     assert [step["float32_activations"] for step in steps] == [0] * len(steps)
 
 

@@ -1,7 +1,7 @@
 """A model's steps compiled for another device and run on none: what tinygrad's NULL device shows.
 
 Usage (the device named before tinygrad is imported; tests/integration/test_device_compile.py sets it up):
-    DEV="MOCK+NULL:PTX:sm_90" NULL_ALLOW_COPYOUT=1 python tests/support/device_compile.py FILE.gguf [--widths 1,8,32]
+    DEV="MOCK+NULL:PTX:sm_90" NULL_ALLOW_COPYOUT=1 python tests/support/device_compile.py FILE.gguf [--widths 1,8,32] [--lora RANK]
 
 Loads FILE on tinygrad's path (no CPU kernels), captures a prefill piece and a decode step of each
 width, and prints one JSON object: the bytes the weights take on the device beside those of the
@@ -9,6 +9,8 @@ file's tensors they come from, and for each step its kernel count, how many of i
 tensor cores (`mma` in the PTX source each captured kernel carries), how many write float32
 activations (a buffer of a row of the model's width a lane) and the host's time for it once captured,
 whole and without reading its logits back (the device runs nothing, so that time is the host's alone).
+With `--lora RANK`, a random adapter of that rank on every attention and feed-forward matrix
+(bench/lora_file.py) is loaded too, and a prefill piece and each decode width are captured again with every lane adapted.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import time
+from dataclasses import replace
 
 sys.path[:0] = [os.path.join(os.path.dirname(__file__), "..", "..")]
 
@@ -28,9 +32,10 @@ from tinygrad.engine.realize import get_call_arg_uops, get_call_outs_ins  # noqa
 from tinygrad.uop.ops import Ops  # noqa: E402
 
 from webapp.engine.model.gguf import read_gguf  # noqa: E402
-from webapp.engine.model.lanes import decode_lanes  # noqa: E402
+from webapp.engine.model.lanes import Lane, decode_lanes  # noqa: E402
 from webapp.engine.model.steps import steps_for  # noqa: E402
 from webapp.engine.model.transformer import load_model  # noqa: E402
+from webapp.engine.serving.loader import adapters_for  # noqa: E402
 
 PIECE = 32
 
@@ -101,6 +106,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("file")
     ap.add_argument("--widths", default="1,8,32")
+    ap.add_argument("--lora", type=int, default=0, help="an adapter of this rank, and the decode steps with it")
     args = ap.parse_args()
     widths = [int(w) for w in args.widths.split(",")]
     model, _ = load_model(args.file, slots=max(widths), context=256, max_chunk=PIECE, cpu_kernels=False)
@@ -125,7 +131,34 @@ def main() -> None:
     for width in widths:
         run = lambda w=width: steps.run(decode_lanes([1] * w, list(range(w)), [PIECE + 1] * w))  # noqa: E731  as the engine calls it
         report["decode"][width] = captured(run, lambda w=width: steps._decode_jits[w], steps.buffers, width, model.config.dim)
+    if args.lora:
+        report["lora"] = lora_steps(args.file, args.lora, steps, widths)
     print(json.dumps(report))
+
+
+def lora_steps(path: str, rank: int, steps, widths: list[int]) -> dict:
+    """A prefill piece and each decode width captured again, every lane adapted by a random adapter of `rank`."""
+    from bench.lora_file import write_lora
+
+    with tempfile.TemporaryDirectory() as folder:
+        write_lora(os.path.join(folder, "adapter.gguf"), path, rank=rank)
+        lane = adapters_for(folder, path, steps.model, steps).choose("adapter").lane
+    dim = steps.model.config.dim
+    out = {
+        "decode": {},
+        "prefill": captured(
+            lambda: steps.run([Lane(0, 0, list(range(1, PIECE + 1)), lora=lane)]),
+            lambda: steps._prefill_jits["lora", steps.lora_table.generation, PIECE],
+            steps.buffers,
+            PIECE,
+            dim,
+        )
+    }
+    for width in widths:
+        run = lambda w=width: steps.run([replace(x, lora=lane) for x in decode_lanes([1] * w, list(range(w)), [PIECE + 1] * w)])  # noqa: E731
+        key = lambda w=width: steps._decode_jits["lora", steps.lora_table.generation, w]  # noqa: E731
+        out["decode"][width] = captured(run, key, steps.buffers, width, dim)
+    return out
 
 
 if __name__ == "__main__":

@@ -24,18 +24,27 @@ _DTYPES = {
     np.dtype(np.int32): dtypes.int32,
     np.dtype(np.int64): dtypes.int64,
     np.dtype(np.uint64): dtypes.uint64,
+    np.dtype(np.float16): dtypes.float16,
     np.dtype(np.float32): dtypes.float32,
 }
 
 
 def device_array(array: np.ndarray) -> Tensor:
-    """A realized tensor holding `array` (uint8, int32, int64, uint64 or float32), copied straight into its buffer.
+    """A realized tensor holding `array` (uint8, int32, int64, uint64, float16 or float32), copied straight into its buffer.
     Safe inside a jit's capture too: nothing is scheduled, so the jit has no host copy to replay."""
     tensor = Tensor.empty(*array.shape, dtype=_DTYPES[array.dtype]).realize()
+    overwrite(tensor, array)
+    return tensor
+
+
+def overwrite(tensor: Tensor, array: np.ndarray) -> None:
+    """Copy `array` into a realized tensor's buffer, the same shape and dtype, in place: a jit that
+    reads the tensor reads the new values (the device waits for its work first)."""
+    assert tensor.shape == array.shape and _DTYPES[array.dtype] == tensor.dtype
     buffer = tensor.uop.base.buffer.ensure_allocated()
     source = np.require(array, requirements=["C", "W"])  # the copy-in wants a writable buffer, not the file's map
+    Device[tensor.device].synchronize()
     buffer.allocator._copyin(buffer._buf, memoryview(source).cast("B"))
-    return tensor
 
 
 def host_address(tensor: Tensor) -> int:

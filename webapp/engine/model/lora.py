@@ -170,10 +170,10 @@ def _is_half(values: np.ndarray) -> bool:
 
 
 def model_targets(model, shapes: dict[str, tuple[int, int]]) -> list[list[ProductTarget | None]]:
-    """`product_targets` for a loaded model on the CPU kernels' one-call path (each block's
-    `layer_tensors`), `shapes` the file's matrices' (rows, cols) by name."""
+    """`product_targets` for a loaded model (its blocks' mixers and the config's routed layers),
+    `shapes` the file's matrices' (rows, cols) by name."""
     from webapp.engine.kernels.abi import LayerForm
 
     other_attention = LayerForm.LATENT | LayerForm.RECURRENT | LayerForm.GATED_ATTENTION
-    layers = [(not block.layer_tensors.form & other_attention, not block.layer_tensors.experts.count, shapes) for block in model.blocks]
+    layers = [(not block.mixer.form & other_attention, not model.config.routed(i), shapes) for i, block in enumerate(model.blocks)]
     return product_targets(model.config, layers)

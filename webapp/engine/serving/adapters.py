@@ -1,7 +1,7 @@
 """The LoRA adapters a loaded model serves (LLM_LORA_DIR), and a request's choice of one.
 
 Contract: `Adapters(fit, table, read)` holds the adapters fitted to one model (`fit(AdapterFile)`
-gives model/lora.py's layout, `table` is the steps' kernels/lora_table.LoraTable, `read(path, name)`
+gives model/lora.py's layout, `table` is the steps' `lora_table`: kernels/lora_table.py's or model/device_lora.py's, `read(path, name)`
 model/lora.read_adapter); `add(file)` loads one under its name, `from_folder(folder)` every `*.gguf`
 of a folder, `names` and `listing()` say what is loaded, `choose(name, scale)` gives a request's
 `LoraUse` or raises `UnknownAdapter`; `listing_of(engine)` lists an engine's, empty while it loads.
@@ -161,7 +161,7 @@ def load(engine, name: str, path: str) -> Loaded:
     adapters = engine.adapters
     if adapters is None:
         raise UnknownAdapter(
-            f"{engine.model_name} takes no LoRA adapters (they run on the CPU kernels, in models without recurrent layers)"
+            f"{engine.model_name} takes no LoRA adapters (they run in models without recurrent layers, on the CPU kernels' one-call steps or on tinygrad's)"
         )
     return engine.on_model_thread(lambda e: adapters.add(adapters.read(path, name)))
 

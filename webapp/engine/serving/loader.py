@@ -109,7 +109,7 @@ def load_gguf_model(
         no_adapters = None
     if lora_dir and no_adapters:
         raise ModelLoadError(
-            f"LLM_LORA_DIR: adapters run on the CPU kernels' one-call steps of models without recurrent layers; {no_adapters}"
+            f"LLM_LORA_DIR: adapters run on the CPU kernels' one-call steps and on tinygrad's, in models without recurrent layers; {no_adapters}"
         )
     adapters = None if no_adapters else adapters_for(lora_dir, path, model, steps)
     draft_model = load_draft(draft, path, kv, steps, slots, piece, cpu_kernels, cpu_isa) if draft else None

@@ -15,7 +15,7 @@ the last); `pages`, the cache is a paged pool whose blocks `block_rows` and `wri
 recurrent layers). `prefill`, `decode`, `score`, `hidden`, `verify`, `prefill_and_decode` and
 `prefill_and_verify` are `run` by shape, for the draft model, tests and benches. `takes_inputs`: a
 prompt lane's `inputs` (rows fed in place of token embeddings: an image's) are honoured; elsewhere
-such a lane is refused. `lora_table`: where set (kernels/lora_table.py), a lane's `lora` adapter
+such a lane is refused. `lora_table`: where set (kernels/lora_table.py, model/device_lora.py), a lane's `lora` adapter
 adds its low-rank products to the lane's; elsewhere a lane with one is refused. `copy_prefix(source,
 target, length)` copies K/V rows between slots; `warm_up(progress)` compiles what the steps will run
 (and, where `speculates`, times `verify_seconds`, what drafted lanes cost: decoding/drafts.py). `how`
@@ -45,7 +45,7 @@ class Steps:
     spare_rows: range | None = None  # rows of recurrent state for drafted tokens (None: no recurrent layers)
     pages: bool = False  # the KV cache is a paged pool's blocks, read through block tables, and `block_rows` moves them
     takes_inputs: bool = False  # a lane's `inputs` rows replace its tokens' embeddings (images)
-    lora_table = None  # the adapters a lane's `lora` names (kernels/lora_table.LoraTable), where lanes take them
+    lora_table = None  # the adapters a lane's `lora` names (a LoraTable or DeviceLoraTable), where lanes take them
 
     def __init__(self, model):
         self.model = model

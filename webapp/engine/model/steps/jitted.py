@@ -2,11 +2,13 @@
 decode batches padded to a few fixed widths, so each shape compiles once (at warm-up) and every
 later step replays it.
 
-Contract: a subclass gives `_prefill_piece(tokens, slot, start, piece)` (tokens padded to `piece`;
-logits (vocab,) of the last real token), `_hidden_piece(tokens, slot, start, piece)` (the same
-padding; every real token's final norm output (len(tokens), dim), run eagerly: embeddings are rare
-next to generation, and a jit per piece would double warm-up) and `_decode_width(tokens, slots,
-positions, width)` (lanes padded to `width` with the scratch slot; logits (len(tokens), vocab)).
+Contract: a subclass gives `_prefill_piece(tokens, slot, start, piece, lora)` (tokens padded to
+`piece`; logits (vocab,) of the last real token), `_hidden_piece(tokens, slot, start, piece, lora)`
+(the same padding; every real token's final norm output (len(tokens), dim), run eagerly: embeddings
+are rare next to generation, and a jit per piece would double warm-up) and `_decode_width(tokens,
+slots, positions, width, lora)` (lanes padded to `width` with the scratch slot; logits (len(tokens),
+vocab)). `lora` is None where no lane has an adapter, else the lane's (or each lane's) `Lane.lora`,
+which only a subclass with a `lora_table` is given.
 """
 
 from __future__ import annotations
@@ -68,31 +70,33 @@ class JittedSteps(Steps):
         """A decode step (one token a lane, padded to a width), or one prompt chunk (in pieces); a
         prompt's every logits row runs as one decode lane a token, each as generating it gives it."""
         assert self.takes_inputs or not any(lane.inputs for lane in lanes), "rows in place of embeddings: takes_inputs is not set"
-        assert not any(lane.lora for lane in lanes), "an adapter's products: no lora_table here"
+        assert self.lora_table is not None or not any(lane.lora for lane in lanes), "an adapter's products: no lora_table here"
         if all(lane.decoding and len(lane.tokens) == 1 for lane in lanes):
             width = next(w for w in self.widths if w >= len(lanes))
+            lora = [lane.lora for lane in lanes] if any(lane.lora for lane in lanes) else None
             rows = self._decode_width(
-                [lane.tokens[0] for lane in lanes], [lane.slot for lane in lanes], [lane.start for lane in lanes], width
+                [lane.tokens[0] for lane in lanes], [lane.slot for lane in lanes], [lane.start for lane in lanes], width, lora
             )
             return list(rows)
         if len(lanes) != 1 or lanes[0].decoding:
             raise NotImplementedError(f"{type(self).__name__} runs a decode step or one prompt chunk, neither mixed nor drafted")
         lane = lanes[0]
-        tokens, slot, start = list(lane.tokens), lane.slot, lane.start
+        tokens, slot, start, lora = list(lane.tokens), lane.slot, lane.start, lane.lora
         if lane.want is Want.LAST:
-            return [self._by_pieces(self._prefill_piece, tokens, slot, start)[-1]]
+            return [self._by_pieces(lambda *piece: self._prefill_piece(*piece, lora), tokens, slot, start)[-1]]
         if lane.want is Want.HIDDEN:
-            return [np.concatenate(self._by_pieces(self._hidden_piece, tokens, slot, start))]
+            return [np.concatenate(self._by_pieces(lambda *piece: self._hidden_piece(*piece, lora), tokens, slot, start))]
         assert start + len(tokens) <= self.model.context
-        return [np.stack([self._decode_width([t], [slot], [start + i], 1)[0] for i, t in enumerate(tokens)])]
+        each = None if lora is None else [lora]
+        return [np.stack([self._decode_width([t], [slot], [start + i], 1, each)[0] for i, t in enumerate(tokens)])]
 
-    def _prefill_piece(self, tokens: list[int], slot: int, start: int, piece: int) -> np.ndarray:
+    def _prefill_piece(self, tokens: list[int], slot: int, start: int, piece: int, lora=None) -> np.ndarray:
         raise NotImplementedError
 
-    def _hidden_piece(self, tokens: list[int], slot: int, start: int, piece: int) -> np.ndarray:
+    def _hidden_piece(self, tokens: list[int], slot: int, start: int, piece: int, lora=None) -> np.ndarray:
         raise NotImplementedError
 
-    def _decode_width(self, tokens: list[int], slots: list[int], positions: list[int], width: int) -> np.ndarray:
+    def _decode_width(self, tokens: list[int], slots: list[int], positions: list[int], width: int, lora=None) -> np.ndarray:
         raise NotImplementedError
 
     def warm_up(self, progress: Callable[[str], None]) -> None:

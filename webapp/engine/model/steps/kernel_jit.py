@@ -24,7 +24,7 @@ class KernelJitSteps(JittedSteps):
             jit = jits[size] = capturing_jit(self.model.forward_on_kernels)
         return jit
 
-    def _prefill_piece(self, tokens: list[int], slot: int, start: int, piece: int) -> np.ndarray:
+    def _prefill_piece(self, tokens: list[int], slot: int, start: int, piece: int, lora=None) -> np.ndarray:
         n, b = len(tokens), self.buffers
         assert 0 < n <= piece
         padded = b.fill("prefill tokens", tokens + [0] * (piece - n), dtypes.int32)
@@ -32,13 +32,13 @@ class KernelJitSteps(JittedSteps):
         picks = b.fill("prefill picks", [n - 1], dtypes.int32)
         return b.read(self._jit(self._prefill_jits, piece)(padded, lanes, picks), 1)[0]
 
-    def _hidden_piece(self, tokens: list[int], slot: int, start: int, piece: int) -> np.ndarray:
+    def _hidden_piece(self, tokens: list[int], slot: int, start: int, piece: int, lora=None) -> np.ndarray:
         n = len(tokens)
         padded = Tensor(np.array(tokens + [0] * (piece - n), dtype=np.int32))
         lanes = Tensor(np.array(prompt_lanes(slot, start, piece), dtype=np.int32))
         return self.model.hidden_on_kernels(padded, lanes).numpy()[:n]
 
-    def _decode_width(self, tokens: list[int], slots: list[int], positions: list[int], width: int) -> np.ndarray:
+    def _decode_width(self, tokens: list[int], slots: list[int], positions: list[int], width: int, lora=None) -> np.ndarray:
         n, b = len(tokens), self.buffers
         assert 0 < n <= width
         pad = width - n

@@ -6,6 +6,11 @@ decode step's lanes' slots and positions as device tensors (lane_rows.py), never
 sequences joining and leaving never recompile and a decode step's kernels do not grow with its
 width; a prefill piece is padded to a fixed size, which compiles to faster kernels than a symbolic
 length (bench/RESULTS.md, figures moved out of code comments).
+
+A step with LoRA adapters (some lane's `lora`) runs jits of its own, captured the first time each
+shape is asked for (or at warm-up, for adapters loaded by then) with each lane's adapter and scale
+as two more device tensors (model/device_lora.py); a step without one runs the plain jits, which
+read no adapter.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 from tinygrad import Tensor, UOp, dtypes
 
+from webapp.engine.model.device_lora import DeviceLoraTable
 from webapp.engine.model.lanes import Lane, Want
 from webapp.engine.model.steps.base import capturing_jit
 from webapp.engine.model.steps.jitted import JittedSteps
@@ -29,6 +35,32 @@ class TinygradJitSteps(JittedSteps):
         self.v_slot = UOp.variable("slot", 0, model.slots)
         self.v_start = UOp.variable("start", 0, model.context - 1)
         self.v_length = UOp.variable("length", 1, model.context)
+        self.lora_table = DeviceLoraTable(model)
+
+    def _jit(self, jits: dict, key, forward, lora: list | None, width: int) -> tuple:
+        """The jit of `forward` for `key`, and the inputs that go before its own: none without
+        adapters; with them, the jit that adds each lane's (`width` lanes) and their adapters and scales."""
+        if lora is None:
+            jit = jits.get(key)
+            if jit is None:
+                jit = jits[key] = capturing_jit(forward)
+            return jit, ()
+        table, b = self.lora_table, self.buffers
+        key = ("lora", table.generation, key)
+        jit = jits.get(key)
+        if jit is None:
+            for stale in [k for k in jits if isinstance(k, tuple) and k[0] == "lora" and k[1] != table.generation]:
+                del jits[stale]  # captured over stacks the table no longer uses
+
+            def adapted(adapters: Tensor, scales: Tensor, *args):
+                with table.lanes(adapters, scales):
+                    return forward(*args)
+
+            jit = jits[key] = capturing_jit(adapted)
+        lanes = list(lora) + [None] * (width - len(lora))
+        adapters = b.fill("lora adapters", [0 if lane is None else lane[0] for lane in lanes], dtypes.int32)
+        scales = b.fill("lora scales", [0.0 if lane is None else lane[1] for lane in lanes], dtypes.float32)
+        return jit, (adapters, scales)
 
     def run(self, lanes: list[Lane]) -> list[np.ndarray]:
         if len(lanes) == 1 and lanes[0].inputs:
@@ -52,10 +84,9 @@ class TinygradJitSteps(JittedSteps):
             inputs[0, offset:end], given[0, offset:end], tokens[offset:end] = rows, 1.0, [0] * len(rows)
             if lane.inputs_both_ways:
                 last_keys[offset:end] = [start + end - 1] * len(rows)
-        jit = self._prefill_jits.get(("rows", piece))
-        if jit is None:
-            jit = self._prefill_jits["rows", piece] = capturing_jit(self.model.forward_prefill_rows)
+        jit, adapted = self._jit(self._prefill_jits, ("rows", piece), self.model.forward_prefill_rows, _one(lane.lora), 1)
         args = [
+            *adapted,
             b.fill("rows tokens", [tokens], dtypes.int32),
             b.fill("rows last", [[float(i == n - 1) for i in range(piece)]], dtypes.float32),
         ]
@@ -63,31 +94,46 @@ class TinygradJitSteps(JittedSteps):
         args += [b.fill("rows last keys", last_keys, dtypes.int32)]
         return b.read(jit(*args, self.v_slot.bind(lane.slot), self.v_start.bind(start)), 1)[0]
 
-    def _prefill_piece(self, tokens: list[int], slot: int, start: int, piece: int) -> np.ndarray:
+    def _prefill_piece(self, tokens: list[int], slot: int, start: int, piece: int, lora=None) -> np.ndarray:
         n, b = len(tokens), self.buffers
         assert 0 < n <= piece
-        jit = self._prefill_jits.get(piece)
-        if jit is None:
-            jit = self._prefill_jits[piece] = capturing_jit(self.model.forward_prefill)
+        jit, adapted = self._jit(self._prefill_jits, piece, self.model.forward_prefill, _one(lora), 1)
         last = b.fill("prefill last", [[float(i == n - 1) for i in range(piece)]], dtypes.float32)
         padded = b.fill("prefill tokens", [tokens + [0] * (piece - n)], dtypes.int32)
-        return b.read(jit(padded, last, self.v_slot.bind(slot), self.v_start.bind(start)), 1)[0]
+        return b.read(jit(*adapted, padded, last, self.v_slot.bind(slot), self.v_start.bind(start)), 1)[0]
 
-    def _hidden_piece(self, tokens: list[int], slot: int, start: int, piece: int) -> np.ndarray:
+    def _hidden_piece(self, tokens: list[int], slot: int, start: int, piece: int, lora=None) -> np.ndarray:
         n = len(tokens)
         padded = Tensor(np.array([tokens + [0] * (piece - n)], dtype=np.int32))
-        return self.model.hidden_prefill(padded, self.v_slot.bind(slot), self.v_start.bind(start)).numpy()[:n]
+        if lora is None:
+            return self.model.hidden_prefill(padded, self.v_slot.bind(slot), self.v_start.bind(start)).numpy()[:n]
+        with self.lora_table.lanes(Tensor([lora[0]], dtype=dtypes.int32), Tensor([lora[1]], dtype=dtypes.float32)):
+            return self.model.hidden_prefill(padded, self.v_slot.bind(slot), self.v_start.bind(start)).numpy()[:n]
 
-    def _decode_width(self, tokens: list[int], slots: list[int], positions: list[int], width: int) -> np.ndarray:
+    def _decode_width(self, tokens: list[int], slots: list[int], positions: list[int], width: int, lora=None) -> np.ndarray:
         n, b = len(tokens), self.buffers
         assert 0 < n <= width
         pad = width - n
         tokens, slots, positions = tokens + [0] * pad, slots + [self.model.slots] * pad, positions + [0] * pad
-        jit = self._decode_jits.get(width)
-        if jit is None:
-            jit = self._decode_jits[width] = capturing_jit(self.model.forward_decode)
+        jit, adapted = self._jit(self._decode_jits, width, self.model.forward_decode, lora, width)
         assert all(0 <= s <= self.model.slots for s in slots) and all(0 <= p < self.model.context for p in positions)
         tokens_in = b.fill("decode tokens", tokens, dtypes.int32)
         positions_in = b.fill("decode positions", positions, dtypes.int32)
         slots_in = b.fill("decode slots", slots, dtypes.int32)
-        return b.read(jit(tokens_in, positions_in, slots_in, self.v_length.bind(max(positions) + 1)), n)
+        return b.read(jit(*adapted, tokens_in, positions_in, slots_in, self.v_length.bind(max(positions) + 1)), n)
+
+    def warm_up(self, progress) -> None:
+        super().warm_up(progress)
+        if self.lora_table.loaded:  # adapters loaded with the model: their steps compiled now, not on a first request
+            progress("warm-up: the steps with LoRA adapters")
+            lora = [(0, 0.0)]
+            for piece in self.pieces:
+                for _ in range(2):
+                    self._prefill_piece([0] * piece, self.model.slots, 0, piece, lora[0])
+            for width in self.widths:
+                for _ in range(2):
+                    self._decode_width([0], [self.model.slots], [0], width, lora)
+
+
+def _one(lora: tuple[int, float] | None) -> list | None:
+    return None if lora is None else [lora]
