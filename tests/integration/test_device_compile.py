@@ -4,7 +4,8 @@ process of its own (the device is chosen before tinygrad is imported). Its weigh
 bytes on the device, a prefill piece's and a wide decode's products run on tensor cores while a
 one-lane decode reads the blocks in its products, a decode step's kernels are as many at 64 lanes as
 at 32 and at 8 as at 1, and no step keeps float32 activations; the same with a LoRA adapter on every
-lane (its low-rank products a few kernels a layer more, the base products still on tensor cores). What a GPU
+lane (its low-rank products a few kernels a layer more, the base products still on tensor cores);
+with every lane greedy, a step reads back an id a lane, not its logits. What a GPU
 computes in float16 is run here too, on tinygrad's CPU backend told it has float16 arithmetic,
 against the float64 reference."""
 
@@ -69,6 +70,16 @@ def test_a_decode_steps_kernels_do_not_grow_with_its_lanes(compiled):
     kernels = {int(width): step["kernels"] for width, step in compiled["decode"].items()}
     assert kernels[1] == kernels[8] and kernels[32] == kernels[64]
     assert kernels[8] <= 15 * LAYERS + 10  # the issue's aim is 10 a layer + 10: softmax and norms are kernels of their own
+
+
+def test_a_greedy_decode_step_reads_back_an_id_a_lane(compiled):
+    """Every lane greedy: each lane's argmax picked in the step, 4 bytes a lane read back, not its row."""
+    for width, step in compiled["decode_picks"].items():
+        assert step["read_back_bytes"] == 4 * int(width)
+        assert compiled["decode"][width]["read_back_bytes"] >= 1000 * step["read_back_bytes"]
+    kernels = {int(width): step["kernels"] for width, step in compiled["decode_picks"].items()}
+    assert kernels[1] == kernels[8] and kernels[32] == kernels[64]
+    assert kernels[8] <= compiled["decode"]["8"]["kernels"] + 5  # the argmax's few kernels, once a step
 
 
 def test_steps_with_an_adapter_keep_the_tensor_cores_and_the_kernels_flat(compiled):

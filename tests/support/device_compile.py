@@ -7,8 +7,9 @@ Loads FILE on tinygrad's path (no CPU kernels), captures a prefill piece and a d
 width, and prints one JSON object: the bytes the weights take on the device beside those of the
 file's tensors they come from, and for each step its kernel count, how many of its kernels multiply on
 tensor cores (`mma` in the PTX source each captured kernel carries), how many write float32
-activations (a buffer of a row of the model's width a lane) and the host's time for it once captured,
-whole and without reading its logits back (the device runs nothing, so that time is the host's alone).
+activations (a buffer of a row of the model's width a lane), the host's time for it once captured,
+whole and without reading its logits back (the device runs nothing, so that time is the host's alone),
+and the bytes read back; each decode width again with every lane greedy (its argmax picked in the step).
 With `--lora RANK`, a random adapter of that rank on every attention and feed-forward matrix
 (bench/lora_file.py) is loaded too, and a prefill piece and each decode width are captured again with every lane adapted.
 """
@@ -32,7 +33,7 @@ from tinygrad.engine.realize import get_call_arg_uops, get_call_outs_ins  # noqa
 from tinygrad.uop.ops import Ops  # noqa: E402
 
 from webapp.engine.model.gguf import read_gguf  # noqa: E402
-from webapp.engine.model.lanes import Lane, decode_lanes  # noqa: E402
+from webapp.engine.model.lanes import Lane, Want, decode_lanes  # noqa: E402
 from webapp.engine.model.steps import steps_for  # noqa: E402
 from webapp.engine.model.transformer import load_model  # noqa: E402
 from webapp.engine.serving.loader import adapters_for  # noqa: E402
@@ -73,13 +74,14 @@ def captured(run, jit_of, reads, rows: int, dim: int) -> dict:
     for _ in range(3):
         run()
     calls = kernel_calls(jit_of())
-    whole, launch, spent = [], [], []
+    whole, launch, spent, read_bytes = [], [], [], []
     reading = reads.read
 
-    def timed_read(*args, **kwargs):
+    def timed_read(output, *args, **kwargs):
+        read_bytes.append(output.nbytes())  # a device's read copies the whole output back
         began = time.perf_counter()
         try:
-            return reading(*args, **kwargs)
+            return reading(output, *args, **kwargs)
         finally:
             spent.append(time.perf_counter() - began)
 
@@ -99,6 +101,7 @@ def captured(run, jit_of, reads, rows: int, dim: int) -> dict:
         "float32_activations": float32_rows(calls, rows, dim),
         "host_ms": round(statistics.median(whole) * 1e3, 2),
         "launch_ms": round(statistics.median(launch) * 1e3, 2),
+        "read_back_bytes": read_bytes[-1],
     }
 
 
@@ -131,6 +134,11 @@ def main() -> None:
     for width in widths:
         run = lambda w=width: steps.run(decode_lanes([1] * w, list(range(w)), [PIECE + 1] * w))  # noqa: E731  as the engine calls it
         report["decode"][width] = captured(run, lambda w=width: steps._decode_jits[w], steps.buffers, width, model.config.dim)
+    report["decode_picks"] = {}
+    for width in widths:  # every lane greedy: each one's argmax picked in the step
+        greedy = [replace(x, want=Want.TOKEN) for x in decode_lanes([1] * width, list(range(width)), [PIECE + 1] * width)]
+        key = lambda w=width: steps._decode_jits["pick", w]  # noqa: E731
+        report["decode_picks"][width] = captured(lambda g=greedy: steps.run(g), key, steps.buffers, width, model.config.dim)
     if args.lora:
         report["lora"] = lora_steps(args.file, args.lora, steps, widths)
     print(json.dumps(report))
@@ -152,7 +160,7 @@ def lora_steps(path: str, rank: int, steps, widths: list[int]) -> dict:
             steps.buffers,
             PIECE,
             dim,
-        )
+        ),
     }
     for width in widths:
         run = lambda w=width: steps.run([replace(x, lora=lane) for x in decode_lanes([1] * w, list(range(w)), [PIECE + 1] * w)])  # noqa: E731

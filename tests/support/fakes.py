@@ -157,7 +157,7 @@ def run_by_kind(runner, parts: list[Part]) -> list[np.ndarray]:
         return [*firsts, *rows]
     if prompts:
         part = prompts[0]
-        call = {Want.LAST: "prefill", Want.ALL: "prompt_logits", Want.HIDDEN: "hidden_states"}[part.want]
+        call = {Want.LAST: "prefill", Want.TOKEN: "prefill", Want.ALL: "prompt_logits", Want.HIDDEN: "hidden_states"}[part.want]
         return [getattr(runner, call)(part.request, part.tokens, part.start)]
     if any(drafts):
         return list(runner.decode_drafted(batch, drafts, positions))

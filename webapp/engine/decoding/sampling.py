@@ -2,7 +2,8 @@
 
 Contract: the engine makes one `RequestSampler(params, prompt_ids, constraint)` when a request is
 admitted; only the model thread uses it. `choose(logits)` returns `(token, TokenLogprobs | None)`
-for one (vocab,) row. Each request has its own state (random generator from `seed`, token counts,
+for one (vocab,) row; where `picks_greedily`, a step may pick the argmax itself, and `picked(token)`
+takes it as `choose` would have. Each request has its own state (random generator from `seed`, token counts,
 grammar matcher) and nothing reads another row, so a request samples the same tokens whatever
 shares its batched step: a constrained request and free ones can run in one step.
 
@@ -173,6 +174,19 @@ class RequestSampler:
         # a grammar decides every token of a constrained output: no marker is forced into it
         budgeted = params.reasoning_budget is not None and params.reasoning_markers[1] and constraint is None
         self.reasoning = ReasoningBudget(params) if budgeted else None
+
+    @property
+    def picks_greedily(self) -> bool:
+        """Whether a row's argmax is all it takes from the row: greedy, nothing adjusted, masked,
+        forced or reported; a step may then pick on the device (`picked`) and read back no row."""
+        plain = self.constraint is None and self.reasoning is None and not self.params.logprobs
+        return plain and self.params.temperature <= 0 and not self._adjusts
+
+    def picked(self, token: int) -> tuple[int, None]:
+        """`choose` where the step picked `token`, a row's argmax, itself (`picks_greedily`)."""
+        assert self.picks_greedily
+        self._record(token, 0)
+        return token, None
 
     @property
     def _adjusts(self) -> bool:

@@ -3,7 +3,10 @@
 A `Lane` is one sequence's tokens in a step, fed into `slot` from position `start`, and what it
 wants back (`Want`): LAST, the logits (vocab,) of its last token (a prompt chunk, or a decoding
 sequence's one token); ALL, every token's logits (len(tokens), vocab) (a scored prompt, or a
-verification); HIDDEN, every token's final norm output (len(tokens), dim) (embeddings). A `decoding`
+verification); HIDDEN, every token's final norm output (len(tokens), dim) (embeddings); TOKEN, the
+greedy pick of its last token's logits, an int32 array (1,) holding their argmax (a request that
+samples nothing but the most likely token: a device's step then reads back an id, not a row; only
+steps that `pick` are given it, base.py). A `decoding`
 lane feeds a sequence's last output token, then any drafted tokens after it (`drafted`: a
 verification, each drafted token in a recurrent state row of its own where the model has such
 layers); any other lane is a prompt chunk, whose `inputs` are (offset, rows) pairs: rows (n, dim)
@@ -25,6 +28,7 @@ class Want(enum.Enum):
     LAST = "last"
     ALL = "all"
     HIDDEN = "hidden"
+    TOKEN = "token"
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,7 @@ class Lane:
     @property
     def picked(self) -> int:
         """How many of its tokens' outputs it takes."""
-        return 1 if self.want is Want.LAST else len(self.tokens)
+        return 1 if self.want in (Want.LAST, Want.TOKEN) else len(self.tokens)
 
 
 def decode_lanes(tokens: Sequence[int], slots: Sequence[int], positions: Sequence[int]) -> list[Lane]:

@@ -319,7 +319,10 @@ class Engine:
 
     def _sample(self, request: Request, logits: np.ndarray) -> None:
         try:
-            token, logprobs = request.sampler.choose(logits)
+            if logits.dtype.kind == "i":  # a TOKEN part's pick, made in the step (sampling.RequestSampler.picks_greedily)
+                token, logprobs = request.sampler.picked(int(logits[0]))
+            else:
+                token, logprobs = request.sampler.choose(logits)
         except Exception as e:  # a grammar that broke: only this request fails
             self._fail([request], e)
             return

@@ -54,17 +54,25 @@ class Part:
             scored = score_prompt(output, request.prompt_ids, self.start, request.params.prompt_logprobs)
             request.prompt_logprobs = (request.prompt_logprobs or []) + scored
             return output[-1]
-        return output
+        return output  # the last logits row, or a TOKEN part's pick
 
     @classmethod
     def prompt(cls, request: Request, tokens: list[int], start: int) -> Part:
-        """A prompt chunk's lane: an embedding's final norm outputs, a scored prompt's every logits row, else the last."""
-        return cls(request, tokens, start, Want.HIDDEN if request.pooling is not None else Want.ALL if request.scores_prompt else Want.LAST)
+        """A prompt chunk's lane: an embedding's final norm outputs, a scored prompt's every logits
+        row, else the last (its argmax alone where that is all the request samples)."""
+        if request.pooling is not None:
+            return cls(request, tokens, start, Want.HIDDEN)
+        return cls(request, tokens, start, Want.ALL if request.scores_prompt else _last(request))
 
     @classmethod
     def decode(cls, request: Request, position: int, draft: list[int]) -> Part:
         """A decoding request's lane: every drafted token's logits too where it drafted."""
-        return cls(request, [request.output_ids[-1], *draft], position, Want.ALL if draft else Want.LAST, True)
+        return cls(request, [request.output_ids[-1], *draft], position, Want.ALL if draft else _last(request), True)
+
+
+def _last(request: Request) -> Want:
+    """TOKEN where the request's sampler takes nothing from a row but its argmax, else LAST."""
+    return Want.TOKEN if request.sampler is not None and request.sampler.picks_greedily else Want.LAST
 
 
 class Runner(Protocol):
@@ -83,7 +91,8 @@ class Runner(Protocol):
 
     def run(self, parts: list[Part]) -> list[np.ndarray]:
         """One model step: each part's output, in order: its last token's logits (vocab,), every
-        token's (len(tokens), vocab), or every token's final norm output (len(tokens), dim)."""
+        token's (len(tokens), vocab), every token's final norm output (len(tokens), dim), or (a
+        part wanting TOKEN) its last logits' argmax, an int32 array (1,)."""
 
     def kept(self, request: Request, lanes: int) -> None:
         """The first `lanes` of `request`'s lanes in the last verification were kept: its cache goes
@@ -152,9 +161,15 @@ class ModelRunner:
 
     def run(self, parts: list[Part]) -> list[np.ndarray]:
         lora = [None if p.request.lora is None else p.request.lora.lane for p in parts]
-        return self.steps.run(
-            [Lane(p.request.slot, p.start, p.tokens, p.want, p.decoding, self._inputs(p), a, self._both_ways) for p, a in zip(parts, lora)]
+        picks = self.steps.picks  # else a TOKEN part's row comes back, and is picked here
+        wants = [Want.LAST if p.want is Want.TOKEN and not picks else p.want for p in parts]
+        outputs = self.steps.run(
+            [
+                Lane(p.request.slot, p.start, p.tokens, want, p.decoding, self._inputs(p), a, self._both_ways)
+                for p, a, want in zip(parts, lora, wants, strict=True)
+            ]
         )
+        return [np.array([np.argmax(o)], np.int32) if p.want is not w else o for p, w, o in zip(parts, wants, outputs, strict=True)]
 
     def ready(self, request: Request) -> bool:
         return not request.images or self.vision.encoded(request.images)

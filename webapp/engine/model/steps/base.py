@@ -12,7 +12,9 @@ no more drafted tokens a step than `drafted_limit` where one is set), after whic
 says how many of the slot's lanes were kept (a recurrent state then goes on from the nth, not from
 the last); `pages`, the cache is a paged pool whose blocks `block_rows` and `write_block_rows` move
 (the prefix store's contract); `spare_rows`, rows of recurrent state for drafted tokens (None: no
-recurrent layers). `prefill`, `decode`, `score`, `hidden`, `verify`, `prefill_and_decode` and
+recurrent layers); `picks`, a lane may want TOKEN (lanes.py: the argmax picked where the logits
+are, so a device's step reads back token ids, not rows; elsewhere the runner asks for LAST and
+picks on the host). `prefill`, `decode`, `score`, `hidden`, `verify`, `prefill_and_decode` and
 `prefill_and_verify` are `run` by shape, for the draft model, tests and benches. `takes_inputs`: a
 prompt lane's `inputs` (rows fed in place of token embeddings: an image's) are honoured; elsewhere
 such a lane is refused. `lora_table`: where set (kernels/lora_table.py, model/device_lora.py), a lane's `lora` adapter
@@ -45,6 +47,7 @@ class Steps:
     spare_rows: range | None = None  # rows of recurrent state for drafted tokens (None: no recurrent layers)
     pages: bool = False  # the KV cache is a paged pool's blocks, read through block tables, and `block_rows` moves them
     takes_inputs: bool = False  # a lane's `inputs` rows replace its tokens' embeddings (images)
+    picks: bool = False  # a lane may want TOKEN: its last logits' argmax, picked in the step
     lora_table = None  # the adapters a lane's `lora` names (a LoraTable or DeviceLoraTable), where lanes take them
 
     def __init__(self, model):

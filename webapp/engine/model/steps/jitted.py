@@ -8,7 +8,8 @@ Contract: a subclass gives `_prefill_piece(tokens, slot, start, piece, lora)` (t
 are rare next to generation, and a jit per piece would double warm-up) and `_decode_width(tokens,
 slots, positions, width, lora)` (lanes padded to `width` with the scratch slot; logits (len(tokens),
 vocab)). `lora` is None where no lane has an adapter, else the lane's (or each lane's) `Lane.lora`,
-which only a subclass with a `lora_table` is given.
+which only a subclass with a `lora_table` is given; `pick` (only where `picks` is set): the last
+logits' argmax, an int32 array (1,) from a piece and (len(tokens),) from a width, in place of the rows.
 """
 
 from __future__ import annotations
@@ -71,32 +72,39 @@ class JittedSteps(Steps):
         prompt's every logits row runs as one decode lane a token, each as generating it gives it."""
         assert self.takes_inputs or not any(lane.inputs for lane in lanes), "rows in place of embeddings: takes_inputs is not set"
         assert self.lora_table is not None or not any(lane.lora for lane in lanes), "an adapter's products: no lora_table here"
+        assert self.picks or not any(lane.want is Want.TOKEN for lane in lanes), "a lane wants TOKEN: `picks` is not set"
         if all(lane.decoding and len(lane.tokens) == 1 for lane in lanes):
             width = next(w for w in self.widths if w >= len(lanes))
             lora = [lane.lora for lane in lanes] if any(lane.lora for lane in lanes) else None
+            pick = all(lane.want is Want.TOKEN for lane in lanes)  # else the rows come back, and are picked here
             rows = self._decode_width(
-                [lane.tokens[0] for lane in lanes], [lane.slot for lane in lanes], [lane.start for lane in lanes], width, lora
+                [lane.tokens[0] for lane in lanes], [lane.slot for lane in lanes], [lane.start for lane in lanes], width, lora, pick
             )
-            return list(rows)
+            if pick:
+                return [rows[i : i + 1] for i in range(len(lanes))]
+            return [_argmax(row) if lane.want is Want.TOKEN else row for lane, row in zip(lanes, rows, strict=True)]
         if len(lanes) != 1 or lanes[0].decoding:
             raise NotImplementedError(f"{type(self).__name__} runs a decode step or one prompt chunk, neither mixed nor drafted")
         lane = lanes[0]
         tokens, slot, start, lora = list(lane.tokens), lane.slot, lane.start, lane.lora
-        if lane.want is Want.LAST:
-            return [self._by_pieces(lambda *piece: self._prefill_piece(*piece, lora), tokens, slot, start)[-1]]
+        if lane.want in (Want.LAST, Want.TOKEN):
+            pick = lane.want is Want.TOKEN
+            return [self._by_pieces(lambda *piece: self._prefill_piece(*piece, lora, pick), tokens, slot, start)[-1]]
         if lane.want is Want.HIDDEN:
             return [np.concatenate(self._by_pieces(lambda *piece: self._hidden_piece(*piece, lora), tokens, slot, start))]
         assert start + len(tokens) <= self.model.context
         each = None if lora is None else [lora]
         return [np.stack([self._decode_width([t], [slot], [start + i], 1, each)[0] for i, t in enumerate(tokens)])]
 
-    def _prefill_piece(self, tokens: list[int], slot: int, start: int, piece: int, lora=None) -> np.ndarray:
+    def _prefill_piece(self, tokens: list[int], slot: int, start: int, piece: int, lora=None, pick: bool = False) -> np.ndarray:
         raise NotImplementedError
 
     def _hidden_piece(self, tokens: list[int], slot: int, start: int, piece: int, lora=None) -> np.ndarray:
         raise NotImplementedError
 
-    def _decode_width(self, tokens: list[int], slots: list[int], positions: list[int], width: int, lora=None) -> np.ndarray:
+    def _decode_width(
+        self, tokens: list[int], slots: list[int], positions: list[int], width: int, lora=None, pick: bool = False
+    ) -> np.ndarray:
         raise NotImplementedError
 
     def warm_up(self, progress: Callable[[str], None]) -> None:
@@ -114,3 +122,8 @@ class JittedSteps(Steps):
             progress(f"warm-up: decode width {width} ready ({time.monotonic() - started:.1f} s)")
         for _ in range(2):
             self.copy_prefix(0, scratch, 1)
+
+
+def _argmax(row: np.ndarray) -> np.ndarray:
+    """A TOKEN lane's pick from its logits row, as a step that picks gives it."""
+    return np.array([np.argmax(row)], np.int32)

@@ -24,7 +24,7 @@ class KernelJitSteps(JittedSteps):
             jit = jits[size] = capturing_jit(self.model.forward_on_kernels)
         return jit
 
-    def _prefill_piece(self, tokens: list[int], slot: int, start: int, piece: int, lora=None) -> np.ndarray:
+    def _prefill_piece(self, tokens: list[int], slot: int, start: int, piece: int, lora=None, pick: bool = False) -> np.ndarray:
         n, b = len(tokens), self.buffers
         assert 0 < n <= piece
         padded = b.fill("prefill tokens", tokens + [0] * (piece - n), dtypes.int32)
@@ -38,7 +38,9 @@ class KernelJitSteps(JittedSteps):
         lanes = Tensor(np.array(prompt_lanes(slot, start, piece), dtype=np.int32))
         return self.model.hidden_on_kernels(padded, lanes).numpy()[:n]
 
-    def _decode_width(self, tokens: list[int], slots: list[int], positions: list[int], width: int, lora=None) -> np.ndarray:
+    def _decode_width(
+        self, tokens: list[int], slots: list[int], positions: list[int], width: int, lora=None, pick: bool = False
+    ) -> np.ndarray:
         n, b = len(tokens), self.buffers
         assert 0 < n <= width
         pad = width - n

@@ -29,6 +29,7 @@ ROWS_PIECE = 32  # a chunk with an image's rows runs as one piece, padded to a p
 class TinygradJitSteps(JittedSteps):
     how = "jitted, on tinygrad"
     takes_inputs = True  # a prompt chunk with rows runs whole (`_prefill_rows`)
+    picks = True  # a jit of its own a shape ends in the argmax: one id a lane read back, not a row
 
     def __init__(self, model, prefill_chunk: int):
         super().__init__(model, prefill_chunk)
@@ -37,9 +38,12 @@ class TinygradJitSteps(JittedSteps):
         self.v_length = UOp.variable("length", 1, model.context)
         self.lora_table = DeviceLoraTable(model)
 
-    def _jit(self, jits: dict, key, forward, lora: list | None, width: int) -> tuple:
-        """The jit of `forward` for `key`, and the inputs that go before its own: none without
-        adapters; with them, the jit that adds each lane's (`width` lanes) and their adapters and scales."""
+    def _jit(self, jits: dict, key, forward, lora: list | None, width: int, pick: bool = False) -> tuple:
+        """The jit of `forward` for `key` (of its argmax over the vocabulary, `pick`), and the inputs
+        that go before its own: none without adapters; with them, the jit that adds each lane's
+        (`width` lanes) and their adapters and scales."""
+        if pick:
+            forward, key = _picking(forward), ("pick", key)
         if lora is None:
             jit = jits.get(key)
             if jit is None:
@@ -71,8 +75,8 @@ class TinygradJitSteps(JittedSteps):
         """A prompt chunk holding rows in place of embeddings (an image's) as one jitted piece, so an
         image attended both ways sees all of itself: padded to a power of two (a multiple of
         ROWS_PIECE near the context's end, where the cache's spare positions end), a jit a size."""
-        if lane.want is not Want.LAST or lane.decoding:
-            raise NotImplementedError("rows in place of embeddings run in a prompt chunk wanting its last logits")
+        if lane.want not in (Want.LAST, Want.TOKEN) or lane.decoding:
+            raise NotImplementedError("rows in place of embeddings run in a prompt chunk wanting its last logits or pick")
         n, start, b = len(lane.tokens), lane.start, self.buffers
         spare = self.model.key_positions.shape[0] - start  # positions the cache holds from `start`
         piece = max(ROWS_PIECE, 1 << (n - 1).bit_length())
@@ -84,7 +88,8 @@ class TinygradJitSteps(JittedSteps):
             inputs[0, offset:end], given[0, offset:end], tokens[offset:end] = rows, 1.0, [0] * len(rows)
             if lane.inputs_both_ways:
                 last_keys[offset:end] = [start + end - 1] * len(rows)
-        jit, adapted = self._jit(self._prefill_jits, ("rows", piece), self.model.forward_prefill_rows, _one(lane.lora), 1)
+        forward, pick = self.model.forward_prefill_rows, lane.want is Want.TOKEN
+        jit, adapted = self._jit(self._prefill_jits, ("rows", piece), forward, _one(lane.lora), 1, pick)
         args = [
             *adapted,
             b.fill("rows tokens", [tokens], dtypes.int32),
@@ -92,15 +97,17 @@ class TinygradJitSteps(JittedSteps):
         ]
         args += [b.fill("rows inputs", inputs, dtypes.float32), b.fill("rows given", given, dtypes.float32)]
         args += [b.fill("rows last keys", last_keys, dtypes.int32)]
-        return b.read(jit(*args, self.v_slot.bind(lane.slot), self.v_start.bind(start)), 1)[0]
+        out = b.read(jit(*args, self.v_slot.bind(lane.slot), self.v_start.bind(start)), 1)
+        return out if pick else out[0]  # a pick (1,), or the row
 
-    def _prefill_piece(self, tokens: list[int], slot: int, start: int, piece: int, lora=None) -> np.ndarray:
+    def _prefill_piece(self, tokens: list[int], slot: int, start: int, piece: int, lora=None, pick: bool = False) -> np.ndarray:
         n, b = len(tokens), self.buffers
         assert 0 < n <= piece
-        jit, adapted = self._jit(self._prefill_jits, piece, self.model.forward_prefill, _one(lora), 1)
+        jit, adapted = self._jit(self._prefill_jits, piece, self.model.forward_prefill, _one(lora), 1, pick)
         last = b.fill("prefill last", [[float(i == n - 1) for i in range(piece)]], dtypes.float32)
         padded = b.fill("prefill tokens", [tokens + [0] * (piece - n)], dtypes.int32)
-        return b.read(jit(*adapted, padded, last, self.v_slot.bind(slot), self.v_start.bind(start)), 1)[0]
+        out = b.read(jit(*adapted, padded, last, self.v_slot.bind(slot), self.v_start.bind(start)), 1)
+        return out if pick else out[0]  # a pick (1,), or the row
 
     def _hidden_piece(self, tokens: list[int], slot: int, start: int, piece: int, lora=None) -> np.ndarray:
         n = len(tokens)
@@ -110,12 +117,14 @@ class TinygradJitSteps(JittedSteps):
         with self.lora_table.lanes(Tensor([lora[0]], dtype=dtypes.int32), Tensor([lora[1]], dtype=dtypes.float32)):
             return self.model.hidden_prefill(padded, self.v_slot.bind(slot), self.v_start.bind(start)).numpy()[:n]
 
-    def _decode_width(self, tokens: list[int], slots: list[int], positions: list[int], width: int, lora=None) -> np.ndarray:
+    def _decode_width(
+        self, tokens: list[int], slots: list[int], positions: list[int], width: int, lora=None, pick: bool = False
+    ) -> np.ndarray:
         n, b = len(tokens), self.buffers
         assert 0 < n <= width
         pad = width - n
         tokens, slots, positions = tokens + [0] * pad, slots + [self.model.slots] * pad, positions + [0] * pad
-        jit, adapted = self._jit(self._decode_jits, width, self.model.forward_decode, lora, width)
+        jit, adapted = self._jit(self._decode_jits, width, self.model.forward_decode, lora, width, pick)
         assert all(0 <= s <= self.model.slots for s in slots) and all(0 <= p < self.model.context for p in positions)
         tokens_in = b.fill("decode tokens", tokens, dtypes.int32)
         positions_in = b.fill("decode positions", positions, dtypes.int32)
@@ -124,16 +133,27 @@ class TinygradJitSteps(JittedSteps):
 
     def warm_up(self, progress) -> None:
         super().warm_up(progress)
-        if self.lora_table.loaded:  # adapters loaded with the model: their steps compiled now, not on a first request
-            progress("warm-up: the steps with LoRA adapters")
-            lora = [(0, 0.0)]
+        # the steps that pick, and with adapters loaded with the model theirs: compiled now, not on a first request
+        variants = [(None, True)] + ([((0, 0.0), False), ((0, 0.0), True)] if self.lora_table.loaded else [])
+        progress("warm-up: the steps that pick" + (", and those with LoRA adapters" if len(variants) > 1 else ""))
+        scratch = self.model.slots
+        for lora, pick in variants:
             for piece in self.pieces:
                 for _ in range(2):
-                    self._prefill_piece([0] * piece, self.model.slots, 0, piece, lora[0])
+                    self._prefill_piece([0] * piece, scratch, 0, piece, lora, pick)
             for width in self.widths:
                 for _ in range(2):
-                    self._decode_width([0], [self.model.slots], [0], width, lora)
+                    self._decode_width([0], [scratch], [0], width, _one(lora), pick)
 
 
 def _one(lora: tuple[int, float] | None) -> list | None:
     return None if lora is None else [lora]
+
+
+def _picking(forward):
+    """`forward`, its logits (lanes, vocab) turned into each lane's argmax, int32 (lanes,)."""
+
+    def picked(*args):
+        return forward(*args).argmax(-1).cast(dtypes.int32).realize()
+
+    return picked
