@@ -74,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     steps, (index, scale) = loaded.runner.steps, loaded.adapters.choose("adapter").lane
     totals = np.zeros(6, np.int64)
     print(f"\nModel: {os.path.basename(path)}; adapter rank {args.rank}, alpha {args.alpha:g}, values N(0, {args.size:g}), float16;")
-    print(f"steps: {steps.how}; machine: {platform.machine()}, {usable_cores()} usable cores; decided: our top-two gap >= {DECIDED} logits\n")
+    print(
+        f"steps: {steps.how}; machine: {platform.machine()}, {usable_cores()} usable cores; decided: our top-two gap >= {DECIDED} logits\n"
+    )
     print(
         "| prompt | llama.cpp tokens | same top-1 with the adapter | decided | same where decided "
         "| our top-1 without the adapter | ours at scale x1.001, same as ours |"
