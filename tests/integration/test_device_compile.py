@@ -69,7 +69,9 @@ def test_a_decode_steps_kernels_do_not_grow_with_its_lanes(compiled):
     tensor-core path adds one kernel each, at every width above it alike."""
     kernels = {int(width): step["kernels"] for width, step in compiled["decode"].items()}
     assert kernels[1] == kernels[8] and kernels[32] == kernels[64]
-    assert kernels[8] <= 15 * LAYERS + 10  # the issue's aim is 10 a layer + 10: softmax and norms are kernels of their own
+    # the issue's aim is 10 a layer + 10: the scores' maximum and each norm's sum of squares are
+    # kernels of their own, as is the keys' and values' rotation before their rows are written
+    assert kernels[8] <= 11 * LAYERS + 10
 
 
 def test_a_greedy_decode_step_reads_back_an_id_a_lane(compiled):

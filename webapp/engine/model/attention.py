@@ -27,7 +27,7 @@ from webapp.engine.kernels.abi import AttendFlag
 from webapp.engine.model.config import ModelConfig
 from webapp.engine.model.kv_types import KvPool, KvRows, cache_positions
 from webapp.engine.model.lane_rows import lane_rows, write_lane_rows
-from webapp.engine.model.ops import rms_norm, rope
+from webapp.engine.model.ops import attended, rms_norm, rope
 from webapp.engine.model.products import after_norm, float32_buffer, float32_values
 from webapp.engine.model.weights import BlockLinear, WeightSource
 
@@ -165,12 +165,8 @@ class Attention:
         q = q.reshape(B, c.n_kv_heads, group, T, Hd)
         scores = q @ k.transpose(-1, -2) * c.score_scale  # (B, KvH, group, T, S)
         scores = scores + mask.unsqueeze(1).unsqueeze(1)
-        if c.sinks:  # one more score a head, weighing no value
-            sinks = self.w["attn_sinks.weight"].float().reshape(1, c.n_kv_heads, group, 1, 1).expand(B, c.n_kv_heads, group, T, 1)
-            probs = scores.cat(sinks, dim=-1).softmax(-1)[..., :-1]
-        else:
-            probs = scores.softmax(-1)
-        out = (probs @ v).reshape(B, H, T, Hd)
+        sinks = self.w["attn_sinks.weight"].float().reshape(1, c.n_kv_heads, group, 1, 1) if c.sinks else None
+        out = attended(scores, v, sinks).reshape(B, H, T, Hd)
         return out.transpose(1, 2).reshape(B, T, H * Hd)
 
     def on_kernels(self, x: Tensor, norm: Tensor, lanes: Tensor, inv_freq: Tensor) -> Tensor:
@@ -204,7 +200,7 @@ class Attention:
         q, k, v = self._qkv(n)
         if self.rotates:
             q, k = rope(q, *rotary), rope(k, *rotary)
-        q = q.cast(n.dtype).contiguous()
+        q = q.cast(n.dtype)  # its rotation computed where the scores read it: no kernel of its own
         rows = self.kv_type.store(Tensor.stack(k[:, :, 0], v[:, :, 0]))  # (2, B, KvH, row)
         cache = write_lane_rows(self.cache, rows, slots, positions)
         group = self.c.n_heads // self.c.n_kv_heads

@@ -25,7 +25,7 @@ from webapp.engine.kernels.abi import AttendFlag
 from webapp.engine.kernels.block_weight import BlockWeight
 from webapp.engine.model.attention import Attention
 from webapp.engine.model.lane_rows import lane_rows, write_lane_rows
-from webapp.engine.model.ops import rms_norm, rope
+from webapp.engine.model.ops import attended, rms_norm, rope
 from webapp.engine.model.products import float32_buffer
 from webapp.engine.model.weights import BlockLinear, WeightSource
 
@@ -103,7 +103,7 @@ class LatentAttention(Attention):
         """queries (B, H, T, R+L) over key rows (B, H or 1, S, R+L) (repeated over the heads or
         broadcast: lane_rows.py), an additive mask (B or 1, T, S) -> (B, T, H, L)."""
         scores = queries @ keys.transpose(-1, -2) * self.c.score_scale + mask.unsqueeze(1)
-        out = scores.softmax(-1) @ keys[..., self.c.latent.rope :]  # (B, H, T, L)
+        out = attended(scores, keys[..., self.c.latent.rope :])  # (B, H, T, L)
         return out.transpose(1, 2)
 
     def _queries_and_key(self, n: Tensor, rotary: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:

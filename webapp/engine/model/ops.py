@@ -1,4 +1,5 @@
-"""Tensor operations the layers share on tinygrad's path: RMS norm and rotary position embedding."""
+"""Tensor operations the layers share on tinygrad's path: RMS norm, rotary position embedding, and
+attention's softmax-weighted sum of values."""
 
 from __future__ import annotations
 
@@ -29,3 +30,20 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         return rope(x[..., : 2 * half], cos, sin).cat(x[..., 2 * half :], dim=-1)
     x1, x2 = x[..., :half], x[..., half:]
     return (x1 * cos - x2 * sin).cat(x2 * cos + x1 * sin, dim=-1)
+
+
+def attended(scores: Tensor, values: Tensor, sinks: Tensor | None = None) -> Tensor:
+    """softmax(scores) @ values over the last axis of scores (..., T, S) and the rows of values
+    (..., S, V), with `sinks` (broadcast to (..., T, 1)) as one more score a row that weighs no
+    value where given. The softmax's denominator comes out of the values' product, as one more
+    column of values all ones, and the division follows it, so neither the weights' sum nor their
+    division is a kernel of its own."""
+    top = scores.max(-1, keepdim=True)
+    if sinks is not None:
+        top = top.maximum(sinks.cast(top.dtype))
+    width = values.shape[-1]
+    summed = (scores - top).exp() @ values.pad(((0, 0),) * (values.ndim - 1) + ((0, 1),), value=1.0)  # (..., T, V + 1)
+    total = summed[..., width:]
+    if sinks is not None:
+        total = total + (sinks.cast(top.dtype) - top).exp().cast(total.dtype)
+    return summed[..., :width] / total
