@@ -89,6 +89,8 @@ def test_a_wider_adapter_lays_the_stacks_out_again_and_unloading_zeroes_its_inde
     before = table.generation
     adapters.add(read_adapter(files[2]))  # rank 40 > the stacks' 16, and k and down, which none changed
     assert table.generation == before + 1 and {s.rank for s in table.stacks.values()} == {64}
+    held = sum(a["bytes"] for a in adapters.listing())
+    assert adapters.nbytes == held + table.device_bytes and table.device_bytes > held  # 4 adapters of rank 64 a product
     for name, scale in [("wide", 1.0), ("qv", 0.5), ("all", 2.0)]:
         got = steps.run([Lane(0, 0, PROMPT, Want.ALL, lora=adapters.choose(name, scale).lane)])[0]
         assert off_by(got, merged(files, name, scale, PROMPT)) < CLOSE, name

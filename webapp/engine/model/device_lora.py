@@ -106,6 +106,11 @@ class DeviceLoraTable:
     def loaded(self) -> bool:
         return bool(self._fitted)
 
+    @property
+    def device_bytes(self) -> int:
+        """The stacks' bytes on the device (the fitted matrices they were written from stay on the host)."""
+        return sum(stack.a.nbytes() + sum(bt.nbytes() for bt in stack.bt) for stack in self.stacks.values())
+
     def add(self, fitted: list[list[FittedProduct | None]]) -> int:
         if len(fitted) != len(self.model.blocks):
             raise ValueError(f"an adapter for {len(fitted)} layers, not this model's {len(self.model.blocks)}")

@@ -83,7 +83,10 @@ class Adapters:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self._loaded.values())
+        """What the adapters take: their fitted matrices, and on tinygrad's path the device's stacks
+        (padded to their rank and count) beside them."""
+        held = sum(a.nbytes for a in self._loaded.values())
+        return held + getattr(self._table, "device_bytes", 0)
 
     def add(self, adapter) -> Loaded:
         """Fit `adapter` (model/lora.AdapterFile) to the model and load it; ValueError where it does not fit."""
