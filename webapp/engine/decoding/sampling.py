@@ -3,7 +3,7 @@
 Contract: the engine makes one `RequestSampler(params, prompt_ids, constraint)` when a request is
 admitted; only the model thread uses it. `choose(logits)` returns `(token, TokenLogprobs | None)`
 for one (vocab,) row; where `picks_greedily`, a step may pick the argmax itself, and `picked(token)`
-takes it as `choose` would have. Each request has its own state (random generator from `seed`, token counts,
+takes it as `choose` would have (`take(output)`: either, by what the step gave). Each request has its own state (random generator from `seed`, token counts,
 grammar matcher) and nothing reads another row, so a request samples the same tokens whatever
 shares its batched step: a constrained request and free ones can run in one step.
 
@@ -187,6 +187,10 @@ class RequestSampler:
         assert self.picks_greedily
         self._record(token, 0)
         return token, None
+
+    def take(self, output: np.ndarray) -> tuple[int, TokenLogprobs | None]:
+        """`choose` for a step's output: a logits row, or a TOKEN lane's pick (an int32 array (1,))."""
+        return self.picked(int(output[0])) if output.dtype.kind == "i" else self.choose(output)
 
     @property
     def _adjusts(self) -> bool:

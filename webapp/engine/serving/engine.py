@@ -319,10 +319,7 @@ class Engine:
 
     def _sample(self, request: Request, logits: np.ndarray) -> None:
         try:
-            if logits.dtype.kind == "i":  # a TOKEN part's pick, made in the step (sampling.RequestSampler.picks_greedily)
-                token, logprobs = request.sampler.picked(int(logits[0]))
-            else:
-                token, logprobs = request.sampler.choose(logits)
+            token, logprobs = request.sampler.take(logits)
         except Exception as e:  # a grammar that broke: only this request fails
             self._fail([request], e)
             return
