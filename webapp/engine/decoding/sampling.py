@@ -3,9 +3,10 @@
 Contract: the engine makes one `RequestSampler(params, prompt_ids, constraint)` when a request is
 admitted; only the model thread uses it. `choose(logits)` returns `(token, TokenLogprobs | None)`
 for one (vocab,) row; where `picks_greedily`, a step may pick the argmax itself, and `picked(token)`
-takes it as `choose` would have (`take(output)`: either, by what the step gave). Each request has its own state (random generator from `seed`, token counts,
-grammar matcher) and nothing reads another row, so a request samples the same tokens whatever
-shares its batched step: a constrained request and free ones can run in one step.
+takes it as `choose` would have (`take(output)`: either, by what the step gave). Each request has
+its own state (random generator from `seed`, token counts, grammar matcher) and nothing reads
+another row, so a request samples the same tokens whatever shares its batched step: a constrained
+request and free ones can run in one step.
 
 The row goes through, in this order (as vLLM and Hugging Face do):
 1. `logit_bias`: added to the named tokens' logits;

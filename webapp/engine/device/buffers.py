@@ -30,20 +30,25 @@ _DTYPES = {
 
 
 def device_array(array: np.ndarray) -> Tensor:
-    """A realized tensor holding `array` (uint8, int32, int64, uint64, float16 or float32), copied straight into its buffer.
-    Safe inside a jit's capture too: nothing is scheduled, so the jit has no host copy to replay."""
+    """A realized tensor holding `array` (uint8, int32, int64, uint64, float16 or float32), copied
+    straight into its buffer. Safe inside a jit's capture too: nothing is scheduled, so the jit has
+    no host copy to replay."""
     tensor = Tensor.empty(*array.shape, dtype=_DTYPES[array.dtype]).realize()
-    overwrite(tensor, array)
+    _copy_in(tensor, array)
     return tensor
 
 
 def overwrite(tensor: Tensor, array: np.ndarray) -> None:
-    """Copy `array` into a realized tensor's buffer, the same shape and dtype, in place: a jit that
-    reads the tensor reads the new values (the device waits for its work first)."""
+    """Copy `array` into a realized tensor's buffer, the same shape and dtype, in place, once the
+    device's queued work is done: a jit that reads the tensor reads the new values."""
     assert tensor.shape == array.shape and _DTYPES[array.dtype] == tensor.dtype
+    Device[tensor.device].synchronize()
+    _copy_in(tensor, array)
+
+
+def _copy_in(tensor: Tensor, array: np.ndarray) -> None:
     buffer = tensor.uop.base.buffer.ensure_allocated()
     source = np.require(array, requirements=["C", "W"])  # the copy-in wants a writable buffer, not the file's map
-    Device[tensor.device].synchronize()
     buffer.allocator._copyin(buffer._buf, memoryview(source).cast("B"))
 
 

@@ -1,8 +1,8 @@
 """The LoRA adapters a loaded model serves (LLM_LORA_DIR), and a request's choice of one.
 
 Contract: `Adapters(fit, table, read)` holds the adapters fitted to one model (`fit(AdapterFile)`
-gives model/lora.py's layout, `table` is the steps' `lora_table`: kernels/lora_table.py's or model/device_lora.py's, `read(path, name)`
-model/lora.read_adapter); `add(file)` loads one under its name, `from_folder(folder)` every `*.gguf`
+gives model/lora.py's layout, `table` is the steps' `lora_table`, kernels/lora_table.py's or
+model/device_lora.py's, `read(path, name)` model/lora.read_adapter); `add(file)` loads one under its name, `from_folder(folder)` every `*.gguf`
 of a folder, `names` and `listing()` say what is loaded, `choose(name, scale)` gives a request's
 `LoraUse` or raises `UnknownAdapter`; `listing_of(engine)` lists an engine's, empty while it loads.
 Whatever changes the table runs on the model thread, between steps: at load, and at run time

@@ -17,9 +17,9 @@ are, so a device's step reads back token ids, not rows; elsewhere the runner ask
 picks on the host). `prefill`, `decode`, `score`, `hidden`, `verify`, `prefill_and_decode` and
 `prefill_and_verify` are `run` by shape, for the draft model, tests and benches. `takes_inputs`: a
 prompt lane's `inputs` (rows fed in place of token embeddings: an image's) are honoured; elsewhere
-such a lane is refused. `lora_table`: where set (kernels/lora_table.py, model/device_lora.py), a lane's `lora` adapter
-adds its low-rank products to the lane's; elsewhere a lane with one is refused. `copy_prefix(source,
-target, length)` copies K/V rows between slots; `warm_up(progress)` compiles what the steps will run
+such a lane is refused. `lora_table`: where set (kernels/lora_table.py, model/device_lora.py), a
+lane's `lora` adapter adds its low-rank products to the lane's; elsewhere a lane with one is
+refused. `copy_prefix(source, target, length)` copies K/V rows between slots; `warm_up(progress)` compiles what the steps will run
 (and, where `speculates`, times `verify_seconds`, what drafted lanes cost: decoding/drafts.py). `how`
 says in words how a step runs, for the start-up log; `tunable` is whether tinygrad's BEAM search
 (`make tune`) can change any kernel a step runs. All outputs are float32 NumPy arrays.

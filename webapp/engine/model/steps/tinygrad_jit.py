@@ -15,6 +15,8 @@ read no adapter.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 from tinygrad import Tensor, UOp, dtypes
 
@@ -112,9 +114,8 @@ class TinygradJitSteps(JittedSteps):
     def _hidden_piece(self, tokens: list[int], slot: int, start: int, piece: int, lora=None) -> np.ndarray:
         n = len(tokens)
         padded = Tensor(np.array([tokens + [0] * (piece - n)], dtype=np.int32))
-        if lora is None:
-            return self.model.hidden_prefill(padded, self.v_slot.bind(slot), self.v_start.bind(start)).numpy()[:n]
-        with self.lora_table.lanes(Tensor([lora[0]], dtype=dtypes.int32), Tensor([lora[1]], dtype=dtypes.float32)):
+        lanes = (Tensor([lora[0]], dtype=dtypes.int32), Tensor([lora[1]], dtype=dtypes.float32)) if lora else None
+        with self.lora_table.lanes(*lanes) if lanes else nullcontext():
             return self.model.hidden_prefill(padded, self.v_slot.bind(slot), self.v_start.bind(start)).numpy()[:n]
 
     def _decode_width(
