@@ -188,6 +188,7 @@ def tiny_engine_server(
             yield engine, srv
     finally:
         engine.stop(5)
+        use_tinygrad_from_this_thread()  # the model thread opened tinygrad's cache connection: the next user reopens it
 
 
 # --- requests over a real connection -----------------------------------------------------------------
