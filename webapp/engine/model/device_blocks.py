@@ -45,6 +45,11 @@ def dequantized(blocks: Tensor, ggml_type: int, rows: int, cols: int) -> Tensor:
     return ggml_data_to_tensor(blocks.flatten(), rows * cols, ggml_type).reshape(rows, cols)
 
 
+def on_tensor_cores(x: Tensor) -> bool:
+    """Whether a product of x (..., cols) runs on tensor cores: float16 rows, at least TENSOR_CORE_ROWS of them."""
+    return x.dtype == dtypes.float16 and x.numel() // x.shape[-1] >= TENSOR_CORE_ROWS
+
+
 class DeviceBlockLinear:
     """y = x @ W.T over W's blocks on the device, dequantized to the activations' dtype inside the product."""
 
@@ -60,7 +65,7 @@ class DeviceBlockLinear:
     def __call__(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
         # a few lanes, or float32 activations (a device without float16 arithmetic has no tensor cores
         # either): the blocks read in the product
-        if x.dtype != dtypes.float16 or x.numel() // self.cols < TENSOR_CORE_ROWS:
+        if not on_tensor_cores(x):
             return x.linear(self.matrix(x.dtype).T, bias)
         # x, too, a buffer of its own: a norm fused into the product's input keeps it off the tensor cores
         y = x.contiguous() @ self.matrix(dtypes.float16).contiguous().T

@@ -24,11 +24,11 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import numpy as np
-from tinygrad import Tensor, dtypes
+from tinygrad import Tensor
 
 from webapp.engine.device.buffers import device_array, overwrite
 from webapp.engine.kernels.abi import LORA_MAX_ADAPTERS
-from webapp.engine.model.device_blocks import TENSOR_CORE_ROWS
+from webapp.engine.model.device_blocks import on_tensor_cores
 from webapp.engine.model.lora import ALL_TARGETS, FittedProduct
 
 SMALLEST_RANK = 8  # stacks' rank at least this: adapters of ranks 1..8 share one layout
@@ -42,7 +42,7 @@ class ProductStack:
     """One product's adapters on the device (the module's layout)."""
 
     def __init__(self, rows: tuple[int, ...], cols: int, capacity: int, rank: int, a_dtype):
-        self.rows, self.cols, self.capacity, self.rank = rows, cols, capacity, rank
+        self.capacity, self.rank = capacity, rank
         self.a = device_array(np.zeros((capacity, len(rows) * rank, cols), a_dtype))
         self.bt = [device_array(np.zeros((capacity, rank, r), np.float32)) for r in rows]
 
@@ -81,7 +81,7 @@ class AdaptedProduct:
         lanes = self.table.current
         if lanes is None:
             return y
-        if x.dtype == dtypes.float16 and x.numel() // x.shape[-1] >= TENSOR_CORE_ROWS:
+        if on_tensor_cores(x):
             y = y.contiguous()  # the product alone in its kernel, on tensor cores: the low-rank one's reduce fused in keeps it off them
         return y + self.table.stacks[self.key].delta(x, *lanes).cast(y.dtype)
 

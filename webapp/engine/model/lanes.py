@@ -23,6 +23,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 
 class Want(enum.Enum):
     LAST = "last"
@@ -56,3 +58,8 @@ class Lane:
 def decode_lanes(tokens: Sequence[int], slots: Sequence[int], positions: Sequence[int]) -> list[Lane]:
     """A decode step's lanes: each sequence's one token at its position."""
     return [Lane(s, p, [t], Want.LAST, decoding=True) for t, s, p in zip(tokens, slots, positions, strict=True)]
+
+
+def pick_of(row: np.ndarray) -> np.ndarray:
+    """A TOKEN lane's output from its last logits row: their argmax, an int32 array (1,)."""
+    return np.array([np.argmax(row)], np.int32)

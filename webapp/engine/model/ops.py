@@ -40,10 +40,11 @@ def attended(scores: Tensor, values: Tensor, sinks: Tensor | None = None) -> Ten
     division is a kernel of its own."""
     top = scores.max(-1, keepdim=True)
     if sinks is not None:
-        top = top.maximum(sinks.cast(top.dtype))
+        sinks = sinks.cast(top.dtype)
+        top = top.maximum(sinks)
     width = values.shape[-1]
     summed = (scores - top).exp() @ values.pad(((0, 0),) * (values.ndim - 1) + ((0, 1),), value=1.0)  # (..., T, V + 1)
     total = summed[..., width:]
     if sinks is not None:
-        total = total + (sinks.cast(top.dtype) - top).exp().cast(total.dtype)
+        total = total + (sinks - top).exp().cast(total.dtype)
     return summed[..., :width] / total

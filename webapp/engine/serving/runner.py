@@ -20,7 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from webapp.engine.decoding.sampling import score_prompt
-from webapp.engine.model.lanes import Lane, Want
+from webapp.engine.model.lanes import Lane, Want, pick_of
 from webapp.engine.serving import pooling
 from webapp.engine.serving.request import Request
 
@@ -169,7 +169,7 @@ class ModelRunner:
                 for p, a, want in zip(parts, lora, wants, strict=True)
             ]
         )
-        return [np.array([np.argmax(o)], np.int32) if p.want is not w else o for p, w, o in zip(parts, wants, outputs, strict=True)]
+        return [pick_of(o) if p.want is not w else o for p, w, o in zip(parts, wants, outputs, strict=True)]
 
     def ready(self, request: Request) -> bool:
         return not request.images or self.vision.encoded(request.images)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from webapp.engine.device.buffers import StepBuffers
-from webapp.engine.model.lanes import Lane, Want
+from webapp.engine.model.lanes import Lane, Want, pick_of
 from webapp.engine.model.steps.base import Steps
 
 # Prompt tokens per compiled prefill call: the bulk of a chunk in 32-token pieces, its remainder in
@@ -82,7 +82,7 @@ class JittedSteps(Steps):
             )
             if pick:
                 return [rows[i : i + 1] for i in range(len(lanes))]
-            return [_argmax(row) if lane.want is Want.TOKEN else row for lane, row in zip(lanes, rows, strict=True)]
+            return [pick_of(row) if lane.want is Want.TOKEN else row for lane, row in zip(lanes, rows, strict=True)]
         if len(lanes) != 1 or lanes[0].decoding:
             raise NotImplementedError(f"{type(self).__name__} runs a decode step or one prompt chunk, neither mixed nor drafted")
         lane = lanes[0]
@@ -93,8 +93,7 @@ class JittedSteps(Steps):
         if lane.want is Want.HIDDEN:
             return [np.concatenate(self._by_pieces(lambda *piece: self._hidden_piece(*piece, lora), tokens, slot, start))]
         assert start + len(tokens) <= self.model.context
-        each = None if lora is None else [lora]
-        return [np.stack([self._decode_width([t], [slot], [start + i], 1, each)[0] for i, t in enumerate(tokens)])]
+        return [np.stack([self._decode_width([t], [slot], [start + i], 1, one_lane(lora))[0] for i, t in enumerate(tokens)])]
 
     def _prefill_piece(self, tokens: list[int], slot: int, start: int, piece: int, lora=None, pick: bool = False) -> np.ndarray:
         raise NotImplementedError
@@ -107,23 +106,30 @@ class JittedSteps(Steps):
     ) -> np.ndarray:
         raise NotImplementedError
 
+    def warm_variants(self) -> list[tuple[tuple[int, float] | None, bool]]:
+        """The (lora, pick) variants of every piece and width that warm-up compiles: the plain ones here."""
+        return [(None, False)]
+
     def warm_up(self, progress: Callable[[str], None]) -> None:
         started = time.monotonic()
         progress(f"warm-up: compiling prefill pieces {self.pieces} and decode widths {self.widths}")
         scratch = self.model.slots
-        # the jits capture on the first call; the second call checks the replay
-        for piece in self.pieces:
-            for _ in range(2):
-                self._prefill_piece([0] * piece, scratch, 0, piece)
-        progress(f"warm-up: prefill ready ({time.monotonic() - started:.1f} s)")
-        for width in self.widths:
-            for _ in range(2):
-                self._decode_width([0], [scratch], [0], width)
-            progress(f"warm-up: decode width {width} ready ({time.monotonic() - started:.1f} s)")
+        for lora, pick in self.warm_variants():
+            label = ", ".join(["with a LoRA adapter"] * (lora is not None) + ["picking"] * pick)
+            label = f" ({label})" if label else ""
+            # the jits capture on the first call; the second call checks the replay
+            for piece in self.pieces:
+                for _ in range(2):
+                    self._prefill_piece([0] * piece, scratch, 0, piece, lora, pick)
+            progress(f"warm-up: prefill{label} ready ({time.monotonic() - started:.1f} s)")
+            for width in self.widths:
+                for _ in range(2):
+                    self._decode_width([0], [scratch], [0], width, one_lane(lora), pick)
+                progress(f"warm-up: decode width {width}{label} ready ({time.monotonic() - started:.1f} s)")
         for _ in range(2):
             self.copy_prefix(0, scratch, 1)
 
 
-def _argmax(row: np.ndarray) -> np.ndarray:
-    """A TOKEN lane's pick from its logits row, as a step that picks gives it."""
-    return np.array([np.argmax(row)], np.int32)
+def one_lane(lora: tuple[int, float] | None) -> list | None:
+    """`_decode_width`'s `lora` for one lane's adapter (None: none)."""
+    return None if lora is None else [lora]

@@ -23,7 +23,7 @@ from tinygrad import Tensor, UOp, dtypes
 from webapp.engine.model.device_lora import DeviceLoraTable
 from webapp.engine.model.lanes import Lane, Want
 from webapp.engine.model.steps.base import capturing_jit
-from webapp.engine.model.steps.jitted import JittedSteps
+from webapp.engine.model.steps.jitted import JittedSteps, one_lane
 
 ROWS_PIECE = 32  # a chunk with an image's rows runs as one piece, padded to a power of two from this
 
@@ -91,7 +91,7 @@ class TinygradJitSteps(JittedSteps):
             if lane.inputs_both_ways:
                 last_keys[offset:end] = [start + end - 1] * len(rows)
         forward, pick = self.model.forward_prefill_rows, lane.want is Want.TOKEN
-        jit, adapted = self._jit(self._prefill_jits, ("rows", piece), forward, _one(lane.lora), 1, pick)
+        jit, adapted = self._jit(self._prefill_jits, ("rows", piece), forward, one_lane(lane.lora), 1, pick)
         args = [
             *adapted,
             b.fill("rows tokens", [tokens], dtypes.int32),
@@ -105,7 +105,7 @@ class TinygradJitSteps(JittedSteps):
     def _prefill_piece(self, tokens: list[int], slot: int, start: int, piece: int, lora=None, pick: bool = False) -> np.ndarray:
         n, b = len(tokens), self.buffers
         assert 0 < n <= piece
-        jit, adapted = self._jit(self._prefill_jits, piece, self.model.forward_prefill, _one(lora), 1, pick)
+        jit, adapted = self._jit(self._prefill_jits, piece, self.model.forward_prefill, one_lane(lora), 1, pick)
         last = b.fill("prefill last", [[float(i == n - 1) for i in range(piece)]], dtypes.float32)
         padded = b.fill("prefill tokens", [tokens + [0] * (piece - n)], dtypes.int32)
         out = b.read(jit(*adapted, padded, last, self.v_slot.bind(slot), self.v_start.bind(start)), 1)
@@ -132,23 +132,10 @@ class TinygradJitSteps(JittedSteps):
         slots_in = b.fill("decode slots", slots, dtypes.int32)
         return b.read(jit(*adapted, tokens_in, positions_in, slots_in, self.v_length.bind(max(positions) + 1)), n)
 
-    def warm_up(self, progress) -> None:
-        super().warm_up(progress)
-        # the steps that pick, and with adapters loaded with the model theirs: compiled now, not on a first request
-        variants = [(None, True)] + ([((0, 0.0), False), ((0, 0.0), True)] if self.lora_table.loaded else [])
-        progress("warm-up: the steps that pick" + (", and those with LoRA adapters" if len(variants) > 1 else ""))
-        scratch = self.model.slots
-        for lora, pick in variants:
-            for piece in self.pieces:
-                for _ in range(2):
-                    self._prefill_piece([0] * piece, scratch, 0, piece, lora, pick)
-            for width in self.widths:
-                for _ in range(2):
-                    self._decode_width([0], [scratch], [0], width, _one(lora), pick)
-
-
-def _one(lora: tuple[int, float] | None) -> list | None:
-    return None if lora is None else [lora]
+    def warm_variants(self) -> list[tuple[tuple[int, float] | None, bool]]:
+        """The steps that pick too, and, with adapters loaded with the model, theirs: compiled now, not on a first request."""
+        adapted = [((0, 0.0), False), ((0, 0.0), True)] if self.lora_table.loaded else []
+        return [(None, False), (None, True), *adapted]
 
 
 def _picking(forward):
