@@ -6,7 +6,7 @@ Usage: .venv/bin/python bench/shaped_model.py SHAPE OUT.gguf [--type Q4_K_M] [--
 
 Writes OUT as float16 matrices (float32 norms) with SHAPE's widths, depth, heads, QK-norm and tied
 embedding (Llama 3.2 shapes with their rope_freqs.weight), and the default model's tokenizer (its 49,152-token vocabulary stands in for the real
-one, as the issue's repro did). With --type, llama.cpp's own `llama-quantize` then turns it into that
+one, as the issue's repro did; for Qwen2.5-VL three of its control tokens spelled as Qwen's image tokens). With --type, llama.cpp's own `llama-quantize` then turns it into that
 block mix (Q4_K_M, Q5_K_M, Q6_K, Q8_0, Q4_0, IQ4_XS, ...), as users' downloads are made, and the
 float16 file is removed. Random weights give flat logits, so the final norm is scaled (x6) to make
 greedy choices decided rather than coin flips. With --predictable, the embedding is large and the
@@ -67,6 +67,8 @@ SHAPES = {
     "qwen3.5-2b": ("qwen35", 24, 2048, 6144, 8, 2, 256, True, 1e7),
     "qwen3.5-4b": ("qwen35", 32, 2560, 9216, 16, 4, 256, True, 1e7),
     "qwen3.5-35b-a3b": ("qwen35moe", 40, 2048, 512, 16, 2, 256, False, 1e7),
+    # Qwen2.5-VL-3B's language model: Qwen2.5-3B's shapes with M-RoPE (MROPE_SECTIONS)
+    "qwen2.5-vl-3b": ("qwen2vl", 36, 2048, 11008, 16, 2, 128, True, 1e6),
 }
 # Gated DeltaNet's sizes: (conv kernel, a head's state, key heads, value heads, every n-th layer full attention)
 RECURRENT = {"qwen3.5-0.8b": (4, 128, 16, 16, 4), "qwen3.5-2b": (4, 128, 16, 16, 4), "qwen3.5-4b": (4, 128, 16, 32, 4)}
@@ -77,6 +79,12 @@ LATENT = dict.fromkeys(("deepseek-v2-lite", "deepseek-v2-lite-dense", "moonlight
 # original context and attention factor (sqrt(1 + ln(131072 / 4096) / ln(4096)), as its converter writes it)
 PARTIAL_ROTARY = {"phi4-mini": (96, 4096, 1.190238), "glm4.5-air": (64, None, None)}
 PARTIAL_ROTARY |= dict.fromkeys(("qwen3.5-0.8b", "qwen3.5-2b", "qwen3.5-4b", "qwen3.5-35b-a3b"), (64, None, None))
+# M-RoPE's sections (rope.dimension_sections), in pairs of a head's values: the first turned by a
+# token's time, the next by its row, the next by its column (an image's tokens; text's all alike)
+MROPE_SECTIONS = {"qwen2.5-vl-3b": [16, 24, 24, 0]}
+# the tokens llama.cpp's mtmd and our loader look up around an image (Qwen2-VL's), spelled over
+# control tokens of the default model's vocabulary that no prompt here uses
+VISION_TOKENS = {"qwen2.5-vl-3b": {3: "<|vision_start|>", 4: "<|vision_end|>", 5: "<|image_pad|>"}}
 # mixture-of-experts shapes: (experts, used a token, each one's FFN)
 EXPERTS = {"qwen3-30b-a3b": (128, 8, 768), "gpt-oss-20b": (32, 4, 2880), "olmoe-1b-7b": (64, 8, 1024), "qwen1.5-moe-a2.7b": (60, 4, 1408)}
 EXPERTS |= {"glm4.5-air": (128, 8, 1408), "deepseek-v2-lite": (64, 6, 1408), "moonlight-16b-a3b": (64, 6, 1408)}
@@ -170,6 +178,8 @@ def write_shaped(
     if original:
         w.add_uint32(f"{arch}.rope.scaling.original_context_length", original)
         w.add_float32(f"{arch}.rope.scaling.attn_factor", attn_factor)
+    if shape in MROPE_SECTIONS:
+        w.add_array(f"{arch}.rope.dimension_sections", MROPE_SECTIONS[shape])
     if shape in SLIDING_WINDOW:
         w.add_sliding_window(SLIDING_WINDOW[shape])
     if shape in YARN:
@@ -200,7 +210,7 @@ def write_shaped(
         # M-RoPE's sections (a text token turns them all by its position), as llama.cpp requires them
         w.add_array(f"{arch}.rope.dimension_sections", [11 * rotary // 64, 11 * rotary // 64, rotary // 2 - 22 * rotary // 64, 0])
     w.add_file_type(MIXES[direct] if direct else 1)  # llama_ftype: mostly F16, or the mix
-    add_smollm_tokenizer(w)
+    add_smollm_tokenizer(w, renamed=VISION_TOKENS.get(shape))
     w.add_chat_template(tok["tokenizer.chat_template"])
     if reranker:
         w.add_uint32(f"{arch}.pooling_type", 4)  # rank
@@ -337,7 +347,7 @@ def write_shaped(
         if arch in ("olmoe", "olmo2"):  # over all of q and all of k
             add(p + "attn_q_norm.weight", norm(heads * head_dim))
             add(p + "attn_k_norm.weight", norm(kv_heads * head_dim))
-        if arch in ("qwen2moe", "glm4moe"):  # qwen2's q/k/v biases
+        if arch in ("qwen2moe", "glm4moe", "qwen2vl"):  # qwen2's q/k/v biases
             for name, rows in (("attn_q", heads * head_dim), ("attn_k", kv_heads * head_dim), ("attn_v", kv_heads * head_dim)):
                 add(p + name + ".bias", bias(rows))
         add(p + "attn_output.weight", weight(dim, heads * head_dim))

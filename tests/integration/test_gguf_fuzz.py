@@ -249,14 +249,21 @@ def test_mutated_files_of_more_architectures_load_or_fail_with_a_model_load_erro
     assert outcomes["refused"] > MORE_CASES // 2 and len(messages) > 10, (outcomes, messages)
 
 
-def test_mutated_projector_files_load_or_fail_with_a_model_load_error(tmp_path):
+@pytest.mark.parametrize("family", ["idefics3", "qwen2.5vl"])
+def test_mutated_projector_files_load_or_fail_with_a_model_load_error(tmp_path, family):
     """A projector file (images' GGUF, webapp/engine/vision) is untrusted too: mutated as above, it
-    loads and encodes an image, or stops with one ModelLoadError line."""
-    from support.tiny_projectors import write_tiny_projector
+    loads and encodes an image, or stops with one ModelLoadError line; a SigLIP family's and one with
+    a tower of its own (Qwen2.5-VL)."""
+    from support.tiny_projectors import write_tiny_projector, write_tiny_qwen2vl_projector
 
     from webapp.engine.vision.projector import load_projector
 
-    source = write_tiny_projector(str(tmp_path / "valid.mmproj.gguf"), "idefics3", tensor_type="F16")
+    path = str(tmp_path / "valid.mmproj.gguf")
+    source = (
+        write_tiny_projector(path, family, tensor_type="F16")
+        if family == "idefics3"
+        else write_tiny_qwen2vl_projector(path, tensor_type="F16")
+    )
     data = open(source, "rb").read()
     fields = field_positions(data)
     picture = np.random.default_rng(1).integers(0, 256, (20, 30, 3), dtype=np.uint8)
@@ -273,6 +280,6 @@ def test_mutated_projector_files_load_or_fail_with_a_model_load_error(tmp_path):
             continue
         outcomes["loaded"] += 1
         for _, pixels, _ in projector.pieces(picture):
-            assert projector.encode(pixels).shape == (projector.tokens_per_image, projector.text_dim)
+            assert projector.encode(pixels).shape == (projector.tokens(pixels), projector.text_dim)
     assert outcomes["refused"] > CASES // 2, outcomes
     assert len(messages) > 20

@@ -207,6 +207,8 @@ def write_tiny_gguf(
             w.add_string(f"{arch}.{key}", value)
         elif isinstance(value, float):
             w.add_float32(f"{arch}.{key}", value)
+        elif isinstance(value, list):
+            w.add_array(f"{arch}.{key}", value)
         else:
             w.add_uint32(f"{arch}.{key}", value)
     add_smollm_tokenizer(w, tokenizer_pre, renamed_tokens, vocab_size)
@@ -284,10 +286,10 @@ def write_tiny_gguf(
             add_matrix(p + "attn_q.weight", q, i)
             add_matrix(p + "attn_k.weight", k, i)
             add_matrix(p + "attn_v.weight", v, i)
-        if arch in ("qwen2", "qwen2moe", "gpt-oss", "glm4moe"):
+        if arch in ("qwen2", "qwen2vl", "qwen2moe", "gpt-oss", "glm4moe"):
             for name, n in (("q", n_heads), ("k", n_kv_heads), ("v", n_kv_heads)):
                 w.add_tensor(p + f"attn_{name}.bias", (0.1 * rng.standard_normal(n * head_dim)).astype(np.float32))
-        if arch in ("qwen3", "qwen3moe", "gemma3", "exaone4") or qk_norm:
+        if arch in ("qwen3", "qwen3vl", "qwen3moe", "gemma3", "exaone4") or qk_norm:
             w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
         if arch in ("olmoe", "olmo2"):  # over all of q and all of k
@@ -444,6 +446,8 @@ class Reference:
         self.weights_scale = float(field("expert_weights_scale", 0.0)) or 1.0
         self.bias_weighs = False  # for tests: weigh the experts by probs + the selection bias, as llama.cpp does not
         self.rotary = field("rope.dimension_count", None)
+        self.sections = field("rope.dimension_sections", None)  # M-RoPE (qwen2vl): pairs by time, row, column
+        self.deepstack = field("n_deepstack_layers", 0)  # Qwen3-VL: an input row's parts the first layers add
         self.window = field("attention.sliding_window", 0) if self.arch in ("gemma3", "gpt-oss") else 0
         self.global_every = 2 if self.arch == "gpt-oss" else 6
         self.no_rope_every = 4 if self.arch == "smollm3" else 0  # SmolLM3: every fourth layer without RoPE
@@ -493,7 +497,16 @@ class Reference:
             mscale *= 1 + 0.1 * np.log(self.factor)
         else:
             freqs = freqs / self.factor
-        ang = positions[:, None, None] * freqs[None, None, :]
+        if positions.ndim == 2:  # M-RoPE's (3, T): pair k turns by its section's row
+            if self.arch in ("qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe"):  # interleaved, as Qwen's own code lays them
+                section = np.zeros(hd // 2, dtype=np.int64)
+                section[1 : 3 * self.sections[1] : 3], section[2 : 3 * self.sections[2] : 3] = 1, 2
+            else:  # in runs, repeating past their sum
+                bounds = np.cumsum(self.sections[:3])
+                section = np.searchsorted(bounds, np.arange(hd // 2) % bounds[-1], side="right")
+            ang = positions[section].T[:, None, :] * freqs[None, None, :]
+        else:
+            ang = positions[:, None, None] * freqs[None, None, :]
         cos, sin = np.cos(ang) * mscale, np.sin(ang) * mscale
         if self.arch in ("llama", "smollm3", "deepseek2"):  # interleaved pairs
             a, b = x[..., 0::2], x[..., 1::2]
@@ -503,24 +516,30 @@ class Reference:
         a, b = x[..., : hd // 2], x[..., hd // 2 :]
         return np.concatenate([a * cos - b * sin, a * sin + b * cos], -1)
 
-    def logits(self, tokens: list[int], inputs: dict[int, np.ndarray] | None = None, both_ways: tuple = ()) -> np.ndarray:
+    def logits(self, tokens: list[int], inputs: dict[int, np.ndarray] | None = None, both_ways: tuple = (), turned=None) -> np.ndarray:
         """(T, vocab) logits for every position; `inputs`: rows fed in place of the embeddings of
         the tokens at their positions (an image's), unscaled; `both_ways`: (first, end) position
-        ranges whose queries also see the later keys of their range (Gemma 3's image)."""
-        hidden = self.hidden(tokens, inputs, both_ways) if inputs else self.hidden(tokens)  # subclasses take no inputs
+        ranges whose queries also see the later keys of their range (Gemma 3's image); `turned`
+        (3, T): the positions M-RoPE turns each token by, by the file's sections."""
+        hidden = self.hidden(tokens, inputs, both_ways, turned) if inputs else self.hidden(tokens)  # subclasses take no inputs
         return hidden @ self.w.get("output.weight", self.w["token_embd.weight"]).T
 
-    def hidden(self, tokens: list[int], inputs: dict[int, np.ndarray] | None = None, both_ways: tuple = ()) -> np.ndarray:
+    def hidden(self, tokens: list[int], inputs: dict[int, np.ndarray] | None = None, both_ways: tuple = (), turned=None) -> np.ndarray:
         """(T, dim): the final norm's output at every position (what the head reads, embeddings pool)."""
         w, T = self.w, len(tokens)
         self.ffn_inputs = []  # each layer's normed feed-forward input, for tests of a router on its own
         gemma = self.arch == "gemma3"
         known = [t if 0 <= t < len(w["token_embd.weight"]) else 0 for t in tokens]  # an input's token is none
         x = w["token_embd.weight"][known] * (np.sqrt(w["token_embd.weight"].shape[1]) if gemma else 1.0)
-        for position, row in (inputs or {}).items():
-            x[position] = row
-        pos = np.arange(T, dtype=np.float64)
-        for i in range(self.n_layers):
+        dim = x.shape[1]
+        for position, row in (inputs or {}).items():  # Qwen3-VL's: (1 + deepstack) dims, the later parts each layer's
+            x[position] = row[:dim]
+        pos = np.arange(T, dtype=np.float64) if turned is None else np.asarray(turned, dtype=np.float64)
+        for i in range(self.n_layers + 1):
+            for position, row in (inputs or {}).items() if 0 < i <= self.deepstack else ():  # what layer i - 1 adds
+                x[position] = x[position] + row[i * dim : (i + 1) * dim]
+            if i == self.n_layers:
+                break
             p = f"blk.{i}."
             window = self.window if (i + 1) % self.global_every else 0  # gemma3: every sixth layer global; gpt-oss: every other
             post = p + "post_ffw_norm.weight" in w  # each sublayer's output normed (gemma3, olmo2)

@@ -1,8 +1,8 @@
 """Tiny random-weight projector ("mmproj") GGUFs for the vision tests, in llama.cpp's layout.
 
-The keys and tensor names are those llama.cpp's converter writes for Gemma 3 and SmolVLM/Idefics3
-projectors; the sizes are small enough that a float64 reference runs in a blink. Weights are drawn
-with a 1/sqrt(fan-in) scale so that activations stay of order one through the layers. `metadata`,
+The keys and tensor names are those llama.cpp's converter writes for Gemma 3, SmolVLM/Idefics3,
+Qwen2-VL / Qwen2.5-VL and Qwen3-VL (Qwen3.5's tower too) projectors; the sizes are small enough
+that a float64 reference runs in a blink. Weights are drawn with a 1/sqrt(fan-in) scale so that activations stay of order one through the layers. `metadata`,
 `omit` and `replace` spoil a file on purpose, for the tests of what the loader refuses.
 """
 
@@ -83,8 +83,160 @@ def write_tiny_projector(
         tensors |= {"mm.soft_emb_norm.weight": vector(width, 1.0, 0.1), "mm.input_projection.weight": matrix(width, text_dim, fan_in=width)}
     else:
         tensors["mm.model.fc.weight"] = matrix(text_dim, width * scale_factor**2)
-    tensors |= replace or {}
+    return write_projector_file(path, keys, tensors | (replace or {}), omit)
 
+
+def write_tiny_qwen2vl_projector(
+    path: str,
+    family: str = "qwen2.5vl",
+    text_dim: int = 48,
+    *,
+    width: int = 32,
+    ffn: int = 64,
+    layers: int = 4,
+    heads: int = 4,
+    patch_size: int = 4,
+    window_size: int | None = 16,
+    n_wa_pattern: int | None = 2,
+    min_tokens: int | None = None,
+    max_tokens: int | None = None,
+    seed: int = 0,
+    tensor_type: str = "F32",
+    metadata: dict | None = None,
+    omit: tuple[str, ...] = (),
+    replace: dict[str, np.ndarray] | None = None,
+) -> str:
+    """A random-weight Qwen2.5-VL (`family` "qwen2.5vl": RMS norms, SiLU-gated feed-forwards, window
+    attention) or Qwen2-VL ("qwen2vl": LayerNorms, gelu_quick feed-forwards, every layer full)
+    projector. The Conv3D patch kernel is written as llama.cpp's converter splits it, one (width, 3,
+    p, p) half per frame. `window_size` (pixels) and `n_wa_pattern` are Qwen2.5-VL's (None leaves the
+    key out); `min_tokens` / `max_tokens` write clip.vision.image_min_pixels / image_max_pixels as
+    that many merged tokens of (2 p)^2 pixels. `tensor_type`, `metadata`, `omit` and `replace` as
+    for `write_tiny_projector`."""
+    rng = np.random.default_rng(seed)
+    matrix_dtype = {"F32": np.float32, "F16": np.float16}[tensor_type]
+    rms = family == "qwen2.5vl"
+    merged_pixels = (2 * patch_size) ** 2
+
+    projector_type = {"qwen2.5vl": "qwen2.5vl_merger", "qwen2vl": "qwen2vl_merger"}[family]
+    keys: dict = {"clip.has_vision_encoder": True, "clip.has_text_encoder": False, "clip.projector_type": projector_type}
+    # image_size is only llama.cpp's warm-up size for these dynamic-resolution encoders
+    vision = {"image_size": 16 * patch_size, "patch_size": patch_size, "embedding_length": width, "feed_forward_length": ffn}
+    vision |= {"projection_dim": text_dim, "block_count": layers, "attention.head_count": heads}
+    vision |= {"attention.layer_norm_epsilon": 1e-6, "image_mean": IMAGE_MEAN, "image_std": IMAGE_STD}
+    if rms:
+        vision |= {"n_wa_pattern": n_wa_pattern, "window_size": window_size}
+        keys["clip.use_silu"] = True  # the converter's add_vision_use_silu: a clip.* key, not clip.vision.*
+    if min_tokens is not None:
+        vision["image_min_pixels"] = min_tokens * merged_pixels
+    if max_tokens is not None:
+        vision["image_max_pixels"] = max_tokens * merged_pixels
+    keys |= {f"clip.vision.{key}": value for key, value in vision.items()}
+    keys |= metadata or {}
+
+    def matrix(*shape: int, fan_in: int | None = None) -> np.ndarray:
+        return (rng.standard_normal(shape) * (fan_in or shape[-1]) ** -0.5).astype(matrix_dtype)
+
+    def vector(n: int, center: float = 0.0, spread: float = 0.02) -> np.ndarray:
+        return (center + spread * rng.standard_normal(n)).astype(np.float32)
+
+    def norm(name: str) -> dict[str, np.ndarray]:
+        weight = {name + ".weight": vector(width, 1.0, 0.1)}
+        return weight if rms else weight | {name + ".bias": vector(width, spread=0.05)}
+
+    def linear(name: str, n_out: int, n_in: int) -> dict[str, np.ndarray]:
+        return {name + ".weight": matrix(n_out, n_in), name + ".bias": vector(n_out)}
+
+    # the two frames' halves; each alone (fan-in 3 p^2) so that their sum is of order one
+    conv = {"v.patch_embd.weight": matrix(width, 3, patch_size, patch_size, fan_in=6 * patch_size * patch_size)}
+    tensors = conv | {"v.patch_embd.weight.1": matrix(width, 3, patch_size, patch_size, fan_in=6 * patch_size * patch_size)}
+    for i in range(layers):
+        p = f"v.blk.{i}."
+        tensors |= norm(p + "ln1")
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            tensors |= linear(p + name, width, width)
+        tensors |= norm(p + "ln2")
+        if rms:
+            tensors |= linear(p + "ffn_gate", ffn, width)
+        tensors |= linear(p + "ffn_up", ffn, width) | linear(p + "ffn_down", width, ffn)
+    tensors |= norm("v.post_ln")
+    tensors |= linear("mm.0", 4 * width, 4 * width) | linear("mm.2", text_dim, 4 * width)
+    return write_projector_file(path, keys, tensors | (replace or {}), omit)
+
+
+def write_tiny_qwen3vl_projector(
+    path: str,
+    text_dim: int = 48,
+    *,
+    width: int = 32,
+    ffn: int = 64,
+    layers: int = 4,
+    heads: int = 4,
+    patch_size: int = 4,
+    position_side: int = 6,
+    deepstack: tuple[int, ...] = (1, 2),
+    seed: int = 0,
+    tensor_type: str = "F32",
+    metadata: dict | None = None,
+    omit: tuple[str, ...] = (),
+    replace: dict[str, np.ndarray] | None = None,
+) -> str:
+    """A random-weight Qwen3-VL projector ("qwen3vl_merger"; Qwen3.5's vision tower is the same with
+    no deepstack layer): LayerNorms, a fused q/k/v projection, gelu feed-forwards without a gate, a
+    learned `position_side` x `position_side` position grid (image_size = position_side *
+    patch_size, as the converter derives it), and a deepstack merger after each layer in
+    `deepstack`, flagged in clip.vision.is_deepstack_layers (all false for `deepstack` ()). The
+    patch kernel comes in llama.cpp's two halves plus a bias. `tensor_type`, `metadata`, `omit` and
+    `replace` as for `write_tiny_projector`."""
+    rng = np.random.default_rng(seed)
+    matrix_dtype = {"F32": np.float32, "F16": np.float16}[tensor_type]
+    merged = 4 * width  # a merged token's 2 x 2 patches side by side
+
+    keys: dict = {"clip.has_vision_encoder": True, "clip.has_text_encoder": False, "clip.projector_type": "qwen3vl_merger"}
+    keys["clip.use_gelu"] = True
+    vision = {"image_size": position_side * patch_size, "patch_size": patch_size, "embedding_length": width}
+    vision |= {"feed_forward_length": ffn, "projection_dim": text_dim, "block_count": layers, "attention.head_count": heads}
+    vision |= {"attention.layer_norm_epsilon": 1e-6, "image_mean": IMAGE_MEAN, "image_std": IMAGE_STD}
+    vision |= {"spatial_merge_size": 2, "is_deepstack_layers": [i in deepstack for i in range(layers)]}
+    keys |= {f"clip.vision.{key}": value for key, value in vision.items()}
+    keys |= metadata or {}
+
+    def matrix(*shape: int, fan_in: int | None = None) -> np.ndarray:
+        return (rng.standard_normal(shape) * (fan_in or shape[-1]) ** -0.5).astype(matrix_dtype)
+
+    def vector(n: int, center: float = 0.0, spread: float = 0.02) -> np.ndarray:
+        return (center + spread * rng.standard_normal(n)).astype(np.float32)
+
+    def layer_norm(name: str, n: int = width) -> dict[str, np.ndarray]:
+        return {name + ".weight": vector(n, 1.0, 0.1), name + ".bias": vector(n, spread=0.05)}
+
+    def linear(name: str, n_out: int, n_in: int) -> dict[str, np.ndarray]:
+        return {name + ".weight": matrix(n_out, n_in), name + ".bias": vector(n_out)}
+
+    # the two frames' halves, each of fan-in 3 p^2 so that their sum is of order one; the patch bias
+    # and the positions large enough that leaving either out, or resizing the grid wrongly, shows
+    half = dict(fan_in=6 * patch_size * patch_size)
+    tensors = {
+        "v.patch_embd.weight": matrix(width, 3, patch_size, patch_size, **half),
+        "v.patch_embd.weight.1": matrix(width, 3, patch_size, patch_size, **half),
+        "v.patch_embd.bias": vector(width, spread=0.3),
+        # float32 in real files too: the converter keeps position embeddings so, and ggml resizes only float32
+        "v.position_embd.weight": (0.5 * rng.standard_normal((position_side * position_side, width))).astype(np.float32),
+    }
+    for i in range(layers):
+        p = f"v.blk.{i}."
+        tensors |= layer_norm(p + "ln1") | linear(p + "attn_qkv", 3 * width, width) | linear(p + "attn_out", width, width)
+        tensors |= layer_norm(p + "ln2") | linear(p + "ffn_up", ffn, width) | linear(p + "ffn_down", width, ffn)
+    tensors |= layer_norm("v.post_ln")
+    tensors |= linear("mm.0", merged, merged) | linear("mm.2", text_dim, merged)
+    for i in sorted(deepstack):
+        p = f"v.deepstack.{i}."
+        tensors |= layer_norm(p + "norm", merged) | linear(p + "fc1", merged, merged) | linear(p + "fc2", text_dim, merged)
+    return write_projector_file(path, keys, tensors | (replace or {}), omit)
+
+
+def write_projector_file(path: str, keys: dict, tensors: dict[str, np.ndarray], omit: tuple[str, ...] = ()) -> str:
+    """A GGUF of architecture "clip" with `keys` and `tensors` but those named in `omit`."""
     w = gguf.GGUFWriter(path, "clip")
     for key, value in keys.items():
         add_key(w, key, value)
@@ -113,3 +265,19 @@ def add_key(w: gguf.GGUFWriter, key: str, value) -> None:
         w.add_string(key, value)
     else:
         w.add_array(key, list(value))
+
+
+class ReferenceFile:
+    """A projector file's keys and tensors (float64), as gguf's reader gives them: what the tests'
+    float64 references read, apart from the server's loader."""
+
+    def __init__(self, path: str):
+        reader = gguf.GGUFReader(path)
+        self.keys = {name: field.contents() for name, field in reader.fields.items()}
+        self.tensors = {}
+        for t in reader.tensors:
+            values = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64)
+            self.tensors[t.name] = values.reshape(tuple(int(d) for d in reversed(t.shape)))
+
+    def vision(self, key: str, default=None):
+        return self.keys.get(f"clip.vision.{key}", default)

@@ -163,6 +163,7 @@ class Qwen35Reference(Reference):
         self.n_heads, self.n_kv, self.n_layers = f("attention.head_count"), f("attention.head_count_kv"), f("block_count")
         self.eps, self.theta, self.rotary = f("attention.layer_norm_rms_epsilon"), f("rope.freq_base"), f("rope.dimension_count")
         self.scaling, self.factor, self.attn_factor = "linear", 1.0, 1.0  # what Reference._rope reads
+        self.sections = reader.fields[f"{self.arch}.rope.dimension_sections"].contents()  # with `turned` positions
         self.state, self.k_heads, self.v_heads = f("ssm.state_size"), f("ssm.group_count"), f("ssm.time_step_rank")
         key = f"{self.arch}.full_attention_interval"
         self.interval = reader.fields[key].contents() if key in reader.fields else 4
@@ -175,10 +176,14 @@ class Qwen35Reference(Reference):
             arr = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64)
             self.w[t.name] = arr.reshape([int(d) for d in reversed(t.shape)])
 
-    def hidden(self, tokens: list[int]) -> np.ndarray:
-        """(T, dim): the final norm's output at every position."""
+    def hidden(self, tokens: list[int], inputs: dict[int, np.ndarray] | None = None, both_ways: tuple = (), turned=None) -> np.ndarray:
+        """(T, dim): the final norm's output at every position; `inputs` and `turned` (an image's rows
+        and M-RoPE's positions) as Reference.hidden takes them."""
         w = self.w
-        x = w["token_embd.weight"][tokens]  # (T, D)
+        x = w["token_embd.weight"][[t if 0 <= t < len(w["token_embd.weight"]) else 0 for t in tokens]]  # (T, D)
+        for position, row in (inputs or {}).items():
+            x[position] = row
+        self.turned = turned
         for i in range(self.n_layers):
             p = f"blk.{i}."
             n = self._norm(x, w[p + "attn_norm.weight"])
@@ -198,7 +203,7 @@ class Qwen35Reference(Reference):
         q, gate = qg[..., :Hd], qg[..., Hd:]  # (T, H, Hd) each
         k = (n @ w[p + "attn_k.weight"].T).reshape(T, KvH, Hd)
         v = (n @ w[p + "attn_v.weight"].T).reshape(T, KvH, Hd)
-        pos = np.arange(T, dtype=np.float64)
+        pos = np.arange(T, dtype=np.float64) if self.turned is None else np.asarray(self.turned, dtype=np.float64)
         q = self._rope(self._norm(q, w[p + "attn_q_norm.weight"]), pos)
         k = self._rope(self._norm(k, w[p + "attn_k_norm.weight"]), pos)
         k, v = cached(k, self.kv_type), cached(v, self.kv_type)

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import math
 
-import gguf
 import numpy as np
 import pytest
 from PIL import Image
 from support.tiny_models import write_tiny_gguf
-from support.tiny_projectors import write_tiny_projector
+from support.tiny_projectors import ReferenceFile, write_tiny_projector
 
 from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.vision.projector import load_projector
@@ -40,21 +39,6 @@ def projector_files(tmp_path_factory) -> dict[tuple[str, str], str]:
 def an_image(seed: int = 1, height: int = 37, width: int = 53) -> np.ndarray:
     """A random RGB image of another size and aspect ratio than any encoder's square."""
     return np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-
-
-class ReferenceFile:
-    """A projector file's keys and tensors (float64), as gguf's reader gives them."""
-
-    def __init__(self, path: str):
-        reader = gguf.GGUFReader(path)
-        self.keys = {name: field.contents() for name, field in reader.fields.items()}
-        self.tensors = {}
-        for t in reader.tensors:
-            values = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64)
-            self.tensors[t.name] = values.reshape(tuple(int(d) for d in reversed(t.shape)))
-
-    def vision(self, key: str):
-        return self.keys[f"clip.vision.{key}"]
 
 
 def reference_pixels(rgb: np.ndarray, ref: ReferenceFile, family: str) -> np.ndarray:

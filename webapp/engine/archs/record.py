@@ -31,6 +31,15 @@ class Experts(Enum):
     OPTIONAL = "optional"  # a mixture where the file has expert_count, dense layers where it has none
 
 
+class MRope(Enum):
+    """Whether a file's M-RoPE sections (rope.dimension_sections) turn an image's rows by its time,
+    row and column (model/rope.py), and how the rotary pairs fall in them."""
+
+    NONE = "none"  # a file with sections is refused
+    SECTIONS = "sections"  # pairs in runs: time, then row, then column (Qwen2-VL)
+    INTERLEAVED = "interleaved"  # pairs take row, column and time in turn (Qwen3-VL, Qwen3.5)
+
+
 def _never(kv: dict, n_layers: int) -> bool:
     return False
 
@@ -71,9 +80,9 @@ class Architecture:
     # whether a file's layers follow no_rope_every and sliding_window_every (a named rule: of EXAONE 4's
     # files, the 32B alone has them)
     layer_patterns: Callable[[dict, int], bool] = _always
-    # M-RoPE sections (rope.dimension_sections) accepted: a text token turns every section by its one
-    # position, which is the plain rotation
-    text_only_mrope: bool = False
+    # M-RoPE sections: an image's rows turn by its time, row and column (a text token turns every
+    # section by its one position, which is the plain rotation)
+    mrope: MRope = MRope.NONE
     # attention's scale 1 / sqrt(dim / heads), not 1 / sqrt(head size), for these files (a named rule)
     score_scale_by_width: Callable[[dict, int], bool] = _never
     # feed-forward

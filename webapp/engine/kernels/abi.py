@@ -113,6 +113,7 @@ class AttendFlag(enum.IntFlag):
     QK_NORM_WHOLE = 32  # the q/k norms over all of q and all of k, not a head at a time (OLMoE)
     LATENT = 64  # no value heads, a key row its own value (multi-head latent attention, mla.c)
     KEYS_AHEAD = 128  # a step's lanes say the last key each attends (Gemma 3's image positions see the whole image)
+    ROPE_POSITIONS = 256  # a step's lanes carry three rows of positions RoPE turns by (M-RoPE: Qwen2-VL's images)
 
 
 class LayerForm(enum.IntFlag):
@@ -170,7 +171,8 @@ class ModelEntry(enum.IntEnum):
     INV_FREQ_LOCAL = 4  # LOCAL_ROPE layers' frequencies, or 0
     BLOCK_TABLES = 5  # a paged cache's block tables (int32, rows x table_width), or 0
     LORA = 6  # a LoRA table (LORA_* below), or 0
-    LAYERS = 7
+    ROPE_SECTIONS = 7  # M-RoPE: the row of positions each rotary pair turns by (int32), or 0
+    LAYERS = 8
 
 
 class LayerEntry(enum.IntEnum):
@@ -309,6 +311,7 @@ class Step(ctypes.Structure):
         ("embed_scale", ctypes.c_float),  # on the embedding's rows (Gemma's sqrt(dim); 1: none)
         ("latent", Latent),  # of LayerForm.LATENT layers
         ("recurrent", Recurrent),  # of LayerForm.RECURRENT layers
+        ("deepstack", ctypes.c_int32),  # an inputs row: (1 + deepstack) x dim, what the first layers add after the embedding
     ]
 
 

@@ -297,6 +297,8 @@ class QuantizedCPU:
         embed_scale: float = 1.0,
         block_tables: np.ndarray | None = None,
         block_positions: int = 0,
+        rope_sections: Tensor | None = None,
+        deepstack: int = 0,
     ) -> WholeModel:
         """Everything `step` reads, by address (see tq_forward): the tensors must be realized, whole
         buffers, and stay alive with the model. `eps` is the norms' epsilon; `inv_freq_local` the
@@ -306,12 +308,16 @@ class QuantizedCPU:
         and `block_tables` (rows, table_width) int32, C-contiguous, maps each lane's slot (a row) to
         its blocks. The kernels read the table by address at every step, so the caller rewrites it in
         place between steps and never replaces it; the model keeps it alive. Every layer then takes
-        the step's positions, table_width * block_positions (tq_forward ignores layer_info's)."""
+        the step's positions, table_width * block_positions (tq_forward ignores layer_info's).
+        `rope_sections` (rotary / 2,) int32: the M-RoPE section (0, 1, 2) each rotary pair turns by,
+        where a step gives positions by section (`step`'s rope_positions); `deepstack`: an inputs row
+        is that many more dims wide, what the first layers add after the embedding (Qwen3-VL)."""
         # the step's attention is its attention layers' (a hybrid's recurrent layers have none)
         first = next(layer for layer in layers if not layer.form & abi.LayerForm.RECURRENT)
         E = abi.ModelEntry
         model = {E.EMBED: embed.raw, E.NORM: norm, E.HEAD: head.raw, E.INV_FREQ: inv_freq, E.INV_FREQ_LOCAL: inv_freq_local}
         model[E.BLOCK_TABLES] = model[E.LORA] = None  # arrays' addresses, written below and by LoraTable: not tensors
+        model[E.ROPE_SECTIONS] = rope_sections
         tensors = abi.in_table_order(model, [layer.table_entries for layer in layers])
         attention = layer_attention(first, 0, eps)  # its lanes are each step's
         if block_tables is not None:
@@ -326,7 +332,7 @@ class QuantizedCPU:
         # the dense layers' width (a mixture's leading dense layers differ from its experts')
         ffn_dim = next((layer.matrices.down.cols for layer in layers if not layer.experts.count), first.matrices.down.cols)
         dims = abi.Step(attention, embed.cols, ffn_dim, len(layers), head.rows, embed.ggml_type, head.ggml_type)
-        dims.experts, dims.embed_scale = experts, embed_scale
+        dims.experts, dims.embed_scale, dims.deepstack = experts, embed_scale, deepstack
         dims.latent = next((layer.latent for layer in layers if layer.form & abi.LayerForm.LATENT), abi.Latent())
         dims.recurrent = next((layer.recurrent for layer in layers if layer.form & abi.LayerForm.RECURRENT), abi.Recurrent())
         info = np.array([layer.info for layer in layers], dtype=np.int32)  # abi.LAYER_INFO a layer
@@ -347,6 +353,7 @@ class QuantizedCPU:
         inputs: np.ndarray | None = None,
         lora: int = 0,
         last_keys: list[int] | None = None,
+        rope_positions: np.ndarray | None = None,
     ) -> np.ndarray:
         """A whole step (tq_forward) as one call on this thread, which works through the pool's jobs
         with it: tokens (B,), lanes (2B,) as `attend` takes them, picks = the lanes whose logits are
@@ -356,19 +363,24 @@ class QuantizedCPU:
         state, or with `resume_rows` going on from the state its row holds; `inputs` (k, dim) float32:
         the embeddings of the tokens given as -1 - row (an image's rows); `lora`: its LoRA table's address
         for this step (LoraTable.address), or 0; `last_keys` (B,): the last key each lane attends,
-        where some attend past their own position (ATTEND_KEYS_AHEAD). The model's tensors must not be
+        where some attend past their own position (ATTEND_KEYS_AHEAD); `rope_positions` (3, B): the
+        positions each lane's rotary pairs turn by, by the model's M-RoPE sections (ATTEND_ROPE_POSITIONS;
+        a model without sections refuses them). The model's tensors must not be
         in use by tinygrad's queue (callers synchronize after tinygrad work on the same tensors).
 
         Not a kernel inside a TinyJit like the others: a replayed capture adds Python before the kernel,
         a hop to tinygrad's worker thread and a wait for its end (bench/RESULTS.md, 56cc4f0)."""
         B = len(tokens)
         assert len(lanes) == 2 * B and (state_rows is None or (len(state_rows) == B and model.dims.recurrent.state))
-        lane_array = lane_values(lanes[:B], lanes[B:], state_rows, last_keys)
+        if rope_positions is not None and not model.table[abi.ModelEntry.ROPE_SECTIONS]:
+            raise ValueError("positions by M-RoPE section for a model without sections")
+        lane_array = lane_values(lanes[:B], lanes[B:], state_rows, last_keys, rope_positions)
         ids, rows = (np.ascontiguousarray(v, dtype=np.int32) for v in (tokens, picks))
-        given = checked_inputs(ids, inputs, model.dims.dim)
+        given = checked_inputs(ids, inputs, model.dims.dim * (1 + model.dims.deepstack))
         out = np.empty((len(rows), model.dims.dim if hidden else model.dims.vocab), dtype=np.float32)
         lane_rows = abi.LaneRows.SLOTS if state_rows is None else abi.LaneRows.RESUME if resume_rows else abi.LaneRows.GIVEN
-        step = model.step(B, len(rows), abi.StepOutput.HIDDEN if hidden else abi.StepOutput.LOGITS, lane_rows, last_keys is not None)
+        outputs = abi.StepOutput.HIDDEN if hidden else abi.StepOutput.LOGITS
+        step = model.step(B, len(rows), outputs, lane_rows, last_keys is not None, rope_positions is not None)
         model.table[abi.ModelEntry.LORA] = lora
         addresses = (out.ctypes.data, ids.ctypes.data, lane_array.ctypes.data, rows.ctypes.data, model.table.ctypes.data)
         self._forward(*addresses, step, model.layer_info.ctypes.data, None if given is None else given.ctypes.data)

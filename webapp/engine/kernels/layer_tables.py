@@ -118,17 +118,25 @@ class WholeModel:
     _steps: dict = field(default_factory=dict, compare=False)
 
     def step(
-        self, lanes: int, picks: int, outputs: int = 0, lane_rows: abi.LaneRows = abi.LaneRows.SLOTS, keys_ahead: bool = False
+        self,
+        lanes: int,
+        picks: int,
+        outputs: int = 0,
+        lane_rows: abi.LaneRows = abi.LaneRows.SLOTS,
+        keys_ahead: bool = False,
+        rope_positions: bool = False,
     ) -> abi.Step:
         """tq_forward's step for `lanes` lanes and `picks` rows of `outputs` (abi.StepOutput); `lane_rows`:
         where the lanes keep their recurrent state (abi.LaneRows); `keys_ahead`: the lanes say the
-        last key each attends (abi.AttendFlag.KEYS_AHEAD)."""
-        key = (lanes, picks, outputs, lane_rows, keys_ahead)
+        last key each attends (abi.AttendFlag.KEYS_AHEAD); `rope_positions`: they carry the
+        positions RoPE turns them by (abi.AttendFlag.ROPE_POSITIONS)."""
+        key = (lanes, picks, outputs, lane_rows, keys_ahead, rope_positions)
         step = self._steps.get(key)
         if step is None:
             step = self._steps[key] = abi.Step.from_buffer_copy(self.dims)
             step.attention.lanes, step.picks, step.outputs = lanes, picks, outputs
-            step.attention.flags = abi.AttendFlag.KEYS_AHEAD if keys_ahead else 0
+            flags = (abi.AttendFlag.KEYS_AHEAD if keys_ahead else 0) | (abi.AttendFlag.ROPE_POSITIONS if rope_positions else 0)
+            step.attention.flags = flags
             step.recurrent.lane_rows = int(lane_rows)
         return step
 

@@ -19,7 +19,7 @@ from webapp.engine.kernels.ggml_types import GGML_TYPES, UNREADABLE_TYPES
 from webapp.engine.model.latent_config import Latent, latent_rope_rows, latent_sizes, latent_tensor_shapes
 from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.model.recurrent_config import Recurrent, recurrent_sizes, recurrent_tensor_shapes
-from webapp.engine.model.rope import attention_factor
+from webapp.engine.model.rope import attention_factor, mrope_sections
 
 # expert_gating_func's values (llama.cpp's llama_expert_gating_func_type) this server computes
 GATING_FUNCS = {1: "softmax", 2: "sigmoid"}
@@ -62,6 +62,10 @@ class ModelConfig:
     shared_expert_gated: bool = True  # ...scaled by sigmoid(ffn_gate_inp_shexp . n), or added as it is
     no_rope_every: int = 0  # every n-th layer attends without RoPE (0: none)
     rotary_dim: int = 0  # RoPE turns each head's first rotary_dim values (rope.dimension_count; 0: the head size)
+    # M-RoPE (Qwen2-VL): the section (0 time, 1 row, 2 column) each rotary pair turns by, for an
+    # image's rows; a text token turns every section by its one position. Empty: plain RoPE
+    rope_sections: tuple[int, ...] = ()
+    deepstack_layers: int = 0  # Qwen3-VL: an image row's deepstack features, added to the first layers' outputs
     fused_qkv: bool = False  # q, k and v stored as one matrix, attn_qkv (phi3)
     fused_gate_up: bool = False  # gate and up stored as one matrix, ffn_up (phi3)
     interleaved_rope: bool = False  # q and k rows hold each head's rotary pairs interleaved (regrouped at load)
@@ -199,12 +203,14 @@ class ModelConfig:
         tokens = need("tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens:
             raise ModelLoadError("GGUF metadata tokenizer.ggml.tokens is not a list of tokens")
-        if any(kv.get(f"{arch}.rope.dimension_sections") or []) and not record.text_only_mrope:
-            raise ModelLoadError(f"GGUF metadata {arch}.rope.dimension_sections: multimodal RoPE (M-RoPE) is not supported")
+        sections = mrope_sections(kv, arch, record, rotary)
         # llama.cpp's converter counts NextN/MTP layers in block_count, after the trunk's: they predict
         # further tokens for speculation, and the trunk alone makes the logits
         blocks = count("block_count")
         nextn = count("nextn_predict_layers", 0, low=0)
+        deepstack = count("n_deepstack_layers", 0, low=0) if sections else 0
+        if deepstack > blocks:
+            raise ModelLoadError(f"GGUF metadata {arch}.n_deepstack_layers = {deepstack}: more than the {blocks} layers")
         if nextn >= blocks:
             raise ModelLoadError(f"GGUF metadata {arch}.nextn_predict_layers = {nextn}: not fewer than the {blocks} blocks")
         if dense_lead > blocks - nextn:
@@ -245,6 +251,8 @@ class ModelConfig:
             shared_expert_gated=not record.routing_from_file,
             no_rope_every=record.no_rope_every if patterned else 0,
             rotary_dim=rotary,
+            rope_sections=sections,
+            deepstack_layers=deepstack,
             sliding_window=window,
             global_every=record.sliding_window_every if patterned else 0,
             local_rope_theta=record.local_rope_base,

@@ -12,7 +12,10 @@ verification, each drafted token in a recurrent state row of its own where the m
 layers); any other lane is a prompt chunk, whose `inputs` are (offset, rows) pairs: rows (n, dim)
 float32 fed at tokens offset .. offset + n - 1 in place of their embeddings (an image's); with
 `inputs_both_ways` each such run of positions attends all of itself, later ones too (Gemma 3's
-image, which the scheduler never cuts across chunks). `lora`: a
+image, which the scheduler never cuts across chunks). `rope_positions` (3, len(tokens)) are the
+positions a model with M-RoPE sections turns each token by (an image's rows by its time, row and
+column, the text after it by positions that count the image as its longer side; only steps that
+`turns_by_sections` are given them), None: each token's own position. `lora`: a
 LoRA adapter's index in the steps' `lora_table` and the scale on its products, or None. The lanes of
 one step hold distinct slots, and a lane's numbers never depend on the others beside it.
 """
@@ -43,6 +46,7 @@ class Lane:
     inputs: tuple = ()
     lora: tuple[int, float] | None = None
     inputs_both_ways: bool = False
+    rope_positions: np.ndarray | None = None  # (3, len(tokens)): M-RoPE's time, row and column a token
 
     @property
     def drafted(self) -> bool:

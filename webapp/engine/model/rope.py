@@ -7,6 +7,8 @@ values past rotary_dim, where the file's `rope.dimension_count` is below the hea
 turned), or raises
 `RopeUnsupported` naming the file's setting that this server does not run. Every step, on every
 device, rotates by these: the CPU kernels and tinygrad's path read the same tensor.
+`mrope_sections(kv, arch, record, rotary_dim)` is the M-RoPE section each rotary pair turns by
+(Qwen2-VL's images), () for plain RoPE, or `ModelLoadError` where the file's sections are not run.
 `attention_factor(kv, arch)` is what YaRN multiplies both q and k by after rotating (1 otherwise):
 attention's scores then grow by its square, which is how the steps apply it.
 
@@ -33,6 +35,9 @@ attention's scores then grow by its square, which is how the steps apply it.
 from __future__ import annotations
 
 import numpy as np
+
+from webapp.engine.archs.record import MRope
+from webapp.engine.model.load_error import ModelLoadError
 
 
 class RopeUnsupported(ValueError):
@@ -87,3 +92,37 @@ def attention_factor(kv: dict, arch: str) -> float:
         return scale
     factor = float(kv.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
     return scale * (1.0 + 0.1 * float(np.log(factor))) if factor > 0 else scale
+
+
+def mrope_sections(kv: dict, arch: str, record, rotary_dim: int) -> tuple[int, ...]:
+    """Each rotary pair's section (0: time, 1: row, 2: column) from the file's
+    `rope.dimension_sections` (pairs a section, in that order, repeating past their sum, as llama.cpp's
+    mrope reads them), laid out as the architecture's `record.mrope` says: in runs (Qwen2-VL), or
+    interleaved (Qwen3-VL, Qwen3.5: pair k takes row where k % 3 is 1, column where it is 2, while
+    its section lasts, else time; llama.cpp's imrope turns the last few of those by a fourth position,
+    0 for an image's rows, where Qwen's own code keeps time: an angle of the lowest frequencies). ()
+    where the file has none; ModelLoadError where the architecture takes none or they do not fit."""
+    sections = kv.get(f"{arch}.rope.dimension_sections") or []
+    if isinstance(sections, list) and not any(sections):
+        return ()
+    if record.mrope is MRope.NONE:
+        raise ModelLoadError(f"GGUF metadata {arch}.rope.dimension_sections: multimodal RoPE (M-RoPE) is not supported")
+    if (
+        not isinstance(sections, list)
+        or len(sections) != 4
+        or not all(isinstance(n, int) and n >= 0 for n in sections)
+        or not 0 < sum(sections) <= rotary_dim // 2
+    ):
+        raise ModelLoadError(
+            f"GGUF metadata {arch}.rope.dimension_sections = {sections!r}: expected four sections (time, row, column, another) "
+            f"of at most {rotary_dim // 2} pairs"
+        )
+    time, row, column, _ = sections
+    out = []
+    for pair in range(rotary_dim // 2):
+        k = pair % sum(sections)
+        if record.mrope is MRope.INTERLEAVED:
+            out.append(1 if k % 3 == 1 and k < 3 * row else 2 if k % 3 == 2 and k < 3 * column else 0)
+        else:
+            out.append(0 if k < time else 1 if k < time + row else 2 if k < time + row + column else 0)
+    return tuple(out)

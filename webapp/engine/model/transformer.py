@@ -106,6 +106,8 @@ class Transformer:
             None if inv_freq_local is None else Tensor(np.ascontiguousarray(inv_freq_local, dtype=np.float32)).contiguous()
         )
         local = [] if self.inv_freq_local is None else [self.inv_freq_local]
+        sections = config.rope_sections  # M-RoPE: an image's rows turn by their time, row and column
+        self.rope_sections = Tensor(np.array(sections, dtype=np.int32)).contiguous().realize() if sections else None
         # a realize per layer: 150 separate ones took ~40% of loading, and one for all of them spent
         # 20 s in tinygrad's lowering of one long command list
         Tensor.realize(*self.embed.tensors(), self.output_norm, *self.head.tensors(), self.key_positions, self.inv_freq, *local)

@@ -175,15 +175,24 @@ def vision_for(projector, name: str, config, steps, tokenizer):
     """The projector (file `name`) as the served model's `Vision`, or ModelLoadError where the two
     do not go together."""
     from webapp.engine.kernels.vision_encoder import VisionEncoderKernels
+    from webapp.engine.vision.projector import OWN_TOWERS
     from webapp.engine.vision.vision import Vision
 
     if not steps.takes_inputs:
         raise ModelLoadError(f"{name}: an image's rows go where token embeddings do, which these steps do not take ({steps.how})")
+    if projector.family in OWN_TOWERS and not config.rope_sections:
+        raise ModelLoadError(f"{name}: its images turn by M-RoPE sections, which the model's file has none of (a Qwen2-VL model's have)")
+    if config.rope_sections and not steps.turns_by_sections:
+        raise ModelLoadError(f"{name}: images turned by M-RoPE sections are taken on the CPU kernels only, not {steps.how}")
+    if projector.deepstack != config.deepstack_layers:
+        raise ModelLoadError(
+            f"{name}: its rows carry {projector.deepstack} deepstack features; the model's first layers take {config.deepstack_layers}"
+        )
     if projector.text_dim != config.dim:
         raise ModelLoadError(f"{name}: its rows have {projector.text_dim} values; the model's embeddings have {config.dim}")
     kernels = getattr(steps, "kernels", None)  # the encoder's attention and gelu on the model's cores, else NumPy's
     projector.encoder.kernels = VisionEncoderKernels(kernels.library) if kernels is not None else None
-    log.info("images: %s's %s projector, %d positions an image", name, projector.family, projector.tokens_per_image)
+    log.info("images: %s's %s projector", name, projector.family)
     return Vision(projector, max(config.vocab_size, tokenizer.vocab_size))
 
 

@@ -138,6 +138,7 @@ class ModelRunner:
         self.draft = draft  # a DraftModel, run on this thread beside the served model
         self.vision = vision  # the projector's Vision (webapp/engine/vision/vision.py) where images are taken
         self._both_ways = vision is not None and vision.projector.both_ways  # a lane's image rows see each other
+        self._turns_images = vision is not None and steps.turns_by_sections  # M-RoPE: images turn by their grid
 
     @property
     def mixes(self) -> bool:
@@ -165,7 +166,7 @@ class ModelRunner:
         wants = [Want.LAST if p.want is Want.TOKEN and not picks else p.want for p in parts]
         outputs = self.steps.run(
             [
-                Lane(p.request.slot, p.start, p.tokens, want, p.decoding, self._inputs(p), a, self._both_ways)
+                Lane(p.request.slot, p.start, p.tokens, want, p.decoding, self._inputs(p), a, self._both_ways, self._rope_positions(p))
                 for p, a, want in zip(parts, lora, wants, strict=True)
             ]
         )
@@ -184,6 +185,12 @@ class ModelRunner:
         if part.decoding or not part.request.images:
             return ()
         return self.vision.inputs(part.request.images, part.start, len(part.tokens))
+
+    def _rope_positions(self, part: Part):
+        """The positions an M-RoPE model turns a part of a request with images by (Vision.rope_positions)."""
+        if not self._turns_images or not part.request.images:
+            return None
+        return self.vision.rope_positions(part.request.images, part.start, len(part.tokens))
 
     def kept(self, request: Request, lanes: int) -> None:
         self.steps.kept(request.slot, lanes)

@@ -1,17 +1,18 @@
 """A projector file turned into the two steps image input needs: pixels from an image, rows from pixels.
 
 Contract: `load_projector(path)` reads a llama.cpp projector ("mmproj") GGUF and returns a
-`Projector`, or raises `ModelLoadError` naming the key or tensor at fault. A `Projector`'s
-`preprocess(rgb)` maps an RGB uint8 (H, W, 3) image to the encoder's (3, S, S) float32 input;
-`encode(pixels)` runs the SigLIP encoder and the family's projection and returns
-(tokens_per_image, text_dim) float32 rows; `pieces(rgb)` is what an image is in a prompt: its
-encoder inputs, each between the family's strings before and after its rows (the caller tokenizes
-those). Both are pure functions of their input:
-the same pixels give the same rows.
+`Projector` (or a family's own, the same methods: qwen2vl.py's), or raises `ModelLoadError` naming
+the key or tensor at fault. A projector's `pieces(rgb)` is what an RGB uint8 (H, W, 3) image is in
+a prompt: its encoder inputs (float32 pixels), each between the family's strings before and after
+its rows (the caller tokenizes those); `tokens(pixels)` how many rows an input becomes, and
+`grid(pixels)` their (rows, cols) where the language model turns them by a 2-D position (M-RoPE),
+else None; `encode(pixels)` runs the encoder and the family's projection and returns (tokens,
+text_dim) float32 rows. All are pure functions of their input: the same pixels give the same rows.
 
-What differs between families (resampling filter, wrap strings, the projection after the encoder) is
-one class per family, named in `FAMILIES` by its `family` (`clip.projector_type`); the encoder is
-shared. A new family is a module beside gemma3.py and one entry there.
+What differs between SigLIP families (resampling filter, wrap strings, the projection after the
+encoder) is one class per family, named in `FAMILIES` by its `family` (`clip.projector_type`); the
+encoder is shared. A new family is a module beside gemma3.py and one entry there; a family with a
+tower of its own (`OWN_TOWERS`) is a whole projector in its module.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from webapp.engine.model.load_error import ModelLoadError
 from webapp.engine.vision.gemma3 import Gemma3Projection
 from webapp.engine.vision.idefics3 import Idefics3Projection
 from webapp.engine.vision.projector_file import ProjectorFile, VisionHparams
+from webapp.engine.vision.qwen2vl import QwenVLProjector
+from webapp.engine.vision.qwen3vl import Qwen3VLProjector
 from webapp.engine.vision.siglip import SiglipEncoder, normalized_pixels, run_to_end
 
 
@@ -58,6 +61,9 @@ class Projection(Protocol):
 FAMILIES: dict[str, Callable[[ProjectorFile], Projection]] = {
     family.family: family.from_file for family in (Gemma3Projection, Idefics3Projection)
 }
+# families with a tower of their own (qwen2vl.py), each a whole projector
+OWN_TOWERS = {"qwen2vl_merger": QwenVLProjector.from_file, "qwen2.5vl_merger": QwenVLProjector.from_file}
+OWN_TOWERS["qwen3vl_merger"] = Qwen3VLProjector.from_file
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,19 @@ class Projector:
         families one whole image), each with the text before and after its rows."""
         return self.projection.pieces(rgb, self.encoder.hparams)
 
+    @property
+    def deepstack(self) -> int:
+        """Rows of text_dim each encoded row carries after its own (Qwen3-VL's deepstack): none here."""
+        return 0
+
+    def tokens(self, pixels: np.ndarray) -> int:
+        """How many rows `encode` gives for these pixels: the family's one number."""
+        return self.projection.tokens_per_image
+
+    def grid(self, pixels: np.ndarray) -> None:
+        """The rows' 2-D grid where the language model turns them by it (M-RoPE); none here."""
+        return None
+
     def preprocess(self, rgb: np.ndarray) -> np.ndarray:
         """RGB uint8 (H, W, 3) -> (3, image_size, image_size) float32, resized and normalized as the family was trained."""
         return normalized_pixels(rgb, self.projection.resample, self.encoder.hparams)
@@ -114,11 +133,14 @@ class Projector:
         return self.projection.project(features)
 
 
-def load_projector(path: str) -> Projector:
+def load_projector(path: str) -> Projector | QwenVLProjector:
     """The projector in the GGUF file at `path`; `ModelLoadError` names what is wrong with it."""
     file = ProjectorFile.open(path)
+    if file.projector_type in OWN_TOWERS:
+        return OWN_TOWERS[file.projector_type](file)
     read_projection = FAMILIES.get(file.projector_type)
     if read_projection is None:
-        raise ModelLoadError(f"clip.projector_type {file.projector_type!r} is not supported (supported: {', '.join(sorted(FAMILIES))})")
+        known = ", ".join(sorted([*FAMILIES, *OWN_TOWERS]))
+        raise ModelLoadError(f"clip.projector_type {file.projector_type!r} is not supported (supported: {known})")
     projection = read_projection(file)  # the family's checks first: they read far less than the encoder's tensors
     return Projector(SiglipEncoder.from_file(file), projection)

@@ -101,6 +101,9 @@ class ProjectorFile:
     def has(self, key: str) -> bool:
         return key in self._metadata
 
+    def has_tensor(self, name: str) -> bool:
+        return name in self._tensors
+
     def uint(self, key: str, low: int = 1, high: int = 1 << 31) -> int:
         """An integer key, which must lie in [low, high]."""
         value = self._value(key)

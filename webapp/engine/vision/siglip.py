@@ -43,11 +43,16 @@ def normalized_pixels(rgb: np.ndarray, resample: Image.Resampling, hparams: Visi
             f"an image must be an RGB uint8 (H, W, 3) array, not {getattr(rgb, 'dtype', type(rgb))} {getattr(rgb, 'shape', '')}"
         )
     size = hparams.image_size
-    resized = Image.fromarray(np.ascontiguousarray(rgb)).resize((size, size), resample=resample)
-    pixels = np.asarray(resized, dtype=np.float32) / np.float32(255.0)  # (S, S, 3)
+    return scaled_pixels(np.asarray(Image.fromarray(np.ascontiguousarray(rgb)).resize((size, size), resample=resample)), hparams)
+
+
+def scaled_pixels(rgb: np.ndarray, hparams: VisionHparams) -> np.ndarray:
+    """A resized RGB uint8 (H, W, 3) image scaled to [0, 1] and normalized with the file's mean and
+    std: (3, H, W) float32."""
+    pixels = np.asarray(rgb, dtype=np.float32) / np.float32(255.0)
     pixels -= np.asarray(hparams.image_mean, dtype=np.float32)
     pixels /= np.asarray(hparams.image_std, dtype=np.float32)
-    return np.ascontiguousarray(pixels.transpose(2, 0, 1))  # (3, S, S)
+    return np.ascontiguousarray(pixels.transpose(2, 0, 1))
 
 
 def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
@@ -121,12 +126,16 @@ class EncoderLayer:
         return sum(array.nbytes for array in vars(self).values())
 
     def widened(self, kernels=None) -> EncoderLayer:
-        """The layer with its float16 matrices (an F16 file's, kept so) as float32, what BLAS multiplies:
-        made as an encode reaches the layer, so one layer's float32 copy lives at a time; on the CPU
-        kernels' cores where `kernels` is given (NumPy's conversion runs on one)."""
-        widen = kernels.widened if kernels is not None else lambda array: array.astype(np.float32)
-        half = {name: widen(array) for name, array in vars(self).items() if array.dtype == np.float16}
-        return dataclasses.replace(self, **half) if half else self
+        return widened(self, kernels)
+
+
+def widened(layer, kernels=None):
+    """A layer's dataclass with its float16 matrices (an F16 file's, kept so) as float32, what BLAS
+    multiplies: made as an encode reaches the layer, so one layer's float32 copy lives at a time; on
+    the CPU kernels' cores where `kernels` is given (NumPy's conversion runs on one)."""
+    widen = kernels.widened if kernels is not None else lambda array: array.astype(np.float32)
+    half = {name: widen(array) for name, array in vars(layer).items() if array is not None and array.dtype == np.float16}
+    return dataclasses.replace(layer, **half) if half else layer
 
 
 class SiglipEncoder:
@@ -198,7 +207,7 @@ class SiglipEncoder:
             layer = stored.widened(self.kernels)
             normed = layer_norm(x, layer.ln1_weight, layer.ln1_bias, h.eps)
             q, k, v = (np.empty((n, width), dtype=np.float32) for _ in range(3))
-            for rows in _row_blocks(n, 6 * width * width, slice_flops):
+            for rows in row_blocks(n, 6 * width * width, slice_flops):
                 for out, weight, bias in (
                     (q, layer.q_weight, layer.q_bias),
                     (k, layer.k_weight, layer.k_bias),
@@ -212,26 +221,26 @@ class SiglipEncoder:
             on_kernels = self.kernels is not None and self.kernels.runs_attention(head_dim)
             for head in range(heads):
                 kt = np.ascontiguousarray(k[head].T) if on_kernels else None  # (head_dim, n): what the kernel reads
-                for rows in _row_blocks(n, 4 * n * head_dim, slice_flops):
+                for rows in row_blocks(n, 4 * n * head_dim, slice_flops):
                     if on_kernels:
                         self.kernels.attention(q[head, rows], kt, v[head], mixed[rows, head])
                     else:
-                        mixed[rows, head] = _attention(q[head, rows], k[head], v[head])
+                        mixed[rows, head] = attention_rows(q[head, rows], k[head], v[head])
                     yield
             mixed = mixed.reshape(n, width)
-            for rows in _row_blocks(n, 2 * width * width, slice_flops):
+            for rows in row_blocks(n, 2 * width * width, slice_flops):
                 x[rows] += linear(mixed[rows], layer.out_weight, layer.out_bias)
                 yield
             normed = layer_norm(x, layer.ln2_weight, layer.ln2_bias, h.eps)
             gelu = gelu_tanh if self.kernels is None else self.kernels.gelu_tanh
-            for rows in _row_blocks(n, 4 * width * h.ffn, slice_flops):
+            for rows in row_blocks(n, 4 * width * h.ffn, slice_flops):
                 hidden = gelu(linear(normed[rows], layer.up_weight, layer.up_bias))  # (rows, ffn)
                 x[rows] += linear(hidden, layer.down_weight, layer.down_bias)
                 yield
         return layer_norm(x, self.post_weight, self.post_bias, h.eps)
 
 
-def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+def attention_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     """softmax(q . k^T) . v for one head's (queries, head_dim) q over its (n, head_dim) k and v."""
     scores = q @ k.T  # (queries, n)
     scores -= scores.max(axis=1, keepdims=True)
@@ -240,7 +249,7 @@ def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     return scores @ v
 
 
-def _row_blocks(n: int, flops_a_row: float, slice_flops: float) -> list[slice]:
+def row_blocks(n: int, flops_a_row: float, slice_flops: float) -> list[slice]:
     """Rows 0..n-1 in blocks of about `slice_flops` of work each."""
     step = max(1, int(slice_flops // max(flops_a_row, 1)))
     return [slice(start, min(n, start + step)) for start in range(0, n, step)]

@@ -43,6 +43,7 @@ class PreparedImage:
     before: str = ""  # the family's text before its rows, and after them
     after: str = ""
     both_ways: bool = False  # its positions attend each other both ways: one prompt chunk holds them all
+    grid: tuple[int, int] | None = None  # its rows' (rows, cols), which M-RoPE turns them by; None: as text
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,9 @@ class Vision:
         pieces = []
         for before, pixels, after in self.projector.pieces(decode_image(data)):
             pixels = np.ascontiguousarray(pixels, dtype=np.float32)
-            digest = hashlib.sha256(pixels.tobytes()).digest()
-            pieces.append(PreparedImage(pixels, digest, self.projector.tokens_per_image, before, after, self.projector.both_ways))
+            digest = hashlib.sha256(repr(pixels.shape).encode() + pixels.tobytes()).digest()
+            tokens, grid = self.projector.tokens(pixels), self.projector.grid(pixels)
+            pieces.append(PreparedImage(pixels, digest, tokens, before, after, self.projector.both_ways, grid))
         return tuple(pieces)
 
     def placeholder(self, image: PreparedImage) -> int:
@@ -104,6 +106,27 @@ class Vision:
                 rows = self.rows(span.image, counted=first == span.start)
                 found.append((first - start, rows[first - span.start : last - span.start]))
         return tuple(found)
+
+    def rope_positions(self, images: tuple[ImageSpan, ...], start: int, count: int) -> np.ndarray | None:
+        """(3, count) positions M-RoPE turns sequence positions start .. start + count - 1 by: an
+        image's rows by its time (its first row's), and its time plus their row and column in its
+        grid; every other token by its position less what the images before it saved (an image
+        counts as its grid's longer side, as Qwen2-VL's positions and llama.cpp's mtmd count it).
+        None where no image with a grid lies before the range's end: each token's own position."""
+        gridded = sorted((s for s in images if s.image.grid is not None and s.start < start + count), key=lambda s: s.start)
+        if not gridded:
+            return None
+        at = np.arange(start, start + count, dtype=np.int64)
+        out = np.tile(at, (3, 1))
+        saved = 0  # by the images before this one
+        for span in gridded:
+            (rows, cols), end = span.image.grid, span.start + span.image.tokens
+            inside = (at >= span.start) & (at < end)
+            offset, first = at[inside] - span.start, span.start - saved
+            out[0, inside], out[1, inside], out[2, inside] = first, first + offset // cols, first + offset % cols
+            saved += span.image.tokens - max(rows, cols)
+            out[:, at >= end] -= span.image.tokens - max(rows, cols)
+        return out
 
     def rows(self, image: PreparedImage, counted: bool = True) -> np.ndarray:
         """The image's projected rows (tokens, dim), encoded once while kept; `counted`: a kept

@@ -152,18 +152,26 @@ static void rotate_half_pairs(const float *x, const float *cos_sin, int rotary, 
 static __thread scratch_t rotation_rows, attend_groups;
 
 /* In `scratch` (a thread's): rotations[b * Hd ..] = the cosines, then the sines, of lane b's RoPE
- * angles (pos * inv_freq[i], i < rotary / 2), times `scale`, for B lanes: the rotated values grow by
- * the attention factor, the values a partial rotary passes do not (as llama.cpp's rope does). */
-static const float *rope_rotations(scratch_t *scratch, const int32_t *lanes, int B, const float *inv_freq, int Hd, int rotary, float scale) {
+ * angles (position * inv_freq[i], i < rotary / 2), times `scale`, for B lanes: the rotated values
+ * grow by the attention factor, the values a partial rotary passes do not (as llama.cpp's rope does).
+ * Pair i of lane b turns by positions[sections[i] * B + b] (M-RoPE's time, row and column: rows of B
+ * positions), or with sections NULL by positions[b]. */
+static const float *rotations_by(scratch_t *scratch, const int32_t *positions, const int32_t *sections, int B, const float *inv_freq, int Hd,
+                                 int rotary, float scale) {
   float *rotations = at_least(scratch, (size_t)B * Hd * sizeof(float));
   const int half = rotary / 2;
   for (int b = 0; b < B; b++)
     for (int i = 0; i < half; i++) {
-      const float angle = (float)lanes[B + b] * inv_freq[i];
+      const float angle = (float)positions[(sections ? (size_t)sections[i] * B : 0) + b] * inv_freq[i];
       rotations[(size_t)b * Hd + i] = cosf(angle) * scale;
       rotations[(size_t)b * Hd + half + i] = sinf(angle) * scale;
     }
   return rotations;
+}
+
+/* Each lane's rotations at its position (lanes[B + b]). */
+static const float *rope_rotations(scratch_t *scratch, const int32_t *lanes, int B, const float *inv_freq, int Hd, int rotary, float scale) {
+  return rotations_by(scratch, lanes + B, NULL, B, inv_freq, Hd, rotary, scale);
 }
 
 /* tq_attend with each lane's rotations already computed (rope_rotations): a step computes them once

@@ -99,7 +99,7 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
  * real token): embedding, every layer as tq_layer, then the final norm and the output head (or, with
  * step->outputs STEP_HIDDEN, the final norm's rows alone: `logits` then holds R x dim floats).
  * `model` holds the model's tensors by address (uint64): the embedding matrix, the final norm, the
- * head matrix, the RoPE inverse frequencies (global, then local), a paged cache's block tables, a LoRA table (tq.h), then per layer its qkv, o, gate_up and down matrices, its
+ * head matrix, the RoPE inverse frequencies (global, then local), a paged cache's block tables, a LoRA table, M-RoPE's sections (tq.h), then per layer its qkv, o, gate_up and down matrices, its
  * two norms, its KV cache and its attention extras, and a mixture of experts' router, up matrices and
  * token counts, a post-normed layer's norms, a layer's biases, a shared expert's gate and the experts'
  * selection bias (the order of tq.h's MODEL_* and LAYER_* entries; a shared expert's matrices follow the up matrices). step:
@@ -110,7 +110,9 @@ void tq_layer(float *out, const float *x, const uint8_t *w_qkv, const uint8_t *w
  * the pool's jobs itself: replayed inside a TinyJit, the same one-kernel step took longer (Python
  * before it started, tinygrad's worker thread running it, noticing its end; bench/RESULTS.md, one
  * call a step: the second 56cc4f0 row). A negative token -1 - k takes row k of `inputs` (rows of dim
- * floats, an image's projected rows) for its embedding, unscaled: no token id gave it. */
+ * floats, an image's projected rows) for its embedding, unscaled: no token id gave it; with
+ * step->deepstack > 0 a row is that many more dim floats wide, and layer l < deepstack adds part l + 1
+ * of it to its output at that position. */
 static __thread scratch_t step_rows, local_rotation_rows;
 
 void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, const int32_t *picks, const uint64_t *model, const tq_step *step,
@@ -119,18 +121,22 @@ void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, cons
   float *x = at_least(&step_rows, (size_t)(B + R) * D * sizeof(float)), *picked = x + (size_t)B * D;
   const tq_attention *a = &step->attention;
   const int32_t *tables = (const int32_t *)(uintptr_t)model[MODEL_BLOCK_TABLES]; /* 0 unless a->block_positions > 0 */
-  const float *rotations = rope_rotations(&rotation_rows, lanes, B, (const float *)(uintptr_t)model[MODEL_INV_FREQ], a->head_dim,
-                                          a->rotary_dim, a->rope_scale);
-  const float *local_rotations = model[MODEL_INV_FREQ_LOCAL] ? rope_rotations(&local_rotation_rows, lanes, B,
-                                                                              (const float *)(uintptr_t)model[MODEL_INV_FREQ_LOCAL],
-                                                                              a->head_dim, a->rotary_dim, a->rope_scale)
+  /* with ATTEND_ROPE_POSITIONS each rotary pair turns by one of the lanes' three rows of positions */
+  const int sectioned = (a->flags & ATTEND_ROPE_POSITIONS) && model[MODEL_ROPE_SECTIONS];
+  const int32_t *positions = sectioned ? lanes + 4 * B : lanes + B, *sections = sectioned ? (const int32_t *)(uintptr_t)model[MODEL_ROPE_SECTIONS] : NULL;
+  const float *rotations = rotations_by(&rotation_rows, positions, sections, B, (const float *)(uintptr_t)model[MODEL_INV_FREQ], a->head_dim,
+                                        a->rotary_dim, a->rope_scale);
+  const float *local_rotations = model[MODEL_INV_FREQ_LOCAL] ? rotations_by(&local_rotation_rows, positions, sections, B,
+                                                                            (const float *)(uintptr_t)model[MODEL_INV_FREQ_LOCAL],
+                                                                            a->head_dim, a->rotary_dim, a->rope_scale)
                                                              : rotations;
   const tq_product embed_shape = {step->embed_type, step->vocab, D, B, 0.0f};
   tq_embed(x, (const uint8_t *)(uintptr_t)model[MODEL_EMBED], tokens, &embed_shape);
   if (step->embed_scale != 1.0f)
     for (size_t i = 0; i < (size_t)B * D; i++) x[i] *= step->embed_scale;
+  const size_t input_width = (size_t)(1 + step->deepstack) * D; /* an inputs row: the embedding, then each deepstack layer's part */
   for (int b = 0; b < B && inputs; b++)
-    if (tokens[b] < 0) memcpy(x + (size_t)b * D, inputs + (size_t)(-1 - (int64_t)tokens[b]) * D, D * sizeof(float));
+    if (tokens[b] < 0) memcpy(x + (size_t)b * D, inputs + (size_t)(-1 - (int64_t)tokens[b]) * input_width, D * sizeof(float));
   tq_layer_shape layer_shape = {step->attention, D, step->ffn_dim, {0}, {0}, 0, step->latent, step->recurrent};
   for (int l = 0; l < step->layers; l++) {
     const uint64_t *m = model + MODEL_LAYERS + (size_t)l * LAYER_ENTRIES;
@@ -156,6 +162,11 @@ void tq_forward(float *logits, const int32_t *tokens, const int32_t *lanes, cons
           AT(const float *, LAYER_BIASES), AT(uint16_t *, LAYER_CACHE), lanes, layer_shape.attention.flags & ATTEND_LOCAL_ROPE ? local_rotations : rotations,
           AT(const float *, LAYER_EXTRAS), tables, &lora, &layer_shape);
 #undef AT
+    for (int b = 0; b < B && inputs && l < step->deepstack; b++)
+      if (tokens[b] < 0) {
+        const float *part = inputs + (size_t)(-1 - (int64_t)tokens[b]) * input_width + (size_t)(l + 1) * D;
+        for (int i = 0; i < D; i++) x[(size_t)b * D + i] += part[i];
+      }
   }
   for (int r = 0; r < R; r++) memcpy(picked + (size_t)r * D, x + (size_t)(picks[r] < 0 || picks[r] >= B ? 0 : picks[r]) * D, D * sizeof(float));
   if (step->outputs == STEP_HIDDEN) {

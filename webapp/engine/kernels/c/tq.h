@@ -53,6 +53,12 @@ enum { ATTEND_LATENT = 64 };
  * an image in one non-causal batch). A step's flag (tq_forward's step->attention.flags), which every
  * layer takes. */
 enum { ATTEND_KEYS_AHEAD = 128 };
+/* ATTEND_ROPE_POSITIONS: the lanes carry, after a third and a fourth row (present, read or not),
+ * three rows of B positions (lanes[4B + s * B + b]), and rotary pair i of lane b turns by row
+ * model[MODEL_ROPE_SECTIONS][i] of them (M-RoPE: a Qwen2-VL image's rows turn by its time, row and
+ * column, not by their places in the sequence). A step's flag; without it, or without the model's
+ * sections, each pair turns by the lane's position. */
+enum { ATTEND_ROPE_POSITIONS = 256 };
 /* How a layer's sublayers join the residual stream (tq_layer_shape.form). FORM_POST_NORMS: the
  * attention's and the feed-forward's outputs are rms-normalized (by the layer's LAYER_POST_NORMS, D
  * floats each) before they are added (Gemma 3); FORM_GEGLU: the feed-forward is gelu(gate) * up
@@ -108,8 +114,10 @@ enum { SPIN_US = 100 };
  * is); else the three are 0. SELECTION_BIAS: with EXPERTS_SELECTION_BIAS, a number an expert (count
  * floats) added to its probability to choose the experts, not to weigh them; else 0. INV_FREQ_LOCAL: ATTEND_LOCAL_ROPE
  * layers' RoPE frequencies, or 0 for none. BLOCK_TABLES: a paged cache's block tables (int32, rows x
- * tq_step.attention.table_width, which every layer's cache shares), or 0 for an unpaged one. */
-enum { MODEL_EMBED, MODEL_NORM, MODEL_HEAD, MODEL_INV_FREQ, MODEL_INV_FREQ_LOCAL, MODEL_BLOCK_TABLES, MODEL_LORA, MODEL_LAYERS };
+ * tq_step.attention.table_width, which every layer's cache shares), or 0 for an unpaged one.
+ * ROPE_SECTIONS: 0, or rotary / 2 int32, the row of ATTEND_ROPE_POSITIONS' three each rotary pair
+ * turns by (0, 1 or 2). */
+enum { MODEL_EMBED, MODEL_NORM, MODEL_HEAD, MODEL_INV_FREQ, MODEL_INV_FREQ_LOCAL, MODEL_BLOCK_TABLES, MODEL_LORA, MODEL_ROPE_SECTIONS, MODEL_LAYERS };
 /* MODEL_LORA: 0, or the address of a LoRA table (uint64, lora.c): LORA_LANE_ADAPTERS, the address of
  * a step's B int32 (each lane's adapter, -1: none, else below LORA_MAX_ADAPTERS), LORA_LANE_SCALES, of
  * its B floats (each lane's scale on its adapter), then from LORA_WEIGHTS, for each adapter, each layer
@@ -240,6 +248,9 @@ typedef struct {
   float embed_scale;  /* on the embedding's rows (Gemma's sqrt(dim); 1: none) */
   tq_latent latent;   /* of FORM_LATENT layers */
   tq_recurrent recurrent; /* of FORM_RECURRENT layers */
+  /* a row of `inputs` holds (1 + deepstack) x dim floats: the embedding, then what the first
+   * `deepstack` layers each add to their output at that position (Qwen3-VL's deepstack features) */
+  int32_t deepstack;
 } tq_step;
 
 /* tq_abi's description of one name: a constant (its value), a struct (its size) or a field

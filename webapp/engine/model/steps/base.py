@@ -47,6 +47,7 @@ class Steps:
     spare_rows: range | None = None  # rows of recurrent state for drafted tokens (None: no recurrent layers)
     pages: bool = False  # the KV cache is a paged pool's blocks, read through block tables, and `block_rows` moves them
     takes_inputs: bool = False  # a lane's `inputs` rows replace its tokens' embeddings (images)
+    turns_by_sections: bool = False  # a lane's `rope_positions` turn its tokens (M-RoPE models' images)
     picks: bool = False  # a lane may want TOKEN: its last logits' argmax, picked in the step
     lora_table = None  # the adapters a lane's `lora` names (a LoraTable or DeviceLoraTable), where lanes take them
 

@@ -73,6 +73,7 @@ class JittedSteps(Steps):
         assert self.takes_inputs or not any(lane.inputs for lane in lanes), "rows in place of embeddings: takes_inputs is not set"
         assert self.lora_table is not None or not any(lane.lora for lane in lanes), "an adapter's products: no lora_table here"
         assert self.picks or not any(lane.want is Want.TOKEN for lane in lanes), "a lane wants TOKEN: `picks` is not set"
+        assert all(lane.rope_positions is None for lane in lanes), "M-RoPE positions: turns_by_sections is not set"
         if all(lane.decoding and len(lane.tokens) == 1 for lane in lanes):
             width = next(w for w in self.widths if w >= len(lanes))
             lora = [lane.lora for lane in lanes] if any(lane.lora for lane in lanes) else None

@@ -35,6 +35,7 @@ class OneCallSteps(Steps):
     mixes = True
     speculates = True  # a lane's numbers never depend on the step's other lanes
     takes_inputs = True  # tq_forward embeds a negative token as a row of its inputs
+    turns_by_sections = True  # a lane's rope_positions turn it (M-RoPE: ATTEND_ROPE_POSITIONS)
 
     @staticmethod
     def fits(model) -> bool:
@@ -57,6 +58,8 @@ class OneCallSteps(Steps):
             embed_scale=model.config.embed_scale,
             block_tables=model.block_table,
             block_positions=0 if model.pool is None else model.pool.block_positions,
+            rope_sections=model.rope_sections,
+            deepstack=model.config.deepstack_layers,
         )
         self._prefix_copy.synchronize = True
         # the recurrent layers' caches as (rows, state floats) over their memory: a state's copy is a
@@ -124,9 +127,19 @@ class OneCallSteps(Steps):
         inputs: np.ndarray | None = None,
         lora: int = 0,
         last_keys: list[int] | None = None,
+        rope_positions: np.ndarray | None = None,
     ) -> np.ndarray:
         return self.kernels.step(
-            self.whole_model, tokens, lanes, picks, state_rows=state_rows, resume_rows=resume, inputs=inputs, lora=lora, last_keys=last_keys
+            self.whole_model,
+            tokens,
+            lanes,
+            picks,
+            state_rows=state_rows,
+            resume_rows=resume,
+            inputs=inputs,
+            lora=lora,
+            last_keys=last_keys,
+            rope_positions=rope_positions,
         )
 
     def run(self, lanes: list[Lane]) -> list[np.ndarray]:
@@ -137,11 +150,14 @@ class OneCallSteps(Steps):
         assert all(lane.start + len(lane.tokens) <= self.model.context for lane in lanes)
         tokens, slots, positions, picks, inputs, given, adapters, scales = [], [], [], [], [], 0, [], []
         last_keys = [] if any(lane.inputs_both_ways and lane.inputs for lane in lanes) else None
+        turned = [] if any(lane.rope_positions is not None for lane in lanes) else None
         for lane in lanes:
             first, n = len(tokens), len(lane.tokens)
             tokens += lane.tokens
             slots += [lane.slot] * n
             positions += range(lane.start, lane.start + n)
+            if turned is not None:  # M-RoPE's three positions a token: a lane without its own turns as text
+                turned.append(lane.rope_positions if lane.rope_positions is not None else np.tile(positions[first:], (3, 1)))
             if last_keys is not None:
                 last_keys += positions[first:]
             for offset, rows in lane.inputs:  # fed as -1 - their row in `inputs` (tq_forward)
@@ -155,15 +171,13 @@ class OneCallSteps(Steps):
             adapters += [adapter] * n
             scales += [scale] * n
         lora = self.lora_table.address(np.array(adapters, np.int32), np.array(scales, np.float32))
+        given = {"inputs": _rows(inputs), "lora": lora, "last_keys": last_keys}
+        given["rope_positions"] = None if turned is None else np.concatenate(turned, axis=1)
         if any(lane.want is Want.HIDDEN for lane in lanes):  # the final norm's outputs, for a whole call only
             assert len(lanes) == 1 and lanes[0].want is Want.HIDDEN, "a hidden lane runs alone"
-            return [
-                self.kernels.step(
-                    self.whole_model, tokens, slots + positions, picks, hidden=True, inputs=_rows(inputs), lora=lora, last_keys=last_keys
-                )
-            ]
+            return [self.kernels.step(self.whole_model, tokens, slots + positions, picks, hidden=True, **given)]
         state_rows = self._state_rows(lanes) if any(lane.drafted for lane in lanes) else None
-        out = self._step(tokens, slots + positions, picks, state_rows, inputs=_rows(inputs), lora=lora, last_keys=last_keys)
+        out = self._step(tokens, slots + positions, picks, state_rows, **given)
         ends = list(itertools.accumulate(lane.picked for lane in lanes))
         return [out[end - 1] if lane.want is Want.LAST else out[end - lane.picked : end] for lane, end in zip(lanes, ends)]
 
