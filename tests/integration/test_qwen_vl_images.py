@@ -5,8 +5,9 @@ longer side, though the image is longer than a prefill chunk; Qwen3-VL's first l
 rows' deepstack features. The answer's log probabilities are the float64 reference's given the
 same prompt, rows and positions (written out here from the image's grid, apart from the server's
 code), and not those of the image turned as text; a second request about the same image takes its
-positions from the cache and answers alike. tinygrad's path does not take such images: the
-projector is refused at load, saying why (the server's state says it, as its `/health` does)."""
+positions from the cache and answers alike, and the token decoded after it turns as the text
+after the image does; on the CPU kernels and on tinygrad's path. A projector the model cannot take
+is refused at load, saying why (the server's state says it, as its `/health` does)."""
 
 import numpy as np
 import openai
@@ -46,10 +47,17 @@ def files(tmp_path_factory):
     return qwen25vl(tmp_path_factory.mktemp("qwen2vl"))
 
 
-@pytest.fixture(scope="module", params=[qwen25vl, qwen3vl, qwen35], ids=["qwen2.5-vl", "qwen3-vl", "qwen3.5"])
+@pytest.fixture(
+    scope="module",
+    params=[(qwen25vl, True), (qwen3vl, True), (qwen35, True), (qwen25vl, False), (qwen3vl, False)],
+    ids=["qwen2.5-vl", "qwen3-vl", "qwen3.5", "qwen2.5-vl-tinygrad", "qwen3-vl-tinygrad"],
+)
 def served(tmp_path_factory, request):
-    model, projector, reference = request.param(tmp_path_factory.mktemp("qwen-vl"))
-    with tiny_engine_server(model, slots=2, queue_limit=4, context=512, mmproj=projector) as (engine, server):
+    """On the CPU kernels, and on tinygrad's own (every other device's path; Qwen3.5 runs on the
+    CPU kernels only)."""
+    family, cpu_kernels = request.param
+    model, projector, reference = family(tmp_path_factory.mktemp("qwen-vl"))
+    with tiny_engine_server(model, slots=2, queue_limit=4, context=512, mmproj=projector, cpu_kernels=cpu_kernels) as (engine, server):
         yield engine, server, reference(model)
 
 
@@ -68,11 +76,18 @@ def turned(length: int, first: int, rows: int, cols: int) -> np.ndarray:
     return np.array(out).T
 
 
-def first_token_logprobs(server, messages) -> tuple[np.ndarray, int]:
+def token_logprobs(server, messages, tokens: int = 1) -> tuple[list[np.ndarray], int]:
+    """Each generated token's TOP log probabilities, highest first, and how many prompt tokens were cached."""
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
-    reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=1, temperature=0, logprobs=True, top_logprobs=TOP)
-    top = sorted((t.logprob for t in reply.choices[0].logprobs.content[0].top_logprobs), reverse=True)
-    return np.array(top), reply.usage.prompt_tokens_details.cached_tokens
+    reply = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=tokens, temperature=0, logprobs=True, top_logprobs=TOP
+    )
+    tops = [np.array(sorted((t.logprob for t in token.top_logprobs), reverse=True)) for token in reply.choices[0].logprobs.content]
+    return tops, reply.usage.prompt_tokens_details.cached_tokens
+
+
+def top(logits: np.ndarray) -> np.ndarray:
+    return np.sort(log_softmax(logits))[::-1][:TOP]
 
 
 def test_an_image_turns_by_its_grid_through_the_server(served):
@@ -85,13 +100,17 @@ def test_an_image_turns_by_its_grid_through_the_server(served):
     at = [i for i, t in enumerate(tokenized["tokens"]) if t["piece"] == "[image]"]
     (piece,) = engine.vision.prepare(image)
     assert piece.grid == (9, 12) and at == list(range(at[0], at[0] + 108)) and len(at) > engine.prefill_chunk
-    got, _ = first_token_logprobs(server, messages)
+    (got, decoded), _ = token_logprobs(server, messages, tokens=2)
     inputs = {p: row.astype(np.float64) for p, row in zip(at, engine.vision.rows(piece), strict=True)}
-    want = np.sort(log_softmax(reference.logits(ids, inputs, turned=turned(len(ids), at[0], 9, 12))[-1]))[::-1][:TOP]
-    as_text = np.sort(log_softmax(reference.logits(ids, inputs)[-1]))[::-1][:TOP]
-    assert np.abs(got - want).max() < 1e-4
-    assert np.abs(as_text - want).max() > 1e-3  # the image's rows turned as text answer otherwise: the check can tell
-    again, cached = first_token_logprobs(server, messages)
+    logits = reference.logits(ids, inputs, turned=turned(len(ids), at[0], 9, 12))[-1]
+    first = int(np.argmax(logits))  # the greedy token, fed back: decoded at the image-shortened position
+    assert np.sort(logits)[-1] - np.sort(logits)[-2] > 1e-2  # decided, so the server picked it too
+    following = reference.logits([*ids, first], inputs, turned=turned(len(ids) + 1, at[0], 9, 12))[-1]
+    as_text = top(reference.logits(ids, inputs)[-1])
+    assert np.abs(got - top(logits)).max() < 1e-3  # tinygrad's path rounds more than the kernels (~1e-6 there)
+    assert np.abs(decoded - top(following)).max() < 1e-3
+    assert np.abs(as_text - top(logits)).max() > 1e-3  # the image's rows turned as text answer otherwise: the check can tell
+    (again,), cached = token_logprobs(server, messages)
     assert cached >= 108 and np.abs(again - got).max() < 1e-4
 
 
@@ -112,13 +131,6 @@ def _converse(server):
     follow = [*messages, {"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "And?"}]
     reply = client.chat.completions.create(model="tiny", messages=follow, max_tokens=4, temperature=0)
     assert reply.usage.prompt_tokens_details.cached_tokens >= 108
-
-
-def test_tinygrads_path_refuses_the_projector_saying_why(files):
-    model, projector, _ = files
-    with pytest.raises(AssertionError, match="ModelLoadError: .*CPU kernels only"):
-        with tiny_engine_server(model, slots=1, queue_limit=1, context=256, mmproj=projector, cpu_kernels=False):
-            pass
 
 
 def test_a_model_without_sections_refuses_the_projector(files, tmp_path):

@@ -501,6 +501,9 @@ class Reference:
             if self.arch in ("qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe"):  # interleaved, as Qwen's own code lays them
                 section = np.zeros(hd // 2, dtype=np.int64)
                 section[1 : 3 * self.sections[1] : 3], section[2 : 3 * self.sections[2] : 3] = 1, 2
+                if len(positions) == 4:  # llama.cpp's: a pair past its section's reach turns by a fourth position
+                    sector = np.arange(hd // 2) % sum(self.sections)
+                    section[sector >= 3 * np.asarray(self.sections[:3])[sector % 3]] = 3
             else:  # in runs, repeating past their sum
                 bounds = np.cumsum(self.sections[:3])
                 section = np.searchsorted(bounds, np.arange(hd // 2) % bounds[-1], side="right")
@@ -520,7 +523,8 @@ class Reference:
         """(T, vocab) logits for every position; `inputs`: rows fed in place of the embeddings of
         the tokens at their positions (an image's), unscaled; `both_ways`: (first, end) position
         ranges whose queries also see the later keys of their range (Gemma 3's image); `turned`
-        (3, T): the positions M-RoPE turns each token by, by the file's sections."""
+        (3, T): the positions M-RoPE turns each token by, by the file's sections (interleaved ones
+        also (4, T), as llama.cpp takes them: the pairs past their section's reach by the fourth)."""
         hidden = self.hidden(tokens, inputs, both_ways, turned) if inputs else self.hidden(tokens)  # subclasses take no inputs
         return hidden @ self.w.get("output.weight", self.w["token_embd.weight"]).T
 

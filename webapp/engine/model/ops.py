@@ -13,10 +13,15 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return (xf * (xf.square().mean(-1, keepdim=True) + eps).rsqrt() * weight).cast(x.dtype)
 
 
-def rotation(pos: Tensor, inv_freq: Tensor, scale: float = 1.0) -> tuple[Tensor, Tensor]:
+def rotation(pos: Tensor, inv_freq: Tensor, scale: float = 1.0, sections: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """cos and sin of the RoPE angles for positions pos (T,) or (B, 1, 1), times `scale` (YaRN's or
-    LongRoPE's attention factor): computed once a step, read by every layer."""
-    angles = pos.float().unsqueeze(-1) * inv_freq  # (..., half)
+    LongRoPE's attention factor): computed once a step, read by every layer. With M-RoPE's
+    `sections` (3, half), each pair's one-hot row of positions, pos has a last axis of three (time,
+    row, column) and each pair turns by its section's."""
+    if sections is not None:
+        angles = (pos.float().unsqueeze(-1) * sections).sum(-2) * inv_freq  # (..., 3, 1) x (3, half) -> (..., half)
+    else:
+        angles = pos.float().unsqueeze(-1) * inv_freq  # (..., half)
     if scale == 1.0:
         return angles.cos().contiguous(), angles.sin().contiguous()
     return (angles.cos() * scale).contiguous(), (angles.sin() * scale).contiguous()

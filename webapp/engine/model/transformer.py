@@ -108,6 +108,9 @@ class Transformer:
         local = [] if self.inv_freq_local is None else [self.inv_freq_local]
         sections = config.rope_sections  # M-RoPE: an image's rows turn by their time, row and column
         self.rope_sections = Tensor(np.array(sections, dtype=np.int32)).contiguous().realize() if sections else None
+        # the same as one-hot rows (3, half) for tinygrad's rotation: each pair's row of positions
+        one_hot = (np.arange(3)[:, None] == np.array(sections)[None, :]).astype(np.float32) if sections else None
+        self.section_rows = Tensor(one_hot).contiguous().realize() if sections else None
         # a realize per layer: 150 separate ones took ~40% of loading, and one for all of them spent
         # 20 s in tinygrad's lowering of one long command list
         Tensor.realize(*self.embed.tensors(), self.output_norm, *self.head.tensors(), self.key_positions, self.inv_freq, *local)
@@ -164,20 +167,27 @@ class Transformer:
         """forward_on_kernels' lanes, every one's final norm output -> (B, D) float32 (embeddings)."""
         return self._hidden(self._layers_on_kernels(tokens, lanes))
 
-    def _layers_prefill(self, tokens: Tensor, slot: UOp, start: UOp, rows: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
-        """`rows`: (inputs (1, T, D), given (1, T, 1), last keys (T,)): where `given` is 1, a row of
-        inputs in place of the token's embedding (an image's), and each position attends keys up to
-        its last key (past its own for an image attended both ways)."""
+    def _layers_prefill(
+        self, tokens: Tensor, slot: UOp, start: UOp, rows: tuple[Tensor, Tensor, Tensor] | None = None, turned: Tensor | None = None
+    ) -> Tensor:
+        """`rows`: (inputs (1, T, D x (1 + deepstack)), given (1, T, 1), last keys (T,)): where `given`
+        is 1, a row of inputs in place of the token's embedding (an image's; the first layers adding
+        its deepstack parts after them), and each position attends keys up to its last key (past its
+        own for an image attended both ways). `turned` (T, 3): M-RoPE's positions (None: the tokens')."""
         positions = Tensor.arange(tokens.shape[1]) + start  # (T,)
         keys = self.key_positions[0 : start + tokens.shape[1]]
         last = None if rows is None else rows[2].reshape(-1, 1)
         masks = self._masks(positions.reshape(-1, 1), keys.reshape(1, -1), 0, last)  # (1, T, S) each
-        rotary = self._rotations(positions)
+        rotary = self._rotations(positions, turned)
         x = self._embedded(tokens)  # (1, T, D)
+        dim = x.shape[-1]
         if rows is not None:
-            x = (rows[1] > 0).where(rows[0].cast(x.dtype), x)
-        for block in self.blocks:
-            x = block.prefill(x, slot, start, rotary[block.local_rope], masks[block.window]).realize()  # as in forward_on_kernels
+            x = (rows[1] > 0).where(rows[0][..., :dim].cast(x.dtype), x)
+        for i, block in enumerate(self.blocks):
+            x = block.prefill(x, slot, start, rotary[block.local_rope], masks[block.window])
+            if rows is not None and i < self.config.deepstack_layers:  # Qwen3-VL: an image row's part for this layer
+                x = x + (rows[1] * rows[0][..., (i + 1) * dim : (i + 2) * dim]).cast(x.dtype)
+            x = x.realize()  # as in forward_on_kernels
         return x
 
     def _masks(self, queries: Tensor, keys: Tensor, lead: int, last: Tensor | None = None) -> dict[int, Tensor]:
@@ -193,39 +203,49 @@ class Transformer:
             masks[window] = (mask if lead else mask.unsqueeze(0)).contiguous()
         return masks
 
-    def _rotations(self, positions: Tensor) -> dict[bool, tuple[Tensor, Tensor]]:
-        """RoPE's cos and sin at `positions` for the model's layers (False) and its local ones (True)."""
+    def _rotations(self, positions: Tensor, turned: Tensor | None = None) -> dict[bool, tuple[Tensor, Tensor]]:
+        """RoPE's cos and sin at `positions` for the model's layers (False) and its local ones (True);
+        with M-RoPE's `turned` (positions' shape and a last axis of three) at those instead."""
         factor = self.config.rope_attention_factor
-        rotary = {False: rotation(positions, self.inv_freq, factor)}
+        at, sections = (positions, None) if turned is None else (turned, self.section_rows)
+        rotary = {False: rotation(at, self.inv_freq, factor, sections)}
         if self.inv_freq_local is not None:
-            rotary[True] = rotation(positions, self.inv_freq_local, factor)
+            rotary[True] = rotation(at, self.inv_freq_local, factor, sections)
         return rotary
 
-    def forward_prefill(self, tokens: Tensor, last: Tensor, slot: UOp, start: UOp) -> Tensor:
+    def forward_prefill(self, tokens: Tensor, last: Tensor, slot: UOp, start: UOp, turned: Tensor | None = None) -> Tensor:
         """tokens (1, T) at positions start..start+T-1 of `slot`; last (1, T) one-hot picks the token
-        whose logits are returned -> (1, vocab)."""
-        x = self._layers_prefill(tokens, slot, start)
+        whose logits are returned -> (1, vocab). `turned`: _layers_prefill's."""
+        x = self._layers_prefill(tokens, slot, start, turned=turned)
         return self._logits(last @ x[0]).realize()  # (1, T) one-hot @ (T, D) -> (1, vocab)
 
     def forward_prefill_rows(
-        self, tokens: Tensor, last: Tensor, inputs: Tensor, given: Tensor, last_keys: Tensor, slot: UOp, start: UOp
+        self,
+        tokens: Tensor,
+        last: Tensor,
+        inputs: Tensor,
+        given: Tensor,
+        last_keys: Tensor,
+        slot: UOp,
+        start: UOp,
+        turned: Tensor | None = None,
     ) -> Tensor:
         """forward_prefill with rows in place of some tokens' embeddings (_layers_prefill's `rows`)."""
-        x = self._layers_prefill(tokens, slot, start, (inputs, given, last_keys))
+        x = self._layers_prefill(tokens, slot, start, (inputs, given, last_keys), turned)
         return self._logits(last @ x[0]).realize()
 
     def hidden_prefill(self, tokens: Tensor, slot: UOp, start: UOp) -> Tensor:
         """forward_prefill's tokens, every one's final norm output -> (T, D) float32 (embeddings)."""
         return self._hidden(self._layers_prefill(tokens, slot, start)[0])
 
-    def forward_decode(self, tokens: Tensor, pos: Tensor, slots: Tensor, length: UOp) -> Tensor:
+    def forward_decode(self, tokens: Tensor, pos: Tensor, slots: Tensor, length: UOp, turned: Tensor | None = None) -> Tensor:
         """tokens (B,), one per lane; pos (B,) their positions, slots (B,) their slots (int32 device
-        tensors: a step's kernels the same at every width, lane_rows.py); keys read up to `length`
-        -> (B, vocab)."""
+        tensors: a step's kernels the same at every width, lane_rows.py); keys read up to `length`;
+        `turned` (B, 3): M-RoPE's positions (None: pos) -> (B, vocab)."""
         width = tokens.shape[0]
         keys = self.key_positions[0:length].reshape(1, 1, -1)
         masks = self._masks(pos.reshape(-1, 1, 1), keys, 1)  # (B, 1, length) each
-        rotary = self._rotations(pos.reshape(-1, 1, 1))  # (B, 1, 1, half): over heads
+        rotary = self._rotations(pos.reshape(-1, 1, 1), None if turned is None else turned.reshape(-1, 1, 1, 3))  # (B, 1, 1, half)
         x = self._embedded(tokens).reshape(width, 1, -1)  # (B, 1, D)
         for block in self.blocks:
             x = block.decode(x, slots, pos, rotary[block.local_rope], length, masks[block.window]).realize()  # as in forward_on_kernels

@@ -183,7 +183,7 @@ def vision_for(projector, name: str, config, steps, tokenizer):
     if projector.family in OWN_TOWERS and not config.rope_sections:
         raise ModelLoadError(f"{name}: its images turn by M-RoPE sections, which the model's file has none of (a Qwen2-VL model's have)")
     if config.rope_sections and not steps.turns_by_sections:
-        raise ModelLoadError(f"{name}: images turned by M-RoPE sections are taken on the CPU kernels only, not {steps.how}")
+        raise ModelLoadError(f"{name}: its images turn by M-RoPE sections, which these steps ({steps.how}) do not take")
     if projector.deepstack != config.deepstack_layers:
         raise ModelLoadError(
             f"{name}: its rows carry {projector.deepstack} deepstack features; the model's first layers take {config.deepstack_layers}"

@@ -73,13 +73,22 @@ class JittedSteps(Steps):
         assert self.takes_inputs or not any(lane.inputs for lane in lanes), "rows in place of embeddings: takes_inputs is not set"
         assert self.lora_table is not None or not any(lane.lora for lane in lanes), "an adapter's products: no lora_table here"
         assert self.picks or not any(lane.want is Want.TOKEN for lane in lanes), "a lane wants TOKEN: `picks` is not set"
-        assert all(lane.rope_positions is None for lane in lanes), "M-RoPE positions: turns_by_sections is not set"
+        assert self.turns_by_sections or all(lane.rope_positions is None for lane in lanes), (
+            "M-RoPE positions: turns_by_sections is not set"
+        )
         if all(lane.decoding and len(lane.tokens) == 1 for lane in lanes):
             width = next(w for w in self.widths if w >= len(lanes))
             lora = [lane.lora for lane in lanes] if any(lane.lora for lane in lanes) else None
             pick = all(lane.want is Want.TOKEN for lane in lanes)  # else the rows come back, and are picked here
+            turned = {"turned": [lane.rope_positions for lane in lanes]} if self.turns_by_sections else {}
             rows = self._decode_width(
-                [lane.tokens[0] for lane in lanes], [lane.slot for lane in lanes], [lane.start for lane in lanes], width, lora, pick
+                [lane.tokens[0] for lane in lanes],
+                [lane.slot for lane in lanes],
+                [lane.start for lane in lanes],
+                width,
+                lora,
+                pick,
+                **turned,
             )
             if pick:
                 return [rows[i : i + 1] for i in range(len(lanes))]
@@ -88,13 +97,21 @@ class JittedSteps(Steps):
             raise NotImplementedError(f"{type(self).__name__} runs a decode step or one prompt chunk, neither mixed nor drafted")
         lane = lanes[0]
         tokens, slot, start, lora = list(lane.tokens), lane.slot, lane.start, lane.lora
+
+        at = lane.rope_positions  # M-RoPE's (3, tokens), or None
+
+        def turned(first: int, n: int):  # the lane's M-RoPE positions of its tokens first .. first + n - 1
+            return None if at is None else at[:, first - start : first - start + n]
+
         if lane.want in (Want.LAST, Want.TOKEN):
-            pick = lane.want is Want.TOKEN
-            return [self._by_pieces(lambda *piece: self._prefill_piece(*piece, lora, pick), tokens, slot, start)[-1]]
+            pick, extra = lane.want is Want.TOKEN, (lambda first, n: {"turned": turned(first, n)} if self.turns_by_sections else {})
+            prefill = lambda t, s, first, piece: self._prefill_piece(t, s, first, piece, lora, pick, **extra(first, len(t)))  # noqa: E731
+            return [self._by_pieces(prefill, tokens, slot, start)[-1]]
         if lane.want is Want.HIDDEN:
             return [np.concatenate(self._by_pieces(lambda *piece: self._hidden_piece(*piece, lora), tokens, slot, start))]
         assert start + len(tokens) <= self.model.context
-        return [np.stack([self._decode_width([t], [slot], [start + i], 1, one_lane(lora))[0] for i, t in enumerate(tokens)])]
+        extra = lambda i: {"turned": [turned(start + i, 1)]} if self.turns_by_sections else {}  # noqa: E731
+        return [np.stack([self._decode_width([t], [slot], [start + i], 1, one_lane(lora), **extra(i))[0] for i, t in enumerate(tokens)])]
 
     def _prefill_piece(self, tokens: list[int], slot: int, start: int, piece: int, lora=None, pick: bool = False) -> np.ndarray:
         raise NotImplementedError

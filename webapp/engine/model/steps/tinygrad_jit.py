@@ -31,6 +31,7 @@ ROWS_PIECE = 32  # a chunk with an image's rows runs as one piece, padded to a p
 class TinygradJitSteps(JittedSteps):
     how = "jitted, on tinygrad"
     takes_inputs = True  # a prompt chunk with rows runs whole (`_prefill_rows`)
+    turns_by_sections = True  # an M-RoPE model's jits take each token's three positions (`_turned`)
     picks = True  # a jit of its own a shape ends in the argmax: one id a lane read back, not a row
 
     def __init__(self, model, prefill_chunk: int):
@@ -84,7 +85,8 @@ class TinygradJitSteps(JittedSteps):
         piece = max(ROWS_PIECE, 1 << (n - 1).bit_length())
         piece = piece if piece <= spare else -(-n // ROWS_PIECE) * ROWS_PIECE
         tokens, last_keys = list(lane.tokens) + [0] * (piece - n), list(range(start, start + piece))
-        inputs, given = np.zeros((1, piece, self.model.config.dim), np.float32), np.zeros((1, piece, 1), np.float32)
+        width = self.model.config.dim * (1 + self.model.config.deepstack_layers)  # an image row, its deepstack parts after it
+        inputs, given = np.zeros((1, piece, width), np.float32), np.zeros((1, piece, 1), np.float32)
         for offset, rows in lane.inputs:
             end = offset + len(rows)
             inputs[0, offset:end], given[0, offset:end], tokens[offset:end] = rows, 1.0, [0] * len(rows)
@@ -99,16 +101,28 @@ class TinygradJitSteps(JittedSteps):
         ]
         args += [b.fill("rows inputs", inputs, dtypes.float32), b.fill("rows given", given, dtypes.float32)]
         args += [b.fill("rows last keys", last_keys, dtypes.int32)]
-        out = b.read(jit(*args, self.v_slot.bind(lane.slot), self.v_start.bind(start)), 1)
+        out = b.read(jit(*args, self.v_slot.bind(lane.slot), self.v_start.bind(start), *self._turned(start, piece, lane.rope_positions)), 1)
         return out if pick else out[0]  # a pick (1,), or the row
 
-    def _prefill_piece(self, tokens: list[int], slot: int, start: int, piece: int, lora=None, pick: bool = False) -> np.ndarray:
+    def _turned(self, start: int, piece: int, turned: np.ndarray | None) -> tuple:
+        """An M-RoPE model's jits' last input: (piece, 3) positions, `turned` (3, n) for the first n
+        tokens where given, each padding token's own position thrice; nothing for other models."""
+        if self.model.section_rows is None:
+            return ()
+        rows = np.repeat(np.arange(start, start + piece, dtype=np.int32)[:, None], 3, axis=1)
+        if turned is not None:
+            rows[: turned.shape[1]] = np.asarray(turned, dtype=np.int32).T
+        return (self.buffers.fill(f"turned {piece}", rows, dtypes.int32),)
+
+    def _prefill_piece(
+        self, tokens: list[int], slot: int, start: int, piece: int, lora=None, pick: bool = False, turned: np.ndarray | None = None
+    ) -> np.ndarray:
         n, b = len(tokens), self.buffers
         assert 0 < n <= piece
         jit, adapted = self._jit(self._prefill_jits, piece, self.model.forward_prefill, one_lane(lora), 1, pick)
         last = b.fill("prefill last", [[float(i == n - 1) for i in range(piece)]], dtypes.float32)
         padded = b.fill("prefill tokens", [tokens + [0] * (piece - n)], dtypes.int32)
-        out = b.read(jit(*adapted, padded, last, self.v_slot.bind(slot), self.v_start.bind(start)), 1)
+        out = b.read(jit(*adapted, padded, last, self.v_slot.bind(slot), self.v_start.bind(start), *self._turned(start, piece, turned)), 1)
         return out if pick else out[0]  # a pick (1,), or the row
 
     def _hidden_piece(self, tokens: list[int], slot: int, start: int, piece: int, lora=None) -> np.ndarray:
@@ -119,7 +133,7 @@ class TinygradJitSteps(JittedSteps):
             return self.model.hidden_prefill(padded, self.v_slot.bind(slot), self.v_start.bind(start)).numpy()[:n]
 
     def _decode_width(
-        self, tokens: list[int], slots: list[int], positions: list[int], width: int, lora=None, pick: bool = False
+        self, tokens: list[int], slots: list[int], positions: list[int], width: int, lora=None, pick: bool = False, turned=None
     ) -> np.ndarray:
         n, b = len(tokens), self.buffers
         assert 0 < n <= width
@@ -130,7 +144,9 @@ class TinygradJitSteps(JittedSteps):
         tokens_in = b.fill("decode tokens", tokens, dtypes.int32)
         positions_in = b.fill("decode positions", positions, dtypes.int32)
         slots_in = b.fill("decode slots", slots, dtypes.int32)
-        return b.read(jit(*adapted, tokens_in, positions_in, slots_in, self.v_length.bind(max(positions) + 1)), n)
+        lanes = [[p] * 3 if at is None else list(at[:, 0]) for p, at in zip(positions, (turned or []) + [None] * width)]  # M-RoPE's, a lane
+        rope = (b.fill("decode turned", lanes, dtypes.int32),) if self.model.section_rows is not None else ()
+        return b.read(jit(*adapted, tokens_in, positions_in, slots_in, self.v_length.bind(max(positions) + 1), *rope), n)
 
     def warm_variants(self) -> list[tuple[tuple[int, float] | None, bool]]:
         """The steps that pick too, and, with adapters loaded with the model, theirs: compiled now, not on a first request."""
