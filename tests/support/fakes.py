@@ -235,7 +235,7 @@ class FakeRunner:
     def ready(self, request: Request) -> bool:
         return True  # no images: a fake model has no projector
 
-    def encode(self, waiting) -> None:
+    def encode(self, waiting, alone: bool = False) -> None:
         pass
 
     def decode_drafted(self, batch: list[Request], drafts: list[list[int]], positions: list[int]) -> list[np.ndarray]:

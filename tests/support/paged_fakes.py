@@ -88,7 +88,7 @@ class PagedFakeRunner:
     def ready(self, request: Request) -> bool:
         return True  # no images
 
-    def encode(self, waiting) -> None:
+    def encode(self, waiting, alone: bool = False) -> None:
         pass
 
     def decode_drafted(self, batch: list[Request], drafts: list[list[int]], positions: list[int]) -> list[np.ndarray]:

@@ -249,6 +249,25 @@ def test_vision_encodes_a_slice_at_a_time_and_keeps_the_rows(projector_files):
     assert vision.placeholder(spans[0].image) >= 100 and vision.placeholder(spans[0].image) != vision.placeholder(spans[1].image)
 
 
+def test_an_encode_with_no_step_beside_it_runs_in_larger_slices(projector_files, monkeypatch):
+    """Where no request runs, the model thread cuts an encode into ALONE_SLICES times fewer slices
+    (a few BLAS calls of many rows go faster than many of few); the rows are the same."""
+    from webapp.engine.vision import vision as vision_module
+    from webapp.engine.vision.vision import ImageSpan, Vision
+
+    monkeypatch.setattr(vision_module, "SLICE_FLOPS", 1e4)  # the tiny encoder in many slices
+    passes = {}
+    for alone in (False, True):
+        vision = Vision(load_projector(projector_files["idefics3", "F32"]), vocab=100)
+        spans = (ImageSpan(0, vision.prepare(_png(an_image(4)))[0]),)
+        passes[alone] = 0
+        while not vision.encoded(spans):
+            vision.encode_slice(spans, alone)
+            passes[alone] += 1
+        np.testing.assert_array_equal(vision.inputs(spans, 0, 64)[0][1], vision.projector.encode(spans[0].image.pixels))
+    assert passes[True] * 4 < passes[False], passes
+
+
 def _png(rgb: np.ndarray) -> bytes:
     import io
 

@@ -220,7 +220,7 @@ class Engine:
                 self.speculation.admit(request, self.loaded.runner)
                 self.metrics.on_admit(request)
                 changed = True
-            self.loaded.runner.encode(self.scheduler.waiting)  # a slice of an image's encode between steps
+            self.loaded.runner.encode(self.scheduler.waiting, not self.scheduler.running)  # a slice of an image's encode between steps
             # publish before the step too, so pages show who is running during a long step
             if changed or self.clock() - last_publish >= PUBLISH_EVERY_S:
                 self._publish()

@@ -101,9 +101,9 @@ class Runner(Protocol):
     def ready(self, request: Request) -> bool:
         """Whether the request's prompt can run: every image in it encoded (the scheduler admits no other)."""
 
-    def encode(self, waiting) -> None:
+    def encode(self, waiting, alone: bool = False) -> None:
         """One slice of work on the images of the oldest waiting request that is not `ready`: called once
-        a pass of the engine's loop, between steps."""
+        a pass of the engine's loop, between steps; a larger slice where no request runs (`alone`)."""
 
     def copy_prefix(self, request: Request, source_slot: int, length: int) -> None:
         """Copy the K/V of positions 0..length-1 from `source_slot` into `request`'s slot."""
@@ -175,10 +175,10 @@ class ModelRunner:
     def ready(self, request: Request) -> bool:
         return not request.images or self.vision.encoded(request.images)
 
-    def encode(self, waiting) -> None:
+    def encode(self, waiting, alone: bool = False) -> None:
         pending = next((request for request in waiting if not self.ready(request)), None)
         if pending is not None:
-            self.vision.encode_slice(pending.images)
+            self.vision.encode_slice(pending.images, alone)
 
     def _inputs(self, part: Part) -> tuple:
         """A prompt chunk's image rows, encoded here on the model thread where first needed."""

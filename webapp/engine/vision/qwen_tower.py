@@ -195,6 +195,7 @@ class QwenVisionTower:
         self.window, self.full_every = window, full_every  # merged tokens a window side, and every n-th layer full (0: all full)
         self.activation = "gelu_quick"  # between up and down where a layer has no gate: "gelu_quick" or "gelu"
         self.deepstack: dict[int, Merger] = {}  # layer index -> its merger (Qwen3-VL)
+        self.slice_flops = SLICE_FLOPS  # as SiglipEncoder's
         self.kernels = None
 
     @property
@@ -203,12 +204,16 @@ class QwenVisionTower:
         return sum(a.nbytes for a in own if a is not None) + sum(m.nbytes for m in [*self.layers, *self.deepstack.values()])
 
     def forward_slices(
-        self, pixels: np.ndarray, place: Layout, positions: np.ndarray | None = None, slice_flops: float = SLICE_FLOPS
+        self, pixels: np.ndarray, place: Layout, positions: np.ndarray | None = None, slice_flops: float | None = None
     ) -> Generator[None, None, tuple[np.ndarray, list[np.ndarray]]]:
         """(3, H, W) pixels -> (patches, width) features in `place`'s order, and each deepstack
         layer's (tokens, its merger's out_dim) in that order too; `positions` (H/p * W/p, width): the
         learned position embedding at each patch, row-major, or None."""
         h, p, eps = self.hparams, self.hparams.patch_size, self.hparams.eps
+
+        def budget() -> float:  # SiglipEncoder.forward_slices' budget
+            return self.slice_flops if slice_flops is None else slice_flops
+
         grid_h, grid_w = pixels.shape[1] // p, pixels.shape[2] // p
         patches = pixels.reshape(3, grid_h, p, grid_w, p).transpose(1, 3, 0, 2, 4).reshape(grid_h * grid_w, 3 * p * p)
         at = place.rows * grid_w + place.cols  # each of the tower's patches, row-major
@@ -228,7 +233,7 @@ class QwenVisionTower:
             full = not self.full_every or (index + 1) % self.full_every == 0
             normed = norm(x, layer.ln1_weight, layer.ln1_bias, eps)
             qkv = np.empty((n, 3 * h.width), dtype=np.float32)
-            for rows in row_blocks(n, 6 * h.width * h.width, slice_flops):
+            for rows in row_blocks(n, 6 * h.width * h.width, budget()):
                 qkv[rows] = linear(normed[rows], layer.qkv_weight, layer.qkv_bias)
                 yield
             q, k, v = np.split(qkv, 3, axis=1)
@@ -236,13 +241,13 @@ class QwenVisionTower:
             q *= np.float32(1.0 / math.sqrt(head_dim))
             q, k, v = (np.ascontiguousarray(y.reshape(n, heads, head_dim).transpose(1, 0, 2)) for y in (q, k, v))
             mixed = np.empty((n, heads, head_dim), dtype=np.float32)
-            yield from self._attend(q, k, v, mixed, everything if full else place.windows, slice_flops)
+            yield from self._attend(q, k, v, mixed, everything if full else place.windows, budget)
             mixed = mixed.reshape(n, h.width)
-            for rows in row_blocks(n, 2 * h.width * h.width, slice_flops):
+            for rows in row_blocks(n, 2 * h.width * h.width, budget()):
                 x[rows] += linear(mixed[rows], layer.out_weight, layer.out_bias)
                 yield
             normed = norm(x, layer.ln2_weight, layer.ln2_bias, eps)
-            for rows in row_blocks(n, 2 * (h.width * layer.up_weight.shape[0] + h.width * h.ffn), slice_flops):
+            for rows in row_blocks(n, 2 * (h.width * layer.up_weight.shape[0] + h.width * h.ffn), budget()):
                 x[rows] += linear(self._activated(normed[rows], layer), layer.down_weight, layer.down_bias)
                 yield
             if index in self.deepstack:
@@ -261,7 +266,7 @@ class QwenVisionTower:
         up *= 1.0 / (1.0 + np.exp(np.float32(-GELU_QUICK) * up))  # gelu_quick
         return up
 
-    def _attend(self, q, k, v, mixed, windows, slice_flops) -> Generator[None, None, None]:
+    def _attend(self, q, k, v, mixed, windows, budget) -> Generator[None, None, None]:
         """Each head's attention within each of `windows` (runs of patches), a slice's work at a time."""
         on_kernels = self.kernels is not None and self.kernels.runs_attention(q.shape[2])
         work = 0.0
@@ -269,13 +274,13 @@ class QwenVisionTower:
             for first, end in windows:
                 keys = end - first
                 kt = np.ascontiguousarray(k[head, first:end].T) if on_kernels else None
-                for rows in row_blocks(keys, 4 * keys * q.shape[2], slice_flops):
+                for rows in row_blocks(keys, 4 * keys * q.shape[2], budget()):
                     block = slice(first + rows.start, first + rows.stop)
                     if on_kernels:
                         self.kernels.attention(q[head, block], kt, v[head, first:end], mixed[block, head])
                     else:
                         mixed[block, head] = attention_rows(q[head, block], k[head, first:end], v[head, first:end])
                     work += 4.0 * (rows.stop - rows.start) * keys * q.shape[2]
-                    if work >= slice_flops:
+                    if work >= budget():
                         work = 0.0
                         yield

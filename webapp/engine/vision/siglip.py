@@ -158,6 +158,7 @@ class SiglipEncoder:
         self.layers = layers
         self.post_weight = post_weight  # (width,)
         self.post_bias = post_bias  # (width,)
+        self.slice_flops = SLICE_FLOPS  # a slice's work, which the model thread raises while no step waits on it
         # attention and gelu on the CPU kernels' cores (kernels/vision_encoder.py), set where the
         # served model runs on them; None: in NumPy (attention a head and a block of queries at a time)
         self.kernels = None
@@ -186,10 +187,15 @@ class SiglipEncoder:
         return run_to_end(self.forward_slices(pixels))
 
     def forward_slices(self, pixels: np.ndarray, slice_flops: float | None = None) -> Generator[None, None, np.ndarray]:
-        """`forward` as a generator that yields after each slice of about `slice_flops` of work (rows
+        """`forward` as a generator that yields after each slice of about `slice_flops` (None: the
+        encoder's `slice_flops` as each slice is cut) of work (rows
         of a product, queries of a head) and returns the features: the model thread runs a slice
         between other requests' steps, so a long encode never holds them up for longer than that."""
-        h, slice_flops = self.hparams, SLICE_FLOPS if slice_flops is None else slice_flops
+        h = self.hparams
+
+        def budget() -> float:  # read as each block of work is cut: the model thread may change it meanwhile
+            return self.slice_flops if slice_flops is None else slice_flops
+
         side, patch = h.grid_side, h.patch_size
         pixels = np.asarray(pixels, dtype=np.float32)
         if pixels.shape != (3, h.image_size, h.image_size):
@@ -207,7 +213,7 @@ class SiglipEncoder:
             layer = stored.widened(self.kernels)
             normed = layer_norm(x, layer.ln1_weight, layer.ln1_bias, h.eps)
             q, k, v = (np.empty((n, width), dtype=np.float32) for _ in range(3))
-            for rows in row_blocks(n, 6 * width * width, slice_flops):
+            for rows in row_blocks(n, 6 * width * width, budget()):
                 for out, weight, bias in (
                     (q, layer.q_weight, layer.q_bias),
                     (k, layer.k_weight, layer.k_bias),
@@ -221,19 +227,19 @@ class SiglipEncoder:
             on_kernels = self.kernels is not None and self.kernels.runs_attention(head_dim)
             for head in range(heads):
                 kt = np.ascontiguousarray(k[head].T) if on_kernels else None  # (head_dim, n): what the kernel reads
-                for rows in row_blocks(n, 4 * n * head_dim, slice_flops):
+                for rows in row_blocks(n, 4 * n * head_dim, budget()):
                     if on_kernels:
                         self.kernels.attention(q[head, rows], kt, v[head], mixed[rows, head])
                     else:
                         mixed[rows, head] = attention_rows(q[head, rows], k[head], v[head])
                     yield
             mixed = mixed.reshape(n, width)
-            for rows in row_blocks(n, 2 * width * width, slice_flops):
+            for rows in row_blocks(n, 2 * width * width, budget()):
                 x[rows] += linear(mixed[rows], layer.out_weight, layer.out_bias)
                 yield
             normed = layer_norm(x, layer.ln2_weight, layer.ln2_bias, h.eps)
             gelu = gelu_tanh if self.kernels is None else self.kernels.gelu_tanh
-            for rows in row_blocks(n, 4 * width * h.ffn, slice_flops):
+            for rows in row_blocks(n, 4 * width * h.ffn, budget()):
                 hidden = gelu(linear(normed[rows], layer.up_weight, layer.up_bias))  # (rows, ffn)
                 x[rows] += linear(hidden, layer.down_weight, layer.down_bias)
                 yield

@@ -28,7 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from webapp.engine.vision.images import decode_image
+from webapp.engine.vision.siglip import SLICE_FLOPS
 
+ALONE_SLICES = 16  # an encode slice's work while no request runs: a request arriving meanwhile waits about this many slices
 ENCODED_BYTES = 256 * 2**20  # encoded pieces' rows kept by digest: a hundred Gemma 3 images, ~1,500 SmolVLM tiles
 _ID_SPACE = 2**31 - 1  # int32 token ids: placeholders lie between the vocabulary and this
 
@@ -79,11 +81,14 @@ class Vision:
     def encoded(self, images: tuple[ImageSpan, ...]) -> bool:
         return all(span.image.digest in self._encoded for span in images)
 
-    def encode_slice(self, images: tuple[ImageSpan, ...]) -> None:
-        """One slice of encoding the first of `images` not encoded yet (Projector.encode_slices)."""
+    def encode_slice(self, images: tuple[ImageSpan, ...], alone: bool = False) -> None:
+        """One slice of encoding the first of `images` not encoded yet (Projector.encode_slices); a
+        larger one (ALONE_SLICES of them: a few BLAS calls of many rows go faster than many of few)
+        where the model thread has no step to run beside it, `alone`."""
         image = next((span.image for span in images if span.image.digest not in self._encoded), None)
         if image is None:
             return
+        self.projector.encoder.slice_flops = SLICE_FLOPS * (ALONE_SLICES if alone else 1)
         if self._encoding is None or self._encoding[0] != image.digest:  # a new one, or the last one's request went
             self._encoding = (image.digest, self.projector.encode_slices(image.pixels))
         started = time.perf_counter()
