@@ -274,6 +274,15 @@ def test_idle_unload_seconds_setting(tmp_path):
             engine_settings({"MODEL": path, "IDLE_UNLOAD_SECONDS": bad})
 
 
+def test_image_token_settings(tmp_path):
+    path = _files(tmp_path, "m") + "/m.gguf"
+    assert engine_settings({"MODEL": path}).image_tokens == (None, None)
+    assert engine_settings({"MODEL": path, "IMAGE_MAX_TOKENS": "256"}).image_tokens == (None, 256)
+    for bad in ("0", "-3", "many"):
+        with pytest.raises(ValueError, match="LLM_IMAGE_MIN_TOKENS"):
+            engine_settings({"MODEL": path, "IMAGE_MIN_TOKENS": bad})
+
+
 def test_adapters_loaded_at_run_time_count_against_the_budget(tmp_path, models_of):
     """A model's LoRA adapters count in its footprint as they are now: one loaded after the model
     (vLLM's /v1/load_lora_adapter) makes the next load unload what it must to fit."""

@@ -311,3 +311,15 @@ def test_bad_projector_names_the_problem(tmp_path, case):
     path = write_tiny_qwen2vl_projector(str(tmp_path / "bad.gguf"), family, **spoil)
     with pytest.raises(ModelLoadError, match=name.replace(".", r"\.")):
         load_projector(path)
+
+
+def test_the_operators_token_range_bounds_an_images_positions(projector_files):
+    """LLM_IMAGE_MAX_TOKENS / LLM_IMAGE_MIN_TOKENS (the loader's `limit_tokens`): a large image is
+    scaled down to at most the most, a small one up to at least the least."""
+    projector = load_projector(projector_files["qwen2.5vl", "F32"])
+    assert projector.limit_tokens(None, 12) == (8, 12)
+    ((_, large, _),) = projector.pieces(an_image(height=200, width=300))
+    assert projector.tokens(large) <= 12 and projector.encode(large).shape == (projector.tokens(large), 48)
+    assert projector.limit_tokens(40, 100) == (40, 100)
+    ((_, small, _),) = projector.pieces(an_image(height=10, width=12))
+    assert projector.tokens(small) >= 40

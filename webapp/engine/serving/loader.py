@@ -65,11 +65,13 @@ def load_gguf_model(
     paging: tuple[int, tuple[str, int] | None] | None = None,
     mmproj: str | None = None,
     lora_dir: str | None = None,
+    image_tokens: tuple[int | None, int | None] = (None, None),
 ) -> LoadedModel:
     """The real loader: tinygrad model, GGUF tokenizer and the file's chat template; `draft`, a draft
     model's GGUF for speculative decoding (serving/draft_loader.py); `mmproj`, a projector GGUF
-    whose images prompts may hold (webapp/engine/vision); `lora_dir`, a folder of LoRA adapter GGUFs
-    requests may choose (serving/adapters.py)."""
+    whose images prompts may hold (webapp/engine/vision), `image_tokens` the least and most positions
+    an image becomes where its family sizes it by its pixels (None: the file's); `lora_dir`, a folder
+    of LoRA adapter GGUFs requests may choose (serving/adapters.py)."""
     prepare_tinygrad()  # before tinygrad's first import: it reads HCQ2 then
     from tinygrad import Device
 
@@ -89,6 +91,12 @@ def load_gguf_model(
     paging = None if draft else paging
     # the projector first: the memory plan (available memory) then sees its weights taken
     projector = load_projector(mmproj) if mmproj else None
+    if projector is not None and image_tokens != (None, None):
+        limited = projector.limit_tokens(*image_tokens)
+        log.info(
+            "images: %s",
+            f"{limited[0]} to {limited[1]} positions an image" if limited else f"{projector.family}'s take one number of positions",
+        )
     model, kv = load_model(path, slots, max_context, piece, cpu_kernels, kv_type, paging, cpu_isa)
     try:  # the tokenizer's metadata and the template are the file's too: untrusted, refused in one line
         tokenizer = Tokenizer.from_gguf_metadata(kv)
@@ -236,6 +244,7 @@ def _engine(s: EngineSettings, path: str, draft: str | None, own_thread: bool = 
             paging=s.paging,
             mmproj=mmproj or projector_beside(model),
             lora_dir=s.lora_dir if path == s.path else None,
+            image_tokens=s.image_tokens,
         )
 
     return Engine(

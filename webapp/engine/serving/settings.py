@@ -36,6 +36,8 @@ ENGINE_DEFAULTS = {
     "SPECULATIVE": True,  # draft tokens from the request's own text (prompt lookup) and verify them in the step; outputs never change
     "DRAFT_MODEL": None,  # a small GGUF with the served model's vocabulary whose greedy tokens are drafts too; None: none
     "MMPROJ": None,  # LLM_MODEL's projector GGUF (llama.cpp's mmproj file): images in prompts; None: one found beside it, else none
+    "IMAGE_MIN_TOKENS": None,  # the least positions an image becomes where a family sizes it by its pixels (Qwen-VL); None: the file's
+    "IMAGE_MAX_TOKENS": None,  # ...and the most (a larger image is scaled down to fit); None: the file's
     "KV_TYPE": "f16",  # the KV cache's rows: "f16", or "q8_0" (8-bit values, a float16 scale per 32: half the memory)
     "POOLING": "auto",  # /v1/embeddings: "mean", "last" or "first"; "auto": the file's pooling_type, else mean
     "MODELS_DIR": None,  # a folder of GGUFs served side by side, picked by a request's model (serving/model_set.py)
@@ -121,6 +123,7 @@ class EngineSettings:
     speculate: bool
     draft: str | None  # no drafts verified: no draft model loaded
     mmproj: str | None  # LLM_MMPROJ's file
+    image_tokens: tuple[int | None, int | None]  # LLM_IMAGE_MIN_TOKENS, LLM_IMAGE_MAX_TOKENS (None: the projector's)
     kv_type: str
     models_dir: str | None
     memory_budget: int | None
@@ -176,6 +179,10 @@ def engine_settings(config: Mapping) -> EngineSettings:
         speculate=speculate,
         draft=draft if speculate else None,
         mmproj=mmproj,
+        image_tokens=(
+            _count(setting(config, "IMAGE_MIN_TOKENS"), "IMAGE_MIN_TOKENS"),
+            _count(setting(config, "IMAGE_MAX_TOKENS"), "IMAGE_MAX_TOKENS"),
+        ),
         kv_type=str(setting(config, "KV_TYPE")),
         models_dir=folder,
         memory_budget=None if budget is None else byte_size(budget, "MEMORY_BUDGET"),
@@ -183,6 +190,18 @@ def engine_settings(config: Mapping) -> EngineSettings:
         idle_unload=_seconds(setting(config, "IDLE_UNLOAD_SECONDS"), "IDLE_UNLOAD_SECONDS"),
         lora_dir=lora_dir,
     )
+
+
+def _count(value, name: str) -> int | None:
+    if value is None:
+        return None
+    try:
+        count = int(value)
+    except (TypeError, ValueError):
+        count = 0
+    if count < 1:
+        raise ValueError(f"LLM_{name}={value!r}: a whole number above 0 is expected")
+    return count
 
 
 def _seconds(value, name: str) -> float | None:

@@ -111,6 +111,10 @@ class Projector:
         """Rows of text_dim each encoded row carries after its own (Qwen3-VL's deepstack): none here."""
         return 0
 
+    def limit_tokens(self, least: int | None, most: int | None) -> None:
+        """A SigLIP family's images take one number of positions whatever their size: nothing to limit."""
+        return None
+
     def tokens(self, pixels: np.ndarray) -> int:
         """How many rows `encode` gives for these pixels: the family's one number."""
         return self.projection.tokens_per_image

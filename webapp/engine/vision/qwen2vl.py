@@ -79,6 +79,15 @@ class QwenVLProjector:
         tower = QwenVisionTower(h, patch_kernels(file), layers, post, window=window, full_every=full_every)
         return cls(family, tower, Merger.from_file(file, "mm.0", "mm.2"), token_range(file))
 
+    def limit_tokens(self, least: int | None, most: int | None) -> tuple[int, int]:
+        """The least and most positions an image becomes, from now on (None: as they are), within
+        what the tower takes (MAX_PATCHES' patches): the range kept."""
+        cap = MAX_PATCHES // (MERGE * MERGE)
+        most = min(cap, most or self.token_range[1])
+        least = min(most, least or self.token_range[0])
+        self.token_range = (least, most)
+        return self.token_range
+
     @property
     def text_dim(self) -> int:
         return self.merger.out_dim
