@@ -80,7 +80,7 @@ class JittedSteps(Steps):
             width = next(w for w in self.widths if w >= len(lanes))
             lora = [lane.lora for lane in lanes] if any(lane.lora for lane in lanes) else None
             pick = all(lane.want is Want.TOKEN for lane in lanes)  # else the rows come back, and are picked here
-            turned = {"turned": [lane.rope_positions for lane in lanes]} if self.turns_by_sections else {}
+            rope = {"turned": [lane.rope_positions for lane in lanes]} if self.turns_by_sections else {}
             rows = self._decode_width(
                 [lane.tokens[0] for lane in lanes],
                 [lane.slot for lane in lanes],
@@ -88,7 +88,7 @@ class JittedSteps(Steps):
                 width,
                 lora,
                 pick,
-                **turned,
+                **rope,
             )
             if pick:
                 return [rows[i : i + 1] for i in range(len(lanes))]
