@@ -59,11 +59,8 @@ def write_tiny_projector(
     keys |= {f"clip.vision.{key}": value for key, value in vision.items()}
     keys |= metadata or {}
 
-    def matrix(*shape: int, fan_in: int | None = None) -> np.ndarray:
-        return (rng.standard_normal(shape) * (fan_in or shape[-1]) ** -0.5).astype(matrix_dtype)
-
-    def vector(n: int, center: float = 0.0, spread: float = 0.02) -> np.ndarray:
-        return (center + spread * rng.standard_normal(n)).astype(np.float32)
+    draw = Draws(rng, matrix_dtype)
+    matrix, vector = draw.matrix, draw.vector
 
     tensors = {
         "v.patch_embd.weight": matrix(width, 3, patch_size, patch_size, fan_in=3 * patch_size * patch_size),
@@ -134,18 +131,14 @@ def write_tiny_qwen2vl_projector(
     keys |= {f"clip.vision.{key}": value for key, value in vision.items()}
     keys |= metadata or {}
 
-    def matrix(*shape: int, fan_in: int | None = None) -> np.ndarray:
-        return (rng.standard_normal(shape) * (fan_in or shape[-1]) ** -0.5).astype(matrix_dtype)
-
-    def vector(n: int, center: float = 0.0, spread: float = 0.02) -> np.ndarray:
-        return (center + spread * rng.standard_normal(n)).astype(np.float32)
+    draw = Draws(rng, matrix_dtype)
+    matrix, vector = draw.matrix, draw.vector
 
     def norm(name: str) -> dict[str, np.ndarray]:
         weight = {name + ".weight": vector(width, 1.0, 0.1)}
         return weight if rms else weight | {name + ".bias": vector(width, spread=0.05)}
 
-    def linear(name: str, n_out: int, n_in: int) -> dict[str, np.ndarray]:
-        return {name + ".weight": matrix(n_out, n_in), name + ".bias": vector(n_out)}
+    linear = draw.linear
 
     # the two frames' halves; each alone (fan-in 3 p^2) so that their sum is of order one
     conv = {"v.patch_embd.weight": matrix(width, 3, patch_size, patch_size, fan_in=6 * patch_size * patch_size)}
@@ -201,17 +194,11 @@ def write_tiny_qwen3vl_projector(
     keys |= {f"clip.vision.{key}": value for key, value in vision.items()}
     keys |= metadata or {}
 
-    def matrix(*shape: int, fan_in: int | None = None) -> np.ndarray:
-        return (rng.standard_normal(shape) * (fan_in or shape[-1]) ** -0.5).astype(matrix_dtype)
-
-    def vector(n: int, center: float = 0.0, spread: float = 0.02) -> np.ndarray:
-        return (center + spread * rng.standard_normal(n)).astype(np.float32)
+    draw = Draws(rng, matrix_dtype)
+    matrix, vector, linear = draw.matrix, draw.vector, draw.linear
 
     def layer_norm(name: str, n: int = width) -> dict[str, np.ndarray]:
-        return {name + ".weight": vector(n, 1.0, 0.1), name + ".bias": vector(n, spread=0.05)}
-
-    def linear(name: str, n_out: int, n_in: int) -> dict[str, np.ndarray]:
-        return {name + ".weight": matrix(n_out, n_in), name + ".bias": vector(n_out)}
+        return draw.layer_norm(name, n)
 
     # the two frames' halves, each of fan-in 3 p^2 so that their sum is of order one; the patch bias
     # and the positions large enough that leaving either out, or resizing the grid wrongly, shows
@@ -233,6 +220,27 @@ def write_tiny_qwen3vl_projector(
         p = f"v.deepstack.{i}."
         tensors |= layer_norm(p + "norm", merged) | linear(p + "fc1", merged, merged) | linear(p + "fc2", text_dim, merged)
     return write_projector_file(path, keys, tensors | (replace or {}), omit)
+
+
+class Draws:
+    """Random tensors from one seeded stream, in the order they are asked for: matrices at
+    1/sqrt(fan-in) scale in `matrix_dtype`, vectors float32 (norms near one, biases near zero)."""
+
+    def __init__(self, rng: np.random.Generator, matrix_dtype=np.float32, normal_dtype=np.float64):
+        self.rng, self.matrix_dtype, self.normal_dtype = rng, matrix_dtype, normal_dtype
+
+    def matrix(self, *shape: int, fan_in: int | None = None) -> np.ndarray:
+        return (self.rng.standard_normal(shape, dtype=self.normal_dtype) * (fan_in or shape[-1]) ** -0.5).astype(self.matrix_dtype)
+
+    def vector(self, n: int, center: float = 0.0, spread: float = 0.02) -> np.ndarray:
+        return (center + spread * self.rng.standard_normal(n)).astype(np.float32)
+
+    def linear(self, name: str, rows: int, cols: int) -> dict[str, np.ndarray]:
+        """`name`.weight (rows, cols) and its bias."""
+        return {f"{name}.weight": self.matrix(rows, cols), f"{name}.bias": self.vector(rows)}
+
+    def layer_norm(self, name: str, n: int) -> dict[str, np.ndarray]:
+        return {f"{name}.weight": self.vector(n, 1.0, 0.1), f"{name}.bias": self.vector(n, spread=0.05)}
 
 
 def write_projector_file(path: str, keys: dict, tensors: dict[str, np.ndarray], omit: tuple[str, ...] = ()) -> str:
