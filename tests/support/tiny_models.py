@@ -289,7 +289,7 @@ def write_tiny_gguf(
         if arch in ("qwen2", "qwen2vl", "qwen2moe", "gpt-oss", "glm4moe"):
             for name, n in (("q", n_heads), ("k", n_kv_heads), ("v", n_kv_heads)):
                 w.add_tensor(p + f"attn_{name}.bias", (0.1 * rng.standard_normal(n * head_dim)).astype(np.float32))
-        if arch in ("qwen3", "qwen3vl", "qwen3moe", "gemma3", "exaone4") or qk_norm:
+        if arch in ("qwen3", "qwen3vl", "qwen3moe", "qwen3vlmoe", "gemma3", "exaone4") or qk_norm:
             w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
         if arch in ("olmoe", "olmo2"):  # over all of q and all of k

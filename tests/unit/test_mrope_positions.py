@@ -167,3 +167,22 @@ def test_qwen35s_gated_attention_turns_an_image_by_its_grid(tmp_path):
     got = steps.run([Lane(0, 0, tokens, Want.ALL, inputs=((IMAGE_AT, rows),), rope_positions=TURNED)])[0]
     assert off_by(got, want) < 1e-3
     assert off_by(reference.logits(tokens, inputs)[IMAGE_AT + 1 :], want[IMAGE_AT + 1 :]) > 1e-2
+
+
+def test_qwen3vlmoe_is_qwen3moe_with_an_images_sections(tmp_path):
+    """Qwen3-VL's mixtures (qwen3vlmoe): Qwen3-MoE's layers, an image's rows turned by its grid."""
+    path = write_tiny_gguf(
+        str(tmp_path / "qwen3vlmoe.gguf"),
+        "qwen3vlmoe",
+        head_dim=HEAD_DIM,
+        experts=(4, 2, 32),
+        metadata={"rope.dimension_sections": SECTIONS},
+    )
+    steps = load_steps(path, slots=1, context=64)
+    assert steps.model.config.experts == 4 and steps.model.config.rope_sections == (0, 1, 2, 0, 1, 2, 0, 1)
+    rows = np.random.default_rng(6).normal(0, 0.5, (6, steps.model.config.dim)).astype(np.float32)
+    tokens = [1, 17, 23] + [PLACEHOLDER] * 6 + [40, 41, 42]
+    inputs = {IMAGE_AT + i: rows[i].astype(np.float64) for i in range(6)}
+    want = Reference(path).logits(tokens, inputs, turned=TURNED)
+    got = steps.run([Lane(0, 0, tokens, Want.ALL, inputs=((IMAGE_AT, rows),), rope_positions=TURNED)])[0]
+    assert off_by(got, want) < 0.02
