@@ -6,7 +6,7 @@ Usage: .venv/bin/python bench/shaped_model.py SHAPE OUT.gguf [--type Q4_K_M] [--
 
 Writes OUT as float16 matrices (float32 norms) with SHAPE's widths, depth, heads, QK-norm and tied
 embedding (Llama 3.2 shapes with their rope_freqs.weight), and the default model's tokenizer (its 49,152-token vocabulary stands in for the real
-one, as the issue's repro did; for Qwen2.5-VL three of its control tokens spelled as Qwen's image tokens). With --type, llama.cpp's own `llama-quantize` then turns it into that
+one, as the issue's repro did; for Qwen2.5-VL and Qwen3-VL three of its control tokens spelled as Qwen's image tokens, for SmolVLM eleven as its image and tile markers). With --type, llama.cpp's own `llama-quantize` then turns it into that
 block mix (Q4_K_M, Q5_K_M, Q6_K, Q8_0, Q4_0, IQ4_XS, ...), as users' downloads are made, and the
 float16 file is removed. Random weights give flat logits, so the final norm is scaled (x6) to make
 greedy choices decided rather than coin flips. With --predictable, the embedding is large and the
@@ -69,6 +69,10 @@ SHAPES = {
     "qwen3.5-35b-a3b": ("qwen35moe", 40, 2048, 512, 16, 2, 256, False, 1e7),
     # Qwen2.5-VL-3B's language model: Qwen2.5-3B's shapes with M-RoPE (MROPE_SECTIONS)
     "qwen2.5-vl-3b": ("qwen2vl", 36, 2048, 11008, 16, 2, 128, True, 1e6),
+    # Qwen3-VL-4B's: Qwen3-4B's shapes with interleaved M-RoPE and deepstack (DEEPSTACK)
+    "qwen3-vl-4b": ("qwen3vl", 36, 2560, 9728, 32, 8, 128, True, 5e6),
+    # SmolVLM-256M's language model: SmolLM2-135M's shapes (its image tokens: VISION_TOKENS)
+    "smolvlm-256m": ("llama", 30, 576, 1536, 9, 3, 64, True, 1e5),
 }
 # Gated DeltaNet's sizes: (conv kernel, a head's state, key heads, value heads, every n-th layer full attention)
 RECURRENT = {"qwen3.5-0.8b": (4, 128, 16, 16, 4), "qwen3.5-2b": (4, 128, 16, 16, 4), "qwen3.5-4b": (4, 128, 16, 32, 4)}
@@ -80,11 +84,25 @@ LATENT = dict.fromkeys(("deepseek-v2-lite", "deepseek-v2-lite-dense", "moonlight
 PARTIAL_ROTARY = {"phi4-mini": (96, 4096, 1.190238), "glm4.5-air": (64, None, None)}
 PARTIAL_ROTARY |= dict.fromkeys(("qwen3.5-0.8b", "qwen3.5-2b", "qwen3.5-4b", "qwen3.5-35b-a3b"), (64, None, None))
 # M-RoPE's sections (rope.dimension_sections), in pairs of a head's values: the first turned by a
-# token's time, the next by its row, the next by its column (an image's tokens; text's all alike)
-MROPE_SECTIONS = {"qwen2.5-vl-3b": [16, 24, 24, 0]}
+# token's time, the next by its row, the next by its column (an image's tokens; text's all alike);
+# qwen3vl's interleaved (pair k by time, row, column as k % 3 is 0, 1, 2, while its section lasts)
+MROPE_SECTIONS = {"qwen2.5-vl-3b": [16, 24, 24, 0], "qwen3-vl-4b": [24, 20, 20, 0]}
+# Qwen3-VL: its first n layers each add one more part of an image row (the vision tower's deepstack features)
+DEEPSTACK = {"qwen3-vl-4b": 3}
 # the tokens llama.cpp's mtmd and our loader look up around an image (Qwen2-VL's), spelled over
 # control tokens of the default model's vocabulary that no prompt here uses
-VISION_TOKENS = {"qwen2.5-vl-3b": {3: "<|vision_start|>", 4: "<|vision_end|>", 5: "<|image_pad|>"}}
+VISION_TOKENS = dict.fromkeys(("qwen2.5-vl-3b", "qwen3-vl-4b"), {3: "<|vision_start|>", 4: "<|vision_end|>", 5: "<|image_pad|>"})
+# SmolVLM's (Idefics3's): the fourteen spare control tokens (3 .. 16) hold its two markers and the
+# row/column markers of tile grids up to SMOLVLM_TILES a side (its own 2,048-pixel longest edge cuts
+# up to 4 x 4 tiles, which would need 18); a projector for this shape caps its longest edge to match
+SMOLVLM_TILES = 3
+VISION_TOKENS["smolvlm-256m"] = dict(
+    enumerate(
+        ["<fake_token_around_image>", "<global-img>"]
+        + [f"<row_{row}_col_{col}>" for row in range(1, SMOLVLM_TILES + 1) for col in range(1, SMOLVLM_TILES + 1)],
+        start=3,
+    )
+)
 # mixture-of-experts shapes: (experts, used a token, each one's FFN)
 EXPERTS = {"qwen3-30b-a3b": (128, 8, 768), "gpt-oss-20b": (32, 4, 2880), "olmoe-1b-7b": (64, 8, 1024), "qwen1.5-moe-a2.7b": (60, 4, 1408)}
 EXPERTS |= {"glm4.5-air": (128, 8, 1408), "deepseek-v2-lite": (64, 6, 1408), "moonlight-16b-a3b": (64, 6, 1408)}
@@ -135,11 +153,13 @@ def write_shaped(
     direct: str | None = None,
     reranker: bool = False,
     init: str = "default",
+    deepstack: int | None = None,
 ) -> str:
     """Write SHAPE's random model to `path`: float16 matrices, or with `direct` (a mix of MIXES) each matrix
     straight in its type of that mix (bench/block_files.py). `reranker` makes it a reranker's file
     as llama.cpp's converter writes Qwen3-Reranker (tests/support/tiny_models.py's `rank_labels`).
-    `init` names one of INITS (`seed`, where given, replaces its seed)."""
+    `init` names one of INITS (`seed`, where given, replaces its seed). `deepstack`: a Qwen3-VL
+    shape's deepstack layers, where not DEEPSTACK's (to match a shorter vision tower's)."""
     arch, n_layers, dim, ffn, heads, kv_heads, head_dim, tied, theta = SHAPES[shape]
     if reranker and (direct or predictable or not tied):
         raise SystemExit("--reranker copies the tied float16 embedding's rows: not with --direct, --predictable or an untied shape")
@@ -180,6 +200,8 @@ def write_shaped(
         w.add_float32(f"{arch}.rope.scaling.attn_factor", attn_factor)
     if shape in MROPE_SECTIONS:
         w.add_array(f"{arch}.rope.dimension_sections", MROPE_SECTIONS[shape])
+    if shape in DEEPSTACK:
+        w.add_uint32(f"{arch}.n_deepstack_layers", DEEPSTACK[shape] if deepstack is None else deepstack)
     if shape in SLIDING_WINDOW:
         w.add_sliding_window(SLIDING_WINDOW[shape])
     if shape in YARN:
@@ -341,7 +363,7 @@ def write_shaped(
             add(p + "attn_q.weight", q)
             add(p + "attn_k.weight", k)
             add(p + "attn_v.weight", v)
-        if arch in ("qwen3", "qwen3moe", "gemma3", "exaone4"):
+        if arch in ("qwen3", "qwen3vl", "qwen3moe", "gemma3", "exaone4"):
             add(p + "attn_q_norm.weight", norm(head_dim))
             add(p + "attn_k_norm.weight", norm(head_dim))
         if arch in ("olmoe", "olmo2"):  # over all of q and all of k
