@@ -27,7 +27,8 @@ lowest, where it is, and the median), the largest difference over the largest va
 side's encode time on this machine's cores (medians of `--rounds` rounds, llama.cpp then ours in
 each) with the median of the rounds' ratios. Ours runs as the server runs it: attention and gelu
 on the CPU kernels' cores (kernels/vision_encoder.py), OpenBLAS's threads told to sleep at once
-(wsgi.py).
+(wsgi.py), in the slices the model thread cuts an encode no request runs beside (vision.py's
+ALONE_SLICES).
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ from support.tiny_projectors import write_tiny_projector  # noqa: E402
 from webapp.engine.kernels.cpu import QuantizedCPU, cpu_threads  # noqa: E402
 from webapp.engine.kernels.vision_encoder import VisionEncoderKernels  # noqa: E402
 from webapp.engine.vision.projector import load_projector  # noqa: E402
+from webapp.engine.vision.siglip import SLICE_FLOPS  # noqa: E402
+from webapp.engine.vision.vision import ALONE_SLICES  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,7 @@ def main() -> None:
             projector_path = projector_file(family, folder, layers)
             projector = load_projector(projector_path)
             projector.encoder.kernels = VisionEncoderKernels(kernels.library) if kernels else None
+            projector.encoder.slice_flops = SLICE_FLOPS * ALONE_SLICES  # as the server encodes an image no step waits beside
             model = language_model(family, folder, layers)
             name = f"{family} ({layers} of {qwen.released} layers)" if qwen else family
             for height, width in qwen.sizes if qwen else [(projector.image_size,) * 2]:

@@ -32,6 +32,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from support.tiny_projectors import Draws as TestDraws  # noqa: E402
 from support.tiny_projectors import write_projector_file  # noqa: E402
 
 # Qwen2.5-VL-3B-Instruct's vision_config and preprocessor_config, as the converter writes them
@@ -43,24 +44,11 @@ QWEN3VL_SHAPE = dict(text_dim=2560, width=1024, ffn=4096, layers=24, heads=16, p
 QWEN3VL_MEAN = QWEN3VL_STD = [0.5, 0.5, 0.5]
 
 
-class Draws:
-    """Random tensors from one seeded stream: matrices float16 at 1/sqrt(fan-in), vectors float32."""
+class Draws(TestDraws):
+    """tests/support's Draws in the released files' types: float16 matrices (drawn in float32), float32 vectors."""
 
     def __init__(self, seed: int):
-        self.rng = np.random.default_rng(seed)
-
-    def matrix(self, *shape: int, fan_in: int | None = None) -> np.ndarray:
-        return (self.rng.standard_normal(shape, dtype=np.float32) * (fan_in or shape[-1]) ** -0.5).astype(np.float16)
-
-    def vector(self, n: int, center: float = 0.0, spread: float = 0.02) -> np.ndarray:
-        return (center + spread * self.rng.standard_normal(n)).astype(np.float32)
-
-    def linear(self, name: str, rows: int, cols: int) -> dict[str, np.ndarray]:
-        """`name`.weight (rows, cols) and its bias."""
-        return {f"{name}.weight": self.matrix(rows, cols), f"{name}.bias": self.vector(rows)}
-
-    def layer_norm(self, name: str, n: int) -> dict[str, np.ndarray]:
-        return {f"{name}.weight": self.vector(n, 1.0, 0.1), f"{name}.bias": self.vector(n, spread=0.05)}
+        super().__init__(np.random.default_rng(seed), np.float16, np.float32)
 
     def patch_halves(self, width: int, patch_size: int) -> dict[str, np.ndarray]:
         """The Conv3D's two temporal halves: they are summed, so each draws at the whole kernel's fan-in."""

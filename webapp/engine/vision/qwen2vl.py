@@ -69,7 +69,7 @@ class QwenVLProjector:
         windowed = family == "qwen2.5vl_merger"
         window = full_every = 0
         if windowed:
-            full_every = file.uint("clip.vision.n_wa_pattern", 0, h.layers)  # 0: every layer attends everything
+            full_every = file.uint("clip.vision.n_wa_pattern", 0, 1 << 16)  # 0: every layer attends everything; past the layers: none
             pixels = (
                 file.uint("clip.vision.window_size", MERGE * h.patch_size) if file.has("clip.vision.window_size") else DEFAULT_WINDOW_PIXELS
             )
