@@ -323,3 +323,16 @@ def test_the_operators_token_range_bounds_an_images_positions(projector_files):
     assert projector.limit_tokens(40, 100) == (40, 100)
     ((_, small, _),) = projector.pieces(an_image(height=10, width=12))
     assert projector.tokens(small) >= 40
+
+
+def test_a_strip_too_narrow_to_fit_is_refused(projector_files):
+    """One side held at a merged token while the other scales down: a long enough strip still takes
+    more positions than an image may, and is refused as bad input (a 400), not encoded for hours."""
+    from webapp.engine.vision.images import ImageError
+
+    projector = load_projector(projector_files["qwen2.5vl", "F32"])
+    projector.limit_tokens(None, 16)
+    with pytest.raises(ImageError, match="more than the 16"):
+        projector.pieces(np.zeros((1, 2000, 3), np.uint8))
+    ((_, pixels, _),) = projector.pieces(np.zeros((1, 100, 3), np.uint8))  # 13 tokens in a row: taken
+    assert projector.grid(pixels) == (1, 13)

@@ -27,6 +27,7 @@ import numpy as np
 from PIL import Image
 
 from webapp.engine.model.load_error import ModelLoadError
+from webapp.engine.vision.images import ImageError
 from webapp.engine.vision.projector_file import MAX_PATCHES, ProjectorFile
 from webapp.engine.vision.qwen_tower import MERGE, Merger, QwenVisionTower, TowerLayer, layout
 from webapp.engine.vision.siglip import run_to_end, scaled_pixels
@@ -102,6 +103,11 @@ class QwenVLProjector:
         align = MERGE * h.patch_size
         least, most = (tokens * align * align for tokens in self.token_range)
         height, width = target_size(rgb.shape[0], rgb.shape[1], align, least, most)
+        if height * width > most:  # one side held at a token while the other scales: a strip too thin to fit
+            tokens = height * width // (align * align)
+            raise ImageError(
+                f"the image is {rgb.shape[1]}x{rgb.shape[0]} pixels: so narrow a strip takes {tokens} positions, more than the {self.token_range[1]} an image may"
+            )
         resized = Image.fromarray(np.ascontiguousarray(rgb)).resize((width, height), resample=Image.Resampling.BICUBIC)
         return scaled_pixels(np.asarray(resized), h)
 
