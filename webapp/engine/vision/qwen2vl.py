@@ -103,11 +103,12 @@ class QwenVLProjector:
         align = MERGE * h.patch_size
         least, most = (tokens * align * align for tokens in self.token_range)
         height, width = target_size(rgb.shape[0], rgb.shape[1], align, least, most)
-        if height * width > most:  # one side held at a token while the other scales: a strip too thin to fit
-            tokens = height * width // (align * align)
-            raise ImageError(
-                f"the image is {rgb.shape[1]}x{rgb.shape[0]} pixels: so narrow a strip takes {tokens} positions, more than the {self.token_range[1]} an image may"
-            )
+        # a strip holds one side at a token while the other scales: past the most, as llama.cpp lets
+        # it, but not past what the tower takes
+        tokens, cap = height * width // (align * align), MAX_PATCHES // (MERGE * MERGE)
+        if tokens > cap:
+            size = f"{rgb.shape[1]}x{rgb.shape[0]}"
+            raise ImageError(f"the image is {size} pixels: so narrow a strip takes {tokens} positions, more than the {cap} an image may")
         resized = Image.fromarray(np.ascontiguousarray(rgb)).resize((width, height), resample=Image.Resampling.BICUBIC)
         return scaled_pixels(np.asarray(resized), h)
 
