@@ -31,6 +31,10 @@ ARCHITECTURE_FILES = {
     "qwen2moe": {"experts": MOE},
     "gpt-oss": {"experts": MOE},
     "glm4moe": {"experts": MOE, "n_layers": 3},
+    # text alone: every M-RoPE section turns by a token's one position (their images: test_qwen_vl_images.py)
+    "qwen2vl": {"head_dim": 16, "metadata": {"rope.dimension_sections": [2, 3, 3, 0]}},
+    "qwen3vl": {"head_dim": 16, "metadata": {"rope.dimension_sections": [2, 3, 3, 0], "n_deepstack_layers": 1}},
+    "qwen3vlmoe": {"head_dim": 16, "experts": MOE, "metadata": {"rope.dimension_sections": [2, 3, 3, 0]}},
 }
 # architectures whose tiny files have writers of their own, tested by these suites
 OWN_SUITES = {"deepseek2": "test_deepseek2.py", "qwen35": "test_qwen35.py", "qwen35moe": "test_qwen35.py"}

@@ -207,16 +207,16 @@ def test_a_long_encode_lets_other_requests_run_meanwhile(served, client, monkeyp
 
     from support import wait_until
 
-    from webapp.engine.vision import siglip
+    from webapp.engine.vision import vision as vision_module
     from webapp.engine.vision.vision import Vision
 
     engine, _ = served
-    monkeypatch.setattr(siglip, "SLICE_FLOPS", 1e4)  # the tiny encoder in hundreds of slices,
+    monkeypatch.setattr(vision_module, "SLICE_FLOPS", 1e4)  # the tiny encoder in hundreds of slices,
     one_slice = Vision.encode_slice
 
-    def slow_slice(vision, images):  # each of them as slow as a real encoder's
+    def slow_slice(vision, images, alone=False):  # each of them as slow as a real encoder's
         time.sleep(0.005)
-        one_slice(vision, images)
+        one_slice(vision, images, alone)
 
     monkeypatch.setattr(Vision, "encode_slice", slow_slice)
     finished = {}

@@ -426,6 +426,7 @@ class Reference:
 
     kv_type = "f16"  # subclasses that read the file their own way keep the float16 cache
     window, global_every = 0, 6  # sliding-window layers (gemma3, gpt-oss): none unless the file says
+    sections, deepstack = None, 0  # M-RoPE's sections and an image row's deepstack parts (qwen2vl, qwen3vl): none unless the file says
     no_rope_every = 0  # every n-th layer without RoPE (smollm3, exaone4 32B): none unless the architecture says
 
     def __init__(self, path: str, kv_type: str = "f16"):
