@@ -21,7 +21,9 @@ Qwen3-VL-4B (conversion/qwen3vl.py): LayerNorms, one `attn_qkv` product, a gelu 
 then `fc1`, gelu, `fc2` to the text width), flagged in `clip.vision.is_deepstack_layers`.
 
 `layers` below the released depth keeps the widths (and Qwen2.5-VL's window pattern, Qwen3-VL's
-deepstack layers that fall within the depth): a shorter tower, for shorter runs.
+deepstack layers that fall within the depth): a shorter tower, for shorter runs. The tensors are
+laid out by the tests' tiny writers (tests/support/tiny_projectors.py), given these shapes, F16
+matrices and the processors' means and deviations.
 """
 
 from __future__ import annotations
@@ -29,11 +31,8 @@ from __future__ import annotations
 import os
 import sys
 
-import numpy as np
-
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from support.tiny_projectors import Draws as TestDraws  # noqa: E402
-from support.tiny_projectors import write_projector_file  # noqa: E402
+from support.tiny_projectors import write_tiny_qwen2vl_projector, write_tiny_qwen3vl_projector  # noqa: E402
 
 # Qwen2.5-VL-3B-Instruct's vision_config and preprocessor_config, as the converter writes them
 QWEN25VL_SHAPE = dict(text_dim=2048, width=1280, ffn=3420, layers=32, heads=16, patch_size=14, image_size=560, n_wa_pattern=8)
@@ -44,45 +43,31 @@ QWEN3VL_SHAPE = dict(text_dim=2560, width=1024, ffn=4096, layers=24, heads=16, p
 QWEN3VL_MEAN = QWEN3VL_STD = [0.5, 0.5, 0.5]
 
 
-class Draws(TestDraws):
-    """tests/support's Draws in the released files' types: float16 matrices (drawn in float32), float32 vectors."""
-
-    def __init__(self, seed: int):
-        super().__init__(np.random.default_rng(seed), np.float16, np.float32)
-
-    def patch_halves(self, width: int, patch_size: int) -> dict[str, np.ndarray]:
-        """The Conv3D's two temporal halves: they are summed, so each draws at the whole kernel's fan-in."""
-        fan_in, names = 2 * 3 * patch_size * patch_size, ("v.patch_embd.weight", "v.patch_embd.weight.1")
-        return {name: self.matrix(width, 3, patch_size, patch_size, fan_in=fan_in) for name in names}
-
-
-def vision_keys(projector_type: str, s: dict, mean: list[float], std: list[float]) -> dict:
-    """The keys both families' files carry (F16 mostly, the shape `s`), clip.vision.* among them."""
-    keys = {"general.file_type": 1, "clip.has_vision_encoder": True, "clip.projector_type": projector_type}
-    vision = {"projection_dim": s["text_dim"], "image_size": s["image_size"], "patch_size": s["patch_size"]}
-    vision |= {"embedding_length": s["width"], "feed_forward_length": s["ffn"], "block_count": s["layers"]}
-    vision |= {"attention.head_count": s["heads"], "image_mean": mean, "image_std": std}
-    return keys | {f"clip.vision.{key}": value for key, value in vision.items()}
+def released_keys(image_size: int, mean: list[float], std: list[float]) -> dict:
+    """The keys that differ from the tiny writers': a mostly-F16 file, the processor's statistics."""
+    keys = {"general.file_type": 1, "clip.vision.image_size": image_size}
+    return keys | {"clip.vision.image_mean": mean, "clip.vision.image_std": std}
 
 
 def write_qwen25vl_projector(path: str, layers: int = QWEN25VL_SHAPE["layers"], seed: int = 0, **shape) -> str:
-    """Write Qwen2.5-VL-3B's projector to `path`: its widths (any of them replaced by `shape`), `layers` deep."""
+    """Write Qwen2.5-VL-3B's projector to `path`: its widths (any of them replaced by `shape`), `layers`
+    deep; no window size, as the converter writes none."""
     s = QWEN25VL_SHAPE | shape | {"layers": layers}
-    width, ffn, merged = s["width"], s["ffn"], 4 * s["width"]
-    keys = vision_keys("qwen2.5vl_merger", s, QWEN25VL_MEAN, QWEN25VL_STD) | {"clip.use_silu": True}
-    keys |= {"clip.vision.n_wa_pattern": s["n_wa_pattern"], "clip.vision.attention.layer_norm_epsilon": 1e-6}
-    draw = Draws(seed)
-    tensors = draw.patch_halves(width, s["patch_size"])
-    for i in range(layers):
-        p = f"v.blk.{i}."
-        tensors[p + "ln1.weight"] = draw.vector(width, 1.0, 0.1)
-        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            tensors |= draw.linear(p + name, width, width)
-        tensors[p + "ln2.weight"] = draw.vector(width, 1.0, 0.1)
-        tensors |= draw.linear(p + "ffn_gate", ffn, width) | draw.linear(p + "ffn_up", ffn, width) | draw.linear(p + "ffn_down", width, ffn)
-    tensors["v.post_ln.weight"] = draw.vector(width, 1.0, 0.1)
-    tensors |= draw.linear("mm.0", merged, merged) | draw.linear("mm.2", s["text_dim"], merged)
-    return write_projector_file(path, keys, tensors)
+    return write_tiny_qwen2vl_projector(
+        path,
+        "qwen2.5vl",
+        s["text_dim"],
+        width=s["width"],
+        ffn=s["ffn"],
+        layers=layers,
+        heads=s["heads"],
+        patch_size=s["patch_size"],
+        window_size=None,
+        n_wa_pattern=s["n_wa_pattern"],
+        seed=seed,
+        tensor_type="F16",
+        metadata=released_keys(s["image_size"], QWEN25VL_MEAN, QWEN25VL_STD),
+    )
 
 
 def qwen3vl_deepstack(layers: int) -> tuple[int, ...]:
@@ -94,27 +79,20 @@ def write_qwen3vl_projector(path: str, layers: int = QWEN3VL_SHAPE["layers"], se
     """Write Qwen3-VL-4B's projector to `path`: its widths (any of them replaced by `shape`), `layers`
     deep, at least through its first deepstack layer."""
     s = QWEN3VL_SHAPE | shape | {"layers": layers}
-    deepstack = [i for i in s["deepstack"] if i < layers]
+    deepstack = tuple(i for i in s["deepstack"] if i < layers)
     if not deepstack:
         raise ValueError(f"{layers} layers: Qwen3-VL's first deepstack layer is layer {min(s['deepstack'])}")
-    width, ffn, merged, side = s["width"], s["ffn"], 4 * s["width"], s["image_size"] // s["patch_size"]
-    keys = vision_keys("qwen3vl_merger", s, QWEN3VL_MEAN, QWEN3VL_STD) | {"clip.use_gelu": True}
-    vision = {"spatial_merge_size": 2, "attention.layer_norm_epsilon": 1e-6, "is_deepstack_layers": [i in deepstack for i in range(layers)]}
-    keys |= {f"clip.vision.{key}": value for key, value in vision.items()}
-    draw = Draws(seed)
-    tensors = draw.patch_halves(width, s["patch_size"])
-    # the patch bias and the positions large enough that leaving either out, or resizing the grid wrongly, shows
-    tensors["v.patch_embd.bias"] = draw.vector(width, spread=0.3)
-    tensors["v.position_embd.weight"] = (0.5 * draw.rng.standard_normal((side * side, width))).astype(np.float32)
-    for i in range(layers):
-        p = f"v.blk.{i}."
-        tensors |= draw.layer_norm(p + "ln1", width) | draw.linear(p + "attn_qkv", 3 * width, width)
-        tensors |= draw.linear(p + "attn_out", width, width) | draw.layer_norm(p + "ln2", width)
-        tensors |= draw.linear(p + "ffn_up", ffn, width) | draw.linear(p + "ffn_down", width, ffn)
-    tensors |= draw.layer_norm("v.post_ln", width)
-    tensors |= draw.linear("mm.0", merged, merged) | draw.linear("mm.2", s["text_dim"], merged)
-    for i in deepstack:
-        p = f"v.deepstack.{i}."
-        tensors |= draw.layer_norm(p + "norm", merged) | draw.linear(p + "fc1", merged, merged)
-        tensors |= draw.linear(p + "fc2", s["text_dim"], merged)
-    return write_projector_file(path, keys, tensors)
+    return write_tiny_qwen3vl_projector(
+        path,
+        s["text_dim"],
+        width=s["width"],
+        ffn=s["ffn"],
+        layers=layers,
+        heads=s["heads"],
+        patch_size=s["patch_size"],
+        position_side=s["image_size"] // s["patch_size"],
+        deepstack=deepstack,
+        seed=seed,
+        tensor_type="F16",
+        metadata=released_keys(s["image_size"], QWEN3VL_MEAN, QWEN3VL_STD),
+    )

@@ -49,15 +49,8 @@ def write_tiny_projector(
     rng = np.random.default_rng(seed)
     matrix_dtype = {"F32": np.float32, "F16": np.float16}[tensor_type]
 
-    keys: dict = {"clip.has_vision_encoder": True, "clip.has_text_encoder": False, "clip.projector_type": projector_type or family}
-    vision = {"image_size": image_size, "patch_size": patch_size, "embedding_length": width, "feed_forward_length": ffn}
-    vision["projection_dim"] = text_dim  # llama.cpp reads it; this loader takes the width from the projection
-    vision |= {"block_count": layers, "attention.head_count": heads, "attention.layer_norm_epsilon": 1e-6}
-    vision |= {"image_mean": IMAGE_MEAN, "image_std": IMAGE_STD}
-    if family == "idefics3":
-        vision["projector.scale_factor"] = scale_factor
-    keys |= {f"clip.vision.{key}": value for key, value in vision.items()}
-    keys |= metadata or {}
+    vision = {"projector.scale_factor": scale_factor} if family == "idefics3" else {}
+    keys = projector_keys(projector_type or family, (image_size, patch_size, width, ffn, text_dim, layers, heads), vision, metadata)
 
     draw = Draws(rng, matrix_dtype)
     matrix, vector = draw.matrix, draw.vector
@@ -116,20 +109,15 @@ def write_tiny_qwen2vl_projector(
     merged_pixels = (2 * patch_size) ** 2
 
     projector_type = {"qwen2.5vl": "qwen2.5vl_merger", "qwen2vl": "qwen2vl_merger"}[family]
-    keys: dict = {"clip.has_vision_encoder": True, "clip.has_text_encoder": False, "clip.projector_type": projector_type}
-    # image_size is only llama.cpp's warm-up size for these dynamic-resolution encoders
-    vision = {"image_size": 16 * patch_size, "patch_size": patch_size, "embedding_length": width, "feed_forward_length": ffn}
-    vision |= {"projection_dim": text_dim, "block_count": layers, "attention.head_count": heads}
-    vision |= {"attention.layer_norm_epsilon": 1e-6, "image_mean": IMAGE_MEAN, "image_std": IMAGE_STD}
-    if rms:
-        vision |= {"n_wa_pattern": n_wa_pattern, "window_size": window_size}
-        keys["clip.use_silu"] = True  # the converter's add_vision_use_silu: a clip.* key, not clip.vision.*
+    vision = {"n_wa_pattern": n_wa_pattern, "window_size": window_size} if rms else {}
     if min_tokens is not None:
         vision["image_min_pixels"] = min_tokens * merged_pixels
     if max_tokens is not None:
         vision["image_max_pixels"] = max_tokens * merged_pixels
-    keys |= {f"clip.vision.{key}": value for key, value in vision.items()}
-    keys |= metadata or {}
+    # image_size is only llama.cpp's warm-up size for these dynamic-resolution encoders; use_silu the
+    # converter's add_vision_use_silu: a clip.* key, not clip.vision.*
+    shape = (16 * patch_size, patch_size, width, ffn, text_dim, layers, heads)
+    keys = projector_keys(projector_type, shape, vision, {"clip.use_silu": True if rms else None} | (metadata or {}))
 
     draw = Draws(rng, matrix_dtype)
     matrix, vector = draw.matrix, draw.vector
@@ -185,14 +173,9 @@ def write_tiny_qwen3vl_projector(
     matrix_dtype = {"F32": np.float32, "F16": np.float16}[tensor_type]
     merged = 4 * width  # a merged token's 2 x 2 patches side by side
 
-    keys: dict = {"clip.has_vision_encoder": True, "clip.has_text_encoder": False, "clip.projector_type": "qwen3vl_merger"}
-    keys["clip.use_gelu"] = True
-    vision = {"image_size": position_side * patch_size, "patch_size": patch_size, "embedding_length": width}
-    vision |= {"feed_forward_length": ffn, "projection_dim": text_dim, "block_count": layers, "attention.head_count": heads}
-    vision |= {"attention.layer_norm_epsilon": 1e-6, "image_mean": IMAGE_MEAN, "image_std": IMAGE_STD}
-    vision |= {"spatial_merge_size": 2, "is_deepstack_layers": [i in deepstack for i in range(layers)]}
-    keys |= {f"clip.vision.{key}": value for key, value in vision.items()}
-    keys |= metadata or {}
+    vision = {"spatial_merge_size": 2, "is_deepstack_layers": [i in deepstack for i in range(layers)]}
+    shape = (position_side * patch_size, patch_size, width, ffn, text_dim, layers, heads)
+    keys = projector_keys("qwen3vl_merger", shape, vision, {"clip.use_gelu": True} | (metadata or {}))
 
     draw = Draws(rng, matrix_dtype)
     matrix, vector, linear = draw.matrix, draw.vector, draw.linear
@@ -220,6 +203,21 @@ def write_tiny_qwen3vl_projector(
         p = f"v.deepstack.{i}."
         tensors |= layer_norm(p + "norm", merged) | linear(p + "fc1", merged, merged) | linear(p + "fc2", text_dim, merged)
     return write_projector_file(path, keys, tensors | (replace or {}), omit)
+
+
+def projector_keys(projector_type: str, shape: tuple[int, ...], vision: dict, metadata: dict | None) -> dict:
+    """A projector file's keys: its type, a vision encoder alone, `shape` (image_size, patch_size,
+    width, ffn, text_dim, layers, heads) and the statistics every family has as clip.vision.* keys,
+    a family's own `vision` keys, then `metadata` (whole names) added or replaced (a value of None
+    leaves the key out: add_key writes nothing)."""
+    image_size, patch_size, width, ffn, text_dim, layers, heads = shape
+    keys: dict = {"clip.has_vision_encoder": True, "clip.has_text_encoder": False, "clip.projector_type": projector_type}
+    common = {"image_size": image_size, "patch_size": patch_size, "embedding_length": width, "feed_forward_length": ffn}
+    common["projection_dim"] = text_dim  # llama.cpp reads it; this loader takes the width from the projection
+    common |= {"block_count": layers, "attention.head_count": heads, "attention.layer_norm_epsilon": 1e-6}
+    common |= {"image_mean": IMAGE_MEAN, "image_std": IMAGE_STD}
+    keys |= {f"clip.vision.{key}": value for key, value in (common | vision).items()}
+    return keys | (metadata or {})
 
 
 class Draws:
