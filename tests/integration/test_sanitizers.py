@@ -82,8 +82,8 @@ def test_a_kernel_that_writes_past_its_array_is_caught(tmp_path):
     shutil.copytree(SOURCES, broken)
     source = broken / "vision_encoder.c"
     text = source.read_text()
-    assert "for (; i + 8 <= to; i += 8)" in text
-    source.write_text(text.replace("for (; i + 8 <= to; i += 8)", "for (; i < to; i += 8)"))  # its last eight run past n
+    assert "for (; i + VEC <= to; i += VEC)" in text
+    source.write_text(text.replace("for (; i + VEC <= to; i += VEC)", "for (; i < to; i += VEC)"))  # its last vector runs past n
     script = f"""
 import ctypes, sys
 import numpy as np

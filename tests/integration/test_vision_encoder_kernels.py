@@ -2,9 +2,9 @@
 against float64 softmax attention, on the best rung this CPU runs and the generic build: shapes that
 leave partial tiles (patches not a multiple of 16 or of the key tile, queries not a multiple of the
 item), scores large enough that a later tile's maximum rescales what came before, outputs written into
-one head's columns of a wider array; gelu against float64's over float32's whole range; float16
-widened as NumPy widens it; then the whole SigLIP encoder with and without them (an F16 file's
-matrices kept float16 in memory)."""
+one head's columns of a wider array; gelu against float64's over float32's whole range; products
+by float16 and float32 matrices against float64's; then the whole SigLIP encoder with and without
+them (an F16 file's matrices kept float16 in memory)."""
 
 from __future__ import annotations
 
@@ -79,15 +79,41 @@ def test_gelu_matches_float64_everywhere(library):
     np.testing.assert_allclose(got, expected, rtol=2e-6, atol=1e-6)
 
 
-def test_halves_widen_to_what_numpy_makes_of_them_bit_for_bit(library):
-    """Every float16 there is (subnormals, infinities, NaNs), past a whole chunk and not in eights."""
-    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
-    halves = np.concatenate([every, every[:19]]).reshape(-1, 5)  # 65,555 values: one chunk and a tail of 19
-    got = VisionEncoderKernels(library).widened(halves)
-    assert got.dtype == np.float32 and got.shape == halves.shape
-    want = halves.astype(np.float32)
-    nan = np.isnan(want)  # F16C quiets a signalling NaN, NumPy keeps it (a file's NaNs are refused at load anyway)
-    assert (np.isnan(got) == nan).all() and np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize(
+    "rows, cols, outs",
+    [(1, 8, 1), (7, 37, 9), (13, 1176, 30), (64, 2100, 70), (300, 520, 260)],
+)
+def test_products_match_float64(library, rows, cols, outs, dtype):
+    """Rows and outputs past whole tiles, columns past whole vectors and in pieces (past 1,024), several
+    blocks of rows and of outputs; then into a wider array's columns, added to what it holds."""
+    rng = np.random.default_rng(rows * 7 + cols)
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    weight = (rng.standard_normal((outs, cols)) / np.sqrt(cols)).astype(dtype)
+    bias = rng.standard_normal(outs).astype(np.float32)
+    exact = x.astype(np.float64) @ weight.astype(np.float64).T
+    kernels = VisionEncoderKernels(library)
+    np.testing.assert_allclose(kernels.linear(x, weight, bias), exact + bias, rtol=1e-5, atol=1e-5)
+    wide = rng.standard_normal((rows, outs + 5)).astype(np.float32)
+    before = wide.copy()
+    kernels.linear(x, weight, None, wide[:, 2 : 2 + outs], add=True)
+    np.testing.assert_allclose(wide[:, 2 : 2 + outs], before[:, 2 : 2 + outs] + exact, rtol=1e-5, atol=1e-5)
+    assert np.array_equal(wide[:, :2], before[:, :2]) and np.array_equal(wide[:, 2 + outs :], before[:, 2 + outs :])
+
+
+def test_products_refuse_what_c_could_not_read(library):
+    kernels = VisionEncoderKernels(library)
+    x, weight = np.zeros((3, 8), np.float32), np.zeros((4, 8), np.float16)
+    for args, says in [
+        ((x, np.zeros((4, 8), np.float64), None), "float16 or float32"),
+        ((x, np.zeros((4, 9), np.float16), None), "no product"),
+        ((x, weight, np.zeros(5, np.float32)), "bias"),
+        ((x, weight, None, np.zeros((3, 5), np.float32)), "out must be"),
+        ((x, weight, None, np.zeros((3, 4), np.float32).T.copy().T), "out must be"),
+        ((x, weight, None, None, True), "adding needs"),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            kernels.linear(*args)
 
 
 def test_the_encoder_gives_the_same_rows_with_the_kernels_as_in_numpy(library, tmp_path):
@@ -95,7 +121,7 @@ def test_the_encoder_gives_the_same_rows_with_the_kernels_as_in_numpy(library, t
         str(tmp_path / "p.mmproj.gguf"), "gemma3", width=64, heads=8, image_size=112, patch_size=14, tensor_type="F16"
     )
     projector = load_projector(path)
-    assert projector.encoder.layers[0].up_weight.dtype == np.float16  # half the memory; widened a layer at a time
+    assert projector.encoder.layers[0].up_weight.dtype == np.float16  # half the memory, and what the kernels read
     pixels = projector.preprocess(np.random.default_rng(1).integers(0, 256, (90, 120, 3), dtype=np.uint8))
     in_numpy = projector.encode(pixels)
     projector.encoder.kernels = VisionEncoderKernels(library)

@@ -5,7 +5,9 @@ Contract: `VisionEncoderKernels(library)` is what the SigLIP encoder takes as it
 and already scaled, kt (hd, n) the keys transposed, v (n, hd), and out a (rows, hd) view whose rows
 may be apart (one head's columns of a (patches, heads, hd) array); `runs_attention(hd)` says which
 heads it takes. `gelu_tanh(x)` overwrites a contiguous float32 array with its gelu (tanh form) and
-returns it; `widened(x)` is a float16 array as a new float32 one. Everything C will read or write
+returns it. `linear(x, weight, bias, out)` is
+x @ weight.T + bias for a float16 or float32 weight stored (out, in) as the file has it, read in its
+own type (c/float_gemm.c), written into `out` or added to it. Everything C will read or write
 is checked here first (float32, shapes that agree, contiguous rows): a ValueError, never an access
 past a buffer.
 """
@@ -16,9 +18,10 @@ import ctypes
 
 import numpy as np
 
-from webapp.engine.kernels.abi import MAX_HEAD_DIM
+from webapp.engine.kernels.abi import MAX_HEAD_DIM, BlockType
 
 FLOAT32 = np.dtype(np.float32)
+WEIGHT_TYPES = {np.dtype(np.float32): BlockType.F32, np.dtype(np.float16): BlockType.F16}
 
 
 class VisionEncoderKernels:
@@ -27,8 +30,8 @@ class VisionEncoderKernels:
         self._attend.argtypes, self._attend.restype = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4, ctypes.c_int
         self._gelu = library.tq_gelu_tanh
         self._gelu.argtypes, self._gelu.restype = [ctypes.c_void_p, ctypes.c_long], None
-        self._widen = library.tq_widen_halves
-        self._widen.argtypes, self._widen.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long], None
+        self._gemm = library.tq_float_gemm
+        self._gemm.argtypes, self._gemm.restype = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 6, ctypes.c_int
 
     @staticmethod
     def runs_attention(head_dim: int) -> bool:
@@ -59,9 +62,30 @@ class VisionEncoderKernels:
         self._gelu(x.ctypes.data, x.size)
         return x
 
-    def widened(self, x: np.ndarray) -> np.ndarray:
-        """A float16 array as a new float32 one of its shape, converted on every core."""
-        source = np.ascontiguousarray(x, dtype=np.float16)
-        out = np.empty(source.shape, dtype=np.float32)
-        self._widen(out.ctypes.data, source.ctypes.data, source.size)
+    def linear(
+        self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, out: np.ndarray | None = None, add: bool = False
+    ) -> np.ndarray:
+        """x @ weight.T + bias as (rows, outs) float32: into a new array, or into `out` (rows, outs),
+        whose rows may be apart, added to what it holds where `add`."""
+        if x.ndim != 2 or weight.ndim != 2 or x.shape[1] != weight.shape[1] or 0 in x.shape or 0 in weight.shape:
+            raise ValueError(f"x {x.shape} and weight {weight.shape} make no product")
+        if weight.dtype not in WEIGHT_TYPES or not weight.flags.c_contiguous:
+            raise ValueError(f"the weight must be a contiguous float16 or float32 array, not {weight.dtype}")
+        rows, outs = x.shape[0], weight.shape[0]
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if bias is not None and (bias.dtype != FLOAT32 or bias.shape != (outs,) or not bias.flags.c_contiguous):
+            raise ValueError(f"the bias must be a contiguous float32 array of {outs}, not {bias.dtype} {bias.shape}")
+        if out is None:
+            if add:
+                raise ValueError("adding needs an output to add to")
+            out = np.empty((rows, outs), dtype=np.float32)
+        elif out.dtype != FLOAT32 or out.shape != (rows, outs) or out.strides[1] != FLOAT32.itemsize or out.strides[0] % FLOAT32.itemsize:
+            raise ValueError(f"out must be a float32 ({rows}, {outs}) array with contiguous rows, not {out.dtype} {out.shape}")
+        elif out.strides[0] < outs * FLOAT32.itemsize or not out.flags.writeable:
+            raise ValueError(f"out's rows must be apart and writable, not strides {out.strides}")
+        bias_address = None if bias is None else bias.ctypes.data
+        stride = out.strides[0] // FLOAT32.itemsize
+        args = (WEIGHT_TYPES[weight.dtype], rows, x.shape[1], outs, stride, int(add))
+        if self._gemm(out.ctypes.data, x.ctypes.data, weight.ctypes.data, bias_address, *args) != 0:
+            raise ValueError(f"tq_float_gemm refused {args}")
         return out

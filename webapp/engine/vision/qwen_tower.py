@@ -16,9 +16,9 @@ row, the second by its column, each quarter's frequencies from the start, halves
 NeoX); every `full_every`-th layer attends over every patch, the others within their window
 (0: every layer everything); then the feed-forward: SwiGLU where a layer has a gate, else
 `activation` (gelu_quick or gelu) between up and down. After a deepstack layer its output, each
-merged token's four rows side by side, goes through that layer's `Merger`. Products run in
-NumPy's BLAS, attention a head and a window (or a block of queries) at a time on the CPU kernels'
-cores where the model runs on them.
+merged token's four rows side by side, goes through that layer's `Merger`. Products and attention
+(a head and a window, or a block of queries, at a time) run on the CPU kernels' cores where the
+model runs on them, else in NumPy, as SigLIP's do (siglip.py).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from webapp.engine.vision.projector_file import ProjectorFile, VisionHparams
-from webapp.engine.vision.siglip import SLICE_FLOPS, attention_rows, gelu_tanh, layer_norm, linear, row_blocks, widened
+from webapp.engine.vision.siglip import SLICE_FLOPS, attention_rows, gelu_tanh, layer_norm, product, row_blocks, widened
 
 MERGE = 2  # a merged token is MERGE x MERGE patches
 ROPE_BASE = 10000.0
@@ -144,8 +144,8 @@ class Merger:
             merged = layer_norm(merged, self.norm_weight, self.norm_bias, eps)
         layer = widened(self, kernels)
         gelu = gelu_tanh if kernels is None else kernels.gelu_tanh
-        hidden = gelu(np.ascontiguousarray(linear(merged, layer.fc1_weight, layer.fc1_bias)))
-        return linear(hidden, layer.fc2_weight, layer.fc2_bias)
+        hidden = gelu(np.ascontiguousarray(product(kernels, merged, layer.fc1_weight, layer.fc1_bias)))
+        return product(kernels, hidden, layer.fc2_weight, layer.fc2_bias)
 
 
 @dataclass(frozen=True)
@@ -217,7 +217,7 @@ class QwenVisionTower:
         grid_h, grid_w = pixels.shape[1] // p, pixels.shape[2] // p
         patches = pixels.reshape(3, grid_h, p, grid_w, p).transpose(1, 3, 0, 2, 4).reshape(grid_h * grid_w, 3 * p * p)
         at = place.rows * grid_w + place.cols  # each of the tower's patches, row-major
-        x = patches[at] @ self.patch_weight.T  # (n, width)
+        x = product(self.kernels, patches[at], self.patch_weight, None)  # (n, width)
         if self.patch_bias is not None:
             x += self.patch_bias
         if positions is not None:
@@ -234,7 +234,7 @@ class QwenVisionTower:
             normed = norm(x, layer.ln1_weight, layer.ln1_bias, eps)
             qkv = np.empty((n, 3 * h.width), dtype=np.float32)
             for rows in row_blocks(n, 6 * h.width * h.width, budget()):
-                qkv[rows] = linear(normed[rows], layer.qkv_weight, layer.qkv_bias)
+                product(self.kernels, normed[rows], layer.qkv_weight, layer.qkv_bias, qkv[rows])
                 yield
             q, k, v = np.split(qkv, 3, axis=1)
             q, k = (rotate(y.reshape(n, heads, head_dim), cos, sin) for y in (q, k))
@@ -244,11 +244,11 @@ class QwenVisionTower:
             yield from self._attend(q, k, v, mixed, everything if full else place.windows, budget)
             mixed = mixed.reshape(n, h.width)
             for rows in row_blocks(n, 2 * h.width * h.width, budget()):
-                x[rows] += linear(mixed[rows], layer.out_weight, layer.out_bias)
+                product(self.kernels, mixed[rows], layer.out_weight, layer.out_bias, x[rows], add=True)
                 yield
             normed = norm(x, layer.ln2_weight, layer.ln2_bias, eps)
             for rows in row_blocks(n, 2 * (h.width * layer.up_weight.shape[0] + h.width * h.ffn), budget()):
-                x[rows] += linear(self._activated(normed[rows], layer), layer.down_weight, layer.down_bias)
+                product(self.kernels, self._activated(normed[rows], layer), layer.down_weight, layer.down_bias, x[rows], add=True)
                 yield
             if index in self.deepstack:
                 deep.append(self.deepstack[index].project(x.reshape(n // (MERGE * MERGE), -1), eps, self.kernels))
@@ -256,7 +256,7 @@ class QwenVisionTower:
         return norm(x, self.post_weight, self.post_bias, eps), deep
 
     def _activated(self, rows: np.ndarray, layer: TowerLayer) -> np.ndarray:
-        up = linear(rows, layer.up_weight, layer.up_bias)
+        up = product(self.kernels, rows, layer.up_weight, layer.up_bias)
         if layer.gated:
             gate, up = np.split(up, 2, axis=1)
             up *= gate / (1.0 + np.exp(-gate))  # silu(gate) * up

@@ -8,10 +8,12 @@ encoder's input convention (resize to S x S, scale to [0, 1], subtract the mean,
 std), the resampling filter left to the family, as each model was trained with its own.
 
 The layers are pre-norm: x + attention(ln1(x)), then x + ffn_down(gelu(ffn_up(ln2(x)))), the
-attention bidirectional over every patch, gelu the tanh approximation ggml's gelu computes. Matrix
-products go through NumPy's matmul (BLAS); attention runs a head, and a block of its queries, at a
-time: on the CPU kernels' cores where `kernels` is set (one pass over the keys, on every core; the
-gelu too), else in NumPy, where no more than one block of (queries x patches) scores is alive at once.
+attention bidirectional over every patch, gelu the tanh approximation ggml's gelu computes. Where
+`kernels` is set (the served model runs on the CPU kernels), everything heavy runs on their cores:
+the products read each matrix in the file's type (`product`), attention runs a head, and a block of
+its queries, at a time in one pass over the keys, and the gelu too. Else all is NumPy: the products
+BLAS's on a layer's matrices widened to float32 as the encode reaches it, the attention no more
+than one block of (queries x patches) scores alive at once.
 `forward_slices` yields between such blocks of work: how the model thread interleaves an encode
 with other requests' steps.
 """
@@ -78,11 +80,30 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
     """x @ weight.T + bias, weight (out, in) as the file stores it: BLAS reads the transpose in place."""
     y = x @ weight.T
-    y += bias
+    if bias is not None:
+        y += bias
     return y
+
+
+def product(
+    kernels, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, out: np.ndarray | None = None, add: bool = False
+) -> np.ndarray:
+    """x @ weight.T + bias, into `out` (added to what it holds where `add`) or a new array: on the
+    CPU kernels' cores where `kernels` is set, the weight read as it is stored (float16 or float32,
+    kernels/vision_encoder.py), else NumPy's BLAS (a float16 weight widened first: `widened`)."""
+    if kernels is not None:
+        return kernels.linear(x, weight, bias, out, add)
+    y = linear(x, weight, bias)
+    if out is None:
+        return y
+    if add:
+        out += y
+    else:
+        out[...] = y
+    return out
 
 
 @dataclass(frozen=True)
@@ -130,11 +151,12 @@ class EncoderLayer:
 
 
 def widened(layer, kernels=None):
-    """A layer's dataclass with its float16 matrices (an F16 file's, kept so) as float32, what BLAS
-    multiplies: made as an encode reaches the layer, so one layer's float32 copy lives at a time; on
-    the CPU kernels' cores where `kernels` is given (NumPy's conversion runs on one)."""
-    widen = kernels.widened if kernels is not None else lambda array: array.astype(np.float32)
-    half = {name: widen(array) for name, array in vars(layer).items() if array is not None and array.dtype == np.float16}
+    """A layer's dataclass as `product` multiplies by it: where `kernels` is given, as it is (they
+    read float16); else with its float16 matrices (an F16 file's, kept so) as float32, what BLAS
+    multiplies, made as an encode reaches the layer, so one layer's float32 copy lives at a time."""
+    if kernels is not None:
+        return layer
+    half = {name: array.astype(np.float32) for name, array in vars(layer).items() if array is not None and array.dtype == np.float16}
     return dataclasses.replace(layer, **half) if half else layer
 
 
@@ -205,7 +227,7 @@ class SiglipEncoder:
         cropped = side * patch
         patches = pixels[:, :cropped, :cropped].reshape(3, side, patch, side, patch).transpose(1, 3, 0, 2, 4)  # (row, col, channel, dy, dx)
         patches = patches.reshape(side * side, 3 * patch * patch)  # (n_patches, 3 * patch * patch)
-        x = linear(patches, self.patch_weight, self.patch_bias)  # (n_patches, width)
+        x = product(self.kernels, patches, self.patch_weight, self.patch_bias)  # (n_patches, width)
         x += self.position
         yield
         n, width, heads, head_dim = x.shape[0], h.width, h.heads, h.head_dim
@@ -219,7 +241,7 @@ class SiglipEncoder:
                     (k, layer.k_weight, layer.k_bias),
                     (v, layer.v_weight, layer.v_bias),
                 ):
-                    out[rows] = linear(normed[rows], weight, bias)
+                    product(self.kernels, normed[rows], weight, bias, out[rows])
                 yield
             q *= np.float32(1.0 / math.sqrt(head_dim))
             q, k, v = (np.ascontiguousarray(y.reshape(n, heads, head_dim).transpose(1, 0, 2)) for y in (q, k, v))  # (heads, n, head_dim)
@@ -235,13 +257,13 @@ class SiglipEncoder:
                     yield
             mixed = mixed.reshape(n, width)
             for rows in row_blocks(n, 2 * width * width, budget()):
-                x[rows] += linear(mixed[rows], layer.out_weight, layer.out_bias)
+                product(self.kernels, mixed[rows], layer.out_weight, layer.out_bias, x[rows], add=True)
                 yield
             normed = layer_norm(x, layer.ln2_weight, layer.ln2_bias, h.eps)
             gelu = gelu_tanh if self.kernels is None else self.kernels.gelu_tanh
             for rows in row_blocks(n, 4 * width * h.ffn, budget()):
-                hidden = gelu(linear(normed[rows], layer.up_weight, layer.up_bias))  # (rows, ffn)
-                x[rows] += linear(hidden, layer.down_weight, layer.down_bias)
+                hidden = gelu(product(self.kernels, normed[rows], layer.up_weight, layer.up_bias))  # (rows, ffn)
+                product(self.kernels, hidden, layer.down_weight, layer.down_bias, x[rows], add=True)
                 yield
         return layer_norm(x, self.post_weight, self.post_bias, h.eps)
 

@@ -54,29 +54,3 @@ static void halves_from_floats_neon(const float *x, int n, uint16_t *to) {
   halves_from_floats_generic(x + i, n - i, to + i);
 }
 
-static inline float32x4_t four_weights(int type, const uint8_t *w) {
-  if (type == F16) return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)w)));
-  if (type == BF16) return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)w), 16));
-  return vld1q_f32((const float *)w);
-}
-
-/* The float formats' rows against each token's float activations: four chains of fused multiply-adds a
- * token, chain k taking weights 4k..4k+3 of every 16, added up in one order, so a token's sum does not
- * depend on the tokens beside it. */
-static void float_format_rows_neon(int type, const uint8_t *w, size_t row_bytes, int cols, const float *const *xs, int n, float *out, size_t stride,
-                                   int first, int last) {
-  const int weight_bytes = type == F32 ? 4 : 2;
-  for (int r = first; r < last; r++) {
-    const uint8_t *row = w + (size_t)r * row_bytes;
-    float32x4_t sum[MAX_TOKEN_GROUP][4];
-    for (int t = 0; t < n; t++)
-      for (int k = 0; k < 4; k++) sum[t][k] = vdupq_n_f32(0.0f);
-    for (int i = 0; i < cols; i += 16) {
-      float32x4_t v[4];
-      for (int k = 0; k < 4; k++) v[k] = four_weights(type, row + (size_t)(i + 4 * k) * weight_bytes);
-      for (int t = 0; t < n; t++)
-        for (int k = 0; k < 4; k++) sum[t][k] = vfmaq_f32(sum[t][k], v[k], vld1q_f32(xs[t] + i + 4 * k));
-    }
-    for (int t = 0; t < n; t++) out[(size_t)t * stride + r] = vaddvq_f32(vaddq_f32(vaddq_f32(sum[t][0], sum[t][1]), vaddq_f32(sum[t][2], sum[t][3])));
-  }
-}

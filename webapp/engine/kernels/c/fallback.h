@@ -17,7 +17,6 @@
 #define HAS_AVX2_interleaves 1
 #define HAS_AVX2_tile_rows 1
 #define HAS_AVX2_row_dot 1
-#define HAS_AVX2_float_format_rows 1
 #define HAS_AVX2_swiglu_row 1
 #define HAS_AVX2_halves_from_floats 1
 #define HAS_AVX2_attend_item 1
@@ -35,7 +34,6 @@
 #define HAS_NEON_fp16 1
 #define HAS_NEON_quantize_row 1
 #define HAS_NEON_row_dot 1
-#define HAS_NEON_float_format_rows 1
 #define HAS_NEON_halves_from_floats 1
 #define HAS_NEON_attend_item 1
 #define HAS_NEON_attend_item_q8 1
@@ -84,13 +82,6 @@
 #define row_dot_neon row_dot
 #else
 #define row_dot_generic row_dot
-#endif
-#if HAS(AVX2, float_format_rows)
-#define float_format_rows_avx2 float_format_rows
-#elif HAS(NEON, float_format_rows)
-#define float_format_rows_neon float_format_rows
-#else
-#define float_format_rows_generic float_format_rows
 #endif
 #if HAS(AVX2, swiglu_row)
 #define swiglu_row_avx2 swiglu_row

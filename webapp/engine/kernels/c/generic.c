@@ -48,21 +48,6 @@ GENERIC void row_dot_generic(int type, const uint8_t *w, int cols, const xblock 
   }
 }
 
-/* A float format's rows, each dequantized a block at a time, times the float activations. */
-GENERIC void float_format_rows_generic(int type, const uint8_t *w, size_t row_bytes, int cols, const float *const *xs, int n, float *out, size_t stride,
-                                int first, int last) {
-  float row[32];
-  for (int r = first; r < last; r++) {
-    float acc[MAX_TOKEN_GROUP] = {0};
-    for (int b = 0; b < cols / 32; b++) {
-      dequantize_row(type, w + r * row_bytes + (size_t)b * block_bytes(type), 32, row);
-      for (int t = 0; t < n; t++)
-        for (int i = 0; i < 32; i++) acc[t] += row[i] * xs[t][32 * b + i];
-    }
-    for (int t = 0; t < n; t++) out[(size_t)t * stride + r] = acc[t];
-  }
-}
-
 /* y = silu(gate) * up = gate * sigmoid(gate) * up */
 GENERIC void swiglu_row_generic(const float *gate, const float *up, int n, float *y) {
   for (int i = 0; i < n; i++) y[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];

@@ -73,11 +73,6 @@ static int tile_rows(int type, const uint8_t *w, size_t row_bytes, int nb, const
                      int first, int last);
 /* acc[t] += W_row . x[t] for t < n; xs[t] points at token t's blocks (cols / 32 of them). */
 static void row_dot(int type, const uint8_t *w, int cols, const xblock *const *xs, int n, float *acc);
-/* The rows first..last - 1 of W in a float format (F32, F16, BF16; row_bytes a row) against the
- * activations as floats, xs[t] pointing at token t's cols of them: out[t * stride + r] = W[r] . xs[t]
- * for t < n. */
-static void float_format_rows(int type, const uint8_t *w, size_t row_bytes, int cols, const float *const *xs, int n, float *out, size_t stride, int first,
-                       int last);
 /* y = silu(gate) * up. */
 static void swiglu_row(const float *gate, const float *up, int n, float *y);
 /* to[i] = x[i] as float16 for i < n, rounded to nearest even. */

@@ -4,7 +4,6 @@ typedef struct {
   float *out;
   const uint8_t *w;
   const xblock *x;
-  const float *xf;       /* the same activations as floats (tokens, cols), for the float formats */
   const float *residual; /* (tokens, rows) added to the product, or null */
 } linear_t;
 
@@ -12,16 +11,12 @@ static void run_rows(const void *ctx, int first, int last) {
   const linear_t *j = ctx;
   const int nb = j->cols / 32;
   const size_t row_bytes = (size_t)j->cols / block_values(j->type) * block_bytes(j->type);
-  const int floats = takes_floats(j->type);
   for (int t0 = 0; t0 < j->tokens; t0 += MAX_TOKEN_GROUP) {
     const int n = j->tokens - t0 < MAX_TOKEN_GROUP ? j->tokens - t0 : MAX_TOKEN_GROUP;
     const xblock *xs[MAX_TOKEN_GROUP];
-    const float *xf[MAX_TOKEN_GROUP];
-    for (int t = 0; t < n; t++) /* a float format has no int8 rows, another no float rows: null, not an offset from null */
-      xs[t] = j->x ? j->x + (size_t)(t0 + t) * nb : 0, xf[t] = j->xf ? j->xf + (size_t)(t0 + t) * j->cols : 0;
+    for (int t = 0; t < n; t++) xs[t] = j->x + (size_t)(t0 + t) * nb;
     float *out = j->out + (size_t)t0 * j->stride;
-    int r = floats ? last : tile_rows(j->type, j->w, row_bytes, nb, xs, n, out, j->stride, first, last);
-    if (floats) float_format_rows(j->type, j->w, row_bytes, j->cols, xf, n, out, j->stride, first, last);
+    int r = tile_rows(j->type, j->w, row_bytes, nb, xs, n, out, j->stride, first, last);
     for (; r < last; r++) {
       float acc[MAX_TOKEN_GROUP] = {0};
       row_dot(j->type, j->w + (size_t)r * row_bytes, j->cols, xs, n, acc);
@@ -37,21 +32,6 @@ static void run_rows(const void *ctx, int first, int last) {
 }
 
 /* ---- entry points --------------------------------------------------------------------------- */
-
-/* A thread's buffer, grown when a call needs more and reused after. */
-typedef struct {
-  void *data;
-  size_t bytes;
-} scratch_t;
-
-static void *at_least(scratch_t *s, size_t bytes) {
-  if (bytes > s->bytes) {
-    free(s->data);
-    s->data = malloc(bytes);
-    s->bytes = bytes;
-  }
-  return s->data;
-}
 
 /* One allocation of `s` for n pieces of sizes[i] * unit bytes each, every piece 64-byte aligned:
  * piece i starts at the returned base + at[i]. */
@@ -119,12 +99,19 @@ static void rms_norm_row(const float *x, const float *weight, int n, float eps, 
   rms_scale_row(x, sum, weight, n, eps, y);
 }
 
-/* One matrix's product over the pool: out[t * stride + r] = [residual[t * stride + r] +] W[r] . x[t]. */
+/* One matrix's product over the pool: out[t * stride + r] = [residual[t * stride + r] +] W[r] . x[t].
+ * The float formats' go to float_gemm.c, whose tiles hold several tokens where a step has them. */
 static void product(int type, int rows, size_t stride, float *out, const uint8_t *w, activations *x, const float *residual) {
+  if (takes_floats(type)) {
+    if (residual && residual != out)
+      for (int t = 0; t < x->tokens; t++) memcpy(out + (size_t)t * stride, residual + (size_t)t * stride, (size_t)rows * sizeof(float));
+    float_gemm(out, x->x, w, 0, type, x->tokens, x->cols, rows, (int)stride, residual != 0);
+    return;
+  }
   /* ~8 chunks a thread balances load without making the counter hot */
   int chunk = rows / (8 * (n_workers + 1));
   chunk = chunk < 16 ? 16 : chunk - chunk % 16;
-  const linear_t lin = {type, rows, x->cols, x->tokens, stride, out, w, int8_rows(x, type), x->x, residual};
+  const linear_t lin = {type, rows, x->cols, x->tokens, stride, out, w, int8_rows(x, type), residual};
   const job_t j = {run_rows, &lin, rows, chunk};
   run_job(&j);
 }

@@ -41,7 +41,7 @@ static void run_lora_up(const void *ctx, int first, int last) {
 /* out (B, rows) += scale_b * part scale * B (A x_b), in each part's rows, for every lane b whose
  * adapter changes `matrix` of this layer, x (B, cols) being the product's input as the product took it
  * (normed, or SwiGLU's rows). Each adapter's lanes are gathered and run through A once (its parts' A's
- * stacked; a float product, linear.c's F32 or F16 rows), then through each part's B (run_lora_up),
+ * stacked; a float product, float_gemm.c's), then through each part's B (run_lora_up),
  * each over the pool unless small: a lane's numbers are its own, whatever lanes and adapters share the step. */
 static void add_lora(float *out, const float *x, int cols, int rows, const lora_view *lora, int matrix, int B) {
   if (!lora->table) return;
@@ -66,9 +66,10 @@ static void add_lora(float *out, const float *x, int cols, int rows, const lora_
         lane_scales[i] = scales[b];
         lanes[i++] = b;
       }
-    /* low (n, rank) = A x: a float product (linear.c's rows, their F32 or F16 path) */
-    const linear_t down = {(int)entry[LORA_TYPE], rank, cols, n, rank, low, (const uint8_t *)(uintptr_t)entry[LORA_A], 0, gathered, 0};
-    const job_t down_job = {run_rows, &down, rank, 16};
+    /* low (n, rank) = A x: a float product (float_gemm.c's) */
+    gemm_t down;
+    const uint8_t *a_rows = (const uint8_t *)(uintptr_t)entry[LORA_A];
+    const job_t down_job = {run_gemm, &down, gemm_plan(&down, low, gathered, a_rows, 0, (int)entry[LORA_TYPE], n, cols, rank, rank, 0), 1};
     run_small_or_pooled(&down_job, (size_t)n * rank * cols);
     for (int p = 0, column = 0, first_row = 0; p < LORA_PARTS; p++) {
       const uint64_t *part = entry + LORA_PART + p * LORA_PART_SIZE;

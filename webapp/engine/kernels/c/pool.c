@@ -8,6 +8,22 @@
 
 enum { MAX_THREADS = 64 };
 
+/* A thread's buffer, grown when a call needs more and reused after. */
+typedef struct {
+  void *data;
+  size_t bytes;
+} scratch_t;
+
+static void *at_least(scratch_t *s, size_t bytes) {
+  if (bytes > s->bytes) {
+    free(s->data);
+    s->data = malloc(bytes);
+    s->bytes = bytes;
+  }
+  return s->data;
+}
+
+
 /* A job: run(ctx, first, last) over items [0, items), handed out `chunk` at a time. */
 typedef struct {
   void (*run)(const void *ctx, int first, int last);

@@ -13,7 +13,7 @@
  * name; x86_avx2_<format>.c a format's own products; x86_avx512*.c the AVX-512 rungs' own, x86_avx512_<format>.c a format's pair tile;
  * arm_neon*.c the ARM rungs'),
  * pool.c (the thread pool), linear.c (the products and the fused linears), attention.c (attention_q8.c: its
- * 8-bit KV cache rows), vision_encoder.c (a vision encoder's attention and gelu), moe.c (a mixture of experts' feed-forward), mla.c (multi-head latent attention), gated_delta.c (Qwen3.5's recurrent
+ * 8-bit KV cache rows), vision_encoder.c (a vision encoder's attention and gelu), float_gemm.c (its products), moe.c (a mixture of experts' feed-forward), mla.c (multi-head latent attention), gated_delta.c (Qwen3.5's recurrent
  * and gated attention layers), lora.c (LoRA adapters' low-rank products), step.c (a layer, a step) and abi.c (tq_abi).
  *
  * Why this shape: a decode step reads every weight once, so bytes decide its speed; keeping the file's
@@ -105,7 +105,6 @@
 #include "x86_avx2_iq4_nl.c"
 #include "x86_avx2_mxfp4.c"
 #include "x86_avx2_products.c"
-#include "x86_avx2_float.c"
 #include "x86_avx2_attention.c"
 #include "x86_avx2_attention_lanes.c"
 #include "x86_avx2_attention_q8.c"
@@ -128,6 +127,8 @@
 #include "x86_avx512_products.c"
 #endif
 #include "pool.c"
+#include "vectors.h"
+#include "float_gemm.c"
 #include "linear.c"
 #include "attention.c"
 #include "vision_encoder.c"

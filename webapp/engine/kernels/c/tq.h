@@ -297,8 +297,12 @@ void tq_attend(float *out, const float *qkv, void *cache, const int32_t *lanes, 
 int tq_encoder_attention(float *out, const float *q, const float *kt, const float *v, int n, int rows, int hd, int out_stride);
 /* x[i] = gelu(x[i]) in its tanh form (ggml's gelu), for n values; n / 4096 must fit an int. */
 void tq_gelu_tanh(float *x, long n);
-/* out[i] = in[i], float16 to float32, for n values; n / 65536 must fit an int. */
-void tq_widen_halves(float *out, const uint16_t *in, long n);
+/* out[r * out_stride + o] = bias[o] (0 where bias is NULL) + x[r] . w[o] (+ out's value where
+ * `accumulate`), for `rows` rows of x (rows x cols, contiguous) and the `outs` rows of w (outs x
+ * cols in `type`: F32, F16 or BF16). -1 (nothing written) for another type or sizes that make no
+ * product. */
+int tq_float_gemm(float *out, const float *x, const uint8_t *w, const float *bias, int type, int rows, int cols, int outs, int out_stride,
+                  int accumulate);
 /* A whole layer: those five in a row (see step.c), or a mixture of experts' feed-forward after the
  * attention, over an unpaged cache (shape->attention.block_positions must be 0: no block tables here) (shape->experts.count > 0; a dense layer's w_router, w_up and expert_tokens are unread, and
  * the shared expert's w_shared_gate_up, w_shared_down and shared_gate where it has none, selection_bias

@@ -5,66 +5,20 @@
  * tile of ENC_KEYS at a time, keeping the tile's scores, the queries' running maximum and sum, and
  * their (queries x head_dim) outputs in the core's own cache (the softmax of "online" attention: a
  * new maximum rescales what was summed before it), so the keys and values stream through once per
- * block and no (queries x patches) matrix is ever written out. The products hold a 6 x 16 (scores)
- * or 4 x 24 (outputs) tile in registers; written with the compiler's vector types, so every rung of
- * the ladder builds it, as wide as the rung's registers allow. The exponential is a polynomial on
+ * block and no (queries x patches) matrix is ever written out. The products hold a tile of scores
+ * and one of outputs in registers; written with the compiler's vector types, so every rung of the
+ * ladder builds it, as wide as the rung's registers allow (vectors.h): AVX-512's 32 registers hold a
+ * 12 x 32 tile of scores and a 4 x 80 one of outputs. The exponential is a polynomial on
  * those vectors (libm's expf would run one value at a time); its relative error is a few float32
  * ulps, as llama.cpp's vectorized softmax has. */
 
-enum { ENC_QUERIES = 48, ENC_KEYS = 128, SCORE_ROWS = 6, VALUE_ROWS = 4, PAD_ROWS = 12 };
-
-typedef float v8f __attribute__((vector_size(32), aligned(4)));
-typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
-
-static inline v8f v8_splat(float x) { return (v8f){x, x, x, x, x, x, x, x}; }
-static inline v8f v8_load(const float *p) { return *(const v8f *)p; }
-static inline void v8_store(float *p, v8f x) { *(v8f *)p = x; }
-static inline v8f v8_select(v8i mask, v8f a, v8f b) { return (v8f)((mask & (v8i)a) | (~mask & (v8i)b)); }
-static inline v8f v8_max(v8f a, v8f b) { return v8_select(a > b, a, b); }
-static inline float v8_hmax(v8f x) {
-  float m = x[0];
-  for (int i = 1; i < 8; i++) m = x[i] > m ? x[i] : m;
-  return m;
-}
-static inline float v8_hsum(v8f x) { return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7])); }
-
-/* e^x as 2^n e^r, r = x - n ln2 (ln2 in two parts, so r keeps its low bits), e^r by its degree-6
- * Taylor polynomial (Horner) and 2^n through the exponent's bits: for n the nearest integer to
- * x log2(e), |r| <= ln2 / 2 and the error is a few float32 ulps. */
-static inline v8f v8_exp_parts(v8f x, v8i n) {
-  const v8f nf = __builtin_convertvector(n, v8f);
-  const v8f r = x - nf * v8_splat(0.693359375f) + nf * v8_splat(2.12194440e-4f);
-  v8f p = v8_splat(1.0f / 720.0f);
-  p = p * r + v8_splat(1.0f / 120.0f);
-  p = p * r + v8_splat(1.0f / 24.0f);
-  p = p * r + v8_splat(1.0f / 6.0f);
-  p = p * r + v8_splat(0.5f);
-  p = p * r + v8_splat(1.0f);
-  p = p * r + v8_splat(1.0f);
-  return (v8f)((v8i)p + (n << 23));
-}
-
-/* e^x for x <= 0 (scores less their maximum); 0 below -87 (and for NaN: none reaches the conversion
- * to integers). n by truncation, which is the nearest integer here as x log2(e) - 0.5 <= -0.5. */
-static inline v8f v8_exp_nonpositive(v8f x) {
-  const v8i tiny = ~(x >= v8_splat(-87.0f));
-  x = v8_select(tiny, v8_splat(0.0f), x);
-  const v8i n = __builtin_convertvector(x * v8_splat(1.44269504088896341f) - v8_splat(0.5f), v8i);
-  return (v8f)((v8i)v8_exp_parts(x, n) & ~tiny);
-}
-
-/* e^x for any x: +inf past 88 (where float32's e^x overflows, as expf's does), e^-87 below -87, 1 for
- * NaN (no NaN reaches the conversion to integers; x / (1 + 1) keeps gelu's). n by a floor. */
-static inline v8f v8_exp(v8f x) {
-  const v8i overflows = x > v8_splat(88.0f);
-  x = v8_select(overflows, v8_splat(0.0f), x);
-  x = v8_select(x < v8_splat(-87.0f), v8_splat(-87.0f), x);
-  x = v8_select(x != x, v8_splat(0.0f), x);
-  const v8f t = x * v8_splat(1.44269504088896341f) + v8_splat(0.5f);
-  v8i n = __builtin_convertvector(t, v8i);
-  n += (v8i)(__builtin_convertvector(n, v8f) > t); /* toward zero -> floor: -1 where it rounded up */
-  return v8_select(overflows, v8_splat(INFINITY), v8_exp_parts(x, n));
-}
+#if VEC == 16
+enum { SCORE_ROWS = 12, VALUE_WIDTH = 5 };
+#else
+enum { SCORE_ROWS = 6, VALUE_WIDTH = 3 };
+#endif
+enum { ENC_QUERIES = 48, ENC_KEYS = 128, SCORE_KEYS = 2 * VEC, VALUE_ROWS = 4, PAD_ROWS = 12 };
+typedef float v8f __attribute__((vector_size(32), aligned(4))); /* the outputs' last 8 of a head 8 past a whole vector */
 
 typedef struct {
   const float *q, *kt, *v; /* q (rows, hd), scaled; kt (hd, n): the keys transposed; v (n, hd) */
@@ -72,46 +26,72 @@ typedef struct {
   int n, rows, hd, out_stride;
 } encoder_attend_t;
 
-/* scores (SCORE_ROWS x 16) = q rows . keys [j, j + 16) */
+/* scores (SCORE_ROWS x SCORE_KEYS) = q rows . keys [j, j + SCORE_KEYS) */
 static inline void enc_scores_tile(const float *q, const float *kt, int n, int hd, int j, float *scores) {
-  v8f acc[SCORE_ROWS][2] = {{0}};
+  vf acc[SCORE_ROWS][2] = {{0}};
   for (int d = 0; d < hd; d++) {
-    const v8f k0 = v8_load(kt + (size_t)d * n + j), k1 = v8_load(kt + (size_t)d * n + j + 8);
+    const vf k0 = vf_load(kt + (size_t)d * n + j), k1 = vf_load(kt + (size_t)d * n + j + VEC);
     for (int r = 0; r < SCORE_ROWS; r++) {
-      const v8f qv = v8_splat(q[(size_t)r * hd + d]);
+      const vf qv = vf_splat(q[(size_t)r * hd + d]);
       acc[r][0] += qv * k0;
       acc[r][1] += qv * k1;
     }
   }
   for (int r = 0; r < SCORE_ROWS; r++) {
-    v8_store(scores + r * ENC_KEYS, acc[r][0]);
-    v8_store(scores + r * ENC_KEYS + 8, acc[r][1]);
+    vf_store(scores + r * ENC_KEYS, acc[r][0]);
+    vf_store(scores + r * ENC_KEYS + VEC, acc[r][1]);
   }
 }
 
-/* acc (VALUE_ROWS x 8 WIDTH, row stride hd) += probs (VALUE_ROWS x keys) . v rows, WIDTH a constant */
+/* acc (VALUE_ROWS x WIDTH vectors, row stride hd) += probs (VALUE_ROWS x keys) . v rows, WIDTH a constant */
 static inline __attribute__((always_inline)) void enc_values_tile(const float *probs, const float *v, int keys, int hd, float *acc,
                                                                    const int width) {
-  v8f sum[VALUE_ROWS][3];
+  vf sum[VALUE_ROWS][VALUE_WIDTH];
   for (int r = 0; r < VALUE_ROWS; r++)
-    for (int w = 0; w < width; w++) sum[r][w] = v8_load(acc + (size_t)r * hd + 8 * w);
+    for (int w = 0; w < width; w++) sum[r][w] = vf_load(acc + (size_t)r * hd + VEC * w);
   for (int j = 0; j < keys; j++) {
-    v8f vv[3];
-    for (int w = 0; w < width; w++) vv[w] = v8_load(v + (size_t)j * hd + 8 * w);
+    vf vv[VALUE_WIDTH];
+    for (int w = 0; w < width; w++) vv[w] = vf_load(v + (size_t)j * hd + VEC * w);
     for (int r = 0; r < VALUE_ROWS; r++) {
-      const v8f p = v8_splat(probs[r * ENC_KEYS + j]);
+      const vf p = vf_splat(probs[r * ENC_KEYS + j]);
       for (int w = 0; w < width; w++) sum[r][w] += p * vv[w];
     }
   }
   for (int r = 0; r < VALUE_ROWS; r++)
-    for (int w = 0; w < width; w++) v8_store(acc + (size_t)r * hd + 8 * w, sum[r][w]);
+    for (int w = 0; w < width; w++) vf_store(acc + (size_t)r * hd + VEC * w, sum[r][w]);
+}
+
+/* the same for a head's last 8 outputs where hd is 8 past a whole number of 16-wide vectors (SigLIP-so400m's 72) */
+static void enc_values_eight(const float *probs, const float *v, int keys, int hd, float *acc) {
+  v8f sum[VALUE_ROWS];
+  for (int r = 0; r < VALUE_ROWS; r++) sum[r] = *(const v8f *)(acc + (size_t)r * hd);
+  for (int j = 0; j < keys; j++) {
+    const v8f vv = *(const v8f *)(v + (size_t)j * hd);
+    for (int r = 0; r < VALUE_ROWS; r++) sum[r] += probs[r * ENC_KEYS + j] * vv;
+  }
+  for (int r = 0; r < VALUE_ROWS; r++) *(v8f *)(acc + (size_t)r * hd) = sum[r];
+}
+
+/* one block of VALUE_ROWS queries' outputs: the head's hd values in tiles of up to VALUE_WIDTH vectors */
+static void enc_values_rows(const float *probs, const float *v, int keys, int hd, float *acc) {
+  int w = 0;
+  const int whole = hd / VEC;
+  for (; w + VALUE_WIDTH <= whole; w += VALUE_WIDTH) enc_values_tile(probs, v + VEC * w, keys, hd, acc + VEC * w, VALUE_WIDTH);
+  switch (whole - w) {
+  case 4: enc_values_tile(probs, v + VEC * w, keys, hd, acc + VEC * w, 4 < VALUE_WIDTH ? 4 : VALUE_WIDTH); break;
+  case 3: enc_values_tile(probs, v + VEC * w, keys, hd, acc + VEC * w, 3 < VALUE_WIDTH ? 3 : VALUE_WIDTH); break;
+  case 2: enc_values_tile(probs, v + VEC * w, keys, hd, acc + VEC * w, 2); break;
+  case 1: enc_values_tile(probs, v + VEC * w, keys, hd, acc + VEC * w, 1); break;
+  default: break;
+  }
+  if (hd % VEC) enc_values_eight(probs, v + VEC * whole, keys, hd, acc + VEC * whole);
 }
 
 static void run_encoder_attend(const void *ctx, int first, int last) {
   const encoder_attend_t *a = ctx;
   const int n = a->n, hd = a->hd;
-  float scores[ENC_QUERIES * ENC_KEYS] __attribute__((aligned(32)));
-  float acc[ENC_QUERIES * MAX_HEAD_DIM] __attribute__((aligned(32)));
+  float scores[ENC_QUERIES * ENC_KEYS] __attribute__((aligned(64)));
+  float acc[ENC_QUERIES * MAX_HEAD_DIM] __attribute__((aligned(64)));
   float top[ENC_QUERIES], total[ENC_QUERIES], qpad[ENC_QUERIES * MAX_HEAD_DIM];
   for (int item = first; item < last; item++) {
     const int q0 = item * ENC_QUERIES;
@@ -122,12 +102,13 @@ static void run_encoder_attend(const void *ctx, int first, int last) {
     memset(acc, 0, sizeof(float) * (size_t)span * hd);
     for (int r = 0; r < span; r++) top[r] = -INFINITY, total[r] = 0.0f;
     for (int k0 = 0; k0 < n; k0 += ENC_KEYS) {
-      const int keys = n - k0 < ENC_KEYS ? n - k0 : ENC_KEYS, whole = keys & ~15, padded = (keys + 15) & ~15;
+      const int keys = n - k0 < ENC_KEYS ? n - k0 : ENC_KEYS;
+      const int whole = keys / SCORE_KEYS * SCORE_KEYS, padded = (keys + VEC - 1) / VEC * VEC;
       for (int r0 = 0; r0 < span; r0 += SCORE_ROWS) {
         const float *qb = qpad + (size_t)r0 * hd;
         float *sb = scores + r0 * ENC_KEYS;
-        for (int j = 0; j < whole; j += 16) enc_scores_tile(qb, a->kt, n, hd, k0 + j, sb + j);
-        for (int r = 0; r < SCORE_ROWS; r++) /* the last keys past a multiple of 16, one at a time; none past n */
+        for (int j = 0; j < whole; j += SCORE_KEYS) enc_scores_tile(qb, a->kt, n, hd, k0 + j, sb + j);
+        for (int r = 0; r < SCORE_ROWS; r++) /* the last keys past a whole tile, one at a time; none past n */
           for (int j = whole; j < padded; j++) {
             float s = -INFINITY;
             if (j < keys) {
@@ -139,29 +120,23 @@ static void run_encoder_attend(const void *ctx, int first, int last) {
       }
       for (int r = 0; r < span; r++) {
         float *row = scores + r * ENC_KEYS;
-        v8f m = v8_load(row);
-        for (int j = 8; j < padded; j += 8) m = v8_max(m, v8_load(row + j));
-        const float tile_top = v8_hmax(m), new_top = tile_top > top[r] ? tile_top : top[r];
-        v8f sum = v8_splat(0.0f);
-        for (int j = 0; j < padded; j += 8) { /* a padded key's -inf gives 0 */
-          const v8f e = v8_exp_nonpositive(v8_load(row + j) - v8_splat(new_top));
-          v8_store(row + j, e);
+        vf m = vf_load(row);
+        for (int j = VEC; j < padded; j += VEC) m = vf_max(m, vf_load(row + j));
+        const float tile_top = vf_hmax(m), new_top = tile_top > top[r] ? tile_top : top[r];
+        vf sum = vf_splat(0.0f);
+        for (int j = 0; j < padded; j += VEC) { /* a padded key's -inf gives 0 */
+          const vf e = vf_exp_nonpositive(vf_load(row + j) - vf_splat(new_top));
+          vf_store(row + j, e);
           sum += e;
         }
         const float rescale = top[r] == -INFINITY ? 0.0f : expf(top[r] - new_top);
-        total[r] = total[r] * rescale + v8_hsum(sum);
+        total[r] = total[r] * rescale + vf_hsum(sum);
         top[r] = new_top;
         if (rescale != 1.0f)
           for (int d = 0; d < hd; d++) acc[(size_t)r * hd + d] *= rescale;
       }
-      for (int r0 = 0; r0 < span; r0 += VALUE_ROWS) {
-        const float *probs = scores + r0 * ENC_KEYS, *v = a->v + (size_t)k0 * hd;
-        float *to = acc + (size_t)r0 * hd;
-        int w = 0;
-        for (; w + 3 <= hd / 8; w += 3) enc_values_tile(probs, v + 8 * w, keys, hd, to + 8 * w, 3);
-        if (hd / 8 - w == 2) enc_values_tile(probs, v + 8 * w, keys, hd, to + 8 * w, 2);
-        if (hd / 8 - w == 1) enc_values_tile(probs, v + 8 * w, keys, hd, to + 8 * w, 1);
-      }
+      for (int r0 = 0; r0 < span; r0 += VALUE_ROWS)
+        enc_values_rows(scores + r0 * ENC_KEYS, a->v + (size_t)k0 * hd, keys, hd, acc + (size_t)r0 * hd);
     }
     for (int r = 0; r < count; r++) {
       const float inverse = 1.0f / total[r];
@@ -181,7 +156,7 @@ int tq_encoder_attention(float *out, const float *q, const float *kt, const floa
 
 /* gelu's tanh form, 0.5 x (1 + tanh(u)) with u = sqrt(2 / pi) (x + 0.044715 x^3), is x / (1 + e^-2u):
  * one exponential and a division a value. */
-enum { GELU_CHUNK = 4096, WIDEN_CHUNK = 1 << 16 };
+enum { GELU_CHUNK = 4096 };
 
 /* A pool job over n values a chunk an item: `run` takes each item's values from .. to - 1. */
 typedef struct {
@@ -206,26 +181,12 @@ static void over_values(void (*run)(float *, const void *, long, long), float *o
 static void gelu_values(float *x, const void *unused, long from, long to) {
   (void)unused;
   long i = from;
-  for (; i + 8 <= to; i += 8) {
-    const v8f v = v8_load(x + i);
-    const v8f u = v * (v8_splat(0.7978845608028654f) + v8_splat(0.7978845608028654f * 0.044715f) * v * v);
-    v8_store(x + i, v / (v8_splat(1.0f) + v8_exp(v8_splat(-2.0f) * u)));
+  for (; i + VEC <= to; i += VEC) {
+    const vf v = vf_load(x + i);
+    const vf u = v * (vf_splat(0.7978845608028654f) + vf_splat(0.7978845608028654f * 0.044715f) * v * v);
+    vf_store(x + i, v / (vf_splat(1.0f) + vf_exp(vf_splat(-2.0f) * u)));
   }
   for (; i < to; i++) x[i] = gelu_tanh_one(x[i]);
 }
 
 void tq_gelu_tanh(float *x, long n) { over_values(gelu_values, x, x, n, GELU_CHUNK); }
-
-/* out[i] = in[i] (float16 to float32) for n values, on every core: an encoder layer's float16
- * matrices (an F16 file's, kept so in memory) widened for its products as an encode reaches it.
- * NumPy's conversion ran one core at a fraction of the memory's speed. */
-static void widen_values(float *out, const void *in, long from, long to) {
-  const uint16_t *halves = in;
-  long i = from;
-#if TQ_AVX2
-  for (; i + 8 <= to; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(halves + i))));
-#endif
-  for (; i < to; i++) out[i] = fp16((const uint8_t *)(halves + i));
-}
-
-void tq_widen_halves(float *out, const uint16_t *in, long n) { over_values(widen_values, out, in, n, WIDEN_CHUNK); }
