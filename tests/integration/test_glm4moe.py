@@ -34,6 +34,11 @@ RNG = np.random.default_rng(12)
 PROMPT = [int(t) for t in RNG.integers(2, 4000, 16)]
 LONG = [int(t) for t in RNG.integers(2, 4000, 70)]
 DENSE = 96  # the leading dense layer's width: another than the experts' (64)
+# the float32 files' bound on the largest logit difference: three times other architectures' 1e-4, as
+# these files' hidden states come near cancelling at a few positions, which magnifies float32
+# rounding enough that the products' summation order alone moves them across 1e-4 (bench/RESULTS.md,
+# 2026-12-07); a routing, norm or shared-expert mistake moves them by orders of magnitude more
+F32_BOUND = 3e-4
 
 
 @pytest.fixture(autouse=True)
@@ -65,7 +70,7 @@ def test_in_one_call_the_model_matches_the_reference(glm4moe):
     experts = routed[0].layer_tensors.experts
     assert experts.flags == F.NORM_WEIGHTS | F.SIGMOID | F.SELECTION_BIAS | F.SHARED_UNGATED and experts.weights_scale == 2.5
     assert experts.shared_ffn_dim == 64
-    assert off_by(steps.score(PROMPT, slot=0, start=0), ref.logits(PROMPT)) < 1e-4
+    assert off_by(steps.score(PROMPT, slot=0, start=0), ref.logits(PROMPT)) < F32_BOUND
     # the NextN block's tensors are in the file and never read; the dense layer routes no token
     assert len(steps.model.blocks) == 3 and "blk.3.nextn.eh_proj.weight" in Reference(path).w
     routed_tokens = steps.model.routed_tokens()
@@ -127,7 +132,7 @@ def test_q_and_k_norms_softmax_routing_and_no_shared_expert_from_the_file(tmp_pa
     assert steps.model.config.qk_norm and not steps.model.config.expert_sigmoid
     kinds = [(type(b).__name__, type(b.ffn).__name__, getattr(b.ffn, "shared", None)) for b in steps.model.blocks]
     assert kinds == [("TransformerBlock", "DenseFeedForward", None)] * 2 + [("TransformerBlock", "RoutedFeedForward", None)]
-    assert off_by(steps.score(PROMPT, slot=0, start=0), Reference(path).logits(PROMPT)) < 1e-4
+    assert off_by(steps.score(PROMPT, slot=0, start=0), Reference(path).logits(PROMPT)) < F32_BOUND
 
 
 @pytest.mark.parametrize("matrix_type, tolerance", [("Q8_0", 0.05), ("Q4_K_M", 0.1)])
