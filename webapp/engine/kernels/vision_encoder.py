@@ -5,11 +5,10 @@ Contract: `VisionEncoderKernels(library)` is what the SigLIP encoder takes as it
 and already scaled, kt (hd, n) the keys transposed, v (n, hd), and out a (rows, hd) view whose rows
 may be apart (one head's columns of a (patches, heads, hd) array); `runs_attention(hd)` says which
 heads it takes. `gelu_tanh(x)` overwrites a contiguous float32 array with its gelu (tanh form) and
-returns it. `linear(x, weight, bias, out)` is
-x @ weight.T + bias for a float16 or float32 weight stored (out, in) as the file has it, read in its
-own type (c/float_gemm.c), written into `out` or added to it. Everything C will read or write
-is checked here first (float32, shapes that agree, contiguous rows): a ValueError, never an access
-past a buffer.
+returns it. `linear(x, weight, bias, out, add)` is x @ weight.T + bias for a float16 or float32
+weight stored (out, in) as the file has it, read in its own type (c/float_gemm.c), written into
+`out` or added to it. Everything C will read or write is checked here first (float32, shapes that
+agree, contiguous rows): a ValueError, never an access past a buffer.
 """
 
 from __future__ import annotations

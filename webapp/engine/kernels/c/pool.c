@@ -23,7 +23,6 @@ static void *at_least(scratch_t *s, size_t bytes) {
   return s->data;
 }
 
-
 /* A job: run(ctx, first, last) over items [0, items), handed out `chunk` at a time. */
 typedef struct {
   void (*run)(const void *ctx, int first, int last);
