@@ -49,6 +49,12 @@ def released_keys(image_size: int, mean: list[float], std: list[float]) -> dict:
     return keys | {"clip.vision.image_mean": mean, "clip.vision.image_std": std}
 
 
+def released_tower(s: dict, seed: int) -> dict:
+    """The tiny writers' arguments for a released tower of shape `s`: its widths and depth, F16."""
+    keys = ("width", "ffn", "layers", "heads", "patch_size")
+    return {key: s[key] for key in keys} | {"seed": seed, "tensor_type": "F16"}
+
+
 def write_qwen25vl_projector(path: str, layers: int = QWEN25VL_SHAPE["layers"], seed: int = 0, **shape) -> str:
     """Write Qwen2.5-VL-3B's projector to `path`: its widths (any of them replaced by `shape`), `layers`
     deep; no window size, as the converter writes none."""
@@ -57,16 +63,10 @@ def write_qwen25vl_projector(path: str, layers: int = QWEN25VL_SHAPE["layers"], 
         path,
         "qwen2.5vl",
         s["text_dim"],
-        width=s["width"],
-        ffn=s["ffn"],
-        layers=layers,
-        heads=s["heads"],
-        patch_size=s["patch_size"],
         window_size=None,
         n_wa_pattern=s["n_wa_pattern"],
-        seed=seed,
-        tensor_type="F16",
         metadata=released_keys(s["image_size"], QWEN25VL_MEAN, QWEN25VL_STD),
+        **released_tower(s, seed),
     )
 
 
@@ -85,14 +85,8 @@ def write_qwen3vl_projector(path: str, layers: int = QWEN3VL_SHAPE["layers"], se
     return write_tiny_qwen3vl_projector(
         path,
         s["text_dim"],
-        width=s["width"],
-        ffn=s["ffn"],
-        layers=layers,
-        heads=s["heads"],
-        patch_size=s["patch_size"],
         position_side=s["image_size"] // s["patch_size"],
         deepstack=deepstack,
-        seed=seed,
-        tensor_type="F16",
         metadata=released_keys(s["image_size"], QWEN3VL_MEAN, QWEN3VL_STD),
+        **released_tower(s, seed),
     )

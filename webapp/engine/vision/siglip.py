@@ -80,14 +80,6 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
-    """x @ weight.T + bias, weight (out, in) as the file stores it: BLAS reads the transpose in place."""
-    y = x @ weight.T
-    if bias is not None:
-        y += bias
-    return y
-
-
 def product(
     kernels, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, out: np.ndarray | None = None, add: bool = False
 ) -> np.ndarray:
@@ -96,7 +88,9 @@ def product(
     kernels/vision_encoder.py), else NumPy's BLAS (a float16 weight widened first: `widened`)."""
     if kernels is not None:
         return kernels.linear(x, weight, bias, out, add)
-    y = linear(x, weight, bias)
+    y = x @ weight.T  # weight (out, in) as the file stores it: BLAS reads the transpose in place
+    if bias is not None:
+        y += bias
     if out is None:
         return y
     if add:

@@ -156,31 +156,18 @@ int tq_encoder_attention(float *out, const float *q, const float *kt, const floa
 
 /* gelu's tanh form, 0.5 x (1 + tanh(u)) with u = sqrt(2 / pi) (x + 0.044715 x^3), is x / (1 + e^-2u):
  * one exponential and a division a value. */
-enum { GELU_CHUNK = 4096 };
+enum { GELU_CHUNK = 4096 }; /* values an item of the pool's job */
 
-/* A pool job over n values a chunk an item: `run` takes each item's values from .. to - 1. */
 typedef struct {
-  float *out;
-  const void *in;
-  long n, chunk;
-  void (*run)(float *out, const void *in, long from, long to);
-} values_t;
+  float *x;
+  long n;
+} gelu_t;
 
-static void run_values(const void *ctx, int first, int last) {
-  const values_t *v = ctx;
-  v->run(v->out, v->in, (long)first * v->chunk, (long)last * v->chunk < v->n ? (long)last * v->chunk : v->n);
-}
-
-static void over_values(void (*run)(float *, const void *, long, long), float *out, const void *in, long n, long chunk) {
-  if (n <= 0) return;
-  const values_t v = {out, in, n, chunk, run};
-  const job_t j = {run_values, &v, (int)((n + chunk - 1) / chunk), 1};
-  run_job(&j);
-}
-
-static void gelu_values(float *x, const void *unused, long from, long to) {
-  (void)unused;
-  long i = from;
+static void run_gelu(const void *ctx, int first, int last) {
+  const gelu_t *g = ctx;
+  float *x = g->x;
+  const long to = (long)last * GELU_CHUNK < g->n ? (long)last * GELU_CHUNK : g->n;
+  long i = (long)first * GELU_CHUNK;
   for (; i + VEC <= to; i += VEC) {
     const vf v = vf_load(x + i);
     const vf u = v * (vf_splat(0.7978845608028654f) + vf_splat(0.7978845608028654f * 0.044715f) * v * v);
@@ -189,4 +176,9 @@ static void gelu_values(float *x, const void *unused, long from, long to) {
   for (; i < to; i++) x[i] = gelu_tanh_one(x[i]);
 }
 
-void tq_gelu_tanh(float *x, long n) { over_values(gelu_values, x, x, n, GELU_CHUNK); }
+void tq_gelu_tanh(float *x, long n) {
+  if (n <= 0) return;
+  const gelu_t g = {x, n};
+  const job_t j = {run_gelu, &g, (int)((n + GELU_CHUNK - 1) / GELU_CHUNK), 1};
+  run_job(&j);
+}
