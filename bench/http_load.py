@@ -58,6 +58,7 @@ class Stream:
     started: float = 0.0
     ended: float = 0.0
     chunk_times: list[float] = field(default_factory=list)  # arrival of each chunk with content
+    finished: float | None = None  # arrival of the chunk with a finish_reason (a lone token may have no content: whitespace a parser holds)
     usage_tokens: int | None = None
     prompt_tokens: int | None = None
     error: str | None = None
@@ -118,6 +119,8 @@ def run_stream(stream: Stream, port: int, prefix: str, model: str, max_tokens: i
                 return
             if any(c.get("delta", {}).get("content") for c in event.get("choices") or []):
                 stream.chunk_times.append(time.monotonic())
+            if stream.finished is None and any(c.get("finish_reason") for c in event.get("choices") or []):
+                stream.finished = time.monotonic()
             if event.get("usage"):
                 stream.usage_tokens = event["usage"]["completion_tokens"]
                 stream.prompt_tokens = event["usage"].get("prompt_tokens")
@@ -163,8 +166,9 @@ def run_prefill(port: int, prefix: str, model: str, words: int, timeout: float, 
     text = " ".join(QUESTIONS[i % len(QUESTIONS)] for i in range(words // 8 + 1)).split()[:words]
     stream = Stream(f"({tag}) Summarize: " + " ".join(text))
     run_stream(stream, port, prefix, model, 1, time.monotonic() + timeout)
-    good = stream.error is None and stream.chunk_times and stream.prompt_tokens
-    seconds = stream.chunk_times[0] - stream.started if good else float("nan")
+    first = stream.chunk_times[0] if stream.chunk_times else stream.finished
+    good = stream.error is None and first is not None and stream.prompt_tokens
+    seconds = first - stream.started if good else float("nan")
     return {
         "clients": f"prefill {stream.prompt_tokens or words}",
         "agg": stream.prompt_tokens / seconds if good else float("nan"),
@@ -174,7 +178,7 @@ def run_prefill(port: int, prefix: str, model: str, words: int, timeout: float, 
         "per_stream": float("nan"),
         "itl50": float("nan"),
         "itl95": float("nan"),
-        "errors": [] if good else [stream.error or "no content or usage"],
+        "errors": [] if good else [stream.error or "no token or usage"],
     }
 
 

@@ -1,10 +1,10 @@
 """Our image rows beside llama.cpp's: the same random-weight projector file in each family's real
-shape (F16), the same pictures at sizes the encoder takes as they are (so neither side resizes),
+shape (F16, or Q8_0 as llama.cpp's quantized projector files: `--type`), the same pictures at sizes the encoder takes as they are (so neither side resizes),
 encoded by `llama-mtmd-cli` (its MTMD_DEBUG_EMBEDDINGS dump of the rows it hands the language
 model) and by webapp/engine/vision.
 
     DEV=CPU .venv/bin/python bench/image_fidelity.py --mtmd-cli $BIN/llama-mtmd-cli [--families gemma3,idefics3,qwen2.5vl,qwen3vl]
-        [--rounds 3] [--qwen-layers N]
+        [--rounds 3] [--qwen-layers N] [--type F16|Q8_0]
 
 Shapes: Gemma 3's and SmolVLM's as bench/image_encode.py's SHAPES, at the encoder's own size;
 Qwen2.5-VL-3B's and Qwen3-VL-4B's towers and mergers (bench/qwen_projectors.py) `--qwen-layers`
@@ -75,7 +75,7 @@ from webapp.engine.vision.vision import ALONE_SLICES  # noqa: E402
 class QwenTower:
     """A Qwen family's projector here: its writer, depths, pictures and language model."""
 
-    write: Callable[[str, int], str]  # (path, layers) -> path
+    write: Callable[..., str]  # (path, layers, tensor_type=) -> path
     released: int  # the released tower's layers
     layers: int  # the layers written unless --qwen-layers says
     sizes: tuple[tuple[int, int], ...]  # the pictures' (height, width)
@@ -86,7 +86,7 @@ QWEN = {
     # whole 28-pixel merged tokens: 8 x 8 tokens (four whole windows), 9 x 13 and 13 x 9 (windows cut
     # short at the right and the bottom; the two orientations tell rows from columns), 16 x 16 (sixteen windows)
     "qwen2.5vl": QwenTower(
-        lambda path, layers: write_qwen25vl_projector(path, layers=layers),
+        lambda path, layers, **types: write_qwen25vl_projector(path, layers=layers, **types),
         QWEN25VL_SHAPE["layers"],
         8,
         ((224, 224), (252, 364), (364, 252), (448, 448)),
@@ -95,7 +95,7 @@ QWEN = {
     # whole 32-pixel merged tokens: 8 x 8, 9 x 13 and 13 x 9 (the position grid resized to each, apart
     # along rows and columns), 24 x 24 (the grid as it is)
     "qwen3vl": QwenTower(
-        lambda path, layers: write_qwen3vl_projector(path, layers=layers),
+        lambda path, layers, **types: write_qwen3vl_projector(path, layers=layers, **types),
         QWEN3VL_SHAPE["layers"],
         18,
         ((256, 256), (288, 416), (416, 288), (768, 768)),
@@ -128,11 +128,11 @@ def language_model(family: str, folder: str, qwen_layers: int) -> str:
     return path
 
 
-def projector_file(family: str, folder: str, qwen_layers: int) -> str:
+def projector_file(family: str, folder: str, qwen_layers: int, tensor_type: str) -> str:
     path = os.path.join(folder, f"{family}.mmproj.gguf")
     if family in QWEN:
-        return QWEN[family].write(path, qwen_layers)
-    return write_tiny_projector(path, family, tensor_type="F16", **SHAPES[family])
+        return QWEN[family].write(path, qwen_layers, tensor_type=tensor_type)
+    return write_tiny_projector(path, family, tensor_type=tensor_type, **SHAPES[family])
 
 
 def llama_cpp_rows(cli: str, model: str, projector: str, image: str, dump: str) -> tuple[np.ndarray, float]:
@@ -156,6 +156,7 @@ def main() -> None:
     parser.add_argument("--families", default=",".join([*SHAPES, *QWEN]))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--qwen-layers", type=int, help="a Qwen tower's layers (default: QWEN's; see above)")
+    parser.add_argument("--type", default="F16", choices=["F16", "Q8_0"], help="the projector's matrices' type")
     args = parser.parse_args()
     kernels = QuantizedCPU.load()
     print("| family | image | tokens | cosine min (at) | cosine median | max diff / max | llama.cpp encode s | ours s | ours / llama.cpp |")
@@ -164,7 +165,7 @@ def main() -> None:
         for family in args.families.split(","):
             qwen = QWEN.get(family)
             layers = (args.qwen_layers or qwen.layers) if qwen else 0
-            projector_path = projector_file(family, folder, layers)
+            projector_path = projector_file(family, folder, layers, args.type)
             projector = load_projector(projector_path)
             projector.encoder.kernels = VisionEncoderKernels(kernels.library) if kernels else None
             projector.encoder.slice_flops = SLICE_FLOPS * ALONE_SLICES  # as the server encodes an image no step waits beside

@@ -50,9 +50,10 @@ def released_keys(image_size: int, mean: list[float], std: list[float]) -> dict:
 
 
 def released_tower(s: dict, seed: int) -> dict:
-    """The tiny writers' arguments for a released tower of shape `s`: its widths and depth, F16."""
+    """The tiny writers' arguments for a released tower of shape `s`: its widths and depth, F16 (or
+    `s`'s tensor_type: Q8_0, as llama.cpp's quantized projector files)."""
     keys = ("width", "ffn", "layers", "heads", "patch_size")
-    return {key: s[key] for key in keys} | {"seed": seed, "tensor_type": "F16"}
+    return {key: s[key] for key in keys} | {"seed": seed, "tensor_type": s.get("tensor_type", "F16")}
 
 
 def write_qwen25vl_projector(path: str, layers: int = QWEN25VL_SHAPE["layers"], seed: int = 0, **shape) -> str:

@@ -249,21 +249,25 @@ def test_mutated_files_of_more_architectures_load_or_fail_with_a_model_load_erro
     assert outcomes["refused"] > MORE_CASES // 2 and len(messages) > 10, (outcomes, messages)
 
 
-@pytest.mark.parametrize("family", ["idefics3", "qwen2.5vl"])
-def test_mutated_projector_files_load_or_fail_with_a_model_load_error(tmp_path, family):
+@pytest.mark.parametrize("family, tensor_type", [("idefics3", "F16"), ("qwen2.5vl", "F16"), ("qwen2.5vl", "Q8_0")])
+def test_mutated_projector_files_load_or_fail_with_a_model_load_error(tmp_path, family, tensor_type):
     """A projector file (images' GGUF, webapp/engine/vision) is untrusted too: mutated as above, it
     loads and encodes an image, or stops with one ModelLoadError line; a SigLIP family's and one with
-    a tower of its own (Qwen2.5-VL)."""
+    a tower of its own (Qwen2.5-VL); a Q8_0 one loaded as the server loads it, its blocks laid out for
+    the CPU kernels and multiplied there (their C reads every byte of them)."""
     from support.tiny_projectors import write_tiny_projector, write_tiny_qwen2vl_projector
 
+    from webapp.engine.kernels.cpu import QuantizedCPU
+    from webapp.engine.kernels.vision_encoder import VisionEncoderKernels
     from webapp.engine.vision.projector import load_projector
 
     path = str(tmp_path / "valid.mmproj.gguf")
     source = (
-        write_tiny_projector(path, family, tensor_type="F16")
+        write_tiny_projector(path, family, tensor_type=tensor_type)
         if family == "idefics3"
-        else write_tiny_qwen2vl_projector(path, tensor_type="F16")
+        else write_tiny_qwen2vl_projector(path, tensor_type=tensor_type)
     )
+    kernels = QuantizedCPU.load() if tensor_type != "F16" else None
     data = open(source, "rb").read()
     fields = field_positions(data)
     picture = np.random.default_rng(1).integers(0, 256, (20, 30, 3), dtype=np.uint8)
@@ -272,13 +276,14 @@ def test_mutated_projector_files_load_or_fail_with_a_model_load_error(tmp_path, 
     for _ in range(CASES):
         target.write_bytes(mutate(data, fields, rng))
         try:
-            projector = load_projector(str(target))
+            projector = load_projector(str(target), kernels.library if kernels else None)
         except ModelLoadError as e:
             outcomes["refused"] += 1
             messages.add(str(e)[:50])
             assert str(e) and "\n" not in str(e)
             continue
         outcomes["loaded"] += 1
+        projector.encoder.kernels = VisionEncoderKernels(kernels.library) if kernels else None
         for _, pixels, _ in projector.pieces(picture):
             assert projector.encode(pixels).shape == (projector.tokens(pixels), projector.text_dim)
     assert outcomes["refused"] > CASES // 2, outcomes

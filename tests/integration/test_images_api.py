@@ -17,6 +17,8 @@ from support import assert_error_shape, get, post, tiny_engine_server
 from support.tiny_models import write_tiny_gguf
 from support.tiny_projectors import write_tiny_projector
 
+from webapp.engine.kernels.host_blocks import HostBlocks
+
 TOKENS_PER_IMAGE = 16  # the tiny idefics3 projector's 8 x 8 patches shuffled in 2 x 2 blocks
 
 
@@ -39,7 +41,8 @@ def user_turn(data: bytes, text: str = "What is in this picture?") -> list[dict]
 def served(tmp_path_factory):
     folder = tmp_path_factory.mktemp("vision")
     model = write_tiny_gguf(str(folder / "tiny.gguf"), matrix_type="Q8_0")
-    projector = write_tiny_projector(str(folder / "tiny.mmproj.gguf"), "idefics3", text_dim=64)
+    # Q8_0, as llama.cpp's quantized projector files: its matrices laid out for the CPU kernels at load, multiplied there
+    projector = write_tiny_projector(str(folder / "tiny.mmproj.gguf"), "idefics3", text_dim=64, tensor_type="Q8_0")
     with tiny_engine_server(model, slots=2, queue_limit=8, context=256, mmproj=projector) as (engine, server):
         yield engine, server
 
@@ -53,7 +56,9 @@ def ask(client, messages, **extra):
     return client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0, logprobs=True, **extra)
 
 
-def test_an_image_reaches_the_model_and_its_positions_are_counted(client):
+def test_an_image_reaches_the_model_and_its_positions_are_counted(client, served):
+    up = served[0].vision.projector.encoder.layers[0].up_weight
+    assert isinstance(up, HostBlocks) and up.library is served[0].vision.projector.encoder.kernels.library
     text_only = ask(client, [{"role": "user", "content": "What is in this picture?"}])
     first, other = ask(client, user_turn(png(1))), ask(client, user_turn(png(2)))
     assert first.usage.prompt_tokens >= text_only.usage.prompt_tokens + TOKENS_PER_IMAGE

@@ -3,15 +3,18 @@ against float64 softmax attention, on the best rung this CPU runs and the generi
 leave partial tiles (patches not a multiple of 16 or of the key tile, queries not a multiple of the
 item), scores large enough that a later tile's maximum rescales what came before, outputs written into
 one head's columns of a wider array; gelu against float64's over float32's whole range; products
-by float16 and float32 matrices against float64's; then the whole SigLIP encoder with and without
-them (an F16 file's matrices kept float16 in memory)."""
+by float16 and float32 matrices against float64's, by quantized blocks against the float64 product of
+the int8-rounded activations the language model's products take; then the whole SigLIP encoder with
+and without them (an F16 file's matrices kept float16 in memory, a Q8_0 or Q4_K file's in its blocks)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.tiny_projectors import write_tiny_projector
+from support.tiny_projectors import write_tiny_projector, write_tiny_qwen2vl_projector
+from test_kernels import assert_rows_are_their_blocks_product, random_blocks
 
+from webapp.engine.kernels.host_blocks import HostBlocks
 from webapp.engine.kernels.vision_encoder import VisionEncoderKernels
 from webapp.engine.vision.projector import load_projector
 
@@ -127,3 +130,59 @@ def test_the_encoder_gives_the_same_rows_with_the_kernels_as_in_numpy(library, t
     projector.encoder.kernels = VisionEncoderKernels(library)
     on_kernels = projector.encode(pixels)
     np.testing.assert_allclose(on_kernels, in_numpy, atol=2e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "ggml_type, rows, cols, outs", [(8, 1, 32, 1), (8, 45, 1152, 24), (2, 300, 256, 37), (12, 64, 1280, 16), (14, 9, 512, 8)]
+)
+def test_block_products_are_the_language_models(library, ggml_type, rows, cols, outs):
+    """Q8_0, Q4_0, Q4_K, Q6_K: outputs in eights (the interleaved layout) and not; every row of
+    patches against the float64 product of its int8-rounded self; the bias added, then into a wider
+    array's columns, added to what it holds; the file's layout left as it was for NumPy."""
+    rng = np.random.default_rng(ggml_type * 100 + rows)
+    raw = random_blocks(ggml_type, outs, cols, rng)
+    weight = HostBlocks(raw.copy(), ggml_type, cols)
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    bias = rng.standard_normal(outs).astype(np.float32)
+    kernels = VisionEncoderKernels(library)
+    assert_rows_are_their_blocks_product(kernels.linear(x, weight, bias) - bias, x, raw, ggml_type, np.arange(outs), cols)
+    wide = rng.standard_normal((rows, outs + 3)).astype(np.float32)
+    before = wide.copy()
+    kernels.linear(x, weight, None, wide[:, 1 : 1 + outs], add=True)
+    assert_rows_are_their_blocks_product(wide[:, 1 : 1 + outs] - before[:, 1 : 1 + outs], x, raw, ggml_type, np.arange(outs), cols)
+    assert np.array_equal(wide[:, :1], before[:, :1]) and np.array_equal(wide[:, 1 + outs :], before[:, 1 + outs :])
+    assert np.array_equal(weight.raw, raw)
+
+
+@pytest.mark.parametrize("family, tensor_type", [("gemma3", "Q8_0"), ("gemma3", "Q4_K"), ("qwen2.5vl", "Q8_0")])
+def test_a_quantized_files_encoder_keeps_its_blocks_and_agrees_with_numpy(library, tmp_path, family, tensor_type):
+    """In NumPy the blocks are widened to float32 (their exact values); on the kernels the patches'
+    rows are rounded to int8 blocks as a token's are: the rows agree to float32 and int8 rounding.
+    Qwen2.5-VL's q, k and v are one matrix: their blocks stacked."""
+    path = str(tmp_path / "p.mmproj.gguf")
+    if family == "gemma3":
+        width = 256 if tensor_type == "Q4_K" else 64
+        write_tiny_projector(path, family, width=width, ffn=2 * width, heads=8, image_size=112, patch_size=14, tensor_type=tensor_type)
+    else:
+        write_tiny_qwen2vl_projector(path, family, tensor_type=tensor_type)
+    projector = load_projector(path)
+    layer = projector.encoder.layers[0]
+    assert all(
+        isinstance(m, HostBlocks) for m in (getattr(layer, "q_weight", None) or layer.qkv_weight, layer.up_weight, layer.down_weight)
+    )
+    _, pixels, _ = projector.pieces(np.random.default_rng(2).integers(0, 256, (90, 120, 3), dtype=np.uint8))[0]
+    in_numpy = projector.encode(pixels)
+    projector.encoder.kernels = VisionEncoderKernels(library)
+    on_kernels = projector.encode(pixels)
+    cosine = (in_numpy * on_kernels).sum(1) / np.linalg.norm(in_numpy, axis=1) / np.linalg.norm(on_kernels, axis=1)
+    assert cosine.min() > 0.999, cosine.min()
+    projector.encoder.kernels = None  # and NumPy again, from the file's layout the kernels left alone
+    np.testing.assert_array_equal(projector.encode(pixels), in_numpy)
+    # loaded for the kernels (as the server loads it): each matrix laid out for them once, at load;
+    # the same rows on them, and in NumPy from that layout
+    for_kernels = load_projector(path, library)
+    assert for_kernels.encoder.layers[0].up_weight.library is library
+    for_kernels.encoder.kernels = VisionEncoderKernels(library)
+    np.testing.assert_array_equal(for_kernels.encode(pixels), on_kernels)
+    for_kernels.encoder.kernels = None
+    np.testing.assert_allclose(for_kernels.encode(pixels), in_numpy, rtol=1e-5, atol=1e-5)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gguf
 import numpy as np
+from support.k_quants import quantize_q4_k
 
 # family -> (image_size, patch_size): gemma3's 32 x 32 grid pools in 2 x 2 blocks to its 16 x 16
 # tokens; idefics3's 8 x 8 grid shuffles in 2 x 2 blocks to 16 tokens
@@ -39,7 +40,8 @@ def write_tiny_projector(
     replace: dict[str, np.ndarray] | None = None,
 ) -> str:
     """A random-weight projector of `family` ("gemma3" or "idefics3") projecting to `text_dim`;
-    `tensor_type` "F16" stores every matrix (the patch kernel too) as float16; positions, norms
+    `tensor_type` "F16" stores every matrix (the patch kernel too) as float16, a block type (Q8_0,
+    Q4_0, Q4_K) the layers' and projection's matrices in its blocks (write_projector_file); positions, norms
     and biases staying float32 as real files have them. `projector_type` writes another
     clip.projector_type than the family's; `metadata` adds or replaces keys (a value of None leaves
     the key out); `omit` leaves out tensors and `replace` writes other arrays under their names."""
@@ -47,7 +49,7 @@ def write_tiny_projector(
     image_size, patch_size = image_size or default_image, patch_size or default_patch
     n_patches = (image_size // patch_size) ** 2
     rng = np.random.default_rng(seed)
-    matrix_dtype = {"F32": np.float32, "F16": np.float16}[tensor_type]
+    matrix_dtype = MATRIX_DTYPES[tensor_type]
 
     vision = {"projector.scale_factor": scale_factor} if family == "idefics3" else {}
     keys = projector_keys(projector_type or family, (image_size, patch_size, width, ffn, text_dim, layers, heads), vision, metadata)
@@ -73,7 +75,7 @@ def write_tiny_projector(
         tensors |= {"mm.soft_emb_norm.weight": vector(width, 1.0, 0.1), "mm.input_projection.weight": matrix(width, text_dim, fan_in=width)}
     else:
         tensors["mm.model.fc.weight"] = matrix(text_dim, width * scale_factor**2)
-    return write_projector_file(path, keys, tensors | (replace or {}), omit)
+    return write_projector_file(path, keys, tensors | (replace or {}), omit, tensor_type)
 
 
 def write_tiny_qwen2vl_projector(
@@ -104,7 +106,7 @@ def write_tiny_qwen2vl_projector(
     that many merged tokens of (2 p)^2 pixels. `tensor_type`, `metadata`, `omit` and `replace` as
     for `write_tiny_projector`."""
     rng = np.random.default_rng(seed)
-    matrix_dtype = {"F32": np.float32, "F16": np.float16}[tensor_type]
+    matrix_dtype = MATRIX_DTYPES[tensor_type]
     rms = family == "qwen2.5vl"
     merged_pixels = (2 * patch_size) ** 2
 
@@ -142,7 +144,7 @@ def write_tiny_qwen2vl_projector(
         tensors |= linear(p + "ffn_up", ffn, width) | linear(p + "ffn_down", width, ffn)
     tensors |= norm("v.post_ln")
     tensors |= linear("mm.0", 4 * width, 4 * width) | linear("mm.2", text_dim, 4 * width)
-    return write_projector_file(path, keys, tensors | (replace or {}), omit)
+    return write_projector_file(path, keys, tensors | (replace or {}), omit, tensor_type)
 
 
 def write_tiny_qwen3vl_projector(
@@ -170,7 +172,7 @@ def write_tiny_qwen3vl_projector(
     patch kernel comes in llama.cpp's two halves plus a bias. `tensor_type`, `metadata`, `omit` and
     `replace` as for `write_tiny_projector`."""
     rng = np.random.default_rng(seed)
-    matrix_dtype = {"F32": np.float32, "F16": np.float16}[tensor_type]
+    matrix_dtype = MATRIX_DTYPES[tensor_type]
     merged = 4 * width  # a merged token's 2 x 2 patches side by side
 
     vision = {"spatial_merge_size": 2, "is_deepstack_layers": [i in deepstack for i in range(layers)]}
@@ -202,7 +204,7 @@ def write_tiny_qwen3vl_projector(
     for i in sorted(deepstack):
         p = f"v.deepstack.{i}."
         tensors |= layer_norm(p + "norm", merged) | linear(p + "fc1", merged, merged) | linear(p + "fc2", text_dim, merged)
-    return write_projector_file(path, keys, tensors | (replace or {}), omit)
+    return write_projector_file(path, keys, tensors | (replace or {}), omit, tensor_type)
 
 
 def projector_keys(projector_type: str, shape: tuple[int, ...], vision: dict, metadata: dict | None) -> dict:
@@ -218,6 +220,10 @@ def projector_keys(projector_type: str, shape: tuple[int, ...], vision: dict, me
     common |= {"image_mean": IMAGE_MEAN, "image_std": IMAGE_STD}
     keys |= {f"clip.vision.{key}": value for key, value in (common | vision).items()}
     return keys | (metadata or {})
+
+
+# the matrices' type in memory before writing: a block type's are drawn float32 and quantized as written
+MATRIX_DTYPES = {"F32": np.float32, "F16": np.float16, "Q8_0": np.float32, "Q4_0": np.float32, "Q4_K": np.float32}
 
 
 class Draws:
@@ -241,13 +247,29 @@ class Draws:
         return {f"{name}.weight": self.vector(n, 1.0, 0.1), f"{name}.bias": self.vector(n, spread=0.05)}
 
 
-def write_projector_file(path: str, keys: dict, tensors: dict[str, np.ndarray], omit: tuple[str, ...] = ()) -> str:
-    """A GGUF of architecture "clip" with `keys` and `tensors` but those named in `omit`."""
+def write_projector_file(
+    path: str, keys: dict, tensors: dict[str, np.ndarray], omit: tuple[str, ...] = (), tensor_type: str = "F32"
+) -> str:
+    """A GGUF of architecture "clip" with `keys` and `tensors` but those named in `omit`; with a block
+    `tensor_type` (Q8_0, Q4_0 ...), the layers' and the projection's matrices are quantized to it
+    where their rows are whole blocks (else float16), as llama.cpp quantizes a projector."""
     w = gguf.GGUFWriter(path, "clip")
     for key, value in keys.items():
         add_key(w, key, value)
+    block = None if tensor_type in ("F32", "F16") else gguf.GGMLQuantizationType[tensor_type]
     for name, array in tensors.items():
-        if name not in omit:
+        if name in omit:
+            continue
+        # Gemma 3's projection stays float: llama.cpp multiplies by its transpose, which ggml cannot make of blocks
+        quantized = block is not None and name.startswith(("v.blk.", "mm.")) and array.ndim == 2 and name != "mm.input_projection.weight"
+        if quantized and array.shape[1] % gguf.GGML_QUANT_SIZES[block][0] == 0:
+            blocks = (
+                quantize_q4_k(array) if block == gguf.GGMLQuantizationType.Q4_K else gguf.quants.quantize(array.astype(np.float32), block)
+            )
+            w.add_tensor(name, blocks, raw_dtype=block)
+        elif quantized:  # rows not whole blocks: float16, as llama.cpp leaves such a matrix
+            w.add_tensor(name, array.astype(np.float16))
+        else:
             w.add_tensor(name, array)
     w.write_header_to_file()
     w.write_kv_data_to_file()

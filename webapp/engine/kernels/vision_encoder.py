@@ -6,9 +6,12 @@ and already scaled, kt (hd, n) the keys transposed, v (n, hd), and out a (rows, 
 may be apart (one head's columns of a (patches, heads, hd) array); `runs_attention(hd)` says which
 heads it takes. `gelu_tanh(x)` overwrites a contiguous float32 array with its gelu (tanh form) and
 returns it. `linear(x, weight, bias, out, add)` is x @ weight.T + bias for a float16 or float32
-weight stored (out, in) as the file has it, read in its own type (c/float_gemm.c), written into
-`out` or added to it. Everything C will read or write is checked here first (float32, shapes that
-agree, contiguous rows): a ValueError, never an access past a buffer.
+weight stored (out, in) as the file has it, read in its own type (c/float_gemm.c), or a quantized
+one in its blocks (a `HostBlocks`: the language model's products, c/linear.c, the rows of x
+rounded to int8 blocks as a token's are; laid out for this build's products where the projector
+was loaded with its library, else copied so once), written into `out` or added to it. Everything
+C will read or write is checked here first (float32, shapes that agree, contiguous rows): a
+ValueError, never an access past a buffer.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import ctypes
 
 import numpy as np
 
-from webapp.engine.kernels.abi import MAX_HEAD_DIM, BlockType
+from webapp.engine.kernels.abi import MAX_HEAD_DIM, BlockType, Product
+from webapp.engine.kernels.host_blocks import HostBlocks
 
 FLOAT32 = np.dtype(np.float32)
 WEIGHT_TYPES = {np.dtype(np.float32): BlockType.F32, np.dtype(np.float16): BlockType.F16}
@@ -31,6 +35,11 @@ class VisionEncoderKernels:
         self._gelu.argtypes, self._gelu.restype = [ctypes.c_void_p, ctypes.c_long], None
         self._gemm = library.tq_float_gemm
         self._gemm.argtypes, self._gemm.restype = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 6, ctypes.c_int
+        self._linear = library.tq_linear
+        self._linear.argtypes, self._linear.restype = [ctypes.c_void_p] * 3 + [ctypes.POINTER(Product)], None
+        self.library = library
+        # a file-layout quantized matrix (a projector loaded without these kernels) in this build's layout, made once
+        self._packed: dict[int, tuple[HostBlocks, HostBlocks]] = {}
 
     @staticmethod
     def runs_attention(head_dim: int) -> bool:
@@ -68,8 +77,9 @@ class VisionEncoderKernels:
         whose rows may be apart, added to what it holds where `add`."""
         if x.ndim != 2 or weight.ndim != 2 or x.shape[1] != weight.shape[1] or 0 in x.shape or 0 in weight.shape:
             raise ValueError(f"x {x.shape} and weight {weight.shape} make no product")
-        if weight.dtype not in WEIGHT_TYPES or not weight.flags.c_contiguous:
-            raise ValueError(f"the weight must be a contiguous float16 or float32 array, not {weight.dtype}")
+        blocks = isinstance(weight, HostBlocks)
+        if not blocks and (weight.dtype not in WEIGHT_TYPES or not weight.flags.c_contiguous):
+            raise ValueError(f"the weight must be a contiguous float16 or float32 array or HostBlocks, not {weight.dtype}")
         rows, outs = x.shape[0], weight.shape[0]
         x = np.ascontiguousarray(x, dtype=np.float32)
         if bias is not None and (bias.dtype != FLOAT32 or bias.shape != (outs,) or not bias.flags.c_contiguous):
@@ -82,9 +92,30 @@ class VisionEncoderKernels:
             raise ValueError(f"out must be a float32 ({rows}, {outs}) array with contiguous rows, not {out.dtype} {out.shape}")
         elif out.strides[0] < outs * FLOAT32.itemsize or not out.flags.writeable:
             raise ValueError(f"out's rows must be apart and writable, not strides {out.strides}")
+        if blocks:
+            return self._block_product(x, weight, bias, out, add)
         bias_address = None if bias is None else bias.ctypes.data
         stride = out.strides[0] // FLOAT32.itemsize
         args = (WEIGHT_TYPES[weight.dtype], rows, x.shape[1], outs, stride, int(add))
         if self._gemm(out.ctypes.data, x.ctypes.data, weight.ctypes.data, bias_address, *args) != 0:
             raise ValueError(f"tq_float_gemm refused {args}")
+        return out
+
+    def _block_product(self, x: np.ndarray, weight: HostBlocks, bias: np.ndarray | None, out: np.ndarray, add: bool) -> np.ndarray:
+        rows, (outs, cols) = x.shape[0], weight.shape
+        if weight.library is None:
+            kept = self._packed.get(id(weight))
+            if kept is None or kept[0] is not weight:
+                kept = self._packed[id(weight)] = (weight, weight.packed(self.library))
+            weight = kept[1]
+        elif weight.library is not self.library:
+            raise ValueError("the matrix's blocks are laid out for another build's kernels")
+        y = out if not add and out.flags.c_contiguous else np.empty((rows, outs), dtype=np.float32)  # tq_linear writes whole rows
+        self._linear(y.ctypes.data, weight.raw.ctypes.data, x.ctypes.data, Product(weight.layout, outs, cols, rows))
+        if bias is not None:
+            y += bias
+        if add:
+            out += y
+        elif y is not out:
+            out[...] = y
         return out

@@ -75,6 +75,7 @@ def load_gguf_model(
     prepare_tinygrad()  # before tinygrad's first import: it reads HCQ2 then
     from tinygrad import Device
 
+    from webapp.engine.kernels.cpu import QuantizedCPU
     from webapp.engine.model.memory import kv_bytes_per_position, state_bytes
     from webapp.engine.model.recurrent_config import DRAFT_STATE_ROWS, snapshot_rows
     from webapp.engine.model.steps import steps_for
@@ -90,7 +91,9 @@ def load_gguf_model(
     # a paged cache keeps no per-slot copy for a draft model to mirror: a draft model keeps slots
     paging = None if draft else paging
     # the projector first: the memory plan (available memory) then sees its weights taken
-    projector = load_projector(mmproj) if mmproj else None
+    # its quantized matrices laid out at once for the kernels that will multiply them, if the model runs on them
+    kernels = QuantizedCPU.load(cpu_isa) if mmproj and cpu_kernels else None
+    projector = load_projector(mmproj, kernels.library if kernels else None) if mmproj else None
     if projector is not None and image_tokens != (None, None):
         limited = projector.limit_tokens(*image_tokens)
         log.info(

@@ -1,6 +1,6 @@
 """A projector file turned into the two steps image input needs: pixels from an image, rows from pixels.
 
-Contract: `load_projector(path)` reads a llama.cpp projector ("mmproj") GGUF and returns a
+Contract: `load_projector(path, library)` reads a llama.cpp projector ("mmproj") GGUF and returns a
 `Projector` (or a family's own, the same methods: qwen2vl.py's), or raises `ModelLoadError` naming
 the key or tensor at fault. A projector's `pieces(rgb)` is what an RGB uint8 (H, W, 3) image is in
 a prompt: its encoder inputs (float32 pixels), each between the family's strings before and after
@@ -98,7 +98,7 @@ class Projector:
 
     @property
     def nbytes(self) -> int:
-        """The weights' bytes in memory (float32, whatever the file's types)."""
+        """The weights' bytes in memory: as the file stores its matrices (float16, quantized blocks), float32 else."""
         return self.encoder.nbytes + self.projection.nbytes
 
     def pieces(self, rgb: np.ndarray) -> list[tuple[str, np.ndarray, str]]:
@@ -137,9 +137,10 @@ class Projector:
         return self.projection.project(features)
 
 
-def load_projector(path: str) -> Projector | QwenVLProjector:
-    """The projector in the GGUF file at `path`; `ModelLoadError` names what is wrong with it."""
-    file = ProjectorFile.open(path)
+def load_projector(path: str, library=None) -> Projector | QwenVLProjector:
+    """The projector in the GGUF file at `path`, its quantized matrices laid out for `library` (the
+    CPU kernels' build that will run its encoder, if any); `ModelLoadError` names what is wrong with it."""
+    file = ProjectorFile.open(path, library)
     if file.projector_type in OWN_TOWERS:
         return OWN_TOWERS[file.projector_type](file)
     read_projection = FAMILIES.get(file.projector_type)

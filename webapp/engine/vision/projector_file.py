@@ -4,7 +4,8 @@ Contract: `ProjectorFile.open(path)` checks that the file is a CLIP-style projec
 encoder and reads `projector_type` and the SigLIP encoder's numbers (`VisionHparams`); a family's
 own keys are read through `uint` / `floats`, and `tensor(name, shape)` dequantizes one tensor to a
 float32 array of exactly that NumPy shape (a None in `shape` accepts any size, as the projection's
-text width). Anything wrong raises `ModelLoadError` with one line naming the key or tensor: the file
+text width), or keeps a matrix as stored (float16, or quantized blocks laid out by `kept` for the
+kernels a projector is opened for). Anything wrong raises `ModelLoadError` with one line naming the key or tensor: the file
 is untrusted input, and the sizes read here decide the buffers the encoder allocates and the loops
 it runs, so no size leaves this module unchecked.
 
@@ -21,7 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from webapp.engine.kernels.abi import BlockType
 from webapp.engine.kernels.ggml_types import GGML_TYPES
+from webapp.engine.kernels.host_blocks import HostBlocks
 from webapp.engine.model.gguf import RawTensor, float_values, read_gguf
 from webapp.engine.model.load_error import ModelLoadError
 
@@ -63,8 +66,8 @@ class VisionHparams:
 class ProjectorFile:
     """One projector GGUF, open for reading: metadata checked at open, tensors read on request."""
 
-    def __init__(self, path: str, metadata: dict, tensors: dict[str, RawTensor]):
-        self.path = path
+    def __init__(self, path: str, metadata: dict, tensors: dict[str, RawTensor], library=None):
+        self.path, self.library = path, library  # library: the CPU kernels' build that will multiply the matrices, if any
         self._metadata, self._tensors = metadata, tensors
         if (arch := self.string("general.architecture")) != "clip":
             raise ModelLoadError(f"general.architecture is {arch!r}, not 'clip': not a projector file")
@@ -74,12 +77,19 @@ class ProjectorFile:
         self.hparams = self._vision_hparams()
 
     @classmethod
-    def open(cls, path: str) -> ProjectorFile:
+    def open(cls, path: str, library=None) -> ProjectorFile:
         try:
             metadata, tensors = read_gguf(path)
         except (OSError, ValueError) as err:
             raise ModelLoadError(f"{path} is not a readable GGUF file: {err}") from err
-        return cls(path, metadata, tensors)
+        return cls(path, metadata, tensors, library)
+
+    def kept(self, arrays: dict) -> dict:
+        """A layer's arrays as its encoder keeps them: quantized blocks laid out for the kernels that
+        will multiply them (`library`), once, at load."""
+        if self.library is None:
+            return arrays
+        return {name: a.packed(self.library) if isinstance(a, HostBlocks) else a for name, a in arrays.items()}
 
     def _value(self, key: str):
         if key not in self._metadata:
@@ -159,10 +169,11 @@ class ProjectorFile:
             image_std=std,
         )
 
-    def tensor(self, name: str, shape: tuple[int | None, ...], keep_half: bool = False) -> np.ndarray:
+    def tensor(self, name: str, shape: tuple[int | None, ...], as_stored: bool = False) -> np.ndarray | HostBlocks:
         """The tensor as a float32 array of NumPy shape `shape` (the file's dimensions, last first);
-        a None there takes the file's size, which must lie in [1, 1 << 20]. `keep_half`: an F16
-        tensor stays float16 (the same values in half the memory)."""
+        a None there takes the file's size, which must lie in [1, 1 << 20]. `as_stored`: an F16
+        matrix stays float16 and a quantized one in its blocks (`HostBlocks`) where the CPU kernels
+        multiply its type: the same values in a fraction of the memory."""
         stored = self._tensors.get(name)
         if stored is None:
             raise ModelLoadError(f"tensor {name} is missing")
@@ -172,7 +183,16 @@ class ProjectorFile:
         if any(not 1 <= got <= 1 << 20 for want, got in zip(shape, actual) if want is None):
             raise ModelLoadError(f"tensor {name} has shape {actual}, a size outside [1, {1 << 20}]")
         try:
-            values = float_values(self.path, name, stored)
+            values = float_values(self.path, name, stored)  # every value checked finite, whatever is kept
         except ValueError as err:
             raise ModelLoadError(str(err)) from err
-        return values.astype(np.float16) if keep_half and GGML_TYPES[stored.ggml_type][0] == "F16" else values
+        type_name, block_values, _ = GGML_TYPES[stored.ggml_type]
+        if as_stored and type_name == "F16":
+            return values.astype(np.float16)
+        if as_stored and len(actual) == 2 and block_values > 1 and stored.ggml_type in set(BlockType):
+            raw = np.array(np.memmap(self.path, dtype=np.uint8, mode="r")[stored.start : stored.start + stored.nbytes])
+            try:
+                return HostBlocks(raw.reshape(actual[0], -1), stored.ggml_type, actual[1])
+            except ValueError as err:
+                raise ModelLoadError(f"tensor {name}: {err}") from err
+        return values

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from webapp.engine.kernels.host_blocks import stacked
 from webapp.engine.vision.projector_file import ProjectorFile, VisionHparams
 from webapp.engine.vision.siglip import SLICE_FLOPS, attention_rows, gelu_tanh, layer_norm, product, row_blocks, widened
 
@@ -75,9 +76,9 @@ class TowerLayer:
         width, ffn, p = file.hparams.width, file.hparams.ffn, f"v.blk.{index}."
 
         def product(names: tuple[str, ...], rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
-            weights = [file.tensor(f"{p}{name}.weight", (rows, cols), keep_half=True) for name in names]
+            weights = [file.tensor(f"{p}{name}.weight", (rows, cols), as_stored=True) for name in names]
             biases = [file.tensor(f"{p}{name}.bias", (rows,)) for name in names]
-            return (weights[0], biases[0]) if len(names) == 1 else (np.concatenate(weights), np.concatenate(biases))
+            return (weights[0], biases[0]) if len(names) == 1 else (stacked(weights), np.concatenate(biases))
 
         arrays = {}
         for name in ("ln1", "ln2"):
@@ -88,7 +89,7 @@ class TowerLayer:
         arrays["out_weight"], arrays["out_bias"] = product(("attn_out",), width, width)
         arrays["up_weight"], arrays["up_bias"] = product(("ffn_gate", "ffn_up") if gated else ("ffn_up",), ffn, width)
         arrays["down_weight"], arrays["down_bias"] = product(("ffn_down",), width, ffn)
-        return cls(**arrays)
+        return cls(**file.kept(arrays))
 
     @property
     def gated(self) -> bool:
@@ -118,8 +119,8 @@ class Merger:
     def from_file(cls, file: ProjectorFile, fc1: str, fc2: str, norm_name: str | None = None) -> Merger:
         width4 = file.hparams.width * MERGE * MERGE
         fc1_weight, fc2_weight = (
-            file.tensor(f"{fc1}.weight", (width4, width4), keep_half=True),
-            file.tensor(f"{fc2}.weight", (None, width4), keep_half=True),
+            file.tensor(f"{fc1}.weight", (width4, width4), as_stored=True),
+            file.tensor(f"{fc2}.weight", (None, width4), as_stored=True),
         )
         arrays = {"fc1_weight": fc1_weight, "fc1_bias": file.tensor(f"{fc1}.bias", (width4,)), "fc2_weight": fc2_weight}
         arrays["fc2_bias"] = file.tensor(f"{fc2}.bias", (fc2_weight.shape[0],))
@@ -128,7 +129,7 @@ class Merger:
                 "norm_weight": file.tensor(f"{norm_name}.weight", (width4,)),
                 "norm_bias": file.tensor(f"{norm_name}.bias", (width4,)),
             }
-        return cls(**arrays)
+        return cls(**file.kept(arrays))
 
     @property
     def out_dim(self) -> int:

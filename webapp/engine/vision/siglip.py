@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from webapp.engine.kernels.host_blocks import HostBlocks
 from webapp.engine.vision.projector_file import ProjectorFile, VisionHparams
 
 # the work of one slice of a sliced encode (`forward_slices`): tens of milliseconds on a small CPU,
@@ -84,8 +85,8 @@ def product(
     kernels, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, out: np.ndarray | None = None, add: bool = False
 ) -> np.ndarray:
     """x @ weight.T + bias, into `out` (added to what it holds where `add`) or a new array: on the
-    CPU kernels' cores where `kernels` is set, the weight read as it is stored (float16 or float32,
-    kernels/vision_encoder.py), else NumPy's BLAS (a float16 weight widened first: `widened`)."""
+    CPU kernels' cores where `kernels` is set, the weight read as it is stored (float16, float32 or
+    quantized blocks, kernels/vision_encoder.py), else NumPy's BLAS (the weight widened first: `widened`)."""
     if kernels is not None:
         return kernels.linear(x, weight, bias, out, add)
     y = x @ weight.T  # weight (out, in) as the file stores it: BLAS reads the transpose in place
@@ -132,9 +133,9 @@ class EncoderLayer:
         parts |= {"ffn_up": ("up", (ffn, width)), "ffn_down": ("down", (width, ffn))}
         arrays = {}
         for name, (field, shape) in parts.items():
-            arrays[f"{field}_weight"] = file.tensor(f"{prefix}{name}.weight", shape, keep_half=len(shape) == 2)
+            arrays[f"{field}_weight"] = file.tensor(f"{prefix}{name}.weight", shape, as_stored=len(shape) == 2)
             arrays[f"{field}_bias"] = file.tensor(f"{prefix}{name}.bias", shape[:1])
-        return cls(**arrays)
+        return cls(**file.kept(arrays))
 
     @property
     def nbytes(self) -> int:
@@ -146,12 +147,16 @@ class EncoderLayer:
 
 def widened(layer, kernels=None):
     """A layer's dataclass as `product` multiplies by it: where `kernels` is given, as it is (they
-    read float16); else with its float16 matrices (an F16 file's, kept so) as float32, what BLAS
-    multiplies, made as an encode reaches the layer, so one layer's float32 copy lives at a time."""
+    read float16 and quantized blocks); else with those matrices (an F16 or quantized file's, kept
+    so) as float32, what BLAS multiplies, made as an encode reaches the layer, so one layer's float32
+    copy lives at a time."""
     if kernels is not None:
         return layer
-    half = {name: array.astype(np.float32) for name, array in vars(layer).items() if array is not None and array.dtype == np.float16}
-    return dataclasses.replace(layer, **half) if half else layer
+    kept = {
+        name: array for name, array in vars(layer).items() if isinstance(array, HostBlocks) or getattr(array, "dtype", None) == np.float16
+    }
+    wide = {name: array.floats() if isinstance(array, HostBlocks) else array.astype(np.float32) for name, array in kept.items()}
+    return dataclasses.replace(layer, **wide) if wide else layer
 
 
 class SiglipEncoder:
