@@ -1,7 +1,8 @@
 """Our image rows beside llama.cpp's: the same random-weight projector file in each family's real
-shape (F16, or Q8_0 as llama.cpp's quantized projector files: `--type`), the same pictures at sizes the encoder takes as they are (so neither side resizes),
-encoded by `llama-mtmd-cli` (its MTMD_DEBUG_EMBEDDINGS dump of the rows it hands the language
-model) and by webapp/engine/vision.
+shape (F16, or with `--type Q8_0` its layers' and mergers' matrices in Q8_0, as llama.cpp's quantized
+projector files), the same pictures at sizes the encoder takes as they are (so neither side
+resizes), encoded by `llama-mtmd-cli` (its MTMD_DEBUG_EMBEDDINGS dump of the rows it hands the
+language model) and by webapp/engine/vision.
 
     DEV=CPU .venv/bin/python bench/image_fidelity.py --mtmd-cli $BIN/llama-mtmd-cli [--families gemma3,idefics3,qwen2.5vl,qwen3vl]
         [--rounds 3] [--qwen-layers N] [--type F16|Q8_0]
@@ -166,7 +167,7 @@ def main() -> None:
             qwen = QWEN.get(family)
             layers = (args.qwen_layers or qwen.layers) if qwen else 0
             projector_path = projector_file(family, folder, layers, args.type)
-            projector = load_projector(projector_path)
+            projector = load_projector(projector_path, kernels.library if kernels else None)  # as the server loads it
             projector.encoder.kernels = VisionEncoderKernels(kernels.library) if kernels else None
             projector.encoder.slice_flops = SLICE_FLOPS * ALONE_SLICES  # as the server encodes an image no step waits beside
             model = language_model(family, folder, layers)

@@ -9,7 +9,7 @@
  * meets every row of the tile, an activation vector every output. A tile's GEMM_ROWS x GEMM_OUTS
  * accumulators are exactly VEC vectors, summed across their lanes all at once into one vector of
  * sums (lanes_summed). Each item of the pool's job is a block of rows against a block of outputs,
- * each block about half of a core's L2 cache, so the tiles reread them from there. */
+ * the two about half of a core's L2 cache, so the tiles reread them from there. */
 
 #if VEC == 16
 enum { GEMM_ROWS = 4 };
@@ -18,7 +18,7 @@ enum { GEMM_ROWS = 2 };
 #endif
 /* GEMM_PREFETCH_BYTES: how far ahead along a weight row its lines are fetched, as the one-token
  * products' are (a step's few rows stream the matrix from memory) */
-enum { GEMM_OUTS = 4, GEMM_BLOCK_BYTES = 512 * 1024, GEMM_COLS = 1024, GEMM_PREFETCH_BYTES = 2048 };
+enum { GEMM_OUTS = 4, GEMM_COLS = 1024, GEMM_PREFETCH_BYTES = 2048 };
 
 typedef uint16_t vu16 __attribute__((vector_size(VEC * 2), aligned(2)));
 typedef uint32_t vu32 __attribute__((vector_size(VEC * 4), aligned(4)));
@@ -160,9 +160,28 @@ static void run_gemm(const void *ctx, int first, int last) {
   }
 }
 
-/* A block's count of rows or outputs: about GEMM_BLOCK_BYTES / 2 of them, whole tiles, at least one tile. */
+/* What a block of rows and a block of outputs take together: half a core's L2 cache, as sysconf reads
+ * it from the CPU (512 KiB where it says nothing credible). Blocks sized for a 1 MiB L2 overflow a
+ * 512 KiB one, and the tiles then reread them from L3 (bench/RESULTS.md). Which rows and outputs
+ * share an item never changes a sum's order: the bits are the same whatever the size. */
+static size_t gemm_block_bytes(void) {
+  static size_t known; /* 0 until the first plan; every thread finds the same value */
+  size_t bytes = __atomic_load_n(&known, __ATOMIC_RELAXED);
+  if (!bytes) {
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#else
+    const long l2 = 0; /* a C library without glibc's cache queries */
+#endif
+    bytes = l2 >= 128 * 1024 && l2 <= 64L << 20 ? (size_t)l2 / 2 : 512 * 1024;
+    __atomic_store_n(&known, bytes, __ATOMIC_RELAXED);
+  }
+  return bytes;
+}
+
+/* A block's count of rows or outputs: about half of gemm_block_bytes of them, whole tiles, at least one tile. */
 static int gemm_block_of(size_t row_bytes, int tile) {
-  const size_t fit = GEMM_BLOCK_BYTES / 2 / (row_bytes ? row_bytes : 1);
+  const size_t fit = gemm_block_bytes() / 2 / (row_bytes ? row_bytes : 1);
   return fit < (size_t)tile ? tile : (int)(fit / tile * tile);
 }
 

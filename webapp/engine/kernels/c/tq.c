@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include "tq.h"
 
 /* The build's rung (tq.h's ISA_*), from what the compiler targets: build.py's flags for a rung give
