@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from webapp.engine.kernels.abi import BlockType
 from webapp.engine.kernels.ggml_types import GGML_TYPES
 from webapp.engine.kernels.host_blocks import HostBlocks
 from webapp.engine.model.gguf import RawTensor, float_values, read_gguf
@@ -189,10 +188,6 @@ class ProjectorFile:
         type_name, block_values, _ = GGML_TYPES[stored.ggml_type]
         if as_stored and type_name == "F16":
             return values.astype(np.float16)
-        if as_stored and len(actual) == 2 and block_values > 1 and stored.ggml_type in set(BlockType):
-            raw = np.array(np.memmap(self.path, dtype=np.uint8, mode="r")[stored.start : stored.start + stored.nbytes])
-            try:
-                return HostBlocks(raw.reshape(actual[0], -1), stored.ggml_type, actual[1])
-            except ValueError as err:
-                raise ModelLoadError(f"tensor {name}: {err}") from err
+        if as_stored and len(actual) == 2 and block_values > 1 and stored.data is not None:  # read_gguf's rows of a kernel's blocks
+            return HostBlocks(np.array(stored.data), stored.ggml_type, stored.cols)
         return values
